@@ -25,7 +25,7 @@ from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the cha
 KEY = "sk-front-own-key"  # the front's own key (serve --api-key)
 UPSTREAM_KEY = "sk-upstream-secret-9f8e7d"  # the key the front sends the fake (endpoints.toml's api_key_env)
 FAKE_MODELS = ("plain", "usage", "gated", "held", "busy", "busy-once", "broken", "html", "redirect",
-               "unauthorized", "missing", "counted", "lingering")
+               "unauthorized", "missing", "counted", "lingering", "echoing")
 HOLD_S = 0.3  # what `counted` waits after its role chunk before its first content
 LINGER_S = 2.0  # what `lingering` waits after its [DONE] before its body ends
 WAIT_S = 60.0  # a safety net for what the tests wait for, never a timing asserted
@@ -43,6 +43,8 @@ class Upstream(FakeServer):
       stream_options.include_usage, `"usage": null` in every chunk and a last chunk with no choices and the usage
       (5 prompt tokens, 2 of them cached, 3 made), without it no usage at all; a whole answer has its usage
     - lingering: as counted, its body ending LINGER_S after its `data: [DONE]`
+    - echoing: repeats the key it was sent, whole and its first and last 8 characters: streamed, "x", then an
+      error event saying so, and the connection closed with no finish_reason and no [DONE]; whole, in its text
     Its /v1/models answers 401, repeating the key it was sent, to any key but UPSTREAM_KEY.
     """
 
@@ -61,11 +63,24 @@ class Upstream(FakeServer):
     async def chat(self, request: Request) -> Response:
         body = await request.json()  # Starlette keeps it: FakeServer.chat reads it again
         model = body.get("model")
-        if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering"):
+        if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering", "echoing"):
             return await super().chat(request)
         self.requests.append({"headers": dict(request.headers), "body": body})
         if model in ("counted", "lingering"):
             return _counted(body, LINGER_S if model == "lingering" else 0.0)
+        if model == "echoing":
+            sent = request.headers.get("authorization", "").removeprefix("Bearer ")
+            said = f"upstream died; key was {sent} (starts {sent[:8]}, ends {sent[-8:]})"
+            if not body.get("stream"):
+                return JSONResponse({"id": "e", "object": "chat.completion", "model": "echoing", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": said}, "finish_reason": "stop"}]})
+
+            async def echoed() -> AsyncIterator[str]:
+                yield _chunk(role="assistant")
+                yield _chunk("x")
+                yield "data: " + json.dumps({"error": {"message": said}}) + "\n\n"
+
+            return StreamingResponse(echoed(), media_type="text/event-stream")
         if model == "unauthorized":
             sent = request.headers.get("authorization", "").removeprefix("Bearer ")
             return JSONResponse({"error": {"message": f"Incorrect API key provided: {sent}",
@@ -346,6 +361,25 @@ def test_a_stream_that_breaks_ends_with_an_error_event(front: Server) -> None:
     # logged with the error that ended it, not its 200
     assert _logged(front, lambda line: line.startswith("POST /v1/chat/completions 502 ")
                    and line.endswith(" via fakebox id=broken-stream-1"))
+
+
+def test_an_answer_that_repeats_the_key_passes_without_it_and_one_cut_short_ends_with_an_error(
+        front: Server) -> None:
+    r = httpx.post(f"{front.url}/v1/chat/completions", headers={**_auth(), "X-Request-Id": "echoing-1"},
+                   json=_chat("echoing"), timeout=WAIT_S)
+    assert r.status_code == 200
+    events = _events(r.text)
+    assert events[-3]["error"]["message"] == "upstream died; key was *** (starts ***, ends ***)"
+    # closed with no finish_reason and no [DONE]: the client is told, as for a connection that breaks
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 502
+    assert "ended before the answer did" in events[-2]["error"]["message"]
+    whole = httpx.post(f"{front.url}/v1/chat/completions", headers=_auth(), json=_chat("echoing", stream=False),
+                       timeout=WAIT_S)
+    assert whole.json()["choices"][0]["message"]["content"] == "upstream died; key was *** (starts ***, ends ***)"
+    for text in (r.text, whole.text):
+        assert UPSTREAM_KEY[:8] not in text and UPSTREAM_KEY[-8:] not in text
+    assert _logged(front, lambda line: line.startswith("POST /v1/chat/completions 502 ")
+                   and line.endswith(" via fakebox id=echoing-1"))
 
 
 def test_the_other_apis_refuse_a_remote_model_in_their_own_shape(front: Server) -> None:

@@ -6,7 +6,8 @@ A stream is read event by event (an SSE event ends at a blank line): each comple
 is complete, an unfinished one waits for its end. Until the first content, each event's JSON is read for it (a
 delta with text, reasoning or a tool call; a completion's text: the role chunk, a keep-alive comment are not
 content); after it, only an event that carries `usage`. A whole answer passes as it comes, its usage read from
-its end."""
+its end. The endpoint's key, should the upstream repeat it (an error event that quotes the request's header),
+never passes: each event, and a whole answer's bytes, pass with it replaced by *** (remotes.redacted)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from localgen.serve.remotes import redacted_bytes
 from localgen.serve.servelog import Tally
 
 MAX_EVENT = 4 << 20  # bytes of one unfinished event held: past that, the rest passes unread (and unstripped)
 _TAIL = 4096  # bytes of a whole answer kept to read its usage from
 _END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # an SSE event's end: a blank line, in any of the line ends SSE allows
 _COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|cached_tokens)":\s*(\d+)')
+_FINISHED = re.compile(rb'"finish_reason":\s*"')  # a choice that ended (null while it goes on)
 
 
 @dataclass
@@ -39,19 +42,22 @@ class RemoteAnswer:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int = 0
+    secret: str = ""  # the key serve sends the upstream: replaced by *** wherever the answer repeats it
     done: bool = False  # a stream's `data: [DONE]` has passed: the answer is whole (what follows is not sent)
+    finished: bool = False  # a stream's choice said its finish_reason
     _pending: bytes = b""  # a stream's unfinished event
     _tail: bytes = b""  # a whole answer's last bytes
     _blind: bool = False  # an event grew past MAX_EVENT: the rest passes as it comes
+    _carry: bytes = b""  # bytes passing as they come held back until the next ones: a key may span the two
 
     def feed(self, data: bytes) -> bytes:
         """What of `data` goes to the client now: a stream's complete events (less serve's usage), or a whole
         answer's bytes as they are."""
         if not self.stream:
             self._tail = (self._tail + data)[-_TAIL:]
-            return data
+            return self._unsplit(data)
         if self._blind:
-            return data
+            return self._unsplit(data)
         buffer = self._pending + data
         out: list[bytes] = []
         start = 0
@@ -59,21 +65,33 @@ class RemoteAnswer:
             out.append(self._event(buffer[start:end.end()]))
             start = end.end()
         self._pending = buffer[start:] if not self.done else b""
+        passing = redacted_bytes(b"".join(out), self.secret)
         if len(self._pending) > MAX_EVENT:
             self._blind = True
-            out.append(self._pending)
+            passing += self._unsplit(self._pending)
             self._pending = b""
-        return b"".join(out)
+        return passing
+
+    def _unsplit(self, data: bytes) -> bytes:
+        """Bytes that pass as they come, the key replaced: the last len(key) - 1 of them held back until more come
+        (or the end), where a key cut between two pieces would pass unseen."""
+        if not self.secret:
+            return data
+        data = redacted_bytes(self._carry + data, self.secret)
+        cut = max(0, len(data) - (len(self.secret.encode()) - 1))
+        self._carry = data[cut:]
+        return data[:cut]
 
     def end(self) -> bytes:
         """The answer has ended: what is left to send (a last event with no blank line after it)."""
         if self.total_s is None:
             self.total_s = time.perf_counter() - self.sent
+        carry, self._carry = self._carry, b""
         if not self.stream:
             self._counts(dict(_COUNTS.findall(self._tail)))
-            return b""
+            return carry
         rest, self._pending = self._pending, b""
-        return self._event(rest) if rest.strip() else rest
+        return carry + redacted_bytes(self._event(rest) if rest.strip() else rest, self.secret)
 
     @property
     def tally(self) -> Tally | None:
@@ -84,6 +102,8 @@ class RemoteAnswer:
 
     def _event(self, event: bytes) -> bytes:
         """One complete event as the client gets it; what it says of content and usage noted."""
+        if not self.finished and _FINISHED.search(event):
+            self.finished = True
         if b'"usage"' not in event and b"[DONE]" not in event and self.first_s is not None:
             return event
         lines = event.splitlines(keepends=True)

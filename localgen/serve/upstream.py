@@ -218,7 +218,8 @@ class Upstreams:
         status, handed = 499, False  # 499: cancelled (the client left, or the server stops)
         try:
             # its clock starts as the request is sent on
-            answer = RemoteAnswer(stream=False, strip_usage=strip, generation=suffix != ROUTES["/v1/embeddings"])
+            answer = RemoteAnswer(stream=False, strip_usage=strip, generation=suffix != ROUTES["/v1/embeddings"],
+                                  secret=remote.endpoint.key or "")
             response = await self._open(request, remote, suffix, content)
             status = response.status_code
             if status != 200:
@@ -345,26 +346,25 @@ class Upstreams:
                 except StopAsyncIteration:
                     break
                 except httpx.HTTPError as e:
-                    failed = 504 if isinstance(e, httpx.TimeoutException) else 502
-                    trace = TRACE.get()
-                    if trace is not None:  # the answer said 200 at its start: its access line says how it ended
-                        trace.failed = failed
-                    if answer.stream:  # an error event, then the stream's end, as a local model's failure mid-stream
-                        why = f"sent nothing for {self.timeout:g} s (serve --endpoint-timeout)" if failed == 504 \
-                            else f"broke off ({type(e).__name__})"
-                        yield _error_event(HTTPError(failed, f"the answer from {remote.label} {why}: it is partial",
-                                                     "server_error"))
-                        yield b"data: [DONE]\n\n"
+                    timed_out = isinstance(e, httpx.TimeoutException)
+                    broken = self._broken(remote, 504 if timed_out else 502,
+                                          f"sent nothing for {self.timeout:g} s (serve --endpoint-timeout)"
+                                          if timed_out else "broke off (its connection failed mid-answer)")
+                    if answer.stream:
+                        yield broken
                     return
                 out = answer.feed(data)
                 if out:
                     yield out
                 if answer.done:  # [DONE]: the client has the whole answer, and may close at once
                     break
-            ended = True
             rest = answer.end()
             if rest:
                 yield rest
+            if answer.stream and not answer.done and not answer.finished:  # closed before the answer's end
+                yield self._broken(remote, 502, "ended before the answer did (no finish_reason, no [DONE])")
+                return
+            ended = True
         finally:  # also when Starlette cancels the stream (its client left)
             gone.cancel()
             if piece is not None:
@@ -379,6 +379,15 @@ class Upstreams:
             lane.leave()
             if ended or answer.done:
                 self._observe(model, answer)
+
+    def _broken(self, remote: Remote, status: int, why: str) -> bytes:
+        """An answer that said 200 at its start and broke: its access line gets `status`; a stream's client gets an
+        error event, then the stream's end, as for a local model's failure mid-stream (returned)."""
+        trace = TRACE.get()
+        if trace is not None:
+            trace.failed = status
+        error = HTTPError(status, f"the answer from {remote.label} {why}: it is partial", "server_error")
+        return _error_event(error) + b"data: [DONE]\n\n"
 
     def _observe(self, model: str, answer: RemoteAnswer) -> None:
         """An answer that ended: its tokens and time to first content on its access line, and in /metrics as a
