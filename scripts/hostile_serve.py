@@ -3,10 +3,14 @@
 foreign Origin and Host, a PNG bomb, a private image URL, a tool schema with $ref/$defs, chat_template_kwargs
 that would replace `messages`, a tool call the model repeats, a rerank query too long for the window,
 disconnects (streamed and not), an unload mid-stream, a slow reader, and a crowd of concurrent connections
-against a small queue. Each check prints PASS or FAIL; the last one asks the model for an answer, which must
-still come. Exits 1 if any check failed.
+against a small queue; and the bounds of a request's head (64 KiB of line and headers: a long URL, many headers,
+one huge header, each sent at once and slowly, while others are answered), of a DELETE's body (over --max-body, and
+stalled past --read-timeout), a transfer coding the server does not decode (gzip, chunked: a 501), and a model name
+with blanks around it (a 400). Each check prints PASS or FAIL; the last one asks the model for an answer, which
+must still come. Exits 1 if any check failed.
 
-    scripts/hostile_serve.py                      # starts `localgen serve -np 2 --max-queue 8 --allow-image-urls`
+    scripts/hostile_serve.py                      # starts `localgen serve -np 2 --max-queue 8 --allow-image-urls
+                                                  #   --read-timeout 5`
     scripts/hostile_serve.py --url http://127.0.0.1:11435 --max-queue 8 --slots 2   # started with --allow-image-urls
 """
 
@@ -16,8 +20,11 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import os
+import select
+import socket
 import sys
 import threading
 import time
@@ -29,11 +36,13 @@ import harness
 import httpx
 
 JSON = {"Content-Type": "application/json"}
+MAX_HEAD = 64 << 10  # serve's bound on a request's line and headers together (serve/stalls.py)
 
 
 class Checks:
-    def __init__(self, url: str, model: str, key: str | None) -> None:
+    def __init__(self, url: str, model: str, key: str | None, read_timeout: float = 30.0) -> None:
         self.url, self.model = url, model
+        self.read_timeout = read_timeout  # the server's --read-timeout
         self.auth = {"Authorization": f"Bearer {key}"} if key else {}
         self.failed: list[str] = []
         self.run = 0
@@ -236,6 +245,82 @@ class Checks:
         got = usage.get("completion_tokens") if isinstance(usage, dict) else None
         return None if got == 64 else f"the slow reader's stream ended without its 64 tokens ({got})"
 
+    # ---- a request's head, a DELETE's body, transfer codings and model names, in raw bytes ----------------
+
+    def raw(self, data: bytes, piece: int = 0, pause: float = 0.0) -> bytes:
+        """What the server sends back on a connection of its own for `data` (at once, or `piece` bytes at a time
+        with `pause` seconds between: no more once an answer came), read until the server closes it."""
+        from urllib.parse import urlsplit
+
+        where = urlsplit(self.url)
+        auth = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in self.auth.items())
+        if auth and b"\r\n" in data:  # the key after the request line, where a server that wants one reads it
+            line, rest = data.split(b"\r\n", 1)
+            data = line + b"\r\n" + auth + rest
+        with socket.create_connection((where.hostname or "127.0.0.1", where.port or 80)) as sock:
+            sock.settimeout(self.read_timeout + 30)  # a connection held open past this fails the check
+            step = piece or len(data) or 1
+            try:
+                for i in range(0, len(data), step):
+                    if select.select([sock], [], [], 0)[0]:
+                        break  # answered (and closed) before it had everything
+                    sock.sendall(data[i:i + step])
+                    time.sleep(pause)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed mid-send: what it answered first is still to be read
+            out = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):
+                    out += chunk
+            return out
+
+    def head_bound(self, head: bytes, slowly: bool) -> str | None:
+        """A request head past 64 KiB is a 431 and the connection closed, sent at once or slowly; meanwhile (and
+        after) another client's /health answers."""
+        got: dict[str, bytes] = {}
+        t = threading.Thread(target=lambda: got.update(out=self.raw(head, 1024 if slowly else 0,
+                                                                   0.005 if slowly else 0.0)))
+        t.start()
+        while_sent = httpx.get(f"{self.url}/health", timeout=10).status_code
+        t.join(self.read_timeout + 60)
+        out = got.get("out", b"")
+        if not out.startswith(b"HTTP/1.1 431"):
+            return f"answered {out[:60]!r}"
+        if b"%d bytes" % MAX_HEAD not in out:
+            return f"a 431 that names no bound: {out[:200]!r}"
+        after = httpx.get(f"{self.url}/health", timeout=10).status_code
+        return None if while_sent == after == 200 else f"/health answered {while_sent} meanwhile, {after} after"
+
+    def delete_body_over_the_bound(self) -> str | None:
+        out = self.raw(b"DELETE /api/delete HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                       b"Connection: close\r\nContent-Length: %d\r\n\r\n{" % (1 << 30))
+        return None if out.startswith(b"HTTP/1.1 413") else f"answered {out[:80]!r}"
+
+    def delete_body_stalled(self) -> str | None:
+        t0 = time.monotonic()
+        out = self.raw(b"DELETE /api/delete HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 100\r\n\r\n{")
+        if not out.startswith(b"HTTP/1.1 408"):
+            return f"answered {out[:80]!r}"
+        took = time.monotonic() - t0
+        return None if took < self.read_timeout + 10 else f"closed after {took:.0f} s, not --read-timeout"
+
+    def gzip_chunked(self) -> str | None:
+        body = json.dumps({"model": self.model, "prompt": "Hi", "max_tokens": 1}).encode()
+        out = self.raw(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                       b"Connection: close\r\nTransfer-Encoding: gzip, chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                       % (len(body), body))
+        return None if out.startswith(b"HTTP/1.1 501") else f"answered {out[:80]!r}"
+
+    def name_with_blanks(self) -> str | None:
+        for path in ("/api/show", "/api/pull"):  # never /api/delete: a server that took the name would delete it
+            for name in (f" {self.model}", f"{self.model}\n", f"{self.model}\t"):
+                r = httpx.post(f"{self.url}{path}", json={"model": name, "stream": False}, headers=self.auth,
+                               timeout=60)
+                if r.status_code != 400:
+                    return f"{path} {name!r}: status {r.status_code}"
+        return None
+
     def crowd(self, n: int, max_queue: int, slots: int) -> str | None:
         async def one(client: httpx.AsyncClient) -> int:
             r = await client.post(f"{self.url}/v1/completions", headers={**JSON, **self.auth}, content=json.dumps(
@@ -247,6 +332,9 @@ class Checks:
             async with httpx.AsyncClient(timeout=120, limits=limits) as client:
                 return await asyncio.gather(*(one(client) for _ in range(n)))
 
+        # loaded first (an unload asked mid-stream above happens once the model is idle): the crowd meets the
+        # queue, not a load
+        self.post("/api/generate", prompt="", keep_alive="5m", timeout=300)
         codes = asyncio.run(all_of_them())
         ok, busy = codes.count(200), codes.count(503)
         if ok + busy != n:
@@ -257,11 +345,15 @@ class Checks:
         return None
 
 
+READ_TIMEOUT = 5  # the --read-timeout of the server this script starts: a stalled body's 408 comes soon
+
+
 def _server(port: int, max_queue: int, slots: int) -> contextlib.AbstractContextManager[object]:
     """A `localgen serve` for the checks on `port` (its log shown), stopped with SIGTERM at the end."""
     root = Path(__file__).resolve().parent.parent
     return harness.server([sys.executable, "-m", "localgen", "serve", "--port", str(port), "-np", str(slots),
-                           "--max-queue", str(max_queue), "--ctx", "8192", "--allow-image-urls"],
+                           "--max-queue", str(max_queue), "--ctx", "8192", "--allow-image-urls",
+                           "--read-timeout", str(READ_TIMEOUT)],
                           f"http://127.0.0.1:{port}/health", cwd=root, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                           quiet=False, grace=60, name="localgen serve")
 
@@ -274,10 +366,17 @@ def main() -> int:
     ap.add_argument("--max-queue", type=int, default=8, help="the server's --max-queue")
     ap.add_argument("--slots", type=int, default=2, help="the server's -np")
     ap.add_argument("--crowd", type=int, default=200, help="concurrent connections")
+    ap.add_argument("--read-timeout", type=float, help="the server's --read-timeout (default: 30, or the "
+                    f"{READ_TIMEOUT} s of the server it starts)")
     args = ap.parse_args()
     port = harness.free_port()
     url = args.url or f"http://127.0.0.1:{port}"
-    c = Checks(url.rstrip("/"), args.model, args.api_key)
+    read_timeout = args.read_timeout or (30.0 if args.url else READ_TIMEOUT)
+    c = Checks(url.rstrip("/"), args.model, args.api_key, read_timeout)
+    long_url = b"GET /health?" + b"x" * (MAX_HEAD + 4096) + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    many = b"GET /health HTTP/1.1\r\nHost: localhost\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(7000)) \
+        + b"\r\n"
+    huge = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"y" * (MAX_HEAD + 4096) + b"\r\n\r\n"
     with contextlib.nullcontext() if args.url else _server(port, args.max_queue, args.slots):
         c.check("invalid Unicode is a 400", c.bad_unicode)
         c.check("a 64 MiB body is a 413", c.huge_body)
@@ -295,6 +394,15 @@ def main() -> int:
         c.check("a waiting client leaves: generation stops", c.disconnect_non_streamed)
         c.check("unload mid-stream: the stream finishes", c.unload_mid_stream)
         c.check("a slow reader holds up no one", c.slow_reader)
+        for label, head in (("a 68 KiB URL", long_url), (f"{many.count(b'X-H'):,} headers", many),
+                            ("a 68 KiB header", huge)):
+            for slowly in (False, True):
+                c.check(f"{label}, sent {'slowly' if slowly else 'at once'}, is a 431",
+                        functools.partial(c.head_bound, head, slowly))
+        c.check("a DELETE body over --max-body is a 413", c.delete_body_over_the_bound)
+        c.check("a stalled DELETE body is a 408", c.delete_body_stalled)
+        c.check("Transfer-Encoding gzip, chunked is a 501", c.gzip_chunked)
+        c.check("a model name with blanks around it is a 400", c.name_with_blanks)
         c.check(f"{args.crowd} connections, --max-queue {args.max_queue}",
                 lambda: c.crowd(args.crowd, args.max_queue, args.slots))
         c.check("the model still answers", c.answers)

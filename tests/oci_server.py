@@ -5,7 +5,8 @@ ranges, the distribution spec's JSON errors. With `token` set, as Docker Hub doe
 and the realm (GET /token on the second host, 127.0.0.2, as auth.docker.io is another host) hands out TOKEN for the
 right service and scope. Blob GETs can answer 307 to that second host (the CDN), which logs whether a token came
 with them. Faults on demand: dropped connections at byte offsets (once each), answers of a given status, a token
-refused from a blob's byte offset on (as a registry that revokes a token mid-pull: a 401 with error="invalid_token")."""
+refused from a blob's byte offset on (as a registry that revokes a token mid-pull: a 401 with error="invalid_token"),
+and the realm's answers of a given status, one per token asked for (0: a token, as usual)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class FakeOci:
     drop_after: dict[str, list[int]] = field(default_factory=dict)
     fail_statuses: list[int] = field(default_factory=list)
     refuse_from: dict[str, int] = field(default_factory=dict)  # digest -> a GET of it from this byte on is a 401
+    token_statuses: list[int] = field(default_factory=list)  # the realm's next answers (0: a token)
     requests: list[tuple[str, str, str, str]] = field(default_factory=list)
     cdn_requests: list[tuple[str, str, str]] = field(default_factory=list)
     token_requests: list[dict[str, list[str]]] = field(default_factory=list)
@@ -72,7 +74,7 @@ class FakeOci:
         with self.lock:
             for d in (self.manifests, self.blobs, self.drop_after, self.refuse_from):
                 d.clear()
-            for x in (self.fail_statuses, self.requests, self.cdn_requests, self.token_requests):
+            for x in (self.fail_statuses, self.token_statuses, self.requests, self.cdn_requests, self.token_requests):
                 x.clear()
             self.token, self.token_key, self.redirect_blobs = True, "token", False
 
@@ -132,6 +134,9 @@ def _handler(reg: FakeOci, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 query = parse_qs(url.query)
                 with reg.lock:
                     reg.token_requests.append(query)
+                    status = reg.token_statuses.pop(0) if reg.token_statuses else 0
+                if status:
+                    return self._error(status, "DENIED", f"injected {status}")
                 if query.get("service") != [SERVICE]:
                     return self._error(400, "BAD_SERVICE", "unknown service")
                 return self._send(200, json.dumps({reg.token_key: TOKEN, "expires_in": 300}).encode(),

@@ -247,6 +247,62 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     assert r.status_code == 415 and r.json()["error"]["param"] == "file"
 
 
+def _form(*parts: tuple[bytes, bytes]) -> bytes:
+    """A multipart body (boundary x) of these (headers, content) parts."""
+    return b"".join(b"--x\r\n" + head + b"\r\n\r\n" + data + b"\r\n" for head, data in parts) + b"--x--\r\n"
+
+
+def _file_part(filename: bytes) -> tuple[bytes, bytes]:
+    return b'Content-Disposition: form-data; name="file"; filename="' + filename + b'"', b"{}\n"
+
+
+PURPOSE = (b'Content-Disposition: form-data; name="purpose"', b"batch")
+
+
+@pytest.mark.parametrize(("parts", "says"), [
+    ((_file_part(b"a" * 5000), PURPOSE), "the file name is too long: its part's Content-Disposition header is over "
+                                         "4,224 bytes, and a file name may have at most 255 characters"),
+    ((_file_part(b"a" * 300), PURPOSE), "the file name is too long: 300 characters, over the 255 a file name may "
+                                        "have"),
+    ((_file_part(b"../../etc/passwd"), PURPOSE), "the file name '../../etc/passwd' has a path in it (/ or \\): send "
+                                                 "the file's name alone"),
+    ((_file_part(b"dir\\in.jsonl"), PURPOSE), "has a path in it"),  # (C:\\in.jsonl is IE's: its name taken)
+    ((_file_part(b"in\x00.jsonl"), PURPOSE), "the file name 'in\\x00.jsonl' has a control character in it"),
+    ((_file_part(b"a.jsonl"), _file_part(b"b.jsonl"), PURPOSE), "the form has more than one file: send one, as the "
+                                                                 "field `file`"),
+    ((_file_part(b"a.jsonl"), (b'Content-Disposition: form-data; filename="b"', b"")),
+     "a part has no name (its header must say Content-Disposition: form-data; name=\"file\")"),
+    (((b'Content-Disposition: form-data; name="file"; filename="a"\r\nX-Big: ' + b"y" * 100_000, b"{}"), PURPOSE),
+     "a part's header (X-Big) is over 4,224 bytes, the most one may have"),
+    (((b'Content-Disposition: form-data; name="file"; filename="a"' + b"\r\nX-A: 1" * 9, b"{}"), PURPOSE),
+     "a part has more than 8 headers, the most one may have"),
+    (((b'Content-Disposition: form-data; name="file"\r\nBad Header: 1', b"{}"), PURPOSE),
+     "the upload is not a valid multipart form: Found invalid character"),
+])
+def test_a_bad_part_of_an_upload_says_what_is_wrong(server: Server, parts: tuple[tuple[bytes, bytes], ...],
+                                                    says: str) -> None:
+    """docs/batch.md "Refused input": each bad part of an upload's form is a 400 naming `file` that says what is
+    wrong with it (a 5,000-character file name, a path, a NUL, two files, a part with no name, a part's header
+    over the bound), not "invalid multipart data"; nothing is kept."""
+    before = len(_client(server).files.list().data)
+    r = httpx.post(f"{server.url}/v1/files", content=_form(*parts), timeout=60,
+                   headers={"Content-Type": "multipart/form-data; boundary=x", "Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert says in error["message"] and error["param"] == "file", error
+    assert "Invalid multipart data" not in error["message"]
+    assert len(_client(server).files.list().data) == before
+
+
+def test_an_upload_named_with_a_windows_path_keeps_its_last_part(server: Server) -> None:
+    """docs/batch.md "Refused input": the whole Windows path old browsers send as a file's name is taken as its
+    last part (python-multipart's rule), not refused as a path."""
+    r = httpx.post(f"{server.url}/v1/files", content=_form(_file_part(b"C:\\Users\\me\\in.jsonl"), PURPOSE),
+                   headers={"Content-Type": "multipart/form-data; boundary=x", "Authorization": f"Bearer {KEY}"},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["filename"] == "in.jsonl", r.text
+
+
 def test_an_upload_over_the_bound_is_refused_before_it_is_read(server: Server) -> None:
     """A declared length over 200 MB is a 413 at once: the server answers before a byte of the body came."""
     head = (f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"

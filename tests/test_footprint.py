@@ -115,3 +115,35 @@ def test_experts_follow_the_placement_patterns(moe_path: Path) -> None:
         assert f.on("CPU").weights == w.embedding + kept  # the tied embedding's lookup copy stays there
         assert f.on("GPU").kv == everything.on("GPU").kv  # the KV cache stays with its layer
         assert f.on("CPU").compute > everything.on("CPU").compute  # those experts compute in RAM
+
+
+@pytest.fixture(scope="module")
+def bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/tiny_bert.py's BERT at the sizes of a small real one (384 wide, 12 heads, a 4,096-token window)."""
+    from tests import tiny_bert
+
+    mp = pytest.MonkeyPatch()
+    try:
+        for name, value in (("N_EMBD", 384), ("N_FF", 1536), ("N_HEAD", 12), ("N_CTX", 4096)):
+            mp.setattr(tiny_bert, name, value)
+        return tiny_bert.build(tmp_path_factory.mktemp("bert") / "bert-384.gguf")
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize(("model", "ctx"), [("smollm2:135m", 512), ("smollm2:135m", 2048), ("bert", 512),
+                                            ("bert", 4096)])
+def test_the_embeddings_context_matches_what_llama_cpp_reports(cli: CLI, bert_path: Path, model: str,
+                                                               ctx: int) -> None:
+    """An embeddings context (engine/embed.py: the window's tokens in one micro-batch) beside the weights, as
+    serve's residency counts it (footprint.embeddings_bytes): llama.cpp's KV, output and compute buffers for it,
+    within COMPUTE_TOLERANCE, for a chat model (logits for every token) and an encoder (none)."""
+    from localgen.models.resolve import resolve
+
+    name = str(bert_path) if model == "bert" else model
+    r = cli("embed", "-m", name, "--ctx", str(ctx), "--verbose", "the cat sat")
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = r.stderr[r.stderr.rindex("n_ctx "):]  # the last context made: a chat model's is made again, mean-pooled
+    got = sum(float(x) for x in re.findall(r"(?:KV|output|compute) buffer size =\s+([\d.]+) MiB", log)) * MIB
+    want = footprint.embeddings_bytes(resolve(name).summary, ctx)
+    assert abs(want - got) <= COMPUTE_TOLERANCE * got, (want, got)

@@ -568,9 +568,9 @@ def test_a_split_folder_is_seen_whole_or_not_at_all(tmp_path: Path) -> None:
 def test_a_token_refused_mid_pull_is_one_line_and_the_same_command_resumes(lg: Lg, reg: FakeOci,
                                                                           gguf: HubFile) -> None:
     """docs/models.md "Sign-in": a registry that sent the manifest, then refuses the token on a blob (here after
-    a cut connection, on the try that resumes it) stops the pull with one line naming the registry and the blob,
-    saying what is kept and that the same command resumes; run again, the pull goes on from the bytes it had (it
-    said "the model is private or needs a login")."""
+    a cut connection, on the try that resumes it), and refuses the new token the realm gives too, stops the pull
+    with one line naming the registry and the blob, saying what is kept and that the same command resumes; run
+    again, the pull goes on from the bytes it had (it said "the model is private or needs a login")."""
     from localgen.units import format_bytes
 
     digest = "sha256:" + gguf.sha256
@@ -584,10 +584,57 @@ def test_a_token_refused_mid_pull_is_one_line_and_the_same_command_resumes(lg: L
                    "so far are kept (the same command resumes the pull where it stopped)")
     assert "private" not in r.stderr, r.stderr
     assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}.incomplete").stat().st_size == cut
+    assert len(reg.token_requests) == 2, reg.token_requests  # a new token once, refused again: final
     del reg.refuse_from[digest]
     r = lg("pull", name(reg))
     assert r.returncode == 0, r.stderr
+    assert reg.blob_requests(digest) == ["bytes=0-", f"bytes={cut}-", f"bytes={cut}-", f"bytes={cut}-"], \
+        reg.blob_requests(digest)
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").stat().st_size == gguf.size
+
+
+def test_a_blob_refusing_the_token_gets_a_new_one_and_the_pull_goes_on(lg: Lg, reg: FakeOci, gguf: HubFile) -> None:
+    """docs/models.md "Sign-in": a blob that refuses the token the pull holds (revoked mid-pull, once) is asked
+    again with a new one from the realm, and the pull finishes from the bytes it had."""
+    digest = "sha256:" + gguf.sha256
+    cut = gguf.size // 2
+    reg.drop_after[digest] = [cut]
+    # the manifest without a token (the challenge's 401), then with it, the config, the GGUF's first try: as usual;
+    # the try that resumes the GGUF refused
+    reg.fail_statuses.extend([0, 0, 0, 0, 401])
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert len(reg.token_requests) == 2, reg.token_requests
     assert reg.blob_requests(digest) == ["bytes=0-", f"bytes={cut}-", f"bytes={cut}-"], reg.blob_requests(digest)
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").stat().st_size == gguf.size
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_new_token_refused_mid_pull_is_one_line_and_the_same_command_resumes(lg: Lg, reg: FakeOci, gguf: HubFile,
+                                                                              status: int) -> None:
+    """docs/models.md "Sign-in": the first token brought the manifest and part of a blob; the blob then refuses it
+    and the token service refuses a new one (401 or 403): one line naming the registry, that its token service
+    refused a new token mid-pull, what is kept, and that the same command resumes, which it does (it said "the
+    model is private or needs a login")."""
+    from localgen.units import format_bytes
+
+    digest = "sha256:" + gguf.sha256
+    cut = gguf.size // 2
+    reg.drop_after[digest] = [cut]
+    reg.refuse_from[digest] = cut
+    reg.token_statuses.extend([0, status])  # the first token; the second refused
+    r = lg("pull", name(reg))
+    config = json.loads(reg.manifests["ai/smollm2:latest"][0])["config"]["size"]
+    one_line(r, 1, f"localgen: error: {reg.host}'s token service 127.0.0.2 refused a new token "
+                   f"mid-pull ({status}) for {name(reg)}:latest, wanted for the model blob {digest} after the first "
+                   f"token brought the manifest; the {format_bytes(config + cut)} downloaded so far are kept (the "
+                   "same command resumes the pull where it stopped)")
+    assert "private" not in r.stderr and "login" not in r.stderr, r.stderr
+    assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}.incomplete").stat().st_size == cut
+    del reg.refuse_from[digest]
+    r = lg("pull", name(reg))
+    assert r.returncode == 0, r.stderr
+    assert reg.blob_requests(digest)[-1] == f"bytes={cut}-", reg.blob_requests(digest)
     assert (lg.pulled / "blobs" / f"sha256-{gguf.sha256}").stat().st_size == gguf.size
 
 

@@ -305,7 +305,7 @@ def test_a_load_with_no_room_is_a_503_for_its_request() -> None:
     ref = ModelRef(name="m", path=str(__file__), source="path", summary=None)  # type: ignore[arg-type]
     w = ModelWorker(ref, LoadParams(), 1, -1, 4, residency=Full(), pinned=False)
     # the footprint of a real file is not the point
-    w.residence.__dict__["ensure"] = lambda warm, wanted=None: Full().admit(w, 1)
+    w.residence.__dict__["ensure"] = lambda warm, wanted=None, **_: Full().admit(w, 1)
     loop = asyncio.new_event_loop()
     try:
         job = Job(GenerationRequest(prompt="x"), loop)
@@ -422,7 +422,7 @@ def test_a_load_abandoned_by_every_client_counts_each_job_as_aborted() -> None:
             job.send = lambda e, send=job.send, seen=sent[-1]: (seen.append(e), send(e))  # type: ignore[method-assign]
         jobs[1].state = jobs[2].state = State.HELD  # held back while the model yielded its room
 
-        def leave(warm: bool, wanted: Any = None) -> None:  # every client leaves while the load waits for room
+        def leave(warm: bool, wanted: Any = None, **_: Any) -> None:  # every client leaves while it waits
             for job in jobs:
                 job.cancelled.set()
             raise Abandoned("nobody waits for m any more")
@@ -434,3 +434,132 @@ def test_a_load_abandoned_by_every_client_counts_each_job_as_aborted() -> None:
         assert w.aborted == 3
     finally:
         loop.close()
+
+
+# ---- an embeddings context: counted as the rest of a model's memory ------------------------------------------
+
+def test_an_embeddings_context_made_later_makes_room_as_a_load_does() -> None:
+    """serve.md: a model that makes its embeddings context on demand asks for that room as a load does: the least
+    recently used idle model is unloaded for it; more than the whole budget is TooBig, naming what it needs, and
+    the model keeps what it held."""
+    r = Residency(budget=1000 * MB, max_models=3)
+    a, b = Stand(r, "a"), Stand(r, "b")
+    r.admit(a, 300 * MB)
+    r.admit(b, 300 * MB)
+    r.grow(a, 100 * MB)  # 400 MiB beside b's 300
+    assert b.unloaded == 0 and r.status()["held_bytes"] == 700 * MB
+    r.grow(a, 400 * MB)  # 800 MiB: not beside b
+    assert b.unloaded == 1 and r.status()["loaded"] == ["a"] and r.status()["held_bytes"] == 800 * MB
+    with pytest.raises(TooBig, match=r"a needs about 1\.1 GiB .* budget for loaded models is 1,000 MiB"):
+        r.grow(a, 300 * MB)
+    assert r.status()["held_bytes"] == 800 * MB and r.status()["loaded"] == ["a"]
+    assert (r.loads, r.evictions) == (2, 1)  # growing is no load
+
+
+def _ps_size(server: Server, name: str) -> int:
+    models = {m["name"]: m["size"] for m in httpx.get(f"{server.url}/api/ps", timeout=30).json()["models"]}
+    return int(models[name])
+
+
+def _embed_buffers(cli: CLI, model: str, ctx: int) -> int:
+    """llama.cpp's KV, output and compute buffers of the embeddings context `localgen embed` makes (its last)."""
+    import re
+
+    r = cli("embed", "-m", model, "--ctx", str(ctx), "--verbose", "the cat sat")
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = r.stderr[r.stderr.rindex("n_ctx "):]
+    return int(sum(float(x) for x in re.findall(r"(?:KV|output|compute) buffer size =\s+([\d.]+) MiB", log)) * MB)
+
+
+def test_an_embeddings_request_counts_its_context_in_ps_and_the_budget(cli_env: dict[str, str], cli: CLI) -> None:
+    """serve.md "How many stay loaded": SmolLM2's first embeddings request makes a context of its own (a 512-token
+    micro-batch: ~120 MiB of logits and buffers beside 95 MiB of weights), which /api/ps, `localgen ps` and the
+    budget count from then on, as llama.cpp reports its buffers; under a --max-memory that holds SmolLM2 and
+    Gemma but not that context too, the idle Gemma is unloaded for it; under one that cannot hold it beside
+    SmolLM2 alone, the request is refused naming what it needs, and SmolLM2 still answers (its context was not
+    counted: the server held more than --max-memory)."""
+    from localgen.models.footprint import COMPUTE_TOLERANCE
+
+    args = ("-np", "1", "--ctx", "512", "--max-models", "2", "--keep-alive", "-1")
+    embed = {"model": "smollm2:135m", "input": "the cat sat"}
+    s = Server(cli_env, *args)
+    try:
+        before = _ps_size(s, "smollm2:135m")
+        r = httpx.post(f"{s.url}/api/generate", json={"model": "gemma3:270m", "prompt": "", "stream": False},
+                       timeout=300)
+        assert r.status_code == 200, r.text
+        gemma = _ps_size(s, "gemma3:270m")
+        assert httpx.post(f"{s.url}/v1/embeddings", json=embed, timeout=300).status_code == 200
+        after = _ps_size(s, "smollm2:135m")
+        ps = cli("ps", "--port", str(s.port), "--json")
+        assert ps.returncode == 0, ps.stderr
+        assert str(after) in ps.stdout, ps.stdout
+        assert httpx.get(f"{s.url}/health", timeout=30).json()["residency"]["held_bytes"] == after + gemma
+    finally:
+        assert s.stop() == 0
+    assert s.proc.stderr is not None
+    log = s.proc.stderr.read().decode()
+    assert "localgen serve: smollm2:135m makes its embeddings context (about " in log and " in all)" in log, log
+    grown, buffers = after - before, _embed_buffers(cli, "smollm2:135m", 512)
+    assert abs(grown - buffers) <= COMPUTE_TOLERANCE * buffers, (grown, buffers)
+
+    s = Server(cli_env, *args, "--max-memory", str(before + gemma + grown // 2))
+    try:
+        r = httpx.post(f"{s.url}/api/generate", json={"model": "gemma3:270m", "prompt": "", "stream": False},
+                       timeout=300)
+        assert r.status_code == 200 and sorted(_loaded(s)) == ["gemma3:270m", "smollm2:135m"], r.text
+        assert httpx.post(f"{s.url}/v1/embeddings", json=embed, timeout=300).status_code == 200
+        assert _loaded(s) == ["smollm2:135m"] and _ps_size(s, "smollm2:135m") == after  # Gemma made room
+        assert httpx.get(f"{s.url}/health", timeout=30).json()["residency"]["evictions"] == 1
+    finally:
+        assert s.stop() == 0
+
+    s = Server(cli_env, *args, "--max-memory", str(before + grown // 2))
+    try:
+        r = httpx.post(f"{s.url}/v1/embeddings", json=embed, timeout=300)
+        assert r.status_code == 500, r.text
+        said = r.json()["error"]["message"]
+        assert said.startswith("no room for smollm2:135m's embeddings context: smollm2:135m needs about ") and \
+            "the budget for loaded models is" in said, said
+        assert _ps_size(s, "smollm2:135m") == before
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 2},
+                       timeout=300)
+        assert r.status_code == 200, r.text
+    finally:
+        assert s.stop() == 0
+
+
+def test_an_embedding_models_context_is_counted_from_its_load(cli_env: dict[str, str], cli: CLI,
+                                                              tmp_path: Path) -> None:
+    """serve.md: an embedding model (tests/tiny_bert.py's BERT) has its embeddings context counted from its load
+    on: the figure /api/ps shows grows with the window its micro-batch spans (n_batch = n_ubatch = --ctx) at least
+    as llama.cpp's buffers do, and a --max-memory that holds the rest of the model but not that context refuses it
+    at start, as a model bigger than the budget is (it loaded, and the budget never saw the context)."""
+    import socket
+
+    from tests.tiny_bert import build
+
+    bert = str(build(tmp_path / "tiny-bert.gguf"))
+    sizes = {}
+    for ctx in (256, 512):
+        s = Server(cli_env, "-m", bert, "-np", "1", "--ctx", str(ctx))
+        try:
+            sizes[ctx] = _ps_size(s, "tiny-bert.gguf")
+        finally:
+            assert s.stop() == 0
+    llama_cpp = _embed_buffers(cli, bert, 512) - _embed_buffers(cli, bert, 256)
+    assert sizes[512] - sizes[256] >= (1 - 0.05) * llama_cpp, (sizes, llama_cpp)
+
+    from localgen.models.resolve import resolve
+    from localgen.serve.model import embeddings_footprint
+    from localgen.types import LoadParams
+
+    context = embeddings_footprint(resolve(bert), LoadParams(n_ctx=512))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    r = cli("serve", "--port", str(port), "-m", bert, "-np", "1", "--ctx", "512", "--max-memory",
+            str(sizes[512] - context // 2), timeout=100)
+    assert r.returncode == 1 and "tiny-bert.gguf needs about" in r.stderr and "budget for loaded models" in r.stderr, \
+        r.stderr
+    assert r.stderr.count("localgen: error:") == 1 and "Traceback" not in r.stderr

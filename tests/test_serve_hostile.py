@@ -539,5 +539,10 @@ def test_the_hostile_client_script_passes(cli_env: dict[str, str]) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "hostile_serve.py")], env=cli_env, cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    # the bomb, the private URL, the $ref tool, chat_template_kwargs, a repeated call, a long rerank query (#42)
-    assert "18 of 18 checks held" in r.stdout and "FAIL" not in r.stdout
+    # the bomb, the private URL, the $ref tool, chat_template_kwargs, a repeated call, a long rerank query (#42);
+    # request heads past 64 KiB (three kinds, at once and slowly), a DELETE body's bounds, gzip + chunked, a name
+    # with blanks
+    assert "28 of 28 checks held" in r.stdout and "FAIL" not in r.stdout
+    for check in ("a 68 KiB URL, sent slowly, is a 431", "7,000 headers, sent at once, is a 431",
+                  "a stalled DELETE body is a 408", "Transfer-Encoding gzip, chunked is a 501"):
+        assert f"PASS  {check}" in r.stdout, r.stdout

@@ -121,6 +121,11 @@ def test_bad_uploads_name_the_file(server: Server, tmp_path: Path) -> None:
     assert r.status_code == 415 and "multipart/form-data" in r.text
     r = httpx.post(url, files={"model": (None, "smollm2:135m")}, timeout=30)  # a form of text fields only
     assert r.status_code == 400 and "the form has no file" in r.text
+    # a bad part of the form says what is wrong with it (it said "Invalid multipart data")
+    r = httpx.post(url, files={"file": ("a" * 5000 + ".wav", b"RIFF")}, timeout=30)
+    assert r.status_code == 400 and "the file name is too long" in r.text and "255 characters" in r.text, r.text
+    r = httpx.post(url, files=[("file", ("a.wav", b"RIFF")), ("file", ("b.wav", b"RIFF"))], timeout=30)
+    assert r.status_code == 400 and "the form has more than one file" in r.text, r.text
     r = httpx.post(url, files={"file": ("big.wav", b"\0" * 300_000)}, timeout=30)  # over --max-body 256k
     assert r.status_code == 413 and "serve --max-body" in r.text
     # a web page of another origin cannot send a form here

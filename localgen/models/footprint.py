@@ -45,6 +45,7 @@ CPU, GPU = "CPU", "GPU"  # device names: "CPU", and "GPU" or "GPU0", "GPU1", ...
 KV_BLOCKS = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q5_1": (32, 24), "q5_0": (32, 22),
              "q4_1": (32, 20), "q4_0": (32, 18), "iq4_nl": (32, 18)}
 CELLS_PAD = 256  # llama.cpp rounds a context up to this many cells
+EMBED_SEQS = 64  # the sequences an embeddings context holds (engine/embed.py's MAX_SEQS)
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,29 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
                           output=output if name == CPU else 0, experts=experts[name])
                for name in names if name == CPU or w[name] or kv[name] or compute[name]]
     return Footprint(tuple(devices))
+
+
+def embeddings_bytes(s: GGUFSummary, n_ctx: int, flash: bool = True) -> int:
+    """What an embeddings context (engine/embed.py: n_batch = n_ubatch = n_ctx, EMBED_SEQS sequences drawing on
+    one pool of n_ctx cells, every token an output) takes beside the model's weights, on every device together:
+    - KV cache: n_ctx cells (rounded up to 256) for a causal model; an encoder (BERT) keeps none.
+    - output: a row of logits and one of embeddings per sequence, f32 (llama.cpp reserves both).
+    - compute: the attention mask (f16 with flash attention, which llama.cpp's choice turns on where the device
+      has it; without, the scores of every head in f32) and two rows of activations, both alive through the
+      graph, plus the larger of the logits (a causal model computes them for every token; an encoder has no
+      output head) and the feed-forward layer's activations (its up projection and a residual row).
+    Checked against llama.cpp's sizes (tests/test_footprint.py) for SmolLM2 and BERT models: within
+    COMPUTE_TOLERANCE."""
+    n_cells = cells(n_ctx)
+    ub = n_cells  # a text is encoded in one ubatch: the window's cells
+    n_embd, vocab = s.n_embd or 0, s.vocab_size or 0
+    kv = 0 if s.encoder_only else kv_bytes(s, n_cells)
+    output = EMBED_SEQS * (vocab + n_embd) * F32
+    mask = ub * n_cells * (2 if flash else ((s.n_head or 1) + 1) * F32)
+    rows = 2 * ub * n_embd * F32
+    logits = 0 if s.encoder_only else ub * vocab * F32
+    ffn = ub * (_meta_int(s, "feed_forward_length") + n_embd) * F32
+    return kv + output + mask + rows + max(logits, ffn)
 
 
 def _meta_int(s: GGUFSummary, key: str) -> int:

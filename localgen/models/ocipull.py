@@ -36,6 +36,14 @@ KINDS = {oci.GGUF: "model", oci.MMPROJ: "projector", oci.TEMPLATE: "chat templat
 _PARAM = re.compile(r'([A-Za-z_]+)="([^"]*)"')
 
 
+class TokenRefused(LocalgenError):
+    """The token service refused a new token after an earlier one of the same pull was taken (`code`: 401, 403)."""
+
+    def __init__(self, message: str, host: str, code: int) -> None:
+        super().__init__(message)
+        self.host, self.code = host, code
+
+
 class Session:
     """One pull's conversation with a registry: its base URL, the token its realm gave (and when it runs out)."""
 
@@ -55,6 +63,12 @@ class Session:
         if self.challenge is not None and time.monotonic() >= self.expires:
             self._fetch_token()
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def renew(self) -> None:
+        """A new token now (a blob refused the one held: revoked, or run out early); TokenRefused when the token
+        service refuses it."""
+        if self.challenge is not None:
+            self._fetch_token()
 
     def answer(self, header: str | None) -> None:
         """Read a 401's challenge and get a token for it; a LocalgenError for one localgen cannot answer."""
@@ -88,6 +102,9 @@ class Session:
             with hub.open_url(url, {"Accept": "application/json"}, registry.TIMEOUT_S, self.guard) as resp:
                 raw: bytes = resp.read(MAX_TOKEN + 1)
         except urllib.error.HTTPError as e:
+            if self.token is not None and e.code in (401, 403):  # it gave this pull a token before: no login issue
+                raise TokenRefused(f"{self.name.host}'s token service {host} refused a new token mid-pull "
+                                   f"({e.code}) for {self.name.display}", host, e.code) from None
             raise LocalgenError(f"the token service {host} answered {e.code} for {self.name.short}: the model is "
                                 "private or needs a login, which localgen cannot give") from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
@@ -283,17 +300,29 @@ def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
             held.enter_context(download.locked(registry._lock(root, unique[digest].filename),
                                                f"{name.short} {unique[digest].media}", progress))
         index = 0
+        renewed = False
         for b in unique.values():
             index += b.media == "model"
             kind = b.media + (f" {index}/{parts}" if b.media == "model" and parts > 1 else "")
             label = f"{name.short} {kind}"
             shown = progress if b.media in ("model", "projector") else download.Quiet()
-            try:
-                download.fetch_held(session.url(f"blobs/{b.digest}"), session.headers, folder / b.filename,
-                                    RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source, session.guard)
-            except download.RefusedError as e:
-                raise registry.refused_mid_pull(name.host, name.display, b, kind, e.code, folder, blobs,
-                                                session.token is not None) from None
+            while True:
+                try:
+                    download.fetch_held(session.url(f"blobs/{b.digest}"), session.headers, folder / b.filename,
+                                        RemoteFile(label, b.size, b.digest.split(":")[1]), shown, source,
+                                        session.guard)
+                    break
+                except download.RefusedError as e:
+                    if e.code != 401 or session.token is None or renewed:
+                        raise registry.refused_mid_pull(name.host, name.display, b, kind, e.code, folder, blobs,
+                                                        session.token is not None) from None
+                    renewed = True  # a token refused: a new one, once a pull (a second refusal is final)
+                    try:
+                        session.renew()
+                    except TokenRefused as t:
+                        raise _token_refused(t, name, b, kind, folder, blobs) from None
+                except TokenRefused as t:  # the one fetched as the last ran out
+                    raise _token_refused(t, name, b, kind, folder, blobs) from None
         # a split's links before its manifest: list and show read the store as it is, and write nothing in it
         oci.split_links(root, [folder / b.filename for b in blobs if b.media == "model"])
         path = oci.manifest_path(root, name)
@@ -305,6 +334,19 @@ def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
     registry._sweep(root, old - {b.filename for b in blobs}, progress, _used)
     oci.prune_splits(root)
     return path
+
+
+def _token_refused(e: TokenRefused, name: OciName, blob: registry.Blob, kind: str, folder: Path,
+                   blobs: list[registry.Blob]) -> LocalgenError:
+    """The token service that gave this pull a token refused a new one (for the `kind` blob `blob`), in one line:
+    what was refused, and that what arrived is kept for the same command to resume."""
+    from localgen.models import download
+    from localgen.units import format_bytes
+
+    return download.DownloadError(
+        f"{e.message}, wanted for the {kind} blob {blob.digest} after the first token brought the manifest; the "
+        f"{format_bytes(registry.kept_bytes(folder, blobs))} downloaded so far are kept",
+        hint="the same command resumes the pull where it stopped")
 
 
 def pulled(name: OciName) -> Path | None:

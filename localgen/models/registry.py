@@ -170,13 +170,20 @@ def refused_mid_pull(host: str, display: str, blob: Blob, kind: str, code: int, 
     from localgen.models import download
     from localgen.units import format_bytes
 
-    kept = sum(_size(folder / b.filename) + _size(download.partial_path(folder / b.filename))
-               for b in {b.digest: b for b in blobs}.values())
+    kept = kept_bytes(folder, blobs)
     what = "localgen's token" if token else "the download"
     return download.DownloadError(
         f"{host} refused {what} mid-pull: {code} for the {kind} blob {blob.digest} of {display}, after it sent "
         f"the manifest; the {format_bytes(kept)} downloaded so far are kept",
         hint="the same command resumes the pull where it stopped")
+
+
+def kept_bytes(folder: Path, blobs: list[Blob]) -> int:
+    """The bytes of a pull's blobs already here: those whole, and the partial files a resume goes on from."""
+    from localgen.models import download
+
+    return sum(_size(folder / b.filename) + _size(download.partial_path(folder / b.filename))
+               for b in {b.digest: b for b in blobs}.values())
 
 
 def _lock(root: Path, blob: str) -> Path:

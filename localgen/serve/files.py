@@ -22,6 +22,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -37,6 +39,7 @@ _ID = re.compile(r"file-[0-9a-f]{24}")
 _ORDERED = re.compile(r"(?:file-|batch_)([0-9a-f]{16})[0-9a-f]{8}")  # an id new_id made: its time in ns, first
 UPLOADS = ("/v1/files",)  # the gate lets these bodies through unread (serve/guard.py's Policy.uploads)
 MAX_LIST = 10_000  # OpenAI's largest `limit` for GET /v1/files (and its default)
+MAX_FILENAME = 255  # characters of an uploaded file's name (most file systems' bound on one)
 
 
 def default_root() -> Path:
@@ -244,17 +247,69 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
 
 
 
+async def read_form(request: Request, body: AsyncGenerator[bytes, None], max_fields: int, what: str) -> FormData:
+    """A multipart form of one file and at most `max_fields` text fields, read from `body`; a bad part is a 400
+    that says what is wrong with it (`what`: "the upload", "the request"), never a bare "invalid multipart"."""
+    parser = _Form(request.headers, body, max_files=1, max_fields=max_fields)
+    try:
+        return await parser.parse()
+    except MultiPartException as e:
+        raise HTTPError(400, parser.explain(e, what), param="file") from None
+
+
+class _Form(MultiPartParser):
+    """Starlette's multipart parser, checking each part's name and file name as its headers end, and knowing which
+    header a part's header bound stopped."""
+
+    def on_headers_finished(self) -> None:
+        from python_multipart.multipart import parse_options_header
+
+        _, options = parse_options_header(self._current_part.content_disposition)
+        if b"name" not in options:
+            raise MultiPartException("a part has no name (its header must say Content-Disposition: form-data; "
+                                     "name=\"file\")")
+        raw = options.get(b"filename")
+        if raw is not None:
+            if self._current_files >= self.max_files:
+                raise MultiPartException("the form has more than one file: send one, as the field `file`")
+            name = raw.decode(self._charset or "utf-8", "replace")
+            if len(name) > MAX_FILENAME:
+                raise MultiPartException(f"the file name is too long: {len(name):,} characters, over the "
+                                         f"{MAX_FILENAME} a file name may have")
+            if any(c in name for c in "/\\"):
+                raise MultiPartException(f"the file name {name[:60]!r} has a path in it (/ or \\): send the "
+                                         "file's name alone")
+            if any(ord(c) < 32 or ord(c) == 127 for c in name):
+                raise MultiPartException(f"the file name {name[:60]!r} has a control character in it (a NUL, a "
+                                         "line break, ...)")
+        elif self._current_fields >= self.max_fields:
+            raise MultiPartException(f"the form has more than {self.max_fields} text fields")
+        super().on_headers_finished()
+
+    def explain(self, e: MultiPartException, what: str) -> str:
+        """What a MultiPartException means for the client, in one sentence."""
+        from python_multipart.multipart import DEFAULT_MAX_HEADER_COUNT, DEFAULT_MAX_HEADER_SIZE
+
+        cause = str(e.__cause__ or "")
+        if cause.startswith("Maximum header size"):  # python-multipart's bound on one header line of a part
+            header = self._current_partial_header_name.decode("latin-1")  # its name came whole, before the value
+            if header.lower() == "content-disposition":
+                return (f"the file name is too long: its part's Content-Disposition header is over "
+                        f"{DEFAULT_MAX_HEADER_SIZE:,} bytes, and a file name may have at most {MAX_FILENAME} "
+                        "characters")
+            named = f" ({header[:40]})" if header else ""
+            return f"a part's header{named} is over {DEFAULT_MAX_HEADER_SIZE:,} bytes, the most one may have"
+        if cause.startswith("Maximum header count"):
+            return f"a part has more than {DEFAULT_MAX_HEADER_COUNT} headers, the most one may have"
+        return f"{what} is not a valid multipart form: {(cause or e.message)[:200]}"
+
+
 async def _upload(request: Request, store: FileStore, read_timeout: float) -> dict[str, Any]:
     """An upload's form read within its bounds (a body that stalls past `read_timeout` ends it), its fields
     checked, and its file added to `store`."""
     from starlette.datastructures import UploadFile
-    from starlette.formparsers import MultiPartException, MultiPartParser
 
-    parser = MultiPartParser(request.headers, bounded_body(request, read_timeout), max_files=1, max_fields=8)
-    try:
-        form = await parser.parse()
-    except MultiPartException as e:
-        raise HTTPError(400, f"the upload is not a valid multipart form: {e.message}", param="file") from None
+    form = await read_form(request, bounded_body(request, read_timeout), 8, "the upload")
     try:
         file, purpose = form.get("file"), form.get("purpose")
         if isinstance(file, str):  # a part with no filename (curl's -F 'file=<in.jsonl') is a text field
@@ -270,7 +325,7 @@ async def _upload(request: Request, store: FileStore, read_timeout: float) -> di
                                  "files for the Batch API only", param="purpose")
         if file.size is not None and file.size > MAX_BYTES:
             raise too_big()
-        name = os.path.basename(file.filename or "upload.jsonl")[:255]
+        name = file.filename or "upload.jsonl"  # checked as the form was read (_Form): no path, no control
         return await asyncio.to_thread(store.add, file.file, name, str(purpose))
     finally:
         await form.close()

@@ -106,6 +106,28 @@ def footprint(ref: ModelRef, load: LoadParams, parallel: int, draft: ModelRef | 
     return own + (footprint(draft, dataclasses.replace(load, lora=()), parallel) if draft is not None else 0)
 
 
+def embeddings_footprint(ref: ModelRef, load: LoadParams, n_ctx: int | None = None) -> int:
+    """The bytes a model's embeddings context (engine/embed.py, made on its first embeddings or rerank request)
+    takes beside what `footprint` counts, at `n_ctx` (default: the context its plan loads it with):
+    models/footprint.py's estimate of its KV cache, output and compute buffers."""
+    from localgen.models import fit
+    from localgen.models import footprint as fp
+    from localgen.native.devices import backend_info
+
+    if n_ctx is None:
+        machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
+        n_ctx = fit.plan(ref.summary, fp.layout(ref.path), machine, load, ctx=load.n_ctx).ctx
+    return fp.embeddings_bytes(ref.summary, n_ctx, flash=load.flash_attn is not False)
+
+
+def embeds(ref: ModelRef) -> bool:
+    """Whether a model is made for embeddings or reranking (an encoder, or a GGUF that names its pooling): the
+    context for them is counted from its load on, not first when a request asks for it."""
+    s = ref.summary
+    pooling = s.metadata.get(f"{s.architecture}.pooling_type")
+    return s.encoder_only or (isinstance(pooling, int) and not isinstance(pooling, bool) and pooling > 0)
+
+
 def _size(path: str) -> int:
     import os
 

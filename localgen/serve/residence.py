@@ -58,7 +58,8 @@ class Residence:
         self.mode: Mode | None = None  # the batching Mode, known once the model has loaded
         self.sched: Scheduler | None = None  # made with each load
         self.n_ctx = load.n_ctx
-        self.need = 0  # bytes the model takes loaded, by its estimate (serve/model.py's footprint)
+        self.need = 0  # bytes the model takes loaded, by its estimate (serve/model.py's footprint), its embeddings too
+        self.embeddings = 0  # of `need`: its embeddings context's bytes, once counted (0: not yet)
         self.warm_restored = 0  # prefixes its loads found in the store
         self.vram_bytes = 0  # bytes of weights llama.cpp placed on GPUs (from its load log)
         self.placement: dict[str, Any] = {}  # what went where (native/report.py's LoadReport.record)
@@ -76,18 +77,26 @@ class Residence:
     def loaded(self) -> bool:  # whether the model is in memory now
         return self.backend is not None
 
-    def ensure(self, warm: bool, wanted: Callable[[], bool] = lambda: True, patient: bool = True) -> None:
+    def ensure(self, warm: bool, wanted: Callable[[], bool] = lambda: True, patient: bool = True,
+               embeddings: bool = False) -> None:
         """Load the model unless it is loaded, once the residency has room for it (NoRoom, TooBig, Abandoned
         once `wanted()` turns false while it waits, or the load's own error otherwise). `warm`: decode a
         warm-up now (the caller is the thread that decodes); not `patient`: no waiting for pinned models
-        (Residency.admit)."""
+        (Residency.admit). `embeddings`: an embeddings or rerank job waits, whose context the room must hold
+        too (an embedding model's is counted from its load on; another's once a job asks for it)."""
+        from localgen.serve.model import embeddings_footprint, embeds
+
         if self.backend is not None:
+            if embeddings and not self.embeddings:
+                self._room_for_embeddings(embeddings_footprint(self.ref, self.load, self.n_ctx), wanted)
             return
         from localgen.engine.scheduler import Scheduler
         from localgen.serve.model import footprint, open_model
 
         # the draft model's bytes only where it loads: not with --exact, under which nothing drafts
         self.need = footprint(self.ref, self.load, self.parallel, self.draft if self._exact is not True else None)
+        self.embeddings = embeddings_footprint(self.ref, self.load) if embeddings or embeds(self.ref) else 0
+        self.need += self.embeddings
         waited = self._residency.admit(self.tenant, self.need, wanted, patient) if self._residency is not None else 0.0
         t0 = time.perf_counter()
         try:
@@ -113,6 +122,17 @@ class Residence:
                         f"{waited_text}; {restored} stored prefix{'es' * (restored != 1)} read back)",
                         seconds=round(seconds, 3), bytes=self.need, waited_s=round(waited, 3),
                         prefixes_restored=restored)
+
+    def _room_for_embeddings(self, more: int, wanted: Callable[[], bool]) -> None:
+        """Count the embeddings context a loaded model is about to make (`more` bytes) in its footprint, once the
+        residency has made room for it beside the others (NoRoom, TooBig, Abandoned as for a load). Logged."""
+        waited = self._residency.grow(self.tenant, more, wanted) if self._residency is not None else 0.0
+        self.embeddings = more  # (the caller holds self.lock, as for a load)
+        self.need += more
+        waited_text = f", after waiting {waited:.1f} s for room" if waited >= 0.05 else ""
+        self._log.event("embeddings", self.name, f"{self.name} makes its embeddings context (about "
+                        f"{format_bytes(more)} more, {format_bytes(self.need)} in all{waited_text})",
+                        bytes=more, waited_s=round(waited, 3))
 
     def ask(self, req: Unload) -> None:
         """An unload asked for while jobs may run: done at the next idle() (its `done` set then)."""
@@ -202,6 +222,7 @@ class Residence:
                 self.backend.close()
                 self.backend = None
             self.vram_bytes = 0
+            self.embeddings = 0  # counted again with the next load that needs it
         if self._residency is not None:
             self._residency.released(self.tenant, evicted=reason == "evicted")
         if not was_loaded:

@@ -139,6 +139,23 @@ class Residency:
             if yielding is not None:
                 yielding.resume(worker.name)
 
+    def grow(self, worker: Tenant, more: int, wanted: Callable[[], bool] = lambda: True) -> float:
+        """A loaded `worker` needs `more` bytes than it was admitted with (an embeddings context made on demand):
+        room made by the rules of admit, for what it holds and the more together, and the same errors (the
+        worker keeps what it held when it cannot grow). The seconds it waited."""
+        with self._cond:
+            held = self._loaded.pop(worker, None)
+            if held is None:
+                return 0.0
+            self.loads -= 1  # admit counts a load: this is none
+        try:
+            return self.admit(worker, held + more, wanted)
+        except BaseException:
+            with self._cond:
+                self._loaded[worker] = held
+                self.loads += 1
+            raise
+
     def _fits(self, need: int) -> bool:
         return len(self._loaded) < self.max_models and sum(self._loaded.values()) + need <= self.budget
 

@@ -73,9 +73,8 @@ async def _form(request: Request, limit: int, timeout: float) -> dict[str, Any]:
     """The form's fields, its file's bytes read within the bounds (a 413 past --max-body, a 408 when it stalls),
     or a 4xx that names the field."""
     from starlette.datastructures import UploadFile
-    from starlette.formparsers import MultiPartException, MultiPartParser
 
-    from localgen.serve.files import bounded_body
+    from localgen.serve.files import bounded_body, read_form
 
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if kind != "multipart/form-data":
@@ -86,12 +85,7 @@ async def _form(request: Request, limit: int, timeout: float) -> dict[str, Any]:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + FORM_SLACK:
         raise too_big
-    parser = MultiPartParser(request.headers, bounded_body(request, timeout, limit + FORM_SLACK, too_big),
-                             max_files=1, max_fields=16)
-    try:
-        form = await parser.parse()
-    except MultiPartException as e:
-        raise HTTPError(400, f"the request is not a valid multipart form: {e.message}", param="file") from None
+    form = await read_form(request, bounded_body(request, timeout, limit + FORM_SLACK, too_big), 16, "the request")
     try:
         out: dict[str, Any] = {"sampling": {}}
         spellings = settings.spellings("openai")

@@ -411,7 +411,8 @@ class ModelWorker:
             with self.residence.lock:
                 t0 = time.perf_counter()
                 was_loaded = self.loaded
-                self.residence.ensure(warm=threading.current_thread() is self.thread, wanted=self._wanted)
+                self.residence.ensure(warm=threading.current_thread() is self.thread, wanted=self._wanted,
+                                      embeddings=isinstance(job, EmbedJob))
                 job.load_s = 0.0 if was_loaded else time.perf_counter() - t0
             return None
         except NoRoom as e:
@@ -419,6 +420,8 @@ class ModelWorker:
         except Abandoned:  # counted with each job it fails (_intake)
             return Failed(499, "the client went away")
         except LocalgenError as e:
+            if was_loaded:  # room for its embeddings context, which could never fit (TooBig)
+                return Failed(500, f"no room for {self.name}'s embeddings context: {e.message}")
             return Failed(500, f"cannot load {self.name}: {e.message}")
         except Exception as e:
             self._internal(e, "loading the model")
