@@ -382,3 +382,42 @@ def test_a_pinned_model_is_unloaded_when_a_client_asks_and_loads_again(cli_env: 
                if p.name == "models"]
     assert "never unloaded to make room for another, only after --keep-alive idle or when a client unloads it" \
         in " ".join((model.help or "").split())
+
+
+def test_the_last_requests_keep_alive_wins_over_an_unload_asked_while_busy(cli_env: dict[str, str]) -> None:
+    """docs/api.md: an unload that keep_alive 0 asked for while requests ran is taken back by a request that came
+    after it with another keep_alive (Ollama's rule); without one, it happens once they end."""
+    s = Server(cli_env, "-m", "smollm2:135m", "--no-on-demand", "-np", "2", "--ctx", "512")
+    try:
+        def loaded() -> bool:
+            return bool(httpx.get(f"{s.url}/health", timeout=30).json()["models"]["smollm2:135m"]["loaded"])
+
+        def generate(**more: object) -> httpx.Response:
+            return httpx.post(f"{s.url}/api/generate", timeout=120, json={"model": "smollm2:135m", **more})
+
+        def while_one_runs(then_keep: str | None) -> None:
+            with httpx.Client(timeout=120) as c, c.stream("POST", f"{s.url}/api/generate", json={
+                    "model": "smollm2:135m", "prompt": "Count from one to fifty in words.",
+                    "options": {"num_predict": 48, "temperature": 0}}) as long:
+                lines = long.iter_lines()
+                next(lines)  # it runs
+                r = generate(keep_alive=0)
+                assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+                assert loaded()  # asked while a request runs: not yet
+                if then_keep is not None:
+                    r = generate(prompt="Hi", stream=False, keep_alive=then_keep, options={"num_predict": 1})
+                    assert r.status_code == 200
+                assert json.loads(list(lines)[-1])["done"] is True
+
+        while_one_runs("5m")
+        for _ in range(20):  # the worker takes its unloads the moment its last request ends: none comes
+            assert loaded()
+            time.sleep(0.05)
+        assert httpx.get(f"{s.url}/health", timeout=30).json()["residency"]["unloads"] == 0
+        while_one_runs(None)
+        deadline = time.monotonic() + 60
+        while loaded() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not loaded()
+    finally:
+        assert s.stop() == 0

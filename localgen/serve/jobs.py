@@ -177,6 +177,7 @@ class EmbedJob:
     truncate: bool = False
     query: str | None = None  # set: score each text as a document for this query (a reranker)
     keep_alive: float | None = None  # seconds the model stays loaded after this job (Ollama's keep_alive)
+    enqueued: float = field(default_factory=time.perf_counter)
     pooling: str | None = None  # the pooling the model's embeddings must have (a collection's), else the job fails
     load_s: float = 0.0  # time spent loading the model for this job
     result: asyncio.Future[list[Any] | Failed] = field(init=False)  # Embeddings or (score, tokens) pairs
@@ -211,6 +212,9 @@ class Unload:
     reason: str = "asked"
     evicted_for: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    by_keep_alive: bool = False  # a request's keep_alive 0: a request that came after it with another
+    # keep-alive withdraws it (the last one wins, as in Ollama)
+    asked: float = field(default_factory=time.perf_counter)  # when (Job.enqueued's clock)
 
 
 def finishing(job: Job | EmbedJob) -> bool:

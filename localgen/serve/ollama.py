@@ -107,7 +107,7 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
     if ttl:  # 0 unloads this once: the model keeps its keep-alive for when it loads again
         worker.keep_alive = ttl
     if ttl == 0:  # the worker thread unloads once its jobs end; an idle one at once
-        unloaded = worker.request_unload()
+        unloaded = worker.request_unload(by_keep_alive=time.perf_counter())
         if not worker.busy:
             await asyncio.to_thread(unloaded.wait, 10)
     else:  # loaded now, or the reason it cannot be (no room, over --max-memory), as /models/load says

@@ -68,6 +68,7 @@ class Residence:
         self._calls = self._rows = 0  # decode calls and rows of contexts already unloaded
         self._disk_hits = self._disk_hit_tokens = 0  # prefixes from disk used by earlier loads
         self._asked: list[Unload] = []  # unloads asked for while jobs ran
+        self._asked_lock = threading.Lock()  # a request's keep-alive takes some back from another thread
 
     @property
     def name(self) -> str:
@@ -136,7 +137,17 @@ class Residence:
 
     def ask(self, req: Unload) -> None:
         """An unload asked for while jobs may run: done at the next idle() (its `done` set then)."""
-        self._asked.append(req)
+        with self._asked_lock:
+            self._asked.append(req)
+
+    def withdraw_keep_alive_unloads(self, since: float) -> None:
+        """Take back the unloads that a request's keep_alive 0 asked for before `since` while jobs ran: a
+        request that came after it set another keep-alive (their waiters are told at once: the model stays)."""
+        with self._asked_lock:
+            withdrawn = [u for u in self._asked if u.by_keep_alive and u.asked < since]
+            self._asked = [u for u in self._asked if u not in withdrawn]
+        for req in withdrawn:
+            req.done.set()
 
     def rested(self) -> None:
         """The last job has ended: the keep-alive counts from now."""
@@ -145,12 +156,13 @@ class Residence:
     def idle(self) -> None:
         """Nothing runs (the worker's thread, between its waits for jobs): the unloads asked for, an unload
         once idle past the keep-alive, and what the slots hold written to the prefix store now and then."""
-        if self._asked:
-            evicted = next((u for u in self._asked if u.reason == "evicted"), None)
+        with self._asked_lock:
+            asked, self._asked = self._asked, []
+        if asked:
+            evicted = next((u for u in asked if u.reason == "evicted"), None)
             self.unload("evicted" if evicted else "asked", evicted.evicted_for if evicted else None)
-            for req in self._asked:
+            for req in asked:
                 req.done.set()
-            self._asked.clear()
         self._maybe_unload()
         self.keep_prefixes()
 

@@ -31,5 +31,7 @@ class Served(Protocol):
     def submit(self, job: Job | EmbedJob) -> None:
         """Queue a job on the model's thread (QueueFull, or a LocalgenError when the worker has stopped)."""
 
-    def request_unload(self) -> threading.Event:
-        """Free the model once no job runs; the event is set once it has."""
+    def request_unload(self, reason: str = "asked", evicted_for: str | None = None,
+                       by_keep_alive: float | None = None) -> threading.Event:
+        """Free the model once no job runs; the event is set once it has. `by_keep_alive`: asked by a request's
+        keep_alive 0 at that time (time.perf_counter), which a later request's keep-alive takes back."""

@@ -109,10 +109,15 @@ class ModelWorker:
             self.last_used = time.monotonic()
         self.inbox.put(None)
 
-    def request_unload(self, reason: str = "asked", evicted_for: str | None = None) -> threading.Event:
+    def request_unload(self, reason: str = "asked", evicted_for: str | None = None,
+                       by_keep_alive: float | None = None) -> threading.Event:
         """Ask the worker thread to free the model as soon as no job runs; the event is set once it has (at
-        once when the thread has ended: nothing else can be using the model then)."""
+        once when the thread has ended: nothing else can be using the model then). `by_keep_alive`: when a
+        request asked it with keep_alive 0 (Job.enqueued's clock): a request after it with another keep-alive
+        takes it back."""
         req = Unload(reason, evicted_for)
+        if by_keep_alive is not None:
+            req.by_keep_alive, req.asked = True, by_keep_alive
         if not self.thread.is_alive():
             self.residence.unload(reason, evicted_for)
             req.done.set()
@@ -144,7 +149,15 @@ class ModelWorker:
 
     @keep_alive.setter
     def keep_alive(self, seconds: float) -> None:
+        """A request's keep-alive, now: see keep_for."""
+        self.keep_for(seconds, time.perf_counter())
+
+    def keep_for(self, seconds: float, since: float) -> None:
+        """The keep-alive of a request that came at `since` (Job.enqueued's clock): it takes back the unloads
+        that requests before it asked for with keep_alive 0 while jobs ran (the last request's keep-alive wins,
+        as in Ollama)."""
         self.residence.keep_alive = seconds
+        self.residence.withdraw_keep_alive_unloads(since)
 
     @property
     def n_ctx(self) -> int:
@@ -364,7 +377,7 @@ class ModelWorker:
             else:
                 assert isinstance(job, EmbedJob), "a task's result"
                 job.send(out.value)
-                self._keep(job.keep_alive)
+                self._keep(job)
         if sched.idle:
             self.residence.rested()
 
@@ -389,7 +402,7 @@ class ModelWorker:
                 self.on_completion(self.name, c)
             except Exception as e:  # a metrics fault is logged, and never fails the request
                 self._internal(e, "counting metrics")
-        self._keep(job.keep_alive)  # before the client has its answer, so its next /api/ps shows this keep-alive
+        self._keep(job)  # before the client has its answer, so its next /api/ps shows this keep-alive
         if c.error is not None:
             job.send(failed(c.error))
         elif c.finish_reason == "cancelled" and not finishing(job):
@@ -397,13 +410,13 @@ class ModelWorker:
         else:  # it ended by itself, or on its handler's word (Job.finish)
             job.send(Done(c if c.finish_reason != "cancelled" else dataclasses.replace(c, finish_reason="stop")))
 
-    def _keep(self, keep_alive: float | None) -> None:
+    def _keep(self, job: Job | EmbedJob) -> None:
         """A job's keep-alive, once it has ended: 0 unloads the model once nothing runs (its keep-alive stays
         for when it loads again); another sets it."""
-        if keep_alive == 0:
-            self.request_unload()
-        elif keep_alive is not None:
-            self.residence.keep_alive = keep_alive
+        if job.keep_alive == 0:
+            self.request_unload(by_keep_alive=job.enqueued)
+        elif job.keep_alive is not None:
+            self.keep_for(job.keep_alive, job.enqueued)
 
     def _load_for(self, job: Job | EmbedJob) -> Failed | None:
         """Load the model if it is not loaded; why it cannot be, as the job's event (not sent yet)."""
