@@ -771,8 +771,8 @@ def test_ctrl_c_while_model_loads_stops_the_command_and_the_chat_goes_on(cli_env
 
 def test_two_ctrl_c_while_a_long_message_is_read_in_take_it_back_once(cli_env: dict[str, str],
                                                                       tmp_path: Path) -> None:
-    """docs/chat.md, Ctrl-C: a second press while a long message is read in does what one does, at the same
-    point (llama.cpp is not stopped inside a piece): the message is taken back once, and the chat goes on."""
+    """docs/chat.md, Ctrl-C: a second press while a long message is read in does what one does (the first has
+    stopped the read-in where it was): the message is taken back once, and the chat goes on."""
     from tests.test_chat_attach_back import answering
 
     lcli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +90,9 @@ def test_cancel_keeps_text_so_far(smollm2_engine: Any) -> None:
 
 
 def test_cancel_during_a_long_prompt_stops_at_the_end_of_a_piece(smollm2_engine: Any, monkeypatch: Any) -> None:
-    """Chat's first Ctrl-C during a prompt of several n_batch pieces: the evaluation stops after the piece under
-    way, no token is generated, and the cache holds the pieces evaluated; cancelled before it begins, nothing."""
+    """A cancel during a prompt of several n_batch pieces where no abort callback is set (the SIGINT handler is not
+    one of ours: pytest's, a thread's): the evaluation stops after the piece under way, no token is generated, and
+    the cache holds the pieces evaluated; cancelled before it begins, nothing."""
     eng = smollm2_engine
     tokens = eng.raw_tokens("A river passes the mill near the old bridge. " * 130)  # over 1,300 tokens
     assert len(tokens) > 2 * eng.kv.n_batch
@@ -92,8 +100,8 @@ def test_cancel_during_a_long_prompt_stops_at_the_end_of_a_piece(smollm2_engine:
     gen = eng.generate(Prompt.text(tokens), GREEDY)
     evaluating = eng.kv.evaluating
 
-    def cancelled_after_the_first_piece(prompt: Any, logits: bool = True) -> Any:
-        keep, pieces = evaluating(prompt, logits)
+    def cancelled_after_the_first_piece(prompt: Any, logits: bool = True, cancelled: Any = bool) -> Any:
+        keep, pieces = evaluating(prompt, logits, cancelled)
 
         def first_then_cancel() -> Any:
             for n in pieces:
@@ -110,6 +118,105 @@ def test_cancel_during_a_long_prompt_stops_at_the_end_of_a_piece(smollm2_engine:
     gen = eng.generate(Prompt.text(tokens), GREEDY)
     gen.cancel()  # before the answer began (chat's stop() reaches a generation just made)
     assert [c.text for c in gen] == [] and gen.finish_reason == "cancelled" and eng.kv.held == []
+
+
+@contextlib.contextmanager
+def _sigint(handler: Any) -> Iterator[None]:
+    """`handler` for SIGINT meanwhile: one of ours, as run's and chat's are, so a prompt's pieces take Ctrl-C inside."""
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _press_inside_the_second_piece(eng: Any) -> threading.Thread:
+    """A thread that sends this process SIGINT (Ctrl-C) once the first piece of a prompt is held and the second's
+    llama_decode is under way (this test's main thread inside context.decode): an event, not a time."""
+    from localgen.native import context
+
+    main = threading.main_thread().ident
+
+    def inside_decode() -> bool:
+        frame = sys._current_frames().get(main)  # type: ignore[arg-type]
+        while frame is not None:
+            if frame.f_code is context.decode.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def press() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if len(eng.kv.held) == eng.kv.n_batch and inside_decode():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.001)
+
+    return threading.Thread(target=press, daemon=True)
+
+
+def _memory_end(eng: Any) -> int:
+    """The last position the context's memory holds (llama.cpp's own account, not the record's)."""
+    from localgen.native import context
+    from localgen.native.lib import lib
+
+    return int(lib().llama_memory_seq_pos_max(context.memory(eng.ctx), 0))
+
+
+def test_ctrl_c_inside_a_prompt_piece_stops_its_decode_and_forgets_it(smollm2_engine: Any) -> None:
+    """docs/chat.md, Ctrl-C: a first press while a long message is read in (chat's handler cancels the generation)
+    stops the piece under way inside its llama_decode, not at its end: its rows leave the KV cache, the record
+    holds the pieces before it, as the memory does, and the same prompt then reuses them and answers as a fresh
+    evaluation does (the old code held the second piece too)."""
+    eng = smollm2_engine
+    tokens = eng.raw_tokens("A river passes the mill near the old bridge. " * 130)  # over 1,300 tokens: 3 pieces
+    n = eng.kv.n_batch
+    assert len(tokens) > 2 * n
+    eng.kv.clear()
+    gen = eng.generate(Prompt.text(tokens), GREEDY)
+    presser = _press_inside_the_second_piece(eng)
+    with _sigint(lambda signum, frame: gen.cancel()):
+        presser.start()
+        assert [c.text for c in gen] == []
+    presser.join()
+    assert gen.finish_reason == "cancelled" and gen.stats.completion_tokens == 0
+    assert eng.kv.held == tokens[:n] and eng.kv.evaluated == n
+    assert _memory_end(eng) == n - 1
+    again = _run(eng, tokens, GREEDY)
+    assert again.stats.cached_tokens == n
+    eng.kv.clear()
+    fresh = _run(eng, tokens, GREEDY)
+    assert again.tokens == fresh.tokens and again.text == fresh.text
+
+
+def test_a_ctrl_c_raised_inside_a_prompt_piece_leaves_the_memory_as_the_record(smollm2_engine: Any) -> None:
+    """docs/run.md: run's handler defers a press that lands inside llama.cpp (native/logs.py) and raises it once
+    the decode, stopped where it was, returns: KeyboardInterrupt, and the memory holds what the record says (the old
+    code raised it as the piece's decode returned, the piece in the memory and not in the record)."""
+    from localgen.native import logs
+
+    def like_run(signum: int, frame: Any) -> None:
+        if logs.defer_interrupt(frame):
+            return
+        raise KeyboardInterrupt
+
+    eng = smollm2_engine
+    tokens = eng.raw_tokens("A river passes the mill near the old bridge. " * 130)
+    n = eng.kv.n_batch
+    eng.kv.clear()
+    gen = eng.generate(Prompt.text(tokens), GREEDY)
+    presser = _press_inside_the_second_piece(eng)
+    with _sigint(like_run), pytest.raises(KeyboardInterrupt):
+        presser.start()
+        for _ in gen:
+            pass
+    presser.join()
+    gen.close()
+    assert gen.finish_reason == "cancelled"
+    assert eng.kv.held == tokens[:n] and _memory_end(eng) == n - 1
+    eng.kv.evaluate(Prompt.text(tokens))  # the next evaluation goes on from the record: llama.cpp takes its positions
+    assert eng.kv.held == tokens and _memory_end(eng) == len(tokens) - 1
 
 
 def test_context_overflow_raises_before_generating(smollm2_engine: Any) -> None:
@@ -159,13 +266,18 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
         with pytest.raises(KeyboardInterrupt):
             logs.raise_deferred()
         logs.raise_deferred()  # raised once only
-        # and in the engine: the next decode raises it, with the cache record still true
+        # and in the engine: the next decode raises it, with the cache record still true (a prompt's piece, with
+        # this handler of ours, is stopped by it where it is: nothing of it is kept, in the record or the memory)
         tokens = smollm2_engine.chat_tokens([{"role": "user", "content": "Hi"}])
         smollm2_engine.kv.clear()
         logs._deferred = True
         with pytest.raises(KeyboardInterrupt):
             smollm2_engine.kv.evaluate(Prompt.text(tokens))
-        assert len(smollm2_engine.kv.held) == len(tokens)
+        assert smollm2_engine.kv.held == [] and _memory_end(smollm2_engine) == -1
+        logs._deferred = True
+        with pytest.raises(KeyboardInterrupt):  # a token's decode takes no abort callback: it ends, then raises
+            smollm2_engine.kv.decode(tokens[:1])
+        assert smollm2_engine.kv.held == tokens[:1] and _memory_end(smollm2_engine) == 0
     finally:
         signal.signal(signal.SIGINT, previous)
         main._sigint["seen"] = False

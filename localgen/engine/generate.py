@@ -63,8 +63,8 @@ class Generation:
         return self.seq.logprobs
 
     def cancel(self) -> None:
-        """Stop after the token being decoded, or the prompt's piece (n_batch tokens) being evaluated; the text so
-        far is kept."""
+        """Stop after the token being decoded; inside the prompt's piece being evaluated, where the SIGINT handler
+        is ours and the CPU computes it (else after it: KVCache._piece); the text so far is kept."""
         self._cancel = True
 
     def close(self) -> None:
@@ -97,12 +97,12 @@ class Generation:
             chains.free(chain)
 
     def _prompt_evaluated(self) -> bool:
-        """Evaluate the prompt a piece at a time, as kv.evaluate does; False when cancelled before a piece (a long
-        prompt stops within a piece's time; what was evaluated stays held, and the record true)."""
-        _, pieces = self.engine.kv.evaluating(self.prompt)
+        """Evaluate the prompt a piece at a time, as kv.evaluate does; False when cancelled, before a piece or
+        inside one (the pieces evaluated before it stay held, and the record true)."""
+        _, pieces = self.engine.kv.evaluating(self.prompt, cancelled=lambda: self._cancel)
         while not self._cancel:
             if next(pieces, None) is None:
-                return True
+                return not self._cancel
         return False
 
     def _record_logprob(self, token: int, row: int) -> None:

@@ -85,12 +85,17 @@ class KVCache:
     def truncate(self, n: int) -> None:
         """Forget every held token from position n on."""
         if n < len(self._held):
-            if not context.seq_rm(self._memory(), -1, n, -1):
-                self.clear()  # recurrent models cannot drop a tail: start over
-                return
-            del self._held[n:]
-            self._evaluated = min(self._evaluated, n)
-            self._live = False
+            self._drop_from(n)
+
+    def _drop_from(self, n: int) -> None:
+        """Forget position n on, in the memory also past the held tokens (a decode that stopped part-way leaves
+        there the ubatches it had done)."""
+        if not context.seq_rm(self._memory(), -1, n, -1):
+            self.clear()  # recurrent models cannot drop a tail: start over
+            return
+        del self._held[n:]
+        self._evaluated = min(self._evaluated, n)
+        self._live = False
 
     def clear(self) -> None:
         """Empty the KV cache."""
@@ -105,25 +110,28 @@ class KVCache:
         cut the same way; after a reused prefix the first piece ends where a fresh evaluation's ubatch ends, so
         every row is computed as a fresh evaluation computes it), its media spans evaluating themselves
         between them. With `logits`, the last
-        token's logits are live afterwards. Returns how many tokens were reused. Interrupted between pieces,
-        the record stays true. Plain tokens (a prefix) come as Prompt.text(tokens)."""
+        token's logits are live afterwards. Returns how many tokens were reused. A Ctrl-C stops the piece under
+        way where it is (_piece); interrupted anywhere, the record stays true. Plain tokens (a prefix) come as
+        Prompt.text(tokens)."""
         keep, pieces = self.evaluating(prompt, logits)
         for _ in pieces:
             pass
         return keep
 
-    def evaluating(self, prompt: Prompt, logits: bool = True) -> tuple[int, Iterator[int]]:
+    def evaluating(self, prompt: Prompt, logits: bool = True,
+                   cancelled: Callable[[], bool] = bool) -> tuple[int, Iterator[int]]:
         """`evaluate` a piece at a time: how many tokens are reused, and an iterator that evaluates the next
-        piece (or media span) each time it is advanced, yielding how many tokens the cache then holds."""
+        piece (or media span) each time it is advanced, yielding how many tokens the cache then holds. It ends
+        early where `cancelled` stopped a piece inside its decode (_piece); the pieces before it stay held."""
         n = len(prompt.tokens)
         if n > self.n_ctx:
             raise ContextOverflowError(f"{n:,} tokens do not fit the context window of {self.n_ctx:,}")
         keep = self.cached_prefix(prompt, logits)
         self.truncate(keep)
         self.encode_s = 0.0
-        return keep, self._pieces(prompt, keep)
+        return keep, self._pieces(prompt, keep, cancelled)
 
-    def _pieces(self, prompt: Prompt, keep: int) -> Iterator[int]:
+    def _pieces(self, prompt: Prompt, keep: int, cancelled: Callable[[], bool]) -> Iterator[int]:
         # with images or audio: text in n_batch pieces up to each media span, which encodes and decodes itself;
         # the spans already held are not encoded again
         tokens, spans = prompt.tokens, prompt.spans
@@ -133,19 +141,40 @@ class KVCache:
             if start + span.n_pos <= keep:
                 continue
             for first, end in self._grid(pos, start):
-                self._decode(tokens[first:end], all_logits=False)
+                if not self._piece(tokens[first:end], cancelled):
+                    return
                 self._evaluated = len(self._held)
                 yield len(self._held)
-            self.encode_s += span.evaluate(self._ctx(), start, 0, self.n_batch)
+            ctx = self._ctx()
+            try:  # not stopped inside: its encoder runs in a context of its own, which takes no abort callback
+                self.encode_s += span.evaluate(ctx, start, 0, self.n_batch)
+            except BaseException:  # failed, or a Ctrl-C raised after its decode: what the memory took of it goes
+                self._drop_from(start)
+                raise
             self._held.extend(tokens[start:start + span.n_pos])
             self._evaluated = len(self._held)
             self._live = False
             pos = start + span.n_pos
             yield len(self._held)
         for first, end in self._grid(pos, len(tokens)):
-            self._decode(tokens[first:end], all_logits=False)
+            if not self._piece(tokens[first:end], cancelled):
+                return
             self._evaluated = len(self._held)
             yield len(self._held)
+
+    def _piece(self, tokens: list[int], cancelled: Callable[[], bool]) -> bool:
+        """Decode one piece of a prompt, stopped where it is (between two of llama.cpp's operations, on the CPU; a
+        GPU's backend asks no abort callback) by a Ctrl-C, which is then raised, or by `cancelled` saying so: False.
+        Only while the SIGINT handler is ours (context.stop_on_ctrl_c), and only for a piece: each token generated
+        after the prompt would pay the callback's cost (once per operation) for nothing."""
+        ctx = self._ctx()
+        abort = context.stop_on_ctrl_c(ctx, cancelled)
+        try:
+            return self._decode(tokens, all_logits=False, cancelled=cancelled)
+        finally:
+            if abort is not None:
+                context.set_abort(ctx, None)
+                del abort  # referenced until llama.cpp no longer holds it
 
     def _grid(self, start: int, end: int) -> list[tuple[int, int]]:
         """The pieces that evaluate tokens [start, end): a fresh evaluation's ubatches (grid_pieces), or with
@@ -160,18 +189,32 @@ class KVCache:
             raise ContextOverflowError(f"the context window of {self.n_ctx:,} tokens is full")
         self._decode(tokens, all_logits)
 
-    def _decode(self, tokens: list[int], all_logits: bool) -> None:
+    def _decode(self, tokens: list[int], all_logits: bool, cancelled: Callable[[], bool] | None = None) -> bool:
+        """One llama_decode after the held tokens; False where `cancelled` stopped it (an abort callback set by the
+        caller). Whatever stops it, a failure, an abort or a Ctrl-C raised as llama.cpp returns, the ubatches it
+        had done leave the memory, so that it holds exactly the held tokens."""
         n = len(tokens)
         if n > self.n_batch:
             raise LocalgenError(f"internal: a batch of {n} tokens exceeds n_batch {self.n_batch}")
-        self._batch.set_tokens(tokens, len(self._held), 0, all_logits)
-        rc = context.decode(self._ctx(), self._batch)
-        if rc != 0:
-            self._live = False
-            raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
-        self._held.extend(tokens)
-        self._live = True
+        start = len(self._held)
+        ctx = self._ctx()
+        self._batch.set_tokens(tokens, start, 0, all_logits)
+        self._live = False
+        rc: int | None = None
+        try:
+            rc = context.decode(ctx, self._batch)
+            if rc == 0:
+                self._held.extend(tokens)
+                self._live = True
+        finally:
+            if rc != 0:
+                self._drop_from(start)
         logs.raise_deferred()
+        if rc == 2 and cancelled is not None and cancelled():
+            return False
+        if rc != 0:
+            raise LocalgenError(f"llama_decode failed ({rc})", hint="the context may be full; raise --ctx")
+        return True
 
     def state_size(self) -> int:
         """The bytes save_state would write now (nothing is written)."""

@@ -199,11 +199,12 @@ def set_abort(ctx: Any, cancelled: Callable[[], bool] | None) -> Any:
     return thunk
 
 
-def stop_on_ctrl_c(ctx: Any) -> Any:
-    """Have a Ctrl-C stop ctx's computations between two of their operations (a long decode stops at once, not
-    when it ends), where the SIGINT handler in place is one of ours, which notes a Ctrl-C that lands inside a
-    llama.cpp call (logs.defer_interrupt): Python's default handler would raise there, where ctypes drops the
-    exception, and the Ctrl-C would be lost. Returns the thunk to keep referenced (None where none was set)."""
+def stop_on_ctrl_c(ctx: Any, cancelled: Callable[[], bool] = bool) -> Any:
+    """Have a Ctrl-C (or `cancelled` saying so) stop ctx's computations between two of their operations (a long
+    decode stops at once, not when it ends), where the SIGINT handler in place is one of ours, which notes a
+    Ctrl-C that lands inside a llama.cpp call (logs.defer_interrupt): Python's default handler would raise there,
+    where ctypes drops the exception, and the Ctrl-C would be lost. Returns the thunk to keep referenced (None
+    where none was set)."""
     import signal
     import threading
 
@@ -211,4 +212,4 @@ def stop_on_ctrl_c(ctx: Any) -> Any:
     if threading.current_thread() is not threading.main_thread() or not callable(handler) or \
             handler is signal.default_int_handler:
         return None
-    return set_abort(ctx, bool)
+    return set_abort(ctx, cancelled)

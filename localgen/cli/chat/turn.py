@@ -52,6 +52,9 @@ def summary_interrupts(runner: Any) -> Iterator[None]:
         if runner.summarizing:
             runner.stop_summary()
             return
+        logs = sys.modules.get("localgen.native.logs")
+        if logs is not None and logs.defer_interrupt(frame):
+            return  # raised once llama.cpp returns (native/logs.py): a handler that stops decodes must defer
         raise KeyboardInterrupt
 
     try:
