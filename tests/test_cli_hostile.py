@@ -231,3 +231,28 @@ def test_bench_refuses_a_sweep_value_past_what_llama_cpp_takes(cli: CLI, flag: s
     r = cli("bench", "-p", "4", "-n", "1", "-r", "1", "--no-e2e", flag, value, timeout=120)
     one_line_usage_error(r, f"is above {high}")
 
+
+@pytest.mark.parametrize("source", ["/dev/zero", "sparse", "stdin"])
+def test_perplexity_refuses_a_text_past_its_cap_before_reading_it_whole(cli_in_process: InProcessCLI,
+                                                                      tmp_path: Path, source: str) -> None:
+    # /dev/zero was a MemoryError traceback, read whole and then tokenized: now read to one byte past 64 MiB
+    path = source
+    if source == "sparse":
+        path = str(tmp_path / "big.txt")
+        with open(path, "wb") as f:
+            f.truncate(64 * 2**20 + 1)  # refused by its size: nothing of it is read
+    if source == "stdin":
+        r = cli_in_process("perplexity", "-m", "smollm2:135m", "-f", "-", input="a" * (64 * 2**20 + 1))
+    else:
+        r = cli_in_process("perplexity", "-m", "smollm2:135m", "-f", path)
+    line = one_line_usage_error(r, "larger than 64 MiB, the most localgen measures on")
+    assert line.startswith(f"localgen: error: {'stdin' if source == 'stdin' else path} is larger"), line
+
+
+def test_quantize_refuses_an_importance_matrix_that_is_a_device(cli_in_process: InProcessCLI, smollm2_path: Path,
+                                                                tmp_path: Path) -> None:
+    # --imatrix /dev/zero was read whole: a MemoryError traceback
+    r = cli_in_process("quantize", str(smollm2_path), "Q8_0", "--allow-requantize", "--imatrix", "/dev/zero",
+                       "-o", str(tmp_path / "x.gguf"))
+    one_line_usage_error(r, "the importance matrix /dev/zero is not a regular file")
+    assert not list(tmp_path.iterdir())
