@@ -209,3 +209,20 @@ def test_the_environment_variables_the_readme_lists(cli: CLI, fake: FakeServer) 
         assert ok.status_code == 200
     finally:
         assert server.stop() == 0
+
+
+def test_a_line_nested_too_deeply_or_with_a_surrogate_id_fails_alone(cli: CLI, tmp_path: Path) -> None:
+    # a line nesting 5,000 deep was a RecursionError that ended the job; a lone surrogate in "id" (written back
+    # with the answer) crashed the --json output after the answer was made: each now fails its own line
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"prompt": "x", "id": ' + "[" * 5000 + "]" * 5000 + '}\n'
+                     '{"prompt": "hi", "id": "\\ud800"}\n{"prompt": "hi", "id": ["a", {"b": "\\udfff"}]}\n'
+                     '{"prompt": "The sky is", "id": "ok"}\n')
+    r = cli("run", "--file", str(jsonl), "--raw", "-n", "2", "--temperature", "0", "--json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    docs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [d["line"] for d in docs] == [1, 2, 3, 4]
+    assert docs[0]["error"] == "bad JSON line: it nests too deeply"
+    assert docs[1]["error"] == '"id" is not valid UTF-8 text: a lone surrogate (\\ud800) at character 2'
+    assert "lone surrogate (\\udfff)" in docs[2]["error"]
+    assert docs[3]["id"] == "ok" and docs[3]["text"]
