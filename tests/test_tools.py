@@ -216,6 +216,21 @@ def _only(tmp_path: Path, *names: str) -> str:
     return str(path)
 
 
+def test_what_a_functions_file_prints_goes_to_stderr_not_into_the_answer(cli: CLI, tmp_path: Path) -> None:
+    # the red team's tool: its print()s, at import and in the call, came out on stdout before the answer and
+    # broke --json for any reader
+    fns = tmp_path / "f_print.py"
+    fns.write_text('print("IMPORT-STDOUT")\n\n\ndef get_weather(city: str) -> str:\n    """Weather."""\n'
+                   '    print("TOOL-STDOUT")\n    return "sunny"\n')
+    r = _run(cli, "--functions", str(fns), "--yes", "--tool-choice", "get_weather", "-n", "40", "--json",
+             "Weather in Paris?")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # stdout is the one JSON object, nothing before it
+    assert doc["tool_calls"][0]["result"] == "sunny", doc
+    assert "STDOUT" not in r.stdout
+    assert r.stderr.index("IMPORT-STDOUT") < r.stderr.index("TOOL-STDOUT"), r.stderr
+
+
 def test_run_functions_calls_the_tool_and_reports_it(cli: CLI, tmp_path: Path) -> None:
     fns = _only(tmp_path, "get_weather")  # the one tool it forces (tools/functions.py's load is tested above)
     r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--json", "Weather in Paris?")
