@@ -398,6 +398,20 @@ def test_perplexity_agrees_with_llama_perplexity(qcli: CLI, test_text: Path) -> 
     assert "smollm2:135m: 8 windows" in plain.stderr and "smollm2:135m: 8/8 windows" in plain.stderr
 
 
+def test_perplexity_of_damaged_weights_is_an_error_not_a_nan(qcli: CLI, smollm2_path: Path, tmp_path: Path) -> None:
+    # the red team's model: 1 MB of SmolLM2's weights flipped, the header intact: `PPL = nan`, exit 0
+    bad = tmp_path / "badweights.gguf"
+    data = bytearray(smollm2_path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + (1 << 20)] = bytes(b ^ 0xFF for b in data[mid:mid + (1 << 20)])
+    bad.write_bytes(data)
+    for extra in ([], ["--json"]):
+        r = qcli("perplexity", "-m", str(bad), "-c", "128", "--chunks", "2", "-t", "1", *extra)
+        assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr[-2000:])
+        assert r.stderr.endswith("localgen: error: the figures measured with badweights.gguf are not numbers "
+                                 "(PPL = nan): its weights are likely damaged\n"), r.stderr[-2000:]
+
+
 def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path, test_text: Path,
                                                      tmp_path: Path) -> None:
     """The reference's logits saved (llama-perplexity's format), then Q8_0 measured against them."""

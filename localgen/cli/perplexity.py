@@ -119,6 +119,7 @@ def perplexity(
         view.end()
         if temp is not None:
             temp.unlink(missing_ok=True)
+    _check_numbers(result, out.get("reference"))
     _show(result, out, json_out)
     if save_logits is not None and not json_out:
         print(f"logits saved to {save_logits}", file=sys.stderr)
@@ -179,6 +180,24 @@ def _names_a_file(text: str) -> bool:
     from localgen.models import names
 
     return text.lower().endswith((".logits", ".gguf")) or isinstance(names.parse(text), names.PathSpec)
+
+
+def _check_numbers(m: Any, reference: dict[str, Any] | None) -> None:
+    """A measure whose figures are not numbers (NaN or infinite: damaged weights) is one error line and exit 1,
+    not `PPL = nan` and 0, which a script or a ladder would take for a measurement."""
+    import math
+
+    from localgen.errors import LocalgenError
+
+    d = m.divergence
+    if not math.isfinite(m.ppl):
+        which = m.model
+    elif d is not None and not (math.isfinite(d.ppl_base) and math.isfinite(d.kld)):
+        which = (reference or {}).get("model") or (reference or {}).get("file") or "the reference"
+    else:
+        return
+    raise LocalgenError(f"the figures measured with {which} are not numbers (PPL = {m.ppl}): its weights are "
+                        "likely damaged")
 
 
 def _show(m: Any, out: dict[str, Any], json_out: bool) -> None:
