@@ -424,6 +424,14 @@ def test_run_with_a_stdio_mcp_server(cli: CLI, cli_in_process: InProcessCLI, mon
     r = _run(cli_in_process, "--mcp", dying, "--yes", "Go.")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "failed (starting)" in r.stderr and "it said: No module named mcp (a test)" in r.stderr, r.stderr
+    # it never offered tools, so no "(it has gone: its tools are no longer offered to the model)"; a long last
+    # line is cut at a word and says so, where it ended mid-word ("see the migratio")
+    assert "no longer offered" not in r.stderr, r.stderr
+    words = " ".join(f"word{i:03}" for i in range(60))  # 479 characters
+    r = _run(cli_in_process, "--mcp", f"{sys.executable} -c \"import sys; sys.exit('{words}')\"", "--yes", "Go.")
+    said = r.stderr.strip().partition("it said: ")[2]
+    assert r.returncode == 1 and said.endswith(" …") and said[:-2] in words, r.stderr
+    assert said[:-2].split()[-1] in words.split(), r.stderr
 
 
 def test_a_listing_in_pages_is_read_to_its_end_and_one_that_never_ends_is_one_line(cli_in_process: InProcessCLI,

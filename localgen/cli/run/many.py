@@ -98,6 +98,11 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             if "system" in obj and not isinstance(obj["system"], (str, type(None))):
                 raise UsageError('"system" must be a string')
             checked(obj["prompt"], '"prompt"')
+            if not obj["prompt"].strip():  # as -p "" and -p "   " are refused
+                raise UsageError(f'"prompt" is {"only whitespace" if obj["prompt"] else "empty"}: there is no prompt')
+            stops = obj.get("stop")
+            if stops == "" or (isinstance(stops, list) and "" in stops):  # as --stop '' is refused
+                raise UsageError('"stop" holds an empty string: give the text, or leave it out')
             if obj.get("system") is not None:
                 checked(obj["system"], '"system"')
             if "id" in obj:  # written back with the answer: a lone surrogate in it could not be
