@@ -268,7 +268,8 @@ def test_a_prompt_longer_than_its_window_fails_alone(cli: CLI, tmp_path: Path) -
     assert r.returncode == 1
     docs = [json.loads(x) for x in r.stdout.splitlines()]
     assert docs[0]["text"] and docs[2]["text"]
-    assert "longer than the context window" in docs[1]["error"]
+    # worded as a single prompt's (it said "longer than the context window (607 ≥ 256 tokens)")
+    assert re.fullmatch(r"the prompt is 6\d\d tokens; the context window is 256", docs[1]["error"]), docs[1]
 
 
 def test_conflicting_batch_flags(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

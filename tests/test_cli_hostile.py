@@ -67,6 +67,37 @@ def test_a_json_schema_that_is_no_object_is_one_line(cli_in_process: InProcessCL
     assert line.startswith("localgen: error: the JSON schema is not valid: ") and len(line) < 200, line
 
 
+def _big_enum(path: Path) -> str:
+    import json
+
+    path.write_text(json.dumps({"enum": [f"v{i}" for i in range(300_000)]}))  # 3.2 MB: minutes in llama.cpp
+    return str(path)
+
+
+def _big_gbnf(path: Path) -> str:
+    path.write_text("root ::= " + " | ".join(f'"w{i}"' for i in range(200_000)) + "\n")  # 2.2 MB
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda p: ["-j", '{"type": "string", "minLength": 1000000000}'], "minLength is 1,000,000,000; at most 4,096"),
+    (lambda p: ["-j", '{"type": "array", "minItems": 1e8, "items": {"type": "integer"}}'],
+     "minItems is 100,000,000; at most 4,096"),
+    (lambda p: ["-jf", _big_enum(p / "enum.json")], "characters; at most 65,536"),
+    (lambda p: ["--grammar", _big_gbnf(p / "big.gbnf")], "characters; at most 131,072"),
+    (lambda p: ["--grammar", "root ::= " + "|".join(['"a"'] * 50_000)], "--grammar is 200,008 characters"),
+])
+def test_a_schema_or_grammar_past_serve_s_bounds_is_refused_before_any_work(
+        cli_in_process: InProcessCLI, tmp_path: Path, command: str, make: object, said: str) -> None:
+    # run -j took 12 GB for minLength 10^9, and a 3 MB enum or a 2 MB grammar hung inside llama.cpp's grammar
+    # parse, where Ctrl-C cannot reach: serve's bounds now hold for the flags too, before the model loads
+    args = make(tmp_path)  # type: ignore[operator]
+    r = cli_in_process(command, "-m", "smollm2:135m", "-n", "1", *args, *(["-p", "JSON"] if command == "run" else []),
+                       input="hi\n")
+    assert said in one_line_usage_error(r)
+
+
 @pytest.mark.parametrize("args", [
     ("fit", "-m", "smollm2:135m", "--cache-type-k", BIG),
     ("fit", "-m", "smollm2:135m", "--rope-scaling", BIG),
@@ -199,3 +230,29 @@ def test_bench_refuses_a_sweep_value_past_what_llama_cpp_takes(cli: CLI, flag: s
     # bench -t 99999999999999999999: llama.cpp's std::bad_alloc, an abort (exit -6) after "saved as run N"
     r = cli("bench", "-p", "4", "-n", "1", "-r", "1", "--no-e2e", flag, value, timeout=120)
     one_line_usage_error(r, f"is above {high}")
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "sparse", "stdin"])
+def test_perplexity_refuses_a_text_past_its_cap_before_reading_it_whole(cli_in_process: InProcessCLI,
+                                                                      tmp_path: Path, source: str) -> None:
+    # /dev/zero was a MemoryError traceback, read whole and then tokenized: now read to one byte past 64 MiB
+    path = source
+    if source == "sparse":
+        path = str(tmp_path / "big.txt")
+        with open(path, "wb") as f:
+            f.truncate(64 * 2**20 + 1)  # refused by its size: nothing of it is read
+    if source == "stdin":
+        r = cli_in_process("perplexity", "-m", "smollm2:135m", "-f", "-", input="a" * (64 * 2**20 + 1))
+    else:
+        r = cli_in_process("perplexity", "-m", "smollm2:135m", "-f", path)
+    line = one_line_usage_error(r, "larger than 64 MiB, the most localgen measures on")
+    assert line.startswith(f"localgen: error: {'stdin' if source == 'stdin' else path} is larger"), line
+
+
+def test_quantize_refuses_an_importance_matrix_that_is_a_device(cli_in_process: InProcessCLI, smollm2_path: Path,
+                                                                tmp_path: Path) -> None:
+    # --imatrix /dev/zero was read whole: a MemoryError traceback
+    r = cli_in_process("quantize", str(smollm2_path), "Q8_0", "--allow-requantize", "--imatrix", "/dev/zero",
+                       "-o", str(tmp_path / "x.gguf"))
+    one_line_usage_error(r, "the importance matrix /dev/zero is not a regular file")
+    assert not list(tmp_path.iterdir())

@@ -209,3 +209,28 @@ def test_the_environment_variables_the_readme_lists(cli: CLI, fake: FakeServer) 
         assert ok.status_code == 200
     finally:
         assert server.stop() == 0
+
+
+def test_a_line_nested_too_deeply_a_surrogate_id_or_an_empty_prompt_or_stop_fails_alone(cli: CLI,
+                                                                                        tmp_path: Path) -> None:
+    # a line nesting 5,000 deep was a RecursionError that ended the job; a lone surrogate in "id" (written back
+    # with the answer) crashed the --json output after the answer was made: each now fails its own line
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"prompt": "x", "id": ' + "[" * 5000 + "]" * 5000 + '}\n'
+                     '{"prompt": "hi", "id": "\\ud800"}\n{"prompt": "hi", "id": ["a", {"b": "\\udfff"}]}\n'
+                     '{"prompt": "The sky is", "id": "ok"}\n'
+                     '{"prompt": ""}\n{"prompt": " \\n "}\n{"prompt": "hi", "stop": ""}\n'
+                     '{"prompt": "hi", "stop": ["x", ""]}\n')
+    r = cli("run", "--file", str(jsonl), "--raw", "-n", "2", "--temperature", "0", "--json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    docs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [d["line"] for d in docs] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert docs[0]["error"] == "bad JSON line: it nests too deeply"
+    assert docs[1]["error"] == '"id" is not valid UTF-8 text: a lone surrogate (\\ud800) at character 2'
+    assert "lone surrogate (\\udfff)" in docs[2]["error"]
+    assert docs[3]["id"] == "ok" and docs[3]["text"]
+    # checked as the flags are: -p "" and -p "  " are no prompt, --stop '' is refused (these were answered)
+    assert [d.get("error") for d in docs[4:]] == [
+        '"prompt" is empty: there is no prompt', '"prompt" is only whitespace: there is no prompt',
+        '"stop" holds an empty string: give the text, or leave it out',
+        '"stop" holds an empty string: give the text, or leave it out']

@@ -398,6 +398,36 @@ def test_perplexity_agrees_with_llama_perplexity(qcli: CLI, test_text: Path) -> 
     assert "smollm2:135m: 8 windows" in plain.stderr and "smollm2:135m: 8/8 windows" in plain.stderr
 
 
+def test_perplexity_of_damaged_weights_is_an_error_not_a_nan(qcli: CLI, smollm2_path: Path, tmp_path: Path) -> None:
+    # the red team's model: 1 MB of SmolLM2's weights flipped, the header intact: `PPL = nan`, exit 0
+    bad = tmp_path / "badweights.gguf"
+    data = bytearray(smollm2_path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + (1 << 20)] = bytes(b ^ 0xFF for b in data[mid:mid + (1 << 20)])
+    bad.write_bytes(data)
+    for extra in ([], ["--json"]):
+        r = qcli("perplexity", "-m", str(bad), "-c", "128", "--chunks", "2", "-t", "1", *extra)
+        assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr[-2000:])
+        assert r.stderr.endswith("localgen: error: the figures measured with badweights.gguf are not numbers "
+                                 "(PPL = nan): its weights are likely damaged\n"), r.stderr[-2000:]
+
+
+def test_a_logits_file_that_cannot_be_written_names_its_path(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
+    # under a file size limit (a disk that fills) it said only `File too large`
+    logits = tmp_path / "out" / "f16.logits"
+    logits.parent.mkdir()
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    r = subprocess.run(qcli.argv("perplexity", "-m", "smollm2:135m", *_ppl_args(test_text), "--save-logits",
+                                 str(logits)), env=qcli.env, capture_output=True, text=True, preexec_fn=small_files,
+                       timeout=600)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == f"localgen: error: cannot write {logits}: File " \
+        "too large", r.stderr[-2000:]
+    assert list(logits.parent.iterdir()) == [], "nothing partial is left"
+
+
 def test_kl_divergence_agrees_with_llama_perplexity(qcli: CLI, smollm2_f16: Path, test_text: Path,
                                                      tmp_path: Path) -> None:
     """The reference's logits saved (llama-perplexity's format), then Q8_0 measured against them."""

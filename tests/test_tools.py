@@ -216,6 +216,21 @@ def _only(tmp_path: Path, *names: str) -> str:
     return str(path)
 
 
+def test_what_a_functions_file_prints_goes_to_stderr_not_into_the_answer(cli: CLI, tmp_path: Path) -> None:
+    # the red team's tool: its print()s, at import and in the call, came out on stdout before the answer and
+    # broke --json for any reader
+    fns = tmp_path / "f_print.py"
+    fns.write_text('print("IMPORT-STDOUT")\n\n\ndef get_weather(city: str) -> str:\n    """Weather."""\n'
+                   '    print("TOOL-STDOUT")\n    return "sunny"\n')
+    r = _run(cli, "--functions", str(fns), "--yes", "--tool-choice", "get_weather", "-n", "40", "--json",
+             "Weather in Paris?")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # stdout is the one JSON object, nothing before it
+    assert doc["tool_calls"][0]["result"] == "sunny", doc
+    assert "STDOUT" not in r.stdout
+    assert r.stderr.index("IMPORT-STDOUT") < r.stderr.index("TOOL-STDOUT"), r.stderr
+
+
 def test_run_functions_calls_the_tool_and_reports_it(cli: CLI, tmp_path: Path) -> None:
     fns = _only(tmp_path, "get_weather")  # the one tool it forces (tools/functions.py's load is tested above)
     r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--json", "Weather in Paris?")
@@ -409,6 +424,14 @@ def test_run_with_a_stdio_mcp_server(cli: CLI, cli_in_process: InProcessCLI, mon
     r = _run(cli_in_process, "--mcp", dying, "--yes", "Go.")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "failed (starting)" in r.stderr and "it said: No module named mcp (a test)" in r.stderr, r.stderr
+    # it never offered tools, so no "(it has gone: its tools are no longer offered to the model)"; a long last
+    # line is cut at a word and says so, where it ended mid-word ("see the migratio")
+    assert "no longer offered" not in r.stderr, r.stderr
+    words = " ".join(f"word{i:03}" for i in range(60))  # 479 characters
+    r = _run(cli_in_process, "--mcp", f"{sys.executable} -c \"import sys; sys.exit('{words}')\"", "--yes", "Go.")
+    said = r.stderr.strip().partition("it said: ")[2]
+    assert r.returncode == 1 and said.endswith(" …") and said[:-2] in words, r.stderr
+    assert said[:-2].split()[-1] in words.split(), r.stderr
 
 
 def test_a_listing_in_pages_is_read_to_its_end_and_one_that_never_ends_is_one_line(cli_in_process: InProcessCLI,

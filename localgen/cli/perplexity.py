@@ -3,8 +3,10 @@ error), with --save-logits to keep a reference and --reference for KL divergence
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -95,7 +97,8 @@ def perplexity(
             temp = ms.temp_logits("model")
             engine = ms.open_model(ref_model, s)
             try:
-                base = ms.perplexity(engine, text, s, save=temp, on_chunk=view.chunk)
+                with _writing(temp):
+                    base = ms.perplexity(engine, text, s, save=temp, on_chunk=view.chunk)
             finally:
                 engine.close()
             out["reference"] = {"model": ref_model.name, "ppl": base.ppl, "ppl_err": base.ppl_err}
@@ -108,7 +111,8 @@ def perplexity(
                 out.setdefault("reference", {"file": str(ref_file)})
             else:
                 assert text is not None
-                result = ms.perplexity(engine, text, s, save=save_logits, on_chunk=view.chunk)
+                with _writing(save_logits):
+                    result = ms.perplexity(engine, text, s, save=save_logits, on_chunk=view.chunk)
         finally:
             engine.close()
     except ms.Interrupted as stop:
@@ -119,6 +123,7 @@ def perplexity(
         view.end()
         if temp is not None:
             temp.unlink(missing_ok=True)
+    _check_numbers(result, out.get("reference"))
     _show(result, out, json_out)
     if save_logits is not None and not json_out:
         print(f"logits saved to {save_logits}", file=sys.stderr)
@@ -179,6 +184,38 @@ def _names_a_file(text: str) -> bool:
     from localgen.models import names
 
     return text.lower().endswith((".logits", ".gguf")) or isinstance(names.parse(text), names.PathSpec)
+
+
+@contextlib.contextmanager
+def _writing(path: Path | None) -> Iterator[None]:
+    """A failed write of the logits file (a full disk, a file size limit) as `cannot write PATH: why` (nothing
+    of it is left: the measure discards its partial file)."""
+    try:
+        yield
+    except OSError as e:
+        if path is None:
+            raise
+        from localgen.errors import LocalgenError
+
+        raise LocalgenError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _check_numbers(m: Any, reference: dict[str, Any] | None) -> None:
+    """A measure whose figures are not numbers (NaN or infinite: damaged weights) is one error line and exit 1,
+    not `PPL = nan` and 0, which a script or a ladder would take for a measurement."""
+    import math
+
+    from localgen.errors import LocalgenError
+
+    d = m.divergence
+    if not math.isfinite(m.ppl):
+        which = m.model
+    elif d is not None and not (math.isfinite(d.ppl_base) and math.isfinite(d.kld)):
+        which = (reference or {}).get("model") or (reference or {}).get("file") or "the reference"
+    else:
+        return
+    raise LocalgenError(f"the figures measured with {which} are not numbers (PPL = {m.ppl}): its weights are "
+                        "likely damaged")
 
 
 def _show(m: Any, out: dict[str, Any], json_out: bool) -> None:

@@ -83,7 +83,7 @@ def refuse(req: Request, on_done: Callable[[Completion], None], n_ctx: int) -> N
         on_done(Completion(req.index, "", "length", len(req.tokens), 0, 0.0, 0.0, req.seed))
     else:
         e: ServeError = EmptyPrompt() if not req.tokens else prompt_too_long(
-            f"the prompt is longer than the context window ({len(req.tokens):,} ≥ {n_ctx:,} tokens)",
+            f"the prompt is {len(req.tokens):,} tokens; the context window is {n_ctx:,}",
             len(req.tokens), n_ctx)
         on_done(Completion(req.index, "", f"error: {e.message}", len(req.tokens), 0, 0.0, 0.0, req.seed, error=e))
 

@@ -4,7 +4,11 @@ Schemas are first made self-contained (resolve_schema): local `$ref`s (`#/$defs/
 any JSON pointer) are inlined, a recursive one to REF_DEPTH levels and then as any JSON; `allOf` is merged,
 nullable and multi-type nodes become unions, `true` becomes any JSON. llama-cpp-python's converter then sees
 only what it handles well: its own `$ref` support fails on references nested below the root, on recursion at
-the root, and on two definitions with one name."""
+the root, and on two definitions with one name.
+
+One set of bounds for every schema and grammar, run's flags and serve's requests alike, checked before any work:
+the converter expands repetition counts (minLength: 100000 gave 500 KB of grammar; 10^9 took 12 GB), and
+llama.cpp parses a grammar in native code that Ctrl-C cannot reach (a 3 MB enum took minutes)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,11 @@ from urllib.parse import unquote
 
 from localgen.errors import GrammarError
 
+MAX_SCHEMA_CHARS = 64 * 1024  # a JSON schema, as text
+MAX_GRAMMAR_CHARS = 128 * 1024  # a GBNF grammar, given or made from a schema
+MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties/minContains/maxContains
+REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+               "maxContains")
 REF_DEPTH = 3  # how often one $ref may be expanded inside itself before the rest is any JSON
 MAX_NODES = 20_000  # subschemas after inlining: a schema whose references fan out is refused, not expanded
 # keywords whose value is one subschema, a list of them, or a map of them; other values are data
@@ -133,18 +142,50 @@ def _merged(parts: Sequence[Any]) -> dict[str, Any]:
 
 
 def grammar_from_json_schema(schema_text: str) -> str:
-    """Convert a JSON schema to GBNF, or raise GrammarError."""
+    """Convert a JSON schema to GBNF, or raise GrammarError (a schema or grammar past its bound among them)."""
+    if len(schema_text) > MAX_SCHEMA_CHARS:
+        raise GrammarError(f"the JSON schema is {len(schema_text):,} characters; at most {MAX_SCHEMA_CHARS:,}")
     try:
         schema = json.loads(schema_text)
     except json.JSONDecodeError as e:
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
     except RecursionError:
         raise GrammarError("the JSON schema nests too deeply to become a grammar") from None
+    big = big_repeat(schema)
+    if big:
+        raise GrammarError(f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,}")
     check_json_schema(schema)
     # named, not `root`: the converter gives a top-level property the bare name, which can be a rule of its
     # own ("value", "string") and then stands for the wrong thing
     rules, names = schema_rules([schema], "schema")
-    return f"root ::= {names[0]}\n{rules}"
+    grammar = f"root ::= {names[0]}\n{rules}"
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the JSON schema makes a grammar of {len(grammar):,} characters; at most "
+                           f"{MAX_GRAMMAR_CHARS:,}")
+    return grammar
+
+
+def check_grammar_size(grammar: str, what: str = "the grammar") -> None:
+    """A GrammarError for a GBNF grammar past MAX_GRAMMAR_CHARS (llama.cpp would parse it where Ctrl-C cannot
+    reach)."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"{what} is {len(grammar):,} characters; at most {MAX_GRAMMAR_CHARS:,}")
+
+
+def big_repeat(schema: Any) -> tuple[str, int] | None:
+    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value)."""
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for k in REPEAT_KEYS:
+                v = node.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
+                    return k, int(v) if v < float("inf") else MAX_REPEAT + 1
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return None
 
 
 def check_json_schema(schema: Any) -> None:
@@ -181,5 +222,8 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
         raise
     except RecursionError:
         raise GrammarError("the JSON schema nests too deeply to become a grammar") from None
+    except MemoryError:
+        raise GrammarError("cannot turn the JSON schema into a grammar: it needs more memory than this process "
+                           "may take") from None
     except Exception as e:  # the converter raises bare Exceptions of many kinds for schemas it cannot handle
-        raise GrammarError(f"cannot turn the JSON schema into a grammar: {e}") from None
+        raise GrammarError(f"cannot turn the JSON schema into a grammar: {str(e) or type(e).__name__}") from None

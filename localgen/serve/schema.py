@@ -1,6 +1,7 @@
 """A request's JSON schema (response_format, text.format, output_config.format, Ollama's format) or tools as a
-grammar, built off the event loop and bounded: the converter expands repetition counts (minLength: 100000
-gave 500 KB of grammar), and the worker parses the grammar between decoding steps."""
+grammar, built off the event loop and bounded by engine/grammar.py's bounds (run's -j and --grammar share them):
+the converter expands repetition counts (minLength: 100000 gave 500 KB of grammar), and the worker parses the
+grammar between decoding steps. Here they are checked first, to name the request's field in a 400."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ import asyncio
 import json
 from typing import Any
 
+from localgen.engine.grammar import MAX_GRAMMAR_CHARS, MAX_REPEAT, MAX_SCHEMA_CHARS, big_repeat
 from localgen.errors import LocalgenError
 from localgen.serve.apierror import HTTPError
 
-MAX_SCHEMA_CHARS = 64 * 1024
-MAX_GRAMMAR_CHARS = 128 * 1024
-MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties
-REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
-               "maxContains")
+__all__ = ["MAX_GRAMMAR_CHARS", "MAX_REPEAT", "MAX_SCHEMA_CHARS", "bounded_schema", "check_grammar_size",
+           "schema_grammar"]
 
 
 async def schema_grammar(schema: Any, param: str = "response_format") -> str:
@@ -42,7 +41,7 @@ def bounded_schema(schema: Any, param: str, what: str) -> str:
     text = json.dumps(schema)
     if len(text) > MAX_SCHEMA_CHARS:
         raise HTTPError(400, f"{what} is {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}", param=param)
-    big = _big_repeat(schema)
+    big = big_repeat(schema)
     if big:
         raise HTTPError(400, f"{what}'s {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
     return text
@@ -53,19 +52,3 @@ def check_grammar_size(grammar: str, param: str, what: str) -> None:
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise HTTPError(400, f"{what} makes a grammar of {len(grammar):,} characters; at most "
                              f"{MAX_GRAMMAR_CHARS:,}", param=param)
-
-
-def _big_repeat(schema: Any) -> tuple[str, int] | None:
-    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value)."""
-    todo = [schema]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, dict):
-            for k in REPEAT_KEYS:
-                v = node.get(k)
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
-                    return k, int(v)
-            todo.extend(node.values())
-        elif isinstance(node, list):
-            todo.extend(node)
-    return None

@@ -3,18 +3,46 @@ defined in the file is a tool; its type hints make the JSON Schema and its docst
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import sys
+import threading
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from localgen.errors import ToolError
 from localgen.tools.spec import NAME_CHARS, ToolSpec
 
 _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+
+
+_redirect = threading.Lock()
+_redirected: list[TextIO] = []  # sys.stdout as it was, while any tool runs (calls may overlap: counted)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """sys.stdout is stderr while a --functions file loads or a tool runs: what it prints is shown, but never
+    into the answer (stdout carries only the answer; --json stays one object)."""
+    with _redirect:
+        if not _redirected:
+            sys.stdout.flush()
+            _redirected.append(sys.stdout)
+            sys.stdout = sys.stderr
+        else:
+            _redirected.append(_redirected[0])
+    try:
+        yield
+    finally:
+        with _redirect:
+            saved = _redirected.pop()
+            if not _redirected:
+                sys.stdout.flush()
+                sys.stdout = saved
 
 
 def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:
@@ -25,11 +53,10 @@ def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:
     if spec is None or spec.loader is None:
         raise ToolError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
-    import sys
-
     sys.modules[spec.name] = module  # where pydantic resolves the module's own annotations (`from __future__`)
     try:
-        spec.loader.exec_module(module)
+        with stdout_to_stderr():  # what the module prints as it loads
+            spec.loader.exec_module(module)
     except SyntaxError as e:
         raise ToolError(f"{path}:{e.lineno}: {e.msg}") from None
     except (Exception, SystemExit) as e:  # the user's module ran and failed (or called sys.exit): one line

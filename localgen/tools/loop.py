@@ -118,7 +118,7 @@ class Toolbox:
 
 def _python_runner(name: str, fn: Callable[..., Any],
                    running: set[threading.Thread]) -> Callable[[dict[str, Any], float], str]:
-    from localgen.tools.functions import call_args
+    from localgen.tools.functions import call_args, stdout_to_stderr
 
     def run(args: dict[str, Any], timeout: float) -> str:
         box: dict[str, Any] = {}
@@ -134,8 +134,9 @@ def _python_runner(name: str, fn: Callable[..., Any],
 
         worker = threading.Thread(target=target, name=f"tool {name}", daemon=True)
         running.add(worker)
-        worker.start()
-        worker.join(timeout)
+        with stdout_to_stderr():  # what the tool prints: shown on stderr, never in the answer
+            worker.start()
+            worker.join(timeout)
         if worker.is_alive():  # a thread cannot be killed: it is left behind, and the answer fails
             raise ToolError(f"{name} did not finish within {timeout:g} s (--tool-timeout)")
         if "error" in box:

@@ -88,10 +88,12 @@ class McpServer:
         except Exception as e:  # the SDK's errors, a dead process, a refused connection: one line each
             if self._refused:  # a body past MAX_BODY (the SDK says "Failed to parse JSON response" or the like)
                 raise ToolError(f"{self._refused[0]} ({doing})") from None
-            if _lost(e):
+            if _lost(e) and doing != "starting":  # a server that never started never offered its tools
                 self.gone = True
                 raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}",
                                 hint="it has gone: its tools are no longer offered to the model") from None
+            if _lost(e):
+                self.gone = True
             raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}") from None
 
     def _said(self) -> str:
@@ -106,7 +108,10 @@ class McpServer:
             tail = os.pread(fd, 4096, max(0, os.fstat(fd).st_size - 4096)).decode("utf-8", "replace")
             lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
             if lines:
-                return f"; it said: {lines[-1][:200]}"
+                said = lines[-1]
+                if len(said) > 200:  # cut at a word, and said to be cut
+                    said = said[:200].rsplit(" ", 1)[0].rstrip(" ,;:") + " …"
+                return f"; it said: {said}"
         return ""
 
     async def _connect(self) -> tuple[ToolSpec, ...]:

@@ -101,9 +101,11 @@ def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
             raise UsageError(f"{where}: the server {name!r} has a url that is not http(s)")
         return McpTarget(name, url=url, headers=_strings(where, name, entry, "headers"), named=True)
     args = entry.get("args", [])
-    if not isinstance(command, str) or not command.strip():
+    if not isinstance(command, str):
+        raise UsageError(f"{where}: the server {name!r}'s command must be a string")
+    if not command.strip():
         raise UsageError(f"{where}: the server {name!r} has an empty command")
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):  # [1]: not started with "1"
         raise UsageError(f"{where}: the server {name!r}'s args must be a list of strings")
     cwd = entry.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
@@ -113,7 +115,9 @@ def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
 
 
 def _strings(where: str, name: str, entry: dict[str, Any], key: str) -> dict[str, str]:
-    value = entry.get(key) or {}
-    if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
+    value = entry.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise UsageError(f"{where}: the server {name!r}'s {key} must map names to strings")
-    return {str(k): str(v) for k, v in value.items()}
+    return dict(value)

@@ -75,6 +75,15 @@ def output_grammar(out: OutputFormat) -> tuple[str | None, str | None]:
     return grammar_from_json_schema(schema), schema
 
 
+def _bounded(gbnf: str, what: str) -> str:
+    """A grammar within engine/grammar.py's bound (llama.cpp parses it where Ctrl-C cannot reach); past it, a
+    usage error naming the bound."""
+    from localgen.engine.grammar import check_grammar_size
+
+    check_grammar_size(gbnf, what)
+    return gbnf
+
+
 def _gbnf(value: str) -> str:
     """--grammar's GBNF: the file it names when one exists, else the value itself when it has a rule (llama.cpp
     parses it when the model loads, where a vocabulary is at hand)."""
@@ -84,16 +93,20 @@ def _gbnf(value: str) -> str:
     if not value.strip():
         raise UsageError("--grammar is empty: give a GBNF file or the grammar itself (root ::= ...)")
     path = Path(value).expanduser()
-    if path.is_file():
+    try:
+        named = path.is_file()
+    except OSError:  # a grammar longer than a file's name may be ("File name too long"): no file
+        named = False
+    if named:
         try:
             text = read_file(path, f"the grammar file {value}", limit=MAX_PROMPT_TEXT)
         except OSError as e:
             raise UsageError(f"cannot read the grammar file {value}: {e.strerror or e}") from None
         if not text.strip():
             raise UsageError(f"the grammar file {value} is empty")
-        return text
+        return _bounded(text, f"the grammar file {value}")
     if "::=" in value:
-        return value
+        return _bounded(value, "--grammar")
     from localgen.cli.inputfile import input_problem
 
     raise UsageError(f"--grammar {value[:100]}: {input_problem(value) or 'not a file'}, and the text is not GBNF (a "

@@ -89,20 +89,32 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
         except ValueError as e:
             yield _Line(number, None, system, base, error=f"bad JSON line: {e}")
             continue
+        except RecursionError:  # 5,000 nested brackets: this line fails, the others go on
+            yield _Line(number, None, system, base, error="bad JSON line: it nests too deeply")
+            continue
         try:  # valid JSON from here: what is wrong is said as it is, without "bad JSON"
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise UsageError('a JSON line needs a "prompt" string')
             if "system" in obj and not isinstance(obj["system"], (str, type(None))):
                 raise UsageError('"system" must be a string')
             checked(obj["prompt"], '"prompt"')
+            if not obj["prompt"].strip():  # as -p "" and -p "   " are refused
+                raise UsageError(f'"prompt" is {"only whitespace" if obj["prompt"] else "empty"}: there is no prompt')
+            stops = obj.get("stop")
+            if stops == "" or (isinstance(stops, list) and "" in stops):  # as --stop '' is refused
+                raise UsageError('"stop" holds an empty string: give the text, or leave it out')
             if obj.get("system") is not None:
                 checked(obj["system"], '"system"')
+            if "id" in obj:  # written back with the answer: a lone surrogate in it could not be
+                checked(json.dumps(obj["id"], ensure_ascii=False), '"id"')
             knobs = {k: v for k, v in obj.items() if k not in ("prompt", "system", "id")}
             sampling = settings.apply(base, knobs)
             text = "\n\n".join(p for p in (obj["prompt"], instruction) if p)
             yield _Line(number, text, obj.get("system", system), sampling, obj.get("id"), seeded="seed" in knobs)
         except (ValueError, UsageError) as e:
             yield _Line(number, None, system, base, error=e.message if isinstance(e, UsageError) else str(e))
+        except RecursionError:
+            yield _Line(number, None, system, base, error="the JSON line nests too deeply")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,6 +436,8 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = N
         if ln.error:
             print(f"localgen: line {ln.number}: {ln.error}", file=sys.stderr, flush=True)
         out = " ".join(c.text.split()) if c is not None and not ln.error else ""
+    if problem(out) is not None:  # a lone surrogate an error quotes (a key's name): shown escaped, not a crash
+        out = out.encode("utf-8", "backslashreplace").decode("utf-8")
     sys.stdout.write(out + "\n")
     sys.stdout.flush()
 
