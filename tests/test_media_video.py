@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -46,10 +45,13 @@ def vid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (d / "pic.png").write_bytes(png(96, 64))
     _ffmpeg("-i", str(d / "pic.png"), "-c:v", "libwebp", str(d / "pic.webp"))
     _ffmpeg("-i", str(CLIP), "-c:v", "libvpx-vp9", "-b:v", "20k", str(d / "clip.webm"))
+    _ffmpeg("-i", str(CLIP), "-t", "2", "-c:v", "libx264", "-pix_fmt", "yuv420p", str(d / "short.mp4"))  # 8 frames
+    _ffmpeg("-i", str(CLIP), "-t", "1", "-c:v", "libvpx-vp9", "-b:v", "20k", str(d / "short.webm"))  # 4
     data = CLIP.read_bytes()
     (d / "noise.mp4").write_bytes(data[:40] + bytes(range(256)) * 8)  # an MP4's header, then nothing of one
     (d / "cut.mp4").write_bytes(data[:1500])  # its index whole, no frame of its pictures
-    out.update({k: d / f"{k.replace('_', '.')}" for k in ("pic.webp", "clip.webm", "noise.mp4", "cut.mp4")})
+    out.update({k: d / f"{k.replace('_', '.')}" for k in ("pic.webp", "clip.webm", "short.mp4", "short.webm",
+                                                            "noise.mp4", "cut.mp4")})
     return out
 
 
@@ -248,12 +250,12 @@ def test_chat_attaches_a_video(cli_env: dict[str, str], home: Path, vid: dict[st
 
     child = spawn(cli_env, "vidchat", "--mmproj", str(vid["proj"]), "-n", "4", "--temp", "0")
     send(child, f"/image {CLIP}", wrappable("is a video: use /video"))
-    send(child, f"/video {CLIP}", r"clip-6s\.mp4 \(video\) will be sent with your next message")
+    send(child, f"/video {vid['short.mp4']}", r"short\.mp4 \(video\) will be sent with your next message")
     send(child, "What happens?", r"tok/s")
-    send(child, f"'{vid['clip.webm']}'", r"attached clip\.webm \(video\)")  # dropped on the terminal
+    send(child, f"'{vid['short.webm']}'", r"attached short\.webm \(video\)")  # dropped on the terminal
     send(child, "And here?", r"tok/s")
     out = send(child, "/stats", r"stop: ")
-    assert re.search(r"media \d+ tokens", out) and "cached)" in out  # the first video came from the KV cache
+    assert f"media {12 * FRAME_TOKENS} tokens" in out and "cached)" in out  # the first video: from the KV cache
     child.sendline("/exit")
     child.expect(pexpect_eof())
     saved = json.loads((home / "data" / "chats" / "vidchat.json").read_text())

