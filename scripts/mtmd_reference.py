@@ -51,7 +51,7 @@ CASES = [
     (["1.5s"], "What do you hear?", 24),
     (["32s"], "What do you hear?", 16),  # two 30-second windows
     (["clip-6s.mp4"], "What happens in this video?", 24),  # 24 frames at llama.cpp's 4 a second
-    (["clip-6s.mp4@1"], "What happens in this video?", 24),  # 6 frames; a timestamp before the first and the sixth
+    (["clip-6s.mp4@1"], "What happens in this video?", 24),  # 6 frames; a timestamp after the first and the sixth
 ]
 VIDEO = ROOT / "tests" / "data" / "clip-6s.mp4"
 # the tones of each sound
