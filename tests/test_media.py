@@ -21,7 +21,7 @@ from tests.conftest import CLI, ROOT, InProcessCLI, same_text_as_reference
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_mmproj import png, write_audio_mmproj, write_mmproj
-from mtmd_reference import is_audio, write_media
+from mtmd_reference import is_audio, is_video, video_fps, write_media
 
 REFERENCE = json.loads((ROOT / "tests" / "data" / "llama_mtmd_cli.json").read_text())
 FIXTURE = REFERENCE["cases"]
@@ -64,7 +64,9 @@ BAD = {
     "JPEG with no frame": (b"\xff\xd8\xff\xe0\x00\x10JFIF\0" + b"\0" * 20, "truncated or corrupt JPEG"),
     "WebP": (b"RIFF\x10\0\0\0WEBPVP8 " + b"\0" * 16, "is WebP"),
     "TIFF": (b"II*\x00" + b"\0" * 16, "is TIFF"),
-    "text": (b"hello, this is not a picture", "not an image or audio file"),
+    "text": (b"hello, this is not a picture", "not an image, audio or video file"),
+    "HEIF picture": (b"\0\0\0\x18ftypheic" + b"\0" * 20, "is HEIF, which localgen cannot read"),
+    "M4A audio": (b"\0\0\0\x18ftypM4A " + b"\0" * 20, "is M4A audio, which localgen cannot read"),
     "eleven minutes of WAV": (_wav(660), "11.0 minutes of audio"),
 }
 
@@ -123,7 +125,8 @@ def test_run_writes_what_llama_mtmd_cli_writes(cli: CLI, mm: dict[str, Path], ca
     args = ["run", "--mmproj", str(mm["audio" if sound else "proj"]), "--temp", "0", "-n", str(case["max_tokens"]),
             "--ignore-eos", "-p", case["prompt"], "--threads", str(REFERENCE_THREADS)]
     for name in case["media"]:
-        args += ["-a" if sound else "--image", str(mm[name])]
+        args += ["-a" if sound else "--video" if is_video(name) else "--image", str(mm[name])]
+        args += ["--video-fps", fps] if (fps := video_fps(name)) else []
     r = cli(*args)
     assert r.returncode == 0, r.stderr
     same_text_as_reference(r.stdout.strip(), case["text"])

@@ -114,7 +114,7 @@ def test_bad_uploads_name_the_file(server: Server, tmp_path: Path) -> None:
     url = f"{server.url}/v1/audio/transcriptions"
     picture = tmp_path / "cat.png"
     picture.write_bytes(png(8, 8))
-    for path, said in ((picture, "is a PNG image, not audio"), (Path(__file__), "not an image or audio file")):
+    for path, said in ((picture, "is a PNG image, not audio"), (Path(__file__), "not an image, audio or video file")):
         r = httpx.post(url, files={"file": (path.name, path.read_bytes())}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "file" and said in r.text, r.text
     r = httpx.post(url, json={"file": "clip.wav"}, timeout=30)

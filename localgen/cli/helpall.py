@@ -13,8 +13,9 @@ FLAG = "--help-all"
 _SAMPLING = {"temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop", "system"}
 _LOADING = {"model", "ctx", "threads", "gpu_layers", "offline"}
 COMMON: dict[str, frozenset[str]] = {
-    "run": frozenset({"prompt_arg", "prompt", "raw", "document", "file", "parallel", "image", "attach", "json_out",
-                      "stats", "think", "continue_", "no_log", "grammar", "json_schema", "endpoint", "rag", "verbose",
+    "run": frozenset({"prompt_arg", "prompt", "raw", "document", "file", "parallel", "image", "attach", "video",
+                      "json_out", "stats", "think", "continue_", "no_log", "grammar", "json_schema", "endpoint", "rag",
+                      "verbose",
                       *_SAMPLING, *_LOADING}),
     "chat": frozenset({"name", "resume", "list_", "plain", "stats", "compact", "think", "no_log", "endpoint",
                        "functions", "mcp", "rag", "verbose", *_SAMPLING, *_LOADING}),

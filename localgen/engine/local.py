@@ -117,6 +117,7 @@ class LocalBackend:
             e = self.engine
             self._projector = Projector(e.model_ptr, path, e.params.n_threads_batch or e.params.n_threads or 1,
                                         e.flash_attn, use_gpu=e.offloaded)
+            self._projector.n_ctx = e.n_ctx  # a video's frames are bounded by it before any is read
         return self._projector
 
     def count(self, request: GenerationRequest) -> int:

@@ -28,15 +28,16 @@ INCOMING: ContextVar[Incoming | None] = ContextVar("localgen_incoming", default=
 
 
 def _media_urls(raw: list[Any]) -> list[str]:
-    """The http(s) URLs of a request's image parts (and Ollama's `images`), each once."""
+    """The http(s) URLs of a request's image and video parts (and Ollama's `images`), each once."""
+    from localgen import media
+
     urls = []
     for m in raw:
         if not isinstance(m, dict):
             continue
         content, images = m.get("content"), m.get("images")
         for p in content if isinstance(content, list) else []:
-            inner = p.get("image_url") if isinstance(p, dict) and p.get("type") == "image_url" else None
-            urls.append(inner.get("url") if isinstance(inner, dict) else inner)
+            urls.append(media.part_url(p))
         urls.extend(images if isinstance(images, list) else [])
     return list(dict.fromkeys(u for u in urls if isinstance(u, str) and u[:8].lower().startswith(("http://",
                                                                                                    "https://"))))
@@ -136,13 +137,16 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
             else:
                 parts = []
                 for p in content:
-                    inner = p.get("image_url") if p.get("type") == "image_url" else None
-                    url = inner.get("url") if isinstance(inner, dict) else inner
+                    url = media.part_url(p)
                     if fetched and isinstance(url, str) and url in fetched:
-                        if fetched[url].kind != "image":
-                            raise HTTPError(400, f"{url} is {fetched[url].format} audio, where an image goes",
-                                            param="messages")
-                        parts.append(fetched[url].part(keep_name=False))
+                        got, want = fetched[url], "image" if p.get("type") == "image_url" else "video"
+                        try:
+                            if got.kind != want:
+                                raise media.MediaError(f"{url} is {got.format} {got.kind}, where "
+                                                       f"{'an image' if want == 'image' else 'a video'} goes")
+                            parts.append(got.with_fps(media.part_fps(p)).part(keep_name=False))
+                        except media.MediaError as e:
+                            raise HTTPError(400, e.message, param="messages") from None
                         continue
                     try:
                         found = media.part_media(p, allow_http=allow_urls, inline=inline)

@@ -137,7 +137,8 @@ class Speech:
         except MediaError as e:
             raise HTTPError(400, e.message + (f" ({e.hint})" if e.hint else ""), param="file") from None
         if clip.kind != "audio":
-            raise HTTPError(400, f"the file {name[:100]!r} is a {clip.format} image, not audio "
+            what = f"a {clip.format} image" if clip.kind == "image" else f"{clip.format} video"
+            raise HTTPError(400, f"the file {name[:100]!r} is {what}, not audio "
                                  f"(audio: {', '.join(media.AUDIO_FORMATS)})", param="file")
         fmt = body.get("response_format") or "json"
         if fmt in TIMED:

@@ -428,7 +428,7 @@ def _with_excerpts(question: str, before: list[str], runner: Any, view: ChatView
 
 
 def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
-    """A line that is only the path of an image or audio file (a file dropped on the terminal) attaches it to
+    """A line that is only the path of an image, audio or video file (a file dropped on the terminal) attaches it to
     the next message instead of sending the path as text."""
     from localgen import media
     from localgen.cli.chat.slash import attach_media

@@ -19,6 +19,7 @@ COMMANDS = {
     "/read": "FILE: attach a file to the next message",
     "/image": "FILE: attach an image to the next message (or drop the file on the terminal)",
     "/audio": "FILE: attach an audio clip (WAV, MP3, FLAC) to the next message",
+    "/video": "FILE: attach a video (MP4, MOV, WebM, MKV, AVI; needs ffmpeg) to the next message",
     "/detach": "drop what is attached to the next message",
     "/save": "NAME: save the conversation under NAME (and keep saving there until /clear or /load)",
     "/load": "NAME: continue a saved conversation",
@@ -57,7 +58,7 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
                         yield Completion(name, -len(text), display_meta=meta)
                 return
             cmd, _, rest = text.partition(" ")
-            if cmd in ("/read", "/image", "/audio"):
+            if cmd in ("/read", "/image", "/audio", "/video"):
                 yield from paths.get_completions(Document(rest, len(rest)), complete_event)
                 return
             words = rest.split(" ")

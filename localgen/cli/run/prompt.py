@@ -14,14 +14,20 @@ from localgen.text import checked
 
 
 def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tuple[Any, ...]:
-    """--image and -a/--attach, read and checked (format, size, pixels) before anything loads; `others`: the
-    flags given (flag, given) that they cannot go with."""
-    images, attach = list(media.image or ()), list(media.attach or ())
-    if not images and not attach:
+    """--image, --video and -a/--attach, read and checked (format, size, pixels) before anything loads;
+    `others`: the flags given (flag, given) that they cannot go with."""
+    images, attach, videos = list(media.image or ()), list(media.attach or ()), list(media.video or ())
+    fps = media.video_fps
+    if fps is not None and not (0 < fps <= 60):
+        raise UsageError(f"--video-fps must be above 0 and at most 60 (got {fps:g})")
+    if not images and not attach and not videos:
+        if fps is not None:
+            raise UsageError("--video-fps applies to a video: give one with --video or -a")
         return ()
     dropped = [flag for flag, on in others if on]
     if dropped:
-        raise UsageError(f"images and audio (--image, -a) cannot be combined with {', '.join(dropped)}")
+        raise UsageError(f"images, audio and video (--image, --video, -a) cannot be combined with "
+                         f"{', '.join(dropped)}")
     if attach.count("-") > 1:
         raise UsageError("stdin can be read once: give -a - only once")
     if "-" in attach and sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty():
@@ -39,9 +45,18 @@ def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tupl
     for spec in images:
         m = readers.read(str(spec))
         if m.kind != "image":
-            raise UsageError(f"--image {spec} is {m.format} audio: attach it with -a")
+            raise UsageError(f"--image {spec} is {m.format} {m.kind}: attach it with "
+                             f"{'--video' if m.kind == 'video' else '-a'}")
         out.append(m)
-    out += [readers.read(spec) for spec in attach]
+    for spec in videos:
+        m = readers.read(str(spec), fps=fps)
+        if m.kind != "video":
+            raise UsageError(f"--video {spec} is not a video ({m.format} {m.kind}): attach it with "
+                             f"{'--image' if m.kind == 'image' else '-a'}")
+        out.append(m)
+    out += [readers.read(spec, fps=fps) for spec in attach]
+    if fps is not None and not any(m.kind == "video" for m in out):
+        raise UsageError("--video-fps applies to a video: none of the attachments is one")
     return tuple(out)
 
 
