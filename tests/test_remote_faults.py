@@ -183,6 +183,39 @@ def test_a_fan_out_drops_an_endpoint_that_refuses_and_the_healthy_one_answers_ev
     assert refusing.seen <= 2, "dropped at its first refusal (one per line in flight)"
 
 
+def test_ctrl_c_writes_the_answers_held_behind_a_silent_line_and_resume_skips_them(
+        cli: CLI, raw: Callable[..., Raw], tmp_path: Path) -> None:
+    """docs/remote.md, Resuming: with --json, a stop writes the answers held behind an unanswered line (out of
+    order, each with its line number), and --resume-from then runs only the rest."""
+    def hang(path: str, auth: str, conn: socket.socket) -> None:
+        time.sleep(60)
+
+    silent, good = raw(hang), raw(ok)
+    lines = tmp_path / "in.txt"
+    lines.write_text("".join(f"q{i}\n" for i in range(10)))
+    out = tmp_path / "out.jsonl"
+    with open(out, "w") as sink:
+        p = cli.popen("run", "--file", str(lines), "--json", "-m", "fake", "-np", "1", "--endpoint", silent.url,
+                      "--endpoint", good.url, stdout=sink, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while good.seen < 9 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert good.seen == 9 and out.read_text(), (good.seen, err)
+    held = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(d["line"] for d in held) == list(range(2, 11)) and all(d["text"] == "ok" for d in held), held
+    before = good.seen
+    with open(out, "a") as sink:
+        p = cli.popen("run", "--file", str(lines), "--json", "-m", "fake", "--endpoint", good.url,
+                      "--resume-from", str(out), stdout=sink, stderr=subprocess.PIPE, text=True)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and good.seen == before + 1, (err, good.seen)
+    assert sorted(json.loads(x)["line"] for x in out.read_text().splitlines()) == list(range(1, 11))
+
+
 def test_a_stream_line_past_16_mib_is_an_error_naming_the_endpoint(cli: CLI, raw: Callable[..., Raw]) -> None:
     def endless(path: str, auth: str, conn: socket.socket) -> None:
         if _models(path, conn):
