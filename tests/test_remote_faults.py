@@ -271,3 +271,28 @@ def test_html_sent_as_a_stream_and_a_reset_are_said_in_words(cli: CLI, raw: Call
     r = cli("run", "--endpoint", cut.url, "-m", "fake", "-p", "hi")
     assert r.returncode == 1 and f"{cut.host} closed the connection without answering" in r.stderr, r.stderr
     assert "Error" not in r.stderr and "Exception" not in r.stderr, r.stderr
+
+
+def test_a_bench_where_every_request_failed_saves_nothing_and_uncounted_tokens_show_a_dash(
+        cli: CLI, raw: Callable[..., Raw], tmp_path: Path) -> None:
+    """docs/bench.md: a sweep point with no request answered is no result (nothing enters the history); where the
+    server sends no usage, the prompt and gen columns show `-`."""
+    home = tmp_path / "home"
+    local = CLI({**cli.env, "LOCALGEN_HOME": str(home)})
+    broken = raw(echo_stream)
+    r = local("bench", "--endpoint", broken.url, "-m", "fake", "-npl", "1", "-p", "8", "-n", "4",
+              "--num-prompts", "2", timeout=120)
+    assert r.returncode == 1 and "every request failed" in r.stderr and "saved as run" not in r.stderr, r.stderr
+    db = home / "data" / "bench.sqlite"
+    if db.exists():
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT COUNT(*) FROM results").fetchone() == (0,)
+    good = raw(ok)
+    r = local("bench", "--endpoint", good.url, "-m", "fake", "-npl", "1", "-p", "8", "-n", "4", "--num-prompts", "2",
+              timeout=120)
+    assert r.returncode == 0 and "saved as run 1" in r.stderr, r.stderr
+    row = next(x for x in r.stdout.splitlines() if good.url.removeprefix("http://") in x)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4:7] == ["2", "-", "-"], cells
+    r = local("bench", "--endpoint", f"{good.url},{broken.url}", "-m", "fake")
+    assert r.returncode == 2 and "bench --endpoint measures one server, not 2" in r.stderr, r.stderr
