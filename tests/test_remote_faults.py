@@ -296,3 +296,23 @@ def test_a_bench_where_every_request_failed_saves_nothing_and_uncounted_tokens_s
     assert cells[4:7] == ["2", "-", "-"], cells
     r = local("bench", "--endpoint", f"{good.url},{broken.url}", "-m", "fake")
     assert r.returncode == 2 and "bench --endpoint measures one server, not 2" in r.stderr, r.stderr
+
+
+def test_the_log_keeps_what_was_sent_and_a_cut_off_answer(cli: CLI, raw: Callable[..., Raw],
+                                                           tmp_path: Path) -> None:
+    """docs/logs.md: a remote exchange's settings are those sent (as run --json's `sampling`); an answer a broken
+    stream cut off is logged as far as it came, with finish reason `error` (run's and chat's alike)."""
+    local = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    good, broken = raw(ok), raw(echo_stream)
+    r = local("run", "--endpoint", good.url, "-m", "fake", "-p", "hello", "--json", "--top-k", "5")
+    assert r.returncode == 0, r.stderr
+    sent = json.loads(r.stdout)["sampling"]
+    logged = json.loads(local("logs", "-n", "1", "--json").stdout)[0]
+    assert logged["settings"] == sent == {"seed": sent["seed"], "top_k": 5}, logged["settings"]
+    r = local("run", "--endpoint", broken.url, "-m", "fake", "-p", "hello")
+    assert r.returncode == 1, r.stderr
+    logged = json.loads(local("logs", "-n", "1", "--json").stdout)[0]
+    assert (logged["response"], logged["finish_reason"]) == ("x", "error"), logged
+    r = local("chat", "--endpoint", broken.url, "-m", "fake", input="hello\n", timeout=60)
+    logged = json.loads(local("logs", "-n", "1", "--json").stdout)[0]
+    assert (logged["response"], logged["finish_reason"]) == ("x", "error"), logged
