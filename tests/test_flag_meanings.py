@@ -55,6 +55,8 @@ LONG_EXCEPTIONS = {
     ("--endpoint", "serve"): "serve fronts the endpoint, its models served beside the local ones (a URL or an "
                              "endpoints.toml name; no LOCALGEN_ENDPOINT, which would make every serve front run's "
                              "endpoint); run, chat and bench send their work there instead of loading a model",
+    ("--endpoint", "bench"): "the same server, measured from the client: one a run (run spreads --file lines over "
+                             "several), so bench's help says what it measures",
     ("--verbose", "serve"): "serve's workers load without llama.cpp's log echo; its --verbose adds uvicorn's info "
                             "lines (the access log is serve's own line per request, unless --quiet)",
 }

@@ -38,7 +38,8 @@ class Point:
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
-    prompt_tokens: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # as the server counted them (its usage or timings)
+    gen_tokens: list[int] = field(default_factory=list)  # likewise, each answer's
     output_tokens: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
@@ -92,7 +93,9 @@ def measure(client: Any, concurrency: int, rate: float, n: int, prompt_words: in
                     point.ttft.append(s.ttft_s)
                 point.itl += [b - a for a, b in zip(g.arrivals, g.arrivals[1:], strict=False)]
                 point.e2e.append(s.total_s)
-                point.prompt_tokens.append(s.prompt_tokens)
+                if g.usage or g.server_timings:  # the server counted the tokens; otherwise no count is shown
+                    point.prompt_tokens.append(s.prompt_tokens)
+                    point.gen_tokens.append(s.completion_tokens)
                 point.output_tokens += s.completion_tokens
         except RemoteError as e:
             with lock:
@@ -151,6 +154,9 @@ def record(p: Point, url: str, model: str, gen: int, system: dict[str, Any], sam
         "ttft_p90_ms": _q(p.ttft, 0.9), "ttft_p99_ms": _q(p.ttft, 0.99),
         "e2e_p50_ms": _q(p.e2e, 0.5), "e2e_p90_ms": _q(p.e2e, 0.9), "e2e_p99_ms": _q(p.e2e, 0.99),
         "first_error": p.errors[0] if p.errors else None, "same_prompt": same_prompt,
+        # the server's token counts (a mean a request), None where it sent none: the table shows "-"
+        "prompt_counted": round(statistics.fmean(p.prompt_tokens)) if p.prompt_tokens else None,
+        "gen_counted": round(statistics.fmean(p.gen_tokens)) if p.gen_tokens else None,
     }
 
 
@@ -184,9 +190,13 @@ def table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     def three(r: dict[str, Any], a: str, b: str, c: str) -> str:
         return "/".join(f"{r[k]:.1f}" if r[k] is not None else "-" for k in (a, b, c))
 
+    def counted(r: dict[str, Any], key: str, old: str) -> str:  # an older record has no such key: its old figure
+        return str(r[old]) if key not in r else "-" if r[key] is None else str(r[key])
+
     cells = [[r["endpoint"], r["model_name"], str(r["n_parallel"]), r["request_rate"],
-              f"{r['requests']}" + (f" ({r['failed']} failed)" if r["failed"] else ""), str(r["n_prompt"]),
-              str(r["n_gen"]), f"{r['avg_ts']:.1f}", f"{r['req_per_s']:.2f}",
+              f"{r['requests']}" + (f" ({r['failed']} failed)" if r["failed"] else ""),
+              counted(r, "prompt_counted", "n_prompt"), counted(r, "gen_counted", "n_gen"),
+              f"{r['avg_ts']:.1f}", f"{r['req_per_s']:.2f}",
               three(r, "ttft_ms", "ttft_p90_ms", "ttft_p99_ms"), three(r, "itl_p50_ms", "itl_p90_ms", "itl_p99_ms"),
               three(r, "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms")] for r in records]
     return headers, cells

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from localgen.settings import KNOBS
 from localgen.types import Chunk, FinishReason, GenerationRequest, Stats
 
 RETRIES = 4  # after the first try, for 429 and 503
+MAX_LINE = 16 * 2**20  # a stream's line (or event), a whole JSON answer, a model list: past this, an error
+MAX_ERROR_BODY = 2**20  # of an error's body, only this much is read
 BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
 
 
@@ -118,6 +121,12 @@ class RemoteGeneration:
 
     def __iter__(self) -> Iterator[Chunk]:
         try:
+            yield from self._pieces()
+        except RemoteError as e:  # a server's text may repeat the key it was sent
+            raise self.client.scrubbed(e) from None
+
+    def _pieces(self) -> Iterator[Chunk]:
+        try:
             self._response = self.client.open(self.request, self.seed)
             for piece, finish in self.client.events(self._response, self):
                 if piece:
@@ -173,6 +182,14 @@ class RemoteClient:
                                  timeout=httpx.Timeout(timeout, connect=10.0))
         self.dead: RemoteError | None = None
 
+    def scrubbed(self, e: RemoteError) -> RemoteError:
+        """The error with the endpoint's key (or a prefix of it), should the server's text repeat it, as ***."""
+        from localgen.redact import scrubbed
+
+        e.message = scrubbed(e.message, self.endpoint.key)
+        e.args = (e.message,)
+        return e
+
     def close(self) -> None:
         """Close the connections."""
         self.http.close()
@@ -182,18 +199,20 @@ class RemoteClient:
         a 401 or 403 is the error a request would get (a key is missing or wrong), not "nothing listed"."""
         import httpx
 
+        where = self.endpoint.label
         try:
-            r = self.http.get(path, timeout=10.0)
+            with self.http.stream("GET", path, timeout=10.0) as r:
+                if refused and r.status_code in (401, 403):
+                    raise self.scrubbed(_status_error(self.endpoint, r, _head(r), self.model))
+                if r.status_code != 200:
+                    return None
+                body = _bounded(r, f"{where}'s answer to GET {path}")
         except httpx.ConnectError as e:
-            raise RemoteError(_connect_message(self.endpoint.label, e), down=True) from None
+            raise RemoteError(_connect_message(where, e), down=True) from None
         except httpx.HTTPError:
             return None
-        if refused and r.status_code in (401, 403):
-            raise _status_error(self.endpoint.label, r, self.model)
-        if r.status_code != 200:
-            return None
         try:
-            return r.json()
+            return json.loads(body)
         except ValueError:
             return None
 
@@ -214,19 +233,20 @@ class RemoteClient:
             except httpx.TimeoutException:
                 raise RemoteError(f"{where} did not answer in time", down=True) from None
             except httpx.HTTPError as e:
-                raise RemoteError(f"{where}: {type(e).__name__}: {e}", down=True) from None
+                raise RemoteError(f"{where} closed the connection without answering ({_said(e)})",
+                                  down=True) from None
             if r.status_code == 200:
                 kind = r.headers.get("content-type", "")
                 if "text/event-stream" not in kind and "json" not in kind:
-                    r.close()
+                    r.close()  # for good: a fan-out drops the endpoint (down) and its lines go to the others
                     raise RemoteError(f"{where} answered with {kind or 'no content type'}, not an OpenAI stream",
-                                      hint="check the URL: it should be the API base, e.g. http://host:8000/v1")
+                                      hint=_URL_HINT, down=True)
                 return r
-            r.read()
+            said = _head(r)
             if r.status_code in (429, 503) and attempt < RETRIES:
                 time.sleep(_backoff(attempt, r.headers.get("retry-after")))
                 continue
-            raise _status_error(where, r, self.model)
+            raise _status_error(self.endpoint, r, said, self.model)
         raise AssertionError("unreachable")
 
     def events(self, response: Any, gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
@@ -236,17 +256,21 @@ class RemoteClient:
         where = self.endpoint.label
         if "json" in response.headers.get("content-type", "") and "event-stream" not in \
                 response.headers.get("content-type", ""):
-            response.read()
-            yield from self._whole(_json(response.text, where), gen)
+            try:
+                text = _bounded(response, f"the answer from {where}").decode("utf-8", "replace")
+            except httpx.HTTPError as e:
+                raise RemoteError(f"the answer from {where} broke ({_said(e)})", down=True) from None
+            yield from self._whole(_json(text, where), gen)
             return
-        finished = False
+        finished, seen = False, False  # seen: an SSE field (not a comment) has arrived
         event, data = "message", list[str]()  # one SSE event: its type and its data lines (joined by "\n")
+        size = 0  # the event's data so far, bounded as a line is
         try:
             # a stream that ends without a blank line still ends its last event
-            for line in itertools.chain(response.iter_lines(), [""]):
+            for line in itertools.chain(_lines(response.iter_bytes(), where, gen), [""]):
                 if not line:
                     pending, kind = data, event
-                    event, data = "message", []  # the next event starts afresh
+                    event, data, size = "message", [], 0  # the next event starts afresh
                     if pending:
                         text = "\n".join(pending)
                         if text.strip() == "[DONE]":
@@ -265,13 +289,20 @@ class RemoteClient:
                     continue
                 field, _, value = line.partition(":")
                 value = value[1:] if value.startswith(" ") else value
+                if not seen and field not in ("data", "event", "id", "retry"):  # an HTML page, say
+                    raise RemoteError(f"{where} answered with text/event-stream that is not an OpenAI stream: "
+                                      f"{line[:80]!r}", hint=_URL_HINT, down=True)
+                seen = True
                 if field == "event":
                     event = value
                 elif field == "data":
+                    size += len(value)
+                    if size > MAX_LINE:
+                        raise _too_long(where, gen)
                     data.append(value)
                 # id:, retry: and unknown fields are ignored, as the SSE spec says
         except httpx.HTTPError as e:
-            raise RemoteError(f"the stream from {where} broke after {_pieces(gen.n)} ({type(e).__name__}: {e})"
+            raise RemoteError(f"the stream from {where} broke after {_pieces(gen.n)} ({_said(e)})"
                               + ("; the answer is partial" if gen.n else ""), down=True, partial=gen.n > 0) from None
         if not finished and not gen._stop.is_set():
             raise RemoteError(f"the stream from {where} ended without finishing the answer"
@@ -369,21 +400,95 @@ def _connect_message(where: str, e: Exception) -> str:
     return f"cannot reach {where}: {text or type(e).__name__}"
 
 
-def _status_error(where: str, r: Any, model: str) -> RemoteError:
+_URL_HINT = "check the URL: it should be the API base, e.g. http://host:8000/v1"
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+def _lines(chunks: Iterator[bytes], where: str, gen: RemoteGeneration) -> Iterator[str]:
+    """A stream's lines (ended by CRLF, LF or CR, as the SSE spec says), each held only up to MAX_LINE bytes: a
+    longer one is an error naming the endpoint, not unbounded memory."""
+    buf = bytearray()
+    scanned = 0  # buf[:scanned] holds no line end
+    for piece in chunks:
+        buf += piece
+        at = 0
+        while (m := _EOL.search(buf, max(at, scanned))) is not None:
+            if m.group() == b"\r" and m.end() == len(buf):  # perhaps the first half of \r\n: wait for more
+                break
+            yield buf[at:m.start()].decode("utf-8", "replace")
+            at = m.end()
+        del buf[:at]
+        scanned = len(buf) - (1 if buf.endswith(b"\r") else 0)
+        if len(buf) > MAX_LINE:
+            raise _too_long(where, gen)
+    if buf:
+        yield buf.rstrip(b"\r").decode("utf-8", "replace")
+
+
+def _too_long(where: str, gen: RemoteGeneration) -> RemoteError:
+    return RemoteError(f"{where} sent a stream line over {MAX_LINE // 2**20} MiB (localgen reads lines up to that)"
+                       + (f" after {_pieces(gen.n)}; the answer is partial" if gen.n else ""),
+                       down=True, partial=gen.n > 0)
+
+
+def _bounded(r: Any, what: str) -> bytes:
+    """A whole body, up to MAX_LINE bytes; a longer one is a RemoteError naming `what`, read no further."""
+    body = bytearray()
+    for piece in r.iter_bytes():
+        body += piece
+        if len(body) > MAX_LINE:
+            r.close()
+            raise RemoteError(f"{what} is over {MAX_LINE // 2**20} MiB (localgen reads up to that)", down=True)
+    return bytes(body)
+
+
+def _head(r: Any) -> str:
+    """The start of an error's body (MAX_ERROR_BODY bytes at most; the rest is not read)."""
+    import httpx
+
+    body = bytearray()
     try:
-        message = _error_text(r.json())
+        for piece in r.iter_bytes():
+            body += piece
+            if len(body) >= MAX_ERROR_BODY:
+                break
+    except httpx.HTTPError:  # a body cut short still says what it said
+        pass
+    r.close()
+    return bytes(body[:MAX_ERROR_BODY]).decode("utf-8", "replace")
+
+
+def _said(e: Exception) -> str:
+    """What went wrong with a connection, in words (no Python class names)."""
+    import httpx
+
+    if isinstance(e, httpx.TimeoutException):
+        return "nothing arrived in time"
+    text = str(e).strip()
+    return text[:1].lower() + text[1:] if text else "the connection broke"
+
+
+def _status_error(endpoint: Endpoint, r: Any, body: str, model: str) -> RemoteError:
+    where = endpoint.label
+    try:
+        doc = json.loads(body)
+        message = _error_text(doc) if isinstance(doc, dict) else body.strip()[:200]
     except ValueError:
-        message = r.text.strip().splitlines()[0][:200] if r.text.strip() else r.reason_phrase
+        message = body.strip().splitlines()[0][:200] if body.strip() else r.reason_phrase
     status = r.status_code
     if status in (301, 302, 303, 307, 308):
         return RemoteError(f"{where} redirects to {r.headers.get('location')}; localgen does not follow redirects "
                            "(the key stays with the URL you named)", hint="give the final URL with --endpoint")
-    if status in (401, 403):
-        return RemoteError(f"{where} refused the request ({status}): {message}",
-                           hint="name the variable holding the key with --api-key-env NAME")
+    if status in (401, 403):  # for good: a fan-out drops the endpoint (down) and its lines go to the others
+        if endpoint.key:
+            given = f"the key in {endpoint.key_env}" if endpoint.key_env else "the key"
+            hint = f"{where} refused {given}: check it"
+        else:
+            hint = "name the variable holding the key with --api-key-env NAME"
+        return RemoteError(f"{where} refused the request ({status}): {message}", hint=hint, down=True)
     if status == 404:
         return RemoteError(f"{where} has no model {model!r} or no such route (404): {message}",
-                           hint="see its models with: curl URL/models")
+                           hint="see its models with: curl URL/models", down=True)
     if status in (429, 503):
         return RemoteError(f"{where} is busy ({status}) after {RETRIES + 1} tries: {message}", down=status == 503)
     if status >= 500:

@@ -26,6 +26,7 @@ class Endpoint:
     key: str | None = None
     name: str | None = None  # from endpoints.toml
     models: tuple[str, ...] = ()
+    key_env: str | None = None  # the variable the key came from, for messages (never the key)
 
     @property
     def host(self) -> str:
@@ -38,6 +39,10 @@ class Endpoint:
         return self.name or self.host
 
 
+MAX_FILE = 2**20  # endpoints.toml past this is refused before it is parsed
+KEYS = ("url", "api_key_env", "models")  # an entry's
+
+
 def endpoints_file() -> Path:
     """The user's named endpoints."""
     from localgen import paths
@@ -45,29 +50,24 @@ def endpoints_file() -> Path:
     return paths.endpoints_file()
 
 
-def base_url(url: str) -> str:
+def base_url(url: str, flag: str = "--endpoint") -> str:
     """A user's URL as the API base: `http://host:8080` and `http://host:8080/` mean `.../v1`; a URL with
-    a path (`https://api.example.com/openai/v1`) is taken as it is."""
+    a path (`https://api.example.com/openai/v1`) is taken as it is. `flag` names where the URL came from."""
+    from localgen.redact import url_shown
+
     text = url.strip()
     parts = urlsplit(text)
-    shown = redacted(text)
+    shown = url_shown(text)  # a password or a ?api_key= stays out of the message
     if "@" in parts.netloc:  # it would end up in errors, --json and the bench history
-        raise UsageError(f"--endpoint URLs may not carry credentials ({shown})",
+        raise UsageError(f"{flag} URLs may not carry credentials ({shown})",
                          hint="put the key in an environment variable and name it with --api-key-env NAME")
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--endpoint needs an http:// or https:// URL, not {shown!r}")
+        raise UsageError(f"{flag} needs an http:// or https:// URL, not {shown!r}")
     if parts.query or parts.fragment:
-        raise UsageError(f"--endpoint takes a base URL without ?query or #fragment: {shown!r}")
+        raise UsageError(f"{flag} takes a base URL without ?query or #fragment: {shown!r}",
+                         hint="a key goes in an environment variable named with --api-key-env NAME")
     path = parts.path.rstrip("/")
     return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
-
-
-def redacted(url: str) -> str:
-    """The URL with any user:password@ replaced by ***@, for messages."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
 def read_key(env_name: str | None) -> str | None:
@@ -95,6 +95,9 @@ def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     if not head or not path.is_file():
         return None
     try:
+        if path.stat().st_size > MAX_FILE:  # checked before it is read: every run with -m NAME reads it
+            raise UsageError(f"{path} is over {MAX_FILE // 2**20} MiB: endpoints.toml holds a few named endpoints",
+                             hint="keep only the entries you use")
         data = path.read_bytes()
     except OSError as e:
         warn(f"{path} cannot be read ({e}): its endpoints are not used")
@@ -113,6 +116,12 @@ def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     table = doc[head]
     if not isinstance(table, dict) or not isinstance(table.get("url"), str):
         raise UsageError(f"{path}: [{head}] needs url = \"http://...\"")
+    for key in (str(k) for k in table if k not in KEYS):
+        import difflib
+
+        close = difflib.get_close_matches(key.lower(), KEYS, n=1, cutoff=0.6)
+        guess = f"did you mean {close[0]}?" if close else f"an entry's keys are {', '.join(KEYS)}"
+        warn(f"{path}: [{head}] has an unknown key {key[:40]!r}, which is ignored ({guess})")
     return table
 
 
@@ -159,7 +168,15 @@ def entry(head: str, warn: Callable[[str], None]) -> Endpoint | None:
         if key is None:
             raise UsageError(f"{path}: [{head}] api_key_env = \"{key_env}\", and the variable {key_env} is not set",
                              hint=f"export {key_env}=<the key> for -m {head}")
-    return Endpoint(url, key, head, tuple(models))
+    return Endpoint(url, key, head, tuple(models), key_env if key else None)
+
+
+def _source() -> str:
+    """Where the URLs came from, for messages: --endpoint, or LOCALGEN_ENDPOINT when no --endpoint was typed."""
+    import sys
+
+    typed = any(a == "--endpoint" or a.startswith("--endpoint=") for a in sys.argv[1:])
+    return "--endpoint" if typed or not os.environ.get("LOCALGEN_ENDPOINT", "").strip() else "LOCALGEN_ENDPOINT"
 
 
 def url_list(given: list[str]) -> list[str]:
@@ -179,7 +196,9 @@ def choose(urls: list[str] | None, key_env: str | None, model: str | None,
     endpoints.toml (the only entry read; `warn` hears of a file that cannot be)."""
     if urls:
         key = read_key(key_env)
-        return [Endpoint(u, key) for u in dict.fromkeys(base_url(u) for u in url_list(urls))], model
+        flag = _source()
+        return [Endpoint(u, key, key_env=key_env if key else None)
+                for u in dict.fromkeys(base_url(u, flag) for u in url_list(urls))], model
     if key_env:
         raise UsageError("--api-key-env goes with --endpoint (named endpoints set api_key_env in endpoints.toml)")
     if not model or model.endswith(".gguf"):

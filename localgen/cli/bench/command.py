@@ -13,7 +13,16 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.bench import past
-from localgen.cli.bench.options import KLD_BOUND, QUALITY_CTX, Measuring, Quality, ServingSweep, Values, sweep
+from localgen.cli.bench.options import (
+    KLD_BOUND,
+    QUALITY_CTX,
+    BenchRemote,
+    Measuring,
+    Quality,
+    ServingSweep,
+    Values,
+    sweep,
+)
 from localgen.cli.bench.view import ProgressView, emit, emit_serving
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.stopping import Stopped, stop_on_sigint
@@ -65,7 +74,7 @@ def bench(
     rpc: o.Rpc = None,
     *,
     measuring: Measuring,
-    remote: o.RemoteOptions,
+    remote: BenchRemote,
     serving: ServingSweep,
     quality: Quality,
     knobs: Knobs,
@@ -218,7 +227,8 @@ def _measure_remote(urls: list[str] | None, key_env: str | None, models: Values,
                         for rec in serving.run(client, ep.url, model_id, concurrencies, rate_values, num_prompts,
                                                p, g, 1234, system, same_prompt):
                             results.append(rec)  # shown even where the history cannot keep it
-                            history.add(recording, len(results) - 1, rec)
+                            if rec["requests"]:  # a point where every request failed measured nothing: not kept
+                                history.add(recording, len(results) - 1, rec)
                             if output == "jsonl":
                                 sys.stdout.write(records_jsonl([rec]))
                                 sys.stdout.flush()
@@ -258,6 +268,9 @@ def _remote_targets(urls: list[str] | None, key_env: str | None, models: Values)
         eps, model_id = choose(urls, key_env, m, warn=ErrWriter().warn)
         if not eps:
             raise UsageError("--endpoint URL (or -m NAME/MODEL from endpoints.toml) names the server to measure")
+        if len(eps) > 1:  # not spread like run --file's lines: the figures would mix servers
+            raise UsageError(f"bench --endpoint measures one server, not {len(eps)}",
+                             hint="measure each with a run of its own; bench compare sets them side by side")
         targets.append((eps[0], model_id or pick_model(eps)))
     return targets
 

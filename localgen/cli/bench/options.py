@@ -49,6 +49,21 @@ class Measuring(OptionGroup):
 
 
 @dataclass(frozen=True)
+class BenchRemote(OptionGroup):
+    """The server bench --endpoint measures (run's RemoteOptions, with bench's own help)."""
+
+    endpoint: Annotated[
+        list[str] | None,
+        typer.Option("--endpoint", envvar="LOCALGEN_ENDPOINT", rich_help_panel=o.REMOTE_PANEL, show_default=False,
+                     metavar="URL",
+                     help="Measure this OpenAI-compatible server (vLLM, llama-server, Ollama, localgen serve, ...) "
+                          "from the client instead of a model loaded here; -m names its model (several -m: each in "
+                          "turn). One server a run.")
+    ] = None
+    api_key_env: o.ApiKeyEnv = None
+
+
+@dataclass(frozen=True)
 class ServingSweep(OptionGroup):
     """With --endpoint: how requests arrive, how many, and whether they share a prompt."""
 

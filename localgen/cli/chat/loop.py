@@ -172,9 +172,10 @@ def _log_turn(warn: _Warn, runner: Any, request: Any, gen: Any, text: str, *, mo
     """Each answer goes to the log, in the chat's own conversation there, with its turn's stats."""
     from localgen.cli.log import conversation
 
-    conversation.record(warn, runner.backend, request, runner.session.log_id, text, runner.last_stats,
-                        str(gen.finish_reason), model=model, no_log=no_log, source="chat", remote=remote,
-                        seed=gen.seed)
+    # a turn a broken remote stream cut off has no reason of its own: "error"
+    finish = str(gen.finish_reason) if gen.finish_reason is not None else "error"
+    conversation.record(warn, runner.backend, request, runner.session.log_id, text, runner.last_stats, finish,
+                        model=model, no_log=no_log, source="chat", remote=remote, seed=gen.seed)
 
 
 class _Warn:

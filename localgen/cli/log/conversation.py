@@ -84,7 +84,8 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     entry = store.Entry(
         conversation_id=cid, source=source, model=str(info.get("name") or ""), prompt=prompt, response=text,
         model_spec=None if remote else model, endpoint=", ".join(endpoint) if endpoint else None,
-        system=system, settings=_settings(request.sampling, seed), finish_reason=finish_reason,
+        system=system, settings=_sent(request, seed) if remote else _settings(request.sampling, seed),
+        finish_reason=finish_reason,
         prompt_tokens=stats.prompt_tokens if stats else 0, completion_tokens=stats.completion_tokens if stats else 0,
         cached_tokens=stats.cached_tokens if stats else 0, ttft_s=stats.ttft_s if stats else None,
         total_s=stats.total_s if stats else None, decode_tps=stats.decode_tps if stats else None)
@@ -103,6 +104,16 @@ def _text(content: Any) -> str:
     from localgen.media import text_of
 
     return text_of(content)
+
+
+def _sent(request: GenerationRequest, seed: int | None) -> dict[str, Any]:
+    """A remote exchange's settings: only those sent (as `run --json`'s `sampling`), since the server applied its
+    own defaults to the rest and does not say them."""
+    from localgen.remote.client import sent_sampling
+
+    if seed is None:
+        return {}
+    return sent_sampling(request, seed)
 
 
 def _settings(s: SamplingParams, seed: int | None) -> dict[str, Any]:

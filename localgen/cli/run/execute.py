@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -89,7 +90,11 @@ def execute(plan: RunPlan) -> None:
                                                        thread.cid)
         else:
             extra = {"sources": [{"id": h.id, "score": h.shown_score} for h in sources]} if sources is not None else {}
-            gen, text = stream(plan.report, backend, request, err, thread.cid, extra)
+            def partial(g: Any) -> None:  # a remote answer cut off: logged as far as it came, as chat's is
+                conversation.record(err, backend, request, thread.cid, g.text, g.stats, "error", model=load.model,
+                                    no_log=plan.no_log, remote=load.remote, seed=g.seed)
+
+            gen, text = stream(plan.report, backend, request, err, thread.cid, extra, partial)
             stats, finish, seed = gen.stats, str(gen.finish_reason), gen.seed
             if sources is not None and (err.tty or load.verbose) and not plan.report.json_out:
                 from localgen.embeddings.retrieve import sources_line
@@ -292,9 +297,11 @@ def single_request(plan: RunPlan, backend: Backend, turns: list[Message] | None 
 
 
 def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, err: ErrWriter,
-           cid: str | None = None, extra: dict[str, Any] | None = None) -> tuple[Any, str]:
+           cid: str | None = None, extra: dict[str, Any] | None = None,
+           on_partial: Callable[[Any], None] | None = None) -> tuple[Any, str]:
     """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
-    --show-thinking); returns the finished Generation and the answer without the reasoning."""
+    --show-thinking); returns the finished Generation and the answer without the reasoning. `on_partial` hears
+    of a remote answer cut off with part of it arrived (the log keeps it), before its error is raised."""
     from localgen.cli.output import AnswerWriter
     from localgen.errors import RemoteError
     from localgen.tools.stream import answer_stream, template_of
@@ -322,6 +329,8 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
 
                 TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
                                                         ensure_ascii=False) + "\n")
+            if e.partial and on_partial is not None:
+                on_partial(gen)
             raise
         writer.end()
     assert gen.stats is not None

@@ -203,8 +203,26 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
                 state["prompts"] += 1
             state["next"] += 1
 
+    def spill() -> None:
+        """A stop (Ctrl-C, a failure) with answers held behind a line not yet answered: with --json, where each
+        carries its line number, they are written now, out of order, so that --resume-from skips them."""
+        held = sorted(ready.items())
+        ready.clear()
+        with contextlib.suppress(Exception):
+            for _, (ln, c) in held:
+                if ln.previous is not None:
+                    if ln.previous:
+                        sys.stdout.write(ln.previous + "\n")
+                    continue
+                _emit(ln, c, json_out, promise(opts.exact, ln.sampling.greedy) if promise is not None else None)
+
     t0 = time.perf_counter()
-    counters = backend.run_many(requests(), opts.parallel, done, exact=opts.exact)
+    try:
+        counters = backend.run_many(requests(), opts.parallel, done, exact=opts.exact)
+    except BaseException as e:
+        if json_out and not isinstance(e, BrokenPipeError):
+            spill()
+        raise
     flush()
     if opts.stats:
         _print_stats(state, time.perf_counter() - t0, counters, opts.parallel, len(getattr(backend, "endpoints", ())))
@@ -329,8 +347,9 @@ def _resume(path: Path | None) -> Resumed:
                 import fcntl
 
                 if not fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL) & os.O_APPEND:
-                    raise UsageError(f"stdout writes over {path} (`>`), the file --resume-from reads",
-                                     hint=f"append with `>> {path}`, or write to a new file")
+                    raise UsageError(f"stdout writes over {path} (`>`), the file --resume-from reads: the shell "
+                                     "emptied it before localgen started, so its earlier output is gone",
+                                     hint=f"next time append with `>> {path}`, or write to a new file")
         except (OSError, ValueError, AttributeError):
             same = False
         if same and resumed.torn:
