@@ -1,7 +1,7 @@
 """Keeping a secret out of what localgen says: an upstream server's text (an error message, a stream's error
 event) that repeats the key it was sent has the key replaced by `***` before it is shown or stored, and so has
-any piece of it from its first PREFIX characters on (a server that prints `sk-verys...`); a URL's query string,
-which may carry a key (`?api_key=`), is hidden in messages."""
+any run of its first or last PREFIX characters or more (a server that prints `sk-verys...`); a URL's query
+string, which may carry a key (`?api_key=`), is hidden in messages."""
 
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ PREFIX = 8  # this many leading characters of a key, or more of it, are taken fo
 
 
 def scrubbed(text: str, key: str | None) -> str:
-    """`text` with `key`, and every run of at least its first PREFIX characters, replaced by `***`."""
+    """`text` with `key` replaced by `***`, and with it every run of at least its first or its last PREFIX
+    characters (a server that shows the ends of a key it refused)."""
     if not key or not text:
         return text
     text = text.replace(key, "***")
-    head = key[:PREFIX]
-    if len(head) < PREFIX:
+    if len(key) < PREFIX:
         return text
+    return _ends_scrubbed(_starts_scrubbed(text, key), key)
+
+
+def _starts_scrubbed(text: str, key: str) -> str:
+    """Every run of the key's first PREFIX characters or more replaced by ***."""
+    head = key[:PREFIX]
     out: list[str] = []
     at = 0
     while (found := text.find(head, at)) >= 0:
@@ -27,6 +33,11 @@ def scrubbed(text: str, key: str | None) -> str:
         out += [text[at:found], "***"]
         at = end
     return "".join(out) + text[at:]
+
+
+def _ends_scrubbed(text: str, key: str) -> str:
+    """Every run of the key's last PREFIX characters or more replaced by *** (the mirror of _starts_scrubbed)."""
+    return _starts_scrubbed(text[::-1], key[::-1])[::-1]
 
 
 def url_shown(url: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from localgen import redact
 from localgen.errors import LocalgenError
 from localgen.remote.endpoints import Endpoint
 
@@ -79,28 +80,13 @@ def message_of(body: bytes) -> str:
 
 
 def scrubbed(text: str, endpoint: Endpoint) -> str:
-    """The text with the endpoint's key, should the server have echoed it, replaced by ***."""
-    return redacted(text, endpoint.key) if endpoint.key else text
-
-
-def redacted(text: str, key: str) -> str:
-    """`text` with `key` replaced by ***, and with it, for a key of 16 characters or more, any run of at least
-    KEY_RUN of its first or last characters (a server that shows a refused key's ends, as OpenAI's "sk-abc1****wxyz",
-    tells them to whoever reads the message)."""
-    if not key:
-        return text
-    text = text.replace(key, "***")
-    if len(key) >= 2 * KEY_RUN:
-        for n in range(len(key) - 1, KEY_RUN - 1, -1):  # the longest first
-            text = text.replace(key[:n], "***").replace(key[-n:], "***")
-    return text
+    """The text with the endpoint's key, should the server have echoed it (or its first or last characters),
+    replaced by *** (localgen/redact.py)."""
+    return redact.scrubbed(text, endpoint.key)
 
 
 def redacted_bytes(data: bytes, key: str) -> bytes:
-    """redacted() of bytes (the key's UTF-8)."""
+    """redact.scrubbed() of bytes (the key's UTF-8)."""
     if not key or not data:
         return data
-    return redacted(data.decode("utf-8", "surrogateescape"), key).encode("utf-8", "surrogateescape")
-
-
-KEY_RUN = 8  # characters of a key's start or end that count as telling it
+    return redact.scrubbed(data.decode("utf-8", "surrogateescape"), key).encode("utf-8", "surrogateescape")
