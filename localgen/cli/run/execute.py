@@ -40,25 +40,8 @@ def execute(plan: RunPlan) -> None:
         toolbox = open_toolbox(send.tools)
     try:
         _typed_models(plan)  # before --rag's search loads its embedding model
-    except UsageError:
-        if toolbox is not None:
-            toolbox.close()
-        raise
-    hits = retrieve(plan, err) if send.rag is not None else None  # before the model loads: one model at a time
-    try:
-        backend: Backend = remote_backend(load) if load.remote else open_backend(plan, err)
-    except ModelNotFoundError as e:
-        if toolbox is not None:
-            toolbox.close()
-        thread = plan.thread
-        if thread is not None and thread.turns and not load.model_given:  # the conversation's model is gone
-            raise model_gone(thread.cid, load.model, e, "continue") from None
-        raise
-    except KeyboardInterrupt:
-        if toolbox is not None:
-            toolbox.close()
-        err.interrupted(at_line_start=True)  # loading prints whole lines (loading ..., a tip, a warning)
-        raise typer.Exit(130) from None
+        hits = retrieve(plan, err) if send.rag is not None else None  # before the model loads: one at a time
+        backend = _opened(plan, err)
     except BaseException:
         if toolbox is not None:
             toolbox.close()
@@ -109,6 +92,22 @@ def execute(plan: RunPlan) -> None:
         backend.close()
         if toolbox is not None:
             toolbox.close()
+
+
+def _opened(plan: RunPlan, err: ErrWriter) -> Backend:
+    """The model loaded (or the endpoint's client); a conversation's model that is gone, and a Ctrl-C while it
+    loads, said in one line."""
+    load = plan.load
+    try:
+        return remote_backend(load) if load.remote else open_backend(plan, err)
+    except ModelNotFoundError as e:
+        thread = plan.thread
+        if thread is not None and thread.turns and not load.model_given:  # the conversation's model is gone
+            raise model_gone(thread.cid, load.model, e, "continue") from None
+        raise
+    except KeyboardInterrupt:
+        err.interrupted(at_line_start=True)  # loading prints whole lines (loading ..., a tip, a warning)
+        raise typer.Exit(130) from None
 
 
 def retrieve(plan: RunPlan, err: ErrWriter) -> list[Any]:

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -186,42 +186,28 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
         ready[c.index] = (ln, c)
         flush()
 
+    def write(ln: _Line, c: Completion | None) -> bool:
+        return _write(ln, c, json_out, promise(opts.exact, ln.sampling.greedy) if promise is not None else None)
+
     def flush() -> None:
         while state["next"] in ready:
             ln, c = ready.pop(state["next"])
             lines.pop(ln.number, None)  # written: a long input holds only the lines in flight
-            if ln.previous is not None:
-                if ln.previous:
-                    sys.stdout.write(ln.previous + "\n")
-                state["next"] += 1
+            state["next"] += 1
+            if write(ln, c):
                 continue
-            _emit(ln, c, json_out, promise(opts.exact, ln.sampling.greedy) if promise is not None else None)
             if ln.error:
                 state["failed"] += 1
             elif c is not None:
                 state["tokens"] += c.completion_tokens
                 state["prompts"] += 1
-            state["next"] += 1
-
-    def spill() -> None:
-        """A stop (Ctrl-C, a failure) with answers held behind a line not yet answered: with --json, where each
-        carries its line number, they are written now, out of order, so that --resume-from skips them."""
-        held = sorted(ready.items())
-        ready.clear()
-        with contextlib.suppress(Exception):
-            for _, (ln, c) in held:
-                if ln.previous is not None:
-                    if ln.previous:
-                        sys.stdout.write(ln.previous + "\n")
-                    continue
-                _emit(ln, c, json_out, promise(opts.exact, ln.sampling.greedy) if promise is not None else None)
 
     t0 = time.perf_counter()
     try:
         counters = backend.run_many(requests(), opts.parallel, done, exact=opts.exact)
     except BaseException as e:
         if json_out and not isinstance(e, BrokenPipeError):
-            spill()
+            _spill(ready, write)
         raise
     flush()
     if opts.stats:
@@ -233,6 +219,27 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
                          f"{'it holds only blank lines' if state['next'] > 1 else 'it is empty'}",
                          hint="one prompt a line")
     return 1 if state["failed"] else 0
+
+
+def _write(ln: _Line, c: Completion | None, json_out: bool, exact: str | None) -> bool:
+    """A line's output; True where it is an earlier output's line, copied (--resume-from)."""
+    if ln.previous is not None:
+        if ln.previous:
+            sys.stdout.write(ln.previous + "\n")
+        return True
+    _emit(ln, c, json_out, exact)
+    return False
+
+
+def _spill(ready: dict[int, tuple[_Line, Completion | None]],
+           write: Callable[[_Line, Completion | None], bool]) -> None:
+    """A stop (Ctrl-C, a failure) with answers held behind a line not yet answered: with --json, where each
+    carries its line number, they are written now, out of order, so that --resume-from skips them."""
+    held = sorted(ready.items())
+    ready.clear()
+    with contextlib.suppress(Exception):
+        for _, (ln, c) in held:
+            write(ln, c)
 
 
 def _request(ln: _Line, prompt: str, base: SamplingParams, opts: BatchOptions) -> Indexed:

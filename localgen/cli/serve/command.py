@@ -19,7 +19,7 @@ from localgen.cli import options as o
 from localgen.cli.inputfile import model_file
 from localgen.cli.options import files, preset
 from localgen.cli.options.knobs import Knobs
-from localgen.cli.serve import checks
+from localgen.cli.serve import checks, endpoints
 from localgen.cli.serve.options import (
     FETCH_WAIT_S,
     MAX_FETCHES,
@@ -143,7 +143,7 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
     if not is_loopback(f.listen.host) and not checked.key:
         log.warning(f"listening on {f.listen.host} with no API key: anyone who can reach this port can use the "
                     "models")
-    upstreams = _upstreams(f, log)  # their models known (or one clear error) before any model loads
+    upstreams = endpoints.upstreams(f, log)  # their models known (or one clear error) before any model loads
     toolbox = _toolbox(f.tools)  # its servers started (or one clear error) before any model loads
     try:
         _serve(f, log, checked, toolbox, upstreams)
@@ -188,7 +188,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         if state.collections:
             log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
         if upstreams is not None:
-            _upstream_lines(upstreams, shadowed, log)
+            endpoints.upstream_lines(upstreams, shadowed, log)
         _sigterm(server.handle_exit)  # also outside uvicorn's own handling: see _sigterm
         server.run()
     finally:
@@ -235,42 +235,6 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     return server
 
 
-def _upstreams(f: ServeArgs, log: ServeLog) -> Upstreams | None:
-    """The servers --endpoint names (URLs, or entries of endpoints.toml), each with its models (None without
-    --endpoint)."""
-    given = f.upstream
-    if not given.endpoints:
-        if given.api_key_env:
-            raise UsageError("--api-key-env goes with --endpoint: it names the variable holding an endpoint's key",
-                             hint="serve's own key is --api-key or --api-key-file")
-        if f.given("endpoint_timeout"):
-            raise UsageError("--endpoint-timeout goes with --endpoint: it bounds an endpoint's silence")
-        return None
-    from localgen.remote.endpoints import Endpoint, base_url, endpoints_file, entry, read_key, url_list
-    from localgen.serve.remotes import discover
-    from localgen.serve.upstream import Upstreams
-
-    items = url_list(given.endpoints)
-    urls = [item for item in items if "://" in item]
-    if given.api_key_env and not urls:
-        raise UsageError("--api-key-env is for --endpoint URLs: a named endpoint's key is its api_key_env in "
-                         f"{endpoints_file()}")
-    key = read_key(given.api_key_env) if urls else None
-    found: dict[str, Endpoint] = {}
-    for item in items:
-        if "://" in item:
-            ep = Endpoint(base_url(item), key)
-        else:
-            named = entry(item, log.warning)
-            if named is None:
-                raise UsageError(f"--endpoint {item[:100]!r} is neither an http:// or https:// URL nor an entry of "
-                                 f"{endpoints_file()}")
-            ep = named
-        found.setdefault(ep.url, ep)
-    return Upstreams([discover(ep) for ep in found.values()], parallel=f.batching.parallel,
-                     queue=f.residency.max_queue, timeout=given.endpoint_timeout)
-
-
 def _toolbox(tools: ServeToolOptions) -> Any:
     """The tools of --functions and --mcp, loaded and started (None without them)."""
     if not tools.any:
@@ -287,16 +251,6 @@ def _tool_lines(toolbox: Any, log: ServeLog) -> None:
         by_source.setdefault(toolbox.source(spec.name), []).append(spec.name)
     for source, names in by_source.items():
         log.line(f"  tools ({source}): {', '.join(names)}")
-
-
-def _upstream_lines(upstreams: Any, shadowed: list[str], log: Any) -> None:
-    """The start's lines on the remote models: each endpoint's, by the names a client uses, and the bare names
-    left to this server's own models."""
-    for remote in upstreams.remotes:
-        log.line(f"  remote models (--endpoint {remote.label}, {remote.endpoint.url}): "
-                 f"{', '.join(upstreams.names_of(remote))}")
-    if shadowed:
-        log.line(f"  served here, so reached upstream only as ENDPOINT/NAME: {', '.join(shadowed)}")
 
 
 def _ctx_warning(w: ModelWorker, models: ModelSettings, log: ServeLog) -> None:
