@@ -75,6 +75,18 @@ def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
     assert "load_tensors" not in r.stderr, "nothing was loaded"
 
 
+def test_a_port_that_accepts_and_never_answers_says_so_before_load(cli: CLI) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # the kernel accepts; nothing ever answers
+        port = listening.getsockname()[1]
+        r = cli("run", "-p", "hi", "--rpc", f"127.0.0.1:{port}", "--verbose")
+    assert r.returncode == 1, r.stderr
+    assert f"127.0.0.1:{port} accepted the connection but did not answer llama.cpp's RPC greeting within 5 s" \
+        in r.stderr
+    assert "load_tensors" not in r.stderr, "nothing was loaded"
+
+
 @pytest.mark.parametrize(("value", "message"), [
     ("nonsense", "--rpc takes HOST:PORT[,HOST:PORT...], not 'nonsense'"),
     ("127.0.0.1:50052,:5", "--rpc takes HOST:PORT[,HOST:PORT...], not ':5'"),

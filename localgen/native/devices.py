@@ -128,7 +128,12 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     if not host or not port.isdigit():
         raise LocalgenError(f"bad RPC server {endpoint!r}: use HOST:PORT")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
+        s = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    except OSError as e:
+        raise LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
+                            hint="start it with `localgen rpc-server` on that machine") from None
+    try:
+        with s:
             s.sendall(bytes([_HELLO]) + struct.pack("<Q", _CAPS) + bytes(_CAPS))
             head = _recv(s, 8)
             size = struct.unpack("<Q", head)[0]
@@ -136,9 +141,13 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
                 raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (answer of {size} bytes)",
                                     hint="run `localgen rpc-server` from the same llama-cpp-python build")
             major, minor, patch = _recv(s, size)[:3]
+    except TimeoutError:
+        raise LocalgenError(f"{endpoint} accepted the connection but did not answer llama.cpp's RPC greeting within "
+                            f"{timeout:g} s", hint="is an RPC server listening there? start one with `localgen "
+                            "rpc-server` on that machine") from None
     except OSError as e:
-        raise LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
-                            hint="start it with `localgen rpc-server` on that machine") from None
+        raise LocalgenError(f"the RPC server {endpoint} broke the connection during llama.cpp's RPC greeting: "
+                            f"{e.strerror or e}", hint="start it with `localgen rpc-server` on that machine") from None
     if major != RPC_PROTO_MAJOR:
         raise LocalgenError(f"the RPC server {endpoint} speaks protocol {major}.{minor}.{patch}; this build speaks "
                             f"{RPC_PROTO_MAJOR}.x",
