@@ -21,6 +21,13 @@ def scrubbed(text: str, key: str | None) -> str:
     return _ends_scrubbed(_starts_scrubbed(text, key), key)
 
 
+def scrubbed_bytes(data: bytes, key: str | None) -> bytes:
+    """scrubbed() of bytes (the key's UTF-8; bytes that are no UTF-8 pass as they are)."""
+    if not key or not data:
+        return data
+    return scrubbed(data.decode("utf-8", "surrogateescape"), key).encode("utf-8", "surrogateescape")
+
+
 def _starts_scrubbed(text: str, key: str) -> str:
     """Every run of the key's first PREFIX characters or more replaced by ***."""
     head = key[:PREFIX]

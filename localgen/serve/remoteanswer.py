@@ -7,7 +7,7 @@ is complete, an unfinished one waits for its end. Until the first content, each 
 delta with text, reasoning or a tool call; a completion's text: the role chunk, a keep-alive comment are not
 content); after it, only an event that carries `usage`. A whole answer passes as it comes, its usage read from
 its end. The endpoint's key, should the upstream repeat it (an error event that quotes the request's header),
-never passes: each event, and a whole answer's bytes, pass with it replaced by *** (remotes.redacted)."""
+never passes: each event, and a whole answer's bytes, pass with it replaced by *** (localgen/redact.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from localgen.serve.remotes import redacted_bytes
+from localgen.redact import scrubbed_bytes
 from localgen.serve.servelog import Tally
 
 MAX_EVENT = 4 << 20  # bytes of one unfinished event held: past that, the rest passes unread (and unstripped)
@@ -65,7 +65,7 @@ class RemoteAnswer:
             out.append(self._event(buffer[start:end.end()]))
             start = end.end()
         self._pending = buffer[start:] if not self.done else b""
-        passing = redacted_bytes(b"".join(out), self.secret)
+        passing = scrubbed_bytes(b"".join(out), self.secret)
         if len(self._pending) > MAX_EVENT:
             self._blind = True
             passing += self._unsplit(self._pending)
@@ -77,7 +77,7 @@ class RemoteAnswer:
         (or the end), where a key cut between two pieces would pass unseen."""
         if not self.secret:
             return data
-        data = redacted_bytes(self._carry + data, self.secret)
+        data = scrubbed_bytes(self._carry + data, self.secret)
         cut = max(0, len(data) - (len(self.secret.encode()) - 1))
         self._carry = data[cut:]
         return data[:cut]
@@ -91,7 +91,7 @@ class RemoteAnswer:
             self._counts(dict(_COUNTS.findall(self._tail)))
             return carry
         rest, self._pending = self._pending, b""
-        return carry + redacted_bytes(self._event(rest) if rest.strip() else rest, self.secret)
+        return carry + scrubbed_bytes(self._event(rest) if rest.strip() else rest, self.secret)
 
     @property
     def tally(self) -> Tally | None:

@@ -83,10 +83,3 @@ def scrubbed(text: str, endpoint: Endpoint) -> str:
     """The text with the endpoint's key, should the server have echoed it (or its first or last characters),
     replaced by *** (localgen/redact.py)."""
     return redact.scrubbed(text, endpoint.key)
-
-
-def redacted_bytes(data: bytes, key: str) -> bytes:
-    """redact.scrubbed() of bytes (the key's UTF-8)."""
-    if not key or not data:
-        return data
-    return redact.scrubbed(data.decode("utf-8", "surrogateescape"), key).encode("utf-8", "surrogateescape")
