@@ -143,6 +143,30 @@ def test_hostile_templates_are_template_errors(source: str) -> None:
         ChatTemplate(source, "<s>", "</s>").render([{"role": "user", "content": "hi"}])
 
 
+_DOUBLING = ('{%% set ns = namespace(s=%s) %%}{%% for i in range(40) %%}{%% set ns.s = %s %%}{%% endfor %%}'
+             '{{ ns.s|length }}')
+
+
+@pytest.mark.parametrize(("start", "step"), [
+    ('"a"', "ns.s ~ ns.s"), ('"a"', "ns.s + ns.s"), ("[1]", "ns.s + ns.s"), ('"a"', '"%s%s" % (ns.s, ns.s)'),
+    ('"a"', '"{}{}".format(ns.s, ns.s)'), ('"a"', "[ns.s, ns.s]|join"), ('"a"', '"".join([ns.s, ns.s])'),
+    ('"aa"', 'ns.s.replace("a", "aa")'),
+])
+def test_a_template_doubling_a_string_is_stopped_at_the_output_cap(start: str, step: str) -> None:
+    """Every way a template builds a string or list is refused past the output's cap, before it is built: a
+    template doubling one stopped only at the 2 s limit, at about 1 GB."""
+    with pytest.raises(TemplateError, match=r"unsafe: (string|list) too long"):
+        ChatTemplate(_DOUBLING % (start, step), "<s>", "</s>").render([{"role": "user", "content": "hi"}])
+
+
+def test_a_long_message_still_renders_through_every_way_of_joining() -> None:
+    t = ChatTemplate("{% for m in messages %}{{ '<|u|>' + m.content ~ '|' }}{{ '%s' % m.content|length }}"
+                     "{{ '{}'.format(m.role) }}{{ [m.role, 'x']|join(',') }}{{ m.content[:3].replace('a', 'b') }}"
+                     "{% endfor %}", "", "")
+    content = "a" * 3_000_000
+    assert t.render([{"role": "user", "content": content}]) == f"<|u|>{content}|3000000useruser,xbbb"
+
+
 def test_hf_generation_tag_and_full_tojson() -> None:
     t = ChatTemplate("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}"
                      "{{ messages|tojson(indent=1, sort_keys=true, separators=(',', ': ')) }}", "", "")

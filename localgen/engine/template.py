@@ -16,6 +16,9 @@ from localgen.errors import TemplateError
 TIME_LIMIT_S = 2.0
 MAX_OUTPUT = 4 << 20  # characters; a prompt this long would not fit any context anyway
 MAX_SEQUENCE = 1 << 20  # result size of `*` on strings and lists
+# size of any string or list a template builds (`~`, `+`, `%`, format, join, replace): a message's content is
+# concatenated whole, so the bound is the output's; a template doubling a string stops at it, not at 1 GB
+MAX_BUILT = MAX_OUTPUT
 
 
 MAX_WIDTH = 100_000  # widths, paddings and precisions in formats and string methods
@@ -24,6 +27,37 @@ MAX_INT_BITS = 1 << 16  # results of ** and * on integers
 
 class _Timeout(Exception):
     pass
+
+
+def _check_built(size: int, what: str = "string") -> None:
+    """Refuse a string or list of `size` before it is built."""
+    if size > MAX_BUILT:
+        from jinja2.exceptions import SecurityError
+
+        raise SecurityError(f"{what} too long ({size:,} > {MAX_BUILT:,})")
+
+
+def _bounded_concat(seq: Any) -> str:
+    """`a ~ b ~ ...` (jinja's str_join), refused before a result past MAX_BUILT is built."""
+    parts = [str(x) for x in seq]
+    _check_built(sum(map(len, parts)))
+    return "".join(parts)
+
+
+def _placeholders_bound(fmt: str, args: Any, marker: str) -> int:
+    """An upper bound of `fmt % args` or `fmt.format(*args)`'s length: each placeholder (at most one per
+    `marker` in fmt) filled by the longest argument (widths are capped apart)."""
+    values = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (tuple, list)) \
+        else [args]
+    longest = max((len(v) if isinstance(v, str) else 64 for v in values), default=0)
+    return len(fmt) + fmt.count(marker) * longest
+
+
+def _check_join(sep: str, items: Any) -> list[Any]:
+    """`sep.join(items)` or `items|join(sep)`: the items listed and their total refused past MAX_BUILT."""
+    listed = list(items)
+    _check_built(sum(len(x) if isinstance(x, str) else 64 for x in listed) + len(sep) * len(listed))
+    return listed
 
 
 def _check_percent_format(fmt: str, args: Any) -> None:
@@ -107,13 +141,20 @@ def _sandbox_class() -> Any:
     from jinja2.exceptions import SecurityError
 
     class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**", "%"})
+        intercepted_binops = frozenset({"*", "**", "%", "+"})
+        code_generator_class = _bounded_code_generator()
+        bounded_concat = staticmethod(_bounded_concat)
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             if operator == "%":
                 if isinstance(left, str):
                     _check_percent_format(left, right)
+                    _check_built(_placeholders_bound(left, right, "%"))
                 return left % right
+            if operator == "+":
+                if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                    _check_built(len(left) + len(right), "string" if isinstance(left, str) else "list")
+                return left + right
             ints = isinstance(left, int) and isinstance(right, int)
             if operator == "**":
                 if isinstance(right, (int, float)) and abs(right) > 64:
@@ -130,18 +171,50 @@ def _sandbox_class() -> Any:
 
         def wrap_str_format(self, value: Any) -> Any:
             wrapped = super().wrap_str_format(value)  # str.format and format_map, at attribute access
-            if wrapped is not None:
-                _check_brace_format(value.__self__)
-            return wrapped
+            if wrapped is None:
+                return None
+            fmt = value.__self__
+            _check_brace_format(fmt)
+
+            def bounded(*args: Any, **kwargs: Any) -> Any:
+                _check_built(_placeholders_bound(fmt, [*args, *kwargs.values()], "{"))
+                return wrapped(*args, **kwargs)
+
+            return bounded
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
             owner = getattr(__obj, "__self__", None)
             if isinstance(owner, str) and getattr(__obj, "__name__", "") in ("center", "ljust", "rjust", "zfill",
                                                                              "expandtabs"):
                 _capped(__obj.__name__, lambda v, *a, **k: None)(owner, *args, **kwargs)
+            name = getattr(__obj, "__name__", "")
+            if isinstance(owner, str) and name == "join" and args:
+                args = (_check_join(owner, args[0]), *args[1:])
+            elif isinstance(owner, str) and name == "replace" and len(args) >= 2 and all(
+                    isinstance(a, str) for a in args[:2]):
+                count = owner.count(args[0]) if args[0] else len(owner) + 1
+                if len(args) > 2 and isinstance(args[2], int) and args[2] >= 0:
+                    count = min(count, args[2])
+                _check_built(len(owner) + count * max(0, len(args[1]) - len(args[0])))
             return super().call(__context, __obj, *args, **kwargs)
 
     return Sandbox
+
+
+def _bounded_code_generator() -> Any:
+    """Jinja's code generator with `~` compiled to the environment's bounded_concat (the sandbox cannot
+    intercept it: it is not a binary operator there)."""
+    from jinja2.compiler import CodeGenerator
+
+    class Bounded(CodeGenerator):
+        def visit_Concat(self, node: Any, frame: Any) -> None:
+            self.write("environment.bounded_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    return Bounded
 
 
 @functools.lru_cache(maxsize=1)
@@ -153,6 +226,14 @@ def _environment() -> Any:
     env.filters["tojson"] = _tojson
     for name in ("center", "indent", "wordwrap", "truncate"):
         env.filters[name] = _capped(name, env.filters[name])
+    join = env.filters["join"]
+
+    def join_filter(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> Any:
+        if attribute is None:
+            value = _check_join(str(d), value)
+        return join(eval_ctx, value, d, attribute)
+
+    env.filters["join"] = functools.update_wrapper(join_filter, join)
     percent = env.filters["format"]
 
     def format_filter(value: Any, *args: Any, **kwargs: Any) -> Any:
