@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -151,3 +152,45 @@ def test_an_rpc_server_that_returns_is_an_error(cli_in_process: InProcessCLI, mo
     r = cli_in_process("rpc-server", "--host", "0.0.0.0", "--port", str(_free_port()))  # bound, never listening
     assert r.stderr.startswith("warning: listening on 0.0.0.0: llama.cpp's RPC protocol is unauthenticated and "
                                "unencrypted"), r.stderr
+
+
+def test_gpu_layers_and_tensor_split_say_what_goes_to_the_servers(
+        cli: CLI, servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """docs/rpc.md: every layer is offloaded across the servers "unless `--gpu-layers` says otherwise;
+    `--tensor-split` sets the proportions" (here the servers are the only devices: no GPU in the list)."""
+    first, second = (ep for _, ep in servers)
+
+    def placed(*flags: str) -> dict[str, float]:
+        r = cli("run", "--raw", "-p", PROMPT, "-n", "1", "--json", "--rpc", f"{first},{second}", *flags)
+        assert r.returncode == 0, r.stderr
+        weights = json.loads(r.stdout)["load"]["weights_mib"]
+        return {ep: sum(mib for dev, mib in weights.items() if ep in dev) for ep in (first, second)}
+
+    both = placed()
+    assert both[first] > 1 and both[second] > 1, both
+    assert placed("-ngl", "0") == {first: 0, second: 0}
+    alone = placed("--tensor-split", "1,0")
+    assert alone[second] == 0 and alone[first] > both[first], alone
+    more = placed("--tensor-split", "1,3")
+    assert 0 < more[first] < more[second], more
+
+
+def test_rpc_servers_synopsis_is_its_defaults() -> None:
+    """docs/rpc.md: `localgen rpc-server [--host 127.0.0.1] [--port 50052] [--threads N] [--cache]`."""
+    import re
+
+    import typer
+
+    from localgen.cli import app, params
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "rpc.md").read_text(encoding="utf-8")
+    synopsis = re.search(r"`localgen rpc-server (\[.*?\])`", page)
+    assert synopsis, "the page gives rpc-server's synopsis"
+    params.install()
+    command: Any = typer.main.get_command(app.build())
+    found = {p.opts[0]: p.default for p in command.commands["rpc-server"].params if p.opts[0].startswith("--")}
+    said = dict(re.findall(r"\[(--[\w-]+)(?: ([^\]]+))?\]", synopsis[1]))
+    assert said.keys() == found.keys() - {"--help"}, (said, found)
+    assert (said["--host"], said["--port"]) == (found["--host"], str(found["--port"]))
+    assert found["--threads"] is None and found["--cache"] is False
