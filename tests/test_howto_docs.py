@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -315,3 +316,24 @@ def test_serve_speculates_by_lookup_or_a_draft_model_as_the_page_says(cli_in_pro
     assert r.returncode == 2 and "No such option" not in r.stderr and "--draft-max" in r.stderr, r.stderr
     r = cli_in_process("run", "--lookup", "--draft", "smollm2:135m", "-p", "hi", "--mmproj", "/nonexistent.gguf")
     assert r.returncode == 2 and "No such option" not in r.stderr, r.stderr
+
+
+def test_the_team_pages_defaults_are_serves() -> None:
+    """team.md names serve's defaults: the address, the port, --max-models, --load-wait, --keep-alive, --parallel,
+    --max-queue and --drain-timeout (--max-models' and --max-memory's rules: tests/test_residency.py)."""
+    import typer
+
+    from localgen.cli import app, params
+
+    page = " ".join(_page("team.md").split())
+    params.install()
+    command: Any = typer.main.get_command(app.build())
+    default = {p.opts[0]: p.default for p in command.commands["serve"].params}
+    assert default["--host"] == "127.0.0.1" and "By default the server listens on `127.0.0.1`" in page
+    assert f"open `http://ADDRESS:{default['--port']}/`" in page
+    assert default["--max-models"] is None and "`--max-models N` (default 3, or 3 per GPU when offloading)" in page
+    assert default["--load-wait"] == 120 and "up to `--load-wait` (2 minutes by default)" in page
+    assert default["--keep-alive"] == "5m" and "after that long idle (default `5m`)" in page
+    assert default["--parallel"] == 4 and "`--parallel N` (default 4)" in page
+    assert default["--max-queue"] == 64 and "up to `--max-queue` requests (default 64)" in page
+    assert default["--drain-timeout"] == 4 and "(`--drain-timeout`, default 4)" in page
