@@ -337,3 +337,18 @@ def test_the_team_pages_defaults_are_serves() -> None:
     assert default["--parallel"] == 4 and "`--parallel N` (default 4)" in page
     assert default["--max-queue"] == 64 and "up to `--max-queue` requests (default 64)" in page
     assert default["--drain-timeout"] == 4 and "(`--drain-timeout`, default 4)" in page
+
+
+def test_an_install_with_the_wheel_cached_builds_nothing() -> None:
+    """ci.md: with the wheel cache kept, "the next install builds nothing": scripts/install.sh runs its one build
+    (`pip wheel`) only when the cache folder holds no llama-cpp-python wheel, and installs the cached one."""
+    page = " ".join(_page("ci.md").split())
+    assert "cache that folder between jobs and the next install builds nothing" in page
+    script = (ROOT / "scripts" / "install.sh").read_text(encoding="utf-8").splitlines()
+    builds = [i for i, line in enumerate(script) if " wheel " in line and "-w \"$wheels\"" in line]
+    assert len(builds) == 1, "one build, into the cache"
+    guard = next(i for i in range(builds[0], -1, -1) if script[i].lstrip().startswith("if "))
+    assert script[guard].strip() == 'if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then', script[guard]
+    after = script[builds[0]:]
+    assert after[1].strip() == "fi" and "install -q --no-deps --force-reinstall \"$wheels\"/llama_cpp_python-*.whl" \
+        in after[2], after[:3]
