@@ -352,3 +352,32 @@ def test_an_install_with_the_wheel_cached_builds_nothing() -> None:
     after = script[builds[0]:]
     assert after[1].strip() == "fi" and "install -q --no-deps --force-reinstall \"$wheels\"/llama_cpp_python-*.whl" \
         in after[2], after[:3]
+
+
+def test_the_log_has_a_line_for_each_load_and_unload(cli_env: dict[str, str]) -> None:
+    """team.md: the server's stderr has "one [line] per model load, unload and swap" (a swap's line:
+    tests/test_serve_service.py): the start's load, the unload after --keep-alive idle, the load a request brings,
+    and the unload a request asks for (Ollama's keep_alive 0)."""
+    import time
+
+    server = Server(cli_env, "-np", "1", "--ctx", "512", "--keep-alive", "1s")
+    try:
+        deadline = time.monotonic() + 120  # a safety net: the idle unload comes a second after the load
+        while server.health()["loaded"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.health()["loaded"] is False
+        r = httpx.post(f"{server.url}/api/generate", timeout=300, json={
+            "model": "smollm2:135m", "prompt": "Hi", "options": {"num_predict": 1}, "keep_alive": "5m",
+            "stream": False})
+        assert r.status_code == 200 and r.json()["done"], r.text
+        r = httpx.post(f"{server.url}/api/generate", timeout=300, json={"model": "smollm2:135m", "keep_alive": 0})
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload", r.text
+    finally:
+        assert server.stop() == 0
+    assert server.proc.stderr is not None
+    said = [line for line in server.proc.stderr.read().decode().splitlines()
+            if line.startswith(("localgen serve: loaded ", "localgen serve: unloaded "))]
+    assert [line.split(" (")[0].split(" in ")[0] for line in said] == [
+        "localgen serve: loaded smollm2:135m", "localgen serve: unloaded smollm2:135m",
+        "localgen serve: loaded smollm2:135m", "localgen serve: unloaded smollm2:135m"], said
+    assert said[1].endswith("(idle for its keep-alive)") and said[3].endswith("(asked)"), said
