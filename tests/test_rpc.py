@@ -194,3 +194,24 @@ def test_rpc_servers_synopsis_is_its_defaults() -> None:
     assert said.keys() == found.keys() - {"--help"}, (said, found)
     assert (said["--host"], said["--port"]) == (found["--host"], str(found["--port"]))
     assert found["--threads"] is None and found["--cache"] is False
+
+
+def test_doctor_says_the_weights_on_each_server_and_a_server_it_cannot_reach(
+        cli: CLI, servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """docs/doctor.md: `doctor --rpc HOST:PORT,...` checks that each server answers with the same protocol and runs
+    the test generation across them, "printing the MiB of weights on each device"; one it cannot reach is a
+    PROBLEM line and exit 1, with no test load."""
+    import re
+
+    rpc = ",".join(ep for _, ep in servers)
+    r = cli("doctor", "--rpc", rpc)
+    assert r.returncode == 0, r.stdout + r.stderr
+    check = next(line for line in r.stdout.splitlines() if line.startswith("check "))
+    for _, ep in servers:
+        found = re.search(rf"RPC\d+\[{re.escape(ep)}\] ([\d.,]+) MiB", check)
+        assert found and float(found[1].replace(",", "")) > 1, check
+    dead = f"127.0.0.1:{_free_port()}"
+    r = cli("doctor", "--rpc", f"{rpc},{dead}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"PROBLEM   cannot reach the RPC server {dead}" in r.stdout
+    assert not [line for line in r.stdout.splitlines() if line.startswith(("check ", "placement "))], r.stdout
