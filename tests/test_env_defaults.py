@@ -162,3 +162,15 @@ def test_a_llama_arg_variable_is_no_error_with_an_endpoint(cli_in_process: InPro
     assert r.returncode == 1 and r.stderr.startswith("localgen: error: cannot reach 127.0.0.1:9"), r.stderr
     r = cli_in_process(*remote, *flag)
     assert r.returncode == 2 and "cannot be used with a remote endpoint" in r.stderr, r.stderr
+
+
+def test_a_flag_wins_over_its_variable(cli_in_process: InProcessCLI) -> None:
+    """docs/configuration.md: "Where a flag and its variable are both given, the flag wins" (`fit`, which loads
+    nothing, says where its window came from)."""
+    env = InProcessCLI({**cli_in_process.env, "LOCALGEN_MODEL": "nope", "LOCALGEN_CTX": "2048"})
+    r = env("fit", "--json", "-m", "smollm2:135m", "--ctx", "1024")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["model"]["name"], doc["ctx"], doc["asked_by"]) == ("smollm2:135m", 1024, "--ctx"), doc
+    doc = json.loads(InProcessCLI({**cli_in_process.env, "LOCALGEN_CTX": "2048"})("fit", "--json").stdout)
+    assert (doc["ctx"], doc["asked_by"]) == (2048, "LOCALGEN_CTX"), doc
