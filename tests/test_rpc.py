@@ -215,3 +215,25 @@ def test_doctor_says_the_weights_on_each_server_and_a_server_it_cannot_reach(
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"PROBLEM   cannot reach the RPC server {dead}" in r.stdout
     assert not [line for line in r.stdout.splitlines() if line.startswith(("check ", "placement "))], r.stdout
+
+
+def test_the_commands_that_take_rpc_are_the_pages() -> None:
+    """docs/rpc.md: `--rpc HOST:PORT[,HOST:PORT...]` (`LLAMA_ARG_RPC`) "on `run`, `chat`, `bench`, `serve` and
+    `doctor`": exactly the commands that have the flag, each reading the variable."""
+    import re
+
+    import typer
+
+    from localgen.cli import app, params
+    from tests.conftest import ROOT
+
+    page = " ".join((ROOT / "docs" / "rpc.md").read_text(encoding="utf-8").split())
+    listed = re.search(r"\(`LLAMA_ARG_RPC`, as llama.cpp reads it\) on (.+?)\. ", page)
+    assert listed, "the page names the commands"
+    named = set(re.findall(r"`([a-z-]+)`", listed[1]))
+    params.install()
+    command: Any = typer.main.get_command(app.build())
+    having = {name: p for name, cmd in command.commands.items() for p in getattr(cmd, "params", [])
+              if "--rpc" in p.opts}
+    assert named == set(having) == {"run", "chat", "bench", "serve", "doctor"}, (named, set(having))
+    assert all(p.envvar == "LLAMA_ARG_RPC" for p in having.values()), {n: p.envvar for n, p in having.items()}
