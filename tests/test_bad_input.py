@@ -63,6 +63,26 @@ def test_serve_listens_where_the_environment_says(cli_in_process: InProcessCLI) 
                 cli_in_process.env.pop(name, None)
 
 
+def test_localgen_host_takes_host_port_and_v6_forms_as_ollama_host_does(cli_in_process: InProcessCLI) -> None:
+    """docs/configuration.md: LOCALGEN_HOST in OLLAMA_HOST's forms, `HOST:PORT` and `[V6]:PORT` too (the `HOST`
+    and `http://HOST:PORT` forms: the test above); the port there wins over LOCALGEN_PORT."""
+    with socket.socket() as busy, socket.socket(socket.AF_INET6) as busy6:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        busy6.bind(("::1", 0))
+        busy6.listen()
+        port, port6 = busy.getsockname()[1], busy6.getsockname()[1]
+        try:
+            for value, said in ((f"127.0.0.1:{port}", f"127.0.0.1:{port}"), (f"[::1]:{port6}", f"::1:{port6}")):
+                cli_in_process.env.update(LOCALGEN_HOST=value, LOCALGEN_PORT="1")
+                r = cli_in_process("serve")
+                assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: cannot listen on {said}: "), (
+                    value, r.stderr)
+        finally:
+            for name in ("LOCALGEN_HOST", "LOCALGEN_PORT"):
+                cli_in_process.env.pop(name, None)
+
+
 @pytest.mark.parametrize(("command", "flag", "what"), [
     ("run", "--grammar", "the grammar file"), ("run", "-jf", "the JSON schema file"),
     ("run", "-j", "the JSON schema file"), ("run", "--chat-template-file", "the chat template"),

@@ -203,6 +203,20 @@ def test_a_localgen_home_that_cannot_hold_its_folders_is_one_usage_line(own: CLI
     assert r.returncode == 0, r.stderr
 
 
+def test_a_localgen_home_under_tilde_is_made_when_first_needed(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/configuration.md: LOCALGEN_HOME is "an absolute path (`~` works), made when first needed": `logs path`
+    names the log under it and makes nothing; `create` makes the folders it writes in."""
+    home = tmp_path / "user"
+    home.mkdir()
+    lg = CLI({**cli_env, "HOME": str(home), "LOCALGEN_HOME": "~/lg"})
+    r = lg("logs", "path")
+    assert (r.returncode, r.stdout) == (0, f"{home}/lg/data/logs/logs.db\n"), r.stderr
+    assert not (home / "lg").exists() and not (tmp_path / "~").exists()
+    r = lg("create", "mine", "-f", "-", input="FROM smollm2:135m\n")
+    assert r.returncode == 0, r.stderr
+    assert (home / "lg" / "data" / "presets" / "mine.json").is_file()
+
+
 def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> None:
     """A user's `[models."smollm2:135m"]` with only `context` (and one sampling key) changes those and keeps the
     rest of the shipped entry (embedded, its quantization, its other sampling), where it replaced the entry

@@ -71,3 +71,18 @@ def test_every_folder_and_file_the_code_keeps_is_in_the_directories_table() -> N
     missing = [(d, name) for d, name in sorted(found)
                if f"`{name}`" not in rows[d] and f"`{name}/`" not in rows[d] and f"`{name}/" not in rows[d]]
     assert not missing, missing
+
+
+def test_every_variable_the_page_names_is_exercised_by_a_test() -> None:
+    """"Every environment variable above is exercised by the tests": each variable in the page's "By location and
+    variable" table is named by a test of its feature (not only by the tests that parse or run the docs)."""
+    import re
+
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = page.split("## By location and variable", 1)[1].split("\n\n", 2)[1]
+    named = {v for cell in re.findall(r"^\| ([^|]+) \|", table, re.M) for v in re.findall(r"`([A-Z][A-Z0-9_]+)", cell)}
+    assert {"LOCALGEN_HOME", "LOCALGEN_PROMPT_CACHE_MB", "LLAMA_ARG_KV_UNIFIED", "NO_COLOR"} <= named, named
+    docs_tests = {"test_doc_examples.py", "test_doc_examples_run.py", "test_docs_shape.py", "test_configuration_doc.py"}
+    tests = " ".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py")
+                     if p.name not in docs_tests)
+    assert not [v for v in sorted(named) if v not in tests], "a variable no test sets"

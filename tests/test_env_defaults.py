@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 PAGE = ROOT / "docs" / "configuration.md"
 VARS = ("LOCALGEN_MODEL", "LOCALGEN_CTX", "LLAMA_ARG_RPC", "LLAMA_ARG_N_CPU_MOE", "LLAMA_ARG_CPU_MOE",
@@ -145,3 +145,32 @@ def test_models_page_names_every_command_with_offline() -> None:
     from localgen.cli.app import COMMANDS
 
     assert {n for n in re.findall(r"`([a-z-]+)`", said) if n in COMMANDS} == having
+
+
+@pytest.mark.parametrize(("var", "value", "flag"), [
+    ("LLAMA_ARG_N_CPU_MOE", "2", ["--n-cpu-moe", "2"]), ("LLAMA_ARG_CPU_MOE", "on", ["--cpu-moe"]),
+    ("LLAMA_ARG_OVERRIDE_TENSOR", "exps=CPU", ["-ot", "exps=CPU"]), ("LLAMA_ARG_RPC", "127.0.0.1:50052",
+                                                                     ["--rpc", "127.0.0.1:50052"]),
+])
+def test_a_llama_arg_variable_is_no_error_with_an_endpoint(cli_in_process: InProcessCLI, var: str, value: str,
+                                                           flag: list[str]) -> None:
+    """docs/configuration.md: a value from an LLAMA_ARG_* variable is a default for loads here: "unlike the flag
+    typed, it is no error with `--endpoint` (the server loads the model)" (LLAMA_ARG_KV_UNIFIED:
+    tests/test_kv_layout.py). Nothing listens on port 9: the run gets as far as asking it."""
+    remote = ["run", "--endpoint", "http://127.0.0.1:9", "-p", "hi"]
+    r = InProcessCLI({**cli_in_process.env, var: value})(*remote)
+    assert r.returncode == 1 and r.stderr.startswith("localgen: error: cannot reach 127.0.0.1:9"), r.stderr
+    r = cli_in_process(*remote, *flag)
+    assert r.returncode == 2 and "cannot be used with a remote endpoint" in r.stderr, r.stderr
+
+
+def test_a_flag_wins_over_its_variable(cli_in_process: InProcessCLI) -> None:
+    """docs/configuration.md: "Where a flag and its variable are both given, the flag wins" (`fit`, which loads
+    nothing, says where its window came from)."""
+    env = InProcessCLI({**cli_in_process.env, "LOCALGEN_MODEL": "nope", "LOCALGEN_CTX": "2048"})
+    r = env("fit", "--json", "-m", "smollm2:135m", "--ctx", "1024")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["model"]["name"], doc["ctx"], doc["asked_by"]) == ("smollm2:135m", 1024, "--ctx"), doc
+    doc = json.loads(InProcessCLI({**cli_in_process.env, "LOCALGEN_CTX": "2048"})("fit", "--json").stdout)
+    assert (doc["ctx"], doc["asked_by"]) == (2048, "LOCALGEN_CTX"), doc

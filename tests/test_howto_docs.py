@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -315,3 +316,68 @@ def test_serve_speculates_by_lookup_or_a_draft_model_as_the_page_says(cli_in_pro
     assert r.returncode == 2 and "No such option" not in r.stderr and "--draft-max" in r.stderr, r.stderr
     r = cli_in_process("run", "--lookup", "--draft", "smollm2:135m", "-p", "hi", "--mmproj", "/nonexistent.gguf")
     assert r.returncode == 2 and "No such option" not in r.stderr, r.stderr
+
+
+def test_the_team_pages_defaults_are_serves() -> None:
+    """team.md names serve's defaults: the address, the port, --max-models, --load-wait, --keep-alive, --parallel,
+    --max-queue and --drain-timeout (--max-models' and --max-memory's rules: tests/test_residency.py)."""
+    import typer
+
+    from localgen.cli import app, params
+
+    page = " ".join(_page("team.md").split())
+    params.install()
+    command: Any = typer.main.get_command(app.build())
+    default = {p.opts[0]: p.default for p in command.commands["serve"].params}
+    assert default["--host"] == "127.0.0.1" and "By default the server listens on `127.0.0.1`" in page
+    assert f"open `http://ADDRESS:{default['--port']}/`" in page
+    assert default["--max-models"] is None and "`--max-models N` (default 3, or 3 per GPU when offloading)" in page
+    assert default["--load-wait"] == 120 and "up to `--load-wait` (2 minutes by default)" in page
+    assert default["--keep-alive"] == "5m" and "after that long idle (default `5m`)" in page
+    assert default["--parallel"] == 4 and "`--parallel N` (default 4)" in page
+    assert default["--max-queue"] == 64 and "up to `--max-queue` requests (default 64)" in page
+    assert default["--drain-timeout"] == 4 and "(`--drain-timeout`, default 4)" in page
+
+
+def test_an_install_with_the_wheel_cached_builds_nothing() -> None:
+    """ci.md: with the wheel cache kept, "the next install builds nothing": scripts/install.sh runs its one build
+    (`pip wheel`) only when the cache folder holds no llama-cpp-python wheel, and installs the cached one."""
+    page = " ".join(_page("ci.md").split())
+    assert "cache that folder between jobs and the next install builds nothing" in page
+    script = (ROOT / "scripts" / "install.sh").read_text(encoding="utf-8").splitlines()
+    builds = [i for i, line in enumerate(script) if " wheel " in line and "-w \"$wheels\"" in line]
+    assert len(builds) == 1, "one build, into the cache"
+    guard = next(i for i in range(builds[0], -1, -1) if script[i].lstrip().startswith("if "))
+    assert script[guard].strip() == 'if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then', script[guard]
+    after = script[builds[0]:]
+    assert after[1].strip() == "fi" and "install -q --no-deps --force-reinstall \"$wheels\"/llama_cpp_python-*.whl" \
+        in after[2], after[:3]
+
+
+def test_the_log_has_a_line_for_each_load_and_unload(cli_env: dict[str, str]) -> None:
+    """team.md: the server's stderr has "one [line] per model load, unload and swap" (a swap's line:
+    tests/test_serve_service.py): the start's load, the unload after --keep-alive idle, the load a request brings,
+    and the unload a request asks for (Ollama's keep_alive 0)."""
+    import time
+
+    server = Server(cli_env, "-np", "1", "--ctx", "512", "--keep-alive", "1s")
+    try:
+        deadline = time.monotonic() + 120  # a safety net: the idle unload comes a second after the load
+        while server.health()["loaded"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.health()["loaded"] is False
+        r = httpx.post(f"{server.url}/api/generate", timeout=300, json={
+            "model": "smollm2:135m", "prompt": "Hi", "options": {"num_predict": 1}, "keep_alive": "5m",
+            "stream": False})
+        assert r.status_code == 200 and r.json()["done"], r.text
+        r = httpx.post(f"{server.url}/api/generate", timeout=300, json={"model": "smollm2:135m", "keep_alive": 0})
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload", r.text
+    finally:
+        assert server.stop() == 0
+    assert server.proc.stderr is not None
+    said = [line for line in server.proc.stderr.read().decode().splitlines()
+            if line.startswith(("localgen serve: loaded ", "localgen serve: unloaded "))]
+    assert [line.split(" (")[0].split(" in ")[0] for line in said] == [
+        "localgen serve: loaded smollm2:135m", "localgen serve: unloaded smollm2:135m",
+        "localgen serve: loaded smollm2:135m", "localgen serve: unloaded smollm2:135m"], said
+    assert said[1].endswith("(idle for its keep-alive)") and said[3].endswith("(asked)"), said

@@ -163,3 +163,27 @@ def test_a_folder_that_cannot_be_made_is_said_once_and_costs_only_the_prefixes(t
     assert (tmp_path / KEY).read_bytes() == b"not a folder"
     other = _entry(list(range(300)))  # another model's folder is not the worse for it
     assert store.write("o" * 24, IDENT, [other]) == other[3] and len(store.load("o" * 24, IDENT, None)) == 1
+
+
+@pytest.mark.parametrize(("free", "limit"), [(100 << 30, 8 << 30), (4 << 30, 1 << 30)])
+def test_cache_disk_auto_is_8_gib_or_a_quarter_of_the_free_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 free: int, limit: int) -> None:
+    """docs/configuration.md: `--cache-disk` (auto by default) is "8 GiB or a quarter of the free space" of the
+    disk the cache dir is on (made or not yet)."""
+    import shutil
+    from collections import namedtuple
+
+    from localgen.cli.serve import checks
+    from localgen.cli.serve.options import SlotOptions
+
+    assert SlotOptions.__dataclass_fields__["cache_disk"].default == "auto"
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "not-yet"))
+    asked: list[Path] = []
+    usage = namedtuple("usage", "total used free")
+
+    def disk_usage(path: Path) -> Any:
+        asked.append(Path(path))
+        return usage(free * 2, free, free)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    assert checks._cache_disk("auto") == limit and asked == [tmp_path]

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -151,3 +152,88 @@ def test_an_rpc_server_that_returns_is_an_error(cli_in_process: InProcessCLI, mo
     r = cli_in_process("rpc-server", "--host", "0.0.0.0", "--port", str(_free_port()))  # bound, never listening
     assert r.stderr.startswith("warning: listening on 0.0.0.0: llama.cpp's RPC protocol is unauthenticated and "
                                "unencrypted"), r.stderr
+
+
+def test_gpu_layers_and_tensor_split_say_what_goes_to_the_servers(
+        cli: CLI, servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """docs/rpc.md: every layer is offloaded across the servers "unless `--gpu-layers` says otherwise;
+    `--tensor-split` sets the proportions" (here the servers are the only devices: no GPU in the list)."""
+    first, second = (ep for _, ep in servers)
+
+    def placed(*flags: str) -> dict[str, float]:
+        r = cli("run", "--raw", "-p", PROMPT, "-n", "1", "--json", "--rpc", f"{first},{second}", *flags)
+        assert r.returncode == 0, r.stderr
+        weights = json.loads(r.stdout)["load"]["weights_mib"]
+        return {ep: sum(mib for dev, mib in weights.items() if ep in dev) for ep in (first, second)}
+
+    both = placed()
+    assert both[first] > 1 and both[second] > 1, both
+    assert placed("-ngl", "0") == {first: 0, second: 0}
+    alone = placed("--tensor-split", "1,0")
+    assert alone[second] == 0 and alone[first] > both[first], alone
+    more = placed("--tensor-split", "1,3")
+    assert 0 < more[first] < more[second], more
+
+
+def test_rpc_servers_synopsis_is_its_defaults() -> None:
+    """docs/rpc.md: `localgen rpc-server [--host 127.0.0.1] [--port 50052] [--threads N] [--cache]`."""
+    import re
+
+    import typer
+
+    from localgen.cli import app, params
+    from tests.conftest import ROOT
+
+    page = (ROOT / "docs" / "rpc.md").read_text(encoding="utf-8")
+    synopsis = re.search(r"`localgen rpc-server (\[.*?\])`", page)
+    assert synopsis, "the page gives rpc-server's synopsis"
+    params.install()
+    command: Any = typer.main.get_command(app.build())
+    found = {p.opts[0]: p.default for p in command.commands["rpc-server"].params if p.opts[0].startswith("--")}
+    said = dict(re.findall(r"\[(--[\w-]+)(?: ([^\]]+))?\]", synopsis[1]))
+    assert said.keys() == found.keys() - {"--help"}, (said, found)
+    assert (said["--host"], said["--port"]) == (found["--host"], str(found["--port"]))
+    assert found["--threads"] is None and found["--cache"] is False
+
+
+def test_doctor_says_the_weights_on_each_server_and_a_server_it_cannot_reach(
+        cli: CLI, servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """docs/doctor.md: `doctor --rpc HOST:PORT,...` checks that each server answers with the same protocol and runs
+    the test generation across them, "printing the MiB of weights on each device"; one it cannot reach is a
+    PROBLEM line and exit 1, with no test load."""
+    import re
+
+    rpc = ",".join(ep for _, ep in servers)
+    r = cli("doctor", "--rpc", rpc)
+    assert r.returncode == 0, r.stdout + r.stderr
+    check = next(line for line in r.stdout.splitlines() if line.startswith("check "))
+    for _, ep in servers:
+        found = re.search(rf"RPC\d+\[{re.escape(ep)}\] ([\d.,]+) MiB", check)
+        assert found and float(found[1].replace(",", "")) > 1, check
+    dead = f"127.0.0.1:{_free_port()}"
+    r = cli("doctor", "--rpc", f"{rpc},{dead}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"PROBLEM   cannot reach the RPC server {dead}" in r.stdout
+    assert not [line for line in r.stdout.splitlines() if line.startswith(("check ", "placement "))], r.stdout
+
+
+def test_the_commands_that_take_rpc_are_the_pages() -> None:
+    """docs/rpc.md: `--rpc HOST:PORT[,HOST:PORT...]` (`LLAMA_ARG_RPC`) "on `run`, `chat`, `bench`, `serve` and
+    `doctor`": exactly the commands that have the flag, each reading the variable."""
+    import re
+
+    import typer
+
+    from localgen.cli import app, params
+    from tests.conftest import ROOT
+
+    page = " ".join((ROOT / "docs" / "rpc.md").read_text(encoding="utf-8").split())
+    listed = re.search(r"\(`LLAMA_ARG_RPC`, as llama.cpp reads it\) on (.+?)\. ", page)
+    assert listed, "the page names the commands"
+    named = set(re.findall(r"`([a-z-]+)`", listed[1]))
+    params.install()
+    command: Any = typer.main.get_command(app.build())
+    having = {name: p for name, cmd in command.commands.items() for p in getattr(cmd, "params", [])
+              if "--rpc" in p.opts}
+    assert named == set(having) == {"run", "chat", "bench", "serve", "doctor"}, (named, set(having))
+    assert all(p.envvar == "LLAMA_ARG_RPC" for p in having.values()), {n: p.envvar for n, p in having.items()}

@@ -80,6 +80,17 @@ def test_stdin_and_prompt_combine(cli: CLI) -> None:
     assert both["stats"]["prompt_tokens"] > alone["stats"]["prompt_tokens"] + 8
 
 
+def test_piped_text_comes_first_then_the_prompt(cli: CLI, tmp_path: Path) -> None:
+    """docs/ci.md: "Piped text comes first, then the `-p` prompt" (`git diff | localgen run -p "Write a commit
+    message ..."`), a blank line between, as the log keeps the prompt the model was given."""
+    lg = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    diff = "diff --git a/x b/x\n+hello\n"
+    r = lg("run", "-p", "Write a commit message for this diff.", "-n", "2", "--temperature", "0", input=diff)
+    assert r.returncode == 0, r.stderr
+    [logged] = json.loads(lg("logs", "-n", "1", "--json").stdout)
+    assert logged["prompt"] == "diff --git a/x b/x\n+hello\n\nWrite a commit message for this diff.", logged["prompt"]
+
+
 def test_raw_completion_on_base_model(cli: CLI) -> None:
     r = cli("run", "-m", "gemma3:270m", "--raw", "-p", "Paris is the capital of", "--temperature", "0", *QUICK)
     assert r.returncode == 0, r.stderr

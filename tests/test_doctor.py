@@ -1,0 +1,81 @@
+"""docs/doctor.md, the sentences no other test held: `--no-check` prints the machine and the build and loads
+nothing, the GPU line says why it found none, the CPU line's thread counts are the ones the check's load used,
+the `settings` line says where each setting came from (a tuning record, or the rule), and `doctor -m PRESET`
+loads with the preset's placement, a flag over it. Elsewhere: the GPU lines (tests/test_promises.py), `--rpc`
+(tests/test_rpc.py), `-m` and the placement flags (tests/test_fit.py, tests/test_audit_run_chat.py), the media
+line (tests/test_media.py), the check on a GPU (tests/test_native.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, ROOT
+from tests.test_tune import _record, _ref
+
+
+def _lines(stdout: str) -> dict[str, str]:
+    """doctor's lines by their first word (`CPU`, `check`, `settings`, ...)."""
+    return {line.split(" ", 1)[0]: line.split(" ", 1)[1].strip() for line in stdout.splitlines() if " " in line}
+
+
+def test_no_check_prints_the_machine_and_the_build_and_loads_nothing(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """doctor.md: "`--no-check` skips the test load and generation"; with no `nvidia-smi` the GPU line says so."""
+    nothing = tmp_path / "bin"
+    nothing.mkdir()
+    r = subprocess.run([sys.executable, "-m", "localgen", "doctor", "--no-check"],
+                       env={**cli_env, "PATH": str(nothing)}, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = _lines(r.stdout)
+    assert list(said) == ["localgen", "CPU", "RAM", "GPU", "build", "features", "media"], r.stdout
+    assert said["GPU"].startswith("none found (no nvidia-smi"), said["GPU"]
+    assert re.fullmatch(r"llama-cpp-python [\d.]+ · GPU offload: (yes|no \(CPU-only build\)) · mmap: (yes|no) · "
+                        r"RPC: (yes|no)", said["build"]), said["build"]
+    assert "CPU :" in said["features"] and ("AVX" in said["features"] or "NEON" in said["features"]), said["features"]
+    assert r.stderr == "", "nothing loaded, nothing to say: no check, placement or settings line either"
+
+
+def test_the_settings_line_says_where_each_setting_came_from(cli: CLI, tmp_path: Path, smollm2_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor.md: the `settings` line gives each tunable load setting of the test load and where it came from (a
+    tuning record, or the rule), and the CPU line's thread counts are the ones generation and prompts use."""
+    from localgen import tuning
+
+    r = cli("doctor")
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = _lines(r.stdout)
+    threads = re.search(r"threads: (\d+) for generation \(physical performance cores\), (\d+) for prompts and "
+                        r"batches \(logical CPUs usable\)", said["CPU"])
+    assert threads, said["CPU"]
+    assert (f"n_threads {threads[1]} (rule: physical cores) · n_threads_batch {threads[2]} (rule: usable cores)"
+            in said["settings"]), said["settings"]
+    assert "tuned on" not in said["settings"]
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALGEN_HOME", str(home))
+    tuning.save(_record(_ref(smollm2_path)))  # flash_attn off, repack off, 1 and 1 threads, n_ubatch 128
+    r = CLI({**cli.env, "LOCALGEN_HOME": str(home)})("doctor")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _lines(r.stdout)["settings"] == (
+        "flash_attn off (tuned on 2026-11-25) · repack off (tuned on 2026-11-25) · n_threads 1 (tuned on 2026-11-25) "
+        "· n_threads_batch 1 (tuned on 2026-11-25) · n_ubatch 128 (tuned on 2026-11-25)"), r.stdout
+
+
+def test_doctor_m_loads_a_presets_placement_and_a_flag_wins(cli: CLI, tmp_path: Path, moe_path: Path) -> None:
+    """doctor.md: `doctor -m MODEL` loads it as `run` does, "with a preset's load settings, and with the placement
+    flags"; the preset's n_cpu_moe puts two layers' experts in RAM, and `--n-cpu-moe 1` one."""
+    lg = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    r = lg("create", "moe-ram", "-f", "-", input=f"FROM {moe_path}\nPARAMETER n_cpu_moe 2\n")
+    assert r.returncode == 0, r.stderr
+    r = lg("doctor", "-m", "moe-ram")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    said = _lines(r.stdout)
+    assert said["check"].startswith("moe-ram loaded in ") and said["check"].endswith(": ok"), said["check"]
+    assert "6 tensors (6 of experts, 12 MiB) moved to CPU" in said["placement"], said["placement"]
+    r = lg("doctor", "-m", "moe-ram", "--n-cpu-moe", "1")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "3 tensors (3 of experts, 6 MiB) moved to CPU" in _lines(r.stdout)["placement"], r.stdout
