@@ -73,7 +73,7 @@ def test_localgen_host_takes_host_port_and_v6_forms_as_ollama_host_does(cli_in_p
         busy6.listen()
         port, port6 = busy.getsockname()[1], busy6.getsockname()[1]
         try:
-            for value, said in ((f"127.0.0.1:{port}", f"127.0.0.1:{port}"), (f"[::1]:{port6}", f"::1:{port6}")):
+            for value, said in ((f"127.0.0.1:{port}", f"127.0.0.1:{port}"), (f"[::1]:{port6}", f"[::1]:{port6}")):
                 cli_in_process.env.update(LOCALGEN_HOST=value, LOCALGEN_PORT="1")
                 r = cli_in_process("serve")
                 assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: cannot listen on {said}: "), (

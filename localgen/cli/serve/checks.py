@@ -293,12 +293,13 @@ def check_port(host: str, port: int) -> None:
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets, as URLs write it
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except socket.gaierror as e:  # the name does not resolve
-            raise UsageError(f"cannot listen on {host}:{port}: no such host: {e.strerror or e}",
+            raise UsageError(f"cannot listen on {where}: no such host: {e.strerror or e}",
                              hint="--host takes an address or a host name of this machine, e.g. 127.0.0.1 or "
                                   "0.0.0.0") from None
         except OSError as e:
@@ -308,4 +309,4 @@ def check_port(host: str, port: int) -> None:
                 hint = "ports below 1024 need privileges: pick a --port above 1023"
             else:
                 hint = "pick another --port, or stop what is using it"
-            raise LocalgenError(f"cannot listen on {host}:{port}: {e.strerror or e}", hint=hint) from None
+            raise LocalgenError(f"cannot listen on {where}: {e.strerror or e}", hint=hint) from None
