@@ -125,3 +125,43 @@ class FakeServer:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+class StrictServer(FakeServer):
+    """An upstream that refuses a field it does not know, as some OpenAI-compatible servers do: a request with
+    stream_options is a 400 naming it (at /v1/chat/completions; a 422 in pydantic's shape at /v1/completions);
+    model `picky` refuses every request with a 400 that names another field."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.server.config.app.routes.append(Route("/v1/completions", self.completions, methods=["POST"]))
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "plain"}, {"id": "picky"}]})
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        if "stream_options" in body:
+            self.requests.append({"headers": dict(request.headers), "body": body})
+            return JSONResponse({"error": {"message": "Unrecognized request argument supplied: stream_options",
+                                           "type": "invalid_request_error"}}, status_code=400)
+        if body.get("model") == "picky":
+            self.requests.append({"headers": dict(request.headers), "body": body})
+            return JSONResponse({"error": {"message": "temperature must be at most 2",
+                                           "type": "invalid_request_error"}}, status_code=400)
+        return await super().chat(request)
+
+    async def completions(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append({"headers": dict(request.headers), "body": body})
+        if "stream_options" in body:
+            return JSONResponse({"detail": [{"type": "extra_forbidden", "loc": ["body", "stream_options"],
+                                             "msg": "Extra inputs are not permitted"}]}, status_code=422)
+
+        async def stream() -> AsyncIterator[str]:
+            for text, finish in (("Hello", None), (" world", "stop")):
+                yield "data: " + json.dumps({"id": "t", "object": "text_completion", "choices": [
+                    {"index": 0, "text": text, "finish_reason": finish}]}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")

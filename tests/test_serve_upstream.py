@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tests.conftest import CLI
-from tests.fake_openai import FakeServer, _chunk
+from tests.fake_openai import FakeServer, StrictServer, _chunk
 from tests.test_serve import Server
 from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the chat page's fixture
 
@@ -653,6 +653,66 @@ def test_a_name_two_endpoints_serve_is_reached_by_endpoint_name(front_env: dict[
         assert r.status_code == 404 and len(upstream.requests) == before + 2, r.text
     finally:
         assert s.stop() == 0
+
+
+def test_an_upstream_that_refuses_stream_options_gets_the_stream_as_the_client_sent_it(
+        front_env: dict[str, str]) -> None:
+    """serve adds stream_options to a stream's request for its usage; an upstream that refuses the field (400 or
+    422 naming it) gets the request once more as the client sent it, and the client a normal stream; the
+    endpoint is remembered (its next streams go without the field at once) and said once in the log. A field the
+    client sent itself, or a 400 about another field, comes back as the upstream's error."""
+    strict = StrictServer()
+    s = Server(front_env, "--no-on-demand", "--endpoint", strict.url)
+    where = f"127.0.0.1:{strict.port}"
+    try:
+        direct = httpx.post(f"{strict.url}/v1/chat/completions", json=_chat("plain"), timeout=WAIT_S)
+        assert direct.status_code == 200
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", headers={"X-Request-Id": "strict-1"}, json=_chat("plain"),
+                       timeout=WAIT_S)
+        assert r.status_code == 200 and _events(r.text) == _events(direct.text), r.text
+        sent = [m["body"] for m in strict.requests]
+        assert [b.get("stream_options") for b in sent] == [{"include_usage": True}, None], sent
+        assert sent[1] == _chat("plain"), "the second time as the client sent it"
+        assert _logged(s, lambda line: line.startswith("POST /v1/chat/completions 200 0+0 tokens ")
+                       and line.endswith(f" via {where} id=strict-1")), _log(s)  # no usage: none counted
+        metrics = httpx.get(f"{s.url}/metrics", timeout=WAIT_S).text
+        assert _metric(metrics, 'localgen_time_to_first_token_seconds_count{model="plain"}') == 1, metrics
+
+        strict.requests.clear()  # remembered: the next stream goes as it came, once
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("plain"), timeout=WAIT_S)
+        assert r.status_code == 200 and _events(r.text) == _events(direct.text), r.text
+        assert [m["body"] for m in strict.requests] == [_chat("plain")]
+        assert _log(s).count("refuses stream_options") == 1, _log(s)
+        assert f"warning: {where} refuses stream_options: its streams are sent on without them" in _log(s)
+
+        # the client's own stream_options: the upstream's answer, not sent again
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("plain", stream_options={"include_usage": True}),
+                       timeout=WAIT_S)
+        assert r.status_code == 400 and len(strict.requests) == 1, r.text
+        assert r.json()["error"]["message"] == \
+            f"{where} answered 400: Unrecognized request argument supplied: stream_options"
+        # a 400 about something else comes back as it was, sent once
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("picky"), timeout=WAIT_S)
+        assert r.status_code == 400 and len(strict.requests) == 1, r.text
+        assert r.json()["error"]["message"] == f"{where} answered 400: temperature must be at most 2"
+    finally:
+        assert s.stop() == 0
+
+    # a 422 in pydantic's shape, at /v1/completions, on a fresh server
+    s = Server(front_env, "--no-on-demand", "--endpoint", strict.url)
+    try:
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": "plain", "prompt": "hi", "stream": True},
+                       timeout=WAIT_S)
+        assert r.status_code == 200 and "".join(e["choices"][0]["text"] for e in _events(r.text)[:-1]) == \
+            "Hello world", r.text
+        assert [m["body"].get("stream_options") for m in strict.requests] == [{"include_usage": True}, None]
+    finally:
+        assert s.stop() == 0
+        strict.stop()
 
 
 # ---- (ii) a real localgen serve upstream ----

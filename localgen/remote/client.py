@@ -181,6 +181,8 @@ class RemoteClient:
         self.http = httpx.Client(base_url=endpoint.url, headers=headers, follow_redirects=False,
                                  timeout=httpx.Timeout(timeout, connect=10.0))
         self.dead: RemoteError | None = None
+        # the server refused stream_options (a 400 or 422 naming it): its requests go without, for this run
+        self.no_stream_options = False
 
     def scrubbed(self, e: RemoteError) -> RemoteError:
         """The error with the endpoint's key (or a prefix of it), should the server's text repeat it, as ***."""
@@ -222,8 +224,10 @@ class RemoteClient:
 
         path = "/completions" if request.raw else "/chat/completions"
         body = request_body(self.model, request, seed)
+        if self.no_stream_options:
+            del body["stream_options"]
         where = self.endpoint.label
-        for attempt in range(RETRIES + 1):
+        for attempt in range(RETRIES + 2):  # the retries, and one more without stream_options
             try:
                 r = self.http.send(self.http.build_request("POST", path, json=body), stream=True)
             except httpx.ConnectTimeout:
@@ -243,6 +247,12 @@ class RemoteClient:
                                       hint=_URL_HINT, down=True)
                 return r
             said = _head(r)
+            if r.status_code in (400, 422) and "stream_options" in body and "stream_options" in said:
+                # some OpenAI-compatible servers refuse a field they do not know: sent again without it, the
+                # tokens then counted from the pieces that came (no usage)
+                self.no_stream_options = True
+                del body["stream_options"]
+                continue
             if r.status_code in (429, 503) and attempt < RETRIES:
                 time.sleep(_backoff(attempt, r.headers.get("retry-after")))
                 continue
