@@ -165,3 +165,37 @@ class StrictServer(FakeServer):
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+class GatheringServer(FakeServer):
+    """Records how many requests it holds at once (`most`): each request waits until `target` have been in flight
+    together (or GATHER_S, a safety net), then answers as `plain` (a whole answer where not asked to stream); after
+    that, none waits. A client that sends
+    one request at a time never brings `most` past 1."""
+
+    GATHER_S = 3.0
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.in_flight = 0
+        self.most = 0
+        super().__init__()
+
+    async def chat(self, request: Request) -> Response:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            deadline = time.monotonic() + self.GATHER_S
+            while self.most < self.target and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if not (await request.json()).get("stream"):  # a whole answer (a batch's line)
+                return JSONResponse({"id": "g", "object": "chat.completion", "model": "plain", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "Hello world"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}})
+            response = await super().chat(request)
+            assert isinstance(response, StreamingResponse)
+            body = b"".join([part if isinstance(part, bytes) else part.encode()
+                             async for part in response.body_iterator])
+            return Response(body, media_type="text/event-stream")
+        finally:
+            self.in_flight -= 1

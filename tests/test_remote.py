@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import CLI, assert_same_greedy_text
-from tests.fake_openai import FakeServer, StrictServer
+from tests.fake_openai import FakeServer, GatheringServer, StrictServer
 from tests.test_serve import Server
 
 
@@ -62,6 +62,24 @@ def test_a_server_that_refuses_stream_options_gets_the_request_without_them(cli:
         assert r.returncode == 1 and "rejected the request (400): temperature must be at most 2" in r.stderr, r.stderr
     finally:
         strict.stop()
+
+
+def test_a_file_runs_four_requests_at_once_on_an_endpoint_unless_parallel_says(cli: CLI, tmp_path: Path) -> None:
+    """run --file --endpoint without --parallel keeps 4 requests in flight on the endpoint (docs/remote.md, Fan-out);
+    --parallel N keeps N; the answers in input order either way."""
+    lines = tmp_path / "in.txt"
+    lines.write_text("".join(f"q{i}\n" for i in range(8)))
+    for flags, most in (((), 4), (("-np", "2"), 2)):
+        gathering = GatheringServer(target=most)
+        try:
+            r = cli("run", "--file", str(lines), "--json", "--endpoint", gathering.url, "-m", "plain", *flags,
+                    timeout=120)
+            assert r.returncode == 0, r.stderr
+            answers = [json.loads(x) for x in r.stdout.splitlines()]
+            assert [a["line"] for a in answers] == list(range(1, 9)) and {a["text"] for a in answers} == {"Hello world"}
+            assert gathering.most == most, (flags, gathering.most)
+        finally:
+            gathering.stop()
 
 
 def test_request_carries_the_flags_and_schema(cli: CLI, fake: FakeServer) -> None:

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tests.conftest import CLI
-from tests.fake_openai import FakeServer, StrictServer, _chunk
+from tests.fake_openai import FakeServer, GatheringServer, StrictServer, _chunk
 from tests.test_serve import Server
 from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the chat page's fixture
 
@@ -485,7 +485,8 @@ def test_a_client_that_closes_at_done_has_its_answer_logged_whole(front: Server)
 
 def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Server, upstream: Upstream) -> None:
     """The Batch API sends each line through the server's own routes: a remote model's lines go upstream as a
-    client's request would, one after another (the lines of a batch never fill its place in line)."""
+    client's request would, here one after another (the front's -np 1 and --max-queue 0: a line waits for the
+    model's one place rather than take its queue, so none is refused a place)."""
     import time
 
     import openai
@@ -510,6 +511,38 @@ def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Serve
         assert r["response"]["body"]["usage"]["completion_tokens"] == 3  # the upstream's own answer
     assert sorted(m["body"]["messages"][0]["content"] for m in upstream.requests[sent:]) == ["hi 0", "hi 1", "hi 2"]
     assert all(m["headers"]["authorization"] == f"Bearer {UPSTREAM_KEY}" for m in upstream.requests[sent:])
+
+
+def test_a_batchs_remote_lines_run_at_once_up_to_batch_lines_within_parallel(front_env: dict[str, str]) -> None:
+    """A batch of a remote model's lines keeps --batch-lines of them in flight upstream (3 here), within the
+    model's --parallel places (2 with -np 2): none waits in the model's queue, none is refused for room."""
+    import time
+
+    import openai
+
+    lines = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "plain", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n" for i in range(7))
+    for flags, most in ((("--batch-lines", "3"), 3), (("--batch-lines", "3", "-np", "2", "--max-queue", "0"), 2)):
+        gathering = GatheringServer(target=most)
+        s = Server(front_env, "--no-on-demand", "--endpoint", gathering.url, *flags)
+        try:
+            client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
+            given = client.files.create(file=("remote.jsonl", lines.encode()), purpose="batch")
+            batch = client.batches.create(input_file_id=given.id, endpoint="/v1/chat/completions",
+                                          completion_window="24h")
+            deadline = time.monotonic() + WAIT_S
+            while batch.status not in ("completed", "failed", "cancelled") and time.monotonic() < deadline:
+                time.sleep(0.1)
+                batch = client.batches.retrieve(batch.id)
+            assert batch.status == "completed" and batch.output_file_id, batch
+            assert batch.request_counts is not None and batch.request_counts.completed == 7, batch.request_counts
+            records = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+            assert sorted(r["custom_id"] for r in records) == sorted(f"line-{i}" for i in range(7))
+            assert {r["response"]["body"]["choices"][0]["message"]["content"] for r in records} == {"Hello world"}
+            assert gathering.most == most, (flags, gathering.most)
+        finally:
+            assert s.stop() == 0
+            gathering.stop()
 
 
 def test_an_upstream_silent_past_the_timeout_is_a_504_and_leaves_nothing_open(front_env: dict[str, str], tiny: str,

@@ -51,6 +51,7 @@ class Lane:
     parallel: int
     queue: int
     outstanding: int = 0  # sent or waiting
+    entered: int = 0  # every request that took a place in line, ever (the Batch API waits for its own to)
     _free: asyncio.Semaphore | None = None
 
     async def enter(self, name: str) -> None:
@@ -60,6 +61,7 @@ class Lane:
                                  f"--parallel {self.parallel}, --max-queue {self.queue}): try again shortly",
                             "server_error")
         self.outstanding += 1
+        self.entered += 1
         if self._free is None:
             self._free = asyncio.Semaphore(self.parallel)
         try:
@@ -109,6 +111,15 @@ class Upstreams:
     def find(self, name: object) -> Remote | None:
         """The endpoint serving this model name, if a remote one."""
         return self.by_name.get(name) if isinstance(name, str) else None
+
+    def lane_of(self, name: object) -> Lane | None:
+        """The lanes of the remote model by this name (None for a local one)."""
+        remote = self.find(name)
+        return None if remote is None else self.lanes[f"{remote.label}/{self.real[str(name)]}"]
+
+    def waiting(self) -> bool:
+        """Whether a request waits for a place in a remote model's lanes."""
+        return any(lane.outstanding > lane.parallel for lane in self.lanes.values())
 
     def refusal(self, name: object) -> HTTPError | None:
         """For a route that cannot send a request on: the 400 a remote model gets there (None for a local one)."""
