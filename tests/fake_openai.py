@@ -130,14 +130,17 @@ class FakeServer:
 class StrictServer(FakeServer):
     """An upstream that refuses a field it does not know, as some OpenAI-compatible servers do: a request with
     stream_options is a 400 naming it (at /v1/chat/completions; a 422 in pydantic's shape at /v1/completions);
-    model `picky` refuses every request with a 400 that names another field."""
+    model `picky` refuses every request with a 400 that names another field, `wordy` with one whose message is
+    WORDY, 1,213 characters long."""
+
+    WORDY = "bad request: " + "field " * 200
 
     def __init__(self) -> None:
         super().__init__()
         self.server.config.app.routes.append(Route("/v1/completions", self.completions, methods=["POST"]))
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "plain"}, {"id": "picky"}]})
+        return JSONResponse({"object": "list", "data": [{"id": "plain"}, {"id": "picky"}, {"id": "wordy"}]})
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
@@ -145,10 +148,10 @@ class StrictServer(FakeServer):
             self.requests.append({"headers": dict(request.headers), "body": body})
             return JSONResponse({"error": {"message": "Unrecognized request argument supplied: stream_options",
                                            "type": "invalid_request_error"}}, status_code=400)
-        if body.get("model") == "picky":
+        if body.get("model") in ("picky", "wordy"):
             self.requests.append({"headers": dict(request.headers), "body": body})
-            return JSONResponse({"error": {"message": "temperature must be at most 2",
-                                           "type": "invalid_request_error"}}, status_code=400)
+            said = "temperature must be at most 2" if body["model"] == "picky" else self.WORDY
+            return JSONResponse({"error": {"message": said, "type": "invalid_request_error"}}, status_code=400)
         return await super().chat(request)
 
     async def completions(self, request: Request) -> Response:

@@ -513,6 +513,23 @@ def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Serve
     assert all(m["headers"]["authorization"] == f"Bearer {UPSTREAM_KEY}" for m in upstream.requests[sent:])
 
 
+def test_an_upstreams_long_error_is_cut_alike_by_serve_and_run(front_env: dict[str, str]) -> None:
+    """An upstream's error message reads the same through serve --endpoint and run --endpoint (one reading,
+    remote/client.py's error_text): cut at 300 characters, with "…"."""
+    strict = StrictServer()
+    s = Server(front_env, "--no-on-demand", "--endpoint", strict.url)
+    cut = StrictServer.WORDY[:299] + "…"
+    try:
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("wordy"), timeout=WAIT_S)
+        assert r.status_code == 400 and r.json()["error"]["message"] == \
+            f"127.0.0.1:{strict.port} answered 400: {cut}", r.text
+        ran = CLI(front_env)("run", "--endpoint", strict.url, "-m", "wordy", "-p", "hi", timeout=60)
+        assert ran.returncode == 1 and f"rejected the request (400): {cut}\n" in ran.stderr, ran.stderr
+    finally:
+        assert s.stop() == 0
+        strict.stop()
+
+
 def test_a_batchs_remote_lines_run_at_once_up_to_batch_lines_within_parallel(front_env: dict[str, str]) -> None:
     """A batch of a remote model's lines keeps --batch-lines of them in flight upstream (3 here), within the
     model's --parallel places (2 with -np 2): none waits in the model's queue, none is refused for room."""

@@ -25,11 +25,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from localgen.remote.client import error_text
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.jsonbody import read_json
 from localgen.serve.remoteanswer import RemoteAnswer
-from localgen.serve.remotes import Remote, message_of, scrubbed
+from localgen.serve.remotes import Remote, scrubbed
 from localgen.serve.servelog import LOG, TRACE, named
 
 # the routes a remote model answers at, and what each appends to the endpoint's base URL
@@ -332,7 +333,7 @@ class Upstreams:
             body = await _error_body(response)
         status = response.status_code
         ep, where = remote.endpoint, remote.label
-        said = scrubbed(message_of(body) or response.reason_phrase or "no message", ep)
+        said = scrubbed(error_text(body) or response.reason_phrase or "no message", ep)
         if 300 <= status < 400:
             raise HTTPError(502, f"{where} redirects elsewhere ({status}); serve does not follow redirects (the key "
                                  "stays with the URL given)", "server_error")
