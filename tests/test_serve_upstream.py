@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -530,9 +531,11 @@ def test_an_upstreams_long_error_is_cut_alike_by_serve_and_run(front_env: dict[s
         strict.stop()
 
 
-def test_a_batchs_remote_lines_run_at_once_up_to_batch_lines_within_parallel(front_env: dict[str, str]) -> None:
+def test_a_batchs_remote_lines_run_at_once_up_to_batch_lines_within_parallel(front_env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
     """A batch of a remote model's lines keeps --batch-lines of them in flight upstream (3 here), within the
-    model's --parallel places (2 with -np 2): none waits in the model's queue, none is refused for room."""
+    model's --parallel places (2 with -np 2): none waits in the model's queue, none is refused for room. Each
+    server in a home of its own: the module's front holds the batches of front_env's."""
     import time
 
     import openai
@@ -541,7 +544,8 @@ def test_a_batchs_remote_lines_run_at_once_up_to_batch_lines_within_parallel(fro
         "model": "plain", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n" for i in range(7))
     for flags, most in ((("--batch-lines", "3"), 3), (("--batch-lines", "3", "-np", "2", "--max-queue", "0"), 2)):
         gathering = GatheringServer(target=most)
-        s = Server(front_env, "--no-on-demand", "--endpoint", gathering.url, *flags)
+        home = tmp_path / f"home-{most}"
+        s = Server({**front_env, "LOCALGEN_HOME": str(home)}, "--no-on-demand", "--endpoint", gathering.url, *flags)
         try:
             client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
             given = client.files.create(file=("remote.jsonl", lines.encode()), purpose="batch")
