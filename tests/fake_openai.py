@@ -125,3 +125,80 @@ class FakeServer:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+class StrictServer(FakeServer):
+    """An upstream that refuses a field it does not know, as some OpenAI-compatible servers do: a request with
+    stream_options is a 400 naming it (at /v1/chat/completions; a 422 in pydantic's shape at /v1/completions);
+    model `picky` refuses every request with a 400 that names another field, `wordy` with one whose message is
+    WORDY, 1,213 characters long."""
+
+    WORDY = "bad request: " + "field " * 200
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.server.config.app.routes.append(Route("/v1/completions", self.completions, methods=["POST"]))
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "plain"}, {"id": "picky"}, {"id": "wordy"}]})
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        if "stream_options" in body:
+            self.requests.append({"headers": dict(request.headers), "body": body})
+            return JSONResponse({"error": {"message": "Unrecognized request argument supplied: stream_options",
+                                           "type": "invalid_request_error"}}, status_code=400)
+        if body.get("model") in ("picky", "wordy"):
+            self.requests.append({"headers": dict(request.headers), "body": body})
+            said = "temperature must be at most 2" if body["model"] == "picky" else self.WORDY
+            return JSONResponse({"error": {"message": said, "type": "invalid_request_error"}}, status_code=400)
+        return await super().chat(request)
+
+    async def completions(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append({"headers": dict(request.headers), "body": body})
+        if "stream_options" in body:
+            return JSONResponse({"detail": [{"type": "extra_forbidden", "loc": ["body", "stream_options"],
+                                             "msg": "Extra inputs are not permitted"}]}, status_code=422)
+
+        async def stream() -> AsyncIterator[str]:
+            for text, finish in (("Hello", None), (" world", "stop")):
+                yield "data: " + json.dumps({"id": "t", "object": "text_completion", "choices": [
+                    {"index": 0, "text": text, "finish_reason": finish}]}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+class GatheringServer(FakeServer):
+    """Records how many requests it holds at once (`most`): each request waits until `target` have been in flight
+    together (or GATHER_S, a safety net), then answers as `plain` (a whole answer where not asked to stream); after
+    that, none waits. A client that sends
+    one request at a time never brings `most` past 1."""
+
+    GATHER_S = 3.0
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.in_flight = 0
+        self.most = 0
+        super().__init__()
+
+    async def chat(self, request: Request) -> Response:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            deadline = time.monotonic() + self.GATHER_S
+            while self.most < self.target and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if not (await request.json()).get("stream"):  # a whole answer (a batch's line)
+                return JSONResponse({"id": "g", "object": "chat.completion", "model": "plain", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "Hello world"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}})
+            response = await super().chat(request)
+            assert isinstance(response, StreamingResponse)
+            body = b"".join([part if isinstance(part, bytes) else part.encode()
+                             async for part in response.body_iterator])
+            return Response(body, media_type="text/event-stream")
+        finally:
+            self.in_flight -= 1

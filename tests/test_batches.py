@@ -700,7 +700,8 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    state = SimpleNamespace(workers=workers, on_demand=None, meant=lambda name: name or "a")  # "a": the default
+    state = SimpleNamespace(workers=workers, on_demand=None, upstreams=None,
+                            meant=lambda name: name or "a")  # "a": the default
     runner = Runner(desk, state, app, None, lambda: False, 2, print)  # type: ignore[arg-type]
 
     async def client_ends() -> float:
@@ -773,7 +774,7 @@ def test_a_batch_whose_input_is_gone_fails_and_the_next_runs(tmp_path: Path) -> 
         docs.append(doc)
     desk.files.content(docs[0]["input_file_id"]).unlink()
     logged: list[str] = []
-    state = SimpleNamespace(workers={}, on_demand=None, meant=lambda name: name)
+    state = SimpleNamespace(workers={}, on_demand=None, upstreams=None, meant=lambda name: name)
     ended = lambda: all(d["status"] not in batches.RUNNING for d in docs)  # noqa: E731
     runner = Runner(desk, state, None, None, ended, 2, logged.append)  # type: ignore[arg-type]
     asyncio.run(asyncio.wait_for(runner.serve(), 60))
@@ -921,7 +922,7 @@ def test_the_runner_leaves_a_batch_to_the_request_that_validates_it(tmp_path: Pa
         validate(doc)
 
     desk.validate = slow  # type: ignore[method-assign]
-    state = SimpleNamespace(workers={}, on_demand=None, meant=lambda name: name)
+    state = SimpleNamespace(workers={}, on_demand=None, upstreams=None, meant=lambda name: name)
     stop = False
     runner = Runner(desk, state, app, None, lambda: stop, 1, print)  # type: ignore[arg-type]
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import CLI, assert_same_greedy_text
-from tests.fake_openai import FakeServer
+from tests.fake_openai import FakeServer, GatheringServer, StrictServer
 from tests.test_serve import Server
 
 
@@ -40,6 +40,46 @@ def test_keep_alive_comments_role_chunk_and_no_usage(cli: CLI, fake: FakeServer)
     assert doc["server_timings"]["prompt_per_second"] == 100.0
     plain = _run(cli, fake, "plain")
     assert plain.stdout == "Hello world\n" and plain.stderr == ""
+
+
+def test_a_server_that_refuses_stream_options_gets_the_request_without_them(cli: CLI, tmp_path: Path) -> None:
+    """A server that refuses stream_options (a 400 naming it) is asked again without it, once per run: the answer
+    comes as ever, its tokens counted from the pieces (no usage)."""
+    strict = StrictServer()
+    try:
+        r = _run(cli, strict, "plain", "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["text"] == "Hello world" and doc["stats"]["completion_tokens"] == 2, doc
+        assert [m["body"].get("stream_options") for m in strict.requests] == [{"include_usage": True}, None]
+        strict.requests.clear()
+        lines = tmp_path / "in.txt"
+        lines.write_text("a\nb\nc\n")
+        r = cli("run", "--file", str(lines), "--json", "--endpoint", strict.url, "-m", "plain", "-np", "1", timeout=60)
+        assert r.returncode == 0 and [json.loads(x)["text"] for x in r.stdout.splitlines()] == ["Hello world"] * 3
+        assert [m["body"].get("stream_options") for m in strict.requests] == [{"include_usage": True}] + [None] * 3
+        r = _run(cli, strict, "picky")
+        assert r.returncode == 1 and "rejected the request (400): temperature must be at most 2" in r.stderr, r.stderr
+    finally:
+        strict.stop()
+
+
+def test_a_file_runs_four_requests_at_once_on_an_endpoint_unless_parallel_says(cli: CLI, tmp_path: Path) -> None:
+    """run --file --endpoint without --parallel keeps 4 requests in flight on the endpoint (docs/remote.md, Fan-out);
+    --parallel N keeps N; the answers in input order either way."""
+    lines = tmp_path / "in.txt"
+    lines.write_text("".join(f"q{i}\n" for i in range(8)))
+    for flags, most in (((), 4), (("-np", "2"), 2)):
+        gathering = GatheringServer(target=most)
+        try:
+            r = cli("run", "--file", str(lines), "--json", "--endpoint", gathering.url, "-m", "plain", *flags,
+                    timeout=120)
+            assert r.returncode == 0, r.stderr
+            answers = [json.loads(x) for x in r.stdout.splitlines()]
+            assert [a["line"] for a in answers] == list(range(1, 9)) and {a["text"] for a in answers} == {"Hello world"}
+            assert gathering.most == most, (flags, gathering.most)
+        finally:
+            gathering.stop()
 
 
 def test_request_carries_the_flags_and_schema(cli: CLI, fake: FakeServer) -> None:

@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tests.conftest import CLI
-from tests.fake_openai import FakeServer, _chunk
+from tests.fake_openai import FakeServer, GatheringServer, StrictServer, _chunk
 from tests.test_serve import Server
 from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the chat page's fixture
 
@@ -485,7 +486,8 @@ def test_a_client_that_closes_at_done_has_its_answer_logged_whole(front: Server)
 
 def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Server, upstream: Upstream) -> None:
     """The Batch API sends each line through the server's own routes: a remote model's lines go upstream as a
-    client's request would, one after another (the lines of a batch never fill its place in line)."""
+    client's request would, here one after another (the front's -np 1 and --max-queue 0: a line waits for the
+    model's one place rather than take its queue, so none is refused a place)."""
     import time
 
     import openai
@@ -510,6 +512,58 @@ def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Serve
         assert r["response"]["body"]["usage"]["completion_tokens"] == 3  # the upstream's own answer
     assert sorted(m["body"]["messages"][0]["content"] for m in upstream.requests[sent:]) == ["hi 0", "hi 1", "hi 2"]
     assert all(m["headers"]["authorization"] == f"Bearer {UPSTREAM_KEY}" for m in upstream.requests[sent:])
+
+
+def test_an_upstreams_long_error_is_cut_alike_by_serve_and_run(front_env: dict[str, str]) -> None:
+    """An upstream's error message reads the same through serve --endpoint and run --endpoint (one reading,
+    remote/client.py's error_text): cut at 300 characters, with "…"."""
+    strict = StrictServer()
+    s = Server(front_env, "--no-on-demand", "--endpoint", strict.url)
+    cut = StrictServer.WORDY[:299] + "…"
+    try:
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("wordy"), timeout=WAIT_S)
+        assert r.status_code == 400 and r.json()["error"]["message"] == \
+            f"127.0.0.1:{strict.port} answered 400: {cut}", r.text
+        ran = CLI(front_env)("run", "--endpoint", strict.url, "-m", "wordy", "-p", "hi", timeout=60)
+        assert ran.returncode == 1 and f"rejected the request (400): {cut}\n" in ran.stderr, ran.stderr
+    finally:
+        assert s.stop() == 0
+        strict.stop()
+
+
+def test_a_batchs_remote_lines_run_at_once_up_to_batch_lines_within_parallel(front_env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    """A batch of a remote model's lines keeps --batch-lines of them in flight upstream (3 here), within the
+    model's --parallel places (2 with -np 2): none waits in the model's queue, none is refused for room. Each
+    server in a home of its own: the module's front holds the batches of front_env's."""
+    import time
+
+    import openai
+
+    lines = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "plain", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n" for i in range(7))
+    for flags, most in ((("--batch-lines", "3"), 3), (("--batch-lines", "3", "-np", "2", "--max-queue", "0"), 2)):
+        gathering = GatheringServer(target=most)
+        home = tmp_path / f"home-{most}"
+        s = Server({**front_env, "LOCALGEN_HOME": str(home)}, "--no-on-demand", "--endpoint", gathering.url, *flags)
+        try:
+            client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
+            given = client.files.create(file=("remote.jsonl", lines.encode()), purpose="batch")
+            batch = client.batches.create(input_file_id=given.id, endpoint="/v1/chat/completions",
+                                          completion_window="24h")
+            deadline = time.monotonic() + WAIT_S
+            while batch.status not in ("completed", "failed", "cancelled") and time.monotonic() < deadline:
+                time.sleep(0.1)
+                batch = client.batches.retrieve(batch.id)
+            assert batch.status == "completed" and batch.output_file_id, batch
+            assert batch.request_counts is not None and batch.request_counts.completed == 7, batch.request_counts
+            records = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+            assert sorted(r["custom_id"] for r in records) == sorted(f"line-{i}" for i in range(7))
+            assert {r["response"]["body"]["choices"][0]["message"]["content"] for r in records} == {"Hello world"}
+            assert gathering.most == most, (flags, gathering.most)
+        finally:
+            assert s.stop() == 0
+            gathering.stop()
 
 
 def test_an_upstream_silent_past_the_timeout_is_a_504_and_leaves_nothing_open(front_env: dict[str, str], tiny: str,
@@ -653,6 +707,66 @@ def test_a_name_two_endpoints_serve_is_reached_by_endpoint_name(front_env: dict[
         assert r.status_code == 404 and len(upstream.requests) == before + 2, r.text
     finally:
         assert s.stop() == 0
+
+
+def test_an_upstream_that_refuses_stream_options_gets_the_stream_as_the_client_sent_it(
+        front_env: dict[str, str]) -> None:
+    """serve adds stream_options to a stream's request for its usage; an upstream that refuses the field (400 or
+    422 naming it) gets the request once more as the client sent it, and the client a normal stream; the
+    endpoint is remembered (its next streams go without the field at once) and said once in the log. A field the
+    client sent itself, or a 400 about another field, comes back as the upstream's error."""
+    strict = StrictServer()
+    s = Server(front_env, "--no-on-demand", "--endpoint", strict.url)
+    where = f"127.0.0.1:{strict.port}"
+    try:
+        direct = httpx.post(f"{strict.url}/v1/chat/completions", json=_chat("plain"), timeout=WAIT_S)
+        assert direct.status_code == 200
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", headers={"X-Request-Id": "strict-1"}, json=_chat("plain"),
+                       timeout=WAIT_S)
+        assert r.status_code == 200 and _events(r.text) == _events(direct.text), r.text
+        sent = [m["body"] for m in strict.requests]
+        assert [b.get("stream_options") for b in sent] == [{"include_usage": True}, None], sent
+        assert sent[1] == _chat("plain"), "the second time as the client sent it"
+        assert _logged(s, lambda line: line.startswith("POST /v1/chat/completions 200 0+0 tokens ")
+                       and line.endswith(f" via {where} id=strict-1")), _log(s)  # no usage: none counted
+        metrics = httpx.get(f"{s.url}/metrics", timeout=WAIT_S).text
+        assert _metric(metrics, 'localgen_time_to_first_token_seconds_count{model="plain"}') == 1, metrics
+
+        strict.requests.clear()  # remembered: the next stream goes as it came, once
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("plain"), timeout=WAIT_S)
+        assert r.status_code == 200 and _events(r.text) == _events(direct.text), r.text
+        assert [m["body"] for m in strict.requests] == [_chat("plain")]
+        assert _log(s).count("refuses stream_options") == 1, _log(s)
+        assert f"warning: {where} refuses stream_options: its streams are sent on without them" in _log(s)
+
+        # the client's own stream_options: the upstream's answer, not sent again
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("plain", stream_options={"include_usage": True}),
+                       timeout=WAIT_S)
+        assert r.status_code == 400 and len(strict.requests) == 1, r.text
+        assert r.json()["error"]["message"] == \
+            f"{where} answered 400: Unrecognized request argument supplied: stream_options"
+        # a 400 about something else comes back as it was, sent once
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/chat/completions", json=_chat("picky"), timeout=WAIT_S)
+        assert r.status_code == 400 and len(strict.requests) == 1, r.text
+        assert r.json()["error"]["message"] == f"{where} answered 400: temperature must be at most 2"
+    finally:
+        assert s.stop() == 0
+
+    # a 422 in pydantic's shape, at /v1/completions, on a fresh server
+    s = Server(front_env, "--no-on-demand", "--endpoint", strict.url)
+    try:
+        strict.requests.clear()
+        r = httpx.post(f"{s.url}/v1/completions", json={"model": "plain", "prompt": "hi", "stream": True},
+                       timeout=WAIT_S)
+        assert r.status_code == 200 and "".join(e["choices"][0]["text"] for e in _events(r.text)[:-1]) == \
+            "Hello world", r.text
+        assert [m["body"].get("stream_options") for m in strict.requests] == [{"include_usage": True}, None]
+    finally:
+        assert s.stop() == 0
+        strict.stop()
 
 
 # ---- (ii) a real localgen serve upstream ----

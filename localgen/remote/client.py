@@ -28,6 +28,7 @@ RETRIES = 4  # after the first try, for 429 and 503
 MAX_LINE = 16 * 2**20  # a stream's line (or event), a whole JSON answer, a model list: past this, an error
 MAX_ERROR_BODY = 2**20  # of an error's body, only this much is read
 BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
+MAX_ERROR_TEXT = 300  # characters of a server's error message shown (run, chat, bench and serve --endpoint alike)
 
 
 def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
@@ -181,6 +182,8 @@ class RemoteClient:
         self.http = httpx.Client(base_url=endpoint.url, headers=headers, follow_redirects=False,
                                  timeout=httpx.Timeout(timeout, connect=10.0))
         self.dead: RemoteError | None = None
+        # the server refused stream_options (a 400 or 422 naming it): its requests go without, for this run
+        self.no_stream_options = False
 
     def scrubbed(self, e: RemoteError) -> RemoteError:
         """The error with the endpoint's key (or a prefix of it), should the server's text repeat it, as ***."""
@@ -222,8 +225,10 @@ class RemoteClient:
 
         path = "/completions" if request.raw else "/chat/completions"
         body = request_body(self.model, request, seed)
+        if self.no_stream_options:
+            del body["stream_options"]
         where = self.endpoint.label
-        for attempt in range(RETRIES + 1):
+        for attempt in range(RETRIES + 2):  # the retries, and one more without stream_options
             try:
                 r = self.http.send(self.http.build_request("POST", path, json=body), stream=True)
             except httpx.ConnectTimeout:
@@ -243,6 +248,12 @@ class RemoteClient:
                                       hint=_URL_HINT, down=True)
                 return r
             said = _head(r)
+            if r.status_code in (400, 422) and "stream_options" in body and "stream_options" in said:
+                # some OpenAI-compatible servers refuse a field they do not know: sent again without it, the
+                # tokens then counted from the pieces that came (no usage)
+                self.no_stream_options = True
+                del body["stream_options"]
+                continue
             if r.status_code in (429, 503) and attempt < RETRIES:
                 time.sleep(_backoff(attempt, r.headers.get("retry-after")))
                 continue
@@ -278,7 +289,7 @@ class RemoteClient:
                             break
                         doc = _json(text, where)
                         if kind == "error" or "error" in doc:
-                            raise RemoteError(f"{where} reported an error mid-answer: {_error_text(doc)}"
+                            raise RemoteError(f"{where} reported an error mid-answer: {error_text(doc)}"
                                               + (f" (after {_pieces(gen.n)}; the answer is partial)" if gen.n else ""),
                                               partial=gen.n > 0)
                         for piece, finish in self._chunk(doc, gen):
@@ -342,7 +353,7 @@ class RemoteClient:
     def _whole(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
         """A server that ignored stream: true and sent the whole answer at once."""
         if "error" in doc:
-            raise RemoteError(f"{self.endpoint.label}: {_error_text(doc)}")
+            raise RemoteError(f"{self.endpoint.label}: {error_text(doc)}")
         pieces = list(self._chunk(doc, gen))
         if not pieces:
             raise RemoteError(f"{self.endpoint.label} sent an answer without choices")
@@ -377,11 +388,26 @@ def _json(text: str, where: str) -> dict[str, Any]:
     return doc
 
 
-def _error_text(doc: dict[str, Any]) -> str:
-    err = doc.get("error", doc)
-    if isinstance(err, dict):
-        return str(err.get("message") or json.dumps(err)[:300])
-    return str(err)[:300]
+def error_text(body: bytes | str | dict[str, Any]) -> str:
+    """What a server's error body says, as run, chat, bench and serve --endpoint show it: OpenAI's error.message,
+    Ollama's error, else the body's first line; MAX_ERROR_TEXT characters at most, a longer one cut with "…"
+    ('' for an empty body)."""
+    doc: Any = body
+    if not isinstance(body, dict):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            lines = text.strip().splitlines()
+            return _cut(lines[0].strip()) if lines else ""
+    err = doc.get("error", doc) if isinstance(doc, dict) else doc
+    if isinstance(err, dict) and err.get("message"):
+        err = err["message"]
+    return _cut(err if isinstance(err, str) else json.dumps(err, ensure_ascii=False))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT - 1] + "…"
 
 
 def _backoff(attempt: int, retry_after: str | None) -> float:
@@ -470,11 +496,7 @@ def _said(e: Exception) -> str:
 
 def _status_error(endpoint: Endpoint, r: Any, body: str, model: str) -> RemoteError:
     where = endpoint.label
-    try:
-        doc = json.loads(body)
-        message = _error_text(doc) if isinstance(doc, dict) else body.strip()[:200]
-    except ValueError:
-        message = body.strip().splitlines()[0][:200] if body.strip() else r.reason_phrase
+    message = error_text(body) or r.reason_phrase
     status = r.status_code
     if status in (301, 302, 303, 307, 308):
         return RemoteError(f"{where} redirects to {r.headers.get('location')}; localgen does not follow redirects "

@@ -5,7 +5,9 @@ and its answer (status, request id, body) is the record kept. At most `at_once` 
 together (serve --batch-lines), and a new one starts only once the one before has reached its model's worker
 and while no request waits for a model's slot, so a client that comes while a batch runs waits at most for the
 batch's requests in flight, never behind the rest of the batch; a request whose model is not loaded waits until
-no model holds a request, so its load never evicts a model from under a client. Cancelling lets the requests in
+no model holds a request, so its load never evicts a model from under a client. A remote model's request (serve
+--endpoint) starts once it has a free place in its model's lanes (serve --parallel), so `at_once` of them run
+together there too. Cancelling lets the requests in
 flight end, and starts no other. At shutdown the runner stops: a request the shutdown ended (its 503) is not
 recorded, so the next start runs it again."""
 
@@ -18,7 +20,7 @@ import secrets
 import traceback
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localgen.serve import files
 from localgen.serve.apierror import HTTPError
@@ -26,6 +28,9 @@ from localgen.serve.batches import Desk, Progress
 from localgen.serve.batchinput import Line, input_gone, parse, read_lines
 from localgen.serve.jobs import INTERNAL
 from localgen.serve.state import ServeState
+
+if TYPE_CHECKING:
+    from localgen.serve.upstream import Lane
 
 POLL_S = 0.05  # how often a request held back looks again for a free slot
 RETRY_S = 30.0  # how soon a batch that could not be written tries again (or at the next batch or cancel)
@@ -98,14 +103,19 @@ class Runner:
                         continue
                     await slots.acquire()
                     await self._behind_live()
-                    if not self._loaded_for(line.body):  # a model to load (and another to evict, maybe)
+                    lane = self.state.upstreams.lane_of(line.body.get("model")) \
+                        if self.state.upstreams is not None else None
+                    if lane is not None:  # a remote model's: sent on once its lanes have a free place
+                        await self._room(lane)
+                    elif not self._loaded_for(line.body):  # a model to load (and another to evict, maybe)
                         await self._idle()
                     if doc["status"] != "in_progress" or self.stopping():
                         slots.release()
                         break
-                    before = self._outstanding()
+                    before = self._outstanding() if lane is None else lane.entered
                     sent = group.create_task(self.one(client, progress, line, slots))
-                    while not sent.done() and self._outstanding() == before:  # until it reaches a worker
+                    # until it reaches a worker, or takes its place in the remote model's lanes
+                    while not sent.done() and (self._outstanding() if lane is None else lane.entered) == before:
                         await asyncio.sleep(POLL_S)
         finally:
             source.close()
@@ -131,8 +141,17 @@ class Runner:
             await asyncio.sleep(POLL_S)
 
     async def _behind_live(self) -> None:
-        """Wait while a request waits for a model's slot (a client's, or one of ours not yet in its slot)."""
-        while not self.stopping() and any(w.outstanding > w.running for w in list(self.state.workers.values())):
+        """Wait while a request waits for a model's slot (a client's, or one of ours not yet in its slot), or for a
+        place in a remote model's lanes."""
+        upstreams = self.state.upstreams
+        while not self.stopping() and (any(w.outstanding > w.running for w in list(self.state.workers.values()))
+                                       or (upstreams is not None and upstreams.waiting())):
+            await asyncio.sleep(POLL_S)
+
+    async def _room(self, lane: Lane) -> None:
+        """Wait until a remote model's lanes have a free place (serve --parallel): a line sent on then never
+        waits in its queue, nor fills it for a client."""
+        while not self.stopping() and lane.outstanding >= lane.parallel:
             await asyncio.sleep(POLL_S)
 
     async def one(self, client: Any, progress: Progress, line: Line, slots: asyncio.Semaphore) -> None:

@@ -1,14 +1,14 @@
 """serve --endpoint's servers (serve/upstream.py sends their models' requests on): each with the models serve offers
-from it, from endpoints.toml's `models` or its GET /models at start; and how an upstream's error reads in what serve
-says (its message, its key never in it)."""
+from it, from endpoints.toml's `models` or its GET /models at start; and its key never in what serve says of it (an
+upstream's error message reads as run's: remote/client.py's error_text)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from localgen import redact
 from localgen.errors import LocalgenError
+from localgen.remote.client import error_text
 from localgen.remote.endpoints import Endpoint
 
 LIST_S = 10.0  # the start's GET /models
@@ -48,7 +48,7 @@ def discover(endpoint: Endpoint) -> Remote:
                             hint=hint) from None
     if r.status_code in (401, 403):
         raise LocalgenError(f"--endpoint {where} refused to list its models ({r.status_code}): "
-                            f"{scrubbed(message_of(r.content), endpoint)}",
+                            f"{scrubbed(error_text(r.content), endpoint)}",
                             hint="name the variable holding its key with --api-key-env NAME")
     ids: list[str] = []
     if r.status_code == 200:
@@ -64,19 +64,6 @@ def discover(endpoint: Endpoint) -> Remote:
                             f"({r.status_code if r.status_code != 200 else 'an empty or unreadable list'})",
                             hint="check the URL: it is the API base, e.g. http://host:8000/v1; or " + hint)
     return Remote(endpoint, tuple(dict.fromkeys(ids)))
-
-
-def message_of(body: bytes) -> str:
-    """An error body's message: OpenAI's error.message, Ollama's error, else its first line."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        lines = body.decode("utf-8", "replace").strip().splitlines()
-        return lines[0][:300] if lines else ""
-    err = doc.get("error", doc) if isinstance(doc, dict) else doc
-    if isinstance(err, dict):
-        return str(err.get("message") or json.dumps(err)[:300])
-    return str(err)[:300]
 
 
 def scrubbed(text: str, endpoint: Endpoint) -> str:

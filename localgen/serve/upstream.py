@@ -6,7 +6,8 @@ A request naming one of them at /v1/chat/completions, /v1/completions or /v1/emb
 gate (key, body size) let it in and a place in the model's lanes (--parallel at once, --max-queue waiting) is
 free; the upstream's answer comes back as it arrives, never held whole (serve/remoteanswer.py reads its usage
 and time to first content on the way, a stream's usage asked for where the client did not ask and taken out
-again). Its errors come back in OpenAI's shape with the upstream's status and the endpoint's name (never its
+again; an upstream that refuses the stream_options so added gets the request again as the client sent it, and
+is remembered). Its errors come back in OpenAI's shape with the upstream's status and the endpoint's name (never its
 key); one it cannot reach is a 502, one silent past --endpoint-timeout a 504; a client that leaves closes the
 upstream connection. The other APIs (Anthropic's, the Responses API, Ollama's) refuse a remote model with a 400
 that names these three routes (ServeState.worker asks `refusal`)."""
@@ -24,12 +25,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from localgen.remote.client import error_text
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.jsonbody import read_json
 from localgen.serve.remoteanswer import RemoteAnswer
-from localgen.serve.remotes import Remote, message_of, scrubbed
-from localgen.serve.servelog import TRACE, named
+from localgen.serve.remotes import Remote, scrubbed
+from localgen.serve.servelog import LOG, TRACE, named
 
 # the routes a remote model answers at, and what each appends to the endpoint's base URL
 ROUTES = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions",
@@ -39,6 +41,7 @@ READ_S = 600.0  # the longest an upstream may go without sending a byte (a whole
 MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read for its message
 STREAMED = ("/v1/chat/completions", "/v1/completions")  # the routes whose streams serve asks the usage of
 DRAIN_S = 5.0  # how long an upstream's stream may take to end after its [DONE]
+REFUSALS = (400, 422)  # the statuses of an upstream that refuses a field it does not know (stream_options)
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Lane:
     parallel: int
     queue: int
     outstanding: int = 0  # sent or waiting
+    entered: int = 0  # every request that took a place in line, ever (the Batch API waits for its own to)
     _free: asyncio.Semaphore | None = None
 
     async def enter(self, name: str) -> None:
@@ -58,6 +62,7 @@ class Lane:
                                  f"--parallel {self.parallel}, --max-queue {self.queue}): try again shortly",
                             "server_error")
         self.outstanding += 1
+        self.entered += 1
         if self._free is None:
             self._free = asyncio.Semaphore(self.parallel)
         try:
@@ -91,6 +96,8 @@ class Upstreams:
     _counter: Any = None
     _metrics: Any = None  # serve/metrics.py's Metrics: a remote answer's tokens and times, as a local one's
     _draining: set[asyncio.Future[None]] = field(default_factory=set)  # streams read to their end after [DONE]
+    # the endpoints (by URL) that refused the stream_options serve added: their streams go as the client sent them
+    no_stream_options: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.by_name, self.real, self.lanes = {}, {}, {}
@@ -105,6 +112,15 @@ class Upstreams:
     def find(self, name: object) -> Remote | None:
         """The endpoint serving this model name, if a remote one."""
         return self.by_name.get(name) if isinstance(name, str) else None
+
+    def lane_of(self, name: object) -> Lane | None:
+        """The lanes of the remote model by this name (None for a local one)."""
+        remote = self.find(name)
+        return None if remote is None else self.lanes[f"{remote.label}/{self.real[str(name)]}"]
+
+    def waiting(self) -> bool:
+        """Whether a request waits for a place in a remote model's lanes."""
+        return any(lane.outstanding > lane.parallel for lane in self.lanes.values())
 
     def refusal(self, name: object) -> HTTPError | None:
         """For a route that cannot send a request on: the 400 a remote model gets there (None for a local one)."""
@@ -180,14 +196,19 @@ class Upstreams:
             changes: dict[str, Any] = {} if real == name else {"model": real}
             opts = body.get("stream_options")
             # a stream's usage, for the access line and /metrics: asked for where the client did not ask, and
-            # taken out of what it gets (serve/remoteanswer.py)
+            # taken out of what it gets (serve/remoteanswer.py); not of an endpoint that refused the field
             strip = inner.path in STREAMED and body.get("stream") is True and (
-                opts is None or (isinstance(opts, dict) and opts.get("include_usage") in (None, False)))
+                opts is None or (isinstance(opts, dict) and opts.get("include_usage") in (None, False))) and \
+                not (opts is None and remote.endpoint.url in self.no_stream_options)
+            # the body as the client sent it (the model's id on its server), should the upstream refuse the
+            # stream_options serve added to it
+            plain = json.dumps({**body, **changes}, ensure_ascii=False).encode() if changes else \
+                await request.body()
             if strip:
                 changes["stream_options"] = {**(opts or {}), "include_usage": True}
-            content = json.dumps({**body, **changes}, ensure_ascii=False).encode() if changes else \
-                await request.body()
-            return await self.send(request, remote, name, ROUTES[inner.path], content, strip)
+            content = json.dumps({**body, **changes}, ensure_ascii=False).encode() if strip else plain
+            return await self.send(request, remote, name, ROUTES[inner.path], content, strip,
+                                   plain if strip and opts is None else None)
 
         return Route(inner.path, endpoint, methods=["POST"])
 
@@ -201,9 +222,11 @@ class Upstreams:
         return self._client
 
     async def send(self, request: Request, remote: Remote, model: str, suffix: str, content: bytes,
-                   strip: bool = False) -> Response:
+                   strip: bool = False, plain: bytes | None = None) -> Response:
         """The request sent on (`content`: its body, with the model's id on its server), its answer passed back as
-        it arrives (errors in OpenAI's shape); `strip`: serve asked for the stream's usage, the client did not."""
+        it arrives (errors in OpenAI's shape); `strip`: serve asked for the stream's usage, the client did not;
+        `plain`: the body without the stream_options serve added, sent once more should the upstream refuse them
+        (a 400 or 422 naming the field, as some OpenAI-compatible servers answer a field they do not know)."""
         lane = self.lanes[f"{remote.label}/{self.real[model]}"]
         model = self.shown(model)
         named(model)
@@ -222,8 +245,17 @@ class Upstreams:
                                   secret=remote.endpoint.key or "")
             response = await self._open(request, remote, suffix, content)
             status = response.status_code
+            body: bytes | None = None
+            if status in REFUSALS and plain is not None:
+                body = await _error_body(response)
+                if b"stream_options" in body:  # sent again as the client sent it; its tokens uncounted, as a
+                    # stream's whose upstream sends no usage
+                    self._refuses_stream_options(remote)
+                    answer = RemoteAnswer(stream=False, strip_usage=False, secret=remote.endpoint.key or "")
+                    response = await self._open(request, remote, suffix, plain)
+                    status, body = response.status_code, None
             if status != 200:
-                return await self._refused(request, remote, model, response)
+                return await self._refused(request, remote, model, response, body)
             kind = response.headers.get("content-type", "")
             if "json" not in kind and "event-stream" not in kind:
                 await response.aclose()
@@ -284,23 +316,24 @@ class Upstreams:
             raise HTTPError(502, f"{remote.label}: {type(e).__name__}: {scrubbed(str(e), ep)}",
                             "server_error") from None
 
-    async def _refused(self, request: Request, remote: Remote, model: str, response: Any) -> Response:
-        """An upstream's error answer as OpenAI's error, with its status (a redirect: 502, never followed)."""
-        import httpx
+    def _refuses_stream_options(self, remote: Remote) -> None:
+        """The endpoint refused the stream_options serve adds for a stream's usage: remembered for the server's
+        life (its streams go as their clients sent them), and said once in the log."""
+        if remote.endpoint.url in self.no_stream_options:
+            return
+        self.no_stream_options.add(remote.endpoint.url)
+        LOG.get().warning(f"{remote.label} refuses stream_options: its streams are sent on without them, and "
+                          "their tokens are not counted (its answers carry no usage)")
 
-        body = b""
-        try:
-            async for part in response.aiter_bytes():
-                body += part
-                if len(body) > MAX_ERROR_BODY:
-                    break
-        except httpx.HTTPError:  # what came is enough for the message
-            pass
-        finally:
-            await response.aclose()
+    async def _refused(self, request: Request, remote: Remote, model: str, response: Any,
+                       body: bytes | None = None) -> Response:
+        """An upstream's error answer as OpenAI's error, with its status (a redirect: 502, never followed);
+        `body`: its body, where it was read already."""
+        if body is None:
+            body = await _error_body(response)
         status = response.status_code
         ep, where = remote.endpoint, remote.label
-        said = scrubbed(message_of(body) or response.reason_phrase or "no message", ep)
+        said = scrubbed(error_text(body) or response.reason_phrase or "no message", ep)
         if 300 <= status < 400:
             raise HTTPError(502, f"{where} redirects elsewhere ({status}); serve does not follow redirects (the key "
                                  "stays with the URL given)", "server_error")
@@ -407,6 +440,23 @@ class Upstreams:
     def listing(self) -> list[tuple[str, Remote]]:
         """Every remote model, once, by the name names_of gives it, and its endpoint, in the order given."""
         return [(name, remote) for remote in self.remotes for name in self.names_of(remote)]
+
+
+async def _error_body(response: Any) -> bytes:
+    """An upstream's error body, up to MAX_ERROR_BODY bytes (what came, should it break), the response closed."""
+    import httpx
+
+    body = b""
+    try:
+        async for part in response.aiter_bytes():
+            body += part
+            if len(body) > MAX_ERROR_BODY:
+                break
+    except httpx.HTTPError:  # what came is enough for the message
+        pass
+    finally:
+        await response.aclose()
+    return body
 
 
 async def _drained(pieces: AsyncIterator[bytes], response: Any) -> None:

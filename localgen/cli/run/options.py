@@ -34,7 +34,8 @@ class ManyOptions(OptionGroup):
     ] = False
     parallel: Annotated[
         int, typer.Option("--parallel", "-np", min=1, max=256, rich_help_panel=MANY,
-                          help="Sequences decoded together in one batch (continuous batching).")
+                          help="Sequences decoded together in one batch (continuous batching). With "
+                               "--endpoint: requests in flight on each endpoint (default 4).")
     ] = 1
     exact: Annotated[
         bool | None, typer.Option("--exact/--no-exact", rich_help_panel=MANY, show_default=False,

@@ -16,6 +16,8 @@ from localgen.cli.run import prompt
 from localgen.cli.run.options import DecodingOptions, ReportOptions, RunArgs
 from localgen.errors import UsageError
 
+REMOTE_PARALLEL = 4  # run --file --endpoint without --parallel: requests in flight on each endpoint (serve's default)
+
 
 @dataclasses.dataclass(frozen=True)
 class ManyPlan:
@@ -103,8 +105,8 @@ def check(f: RunArgs) -> RunPlan:
     load, warnings = _speculative(model.load, f) if (d.draft or d.lookup) and not many else (model.load, ())
     return RunPlan(load=load, send=model.send, raw=f.raw, decoding=d, report=f.report, no_log=f.log.no_log,
                    thread=thread, parts=parts, media=media, warnings=warnings,
-                   many=ManyPlan(f.many.file, f.prompt, f.many.parallel, f.many.exact, f.many.resume_from)
-                   if many else None)
+                   many=ManyPlan(f.many.file, f.prompt, f.many.parallel if f.given("parallel") or not model.load.remote
+                                 else REMOTE_PARALLEL, f.many.exact, f.many.resume_from) if many else None)
 
 
 def _check_combinations(f: RunArgs, many: bool) -> None:
