@@ -946,9 +946,10 @@ def test_a_key_a_browser_cannot_send_is_refused_in_the_prompt(browser: Any, serv
 
 def test_an_answer_of_unclosed_markdown_renders_in_one_pass(tab: Tab, tmp_path: Path) -> None:
     """A hostile answer, a million characters of emphasis, strike-through and code spans that nothing closes
-    (`*a _b ~~c **d`, runs of 1 to 400 backticks), is drawn as its text in one pass: each kind of span is looked
-    for once past the last place it could close, not again at every one of its openings (which took minutes and
-    froze the tab). A run of backticks opens a code span only whole: a shorter run inside it is no opening."""
+    (`*a _b ~~c **d`, runs of 1 to 400 backticks), then a list of 100,000 items, is drawn in one pass: each kind
+    of span is looked for once past the last place it could close, not again at every one of its openings, and
+    a list's items are not counted again for each (each took minutes and froze the tab). A run of backticks
+    opens a code span only whole: a shorter run inside it is no opening."""
     page = tab.open()
     ticks = "".join("`" * k + "x " for k in range(1, 401))
     hostile = ticks + "*a _b ~~c **d " * 66_000
@@ -956,13 +957,14 @@ def test_an_answer_of_unclosed_markdown_renders_in_one_pass(tab: Tab, tmp_path: 
     conv = {"name": "Hostile", "current": "a", "messages": {
         "root": {"id": "root", "children": ["q"], "role": "root"},
         "q": {"id": "q", "role": "user", "content": "Say something hostile.", "children": ["a"]},
-        "a": {"id": "a", "role": "assistant", "content": hostile, "children": []}}}
+        "a": {"id": "a", "role": "assistant", "content": hostile + "\n\n" + "- item\n" * 100_000, "children": []}}}
     (tmp_path / "hostile.json").write_text(json.dumps(conv))
     page.set_input_files("#import-file", str(tmp_path / "hostile.json"))
     page.wait_for_function("() => document.querySelectorAll('article.assistant .body p').length === 1",
                            timeout=60_000)  # the old page was still drawing it minutes later
     assert page.evaluate("document.querySelector('article.assistant .body p').textContent") == hostile.strip()
     assert page.evaluate("document.querySelectorAll('article.assistant .body p *').length") == 0
+    assert page.evaluate("document.querySelectorAll('article.assistant .body > ul > li').length") == 100_000
     render = """async (src) => {
         const m = await import('./webui/markdown.js');
         const d = document.createElement('div');

@@ -138,8 +138,9 @@ function list(lines, start, parent, depth) {
     }
   }
   if (!loose) {
-    // a tight list: its items' lone paragraphs are their text, as Markdown renders them
-    for (const li of node.children) {
+    // a tight list: its items' lone paragraphs are their text, as Markdown renders them (over a copy of the
+    // items: a live list of them would be counted again after each change, a pass per item)
+    for (const li of [...node.children]) {
       const p = li.firstElementChild;
       if (p && p.tagName === "P") p.replaceWith(...p.childNodes);
     }
