@@ -944,6 +944,118 @@ def test_a_key_a_browser_cannot_send_is_refused_in_the_prompt(browser: Any, serv
     t.close()
 
 
+def test_an_answer_of_unclosed_markdown_renders_in_one_pass(tab: Tab, tmp_path: Path) -> None:
+    """A hostile answer, a million characters of emphasis, strike-through and code spans that nothing closes
+    (`*a _b ~~c **d`, runs of 1 to 400 backticks), then a list of 100,000 items, is drawn in one pass: each kind
+    of span is looked for once past the last place it could close, not again at every one of its openings, and
+    a list's items are not counted again for each (each took minutes and froze the tab). A run of backticks
+    opens a code span only whole: a shorter run inside it is no opening."""
+    page = tab.open()
+    ticks = "".join("`" * k + "x " for k in range(1, 401))
+    hostile = ticks + "*a _b ~~c **d " * 66_000
+    assert len(hostile) > 1_000_000
+    conv = {"name": "Hostile", "current": "a", "messages": {
+        "root": {"id": "root", "children": ["q"], "role": "root"},
+        "q": {"id": "q", "role": "user", "content": "Say something hostile.", "children": ["a"]},
+        "a": {"id": "a", "role": "assistant", "content": hostile + "\n\n" + "- item\n" * 100_000, "children": []}}}
+    (tmp_path / "hostile.json").write_text(json.dumps(conv))
+    page.set_input_files("#import-file", str(tmp_path / "hostile.json"))
+    page.wait_for_function("() => document.querySelectorAll('article.assistant .body p').length === 1",
+                           timeout=60_000)  # the old page was still drawing it minutes later
+    assert page.evaluate("document.querySelector('article.assistant .body p').textContent") == hostile.strip()
+    assert page.evaluate("document.querySelectorAll('article.assistant .body p *').length") == 0
+    assert page.evaluate("document.querySelectorAll('article.assistant .body > ul > li').length") == 100_000
+    render = """async (src) => {
+        const m = await import('./webui/markdown.js');
+        const d = document.createElement('div');
+        d.append(m.render(src));
+        return d.innerHTML;
+    }"""
+    assert page.evaluate(render, "```a`` b") == "<p>```a`` b</p>"  # not ` and a span of `a`
+    assert page.evaluate(render, "``a`` and `` `c` ``") == "<p><code>a</code> and <code>`c`</code></p>"
+
+
+def test_a_damaged_record_or_a_cut_address_leaves_the_page_working(tab: Tab) -> None:
+    """What this browser keeps, set by hand or cut off, never stops the page: a pending note in localStorage
+    that is not a conversation is dropped, a record in IndexedDB that cannot be drawn says so when opened (and
+    can be deleted), and an address whose `#` part is a cut %-escape says no conversation has it. Each time
+    the models are listed and a message gets its answer."""
+    page = tab.open()
+    damaged = page.evaluate("""async () => {
+        localStorage.setItem('localgen-chat-pending:noted', JSON.stringify({id: 'noted', messages: {}}));
+        const tree = await import('./webui/tree.js');
+        const store = await import('./webui/store.js');
+        const bad = tree.conversation();
+        bad.name = 'Damaged';
+        tree.add(bad, 'root', {role: 'user', content: 'q'});
+        delete bad.messages[bad.current];  // the message on screen is gone from the record
+        await store.save(bad, tree.merge);
+        return bad.id;
+    }""")
+    page.goto("about:blank")
+    page.goto(f"{tab.url}#{damaged}")  # its address opened anew
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.locator("#banner-text").inner_text().startswith(
+        "That conversation cannot be shown: what this browser keeps of it is damaged (message ")
+    assert page.eval_on_selector_all("#conversations .conv .open", "bs => bs.map(b => b.textContent)") == ["Damaged"]
+    assert page.evaluate("Object.keys(localStorage).filter(k => k.includes('pending'))") == []
+    with page.expect_download() as got:  # Export all keeps it as it is
+        page.click("#export-all")
+    kept = json.loads(Path(got.value.path()).read_text())["conversations"]
+    assert [(c["id"], c["name"]) for c in kept] == [(damaged, "Damaged")]
+    page.once("dialog", lambda d: d.accept())
+    page.hover("#conversations .conv")
+    page.get_by_role("button", name="Delete Damaged").click()
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 0")
+    page.goto(tab.url + "#%E0%A4%A")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.locator("#banner-text").inner_text() == "That conversation is no longer in this browser."
+    settings(page, max_tokens=4)
+    assert ask(page, "Hello").locator(".body").inner_text()
+
+
+def test_a_full_local_storage_and_a_model_removed_while_picked(tab: Tab, server: Server) -> None:
+    """With this browser's localStorage full, picking a model still picks it (the note and the attach button
+    speak of it), only the pick is not remembered. A model deleted on the server while the page has it picked
+    gets the server's reason, and the picker then lists only what the server offers. An answer stopped before
+    its first word has no stats (no `about 0 tokens`)."""
+    page = tab.open()
+    page.evaluate("""() => {
+        for (const size of [1 << 20, 1 << 14, 1 << 8, 1]) {
+            const s = 'x'.repeat(size);
+            try { for (let k = 0; ; k++) localStorage.setItem(`filler-${size}-${k}`, s); } catch {}
+        }
+    }""")
+    page.select_option("#model", "gemma3:270m")
+    page.wait_for_function("() => document.getElementById('attach').title === 'gemma3:270m takes no images'")
+    assert page.locator("#model-note").inner_text() == "not loaded yet: the first message loads it"
+    page.evaluate("localStorage.clear()")
+    r = httpx.post(f"{server.url}/api/create", headers=_auth(), json={
+        "model": "gone-soon", "from": "smollm2:135m", "stream": False})
+    assert r.status_code == 200, r.text
+    page.reload()
+    page.wait_for_function("() => [...document.querySelectorAll('#model option')].some(o => o.value === 'gone-soon')")
+    page.select_option("#model", "gone-soon")
+    assert httpx.request("DELETE", f"{server.url}/api/delete", headers=_auth(),
+                         json={"model": "gone-soon"}).status_code == 200
+    settings(page, max_tokens=4)
+    note = ask(page, "Hi").locator(".note").inner_text()
+    assert note.startswith("model 'gone-soon' is not served here"), note
+    page.wait_for_function("() => document.getElementById('model').value === 'smollm2:135m'")
+    assert "gone-soon" not in page.eval_on_selector_all("#model option", "os => os.map(o => o.value)")
+    # a Stop before the first word: the request held back (as a model that loads holds it), then stopped
+    page.route("**/v1/chat/completions", lambda route: None)
+    before = answer_ids(page)
+    page.fill("#input", "Never answered")
+    page.press("#input", "Enter")
+    page.wait_for_function("() => !document.getElementById('stop').hidden")
+    page.click("#stop")
+    article = wait_answer(page, before)
+    assert article.locator(".note").inner_text() == "Stopped."
+    assert article.locator(".stats").count() == 0
+    page.unroute("**/v1/chat/completions")
+
+
 def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:
     """The last test of the module: it stops the server. The page then says the server cannot be reached,
     and keeps the message for a Regenerate."""

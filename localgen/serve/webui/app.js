@@ -79,6 +79,27 @@ function clearBanner() {
   retry = null;
 }
 
+// ---- this browser's localStorage, which may be full or turned off: a pick or a draft not kept is no error
+
+function readLocal(key) {
+  try {
+    return localStorage.getItem(key);
+  } catch {
+    return null;
+  }
+}
+
+/** Keeps `value` under `key` (null: forgets it); false when the browser would not. */
+function writeLocal(key, value) {
+  try {
+    if (value === null) localStorage.removeItem(key);
+    else localStorage.setItem(key, value);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 // ---- the API key
 
 function askKey(reason) {
@@ -140,7 +161,7 @@ async function loadModels() {
     ui.note.textContent = "";
     return;
   }
-  clearBanner();
+  if (retry === loadModels) clearBanner(); // its own complaint: another (a conversation not found) stays
   state.models = models;
   await Promise.all([loadTools(), loadStores()]);
   const offered = new Set(models.map((m) => m.id));
@@ -150,7 +171,7 @@ async function loadModels() {
     option.value = m.id;
     return option;
   }));
-  const remembered = localStorage.getItem(MODEL_KEY);
+  const remembered = readLocal(MODEL_KEY);
   const fallback = models.find((m) => m.default) || models[0];
   const pick = [state.conv.model, previous, remembered, fallback && fallback.id].find((n) => n && offered.has(n));
   if (pick) ui.model.value = pick;
@@ -193,7 +214,7 @@ async function modelChanged(chosen) {
   const name = ui.model.value;
   if (!name) return;
   if (chosen) {
-    localStorage.setItem(MODEL_KEY, name);
+    writeLocal(MODEL_KEY, name);
     state.conv.model = name;
     state.conv.meta = Date.now();
     if (hasMessages(state.conv)) persist(state.conv);
@@ -250,17 +271,14 @@ function hasMessages(conv) {
  * documents. */
 function keepDraft(conv) {
   const { id, name, system, settings, tools, documents } = conv;
-  try {
-    localStorage.setItem(DRAFT_KEY, JSON.stringify({ id, name, system, settings, tools, documents }));
-  } catch {
-    // a browser that keeps nothing (storage full or off): the settings stay for this page only
-  }
+  // a browser that keeps nothing (storage full or off): the settings stay for this page only
+  writeLocal(DRAFT_KEY, JSON.stringify({ id, name, system, settings, tools, documents }));
 }
 
 /** The new conversation a reload comes back to: the kept settings, checked as an import's are; null when none
  * (or what was kept is not a conversation's settings: then dropped). */
 function draftConversation() {
-  const raw = localStorage.getItem(DRAFT_KEY);
+  const raw = readLocal(DRAFT_KEY);
   if (!raw) return null;
   try {
     const d = JSON.parse(raw);
@@ -268,7 +286,7 @@ function draftConversation() {
     if (typeof d.id === "string" && /^[\w-]{1,100}$/.test(d.id)) conv.id = d.id;
     return conv;
   } catch {
-    localStorage.removeItem(DRAFT_KEY);
+    writeLocal(DRAFT_KEY, null);
     return null;
   }
 }
@@ -276,10 +294,10 @@ function draftConversation() {
 /** Forget the kept settings of a new conversation (of `id` only, when given): it was kept, or replaced. */
 function dropDraft(id = null) {
   try {
-    const d = JSON.parse(localStorage.getItem(DRAFT_KEY) || "null");
-    if (d && (id === null || d.id === id)) localStorage.removeItem(DRAFT_KEY);
+    const d = JSON.parse(readLocal(DRAFT_KEY) || "null");
+    if (d && (id === null || d.id === id)) writeLocal(DRAFT_KEY, null);
   } catch {
-    localStorage.removeItem(DRAFT_KEY);
+    writeLocal(DRAFT_KEY, null);
   }
 }
 
@@ -385,6 +403,13 @@ async function openConversation(id) {
   const conv = await store.get(id);
   if (!conv) {
     banner("That conversation is no longer in this browser.");
+    newChat();
+    return;
+  }
+  const damage = tree.damage(conv);
+  if (damage) {
+    banner(`That conversation cannot be shown: what this browser keeps of it is damaged (${damage}). `
+      + "Delete it, or keep it as it is with Export all.");
     newChat();
     return;
   }
@@ -935,6 +960,7 @@ async function generate(conv, parent) {
   const steps = []; // each round's {timings, usage}
   const made = new Set(); // the calls (name and arguments) this answer has made
   let mustAnswer = false; // the last round only repeated calls: the next one answers
+  let gone = false;
   const keep = () => {
     answer.updated = Date.now(); // this copy of the answer is newer than any another tab holds
     persist(conv);
@@ -1018,10 +1044,12 @@ async function generate(conv, parent) {
     if (e.name === "AbortError") answer.stopped = true;
     else answer.error = { kind: e.kind || "refused", message: e.message || String(e) };
     if (documents.length && !answer.stopped) loadStores(); // a store removed since: Settings shows it gone
+    gone = e.status === 404; // the model (or a tool) is not offered now: the picker reads the models again
   } finally {
     answer.pending = false;
-    // an answer refused before a word came (a search that failed) has no stats: `0 tokens` would say it ran
-    if (answer.error && first === null) delete answer.stats;
+    // an answer refused or stopped before a word came (a search that failed, a Stop while the model loads) has no
+    // stats: `0 tokens` would say it ran
+    if ((answer.error || answer.stopped) && first === null) delete answer.stats;
     else answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
     state.running = null;
     conv.updated = Date.now();
@@ -1033,6 +1061,7 @@ async function generate(conv, parent) {
     state.loading = null;
     showNote();
     refreshList();
+    if (gone) loadModels();
   }
 }
 
@@ -1433,7 +1462,7 @@ function wireEvents() {
     if (file) importFile(file);
   });
   window.addEventListener("hashchange", () => { // another conversation's address typed or opened in this tab
-    const id = decodeURIComponent(location.hash.slice(1));
+    const id = addressedId();
     if (id && id !== state.conv.id) openConversation(id);
   });
   document.addEventListener("visibilitychange", () => {
@@ -1441,13 +1470,24 @@ function wireEvents() {
   });
 }
 
+/** The conversation the address names (after #): a conversation's id, or what was typed there (a cut or mistyped
+ * %-escape too: then no conversation has it, and the page says so). */
+function addressedId() {
+  const raw = location.hash.slice(1);
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    return raw;
+  }
+}
+
 async function start() {
   api.onKeyNeeded(askKey);
   store.onChange(heard);
   wireEvents();
-  const id = decodeURIComponent(location.hash.slice(1));
+  const id = addressedId();
   try {
-    await store.recover(tree.merge); // what a reload cut short, before anything is listed or shown
+    await store.recover(tree.merge, tree.damage); // what a reload cut short, before anything is listed or shown
   } catch (e) {
     banner(`This browser would not keep the conversation: ${e.message || e}`);
   }

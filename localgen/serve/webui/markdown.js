@@ -138,8 +138,9 @@ function list(lines, start, parent, depth) {
     }
   }
   if (!loose) {
-    // a tight list: its items' lone paragraphs are their text, as Markdown renders them
-    for (const li of node.children) {
+    // a tight list: its items' lone paragraphs are their text, as Markdown renders them (over a copy of the
+    // items: a live list of them would be counted again after each change, a pass per item)
+    for (const li of [...node.children]) {
       const p = li.firstElementChild;
       if (p && p.tagName === "P") p.replaceWith(...p.childNodes);
     }
@@ -219,10 +220,10 @@ export function safeUrl(url) {
   }
 }
 
-// Inline spans, tried in this order at each position; `m[1]` (or `m[2]` for links) is the span's content.
+// Inline spans, tried in this order at each position; `m[1]` (or `m[2]` for links) is the span's content. A code
+// span (backticks) is found apart, by codeEnd.
 const SPANS = [
   ["escape", /\\([\\`*_{}[\]()#+\-.!~|<>])/y],
-  ["code", /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)/y],
   ["strong", /\*\*(?=\S)([\s\S]*?\S)\*\*/y],
   ["strong_", /__(?=\S)([\s\S]*?\S)__(?!\w)/y],
   ["del", /~~(?=\S)([\s\S]*?\S)~~/y],
@@ -232,8 +233,13 @@ const SPANS = [
   ["url", /https?:\/\/[^\s<>()[\]"'`]*[^\s<>()[\]"'`.,;:!?*_~]/y],
 ];
 const SPECIAL = /[\\`*_~[h\n]/g;
+// The opening of each span that needs a closing delimiter further on: where the opening is there and the span
+// still does not match, no closing delimiter follows, nor will one at any later position of the text, so that
+// kind is not tried again there (a line of a hundred thousand unclosed `*` or backticks renders in one pass).
+const OPENS = { strong: /\*\*(?=\S)/y, strong_: /__(?=\S)/y, del: /~~(?=\S)/y, em: /\*(?=[^\s*])/y, em_: /_(?=[^\s_])/y };
 
 function inline(text, parent, depth = 0) {
+  const closed = new Set(); // the span kinds (a code span: its number of backticks) nothing closes past here
   let plain = "";
   let i = 0;
   const flush = () => {
@@ -255,13 +261,39 @@ function inline(text, parent, depth = 0) {
       i += 1;
       continue;
     }
+    if (text[i] === "`") {
+      // a code span: the whole run of backticks opens it, and the next run of as many closes it; a run that
+      // nothing closes is text
+      let k = 1;
+      while (text[i + k] === "`") k += 1;
+      const end = closed.has(k) ? -1 : codeEnd(text, i, k);
+      if (end < 0) {
+        closed.add(k);
+        plain += text.slice(i, i + k);
+        i += k;
+        continue;
+      }
+      const code = text.slice(i + k, end - k);
+      flush();
+      parent.append(el("code", null, code.length > 2 && code[0] === " " && code.endsWith(" ") ? code.slice(1, -1) : code));
+      i = end;
+      continue;
+    }
     const before = i > 0 ? text[i - 1] : " ";
     let matched = false;
     for (const [kind, re] of SPANS) {
       if ((kind.endsWith("_") || kind === "url") && /\w/.test(before)) continue; // intra-word _ and URLs
+      if (closed.has(kind)) continue;
       re.lastIndex = i;
       const m = re.exec(text);
-      if (!m) continue;
+      if (!m) {
+        const opens = OPENS[kind];
+        if (opens) {
+          opens.lastIndex = i;
+          if (opens.test(text)) closed.add(kind); // opened, never closed: nor at any later position
+        }
+        continue;
+      }
       const end = re.lastIndex; // before span(), whose inner spans use the same (sticky) expressions
       const node = span(kind, m, depth);
       if (node === null) continue;
@@ -279,9 +311,23 @@ function inline(text, parent, depth = 0) {
   flush();
 }
 
+/** The end (past its closing backticks) of the code span the `k` backticks at `i` open: the next run of exactly
+ * `k`; -1 when there is none. */
+function codeEnd(text, i, k) {
+  const ticks = "`".repeat(k);
+  let from = i + k;
+  for (;;) {
+    const at = text.indexOf(ticks, from); // a run's start: text[from] is never a backtick
+    if (at < 0) return -1;
+    let end = at + k;
+    while (text[end] === "`") end += 1;
+    if (end - at === k) return end;
+    from = end;
+  }
+}
+
 function span(kind, m, depth) {
   if (kind === "escape") return document.createTextNode(m[1]);
-  if (kind === "code") return el("code", null, m[2].length > 2 && m[2][0] === " " && m[2].endsWith(" ") ? m[2].slice(1, -1) : m[2]);
   if (kind === "url") {
     const href = safeUrl(m[0]);
     return href === null ? null : link(href, m[0], false, depth);

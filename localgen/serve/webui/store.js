@@ -97,8 +97,9 @@ function forget(id) {
 }
 
 /** Writes the conversations whose last write a reload or a closed tab cut short (their notes), merged (through
- * `merge`) with what the browser's storage holds of them. */
-export async function recover(merge) {
+ * `merge`) with what the browser's storage holds of them. A note that is not a conversation (`damage(conv)` says
+ * why: set by hand, or cut) is dropped: what IndexedDB holds of that conversation stays. */
+export async function recover(merge, damage) {
   let keys = [];
   try {
     keys = Object.keys(localStorage).filter((k) => k.startsWith(PENDING));
@@ -112,8 +113,8 @@ export async function recover(merge) {
     } catch {
       conv = null;
     }
-    if (conv && typeof conv.id === "string" && conv.messages) await save(conv, merge);
-    else localStorage.removeItem(key);
+    if (conv && typeof conv.id === "string" && !damage(conv)) await save(conv, merge);
+    else forget(key.slice(PENDING.length));
   }
 }
 

@@ -115,6 +115,26 @@ export function merge(conv, other) {
 }
 
 const ROLES = new Set(["user", "assistant"]);
+
+/** Why a conversation as this browser keeps it (a pending note in localStorage, a record in IndexedDB) cannot be
+ * shown or added to, or "" when it can: its root, every message its messages name, each under the parent it
+ * names, and the branch on screen. A record set by hand or cut off is refused, never half drawn. */
+export function damage(conv) {
+  if (!conv || typeof conv !== "object") return "it is not a conversation";
+  const messages = conv.messages;
+  if (!messages || typeof messages !== "object" || !messages[ROOT]) return "it has no root message";
+  for (const [id, m] of Object.entries(messages)) {
+    if (!m || typeof m !== "object" || !Array.isArray(m.children)) return `message ${id} is not a message`;
+    for (const child of m.children) {
+      const c = messages[child];
+      if (!c || typeof c !== "object" || c.parent !== id || c.id !== child) return `message ${child} is missing`;
+      if (!ROLES.has(c.role) || typeof c.content !== "string") return `message ${child} is not a user's or an answer`;
+    }
+  }
+  if (typeof conv.current !== "string" || !messages[conv.current]) return "the message on screen is missing";
+  return "";
+}
+
 const IMAGE = /^data:image\/[a-z0-9.+-]+;base64,[A-Za-z0-9+/=]+$/;
 
 function text(value, what) {
