@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pexpect
 import pytest
@@ -131,3 +132,63 @@ def test_ctrl_c_stops_runs_long_read_in_inside_its_piece(cli_env: dict[str, str]
     assert child.exitstatus == 130, log.getvalue()
     assert "Traceback" not in log.getvalue() and not re.search(r"Exception ignored", log.getvalue()), log.getvalue()
     assert after * 4 < whole - pressed, (after, whole, pressed)
+
+
+def test_first_ctrl_c_stops_a_first_turns_long_system_prompt_read_and_nothing_of_it_is_kept(
+        cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`chat --system LONG`: the system prompt is read in with the first message, as the prompt cache's prefix, where
+    the old code answered the first press only once all of it was read (and saved to the prompt cache). One press
+    soon after the read-in begins takes the message back, and the one piece it stopped leaves no state: nothing is
+    saved to the prompt cache, and the message sent again reads the system prompt again (the old code held it)."""
+    big = long_text(tmp_path / "big.txt")
+    home = tmp_path / "home"
+    child = spawn({**cli_env, "LOCALGEN_HOME": str(home)}, "sysread", "-n", "8", "--temperature", "0", *ONE_PIECE,
+                  "--system", big.read_text())
+    child.sendline("Summarize.")
+    answering(child)
+    press_into_the_work(child, cpu_s(child.pid))
+    child.expect_exact("the message was taken back")
+    child.expect_exact(PROMPT)
+    states = home / "cache" / "prompt-states"
+    assert not (states.exists() and any(states.iterdir())), list(states.iterdir())  # no part of it was kept
+    send(child, "Summarize.", r"tok/s")
+    child.sendline("/stats")
+    child.expect(r"(\d+) prompt tokens(?: \((\d+) cached\))?")
+    prompt, cached = int(child.match.group(1)), int(child.match.group(2) or 0)
+    child.expect_exact(PROMPT)
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert cached < prompt - 800, (prompt, cached)  # the system prompt was read again, whole
+    assert states.exists() and len(list(states.iterdir())) >= 1  # ... and, read to its end, kept
+    saved = json.loads((home / "data" / "chats" / "sysread.json").read_text())
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant"], saved
+    assert saved["messages"][0]["content"] == "Summarize.", saved
+
+
+def test_a_cancelled_speculative_generation_reads_in_nothing_more_and_says_nothing(smollm2_engine: Any,
+                                                                                  smollm2_path: Path) -> None:
+    """`--draft`: the Generation's cancel() (a chat's first Ctrl-C) reaches both models' read-in. Cancelled before
+    its first piece, neither the model nor the draft model reads the prompt, and no token is said (the old code read
+    the prompt with both and said the first token)."""
+    from localgen.engine.llama import Engine
+    from localgen.engine.speculative import ModelDrafter
+    from localgen.models.resolve import resolve
+    from localgen.native.prompt import Prompt
+    from localgen.types import LoadParams, SamplingParams
+
+    eng: Any = smollm2_engine
+    drafter = ModelDrafter(eng, Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=2048)))
+    try:
+        eng.kv.clear()
+        prompt = Prompt.text(eng.chat_tokens([{"role": "user", "content": "Name three colours."}]))
+        gen = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=8), drafter=drafter)
+        gen.cancel()
+        assert list(gen) == [] and gen.finish_reason == "cancelled"
+        assert eng.kv.held == [] and drafter.engine.kv.held == []
+        gen = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=8), drafter=drafter)
+        assert "".join(c.text for c in gen) and gen.finish_reason in ("length", "eos")  # the next one answers
+    finally:
+        drafter.close()
+        eng.kv.clear()

@@ -26,7 +26,7 @@ from localgen.engine.batchmode import kv_pool
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
 from localgen.engine.slots import Slots
 from localgen.engine.tokens import grid_end, reusable_prefix
-from localgen.errors import LocalgenError
+from localgen.errors import Cancelled, LocalgenError
 from localgen.native import context, logs
 from localgen.native import model as native_model
 from localgen.native import sampler as chains
@@ -348,18 +348,22 @@ class ParallelContext:
             start, row = self.prefill_piece(prompt, seq, start, row)
         return row
 
-    def prefill_piece(self, prompt: Prompt, seq: int, start: int, row: int = -1) -> tuple[int, int]:
+    def prefill_piece(self, prompt: Prompt, seq: int, start: int, row: int = -1,
+                      cancelled: Callable[[], bool] | None = None) -> tuple[int, int]:
         """One piece of `prefill` (a media span before it, if one comes first): where the next starts, and
-        the batch row of the piece's last token (`row` when there was only media)."""
+        the batch row of the piece's last token (`row` when there was only media). Stopped inside its decode by
+        `cancelled` (the batch holds this sequence alone): Cancelled, what it had evaluated from `start` gone."""
         tokens = prompt.tokens
-        start = self.media(prompt, seq, start)
+        first, start = start, self.media(prompt, seq, start)
         if start >= len(tokens):
             return start, row
         end = min(self.piece_end(start, len(tokens), self.n_chunk), next_span(prompt, start))
         self.batch.n_tokens = 0
         for k in range(start, end):
             row = self.add(tokens[k], k, seq, k == end - 1)
-        self.decode(1)
+        if not self.decode(1, cancelled):
+            self.forget(seq, first)
+            raise Cancelled("cancelled")
         return end, row
 
     def piece_end(self, start: int, end: int, size: int) -> int:
@@ -367,12 +371,30 @@ class ParallelContext:
         fresh evaluation's ubatch ends (engine/tokens.py, grid_end), or with --prefix-reuse all `size` on."""
         return min(end, start + size) if self.reuse_all else grid_end(start, end, self.n_ubatch, size)
 
-    def decode(self, n_seqs: int) -> None:
-        rc = context.decode(self.ctx, self.batch)
+    def decode(self, n_seqs: int, cancelled: Callable[[], bool] | None = None) -> bool:
+        """One llama_decode of the batch. With `cancelled` (only for a batch that holds one sequence: an abort stops
+        the whole decode), llama.cpp asks it between its operations, on the CPU (a GPU's backend asks nothing), and
+        stops there once it says so: False, and the memory may hold the ubatches done before (forget them)."""
+        thunk = context.set_abort(self.ctx, cancelled) if cancelled is not None else None
+        try:
+            rc = context.decode(self.ctx, self.batch)
+        finally:
+            if thunk is not None:
+                context.set_abort(self.ctx, None)
+                del thunk  # referenced until llama.cpp no longer holds it
+        if rc == 2 and cancelled is not None and cancelled():
+            return False
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
                                 hint="lower --parallel or raise --ctx")
         logs.raise_deferred()
+        return True
+
+    def forget(self, seq: int, pos: int) -> None:
+        """Drop sequence `seq`'s cells from `pos` on, and the slot's record of them (a prompt stopped part-way)."""
+        if not context.seq_rm(context.memory(self.ctx), seq, pos, -1):
+            raise LocalgenError("llama.cpp could not forget a prompt stopped part-way")
+        del self.slots.held[seq][pos:]
 
 
 def _interpolate(costs: list[tuple[int, float]], n: int) -> float:

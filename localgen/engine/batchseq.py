@@ -36,6 +36,9 @@ class Request:
     seed: int = 0
     logprobs: int | None = None
     exact: bool = False  # in the throughput scheduler: run alone, on the engine's own context (`Solo`)
+    # whether its client has left (serve: the job's cancelled event), asked by llama.cpp while a piece of its prompt
+    # is evaluated alone in a decode, which then stops where it is (ParallelContext.decode); None: never asked
+    cancelled: Callable[[], bool] | None = None
 
     @property
     def tokens(self) -> list[int]:

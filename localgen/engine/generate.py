@@ -25,7 +25,7 @@ class Generation:
 
     def __init__(self, engine: DecodingEngine, prompt: Prompt, sampling: SamplingParams,
                  started: float | None = None, drafter: Any = None, draft_max: int = 6,
-                 logprobs: int | None = None, held_before: int | None = None) -> None:
+                 logprobs: int | None = None, lead: Callable[[Generation], None] | None = None) -> None:
         self.engine = engine
         self.prompt = prompt
         self.seed = sampling.seed if sampling.seed is not None else random.getrandbits(31)
@@ -41,7 +41,8 @@ class Generation:
         self.n_logprobs = logprobs
         self.counters: Any = None
         self.prompt_cache = "off"
-        self.held_before = held_before  # of the KV cache's tokens, those a cache gave back (None: all)
+        self.lead = lead  # the prompt's shared prefix held first, as the stream begins (Engine.generate)
+        self.held_before: int | None = None  # of the KV cache's tokens, those a cache gave back (None: all)
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -67,6 +68,10 @@ class Generation:
         is ours and the CPU computes it (else after it: KVCache._piece); the text so far is kept."""
         self._cancel = True
 
+    def cancelled(self) -> bool:
+        """Whether cancel() was called."""
+        return self._cancel
+
     def close(self) -> None:
         """Stop the stream (if still running) and settle the stats as cancelled."""
         self._iter.close()  # type: ignore[attr-defined]
@@ -79,7 +84,7 @@ class Generation:
 
             self.counters = speculative.Counters()
             yield from speculative.tokens(eng, self.prompt, self.sampling, self.seed, self.drafter, self.draft_max,
-                                          self.counters, self._record_logprob)
+                                          self.counters, self._record_logprob, self.cancelled)
             return
         chain = eng.sampler(self.sampling, self.seed, self.prompt.tokens)
         budget = budget_for(eng, self.sampling, self.prompt.tokens)
@@ -112,9 +117,11 @@ class Generation:
 
     def _run(self) -> Iterator[Chunk]:
         eng, seq = self.engine, self.seq
+        if self.lead is not None:  # the shared prefix first: a cancel stops it as it stops the prompt's pieces
+            self.lead(self)
         cached = eng.kv.cached_prefix(self.prompt)
         if self.held_before is not None:  # a prefix evaluated for this answer just before it: not cached, and
-            cached = min(cached, self.held_before)  # the counters, reset before it by the caller, count it
+            cached = min(cached, self.held_before)  # the counters, reset before it by the lead, count it
         else:
             eng.reset_perf()
         t0 = self._started if self._started is not None else time.perf_counter()

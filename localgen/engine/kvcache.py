@@ -104,17 +104,18 @@ class KVCache:
         self._evaluated = 0
         self._live = False
 
-    def evaluate(self, prompt: Prompt, logits: bool = True) -> int:
+    def evaluate(self, prompt: Prompt, logits: bool = True, cancelled: Callable[[], bool] = bool) -> int:
         """Make the cache hold exactly the prompt's tokens, evaluating only what it does not hold yet, in
         n_batch pieces (llama.cpp rounds a row differently in batches of other sizes, so the pieces are always
         cut the same way; after a reused prefix the first piece ends where a fresh evaluation's ubatch ends, so
         every row is computed as a fresh evaluation computes it), its media spans evaluating themselves
         between them. With `logits`, the last
         token's logits are live afterwards. Returns how many tokens were reused. A Ctrl-C stops the piece under
-        way where it is (_piece); interrupted anywhere, the record stays true. Plain tokens (a prefix) come as
-        Prompt.text(tokens)."""
-        keep, pieces = self.evaluating(prompt, logits)
-        for _ in pieces:
+        way where it is (_piece), and so does `cancelled` saying so (or between two pieces): the pieces before it
+        stay held, and `held` says how far it came; interrupted anywhere, the record stays true. Plain tokens (a
+        prefix) come as Prompt.text(tokens)."""
+        keep, pieces = self.evaluating(prompt, logits, cancelled)
+        while not cancelled() and next(pieces, None) is not None:
             pass
         return keep
 

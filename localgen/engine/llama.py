@@ -251,13 +251,14 @@ class Engine:
 
     def generate(self, prompt: Prompt, sampling: SamplingParams, started: float | None = None,
                  drafter: Any = None, draft_max: int = 6, logprobs: int | None = None,
-                 held_before: int | None = None) -> Any:
+                 lead: Callable[[Any], None] | None = None) -> Any:
         """Start streaming a completion of the prompt (a Generation). Raises EmptyPrompt or ContextOverflowError
-        before any work. `started` (a perf_counter time) is when the request began, if prompt work was done before
-        this call (a prompt cache loaded or filled), so time to first token counts it; `held_before`, then,
-        how many of the tokens the KV cache holds it held before that work (the rest count as evaluated for
-        this answer, not cached), and the perf counters are not reset: the caller reset them before that work,
-        so that the prefill rate counts it."""
+        before any work. `started` (a perf_counter time) is when the request began, so time to first token counts
+        what was done since. `lead(generation)`, where given, runs as the stream begins, before the prompt is
+        evaluated: prompt work of its own (a prompt cache loaded or filled), stopped where the generation is
+        cancelled; it sets the generation's `held_before`, how many of the tokens the KV cache holds it held
+        before that work (the rest count as evaluated for this answer, not cached), and resets the perf counters
+        itself before that work, so that the prefill rate counts it."""
         from localgen.engine.generate import Generation
 
         if not prompt.tokens:  # nothing to decode: llama.cpp would abort the process on the empty batch
@@ -266,7 +267,7 @@ class Engine:
             raise self.overflow(f"the prompt is {len(prompt.tokens):,} tokens; the context window is {self.n_ctx:,}")
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
-        return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs, held_before)
+        return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs, lead)
 
     def overflow(self, message: str) -> ContextOverflowError:
         """The error for a prompt past the window, with what can help: a larger --ctx up to the trained context,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -125,40 +126,44 @@ class LocalBackend:
         return len(self.prompt(request).tokens)
 
     def generate(self, request: GenerationRequest, started: float | None = None) -> Any:
-        """A stream of the answer; the shared prefix comes from (or goes to) the prompt cache first."""
+        """A stream of the answer; the shared prefix comes from (or goes to) the prompt cache first, once the
+        stream begins, so that cancelling the stream stops that evaluation too (a chat's first Ctrl-C)."""
         self.check_generates()
         started = started if started is not None else time.perf_counter()
         self._check_size(request)
         prompt = self.prompt(request)
-        tokens = prompt.tokens
-        cache = "skipped" if request.prompt_cache else "off"
-        held_before: int | None = None  # the KV cache's tokens held before this answer (None: all it holds)
         # a prompt shorter than the least cached prefix holds none: its lead is not rendered (most one-shot runs)
-        lead = _lead(request) if MIN_PREFIX <= len(tokens) < self.engine.n_ctx else None
-        if lead is not None and not prompt.spans:
-            from localgen.engine import promptcache
-
-            self.engine.reset_perf()  # a prefix evaluated below is this answer's prompt work: its rate counts it
-
-            shared = common_prefix(self.prompt(lead).tokens, tokens)
-            if shared >= MIN_PREFIX and common_prefix(self.engine.kv.held, tokens) >= shared:
-                # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
-                cache = "hit" if request.prompt_cache else cache
-            elif request.prompt_cache:
-                attached = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn)
-                cache, held_before = attached.status, attached.held_before
-            elif shared >= MIN_PREFIX:
-                # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
-                # differently in batches of other sizes, and the text must not depend on the cache.
-                held_before = self.engine.kv.evaluate(Prompt.text(tokens[:shared]), logits=False)
+        lead = _lead(request) if MIN_PREFIX <= len(prompt.tokens) < self.engine.n_ctx else None
         drafter = self.drafter
         if drafter is not None and prompt.spans:
             drafter = None  # the draft model cannot see the image
             self.warn("speculative decoding is off for a prompt with images or audio")
+        prefix = functools.partial(self._hold_lead, request, lead) if lead is not None and not prompt.spans else None
         gen = self.engine.generate(prompt, request.sampling, started=started, drafter=drafter,
-                                   draft_max=self.draft_max, logprobs=request.logprobs, held_before=held_before)
-        gen.prompt_cache = cache
+                                   draft_max=self.draft_max, logprobs=request.logprobs, lead=prefix)
+        gen.prompt_cache = "skipped" if request.prompt_cache else "off"
         return gen
+
+    def _hold_lead(self, request: GenerationRequest, lead: GenerationRequest, gen: Any) -> None:
+        """Before `gen` evaluates its prompt: the KV cache holds the prompt's shared prefix (`lead`'s tokens), from
+        the prompt cache or evaluated, unless `gen` is cancelled meanwhile; `gen` learns the cache's status and
+        how many tokens were held before (the rest count as this answer's evaluation, not as cached)."""
+        from localgen.engine import promptcache
+
+        tokens = gen.prompt.tokens
+        self.engine.reset_perf()  # a prefix evaluated here is this answer's prompt work: its rate counts it
+        shared = common_prefix(self.prompt(lead).tokens, tokens)
+        if shared >= MIN_PREFIX and common_prefix(self.engine.kv.held, tokens) >= shared:
+            # held already, by an earlier turn or tool step: evaluating it again would drop what follows it
+            gen.prompt_cache = "hit" if request.prompt_cache else gen.prompt_cache
+        elif request.prompt_cache:
+            attached = promptcache.attach_prefix(self.engine, tokens[:shared], self.warn, gen.cancelled)
+            gen.prompt_cache, gen.held_before = attached.status, attached.held_before
+        elif shared >= MIN_PREFIX:
+            # Evaluated in the same two pieces as with the cache: llama.cpp's kernels round a row
+            # differently in batches of other sizes, and the text must not depend on the cache.
+            gen.held_before = self.engine.kv.evaluate(Prompt.text(tokens[:shared]), logits=False,
+                                                      cancelled=gen.cancelled)
 
     def run_many(self, requests: Iterable[Indexed], parallel: int, on_done: Callable[[Completion], None],
                  exact: bool | None = None) -> dict[str, Any]:

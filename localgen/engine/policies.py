@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from localgen.backend import Completion
 from localgen.engine.batchseq import Request, Seq, Solo, is_exact, next_span
+from localgen.errors import Cancelled
 
 
 class Policy(Protocol):
@@ -284,6 +285,10 @@ class Throughput:
                       next_span(seq.req.prompt, seq.filled))  # a fresh evaluation's ubatches (piece_end)
             chunks[seq.slot] = end
             room -= end - seq.filled
+        # a step that holds one prompt's chunk alone stops where it is once its client leaves (ParallelContext.decode:
+        # an abort stops the whole decode, so never where other sequences' rows are in it)
+        alone = active[next(iter(chunks))] if len(chunks) == 1 and not decoding_seqs else None
+        begun = alone.filled if alone is not None else 0
         # rows in slot order, each slot's together: with a KV stream per slot llama.cpp cuts a batch into
         # ubatches of consecutive sequence ids (split_equal), so slots out of order (a prompt given the slot
         # that held its prefix) cut it into many small ubatches, each a pass over the weights, and the step is
@@ -308,7 +313,12 @@ class Throughput:
                 if end == len(tokens):
                     wants.append((seq, [row]))
                     done.append(seq)
-        pc.decode(len(active))
+        if not pc.decode(len(active), alone.req.cancelled if alone is not None else None):
+            assert alone is not None
+            pc.forget(alone.slot, begun)  # its chunk is gone; what it held before stays
+            alone.filled = begun
+            s.finish(alone)
+            return
         pc.steps += 1
         pc.rows += len(decoding_seqs)
         now = time.perf_counter()
@@ -403,14 +413,22 @@ class Exact:
         for seq in [only] if only is not None else list(self.filling):
             tokens, start = seq.req.tokens, seq.filled
             end, row = start, self._rows.get(seq.slot, -1)
-            while end < len(tokens):
-                end, row = s.pc.prefill_piece(seq.req.prompt, seq.slot, end, row)
-                if only is not None:
-                    break
+            left = False
+            try:
+                while end < len(tokens):
+                    end, row = s.pc.prefill_piece(seq.req.prompt, seq.slot, end, row, seq.req.cancelled)
+                    if only is not None:
+                        break
+            except Cancelled:  # its client left inside a piece: that piece is gone, those before it are held
+                left = True
             s.pc.slots.held[seq.slot].extend(tokens[start:end])
             seq.filled = end
             self._rows[seq.slot] = row
-            if end == len(tokens):
+            if left:
+                self.filling.remove(seq)
+                self._rows.pop(seq.slot, None)
+                s.finish(seq)
+            elif end == len(tokens):
                 self.filling.remove(seq)
                 seq.prefilled = time.perf_counter()
                 s.sample(seq, self._rows.pop(seq.slot))

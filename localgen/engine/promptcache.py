@@ -69,9 +69,11 @@ def _digest(engine: Engine, tokens: list[int] | None = None) -> str:
     return h.hexdigest()
 
 
-def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None] = lambda s: None) -> Attached:
+def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None] = lambda s: None,
+                  cancelled: Callable[[], bool] = bool) -> Attached:
     """Make the engine hold `prefix`: from a saved state when there is one, else by evaluating it and
-    saving the state (when it fits the cap)."""
+    saving the state (when it fits the cap). Stopped by `cancelled` while it is evaluated, it holds what was
+    evaluated before and saves nothing ("skipped")."""
     if len(prefix) < MIN_PREFIX:
         return Attached("skipped", None)
     with contextlib.suppress(OSError):  # a cap lowered since the last run: what it no longer holds is not loaded
@@ -85,7 +87,9 @@ def attach_prefix(engine: Engine, prefix: list[int], warn: Callable[[str], None]
         with contextlib.suppress(OSError):  # did not load, or a key collision: never ours
             path.unlink(missing_ok=True)
         engine.kv.clear()
-    reused = engine.kv.evaluate(Prompt.text(prefix), logits=False)
+    reused = engine.kv.evaluate(Prompt.text(prefix), logits=False, cancelled=cancelled)
+    if engine.kv.held != prefix:  # stopped part-way: a part of the prefix is no state to keep
+        return Attached("skipped", reused)
     try:
         paths.private_dir(folder)  # a state holds the text of its prompt
         size, cap = engine.kv.state_size(), cap_bytes()

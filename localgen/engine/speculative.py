@@ -120,6 +120,15 @@ class ModelDrafter:
         self.limit = target.n_vocab  # a draft token past the model's vocabulary ends the draft
         self.greedy = draft.sampler(SamplingParams(temperature=0.0, repeat_penalty=1.0), 0)
 
+    def read(self, context: list[int], cancelled: Callable[[], bool]) -> bool:
+        """Evaluate the context (the prompt and the first token) before the answer is shown, where a Ctrl-C or a
+        cancel stops it as it stops the model's own read-in (False then); propose evaluates only what follows."""
+        d = self.engine
+        if len(context) + 1 >= d.n_ctx:
+            return True  # propose drafts nothing there
+        d.kv.evaluate(Prompt.text(context), cancelled=cancelled)
+        return not cancelled()
+
     def propose(self, context: list[int], k: int) -> list[int]:
         d = self.engine
         if len(context) + k >= d.n_ctx:
@@ -215,14 +224,18 @@ def check_vocab_files(model: str, draft: str, draft_name: str) -> None:
 
 
 def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int, drafter: Drafter, k: int,
-           counters: Counters, on_sample: Callable[[int, int], None] = lambda tok, row: None) -> Iterator[int]:
+           counters: Counters, on_sample: Callable[[int, int], None] = lambda tok, row: None,
+           cancelled: Callable[[], bool] = bool) -> Iterator[int]:
     """Yield sampled tokens as the plain path does, checking drafts in batches. `on_sample(token, row)` is
-    called with each sampled token while its logits row is valid."""
+    called with each sampled token while its logits row is valid. `cancelled` stops the prompt's read-in, the
+    draft model's too, with no token yielded."""
     # The prompt is evaluated as the plain path evaluates it, and the first token sampled from the same
     # logits: a GPU rounds a row differently when the batch around it has another shape, so a prompt cut
     # elsewhere could change a near-tie greedy choice. After that, a check with no drafts is the plain path's
     # one-token decode.
-    engine.kv.evaluate(prompt)
+    engine.kv.evaluate(prompt, cancelled=cancelled)
+    if cancelled():
+        return
     context = list(prompt.tokens)
     chain = engine.sampler(s, seed, prompt.tokens)
     valid = len(engine.kv.held)
@@ -230,6 +243,10 @@ def tokens(engine: DecodingEngine, prompt: Prompt, s: SamplingParams, seed: int,
         first = engine.sample(chain)
         on_sample(first, -1)
         context.append(first)
+        # the draft model reads the prompt before the first token is shown: a press during it takes the message
+        # back, as during the model's own read-in
+        if isinstance(drafter, ModelDrafter) and not drafter.read(context, cancelled):
+            return
         yield first
         while True:
             room = engine.n_ctx - len(engine.kv.held) - 1

@@ -96,7 +96,8 @@ def request(backend: Any, pc: Any, job_id: int, job: Job, prompt: Prompt | None 
     if n >= pc.n_ctx_seq and job.request.sampling.max_tokens != 0:  # nothing to generate: counted (count_tokens)
         raise prompt_too_long(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}", n,
                               pc.n_ctx_seq)
-    return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact)
+    return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact,
+                   cancelled=job.cancelled.is_set)
 
 
 def task(backend: Any, job_id: int, job: EmbedJob) -> Any:

@@ -367,7 +367,9 @@ class ModelWorker:
                 if isinstance(job, Job) and job.stream:
                     job.send(Text(out.text, out.prompt_tokens, out.cached))
                 continue
-            if job.state is State.ABORTING or isinstance(getattr(out, "error", None), Cancelled):
+            stopped = isinstance(out, Finished) and out.completion.finish_reason == "cancelled" and \
+                job.cancelled.is_set()  # its client left while its prompt was evaluated: stopped inside the step
+            if job.state is State.ABORTING or stopped or isinstance(getattr(out, "error", None), Cancelled):
                 self.aborted += 0 if finishing(job) else 1
             if isinstance(out, Finished):
                 assert isinstance(job, Job), "a generation's end"
