@@ -134,6 +134,41 @@ def test_ctrl_c_stops_runs_long_read_in_inside_its_piece(cli_env: dict[str, str]
     assert after * 4 < whole - pressed, (after, whole, pressed)
 
 
+def test_ctrl_c_stops_a_files_batched_read_in_inside_its_step(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`run --file` reads its prompts in batched steps (continuous batching): Ctrl-C soon after the first step
+    begins ends the run (`interrupted`, 130) having done a small part of the step's work, where the old code
+    finished the step first (seconds of a busy machine's time, for two long prompts)."""
+    text = long_text(tmp_path / "big.txt").read_text().replace("\n", " ")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"{text} Summarize.\n{text} Say it again.\n")
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    args = ["run", "-n", "1", "--temperature", "0", *ONE_PIECE, "--no-prompt-cache"]
+    argv = [sys.executable, "-m", "localgen", *args]
+
+    def piped_cpu_s(*words: str) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run([*argv, *words], env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=SAFETY_NET_S)
+        assert done.returncode == 0, done.stderr
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (now.ru_utime - before.ru_utime) + (now.ru_stime - before.ru_stime)
+
+    base = piped_cpu_s("Hi.")
+    whole = piped_cpu_s("--file", str(prompts), "-np", "2")
+    assert whole > base + 4 * INTO, (base, whole)
+    child = terminal.spawn({**env, "TERM": "xterm"}, [*args, "--file", str(prompts), "-np", "2"],
+                           timeout=SAFETY_NET_S)
+    child.logfile_read = log = io.StringIO()
+    pressed = press_into_the_work(child, 0.0, base + INTO)
+    child.expect_exact("interrupted")
+    after = cpu_s(child.pid) - pressed
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130, log.getvalue()
+    assert "Traceback" not in log.getvalue() and not re.search(r"Exception ignored", log.getvalue()), log.getvalue()
+    assert after * 4 < whole - pressed, (after, whole, pressed)
+
+
 def test_first_ctrl_c_stops_a_first_turns_long_system_prompt_read_and_nothing_of_it_is_kept(
         cli_env: dict[str, str], tmp_path: Path) -> None:
     """`chat --system LONG`: the system prompt is read in with the first message, as the prompt cache's prefix, where

@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from localgen.engine.llama import Engine
 
 
+# a step of more rows than this (prompts being read) stops inside at a Ctrl-C where `ctrl_c` is set; one of fewer
+# (tokens being generated) ends first: the abort check costs ~1 µs per llama.cpp operation, some 0.5 ms a step
+CTRL_C_ROWS = 64
+
+
 class ParallelContext:
     """A second context on the Engine's model with n_seq_max sequences, each with its own window."""
 
@@ -116,6 +121,7 @@ class ParallelContext:
         # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending)
         self.step_costs: list[tuple[int, float]] = []
         self.batch = Batch(self.n_batch)
+        self.ctrl_c = False  # whether a Ctrl-C stops a long step inside it (decode): set by a command's own run
         self.vocab = engine.vocab
         self.n_vocab = engine.n_vocab
 
@@ -374,16 +380,23 @@ class ParallelContext:
     def decode(self, n_seqs: int, cancelled: Callable[[], bool] | None = None) -> bool:
         """One llama_decode of the batch. With `cancelled` (only for a batch that holds one sequence: an abort stops
         the whole decode), llama.cpp asks it between its operations, on the CPU (a GPU's backend asks nothing), and
-        stops there once it says so: False, and the memory may hold the ubatches done before (forget them)."""
-        thunk = context.set_abort(self.ctx, cancelled) if cancelled is not None else None
+        stops there once it says so: False, and the memory may hold the ubatches done before (forget them). With
+        `ctrl_c` set (a command's own batch: run --file), a step of more than CTRL_C_ROWS rows (prompts) stops at a
+        Ctrl-C inside it, which is raised: the command ends, and nothing of the step is used."""
+        if cancelled is None and self.ctrl_c and self.batch.n_tokens > CTRL_C_ROWS:
+            thunk = context.stop_on_ctrl_c(self.ctx)  # None off the main thread, or under another handler
+        else:
+            thunk = context.set_abort(self.ctx, cancelled) if cancelled is not None else None
         try:
             rc = context.decode(self.ctx, self.batch)
         finally:
             if thunk is not None:
                 context.set_abort(self.ctx, None)
                 del thunk  # referenced until llama.cpp no longer holds it
-        if rc == 2 and cancelled is not None and cancelled():
-            return False
+        if rc == 2:
+            logs.raise_deferred()  # a Ctrl-C stopped it
+            if cancelled is not None and cancelled():
+                return False
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
                                 hint="lower --parallel or raise --ctx")

@@ -188,6 +188,7 @@ class LocalBackend:
         mode = batching_mode(self.engine, exact, self.lookup)
         pc = ParallelContext(self.engine, parallel, self.engine.n_ctx, pooled=mode.throughput,
                              draft_max=self.draft_max if self.lookup else 0)
+        pc.ctrl_c = True  # a Ctrl-C stops a step of prompts where it is (on the main thread, under our handler)
         try:
             if pc.draft_max:
                 pc.calibrate()
