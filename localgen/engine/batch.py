@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 
 # a step of more rows than this (prompts being read) stops inside at a Ctrl-C where `ctrl_c` is set; one of fewer
-# (tokens being generated) ends first: the abort check costs ~1 µs per llama.cpp operation, some 0.5 ms a step
+# (tokens being generated) ends first: the abort check is a call into Python per llama.cpp operation, a cost a
+# token's step would pay on every step (docs/benchmarks.md, Costs noted in the code)
 CTRL_C_ROWS = 64
 
 
