@@ -130,7 +130,7 @@ def test_a_failed_decode_says_internal_error_and_health_counts_it(smollm2_path: 
         _still_answers(s.url)  # warmed up (in the worker's thread) before the fault goes in
         pc = s.worker.residence.pc
 
-        def decode(n: int) -> None:
+        def decode(n: int, cancelled: Any = None) -> bool:
             raise LocalgenError("llama_decode failed (-1) with 1 sequence")
 
         monkeypatch.setattr(pc, "decode", decode)

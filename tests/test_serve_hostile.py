@@ -123,11 +123,11 @@ def test_a_fault_mid_decode_fails_those_jobs_only(inproc: InProcess, monkeypatch
     real = pc.decode
     calls = {"n": 0}
 
-    def decode(n: int) -> None:
+    def decode(n: int, cancelled: Any = None) -> bool:
         calls["n"] += 1
         if calls["n"] == 4:
             raise ZeroDivisionError("a bug in the decoding loop")
-        real(n)
+        return real(n, cancelled)
 
     monkeypatch.setattr(pc, "decode", decode)
     r = _complete(inproc.url, prompt="Once upon a time", max_tokens=20, ignore_eos=True)
@@ -148,11 +148,11 @@ def test_an_error_after_the_first_token_is_an_error_event(inproc: InProcess, mon
     real = pc.decode
     calls = {"n": 0}
 
-    def decode(n: int) -> None:
+    def decode(n: int, cancelled: Any = None) -> bool:
         calls["n"] += 1
         if calls["n"] % 6 == 0:
             raise LocalgenError("llama_decode failed (1) with 1 sequence")
-        real(n)
+        return real(n, cancelled)
 
     monkeypatch.setattr(pc, "decode", decode)
     client = openai.OpenAI(base_url=f"{inproc.url}/v1", api_key="x")

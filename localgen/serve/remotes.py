@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from localgen import redact
 from localgen.errors import LocalgenError
-from localgen.remote.client import error_text
 from localgen.remote.endpoints import Endpoint
 
 LIST_S = 10.0  # the start's GET /models
@@ -34,6 +33,8 @@ def discover(endpoint: Endpoint) -> Remote:
     if endpoint.models:
         return Remote(endpoint, endpoint.models, listed=True)
     import httpx
+
+    from localgen.remote.client import error_text  # here: serve without --endpoint never imports the client
 
     where = endpoint.label
     headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}
