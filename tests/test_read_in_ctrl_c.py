@@ -43,6 +43,16 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def piped_cpu_s(env: dict[str, str], args: list[str], *words: str) -> float:
+    """The CPU seconds of `localgen ARGS WORDS` run to its end into a pipe (an interpreter of its own)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, "-m", "localgen", *args, *words], env=env, cwd=str(ROOT),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=SAFETY_NET_S)
+    assert done.returncode == 0, done.stderr
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (now.ru_utime - before.ru_utime) + (now.ru_stime - before.ru_stime)
+
+
 def press_into_the_work(child: pexpect.spawn, since: float, into: float = INTO) -> float:
     """Ctrl-C once the child has used `into` CPU seconds more than `since`; its CPU seconds at the press."""
     deadline = time.monotonic() + SAFETY_NET_S
@@ -109,18 +119,9 @@ def test_ctrl_c_stops_runs_long_read_in_inside_its_piece(cli_env: dict[str, str]
     big = long_text(tmp_path / "big.txt")
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
     args = ["run", "-n", "1", "--temperature", "0", *ONE_PIECE, "--no-prompt-cache"]
-    argv = [sys.executable, "-m", "localgen", *args]
 
-    def piped_cpu_s(*words: str) -> float:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        done = subprocess.run([*argv, *words], env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=SAFETY_NET_S)
-        assert done.returncode == 0, done.stderr
-        now = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return (now.ru_utime - before.ru_utime) + (now.ru_stime - before.ru_stime)
-
-    base = piped_cpu_s("Hi.")
-    whole = piped_cpu_s(*RUN_PROMPTS[prompt](big))
+    base = piped_cpu_s(env, args, "Hi.")
+    whole = piped_cpu_s(env, args, *RUN_PROMPTS[prompt](big))
     assert whole > base + 4 * INTO, (base, whole)  # the read-in is long beside the point of the press
     child = terminal.spawn({**env, "TERM": "xterm"}, [*args, *RUN_PROMPTS[prompt](big)], timeout=SAFETY_NET_S)
     child.logfile_read = log = io.StringIO()
@@ -143,18 +144,9 @@ def test_ctrl_c_stops_a_files_batched_read_in_inside_its_step(cli_env: dict[str,
     prompts.write_text(f"{text} Summarize.\n{text} Say it again.\n")
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
     args = ["run", "-n", "1", "--temperature", "0", *ONE_PIECE, "--no-prompt-cache"]
-    argv = [sys.executable, "-m", "localgen", *args]
 
-    def piped_cpu_s(*words: str) -> float:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        done = subprocess.run([*argv, *words], env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=SAFETY_NET_S)
-        assert done.returncode == 0, done.stderr
-        now = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return (now.ru_utime - before.ru_utime) + (now.ru_stime - before.ru_stime)
-
-    base = piped_cpu_s("Hi.")
-    whole = piped_cpu_s("--file", str(prompts), "-np", "2")
+    base = piped_cpu_s(env, args, "Hi.")
+    whole = piped_cpu_s(env, args, "--file", str(prompts), "-np", "2")
     assert whole > base + 4 * INTO, (base, whole)
     child = terminal.spawn({**env, "TERM": "xterm"}, [*args, "--file", str(prompts), "-np", "2"],
                            timeout=SAFETY_NET_S)

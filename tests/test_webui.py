@@ -662,16 +662,19 @@ def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab
                     "message sends the conversation's pictures again: start a new chat to send fewer."), note
 
 
+# markdown.js's render of a text, as the DOM's HTML (page.evaluate(RENDER, text))
+RENDER = """async (src) => {
+    const m = await import('./webui/markdown.js');
+    const d = document.createElement('div');
+    d.append(m.render(src));
+    return d.innerHTML;
+}"""
+
 def test_markdown_becomes_nodes_never_html(tab: Tab) -> None:
     """markdown.js: the subset it renders, as the DOM it builds; HTML in the text stays text; links only for
     http, https and mailto; a code block's Copy button copies its code."""
     page = tab.open()
-    render = """async (src) => {
-        const m = await import('./webui/markdown.js');
-        const d = document.createElement('div');
-        d.append(m.render(src));
-        return d.innerHTML;
-    }"""
+    render = RENDER
     cases = {
         "# Title\n\nSome *em*, _em_, **strong**, ~~gone~~ and `a <b>`.":
             "<h1>Title</h1><p>Some <em>em</em>, <em>em</em>, <strong>strong</strong>, <del>gone</del> and "
@@ -965,12 +968,7 @@ def test_an_answer_of_unclosed_markdown_renders_in_one_pass(tab: Tab, tmp_path: 
     assert page.evaluate("document.querySelector('article.assistant .body p').textContent") == hostile.strip()
     assert page.evaluate("document.querySelectorAll('article.assistant .body p *').length") == 0
     assert page.evaluate("document.querySelectorAll('article.assistant .body > ul > li').length") == 100_000
-    render = """async (src) => {
-        const m = await import('./webui/markdown.js');
-        const d = document.createElement('div');
-        d.append(m.render(src));
-        return d.innerHTML;
-    }"""
+    render = RENDER
     assert page.evaluate(render, "```a`` b") == "<p>```a`` b</p>"  # not ` and a span of `a`
     assert page.evaluate(render, "``a`` and `` `c` ``") == "<p><code>a</code> and <code>`c`</code></p>"
 
