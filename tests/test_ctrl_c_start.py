@@ -39,3 +39,24 @@ def test_ctrl_c_during_start_is_one_line_and_exit_130(cli_env: dict[str, str], d
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert p.returncode == 130, (p.returncode, err)
     assert err.strip() == "interrupted", err
+
+
+# a press whose KeyboardInterrupt is raised inside a weakref callback: as one of importlib's module locks going away
+# while a module is imported (a fresh clone's CI once saw it, at 0.02 s)
+LOST_IN_CALLBACK = ("import os, signal, sys, weakref\nfrom localgen.cli.main import keep_ctrl_c\n"
+                    "if sys.argv[1] == 'kept':\n    keep_ctrl_c()\n"
+                    "class Box:\n    pass\nbox = Box()\n"
+                    "def gone(ref):\n    os.kill(os.getpid(), signal.SIGINT)\n    sum(range(100000))\n"
+                    "ref = weakref.ref(box, gone)\n"
+                    "try:\n    del box\n    sum(range(10000000))\n    print('went on')\n"
+                    "except KeyboardInterrupt:\n    print('taken')\n")
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_press_raised_inside_a_weakref_callback_reaches_the_command(kept: bool) -> None:
+    p = subprocess.run([sys.executable, "-c", LOST_IN_CALLBACK, "kept" if kept else "python's own"], cwd=str(ROOT),
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, preexec_fn=default_sigint)
+    if kept:
+        assert (p.stdout, p.stderr, p.returncode) == ("taken\n", "", 0)
+    else:  # what Python does alone: the press is printed as "ignored", and the program goes on
+        assert p.stdout == "went on\n" and "Exception ignored" in p.stderr and "KeyboardInterrupt" in p.stderr

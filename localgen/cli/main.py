@@ -40,10 +40,32 @@ def switch_on(name: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback. Ctrl-C at any
     moment, even while the command's modules are imported, is one "interrupted" line and exit 130."""
+    keep_ctrl_c()
     try:
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
+
+
+def keep_ctrl_c() -> None:
+    """A Ctrl-C whose KeyboardInterrupt is raised inside a finaliser or a weakref callback (one of importlib's module
+    locks going away while a module is imported, an object's __del__) is "ignored" by Python: it prints a traceback
+    and the command goes on as though no key was pressed. Such a press is handed again, silently, to the SIGINT
+    handler in place, which raises it (or counts it) where the command can take it. Once per process."""
+    previous = sys.unraisablehook
+    if getattr(previous, "keeps_ctrl_c", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            import _thread
+
+            _thread.interrupt_main()  # does nothing where SIGINT is ignored (the exit is under way)
+            return
+        previous(unraisable)
+
+    hook.keeps_ctrl_c = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def interrupted_early() -> None:
