@@ -52,7 +52,7 @@ def abandon(worker: threading.Thread) -> None:
     import ctypes
 
     _abandoned.add(worker)
-    if worker.ident is not None:  # CPython's C API, documented: an exception raised in another thread
+    if worker.ident is not None and worker.is_alive():  # CPython's C API: an exception raised in another thread
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(ToolStopped))
     with _redirect:
         if not _redirected and not isinstance(sys.stdout, _Muted):
