@@ -18,6 +18,7 @@ from localgen.types import SamplingParams
 INT, FLOAT, TEXTS, BIAS, BOOL = "int", "float", "texts", "bias", "bool"
 INT32 = 2**31 - 1  # llama.cpp takes these as C ints: larger values would wrap (top_k 2**32 became 0, "off")
 MAX_TEXTS, MAX_TEXT_CHARS = 64, 1000  # stop strings and DRY breakers: each is matched against every token
+MAX_BIAS = 1 << 18  # logit bias entries, as many as the largest vocabularies' tokens: each is applied every token
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,8 @@ def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float
         items = [parse_bias(value)]
     else:
         raise UsageError(f"{shown} must be TOKEN(+|-)BIAS items or a token→bias object, not {value!r}")
+    if len(items) > MAX_BIAS:
+        raise UsageError(f"{shown}: at most {MAX_BIAS:,} entries (one a token), not {len(items):,}")
     out = []
     for item in items:
         if not (isinstance(item, (list, tuple)) and len(item) == 2):

@@ -500,12 +500,18 @@ def test_compare_of_two_ladders_pairs_each_file_whatever_threads_or_batch_timed_
     (("--endpoint", "http://127.0.0.1:9", "--num-prompts", "99999999999999999999"), "'--num-prompts'"),
     (("--quality", "default", "--reference", "smollm2:135m", "-m", "smollm2:135m", "-p", "9000"),
      "pp9000 needs a context of 9,000 tokens"),
+    # a hundred million load configurations were listed (minutes, gigabytes) before anything was said
+    (("-t", "1-1000", "-b", "1-1000", "-ub", "1-100"),
+     "the sweep is 100,000,000 configurations (1000 × 1000 × 100 values): at most 10,000"),
+    (("-p", "1-1000", "-n", "1-1000", "-d", "0-9"), "the sweep is 20,000 tests (-p and -n sizes, -pg pairs, at each "
+                                                    "-d depth): at most 10,000"),
 ])
 def test_an_absurd_size_or_count_is_refused_before_anything_is_measured(cli: CLI, own_home: Path,
                                                                         args: tuple[str, ...], said: str) -> None:
-    """bench.md: -r, -p, -n, -d, -pg, -npl and --num-prompts past what can run (a test longer than the model's training
-    context, the load's cap; more sequences than llama.cpp's 256) are a one-line usage error naming the flag,
-    before any load, estimate or history run: not an estimate of billions of hours, nor a failure once measuring."""
+    """bench.md: -r, -p, -n, -d, -pg, -npl, --num-prompts and a sweep's size past what can run (a test longer than
+    the model's training context, the load's cap; more sequences than llama.cpp's 256; more configurations or tests
+    than 10,000) are a one-line usage error naming the flag, before any load, estimate or history run: not an
+    estimate of billions of hours, nor a failure once measuring."""
     cli = CLI({**cli.env, "LOCALGEN_HOME": str(own_home)})  # a history of its own, whatever ran before
     r = cli("bench", *args, "-o", "md")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr

@@ -249,6 +249,26 @@ def test_perplexity_refuses_a_text_past_its_cap_before_reading_it_whole(cli_in_p
     assert line.startswith(f"localgen: error: {'stdin' if source == 'stdin' else path} is larger"), line
 
 
+def test_perplexity_reads_only_the_text_its_windows_take(cli: CLI, tmp_path: Path) -> None:
+    # docs/perplexity.md: a 60 MiB text was read and tokenized whole (a minute of two busy cores) to measure two
+    # windows; now only its beginning is read, so a byte that is not UTF-8 at its end goes unread, and the figures
+    # are those of the beginning alone
+    import json
+
+    from localgen.quant.text import default_text
+
+    body = default_text()[:20_000].encode("utf-8")
+    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
+    small.write_bytes(body)
+    big.write_bytes(body + b"\n" + body * (60 * 2**20 // len(body)) + b"\xff")
+    args = ("-m", "smollm2:135m", "-c", "64", "--chunks", "2", "-t", "1", "--json")
+    r = cli("perplexity", "-f", str(big), *args)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ppl"] == json.loads(cli("perplexity", "-f", str(small), *args).stdout)["ppl"]
+    r = cli("perplexity", "-f", str(big), "-m", "smollm2:135m", "-c", "64", "-t", "1")  # all of it: read whole
+    one_line_usage_error(r, f"{big} is not UTF-8 text")
+
+
 def test_quantize_refuses_an_importance_matrix_that_is_a_device(cli_in_process: InProcessCLI, smollm2_path: Path,
                                                                 tmp_path: Path) -> None:
     # --imatrix /dev/zero was read whole: a MemoryError traceback

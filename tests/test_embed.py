@@ -82,6 +82,20 @@ def test_embed_options(cli: CLI, tmp_path: Path) -> None:
         assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
+def test_a_text_longer_than_the_window_could_hold_is_not_tokenized_whole(cli: CLI) -> None:
+    """docs/embeddings.md: a 4 MB line piped to embed was tokenized whole (894,384 tokens, seconds a megabyte) to
+    keep its first window; now past a megabyte only the beginning that holds more than the window is."""
+    from localgen.quant.text import default_text
+
+    words = " ".join(default_text().split())
+    big = words * (2 * 2**20 // len(words) + 1)  # over 2 MB on one line
+    r = cli("embed", "--ctx", "256", input=big)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert re.search(r"a text is more than [\d,]+ tokens; the embeddings window is 256", r.stderr), r.stderr
+    cut = _vectors(cli("embed", "--ctx", "256", "--truncate", input=big))
+    assert cut == _vectors(cli("embed", "--ctx", "256", "--truncate", input=big[:20_000])), "its first 256 tokens"
+
+
 # 1 - cosine against llama-embedding's stored vectors, as measured: SmolLM2 (Q4_1, Q8_0) 2.5e-13 on the CPU
 # that made them, which is float rounding of the same numbers; 3.8e-5 on an AMD EPYC (AVX2, no AVX-512) against
 # them, whose kernels sum in another order; Gemma 3 (Q4_K_M) 5.5e-4 on a Xeon without AVX-512 against a

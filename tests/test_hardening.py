@@ -51,6 +51,17 @@ def test_a_flags_bad_value_names_the_flag_typed_and_a_lines_names_its_field(cli:
     assert r.returncode == 1 and "logit_bias: a token id" in json.loads(r.stdout)["error"], (r.stdout, r.stderr)
 
 
+def test_a_logit_bias_longer_than_any_vocabulary_is_refused(cli: CLI, tmp_path: Path) -> None:
+    """docs/api.md: at most 262,144 entries; 1.4 million in a 14 MB request were each applied at every token."""
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "x", "logit_bias": [[5, 0.0]] * (2**18 + 1)}) + "\n"
+                     + json.dumps({"prompt": "x", "logit_bias": [[5, 0.0]] * 2**18}) + "\n")
+    r = cli("run", "--file", str(jsonl), "-n", "1", "--json")
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.returncode == 1 and "logit_bias: at most 262,144 entries (one a token), not 262,145" in docs[0]["error"]
+    assert "error" not in docs[1], docs[1]
+
+
 def test_a_bad_line_fails_alone_in_a_batch(cli: CLI, tmp_path: Path) -> None:
     jsonl = tmp_path / "in.jsonl"
     jsonl.write_text('{"prompt": "a \\ud800 b"}\n{"prompt": "The sky is"}\n{"prompt": "x", "top_k": 4294967296}\n')

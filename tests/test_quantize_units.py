@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -135,10 +136,51 @@ def test_a_text_file_loses_one_trailing_newline_as_llama_perplexity_reads_it(tmp
     from localgen.quant.text import read_text
 
     (tmp_path / "t.txt").write_text("one\ntwo\n\n")
-    assert read_text(str(tmp_path / "t.txt")) == "one\ntwo\n"
+    assert read_text(str(tmp_path / "t.txt")).whole() == "one\ntwo\n"
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    assert read_text(str(tmp_path / "crlf.txt")).prefix(100) == ("one\ntwo", True)
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     with pytest.raises(UsageError, match="is not UTF-8 text"):
         read_text(str(tmp_path / "bad.txt"))
+
+
+def _vocab_tokenizer(path: Path) -> tuple[Any, Any]:
+    """A model's vocabulary alone, and its tokenizer as a measurement tokenizes (BOS, special text as text)."""
+    from localgen.native import model as native_model
+    from localgen.native import vocab as native_vocab
+
+    ptr = native_model.load(path, native_model.ModelOptions(vocab_only=True))
+    vocab = native_vocab.of_model(ptr)
+    return ptr, lambda t: native_vocab.tokenize(vocab, t.encode("utf-8"), True, False)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+def test_a_measurement_s_first_windows_are_the_whole_text_s_first_tokens(request: pytest.FixtureRequest,
+                                                                         tmp_path: Path, model: str) -> None:
+    """docs/perplexity.md: --chunks N reads and tokenizes only the text's beginning that N windows take, and they
+    are the tokens the whole text begins with (a BPE vocabulary, SmolLM2's, and a SentencePiece one, Gemma's)."""
+    from localgen.engine.perplexity import leading_tokens
+    from localgen.native import model as native_model
+    from localgen.quant.text import HEAD, default_text, read_text
+
+    ptr, tokenize = _vocab_tokenizer(request.getfixturevalue(f"{model}_path"))
+    try:
+        body = default_text()
+        whole = tokenize(body)
+        path = tmp_path / "t.txt"
+        path.write_text(body + "\n", encoding="utf-8")
+        for need in (128, 2 * 512, 40 * 512, len(whole) - 10, len(whole) + 10):
+            text = read_text(str(path), chunks=1)
+            assert leading_tokens(tokenize, text, need) == whole[:need], need
+            assert leading_tokens(tokenize, body, need) == whole[:need], need  # a text in memory
+        big = tmp_path / "big.txt"  # 8 MiB whose last byte is not UTF-8: never read for the first windows
+        big.write_bytes(body.encode("utf-8") * (8 * HEAD // len(body.encode("utf-8"))) + b"\xff")
+        text = read_text(str(big), chunks=40)
+        assert leading_tokens(tokenize, text, 40 * 512) == whole[:40 * 512]
+        with pytest.raises(UsageError, match="is not UTF-8 text"):
+            text.whole()
+    finally:
+        native_model.free(ptr)
 
 
 def test_the_shipped_text_is_ten_public_domain_addresses() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,6 +312,56 @@ def test_a_tool_s_failure_and_a_result_too_big_to_read_are_one_line(tmp_path: Pa
         assert len(box.call(ToolCall("big", "{}"), 10)) == MAX_RESULT_CHARS
     finally:
         box.close()
+
+
+TICKER = '''
+import time
+
+
+def ticker() -> str:
+    """Print a tick every 50 ms, for a minute."""
+    for i in range(1200):
+        print(f"tick {i}", flush=True)
+        time.sleep(0.05)
+    return "done"
+'''
+
+PAST_TIMEOUT = '''
+import sys, time
+from pathlib import Path
+from localgen.errors import ToolError
+from localgen.tools.loop import Toolbox
+from localgen.tools.spec import ToolCall
+
+box = Toolbox.open([Path(sys.argv[1])], [])
+try:
+    box.call(ToolCall("ticker", "{}"), 0.5)
+except ToolError as e:
+    print("error:", e.message, file=sys.stderr, flush=True)
+print("the answer goes on", flush=True)
+for _ in range(200):  # until the call stops (each tick is 50 ms apart), 20 s at most
+    if not box.running:
+        break
+    time.sleep(0.1)
+time.sleep(0.5)
+print("stopped" if not box.running else "still running", flush=True)
+'''
+
+
+def test_a_python_tool_past_its_timeout_is_stopped_and_prints_no_more(tmp_path: Path) -> None:
+    """docs/tools.md: a call past --tool-timeout is stopped (at its next line of Python), and nothing it prints
+    after shows: it printed into the answer (stdout) after the turn had moved on."""
+    import subprocess
+
+    fns = tmp_path / "ticker.py"
+    fns.write_text(TICKER)
+    r = subprocess.run([sys.executable, "-c", PAST_TIMEOUT, str(fns)], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "the answer goes on\nstopped\n", r.stdout
+    assert "tick 0" in r.stderr and "error: ticker did not finish within 0.5 s" in r.stderr, r.stderr
+    after = r.stderr[r.stderr.index("error: "):]
+    assert not re.search(r"tick \d", after) and "Traceback" not in r.stderr, r.stderr
 
 
 def test_redaction_takes_the_values_the_page_names(monkeypatch: pytest.MonkeyPatch) -> None:

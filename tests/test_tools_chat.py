@@ -90,6 +90,27 @@ def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home
     assert not (home / "data" / "chats" / "toolfail.json").exists(), "nothing of the failed turn is saved"
 
 
+def test_chat_shows_nothing_of_a_tool_past_its_timeout(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
+    """docs/tools.md: a function past --tool-timeout is stopped and what it prints after is not shown (it printed
+    on into the conversation, a line every 50 ms, after the question was taken back)."""
+    from tests.test_chat import PROMPT, spawn
+    from tests.test_tools import TICKER
+
+    fns = tmp_path / "ticker.py"
+    fns.write_text(TICKER)
+    child = spawn(cli_env, "tooltick", *CHAT_TOOLS, "--functions", str(fns), "--tool-choice", "ticker", "--yes",
+                  "--tool-timeout", "1")
+    child.sendline("Go.")
+    child.expect("ticker did not finish within 1 s")
+    child.expect_exact(PROMPT)
+    child.expect(pexpect.TIMEOUT, timeout=1)  # a second for it to print in, were it still running
+    seen = str(child.before)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    seen += str(child.before)
+    assert not re.search(r"tick \d", seen), seen
+
+
 def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_process: InProcessCLI, home: Path,
                                                            scripted_add: tuple[Any, list[str]]) -> None:
     from localgen.chat.session import ChatSession

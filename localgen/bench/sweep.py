@@ -8,6 +8,7 @@ Flags may also repeat (-t 1 -t 2); values add up in order, duplicates dropped.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ _RANGE = re.compile(r"^(-?\d+)-(-?\d+)(?:([*+])(\d+))?$")
 MAX_VALUES = 1000
 MAX_REPETITIONS = 1000  # -r: a thousand of each test is a day at the default sizes on a small CPU
 MAX_PARALLEL = 256  # -npl: llama.cpp's most sequences in one context (LLAMA_MAX_SEQ)
+MAX_CONFIGS = MAX_TESTS = 10_000  # load configurations (each a model load) and tests of one sweep: counted first
 C_INT = 2**31 - 1  # llama.cpp takes each size as a C int
 
 
@@ -245,9 +247,19 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
     for v in ctv:
         if v not in ("f16", "f32", "bf16") and False in fa:
             raise UsageError(f"a quantized V cache ({v}) needs flash attention; drop -fa 0 or that type")
+    lists = (models, threads, ngl, batch, ubatch, fa, ctk, ctv, ncmoe or [0], ot or [()])
+    n_configs = math.prod(len(v) for v in lists)
+    if n_configs > MAX_CONFIGS:  # -t 1-1000 -b 1-1000 -ub 1-100 made 100 million of them, minutes before anything
+        sizes = " × ".join(str(len(v)) for v in lists if len(v) > 1)
+        raise UsageError(f"the sweep is {n_configs:,} configurations ({sizes} values): at most {MAX_CONFIGS:,}",
+                         hint="give fewer values of -m, -t, -ngl, -b, -ub, -fa, -ctk, -ctv, -ncmoe or -ot")
     configs = [LoadConfig(*c, override_tensor=o, cpu_moe=cmoe)
                for c in itertools.product(models, threads, ngl, batch, ubatch, fa, ctk, ctv, ncmoe or [0])
                for o in ot or [()]]
+    n_tests = len(depths) * (sum(p > 0 for p in prompts) + sum(n > 0 for n in gens) + len(pg))
+    if n_tests > MAX_TESTS:  # -p 1-1000 -n 1-1000 -d 1-1000: two million tests
+        raise UsageError(f"the sweep is {n_tests:,} tests (-p and -n sizes, -pg pairs, at each -d depth): at most "
+                         f"{MAX_TESTS:,}", hint="give fewer sizes or depths")
     tests: list[Test] = []
     for d in depths:
         tests += [Test("pp", p, 0, d) for p in prompts if p > 0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,8 +16,11 @@ from localgen.quant import measure as ms
 from localgen.types import ModelRef
 from localgen.units import format_bytes
 
+if TYPE_CHECKING:
+    from localgen.engine.perplexity import Text
 
-def run_ladder(reference: ModelRef, files: list[ModelRef], text: str, text_label: str, settings: ms.Settings,
+
+def run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, text_label: str, settings: ms.Settings,
                speed: ladder.Speed, kld_bound: float, output: str | None) -> None:
     """Measure every file against the reference; each row goes to bench's history as it is measured. `output`:
     None (a table and the verdict), or one of bench's -o formats (show)."""

@@ -68,7 +68,7 @@ def perplexity(
     agreement and Δp against a reference (the original weights of a quantized model)."""
     from localgen.models.resolve import resolve
     from localgen.quant import measure as ms
-    from localgen.quant.text import default_text, read_text
+    from localgen.quant.text import MeasureText, default_text, read_text
 
     check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
     if file and file != "-":  # ('-': stdin)
@@ -85,7 +85,9 @@ def perplexity(
         ref_model = resolve(reference, offline=offline)
         ms.same_vocabulary(ref, ref_model)
     # a logits file holds its tokens: a text given with it is checked against them
-    text = None if ref_file is not None and file is None else (read_text(file) if file else default_text())
+    text: MeasureText | str | None = None
+    if ref_file is None or file is not None:
+        text = read_text(file, chunks) if file else default_text()
     view = ChunkView(json_out)
     out: dict[str, Any] = {"text": file or "default", "ctx": ctx}
     temp = None

@@ -219,14 +219,14 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
     from localgen.quant import ladder
     from localgen.quant import measure as ms
     from localgen.quant import quantize as q
-    from localgen.quant.text import default_text, read_text
+    from localgen.quant.text import MeasureText, default_text, read_text
 
     types = list(dict.fromkeys(q.parse_type(t)[0] for t in types_text.split(",") if t.strip()))
     if not types:
         raise UsageError("--ladder: no types given")
     if measure_text and measure_text != "-":
         check_input("--measure", measure_text)
-    text = read_text(measure_text) if measure_text else default_text()
+    text: MeasureText | str = read_text(measure_text, chunks) if measure_text else default_text()
     ms.check_text(ref, text, ctx)  # every refusal before the first type is made
     err = ErrWriter()
     jobs: list[tuple[str, Any]] = []  # (model name, its planned job; None: made earlier, kept)

@@ -72,7 +72,8 @@ class Retriever:
                                            truncate=truncate)[0].vector)
         except ContextTooSmall as e:  # refused once tokenized, before any of it is embedded: as embed refuses a text
             window = self.backend.embedder(c.pooling).n_ctx
-            raise UsageError(f"the query is {e.n:,} tokens; the embeddings window is {window:,}",
+            raise UsageError(f"the query is {'more than ' if e.more else ''}{e.n:,} tokens; the embeddings window "
+                             f"is {window:,}",
                              hint=f"give a shorter query, or --truncate to embed its first {window:,} tokens") from None
 
     def rank(self, vector: Sequence[float], k: int) -> list[Hit]:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 POOLING_NAMES = {v: k for k, v in POOLING.items()}
 MAX_SEQS = 64  # texts per llama_decode (llama.cpp's limit on sequence ids is 256)
+SIZE_CHECKED = 1 << 20  # characters: a text to embed past this, and past what the window's tokens come from, is cut
+CUT_MARGIN = 64  # tokens past the window kept where a text is cut: the cut changes only its last few
 
 
 @dataclass(frozen=True)
@@ -99,13 +101,25 @@ class Embedder:
 
     def tokens(self, text: str, truncate: bool = False, pair: bool = False) -> list[int]:
         """A text's tokens as llama-embedding makes them (special tokens added and parsed); too long for the
-        window is an error (worded for reranking when `pair`), or cut to it with `truncate`."""
+        window is an error (worded for reranking when `pair`), or cut to it with `truncate`. A text of more
+        characters than the window's tokens could come from has its beginning alone tokenized (`_beginning`)."""
+        text, cut = self._beginning(text)
         toks = self.engine.tokenize(text, add_special=True)
         if len(toks) > self.n_ctx:
             if not truncate:
-                raise ContextTooSmall(len(toks), self.n_ctx, pair)
+                raise ContextTooSmall(len(toks), self.n_ctx, pair, more=cut)
             toks = toks[:self.n_ctx]
         return toks
+
+    def _beginning(self, text: str) -> tuple[str, bool]:
+        """The text, or past a megabyte and past CHARS_PER_TOKEN characters a token of the window (and a margin),
+        its beginning alone, and whether it was cut: either way more tokens than the window holds, whose first
+        are the whole text's (where it is cut, only its last few tokens may differ). A 64 MiB request, or 256 MiB
+        piped to embed, is not tokenized whole to keep its first window."""
+        from localgen.text import CHARS_PER_TOKEN
+
+        most = CHARS_PER_TOKEN * (self.n_ctx + CUT_MARGIN)
+        return (text[:most], True) if len(text) > max(most, SIZE_CHECKED) else (text, False)
 
     def pair_tokens(self, query: str, document: str, truncate: bool = False) -> list[int]:
         """A (query, document) pair as llama.cpp's llama-embedding tokenizes it for a reranker (_pair_text).
@@ -120,10 +134,11 @@ class Embedder:
             self._query = query
         if self._splice is None:
             return self.tokens(self._pair_text(query, document), truncate, pair=True)
+        document, cut = self._beginning(document)
         toks = self._splice.join(self.engine.tokenize(document, add_special=False))
         if len(toks) > self.n_ctx:
             if not truncate:
-                raise ContextTooSmall(len(toks), self.n_ctx, pair=True)
+                raise ContextTooSmall(len(toks), self.n_ctx, pair=True, more=cut)
             toks = toks[:self.n_ctx]
         return toks
 
@@ -287,15 +302,16 @@ class EmbedTask:
 class ContextTooSmall(UsageError, PromptTooLong):
     """A text longer than the embeddings window (`pair`: a rerank document with its query, the reranker's)."""
 
-    def __init__(self, n: int, n_ctx: int, pair: bool = False) -> None:
+    def __init__(self, n: int, n_ctx: int, pair: bool = False, more: bool = False) -> None:
         self.tokens, self.window = n, n_ctx
+        count = f"more than {n:,}" if more else f"{n:,}"  # `more`: its beginning alone was tokenized
         if pair:
-            super().__init__(f"a document is {n:,} tokens with the query; the reranker's window is {n_ctx:,}",
+            super().__init__(f"a document is {count} tokens with the query; the reranker's window is {n_ctx:,}",
                              hint="raise --ctx, or --truncate to score the pair's first tokens")
         else:
-            super().__init__(f"a text is {n:,} tokens; the embeddings window is {n_ctx:,}",
+            super().__init__(f"a text is {count} tokens; the embeddings window is {n_ctx:,}",
                              hint="raise --ctx, or --truncate to embed its first tokens")
-        self.n = n
+        self.n, self.more = n, more
 
 
 class QueryTooLong(UsageError, BadRequest):

@@ -1,8 +1,9 @@
 """Perplexity and KL divergence, measured as llama-perplexity measures them (tools/perplexity/perplexity.cpp of the
 vendored llama.cpp), so that the figures agree with it:
 
-- the text is tokenized whole (BOS added when the vocabulary adds it, special-token text left as text) and cut into
-  windows of n_ctx tokens; a text shorter than two windows is refused;
+- the text is tokenized (BOS added when the vocabulary adds it, special-token text left as text) and cut into
+  windows of n_ctx tokens; a text shorter than two windows is refused; with a number of windows asked, only as
+  much of it is read and tokenized as they take (`leading_tokens`);
 - each window is evaluated from an empty cache with BOS in its first position (when the vocabulary adds one), and
   only its second half is scored (from n_ctx/2), each position predicting the next token;
 - n_batch // n_ctx windows go into one llama_decode, each its own sequence (a context of n_seq × n_ctx cells);
@@ -21,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localgen.engine.scoring import Measured, Sums, Work, divergence, kld_sums, mean_err, nll_sums, row_width
 from localgen.errors import LocalgenError, UsageError
@@ -34,6 +35,42 @@ if TYPE_CHECKING:
 
 MAGIC = b"_logits_"
 PART_ROWS = 64  # rows of a window one thread scores at a time
+# tokens tokenized past those needed: where a text is cut, its last tokens may differ from the whole text's
+MARGIN = 64
+
+
+class Text(Protocol):
+    """A text read only as far as it is asked for."""
+
+    def prefix(self, n_bytes: int) -> tuple[str, bool]:
+        """About its first `n_bytes`, cut after a whitespace where it can be; and whether that is all of it."""
+        ...
+
+
+class WholeText:
+    """A text already in memory, as a Text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def prefix(self, n_bytes: int) -> tuple[str, bool]:
+        """The first `n_bytes` characters (at least as many bytes), and whether that is all of it."""
+        return self.text[:n_bytes], n_bytes >= len(self.text)
+
+
+def leading_tokens(tokenize: Any, text: Text | str, need: int | None) -> list[int]:
+    """The text's tokens by `tokenize` (a callable: str to tokens); with `need`, only its first `need` as the whole
+    text tokenizes them (all of them when it has fewer), its beginning read and tokenized as far as they take."""
+    source = WholeText(text) if isinstance(text, str) else text
+    if need is None:
+        return list(tokenize(source.prefix(2**62)[0]))
+    size = 8 * (need + MARGIN) + 4096  # bytes: English is some 4 a token; doubled until it is enough
+    while True:
+        part, whole = source.prefix(size)
+        tokens = tokenize(part)
+        if whole or len(tokens) >= need + MARGIN:
+            return list(tokens[:need])
+        size *= 2
 
 
 @dataclass(frozen=True)
@@ -62,14 +99,16 @@ def check_length(n_tokens: int, n_ctx: int) -> None:
                          f"{2 * n_ctx:,} (two windows)", hint="give a longer text, or a smaller --ctx")
 
 
-def windows(engine: Engine, text: str, n_ctx: int, chunks: int | None = None) -> Windows:
-    """The text's windows as llama-perplexity cuts them; a text shorter than two windows is a UsageError."""
+def windows(engine: Engine, text: Text | str, n_ctx: int, chunks: int | None = None) -> Windows:
+    """The text's windows as llama-perplexity cuts them (with `chunks`, only the first ones, the text read and
+    tokenized as far as they take); a text shorter than two windows is a UsageError."""
     import numpy as np
 
     if native_vocab.adds_eos(engine.vocab):
         raise UsageError(f"{engine.model.name}'s vocabulary adds an end token to every text: perplexity needs a "
                          "model that predicts text (llama-perplexity refuses it too)")
-    tokens = engine.tokenize(text, add_special=True, parse_special=False)
+    need = max(chunks, 2) * n_ctx if chunks else None  # two windows at least: the shortest text measured
+    tokens = leading_tokens(functools.partial(engine.tokenize, add_special=True, parse_special=False), text, need)
     check_length(len(tokens), n_ctx)
     n_chunk = len(tokens) // n_ctx
     if chunks is not None and chunks > 0:

@@ -9,10 +9,13 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localgen.quant import measure as ms
 from localgen.types import ModelRef
+
+if TYPE_CHECKING:
+    from localgen.engine.perplexity import Text
 
 DEFAULT_KLD_BOUND = 0.05
 QUALITY_TEST = "quality"
@@ -108,7 +111,7 @@ def _offload() -> bool:
     return bool(backend_info()["gpu_offload"])
 
 
-def rows(reference: ModelRef, files: list[ModelRef], text: str, settings: ms.Settings, speed: Speed,
+def rows(reference: ModelRef, files: list[ModelRef], text: Text | str, settings: ms.Settings, speed: Speed,
          on_chunk: ms.OnChunk | None = None, on_step: Callable[[str], None] | None = None) -> Iterator[Row]:
     """The reference's row (its logits kept in a temp file), then one per file, each as soon as it is measured.
     A file with another vocabulary than the reference's is refused before any work; a file given twice, or that

@@ -5,16 +5,20 @@ logits file takes is checked before it is written; an interrupt hands back what 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import ModelRef
 from localgen.units import format_bytes
+
+if TYPE_CHECKING:
+    from localgen.engine.perplexity import Text
 
 # (what is measured, windows done, windows in all)
 OnChunk = Callable[[str, int, int], None]
@@ -76,10 +80,10 @@ def open_model(ref: ModelRef, s: Settings) -> Any:
     return open_engine(ref, params, verbose=s.verbose)
 
 
-def check_text(ref: ModelRef, text: str, ctx: int) -> None:
+def check_text(ref: ModelRef, text: Text | str, ctx: int) -> None:
     """Refuse, before anything is made or loaded, a text shorter than two windows of `ctx` in the model's tokens
-    (its vocabulary alone is read: no weights)."""
-    from localgen.engine.perplexity import check_length
+    (its vocabulary alone is read, no weights; the text only as far as two windows take)."""
+    from localgen.engine.perplexity import check_length, leading_tokens
     from localgen.native import model as native_model
     from localgen.native import vocab as native_vocab
 
@@ -87,7 +91,9 @@ def check_text(ref: ModelRef, text: str, ctx: int) -> None:
     if ptr is None:
         raise LocalgenError(f"llama.cpp cannot read {ref.name}'s vocabulary")
     try:
-        n = len(native_vocab.tokenize(native_vocab.of_model(ptr), text.encode("utf-8", "replace"), True, False))
+        vocab = native_vocab.of_model(ptr)
+        n = len(leading_tokens(lambda t: native_vocab.tokenize(vocab, t.encode("utf-8", "replace"), True, False),
+                               text, 2 * ctx))
     finally:
         native_model.free(ptr)
     check_length(n, ctx)
@@ -110,9 +116,10 @@ def _threads(s: Settings) -> tuple[int, int] | None:
     return (s.threads, s.threads) if s.threads else None
 
 
-def perplexity(engine: Any, text: str, s: Settings, save: Path | None = None,
+def perplexity(engine: Any, text: Text | str, s: Settings, save: Path | None = None,
                on_chunk: OnChunk | None = None) -> Any:
-    """PPL of a loaded model on the text; with `save`, its logits kept there (written whole, or not at all)."""
+    """PPL of a loaded model on the text (with s.chunks, read as far as they take); with `save`, its logits kept
+    there (written whole, or not at all)."""
     from localgen.engine import perplexity as ppl
 
     w = ppl.windows(engine, text, s.ctx, s.chunks)
@@ -137,18 +144,20 @@ def perplexity(engine: Any, text: str, s: Settings, save: Path | None = None,
     return result
 
 
-def _starts_with(engine: Any, tokens: Any, text: str) -> bool:
-    """Whether `text` begins with what the logits file's first tokens spell in this model's vocabulary (whitespace
-    aside): the same text, tokenized another way."""
+def _starts_with(engine: Any, tokens: Any, text: Text) -> bool:
+    """Whether `text` begins with what the logits file's first tokens spell in this model's vocabulary
+    (whitespace aside): the same text, tokenized another way."""
     spelled = b"".join(engine.piece(int(t)) for t in tokens[:200]).decode("utf-8", errors="ignore")
     words = spelled.split()[:-1]  # the last piece may be part of a word
-    return " ".join(text.split()).startswith(" ".join(words))
+    begins = text.prefix(len(spelled.encode("utf-8")) * 2 + 4096)[0]
+    return " ".join(begins.split()).startswith(" ".join(words))
 
 
-def against(engine: Any, reference: Path, s: Settings, text: str | None = None,
+def against(engine: Any, reference: Path, s: Settings, text: Text | str | None = None,
             on_chunk: OnChunk | None = None, users_text: bool = False) -> Any:
-    """KL divergence (and PPL) of a loaded model against a logits file. With `text` (a reference model measured
-    on it), the model must tokenize it as the reference did; `users_text`: the text came with a logits file the
+    """KL divergence (and PPL) of a loaded model against a logits file. With `text` (read as far as the windows
+    measured take: a reference model measured on it), the model must tokenize it
+    as the reference did; `users_text`: the text came with a logits file the
     user gave, and may be another one than it was saved from."""
     from localgen.engine import perplexity as ppl
 
@@ -162,7 +171,10 @@ def against(engine: Any, reference: Path, s: Settings, text: str | None = None,
                              hint=f"give --ctx {reader.n_ctx}")
         n_chunk = min(reader.n_chunk, s.chunks) if s.chunks else reader.n_chunk
         if text is not None:
-            mine = engine.tokenize(text, add_special=True, parse_special=False)[: reader.n_ctx * n_chunk]
+            if isinstance(text, str):
+                text = ppl.WholeText(text)
+            mine = ppl.leading_tokens(functools.partial(engine.tokenize, add_special=True, parse_special=False),
+                                      text, reader.n_ctx * n_chunk)
             if list(reader.tokens[: reader.n_ctx * n_chunk]) != mine:
                 if users_text and not _starts_with(engine, reader.tokens, text):
                     raise UsageError(f"the text differs from the one {reference.name} was saved from",

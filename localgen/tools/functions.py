@@ -10,6 +10,7 @@ import sys
 import threading
 import types
 import typing
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,17 +23,52 @@ _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict
 
 _redirect = threading.Lock()
 _redirected: list[TextIO] = []  # sys.stdout as it was, while any tool runs (calls may overlap: counted)
+_abandoned: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # tool calls left running past their timeout
+
+
+class ToolStopped(BaseException):
+    """Raised in a tool's thread that ran past its timeout, to stop it (as KeyboardInterrupt: not an Exception,
+    which the tool may catch)."""
+
+
+class _Muted:
+    """A stream that drops what the threads of calls past their timeout write to it, and passes on the rest."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() in _abandoned:
+            return len(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def abandon(worker: threading.Thread) -> None:
+    """A tool call past its timeout: stopped where it next runs Python code (a thread cannot be killed; a C call, a
+    sleep, end first), and nothing it prints from now on is shown: the turn has moved on without it."""
+    import ctypes
+
+    _abandoned.add(worker)
+    if worker.ident is not None and worker.is_alive():  # CPython's C API: an exception raised in another thread
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(ToolStopped))
+    with _redirect:
+        if not _redirected and not isinstance(sys.stdout, _Muted):
+            sys.stdout = typing.cast(TextIO, _Muted(sys.stdout))
 
 
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
     """sys.stdout is stderr while a --functions file loads or a tool runs: what it prints is shown, but never
-    into the answer (stdout carries only the answer; --json stays one object)."""
+    into the answer (stdout carries only the answer; --json stays one object). After, it drops what calls left
+    running past their timeout print (`abandon`)."""
     with _redirect:
         if not _redirected:
             sys.stdout.flush()
-            _redirected.append(sys.stdout)
-            sys.stdout = sys.stderr
+            _redirected.append(sys.stdout.stream if isinstance(sys.stdout, _Muted) else sys.stdout)
+            sys.stdout = typing.cast(TextIO, _Muted(sys.stderr))
         else:
             _redirected.append(_redirected[0])
     try:
@@ -42,7 +78,8 @@ def stdout_to_stderr() -> Iterator[None]:
             saved = _redirected.pop()
             if not _redirected:
                 sys.stdout.flush()
-                sys.stdout = saved
+                alive = any(t.is_alive() for t in list(_abandoned))
+                sys.stdout = typing.cast(TextIO, _Muted(saved)) if alive else saved
 
 
 def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:

@@ -118,7 +118,7 @@ class Toolbox:
 
 def _python_runner(name: str, fn: Callable[..., Any],
                    running: set[threading.Thread]) -> Callable[[dict[str, Any], float], str]:
-    from localgen.tools.functions import call_args, stdout_to_stderr
+    from localgen.tools.functions import abandon, call_args, stdout_to_stderr
 
     def run(args: dict[str, Any], timeout: float) -> str:
         box: dict[str, Any] = {}
@@ -126,9 +126,12 @@ def _python_runner(name: str, fn: Callable[..., Any],
 
         def target() -> None:
             try:
-                box["value"] = fn(**args)
-            except BaseException as e:  # the tool's own failure, reported as one line
-                box["error"] = e
+                try:
+                    box["value"] = fn(**args)
+                except BaseException as e:  # the tool's own failure, reported as one line
+                    box["error"] = e
+            except BaseException:  # the stop of a call past its timeout, come as it ended: nobody waits for it
+                pass
             finally:
                 running.discard(threading.current_thread())
 
@@ -137,7 +140,10 @@ def _python_runner(name: str, fn: Callable[..., Any],
         with stdout_to_stderr():  # what the tool prints: shown on stderr, never in the answer
             worker.start()
             worker.join(timeout)
-        if worker.is_alive():  # a thread cannot be killed: it is left behind, and the answer fails
+            late = worker.is_alive()
+            if late:  # stopped as soon as it runs Python code again, and muted: the answer fails
+                abandon(worker)
+        if late:
             raise ToolError(f"{name} did not finish within {timeout:g} s (--tool-timeout)")
         if "error" in box:
             e = box["error"]

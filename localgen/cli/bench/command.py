@@ -144,7 +144,7 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     from localgen.models.resolve import resolve
     from localgen.quant import ladder
     from localgen.quant import measure as ms
-    from localgen.quant.text import default_text, read_text
+    from localgen.quant.text import MeasureText, default_text, read_text
 
     if q.quality is None or q.reference is None:
         raise UsageError("--quality TEXT and --reference SOURCE go together")
@@ -160,7 +160,7 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     ngl_one = one["--n-gpu-layers"][0] if one["--n-gpu-layers"] else None
     speed = ladder.Speed(n_prompt=(one["--n-prompt"] or [512])[0], n_gen=(one["--n-gen"] or [128])[0], reps=reps,
                          threads=t)
-    text = default_text() if q.quality == "default" else read_text(q.quality)
+    text: MeasureText | str = default_text() if q.quality == "default" else read_text(q.quality, q.chunks)
     reference = resolve(q.reference, offline=offline)
     files = [resolve(m, offline=offline) for m in names]
     if speed.n_prompt != 0 or speed.n_gen != 0:  # -p 0 -n 0: no speed columns
