@@ -1054,6 +1054,234 @@ def test_a_full_local_storage_and_a_model_removed_while_picked(tab: Tab, server:
     page.unroute("**/v1/chat/completions")
 
 
+# The chat route's stream scripted in the page, piece by piece as the test feeds it (window.feed, window.finish),
+# every other call going to the server: where a test must see the page between two given pieces, which no model's
+# pace allows. The real model's stream is test_an_answer_streams_in_as_markdown_with_its_stats_and_is_kept's.
+SCRIPTED_STREAM = """() => {
+    const real = window.fetch;
+    const encode = (doc) => new TextEncoder().encode(`data: ${JSON.stringify(doc)}\\n\\n`);
+    let stream = null;
+    window.feed = (text) => stream.enqueue(encode({choices: [{index: 0, delta: {content: text}}]}));
+    window.finish = () => {
+        stream.enqueue(encode({choices: [{index: 0, delta: {}, finish_reason: 'stop'}]}));
+        stream.enqueue(new TextEncoder().encode('data: [DONE]\\n\\n'));
+        stream.close();
+    };
+    window.fetch = (url, init) => {
+        if (!String(url).endsWith('v1/chat/completions')) return real(url, init);
+        const body = new ReadableStream({start(c) { stream = c; }});
+        init.signal.addEventListener('abort', () => stream.error(new DOMException('stopped', 'AbortError')));
+        return Promise.resolve(new Response(body, {headers: {'Content-Type': 'text/event-stream'}}));
+    };
+}"""
+
+
+def feed(page: Any, text: str) -> None:
+    """A piece of the scripted answer, sent once the page has asked for the answer (its stream is open)."""
+    page.wait_for_function("(t) => { try { window.feed(t); return true; } catch { return false; } }", arg=text)
+
+
+def body_has(page: Any, text: str) -> None:
+    page.wait_for_function("(t) => document.querySelector('article.assistant:last-of-type .body')"
+                           "?.textContent.includes(t)", arg=text)
+
+
+def scripted_answer(page: Any, question: str, first: str, shown: str) -> None:
+    """`question` sent, its answer's stream scripted, `first` piece fed, and `shown` seen in the answer."""
+    page.evaluate(SCRIPTED_STREAM)
+    page.fill("#input", question)
+    page.press("#input", "Enter")
+    feed(page, first)
+    body_has(page, shown)
+
+
+def test_a_streaming_answer_draws_again_only_its_last_block(tab: Tab) -> None:
+    """While an answer streams, what a blank line outside a code fence ended is drawn once and kept (its nodes
+    stay the same nodes as more comes), so a long answer does not cost a full Markdown drawing per frame; a code
+    block with a blank line inside is still one block; once the answer ends it is drawn whole, as render() draws
+    it (a loose list the blank lines split is one list again)."""
+    page = tab.open()
+    scripted_answer(page, "Write something long.", "# Title\n\nThe first paragraph.\n\n", "The first paragraph.")
+    page.evaluate("document.querySelector('article.assistant .body p').dataset.kept = 'yes'")
+    for piece in ["The second ", "paragraph.", "\n\n```py\nx = 1\n", "\ny = 2\n", "```\n\n1. one\n", "\n2. two\n"]:
+        feed(page, piece)
+    body_has(page, "two")
+    assert page.evaluate("document.querySelector('article.assistant .body p')?.dataset.kept") == "yes", \
+        "the first paragraph was drawn again"
+    assert page.evaluate("document.querySelector('article.assistant .body pre code').textContent") == "x = 1\n\ny = 2"
+    page.evaluate("window.finish()")
+    article = wait_answer(page, [])
+    whole = ("# Title\n\nThe first paragraph.\n\nThe second paragraph.\n\n```py\nx = 1\n\ny = 2\n```\n\n"
+             "1. one\n\n2. two\n")
+    assert article.locator(".body").evaluate("b => b.innerHTML") == page.evaluate(RENDER, whole)
+    assert article.locator(".body ol > li").count() == 2 and article.locator(".body ol").count() == 1
+
+
+BIG_CONVERSATION = """async () => {
+    const tree = await import('./webui/tree.js');
+    const store = await import('./webui/store.js');
+    const c = tree.conversation();
+    c.name = 'Big';
+    let at = 'root';
+    for (let k = 0; k < 60; k++) {  // 12 million characters: past any browser's localStorage quota
+        at = tree.add(c, at, {role: 'user', content: `Question ${k}`}).id;
+        at = tree.add(c, at, {role: 'assistant', content: `Answer ${k} ` + 'x'.repeat(200000)}).id;
+    }
+    await store.save(c, tree.merge);
+    return c.id;
+}"""
+
+# IndexedDB held by another page of the origin (a readwrite transaction kept open until window.release), so that
+# the page's writes wait: what a reload in the moment before a write commits finds.
+HOLD_STORE = """() => new Promise((resolve) => {
+    const open = indexedDB.open('localgen-chat', 1);
+    open.onsuccess = () => {
+        const s = open.result.transaction('conversations', 'readwrite').objectStore('conversations');
+        window.release = false;
+        const spin = () => { if (!window.release) s.get('none').onsuccess = spin; };
+        spin();
+        resolve(true);
+    };
+})"""
+
+
+def rename_first(page: Any, name: str) -> None:
+    page.hover("#conversations .conv")
+    page.locator("#conversations .conv").get_by_role("button", name=re.compile("^Rename ")).click()
+    page.fill("#conversations input.rename", name)
+    page.press("#conversations input.rename", "Enter")
+
+
+def test_a_conversation_past_the_local_storage_quota_keeps_each_change(tab: Tab, server: Server) -> None:
+    """A conversation larger than localStorage holds (12 million characters) still has each change noted there
+    until IndexedDB commits it (the note holds what changed, not the whole conversation): a reload before the
+    commit keeps the change. Where even that does not fit (localStorage full), the browser asks before the page
+    is closed until the write commits, and not after."""
+    page = tab.open()
+    big = page.evaluate(BIG_CONVERSATION)
+    page.goto(f"{tab.url}#{big}")
+    page.wait_for_function("() => document.querySelectorAll('article.assistant').length === 60", timeout=120_000)
+    holder = tab.context.new_page()
+    holder.goto(f"{server.url}/health")  # the same origin, without the page's script
+    holder.evaluate(HOLD_STORE)
+    rename_first(page, "Renamed")
+    note = page.wait_for_function(f"() => localStorage.getItem('localgen-chat-pending:{big}')").json_value()
+    assert '"Renamed"' in note and len(note) < 10_000, len(note)
+    page.reload()
+    holder.evaluate("window.release = true")
+    page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Renamed'")
+    page.wait_for_function("() => Object.keys(localStorage).every(k => !k.startsWith('localgen-chat-pending:'))")
+    assert page.locator("article.assistant").count() == 60
+    # localStorage full: no note fits, so closing the page asks until the write has committed
+    page.evaluate("""() => {
+        for (const size of [1 << 20, 1 << 14, 1 << 8, 1]) {
+            const s = 'x'.repeat(size);
+            try { for (let k = 0; ; k++) localStorage.setItem(`filler-${size}-${k}`, s); } catch {}
+        }
+    }""")
+    holder.evaluate(HOLD_STORE)
+    asked: list[str] = []
+
+    def dialog(d: Any) -> None:
+        asked.append(d.type)
+        d.dismiss()
+
+    page.on("dialog", dialog)
+    rename_first(page, "Full")
+    page.close(run_before_unload=True)
+    deadline = time.monotonic() + 30
+    while not asked and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert asked == ["beforeunload"] and not page.is_closed()
+    holder.evaluate("window.release = true")
+    page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Full'")
+    page.evaluate("localStorage.clear()")
+    page.close(run_before_unload=True)
+    holder.wait_for_timeout(500)
+    assert asked == ["beforeunload"] and page.is_closed()
+
+
+def test_an_import_over_the_bound_is_refused_before_it_is_read(tab: Tab, tmp_path: Path) -> None:
+    """A file over 64 MB is refused with its size, before the page reads it, and nothing is imported; the notice
+    goes at the next thing the user does (a new chat), as a conversation's address that names none does. A write
+    the browser's storage refuses says so (an import is not said to be done), until a later change is kept."""
+    page = tab.open()
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(80 * 1024 * 1024)  # sparse: no disk spent
+    page.set_input_files("#import-file", str(big))
+    page.wait_for_function("() => !document.getElementById('banner').hidden")
+    said = page.inner_text("#banner-text")
+    assert said == "big.json cannot be imported: it is 80.0 MB, over the 64 MB an import may be.", said
+    assert page.locator("#conversations .conv").count() == 0
+    page.click("#new-chat")
+    assert page.locator("#banner").is_hidden()
+    page.goto(tab.url + "#no-such-conversation")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert page.inner_text("#banner-text") == "That conversation is no longer in this browser."
+    page.click("#new-chat")
+    assert page.locator("#banner").is_hidden()
+    # the browser's storage refusing a write (as a full disk does): said, not claimed imported; gone once a
+    # later change is kept
+    page.evaluate("""() => {
+        const put = IDBObjectStore.prototype.put;
+        window.refuse = true;
+        IDBObjectStore.prototype.put = function (...args) {
+            if (!window.refuse) return put.apply(this, args);
+            this.transaction.abort();  // as the browser aborts a write past its quota
+            return null;
+        };
+    }""")
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"name": "Small", "current": "q", "messages": {
+        "root": {"id": "root", "children": ["q"], "role": "root"},
+        "q": {"id": "q", "role": "user", "content": "Kept?", "children": []}}}))
+    page.set_input_files("#import-file", str(small))
+    page.wait_for_function("() => document.getElementById('banner-text').textContent"
+                           ".startsWith('This browser would not keep the conversation')")
+    assert page.locator("#conversations .conv").count() == 0 and page.inner_text("article.user .text") == "Kept?"
+    page.evaluate("window.refuse = false")
+    settings(page, **{"conv-name": "Kept now"})
+    page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Kept now'")
+    assert page.locator("#banner").is_hidden()
+
+
+def test_escape_closes_the_drawer_first_and_a_tab_shown_again_reads_the_models(browser: Any, server: Server) -> None:
+    """On a phone, Escape while an answer streams with the drawer open closes the drawer, and a second Escape stops
+    the answer. A tab shown again reads the models again: one added on the server meanwhile is listed, and the
+    banner of a server that could not be reached goes once it answers."""
+    t = Tab(browser, server, PHONE)
+    page = t.open()
+    scripted_answer(page, "Hello", "Hello there, a long answer", "Hello there")
+    page.click("#open-sidebar")
+    page.wait_for_function("() => document.getElementById('app').classList.contains('sidebar-open')")
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => !document.getElementById('app').classList.contains('sidebar-open')")
+    assert page.is_visible("#stop"), "the first Escape stopped the answer"
+    page.keyboard.press("Escape")
+    assert wait_answer(page, []).locator(".note").inner_text() == "Stopped."
+    page.route("**/v1/models", lambda route: route.abort())
+    shown = """() => {
+        Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => 'visible'});
+        document.dispatchEvent(new Event('visibilitychange'));
+    }"""
+    page.evaluate(shown)
+    page.wait_for_function("() => document.getElementById('banner-text').textContent"
+                           ".startsWith('Cannot reach the server')")
+    page.unroute("**/v1/models")
+    r = httpx.post(f"{server.url}/api/create", headers=_auth(), json={
+        "model": "came-meanwhile", "from": "smollm2:135m", "stream": False})
+    assert r.status_code == 200, r.text
+    try:
+        page.evaluate(shown)
+        page.wait_for_function("() => [...document.querySelectorAll('#model option')]"
+                               ".some(o => o.value === 'came-meanwhile')")
+        assert page.locator("#banner").is_hidden()
+    finally:
+        httpx.request("DELETE", f"{server.url}/api/delete", headers=_auth(), json={"model": "came-meanwhile"})
+    t.close()
+
+
 def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:
     """The last test of the module: it stops the server. The page then says the server cannot be reached,
     and keeps the message for a Regenerate."""

@@ -5,13 +5,14 @@
 // the server goes through api.js.
 
 import * as api from "./api.js";
-import { render as markdown } from "./markdown.js";
+import { render as markdown, streamer } from "./markdown.js";
 import * as store from "./store.js";
 import * as transcript from "./transcript.js";
 import * as tree from "./tree.js";
 
 const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
+const MAX_IMPORT_BYTES = 64 * 1024 * 1024; // a file to import: read whole, then parsed, so bounded first
 const SAVE_EVERY_MS = 1500; // while an answer streams, what came so far is kept this often (a reload keeps it)
 const MODEL_KEY = "localgen.model";
 // the settings of the new conversation on screen (no message yet, so not kept in IndexedDB), chosen in Settings:
@@ -62,21 +63,29 @@ function button(label, className, onClick, aria) {
   return b;
 }
 
-// ---- banner: what is wrong with the page as a whole (the server gone, no key), or a short notice
+// ---- banner: what is wrong with the page as a whole (the server gone, no key), or a short notice. Each says what
+// it is about, and goes when that clears: "models" when the models are listed, "write" when a conversation is kept,
+// "read" when the store is read, a "notice" (of an import, an attachment, a conversation not shown) at the next
+// thing the user does (send, open a conversation, start a new one).
 
 let retry = null;
+let about = null; // what the banner on screen is about
 
-function banner(message, again = null, kind = "error") {
+function banner(message, again = null, kind = "error", subject = "notice") {
   ui.bannerText.textContent = message;
   ui.banner.className = kind;
   ui.banner.hidden = false;
   retry = again;
+  about = subject;
   ui.bannerRetry.hidden = again === null;
 }
 
-function clearBanner() {
+/** Hides the banner (when `subject` is given: only a banner about that). */
+function clearBanner(subject = null) {
+  if (subject !== null && about !== subject) return;
   ui.banner.hidden = true;
   retry = null;
+  about = null;
 }
 
 // ---- this browser's localStorage, which may be full or turned off: a pick or a draft not kept is no error
@@ -157,11 +166,11 @@ async function loadModels() {
   try {
     models = await api.models();
   } catch (e) {
-    banner(e.message, loadModels);
+    banner(e.message, loadModels, "error", "models");
     ui.note.textContent = "";
     return;
   }
-  if (retry === loadModels) clearBanner(); // its own complaint: another (a conversation not found) stays
+  clearBanner("models"); // its own complaint: another (a conversation not found) stays
   state.models = models;
   await Promise.all([loadTools(), loadStores()]);
   const offered = new Set(models.map((m) => m.id));
@@ -175,7 +184,9 @@ async function loadModels() {
   const fallback = models.find((m) => m.default) || models[0];
   const pick = [state.conv.model, previous, remembered, fallback && fallback.id].find((n) => n && offered.has(n));
   if (pick) ui.model.value = pick;
-  if (!models.length) banner("The server offers no model: pull one with localgen pull, then Retry.", loadModels);
+  if (!models.length) {
+    banner("The server offers no model: pull one with localgen pull, then Retry.", loadModels, "error", "models");
+  }
   await modelChanged(false);
 }
 
@@ -301,16 +312,19 @@ function dropDraft(id = null) {
   }
 }
 
+/** Keeps `conv` in this browser; false (and a banner says why) when the browser would not. */
 async function persist(conv) {
-  if (state.deleted.has(conv.id)) return;
+  if (state.deleted.has(conv.id)) return true;
   let took;
   try {
     took = await store.save(conv, tree.merge);
   } catch (e) {
-    banner(`This browser would not keep the conversation: ${e.message || e}`);
-    return;
+    banner(`This browser would not keep the conversation: ${e.message || e}`, null, "error", "write");
+    return false;
   }
+  clearBanner("write"); // kept now, with what an earlier write could not keep
   if (took && conv === state.conv && !editing()) renderConversation(); // another tab had added to it
+  return true;
 }
 
 function editing() {
@@ -338,9 +352,10 @@ async function refreshList() {
   try {
     all = await store.all();
   } catch (e) {
-    banner(`This browser's storage (IndexedDB) cannot be read: ${e.message || e}`);
+    banner(`This browser's storage (IndexedDB) cannot be read: ${e.message || e}`, null, "error", "read");
     return;
   }
+  clearBanner("read");
   ui.list.replaceChildren(...all.map(listItem));
   $("export-all").disabled = all.length === 0;
 }
@@ -402,15 +417,15 @@ async function deleteConversation(conv) {
 async function openConversation(id) {
   const conv = await store.get(id);
   if (!conv) {
-    banner("That conversation is no longer in this browser.");
     newChat();
+    banner("That conversation is no longer in this browser.");
     return;
   }
   const damage = tree.damage(conv);
   if (damage) {
+    newChat();
     banner(`That conversation cannot be shown: what this browser keeps of it is damaged (${damage}). `
       + "Delete it, or keep it as it is with Export all.");
-    newChat();
     return;
   }
   if (state.running && state.running.conv.id === id) {
@@ -428,6 +443,7 @@ async function openConversation(id) {
 }
 
 function show(conv) {
+  clearBanner("notice");
   state.conv = conv;
   history.replaceState(null, "", hasMessages(conv) ? `#${conv.id}` : location.pathname);
   if (conv.model && state.models.some((m) => m.id === conv.model) && ui.model.value !== conv.model) {
@@ -439,6 +455,7 @@ function show(conv) {
 }
 
 function newChat() {
+  clearBanner("notice");
   dropDraft();
   state.conv = tree.conversation();
   state.conv.model = ui.model.value || null;
@@ -487,6 +504,7 @@ function messageView(m) {
   note.setAttribute("role", "status");
   article.append(sources, rounds, reasoning, body, live, note, tools);
   const drawn = [];
+  const draw = streamer(body); // while the answer streams, only its last block is drawn again
   let drawnSources = null;
   const redraw = () => {
     const key = m.sources ? m.sources.map((x) => x.id).join("\n") + `|${m.sources.length}` : null;
@@ -502,9 +520,12 @@ function messageView(m) {
     thought.textContent = m.reasoning || "";
     const waiting = run && (run.asking || run.calling || calls.length);
     if (m.content) {
-      body.replaceChildren(markdown(m.content));
-      if (m.sources && m.sources.length) cite(body, m.sources, article);
-    } else body.replaceChildren(...(m.pending && !waiting ? [el("span", "typing", "…")] : []));
+      const added = draw(m.content, !m.pending);
+      if (m.sources && m.sources.length) for (const node of added) cite(node, m.sources, article);
+    } else {
+      draw("", true);
+      body.replaceChildren(...(m.pending && !waiting ? [el("span", "typing", "…")] : []));
+    }
     live.replaceChildren(...calls.map((c) => callBlock(c, null, "writing")));
     article.classList.toggle("pending", Boolean(m.pending));
     note.replaceChildren(...noteOf(m));
@@ -907,9 +928,10 @@ async function send() {
   const images = state.attachments;
   if (!text.trim() && !images.length) return;
   if (!ui.model.value) {
-    banner("There is no model to answer yet.", loadModels);
+    banner("There is no model to answer yet.", loadModels, "error", "models");
     return;
   }
+  clearBanner("notice");
   const conv = state.conv;
   if (!conv.name || conv.model !== ui.model.value) {
     if (!conv.name) conv.name = (text.trim().split("\n")[0] || "Image").slice(0, 60);
@@ -928,7 +950,7 @@ async function generate(conv, parent) {
   if (state.running) return;
   const model = ui.model.value;
   if (!model) {
-    banner("There is no model to answer yet.", loadModels);
+    banner("There is no model to answer yet.", loadModels, "error", "models");
     return;
   }
   const settings = Object.fromEntries(Object.entries(conv.settings).filter(([, v]) => v !== null && v !== undefined));
@@ -1382,6 +1404,11 @@ async function exportAll() {
 }
 
 async function importFile(file) {
+  if (file.size > MAX_IMPORT_BYTES) { // refused before it is read: the whole text would be held, then parsed
+    const mb = (file.size / (1 << 20)).toFixed(1);
+    banner(`${file.name} cannot be imported: it is ${mb} MB, over the ${MAX_IMPORT_BYTES >> 20} MB an import may be.`);
+    return;
+  }
   let conversations;
   try {
     conversations = transcript.importJson(await file.text());
@@ -1389,9 +1416,13 @@ async function importFile(file) {
     banner(`${file.name} cannot be imported: ${e.message}`, null);
     return;
   }
-  for (const c of conversations) await persist(c);
-  banner(`Imported ${conversations.length} conversation${conversations.length === 1 ? "" : "s"}.`, null, "info");
+  let kept = 0;
+  for (const c of conversations) kept += (await persist(c)) ? 1 : 0;
   show(conversations[0]);
+  // one the browser would not keep: its banner stays (shown, the conversation is not kept until a change is)
+  if (kept === conversations.length) {
+    banner(`Imported ${kept} conversation${kept === 1 ? "" : "s"}.`, null, "info");
+  }
 }
 
 function wireEvents() {
@@ -1489,7 +1520,7 @@ async function start() {
   try {
     await store.recover(tree.merge, tree.damage); // what a reload cut short, before anything is listed or shown
   } catch (e) {
-    banner(`This browser would not keep the conversation: ${e.message || e}`);
+    banner(`This browser would not keep the conversation: ${e.message || e}`, null, "error", "write");
   }
   await refreshList();
   if (id) await openConversation(id);

@@ -26,6 +26,67 @@ export function render(text) {
   return fragment;
 }
 
+function closesFence(line, fence) {
+  const t = line.trim();
+  return t.startsWith(fence) && !t.slice(fence.length).trim() && t[0] === fence[0];
+}
+
+/** Draws an answer that is still streaming into `box`, and returns the nodes it added (to look through for
+ * citations). What a blank line outside a code fence ends is drawn once and kept: only the text after the last
+ * such line is drawn again as more comes, so a long answer costs a frame no more than its last block does. A
+ * loose list the blank lines split shows as lists one after another until `whole` (the answer has ended): then
+ * the whole text is drawn once, as render() draws it. */
+export function streamer(box) {
+  let head = ""; // the text drawn for good
+  let scanned = 0; // where the lines not yet looked at begin
+  let fence = null; // the fence of the code block open at `scanned`
+  let tail = []; // the nodes of the text after `head`
+  let ended = null; // the whole text, once drawn whole
+  const reset = () => {
+    head = "";
+    scanned = 0;
+    fence = null;
+    tail = [];
+    ended = null;
+    box.replaceChildren();
+  };
+  return (text, whole) => {
+    if (whole && text === ended) return [];
+    // ended, not more of the same text (a round begun anew), or what the box shows is not this text's
+    if (whole || !text.startsWith(head) || (!head && !tail.length)) reset();
+    if (whole) {
+      const nodes = [...render(text).childNodes];
+      box.append(...nodes);
+      ended = text;
+      return nodes;
+    }
+    let settled = head.length;
+    for (let nl = text.indexOf("\n", scanned); nl >= 0; nl = text.indexOf("\n", scanned)) {
+      const line = text.slice(scanned, nl);
+      if (fence !== null) {
+        if (closesFence(line, fence)) fence = null;
+      } else {
+        const m = FENCE.exec(line);
+        if (m) fence = m[1];
+        else if (!line.trim()) settled = nl + 1;
+      }
+      scanned = nl + 1;
+    }
+    const added = [];
+    for (const node of tail) node.remove();
+    if (settled > head.length) {
+      const nodes = [...render(text.slice(head.length, settled)).childNodes];
+      box.append(...nodes);
+      added.push(...nodes);
+      head = text.slice(0, settled);
+    }
+    tail = [...render(text.slice(settled)).childNodes];
+    box.append(...tail);
+    added.push(...tail);
+    return added;
+  };
+}
+
 function startsBlock(line) {
   return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
 }
@@ -43,8 +104,7 @@ function blocks(lines, parent, depth) {
       const fence = m[1];
       const body = [];
       i += 1;
-      while (i < lines.length && !(lines[i].trim().startsWith(fence) && !lines[i].trim().slice(fence.length).trim()
-        && lines[i].trim()[0] === fence[0])) {
+      while (i < lines.length && !closesFence(lines[i], fence)) {
         body.push(lines[i]);
         i += 1;
       }

@@ -35,8 +35,11 @@ export async function all() {
   return list.sort((a, b) => b.updated - a.updated);
 }
 
-export function get(id) {
-  return run("readonly", (s) => s.get(id));
+/** The conversation `id` as kept here (undefined: none); a later write of it is noted as its changes since. */
+export async function get(id) {
+  const conv = await run("readonly", (s) => s.get(id));
+  if (conv && conv.messages && typeof conv.messages === "object") remember(id, pieces(conv));
+  return conv;
 }
 
 /** Writes `conv`, first taking into it (through `merge(conv, stored)`, in the same transaction, so that no other
@@ -45,6 +48,7 @@ export function get(id) {
 export async function save(conv, merge) {
   const noted = journal(conv);
   const db = await database();
+  let wrote = null;
   const took = await new Promise((resolve, reject) => {
     const tx = db.transaction(STORE, "readwrite");
     const s = tx.objectStore(STORE);
@@ -52,14 +56,21 @@ export async function save(conv, merge) {
     const got = s.get(conv.id);
     got.onsuccess = () => {
       if (got.result) took = merge(conv, got.result);
-      s.put(conv);
+      s.put(conv); // the record is this copy as it is now: what a later note is measured against
+      wrote = pieces(conv);
     };
     tx.oncomplete = () => {
+      remember(conv.id, wrote);
       if (noted !== null && localStorage.getItem(PENDING + conv.id) === noted) forget(conv.id); // a later note stays
+      unguard(noted);
       resolve(took);
     };
-    tx.onerror = () => reject(tx.error || new Error("the browser's storage refused the change"));
-    tx.onabort = () => reject(tx.error || new Error("the browser's storage refused the change"));
+    const failed = () => {
+      unguard(noted);
+      reject(tx.error || new Error("the browser's storage refused the change"));
+    };
+    tx.onerror = failed;
+    tx.onabort = failed;
   });
   tell({ kind: "saved", id: conv.id });
   return took;
@@ -67,25 +78,66 @@ export async function save(conv, merge) {
 
 export async function remove(id) {
   forget(id);
+  committed.delete(id);
   await run("readwrite", (s) => s.delete(id));
   tell({ kind: "removed", id });
 }
 
 // IndexedDB commits a write some milliseconds after the screen shows it, and a reload (or a closed tab) in
 // between loses it. So each write is noted first in localStorage, which writes at once, and the note goes when
-// the write has committed; the next load writes what such a note still holds (recover). A note that does not
-// fit (localStorage is small) is not kept: the write goes on as before.
+// the write has committed; the next load writes what such a note still holds (recover). localStorage is small
+// (its quota, a few MB, is shared by every note), so a note holds only the messages that changed since this tab's
+// last write of the conversation committed, with its settings: the record kept holds the rest. A note that still
+// does not fit (one message larger than the room left: pictures, mostly) is not kept; until that write commits,
+// the browser asks before the page is closed or reloaded.
 const PENDING = "localgen-chat-pending:";
+const committed = new Map(); // conversation id → {message id: its JSON} as this tab's last committed write held it
+const REMEMBERED = 8; // conversations whose committed copy is remembered, the latest used (another's note is whole)
+let unnoted = 0; // writes under way that no note covers
 
+function remember(id, messages) {
+  committed.delete(id); // set again: the latest used last
+  committed.set(id, messages);
+  if (committed.size > REMEMBERED) committed.delete(committed.keys().next().value);
+}
+
+function pieces(conv) {
+  return Object.fromEntries(Object.entries(conv.messages).map(([id, m]) => [id, JSON.stringify(m)]));
+}
+
+/** The note of a write of `conv` (its text, or null when it did not fit). */
 function journal(conv) {
+  const before = committed.get(conv.id);
+  const { messages, ...rest } = conv;
+  const changed = {};
+  for (const [id, m] of Object.entries(messages)) {
+    const text = JSON.stringify(m);
+    if (!before || before[id] !== text) changed[id] = m;
+  }
+  // `upon`: the note names only what changed since the record held the rest (a note without it is whole)
+  const note = before ? { ...rest, upon: true, messages: changed } : conv;
   try {
-    const text = JSON.stringify(conv);
+    const text = JSON.stringify(note);
     localStorage.setItem(PENDING + conv.id, text);
     return text;
   } catch {
     forget(conv.id); // an older note must not come back over this write
+    guard();
     return null;
   }
+}
+
+function leaving(e) {
+  e.preventDefault();
+  e.returnValue = ""; // the browser asks whether to leave: the change is not kept yet
+}
+
+function guard() {
+  if (unnoted++ === 0) window.addEventListener("beforeunload", leaving);
+}
+
+function unguard(noted) {
+  if (noted === null && --unnoted === 0) window.removeEventListener("beforeunload", leaving);
 }
 
 function forget(id) {
@@ -110,12 +162,25 @@ export async function recover(merge, damage) {
     let conv = null;
     try {
       conv = JSON.parse(localStorage.getItem(key));
+      if (conv && conv.upon === true) conv = await upon(conv, merge);
     } catch {
       conv = null;
     }
     if (conv && typeof conv.id === "string" && !damage(conv)) await save(conv, merge);
     else forget(key.slice(PENDING.length));
   }
+}
+
+/** The conversation a note of its changes makes of the record kept, merged (through `merge`) with what that record
+ * has that the note lacks (another tab's messages); null: no record, or not a note. */
+async function upon(note, merge) {
+  if (typeof note.id !== "string" || !note.messages || typeof note.messages !== "object") return null;
+  const stored = await run("readonly", (s) => s.get(note.id));
+  if (!stored || !stored.messages || typeof stored.messages !== "object") return null;
+  const { upon: _, ...rest } = note;
+  const conv = { ...rest, messages: { ...stored.messages, ...note.messages } };
+  merge(conv, stored);
+  return conv;
 }
 
 // Every tab of this page (same origin) hears what the others wrote or deleted, to show it.
