@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from localgen.remote.errortext import error_text
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.jsonbody import read_json
@@ -332,8 +333,6 @@ class Upstreams:
             body = await _error_body(response)
         status = response.status_code
         ep, where = remote.endpoint, remote.label
-        from localgen.remote.client import error_text  # not at start-up: serve without --endpoint never needs it
-
         said = scrubbed(error_text(body) or response.reason_phrase or "no message", ep)
         if 300 <= status < 400:
             raise HTTPError(502, f"{where} redirects elsewhere ({status}); serve does not follow redirects (the key "
