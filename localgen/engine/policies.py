@@ -37,13 +37,13 @@ def _step_cost(pc: Any, n: int) -> Callable[[int], float]:
     """What a step of m rows costs with n sequences decoding: where each slot has a stream of its own cells, the
     drafts are a pass of their own over the weights (Throughput.drafts)."""
     if pc.one_pool or n == 1:
-        return pc.step_cost  # type: ignore[no-any-return]
-    return lambda m: float(pc.step_cost(n) + (pc.step_cost(m - n) if m > n else 0.0))
+        return pc.costs.step  # type: ignore[no-any-return]
+    return lambda m: float(pc.costs.step(n) + (pc.costs.step(m - n) if m > n else 0.0))
 
 
 class _DraftWork:
     """A draft model's work in one step (serve --draft): a decode per drafted position with a row for each sequence
-    drafting that deep, priced by its rows (`draft_rows` a ParallelContext's draft_rows_cost, measured at load),
+    drafting that deep, priced by its rows (`draft_rows` a ParallelContext's costs.draft_rows, measured at load),
     so a sequence pays for the rows it adds to those decodes; and the catch-up of sequences whose draft sequence
     is behind (a request's first draft: its prompt; a try after steps without drafts: the tokens since), at most
     `room` rows in the step for all (one not caught up by then goes on in the next steps, drafting once it is),
@@ -213,7 +213,7 @@ class Throughput:
         overall = (pc.accepted + 1) / (pc.drafted + 2)
         budget = max(0, pc.step_tokens - n) // (2 if filling else 1)  # rows the drafts may take in all
         step_cost = _step_cost(pc, n)
-        work = _DraftWork(pc.draft_rows_cost, pc.step_tokens)
+        work = _DraftWork(pc.costs.draft_rows, pc.step_tokens)
         wanted: dict[int, tuple[Seq, int, bool]] = {}  # slot → (its sequence, tokens to draft, whether a try)
         allowed: dict[int, int] = {}  # slot → tokens its draft sequence may catch up in this step
         out: dict[int, list[int]] = {}
