@@ -187,15 +187,15 @@ class Throughput:
         lookup (engine/speculative.py, NgramIndex), as many as make the step's tokens per unit of time largest
         (speculative.draft_length). The j-th drafted token is kept with probability about alpha**j, alpha the
         share of the sequence's drafts kept so far (leaning on every sequence's share while it has drafted few);
-        a step of n rows costs what `calibrate` measured at load (ParallelContext.step_cost), so drafts go where
-        rows are cheap (a GPU, a step with few rows) and answers copy their prompts. Sequences are taken in
-        turn, each after the drafts given before it. A sequence that drafts nothing tries one token after 16
+        a step of n rows costs what `calibrate` measured at load (ParallelContext.costs, engine/stepcosts.py), so
+        drafts go where rows are cheap (a GPU, a step with few rows) and answers copy their prompts. Sequences are
+        taken in turn, each after the drafts given before it. A sequence that drafts nothing tries one token after 16
         steps, then 32, 64, ... while its tries fail, so its share can recover. None for a prompt with media
         (its placeholders are not text).
 
         Where each slot has a stream of its own cells (a CPU's default), llama.cpp cuts a step into ubatches that
         take as many rows of every sequence, so with several sequences decoding their drafts are a pass of
-        their own over the weights: priced as such (step_cost(n) + step_cost(drafts)). The drafts take at most
+        their own over the weights: priced as such (costs.step(n) + costs.step(drafts)). The drafts take at most
         the step's `step_tokens` beside the decoding rows, half of that while a prompt is being evaluated (the
         rest is its chunk's).
 
