@@ -34,7 +34,7 @@ def _pc(eng: Any, n: int, draft_max: int, row_cost: float) -> ParallelContext:
     """A throughput context whose steps cost 1 + row_cost per row past the first (what `calibrate` measures, set:
     each test decides whether drafts pay)."""
     pc = ParallelContext(eng, n, 1024, pooled=True, draft_max=draft_max)
-    pc.step_costs = [(1, 1.0), (64, 1.0 + 63 * row_cost)]
+    pc.costs.steps = [(1, 1.0), (64, 1.0 + 63 * row_cost)]
     return pc
 
 
@@ -199,11 +199,11 @@ def test_calibrate_measures_a_row_and_leaves_no_cells(smollm2_engine: object) ->
     pc = ParallelContext(eng, 2, 512, pooled=True, draft_max=4)
     try:
         cost = pc.calibrate(reps=2)
-        sizes = [n for n, _ in pc.step_costs]
+        sizes = [n for n, _ in pc.costs.steps]
         assert sizes[:2] == [1, 2] and sizes[-1] == 2 * 5 and sizes == sorted(sizes)  # both slots, four drafts
-        costs = [c for _, c in pc.step_costs]
-        assert costs[0] == 1.0 and costs == sorted(costs) and cost == pc.row_cost == costs[1] - 1
-        assert pc.step_cost(2) == costs[1] and costs[0] <= pc.step_cost(5) <= costs[-1]
+        costs = [c for _, c in pc.costs.steps]
+        assert costs[0] == 1.0 and costs == sorted(costs) and cost == pc.costs.row == costs[1] - 1
+        assert pc.costs.step(2) == costs[1] and costs[0] <= pc.costs.step(5) <= costs[-1]
         lc = lib()
         mem = lc.llama_get_memory(pc.ctx)
         assert [lc.llama_memory_seq_pos_max(mem, q) for q in range(2)] == [-1, -1]

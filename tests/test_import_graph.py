@@ -109,3 +109,18 @@ def test_each_package_imports_only_what_the_architecture_page_says_it_may() -> N
              if name not in ("localgen", "localgen.__main__") for imported in _imports(name, path, known)
              if _package(imported) != _package(name) and _package(imported) not in allowed[_package(name)]}
     assert not wrong, sorted(wrong)
+
+
+def test_the_error_text_module_serve_imports_at_start_up_is_the_standard_library_only() -> None:
+    """remote/errortext.py, which serve/upstream.py and serve/remotes.py import at their top: nothing but the
+    standard library and itself comes with it (not the client, its stream parser or httpx)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; before = set(sys.modules); import localgen.remote.errortext; "
+            "print(*sorted(set(sys.modules) - before))")
+    came = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=ROOT).stdout.split()
+    ours = {m for m in came if m.split(".")[0] == "localgen"}
+    assert ours == {"localgen", "localgen.remote", "localgen.remote.errortext"}, sorted(ours)
+    assert [m for m in came if m not in ours and m.split(".")[0].lstrip("_") not in sys.stdlib_module_names] == []

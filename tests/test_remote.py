@@ -44,7 +44,8 @@ def test_keep_alive_comments_role_chunk_and_no_usage(cli: CLI, fake: FakeServer)
 
 def test_a_server_that_refuses_stream_options_gets_the_request_without_them(cli: CLI, tmp_path: Path) -> None:
     """A server that refuses stream_options (a 400 naming it) is asked again without it, once per run: the answer
-    comes as ever, its tokens counted from the pieces (no usage)."""
+    comes as ever, its tokens counted from the pieces (no usage), and that request is not one of the tries a busy
+    server gets."""
     strict = StrictServer()
     try:
         r = _run(cli, strict, "plain", "--json")
@@ -60,6 +61,11 @@ def test_a_server_that_refuses_stream_options_gets_the_request_without_them(cli:
         assert [m["body"].get("stream_options") for m in strict.requests] == [{"include_usage": True}] + [None] * 3
         r = _run(cli, strict, "picky")
         assert r.returncode == 1 and "rejected the request (400): temperature must be at most 2" in r.stderr, r.stderr
+        # the request sent again without stream_options is not one of a busy server's five tries (docs/remote.md)
+        strict.requests.clear()
+        r = _run(cli, strict, "busy")
+        assert r.returncode == 1 and "busy (503) after 5 tries" in r.stderr, r.stderr
+        assert [m["body"].get("stream_options") for m in strict.requests] == [{"include_usage": True}] + [None] * 5
     finally:
         strict.stop()
 

@@ -16,6 +16,7 @@ import pytest
 from localgen.engine.batch import ParallelContext
 from localgen.engine.batchseq import Request
 from localgen.engine.scheduler import Finished, Scheduler
+from localgen.engine.stepcosts import StepCosts
 from localgen.native.prompt import Prompt
 from localgen.types import SamplingParams
 from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text
@@ -36,7 +37,7 @@ def _drafting_pc(eng: Any, smollm2_path: Path, n: int) -> ParallelContext:
     from localgen.types import LoadParams
 
     pc = ParallelContext(eng, n, 1024, pooled=True, draft_max=4)
-    pc.step_costs = [(1, 1.0), (64, 1.0)]
+    pc.costs.steps = [(1, 1.0), (64, 1.0)]
     pc.drafter = SlotDrafter(Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=1024)), n, pc.n_ctx_seq)
     return pc
 
@@ -135,10 +136,10 @@ def test_calibrate_measures_the_draft_models_decode_and_leaves_no_cells(
     pc = _drafting_pc(smollm2_engine, smollm2_path, 2)
     try:
         pc.calibrate(reps=2)
-        assert 0.2 < pc.draft_cost < 5
+        assert 0.2 < pc.costs.draft_step < 5
         # by rows, as the model's steps: 64 rows of the draft model cost many one-row decodes (about 30 here)
-        assert [n for n, _ in pc.draft_costs][:2] == [1, 2] and pc.draft_costs[-1][0] == 64
-        assert pc.draft_rows_cost(1) == pc.draft_cost and pc.draft_rows_cost(64) > 4 * pc.draft_cost
+        assert [n for n, _ in pc.costs.draft_steps][:2] == [1, 2] and pc.costs.draft_steps[-1][0] == 64
+        assert pc.costs.draft_rows(1) == pc.costs.draft_step and pc.costs.draft_rows(64) > 4 * pc.costs.draft_step
         lc = lib()
         for ctx in (pc.ctx, pc.drafter.ctx):
             mem = lc.llama_get_memory(ctx)
@@ -160,7 +161,7 @@ def test_a_draft_models_decodes_are_priced_beside_the_rows(smollm2_engine: objec
     compared: list[int] = []
     for price in (0.0, 100.0):
         pc = _drafting_pc(eng, smollm2_path, 1)
-        pc.draft_cost = price
+        pc.costs.draft_step = price
         lag = pc.drafter.lag
         compared.append(0)
 
@@ -193,7 +194,7 @@ def test_a_draft_models_decode_is_priced_by_its_rows(smollm2_path: Path) -> None
     reqs = [Request(i, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
             for i, n in enumerate((200, 24))]
     pc = _drafting_pc(eng, smollm2_path, 2)
-    pc.draft_costs = [(1, 0.0), (2, 5.0), (256, 5.0)]  # a catch-up of the prompt costs 5 steps too
+    pc.costs.draft_steps = [(1, 0.0), (2, 5.0), (256, 5.0)]  # a catch-up of the prompt costs 5 steps too
     ends: dict[int, Any] = {}
     try:
         assert pc.one_pool
@@ -374,8 +375,8 @@ class DraftServer:
         deadline = time.monotonic() + 300
         while not (self.server.started and self.pc.warmed_in) and time.monotonic() < deadline:
             time.sleep(0.05)  # the worker's thread warms the model up and measures the costs (warmed_in is set last)
-        assert self.pc.warmed_in and self.pc.draft_costs, "the worker never finished its warm-up and calibration"
-        self.pc.step_costs, self.pc.draft_costs, self.pc.draft_cost = [(1, 1.0), (64, 1.0)], [], 0.0
+        assert self.pc.warmed_in and self.pc.costs.draft_steps, "the worker never finished its warm-up and calibration"
+        self.pc.costs = StepCosts([(1, 1.0), (64, 1.0)])
 
     def health(self) -> dict[str, Any]:
         return dict(httpx.get(f"{self.url}/health", timeout=30).json()["models"]["smollm2:135m"])
@@ -435,7 +436,7 @@ def test_a_useless_draft_model_turns_itself_off(smollm2_path: Path, random_draft
     request drafts only its tries, one token after 16 steps, then 32, 64: two requests of 160 tokens, one after
     the other, draft a few tokens each, and answer what serve without a draft answers."""
     s = DraftServer(smollm2_path, random_draft)
-    s.pc.step_costs = [(1, 1.0), (2, 1.05), (64, 4.0)]  # a GPU's: a row beside the step's first costs a twentieth
+    s.pc.costs.steps = [(1, 1.0), (2, 1.05), (64, 4.0)]  # a GPU's: a row beside the step's first costs a twentieth
     try:
         docs = [_ask(s.url, prompt, max_tokens=160) for prompt in PROMPTS]
         health = s.health()

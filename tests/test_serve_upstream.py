@@ -516,7 +516,7 @@ def test_a_batch_of_a_remote_models_requests_runs_through_the_front(front: Serve
 
 def test_an_upstreams_long_error_is_cut_alike_by_serve_and_run(front_env: dict[str, str]) -> None:
     """An upstream's error message reads the same through serve --endpoint and run --endpoint (one reading,
-    remote/client.py's error_text): cut at 300 characters, with "…"."""
+    remote/errortext.py's error_text): cut at 300 characters, with "…"."""
     strict = StrictServer()
     s = Server(front_env, "--no-on-demand", "--endpoint", strict.url)
     cut = StrictServer.WORDY[:299] + "…"

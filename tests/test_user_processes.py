@@ -43,7 +43,7 @@ SAFETY_NET_S = 300
 # What each command must not import: what it does not use, and the heavy libraries behind those
 # (docs/ARCHITECTURE.md, "Heavy imports inside functions"). `run` has its fuller list in tests/test_startup.py.
 EVERYWHERE = ("llama_cpp.llama", "huggingface_hub", "gguf", "mcp", "openai", "pandas", "torch",
-              "localgen.tools.mcp", "localgen.remote.client", "localgen.remote.backend")
+              "localgen.tools.mcp", "localgen.remote.client", "localgen.remote.stream", "localgen.remote.backend")
 NOT_IMPORTED = {
     "--version": ("typer", "click", "llama_cpp", "numpy", "uvicorn", "starlette", "httpx", "jinja2", "rich",
                   "prompt_toolkit",

@@ -25,6 +25,7 @@ from localgen.backend import Completion
 from localgen.engine.batchmode import kv_pool
 from localgen.engine.batchseq import END, Request, Seq, from_iterator, is_exact, next_span
 from localgen.engine.slots import Slots
+from localgen.engine.stepcosts import StepCosts, measure
 from localgen.engine.tokens import grid_end, reusable_prefix
 from localgen.errors import Cancelled, LocalgenError
 from localgen.native import context, logs
@@ -112,15 +113,11 @@ class ParallelContext:
             engine.encoder_only or native_model.has_encoder(engine.model_ptr)) else 0
         self.drafted = self.accepted = 0  # drafted tokens, and those kept
         # serve --draft: a draft model proposes the drafts instead of prompt lookup (engine/speculative.py,
-        # SlotDrafter; set by whoever loads it, before warm_up), and what its decode of n rows costs, in one-row
-        # steps of this model (measured by `calibrate`: (n, cost), n ascending; `draft_cost` its one-row decode)
+        # SlotDrafter; set by whoever loads it, before warm_up)
         self.drafter: Any = None
-        self.draft_cost = 0.0
-        self.draft_costs: list[tuple[int, float]] = []
         self.draft_off: str | None = None  # why drafting was turned off while serving (a draft-model failure)
         self.draft_error: BaseException | None = None
-        # what a step of n rows costs in one-row steps, measured (`calibrate`: (n, cost), n ascending)
-        self.step_costs: list[tuple[int, float]] = []
+        self.costs = StepCosts()  # what a step of n rows costs, in one-row steps (measured by `calibrate`)
         self.batch = Batch(self.n_batch)
         self.ctrl_c = False  # whether a Ctrl-C stops a long step inside it (decode): set by a command's own run
         self.vocab = engine.vocab
@@ -155,7 +152,7 @@ class ParallelContext:
         self.decode(1)
         context.clear(context.memory(self.ctx), True)
         context.synchronize(self.ctx)
-        if self.draft_max and not self.step_costs:
+        if self.draft_max and not self.costs.steps:
             self.calibrate()
         context.reset_perf(self.ctx)
         self.batch.n_tokens = 0
@@ -164,88 +161,10 @@ class ParallelContext:
         self.warmed_in = threading.get_ident()
 
     def calibrate(self, reps: int = 3) -> float:
-        """Measure what a step of n rows costs against a step of one (`step_cost`), for n from 1 to what drafting
-        may ask (every slot decoding with `draft_max` drafts, up to 32 rows): a decode in sequence 0 with each
-        row's check (its logits read, its greedy pick), each size once untimed (its compute graph) then `reps`
-        times in turn, the fastest (what the hardware does; slower ones are other work on the machine). The
-        cells are forgotten after. Call it while no sequence holds cells (after warm_up, before any request).
-        Returns `row_cost`, what the first drafted row costs (on a CPU a step of two rows cost SmolLM2 twice one,
-        and of seven 4.2 times: rows get cheaper in larger batches, so the sizes are measured, not a slope). With a
-        draft model (`drafter`), also `draft_costs`: its decodes of 1, 2, 4, ... 64 rows (SlotDrafter.measure, the
-        same way), against this model's one-row step (`draft_cost` the one-row decode's, the two one-row decodes
-        measured in turn so that both see the same load)."""
-        import time
-
-        import numpy
-
-        top = max(2, min(self.n_parallel * (self.draft_max + 1), 32, self.n_ctx_seq - 1, self.n_batch))
-        sizes = [n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32) if n < top] + [top]
-        token = max(native_vocab.bos(self.vocab), 0)
-        mem = context.memory(self.ctx)
-
-        def step(n: int) -> float:
-            self.batch.n_tokens = 0
-            for k in range(n):
-                self.add(token, k, 0, True)
-            t0 = time.perf_counter()
-            self.decode(1)
-            context.synchronize(self.ctx)
-            for row in range(n):
-                int(numpy.argmax(self.logits(row)))
-            dt = time.perf_counter() - t0
-            context.seq_rm(mem, 0, -1, -1)
-            return dt
-
-        times: dict[int, list[float]] = {n: [] for n in sizes}
-        for n in sizes:
-            step(n)
-        for _ in range(reps):
-            for n in sizes:
-                times[n].append(step(n))
-        self.batch.n_tokens = 0
-        context.clear(mem, True)
-        t1 = min(times[1])
-        costs, last = [], 0.0
-        for n in sizes:  # never cheaper for more rows (noise aside)
-            last = max(last, min(times[n]) / t1 if t1 > 0 else float(n))
-            costs.append((n, last))
-        self.step_costs = costs
-        if self.drafter is not None and t1 > 0:  # the draft model's decodes by rows, in those steps
-            dsizes = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= self.drafter.n_batch]
-            by_rows = self.drafter.measure(dsizes, reps)
-            # its one-row decode against this model's, measured in turn (each the fastest of its own), so that both
-            # see the same load: measured apart, a busy machine made the same model's ratio 0.3 or 8
-            mine, theirs = [], []
-            for _ in range(max(reps, 3)):
-                mine.append(step(1))
-                theirs.append(self.drafter.measure([1], 1)[0][1])
-            self.batch.n_tokens = 0
-            context.clear(mem, True)
-            one = min(theirs) / min(mine)
-            dlast, dcosts = 0.0, []
-            for n, t in by_rows:
-                dlast = max(dlast, t / by_rows[0][1] * one)
-                dcosts.append((n, dlast))
-            self.draft_cost = dcosts[0][1]
-            self.draft_costs = dcosts
-        return costs[1][1] - 1.0
-
-    @property
-    def row_cost(self) -> float | None:
-        """What the first drafted row costs, as a share of a one-row step (None before `calibrate`)."""
-        return self.step_costs[1][1] - 1.0 if self.step_costs else None
-
-    def step_cost(self, n: int) -> float:
-        """What a decoding step of n rows costs, in one-row steps (`calibrate`'s sizes, in between the line
-        between two, past the largest its last slope); 1 for any n before a calibration (rows taken as free)."""
-        return _interpolate(self.step_costs, n) if self.step_costs else 1.0
-
-    def draft_rows_cost(self, n: int) -> float:
-        """What a draft-model decode of n rows costs, in one-row steps of this model (`calibrate`'s sizes, as
-        `step_cost`); before a calibration `draft_cost` a row. 0 for no rows."""
-        if n <= 0:
-            return 0.0
-        return _interpolate(self.draft_costs, n) if len(self.draft_costs) > 1 else self.draft_cost * n
+        """Measure what steps of n rows cost (engine/stepcosts.py, measure) into `costs`; returns what the first
+        drafted row costs, as a share of a one-row step."""
+        self.costs = measure(self, reps)
+        return self.costs.steps[1][1] - 1.0
 
     def stop_drafting(self, error: BaseException) -> None:
         """Turn a failing draft model off for good: the requests go on without drafts (serve's worker says so once
@@ -409,15 +328,3 @@ class ParallelContext:
         if not context.seq_rm(context.memory(self.ctx), seq, pos, -1):
             raise LocalgenError("llama.cpp could not forget a prompt stopped part-way")
         del self.slots.held[seq][pos:]
-
-
-def _interpolate(costs: list[tuple[int, float]], n: int) -> float:
-    """The cost of n rows from measured (rows, cost) pairs, rows ascending: the line between the two around n, past
-    the largest its last slope."""
-    from itertools import pairwise
-
-    for (a, ca), (b, cb) in pairwise(costs):
-        if n <= b:
-            return ca + (cb - ca) * (n - a) / (b - a)
-    (a, ca), (b, cb) = costs[-2], costs[-1]
-    return cb + (cb - ca) / (b - a) * (n - b)

@@ -197,7 +197,7 @@ class LocalBackend:
             pc.close()
         return {"steps": pc.steps, "rows": pc.rows, "throughput": float(mode.throughput),
                 "shared": float(pc.slots.shared), "kv_unified": float(pc.one_pool), "why": mode.why,
-                **({"drafted": pc.drafted, "accepted": pc.accepted, "row_cost": round(pc.row_cost or 0.0, 3)}
+                **({"drafted": pc.drafted, "accepted": pc.accepted, "row_cost": round(pc.costs.row or 0.0, 3)}
                    if pc.draft_max else {})}
 
     @property

@@ -37,13 +37,13 @@ def _step_cost(pc: Any, n: int) -> Callable[[int], float]:
     """What a step of m rows costs with n sequences decoding: where each slot has a stream of its own cells, the
     drafts are a pass of their own over the weights (Throughput.drafts)."""
     if pc.one_pool or n == 1:
-        return pc.step_cost  # type: ignore[no-any-return]
-    return lambda m: float(pc.step_cost(n) + (pc.step_cost(m - n) if m > n else 0.0))
+        return pc.costs.step  # type: ignore[no-any-return]
+    return lambda m: float(pc.costs.step(n) + (pc.costs.step(m - n) if m > n else 0.0))
 
 
 class _DraftWork:
     """A draft model's work in one step (serve --draft): a decode per drafted position with a row for each sequence
-    drafting that deep, priced by its rows (`draft_rows` a ParallelContext's draft_rows_cost, measured at load),
+    drafting that deep, priced by its rows (`draft_rows` a ParallelContext's costs.draft_rows, measured at load),
     so a sequence pays for the rows it adds to those decodes; and the catch-up of sequences whose draft sequence
     is behind (a request's first draft: its prompt; a try after steps without drafts: the tokens since), at most
     `room` rows in the step for all (one not caught up by then goes on in the next steps, drafting once it is),
@@ -187,15 +187,15 @@ class Throughput:
         lookup (engine/speculative.py, NgramIndex), as many as make the step's tokens per unit of time largest
         (speculative.draft_length). The j-th drafted token is kept with probability about alpha**j, alpha the
         share of the sequence's drafts kept so far (leaning on every sequence's share while it has drafted few);
-        a step of n rows costs what `calibrate` measured at load (ParallelContext.step_cost), so drafts go where
-        rows are cheap (a GPU, a step with few rows) and answers copy their prompts. Sequences are taken in
-        turn, each after the drafts given before it. A sequence that drafts nothing tries one token after 16
+        a step of n rows costs what `calibrate` measured at load (ParallelContext.costs, engine/stepcosts.py), so
+        drafts go where rows are cheap (a GPU, a step with few rows) and answers copy their prompts. Sequences are
+        taken in turn, each after the drafts given before it. A sequence that drafts nothing tries one token after 16
         steps, then 32, 64, ... while its tries fail, so its share can recover. None for a prompt with media
         (its placeholders are not text).
 
         Where each slot has a stream of its own cells (a CPU's default), llama.cpp cuts a step into ubatches that
         take as many rows of every sequence, so with several sequences decoding their drafts are a pass of
-        their own over the weights: priced as such (step_cost(n) + step_cost(drafts)). The drafts take at most
+        their own over the weights: priced as such (costs.step(n) + costs.step(drafts)). The drafts take at most
         the step's `step_tokens` beside the decoding rows, half of that while a prompt is being evaluated (the
         rest is its chunk's).
 
@@ -213,7 +213,7 @@ class Throughput:
         overall = (pc.accepted + 1) / (pc.drafted + 2)
         budget = max(0, pc.step_tokens - n) // (2 if filling else 1)  # rows the drafts may take in all
         step_cost = _step_cost(pc, n)
-        work = _DraftWork(pc.draft_rows_cost, pc.step_tokens)
+        work = _DraftWork(pc.costs.draft_rows, pc.step_tokens)
         wanted: dict[int, tuple[Seq, int, bool]] = {}  # slot → (its sequence, tokens to draft, whether a try)
         allowed: dict[int, int] = {}  # slot → tokens its draft sequence may catch up in this step
         out: dict[int, list[int]] = {}

@@ -3,17 +3,15 @@ servers (vLLM, SGLang, llama-server, Ollama's /v1, LM Studio, `localgen serve`) 
 /chat/completions or /completions calls over httpx, and come back as the same Chunks and Stats as a local
 run, with time to first token and inter-token gaps measured here, on the client.
 
-The stream parser takes what real servers send: `:` keep-alive comments, a first chunk with only the role,
-no usage chunk, an error event mid-stream. 429 and 503 before the answer starts are retried with backoff
-(Retry-After honoured). Every other failure is one RemoteError, marked `partial` once text has arrived and
-`down` when the endpoint itself is gone (run --file then moves its lines to the other endpoints)."""
+The answer is read by remote/stream.py. 429 and 503 before the answer starts are retried with backoff
+(Retry-After honoured); a server that refuses stream_options gets the request again without them, a try that
+is not one of those. Every other failure is one RemoteError, marked `partial` once text has arrived and `down`
+when the endpoint itself is gone (run --file then moves its lines to the other endpoints)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -21,14 +19,14 @@ from typing import Any
 
 from localgen.errors import RemoteError
 from localgen.remote.endpoints import Endpoint
+from localgen.remote.errortext import error_text
+from localgen.remote.stream import URL_HINT, bounded, events, said
 from localgen.settings import KNOBS
 from localgen.types import Chunk, FinishReason, GenerationRequest, Stats
 
 RETRIES = 4  # after the first try, for 429 and 503
-MAX_LINE = 16 * 2**20  # a stream's line (or event), a whole JSON answer, a model list: past this, an error
 MAX_ERROR_BODY = 2**20  # of an error's body, only this much is read
 BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
-MAX_ERROR_TEXT = 300  # characters of a server's error message shown (run, chat, bench and serve --endpoint alike)
 
 
 def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
@@ -76,10 +74,6 @@ def sent_sampling(request: GenerationRequest, seed: int) -> dict[str, Any]:
     return sent
 
 
-def _pieces(n: int) -> str:
-    return f"{n} piece{'' if n == 1 else 's'}"
-
-
 def _percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -114,6 +108,11 @@ class RemoteGeneration:
         """Stop at the next piece; closing the stream tells the server to stop generating."""
         self._stop.set()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether it was cancelled or closed (a stream that ends then is not cut short)."""
+        return self._stop.is_set()
+
     def close(self) -> None:
         """Close the stream now (Ctrl-C, a reader that went away)."""
         self._stop.set()
@@ -129,7 +128,7 @@ class RemoteGeneration:
     def _pieces(self) -> Iterator[Chunk]:
         try:
             self._response = self.client.open(self.request, self.seed)
-            for piece, finish in self.client.events(self._response, self):
+            for piece, finish in events(self._response, self.client.endpoint.label, self):
                 if piece:
                     now = time.perf_counter()
                     self.arrivals.append(now)
@@ -209,7 +208,7 @@ class RemoteClient:
                     raise self.scrubbed(_status_error(self.endpoint, r, _head(r), self.model))
                 if r.status_code != 200:
                     return None
-                body = _bounded(r, f"{where}'s answer to GET {path}")
+                body = bounded(r, f"{where}'s answer to GET {path}")
         except httpx.ConnectError as e:
             raise RemoteError(_connect_message(where, e), down=True) from None
         except httpx.HTTPError:
@@ -220,7 +219,8 @@ class RemoteClient:
             return None
 
     def open(self, request: GenerationRequest, seed: int) -> Any:
-        """POST the request and return the streaming response once it is 200, retrying 429 and 503."""
+        """POST the request and return the streaming response once it is 200, retrying 429 and 503 (RETRIES
+        times); a server that refuses stream_options gets the request again without them, not counted as a try."""
         import httpx
 
         path = "/completions" if request.raw else "/chat/completions"
@@ -228,7 +228,8 @@ class RemoteClient:
         if self.no_stream_options:
             del body["stream_options"]
         where = self.endpoint.label
-        for attempt in range(RETRIES + 2):  # the retries, and one more without stream_options
+        attempt = 0  # the tries that met 429 or 503 so far
+        while True:
             try:
                 r = self.http.send(self.http.build_request("POST", path, json=body), stream=True)
             except httpx.ConnectTimeout:
@@ -238,17 +239,17 @@ class RemoteClient:
             except httpx.TimeoutException:
                 raise RemoteError(f"{where} did not answer in time", down=True) from None
             except httpx.HTTPError as e:
-                raise RemoteError(f"{where} closed the connection without answering ({_said(e)})",
+                raise RemoteError(f"{where} closed the connection without answering ({said(e)})",
                                   down=True) from None
             if r.status_code == 200:
                 kind = r.headers.get("content-type", "")
                 if "text/event-stream" not in kind and "json" not in kind:
                     r.close()  # for good: a fan-out drops the endpoint (down) and its lines go to the others
                     raise RemoteError(f"{where} answered with {kind or 'no content type'}, not an OpenAI stream",
-                                      hint=_URL_HINT, down=True)
+                                      hint=URL_HINT, down=True)
                 return r
-            said = _head(r)
-            if r.status_code in (400, 422) and "stream_options" in body and "stream_options" in said:
+            told = _head(r)
+            if r.status_code in (400, 422) and "stream_options" in body and "stream_options" in told:
                 # some OpenAI-compatible servers refuse a field they do not know: sent again without it, the
                 # tokens then counted from the pieces that came (no usage)
                 self.no_stream_options = True
@@ -256,159 +257,9 @@ class RemoteClient:
                 continue
             if r.status_code in (429, 503) and attempt < RETRIES:
                 time.sleep(_backoff(attempt, r.headers.get("retry-after")))
+                attempt += 1
                 continue
-            raise _status_error(self.endpoint, r, said, self.model)
-        raise AssertionError("unreachable")
-
-    def events(self, response: Any, gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
-        """(text, finish reason) from an SSE stream (or one JSON body), keeping usage and timings on `gen`."""
-        import httpx
-
-        where = self.endpoint.label
-        if "json" in response.headers.get("content-type", "") and "event-stream" not in \
-                response.headers.get("content-type", ""):
-            try:
-                text = _bounded(response, f"the answer from {where}").decode("utf-8", "replace")
-            except httpx.HTTPError as e:
-                raise RemoteError(f"the answer from {where} broke ({_said(e)})", down=True) from None
-            yield from self._whole(_json(text, where), gen)
-            return
-        finished, seen = False, False  # seen: an SSE field (not a comment) has arrived
-        event, data = "message", list[str]()  # one SSE event: its type and its data lines (joined by "\n")
-        size = 0  # the event's data so far, bounded as a line is
-        try:
-            # a stream that ends without a blank line still ends its last event
-            for line in itertools.chain(_lines(response.iter_bytes(), where, gen), [""]):
-                if not line:
-                    pending, kind = data, event
-                    event, data, size = "message", [], 0  # the next event starts afresh
-                    if pending:
-                        text = "\n".join(pending)
-                        if text.strip() == "[DONE]":
-                            finished = True
-                            break
-                        doc = _json(text, where)
-                        if kind == "error" or "error" in doc:
-                            raise RemoteError(f"{where} reported an error mid-answer: {error_text(doc)}"
-                                              + (f" (after {_pieces(gen.n)}; the answer is partial)" if gen.n else ""),
-                                              partial=gen.n > 0)
-                        for piece, finish in self._chunk(doc, gen):
-                            finished = finished or finish is not None
-                            yield piece, finish
-                    continue
-                if line.startswith(":"):  # keep-alive comments
-                    continue
-                field, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if not seen and field not in ("data", "event", "id", "retry"):  # an HTML page, say
-                    raise RemoteError(f"{where} answered with text/event-stream that is not an OpenAI stream: "
-                                      f"{line[:80]!r}", hint=_URL_HINT, down=True)
-                seen = True
-                if field == "event":
-                    event = value
-                elif field == "data":
-                    size += len(value)
-                    if size > MAX_LINE:
-                        raise _too_long(where, gen)
-                    data.append(value)
-                # id:, retry: and unknown fields are ignored, as the SSE spec says
-        except httpx.HTTPError as e:
-            raise RemoteError(f"the stream from {where} broke after {_pieces(gen.n)} ({_said(e)})"
-                              + ("; the answer is partial" if gen.n else ""), down=True, partial=gen.n > 0) from None
-        if not finished and not gen._stop.is_set():
-            raise RemoteError(f"the stream from {where} ended without finishing the answer"
-                              + (f" (after {_pieces(gen.n)}; the answer is partial)" if gen.n else ""),
-                              down=True, partial=gen.n > 0)
-
-    def _chunk(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
-        if doc.get("usage"):
-            gen.usage = doc["usage"]
-        if isinstance(doc.get("timings"), dict):
-            gen.server_timings = doc["timings"]
-        choices = doc.get("choices")
-        if not isinstance(choices, list):
-            if doc.get("usage") or doc.get("timings"):
-                return
-            raise RemoteError(f"{self.endpoint.label} sent a chunk without choices: {json.dumps(doc)[:200]}",
-                              partial=gen.n > 0)
-        for choice in choices[:1]:
-            if not isinstance(choice, dict):
-                raise RemoteError(f"{self.endpoint.label} sent a malformed choice: {json.dumps(choice)[:200]}",
-                                  partial=gen.n > 0)
-            delta = choice.get("delta") if "delta" in choice else choice.get("message")
-            if delta is not None and not isinstance(delta, dict):
-                raise RemoteError(f"{self.endpoint.label} sent a malformed delta: {json.dumps(delta)[:200]}",
-                                  partial=gen.n > 0)
-            text = choice.get("text") if "text" in choice else (delta or {}).get("content")
-            if text is not None and not isinstance(text, str):
-                raise RemoteError(f"{self.endpoint.label} sent non-text content: {json.dumps(text)[:200]}",
-                                  partial=gen.n > 0)
-            try:
-                _take_logprobs(choice.get("logprobs"), gen)
-            except (TypeError, ValueError):
-                raise RemoteError(f"{self.endpoint.label} sent malformed logprobs: "
-                                  f"{json.dumps(choice.get('logprobs'))[:200]}", partial=gen.n > 0) from None
-            yield text or "", _finish(choice.get("finish_reason"))
-
-    def _whole(self, doc: dict[str, Any], gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
-        """A server that ignored stream: true and sent the whole answer at once."""
-        if "error" in doc:
-            raise RemoteError(f"{self.endpoint.label}: {error_text(doc)}")
-        pieces = list(self._chunk(doc, gen))
-        if not pieces:
-            raise RemoteError(f"{self.endpoint.label} sent an answer without choices")
-        yield pieces[0][0], pieces[0][1] or "stop"
-
-
-def _take_logprobs(lp: Any, gen: RemoteGeneration) -> None:
-    from localgen.types import TokenLogprob
-
-    if not isinstance(lp, dict) or not isinstance(lp.get("content"), list):
-        return
-    for item in lp["content"]:
-        if isinstance(item, dict) and isinstance(item.get("token"), str):
-            top = tuple((t.get("token", ""), float(t.get("logprob", 0.0))) for t in item.get("top_logprobs") or []
-                        if isinstance(t, dict))
-            gen.logprobs.append(TokenLogprob(item["token"], -1, float(item.get("logprob", 0.0)), top))
-
-
-def _finish(reason: Any) -> FinishReason | None:
-    if reason is None:
-        return None
-    return "length" if reason == "length" else "stop"
-
-
-def _json(text: str, where: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise RemoteError(f"{where} sent something that is not JSON: {text[:120]!r}") from None
-    if not isinstance(doc, dict):
-        raise RemoteError(f"{where} sent JSON that is not an object: {text[:120]!r}")
-    return doc
-
-
-def error_text(body: bytes | str | dict[str, Any]) -> str:
-    """What a server's error body says, as run, chat, bench and serve --endpoint show it: OpenAI's error.message,
-    Ollama's error, else the body's first line; MAX_ERROR_TEXT characters at most, a longer one cut with "…"
-    ('' for an empty body)."""
-    doc: Any = body
-    if not isinstance(body, dict):
-        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            lines = text.strip().splitlines()
-            return _cut(lines[0].strip()) if lines else ""
-    err = doc.get("error", doc) if isinstance(doc, dict) else doc
-    if isinstance(err, dict) and err.get("message"):
-        err = err["message"]
-    return _cut(err if isinstance(err, str) else json.dumps(err, ensure_ascii=False))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT - 1] + "…"
-
+            raise _status_error(self.endpoint, r, told, self.model)
 
 def _backoff(attempt: int, retry_after: str | None) -> float:
     if retry_after:
@@ -426,48 +277,6 @@ def _connect_message(where: str, e: Exception) -> str:
     return f"cannot reach {where}: {text or type(e).__name__}"
 
 
-_URL_HINT = "check the URL: it should be the API base, e.g. http://host:8000/v1"
-_EOL = re.compile(rb"\r\n|\r|\n")
-
-
-def _lines(chunks: Iterator[bytes], where: str, gen: RemoteGeneration) -> Iterator[str]:
-    """A stream's lines (ended by CRLF, LF or CR, as the SSE spec says), each held only up to MAX_LINE bytes: a
-    longer one is an error naming the endpoint, not unbounded memory."""
-    buf = bytearray()
-    scanned = 0  # buf[:scanned] holds no line end
-    for piece in chunks:
-        buf += piece
-        at = 0
-        while (m := _EOL.search(buf, max(at, scanned))) is not None:
-            if m.group() == b"\r" and m.end() == len(buf):  # perhaps the first half of \r\n: wait for more
-                break
-            yield buf[at:m.start()].decode("utf-8", "replace")
-            at = m.end()
-        del buf[:at]
-        scanned = len(buf) - (1 if buf.endswith(b"\r") else 0)
-        if len(buf) > MAX_LINE:
-            raise _too_long(where, gen)
-    if buf:
-        yield buf.rstrip(b"\r").decode("utf-8", "replace")
-
-
-def _too_long(where: str, gen: RemoteGeneration) -> RemoteError:
-    return RemoteError(f"{where} sent a stream line over {MAX_LINE // 2**20} MiB (localgen reads lines up to that)"
-                       + (f" after {_pieces(gen.n)}; the answer is partial" if gen.n else ""),
-                       down=True, partial=gen.n > 0)
-
-
-def _bounded(r: Any, what: str) -> bytes:
-    """A whole body, up to MAX_LINE bytes; a longer one is a RemoteError naming `what`, read no further."""
-    body = bytearray()
-    for piece in r.iter_bytes():
-        body += piece
-        if len(body) > MAX_LINE:
-            r.close()
-            raise RemoteError(f"{what} is over {MAX_LINE // 2**20} MiB (localgen reads up to that)", down=True)
-    return bytes(body)
-
-
 def _head(r: Any) -> str:
     """The start of an error's body (MAX_ERROR_BODY bytes at most; the rest is not read)."""
     import httpx
@@ -482,16 +291,6 @@ def _head(r: Any) -> str:
         pass
     r.close()
     return bytes(body[:MAX_ERROR_BODY]).decode("utf-8", "replace")
-
-
-def _said(e: Exception) -> str:
-    """What went wrong with a connection, in words (no Python class names)."""
-    import httpx
-
-    if isinstance(e, httpx.TimeoutException):
-        return "nothing arrived in time"
-    text = str(e).strip()
-    return text[:1].lower() + text[1:] if text else "the connection broke"
 
 
 def _status_error(endpoint: Endpoint, r: Any, body: str, model: str) -> RemoteError:

@@ -30,7 +30,7 @@ from localgen.serve.jobs import INTERNAL
 from localgen.serve.state import ServeState
 
 if TYPE_CHECKING:
-    from localgen.serve.upstream import Lane
+    from localgen.serve.remotemodels import Lane
 
 POLL_S = 0.05  # how often a request held back looks again for a free slot
 RETRY_S = 30.0  # how soon a batch that could not be written tries again (or at the next batch or cancel)

@@ -1,6 +1,6 @@
 """serve --endpoint's servers (serve/upstream.py sends their models' requests on): each with the models serve offers
 from it, from endpoints.toml's `models` or its GET /models at start; and its key never in what serve says of it (an
-upstream's error message reads as run's: remote/client.py's error_text)."""
+upstream's error message reads as run's: remote/errortext.py's error_text)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from localgen import redact
 from localgen.errors import LocalgenError
 from localgen.remote.endpoints import Endpoint
+from localgen.remote.errortext import error_text
 
 LIST_S = 10.0  # the start's GET /models
 
@@ -33,8 +34,6 @@ def discover(endpoint: Endpoint) -> Remote:
     if endpoint.models:
         return Remote(endpoint, endpoint.models, listed=True)
     import httpx
-
-    from localgen.remote.client import error_text  # here: serve without --endpoint never imports the client
 
     where = endpoint.label
     headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}

@@ -1,16 +1,16 @@
-"""serve --endpoint: models that run on other OpenAI-compatible servers (vLLM, llama-server, Ollama's /v1, LM
-Studio, another `localgen serve`), served beside the local ones under the names those servers give them.
+"""serve --endpoint: models that run on other OpenAI-compatible servers (vLLM, llama-server, Ollama's /v1, LM Studio,
+another `localgen serve`), served beside the local ones under the names those servers give them.
 
-A request naming one of them at /v1/chat/completions, /v1/completions or /v1/embeddings is sent on as it came
-(its body unchanged, so tools, response_format and every field work as the upstream does them), once serve's own
-gate (key, body size) let it in and a place in the model's lanes (--parallel at once, --max-queue waiting) is
-free; the upstream's answer comes back as it arrives, never held whole (serve/remoteanswer.py reads its usage
-and time to first content on the way, a stream's usage asked for where the client did not ask and taken out
-again; an upstream that refuses the stream_options so added gets the request again as the client sent it, and
-is remembered). Its errors come back in OpenAI's shape with the upstream's status and the endpoint's name (never its
+A request naming one of them at /v1/chat/completions, /v1/completions or /v1/embeddings is sent on as it came (its
+body unchanged, so tools, response_format and every field work as the upstream does them), once serve's own gate
+(key, body size) let it in and a place in the model's lanes (serve/remotemodels.py: --parallel at once, --max-queue
+waiting) is free; the upstream's answer comes back as it arrives, never held whole (serve/remoteanswer.py reads its
+usage and time to first content on the way, a stream's usage asked for where the client did not ask and taken out
+again; an upstream that refuses the stream_options so added gets the request again as the client sent it, and is
+remembered). Its errors come back in OpenAI's shape with the upstream's status and the endpoint's name (never its
 key); one it cannot reach is a 502, one silent past --endpoint-timeout a 504; a client that leaves closes the
-upstream connection. The other APIs (Anthropic's, the Responses API, Ollama's) refuse a remote model with a 400
-that names these three routes (ServeState.worker asks `refusal`)."""
+upstream connection. The other APIs (Anthropic's, the Responses API, Ollama's) refuse a remote model with a 400 that
+names these three routes (ServeState.worker asks `refusal`)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,15 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from localgen.remote.errortext import error_text
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.http10 import STREAM_HEADERS
 from localgen.serve.jsonbody import read_json
 from localgen.serve.remoteanswer import RemoteAnswer
+from localgen.serve.remotemodels import ROUTES, Lane, RemoteModels
 from localgen.serve.remotes import Remote, scrubbed
 from localgen.serve.servelog import LOG, TRACE, named
 
-# the routes a remote model answers at, and what each appends to the endpoint's base URL
-ROUTES = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions",
-          "/v1/embeddings": "/embeddings"}
 CONNECT_S = 10.0  # to open a connection to an upstream
 READ_S = 600.0  # the longest an upstream may go without sending a byte (a whole answer's wait included)
 MAX_ERROR_BODY = 64 << 10  # bytes of an upstream's error body read for its message
@@ -44,119 +43,17 @@ REFUSALS = (400, 422)  # the statuses of an upstream that refuses a field it doe
 
 
 @dataclass
-class Lane:
-    """One remote model's requests: `parallel` sent at once, `queue` more waiting, the rest refused (503), as a
-    local model's slots and --max-queue."""
+class Upstreams(RemoteModels):
+    """The remote models (RemoteModels), each request to one sent on (`wrap` puts the proxy in front of the local
+    routes), and their counts in /metrics."""
 
-    parallel: int
-    queue: int
-    outstanding: int = 0  # sent or waiting
-    entered: int = 0  # every request that took a place in line, ever (the Batch API waits for its own to)
-    _free: asyncio.Semaphore | None = None
-
-    async def enter(self, name: str) -> None:
-        """A place for one request (waiting while `parallel` are sent), or a 503 when the queue is full."""
-        if self.outstanding >= self.parallel + self.queue:
-            raise HTTPError(503, f"{name}: {self.outstanding} requests are sent or waiting already (serve "
-                                 f"--parallel {self.parallel}, --max-queue {self.queue}): try again shortly",
-                            "server_error")
-        self.outstanding += 1
-        self.entered += 1
-        if self._free is None:
-            self._free = asyncio.Semaphore(self.parallel)
-        try:
-            await self._free.acquire()
-        except BaseException:
-            self.outstanding -= 1
-            raise
-
-    def leave(self) -> None:
-        """The request's answer has ended (or never began)."""
-        assert self._free is not None
-        self._free.release()
-        self.outstanding -= 1
-
-
-@dataclass
-class Upstreams:
-    """The remote models by name, each request to one sent on (`wrap` puts the proxy in front of the local
-    routes), and their counts in /metrics. Every remote model answers to `LABEL/ID` (its endpoint's label, its
-    server's id), and to its bare `ID` too where that means no other model: not one this server runs, not one
-    another endpoint serves."""
-
-    remotes: list[Remote]
-    parallel: int = 4
-    queue: int = 64
     timeout: float = READ_S  # serve --endpoint-timeout: the longest an upstream may send nothing
-    by_name: dict[str, Remote] = field(init=False)  # every name a remote model answers to
-    real: dict[str, str] = field(init=False)  # each of those names: the model's id on its server
-    lanes: dict[str, Lane] = field(init=False)  # by LABEL/ID: a model's two names share its lanes
     _client: Any = None
     _counter: Any = None
     _metrics: Any = None  # serve/metrics.py's Metrics: a remote answer's tokens and times, as a local one's
     _draining: set[asyncio.Future[None]] = field(default_factory=set)  # streams read to their end after [DONE]
     # the endpoints (by URL) that refused the stream_options serve added: their streams go as the client sent them
     no_stream_options: set[str] = field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        self.by_name, self.real, self.lanes = {}, {}, {}
-        ids = [ident for remote in self.remotes for ident in remote.models]
-        for remote in self.remotes:
-            for ident in remote.models:
-                qualified = f"{remote.label}/{ident}"
-                for name in (qualified, ident) if ids.count(ident) == 1 else (qualified,):
-                    self.by_name[name], self.real[name] = remote, ident
-                self.lanes[qualified] = Lane(self.parallel, self.queue)
-
-    def find(self, name: object) -> Remote | None:
-        """The endpoint serving this model name, if a remote one."""
-        return self.by_name.get(name) if isinstance(name, str) else None
-
-    def lane_of(self, name: object) -> Lane | None:
-        """The lanes of the remote model by this name (None for a local one)."""
-        remote = self.find(name)
-        return None if remote is None else self.lanes[f"{remote.label}/{self.real[str(name)]}"]
-
-    def waiting(self) -> bool:
-        """Whether a request waits for a place in a remote model's lanes."""
-        return any(lane.outstanding > lane.parallel for lane in self.lanes.values())
-
-    def refusal(self, name: object) -> HTTPError | None:
-        """For a route that cannot send a request on: the 400 a remote model gets there (None for a local one)."""
-        remote = self.find(name)
-        if remote is None:
-            return None
-        return HTTPError(400, f"the model {name!r} runs on {remote.label} (serve --endpoint): only "
-                              f"{', '.join(ROUTES)} reach it through this server", param="model")
-
-    def check_names(self, local: list[str]) -> list[str]:
-        """The bare names that are also this server's models (a -m model, or one on disk offered on demand) are
-        left to those; their remote models keep their LABEL/ID. Returns the names so left."""
-        shadowed = [n for n in local if self.real.get(n) == n]  # a bare id (a LABEL/ID is never its own id)
-        for name in shadowed:
-            del self.by_name[name], self.real[name]
-        return shadowed
-
-    def names_of(self, remote: Remote) -> list[str]:
-        """A remote's models as a client names them: the bare id where it is served so, else LABEL/ID."""
-        return [self._listed(remote, ident) for ident in remote.models]
-
-    def shown(self, name: str) -> str:
-        """The name /v1/models lists a remote model by (a model's two names are one in the log and /metrics)."""
-        return self._listed(self.by_name[name], self.real[name])
-
-    def _listed(self, remote: Remote, ident: str) -> str:
-        return ident if self.by_name.get(ident) is remote else f"{remote.label}/{ident}"
-
-    def lines(self) -> list[tuple[str, int, int]]:
-        """Each remote model's requests now, by its listed name: those sent on and those waiting (/metrics)."""
-        out = []
-        for remote in self.remotes:
-            for ident in remote.models:
-                lane = self.lanes[f"{remote.label}/{ident}"]
-                sent = min(lane.outstanding, lane.parallel)
-                out.append((self._listed(remote, ident), sent, lane.outstanding - sent))
-        return out
 
     def bind(self, metrics: Any) -> None:
         """Count the remote requests in this app's metrics (serve/metrics.py's Metrics): by endpoint, model and
@@ -332,8 +229,6 @@ class Upstreams:
             body = await _error_body(response)
         status = response.status_code
         ep, where = remote.endpoint, remote.label
-        from localgen.remote.client import error_text  # not at start-up: serve without --endpoint never needs it
-
         said = scrubbed(error_text(body) or response.reason_phrase or "no message", ep)
         if 300 <= status < 400:
             raise HTTPError(502, f"{where} redirects elsewhere ({status}); serve does not follow redirects (the key "
@@ -437,10 +332,6 @@ class Upstreams:
     def _count(self, remote: Remote, model: str, status: int) -> None:
         if self._counter is not None:
             self._counter.labels(remote.label, model, str(status)).inc()
-
-    def listing(self) -> list[tuple[str, Remote]]:
-        """Every remote model, once, by the name names_of gives it, and its endpoint, in the order given."""
-        return [(name, remote) for remote in self.remotes for name in self.names_of(remote)]
 
 
 async def _error_body(response: Any) -> bytes:

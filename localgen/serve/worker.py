@@ -238,9 +238,10 @@ class ModelWorker:
                 "batching": mode.name if mode else None, "batching_why": mode.why if mode else None,
                 "drafted": drafting.drafted if drafting else None,
                 "accepted": drafting.accepted if drafting else None,
-                "draft_row_cost": round(drafting.row_cost, 3) if drafting and drafting.row_cost is not None else None,
-                "draft_model_cost": round(drafting.draft_cost, 3) if drafting and drafting.drafter is not None
-                and drafting.step_costs else None,
+                "draft_row_cost": round(drafting.costs.row, 3) if drafting and drafting.costs.row is not None
+                else None,
+                "draft_model_cost": round(drafting.costs.draft_step, 3) if drafting and drafting.drafter is not None
+                and drafting.costs.steps else None,
                 "drafting": bool(drafting.draft_max) if drafting else None,
                 "drafting_off": drafting.draft_off if drafting else None,
                 "kv_unified": pc.one_pool if pc else None,
