@@ -57,15 +57,26 @@ def keep_ctrl_c() -> None:
         return
 
     def hook(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            import _thread
+        try:
+            if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+                previous(unraisable)
+                return
+        except KeyboardInterrupt:  # a press while the hook ran: handed on as the dropped one would be
+            pass
+        import _thread
+        import threading
 
-            _thread.interrupt_main()  # does nothing where SIGINT is ignored (the exit is under way)
-            return
-        previous(unraisable)
+        # Python calls the handler at its next check, which would still be in this hook, so the handing-on waits
+        # for the hook to return. _thread.interrupt_main does nothing where SIGINT is ignored (the exit is under way).
+        later = threading.Timer(REDELIVER_AFTER, _thread.interrupt_main)
+        later.daemon = True
+        later.start()
 
     hook.keeps_ctrl_c = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+REDELIVER_AFTER = 0.005  # seconds: far longer than the rest of the hook, far shorter than a person notices
 
 
 def interrupted_early() -> None:
