@@ -18,7 +18,7 @@ import pytest
 from localgen.chat.session import ChatSession
 from localgen.cli.chat.render import PlainView, split_blocks
 from tests import terminal
-from tests.conftest import CLI, ROOT, SAFETY_NET_S
+from tests.conftest import CLI, ROOT, SAFETY_NET_S, default_sigint
 
 PROMPT = ">>>"
 SCREEN = (40, 120)
@@ -45,6 +45,14 @@ def send(child: Any, line: str, expect: str) -> str:
     before = str(child.before)
     child.expect_exact(PROMPT)
     return before
+
+
+def leaves(child: Any) -> None:
+    """Ctrl-D at an empty prompt: the chat ends, with exit status 0."""
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
 
 
 def test_repl_turns_and_slash_commands(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
@@ -761,12 +769,38 @@ def test_ctrl_c_while_model_loads_stops_the_command_and_the_chat_goes_on(cli_env
     assert "taken back" not in str(child.before), child.before
     child.expect_exact(PROMPT)
     send(child, "Say hi.", r"tok/s")
-    child.sendcontrol("d")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    leaves(child)
     saved = json.loads((home / "data" / "chats" / "switching.json").read_text())
     assert "gemma" not in saved["model"] and saved["messages"][0]["content"] == "Say hi.", saved
+
+
+# `localgen chat ARGS` whose first Enter is followed by a Ctrl-C the moment the terminal's ISIG is back on: as the
+# prompt ends its raw mode, the process sends itself SIGINT, as the terminal does at a press then
+AS_ENTER = ("import os, signal, sys, termios\nreal = termios.tcsetattr\nfired = []\n"
+            "def tcsetattr(fd, when, attrs):\n    was = termios.tcgetattr(fd)[3] & termios.ISIG\n"
+            "    real(fd, when, attrs)\n"
+            "    if not was and attrs[3] & termios.ISIG and not fired:\n        fired.append(1)\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "termios.tcsetattr = tcsetattr\nfrom localgen.cli.main import main\n"
+            "sys.argv = ['localgen', *sys.argv[1:]]\nsys.exit(main())\n")
+
+
+def test_ctrl_c_as_enter_is_taken_stops_the_command_it_starts(cli_env: dict[str, str], home: Path) -> None:
+    """docs/chat.md, Ctrl-C: pressed as Enter is taken (the prompt still ending, the terminal's ISIG back on), it
+    stops what the line starts, and the chat goes on with the model it had. prompt_toolkit's own SIGINT handler,
+    still in place then, swallowed the press and /model loaded on (now and then in the test above, which presses
+    as soon as it sees ISIG on); a moment later it stopped the prompt, and the line was dropped unrun."""
+    env = {k: v for k, v in cli_env.items() if k != "NO_COLOR"}
+    env.update(TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+    child = pexpect.spawn(sys.executable, ["-c", AS_ENTER, "chat", "as-enter", "-n", "4", "--temp", "0"], env=env,
+                          cwd=str(ROOT), encoding="utf-8", timeout=60, dimensions=SCREEN, preexec_fn=default_sigint)
+    child.expect("ready in")
+    child.expect_exact(PROMPT)
+    child.sendline("/model gemma3:270m")
+    child.expect_exact("(Ctrl-C stopped /model before it finished)")
+    child.expect_exact(PROMPT)
+    send(child, "/show", r"model smollm2:135m")
+    leaves(child)
 
 
 def test_two_ctrl_c_while_a_long_message_is_read_in_take_it_back_once(cli_env: dict[str, str],

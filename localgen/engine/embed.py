@@ -92,12 +92,8 @@ class Embedder:
         self._abort = context.set_abort(self.ctx, cancelled)
 
     def close(self) -> None:
-        """Free the context."""
-        if self.ctx:
-            if getattr(self, "batch", None) is not None:
-                self.batch.free()
-            context.free(self.ctx)
-            self.ctx = None
+        """Free the context and the batch."""
+        context.drop(self)
 
     def tokens(self, text: str, truncate: bool = False, pair: bool = False) -> list[int]:
         """A text's tokens as llama-embedding makes them (special tokens added and parsed); too long for the

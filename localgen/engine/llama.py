@@ -53,8 +53,9 @@ class Engine:
             self._adapter_ids = adapters.identity(self.adapters)  # as the files were when they loaded
             self._ctx = self._new_context(self.params)
         except BaseException:
-            native_model.free(self.model_ptr)
-            self.model_ptr = None  # close() (from __del__) must not free it again
+            with logs.unbroken():  # a Ctrl-C between the two would leave it for close() (from __del__) to free again
+                native_model.free(self.model_ptr)
+                self.model_ptr = None
             raise
         self.load_s = time.perf_counter() - t0
         try:
@@ -204,8 +205,9 @@ class Engine:
         """Free the context and its KV cache while another context on the same model (batching, beam
         search) does the work; the next use creates it again."""
         if self._ctx is not None:
-            context.free(self._ctx)
-            self._ctx = None
+            with logs.unbroken():  # never freed and still held (close() would free it again)
+                context.free(self._ctx)
+                self._ctx = None
             self.kv.reset()
 
     @property
@@ -282,15 +284,17 @@ class Engine:
         return ContextOverflowError(message, hint=hint)
 
     def close(self) -> None:
-        """Free the context, the model and the batch (idempotent)."""
-        if getattr(self, "kv", None) is not None:
-            self.kv.close()  # idempotent
-        if getattr(self, "_ctx", None) is not None:
-            context.free(self._ctx)
-            self._ctx = None
-        if getattr(self, "model_ptr", None):
-            native_model.free(self.model_ptr)
-            self.model_ptr = None
+        """Free the context, the model and the batch (idempotent, and whole: a Ctrl-C during it is raised at its end,
+        never between a free and the reference's clearing, which a later close() would free again)."""
+        with logs.unbroken():
+            if getattr(self, "kv", None) is not None:
+                self.kv.close()  # idempotent
+            if getattr(self, "_ctx", None) is not None:
+                context.free(self._ctx)
+                self._ctx = None
+            if getattr(self, "model_ptr", None):
+                native_model.free(self.model_ptr)
+                self.model_ptr = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -372,6 +372,4 @@ class Perplexity:
         """Free the context and the batch."""
         if self.ctx is not None:
             self.pool.shutdown()
-            self.batch.free()
-            context.free(self.ctx)
-            self.ctx = None
+            context.drop(self)

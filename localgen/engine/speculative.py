@@ -390,9 +390,7 @@ class SlotDrafter:
         from localgen.native import context
 
         if self.ctx:
-            self.batch.free()
-            context.free(self.ctx)
-            self.ctx = None
+            context.drop(self)
             self.engine.close()
 
     def _trim(self, slot: int, tokens: list[int], end: int) -> None:

@@ -87,10 +87,7 @@ class Probe:
         self.depth = 0
 
     def close(self) -> None:
-        if self.ctx:
-            self.batch.free()
-            context.free(self.ctx)
-            self.ctx = None
+        context.drop(self)
         self.engine.close()
 
     def _decode(self, rows: list[tuple[int, int]], threads: int, threads_batch: int) -> None:

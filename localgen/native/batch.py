@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from localgen.native import logs
 from localgen.native.lib import lib
 
 
@@ -67,9 +68,10 @@ class Batch:
 
     def free(self) -> None:
         """Free the batch (once)."""
-        if self.raw is not None:
-            lib().llama_batch_free(self.raw)
-            self.raw = None
+        with logs.unbroken():  # a Ctrl-C between the two would have it freed again
+            if self.raw is not None:
+                lib().llama_batch_free(self.raw)
+                self.raw = None
 
 
 def of_tokens(tokens: list[int]) -> tuple[Any, Any]:

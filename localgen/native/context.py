@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.native import lora
+from localgen.native import logs, lora
 from localgen.native.batch import Batch
 from localgen.native.lib import lib
 
@@ -33,6 +33,19 @@ def new(model: Any, **fields: Any) -> Any:
 def free(ctx: Any) -> None:
     """Free a context and its KV cache."""
     lib().llama_free(ctx)
+
+
+def drop(owner: Any) -> None:
+    """Free `owner.ctx` and its batch (`owner.batch`, a native/batch.py Batch, where one was made) and clear
+    `owner.ctx`, as one step a Ctrl-C cannot split (logs.unbroken): raised between the free and the clearing, it left
+    the context to be freed again (SIGSEGV). Nothing where `owner.ctx` is cleared already."""
+    with logs.unbroken():
+        if owner.ctx:
+            batch = getattr(owner, "batch", None)
+            if batch is not None:
+                batch.free()
+            free(owner.ctx)
+            owner.ctx = None
 
 
 def n_ctx(ctx: Any) -> int:
@@ -188,8 +201,6 @@ def set_abort(ctx: Any, cancelled: Callable[[], bool] | None) -> Any:
     """Have llama.cpp ask `cancelled` between the operations of a computation and stop it when it says so, or when
     a Ctrl-C came meanwhile (None: never). Returns the ctypes thunk, to keep referenced while it is set (None when
     cleared). A call that returns 2 was stopped; logs.raise_deferred raises the Ctrl-C, if that was it."""
-    from localgen.native import logs
-
     lc = lib()
     if cancelled is None:
         lc.llama_set_abort_callback(ctx, lc.ggml_abort_callback(0), None)

@@ -21,6 +21,7 @@ _partial_text = ""
 _echo = False
 _callback: Any = None  # the ctypes thunk; kept referenced so it is not garbage-collected
 _deferred = False  # a Ctrl-C that arrived inside the callback, to raise after llama.cpp returns
+_unbroken = 0  # how many `unbroken` blocks are open: a Ctrl-C meanwhile is deferred to the end of the outermost
 
 
 def _on_log(level: int, text: bytes, _user: Any) -> None:
@@ -74,14 +75,44 @@ def defer_interrupt(frame: Any) -> bool:
     abort check). On a GPU llama.cpp logs on every decode, so that is where Ctrl-C usually lands; with an abort
     check set, it lands there on the CPU too. An exception raised there cannot cross the C frames (ctypes prints
     and drops it) and the computation would run on. If so, the interrupt is noted instead: an abort check then
-    stops the computation, and `raise_deferred` raises it once llama.cpp has returned."""
+    stops the computation, and `raise_deferred` raises it once llama.cpp has returned. So it is inside an
+    `unbroken` block, which raises it at its end."""
     global _deferred
+    if _unbroken:
+        _deferred = True
+        return True
     while frame is not None:
         if frame.f_code is _on_log.__code__ or frame.f_code is _ON_ABORT:
             _deferred = True
             return True
         frame = frame.f_back
     return False
+
+
+class _Unbroken:
+    def __init__(self) -> None:
+        self.counted = threading.current_thread() is threading.main_thread()  # where Python runs SIGINT handlers
+
+    def __enter__(self) -> None:
+        global _unbroken
+        if self.counted:
+            _unbroken += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _unbroken
+        if self.counted:
+            _unbroken -= 1
+            if not _unbroken:
+                raise_deferred()
+
+
+def unbroken() -> _Unbroken:
+    """A block a Ctrl-C cannot cut in two, for a native object freed and the reference to it cleared: a press
+    handled once llama_free had returned raised KeyboardInterrupt between the two, and the object was freed again
+    later (SIGSEGV). A press inside the block, under one of the CLI's SIGINT handlers (each asks defer_interrupt),
+    is raised where the outermost block ends. Off the main thread, which never runs a SIGINT handler, it does
+    nothing."""
+    return _Unbroken()
 
 
 def raise_deferred() -> None:

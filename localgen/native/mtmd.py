@@ -300,9 +300,10 @@ class Projector:
     def close(self) -> None:
         with self._lock:
             self._cache.clear()
-        if getattr(self, "ctx", None):
-            self.mt.mtmd_free(self.ctx)
-            self.ctx = None
+        with logs.unbroken():  # a Ctrl-C between the two would have __del__ free it again
+            if getattr(self, "ctx", None):
+                self.mt.mtmd_free(self.ctx)
+                self.ctx = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown

@@ -272,13 +272,17 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
                   + summarized(runner.session))
     while True:
         try:
-            text = line_input.read()
+            text = line_input.read()  # a Ctrl-C once Enter is taken is held for what the line starts (give_press)
         except KeyboardInterrupt:
             view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
             continue
         except EOFError:
             return
-        if not handle(text, runner, view):
+        try:
+            going = handle(text, runner, view, press=line_input.give_press)
+        finally:
+            line_input.release()  # a blank line, a dropped file: nothing ran that the press could stop
+        if not going:
             return
 
 
@@ -349,12 +353,18 @@ def _scripted(runner: Any, view: ChatView) -> None:
         handle("\n".join(block), runner, view, command_ok=False)
 
 
-def _command(text: str, runner: Any, view: ChatView) -> bool:
+def _no_press() -> None:
+    pass
+
+
+def _command(text: str, runner: Any, view: ChatView, press: Callable[[], None] = _no_press) -> bool:
     """A /command; Ctrl-C while it runs (a /model or /load loading a model) stops it where it is, and the chat
-    goes on (it went on to "the message was taken back" about no message, and ended with a traceback)."""
+    goes on (it went on to "the message was taken back" about no message, and ended with a traceback). `press`
+    raises a Ctrl-C that came as Enter was taken."""
     from localgen.cli.chat.slash import run_command
 
     try:
+        press()
         return run_command(text, runner, view)
     except KeyboardInterrupt:
         if not view.interactive:
@@ -363,16 +373,19 @@ def _command(text: str, runner: Any, view: ChatView) -> bool:
         return True
 
 
-def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True) -> bool:
-    """One input: a /command or a message. False to leave. Scripted, an error ends the script."""
+def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True,
+           press: Callable[[], None] = _no_press) -> bool:
+    """One input: a /command or a message. False to leave. Scripted, an error ends the script. `press` raises a
+    Ctrl-C that came as Enter was taken (LineInput.give_press): it stops the command, or takes the message back."""
     if not text.strip():
         return True
     try:
         if view.interactive and attach_dropped(text, runner, view):  # before commands: a path starts with /
             return True
         if command_ok and text.startswith("/"):
-            return _command(text, runner, view)
+            return _command(text, runner, view, press)
         before, media = list(view.attachments), list(view.media)
+        press()
         text = checked(text, "the message")
         text = _with_excerpts(text, before, runner, view) if view.rag is not None else "\n\n".join([*before, text])
         view.attachments.clear()

@@ -124,11 +124,67 @@ class LineInput:
             enable_open_in_editor=True, complete_while_typing=False,
             prompt_continuation=lambda width, line_number, is_soft_wrap: "... ".rjust(width),
         )
+        self._previous: list[Any] = []  # the SIGINT handler read() replaced, until give_press or release puts it back
+        self._pressed = False  # a Ctrl-C that came once Enter was taken, for the line's command
 
     def read(self, prompt: str = ">>> ") -> str:
-        """One message, with a \"\"\" block's quotes removed."""
-        text = str(self.session.prompt(prompt))
+        """One message, with a \"\"\" block's quotes removed. A Ctrl-C that comes once Enter is taken (prompt_toolkit
+        still ending its screen, the terminal's ISIG back on) is held for what the line starts, which raises it
+        with give_press; release() drops it. prompt_toolkit's own SIGINT handler, still in place then, swallowed it
+        (a /model went on loading), or, just after, it stopped read() and the line was dropped unrun."""
+        import signal
+
+        self.release()
+        started = False
+
+        def mark_started() -> None:
+            nonlocal started
+            started = True
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            app = self.session.app
+            loop = app.loop
+            if not started:  # before the prompt began: it stops it, as the chat's handler would
+                raise KeyboardInterrupt
+            if app.is_running and not app.is_done and loop is not None:  # what prompt_toolkit's own handler does
+                loop.call_soon_threadsafe(app.key_processor.send_sigint)
+            else:
+                self._pressed = True
+
+        try:
+            if not callable(signal.getsignal(signal.SIGINT)):  # ignored (a background job): left so
+                raise ValueError
+            self._previous = [signal.signal(signal.SIGINT, on_sigint)]
+        except ValueError:  # that, or not the main thread: prompt_toolkit's own handling
+            return unquote(str(self.session.prompt(prompt)))
+        try:
+            text = str(self.session.prompt(prompt, handle_sigint=False, pre_run=mark_started))
+        except BaseException:
+            self.release()
+            raise
         return unquote(text)
+
+    def give_press(self) -> None:
+        """Put the chat's SIGINT handler back, then hand it the Ctrl-C held since Enter, if one came (it raises
+        KeyboardInterrupt, and notes the press as it does any)."""
+        import signal
+
+        handler = self._previous[0] if self._previous else None
+        self.release(keep=True)
+        if self._pressed:
+            self._pressed = False
+            if callable(handler):
+                handler(signal.SIGINT, None)
+
+    def release(self, keep: bool = False) -> None:
+        """Put the chat's SIGINT handler back (idempotent); a press held since Enter is dropped, unless `keep`."""
+        import signal
+
+        previous, self._previous = self._previous, []
+        if previous and previous[0] is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGINT, previous[0])
+        if not keep:
+            self._pressed = False
 
 
 def _history(base: Any, path: Path) -> Any:

@@ -1,0 +1,44 @@
+"""Ctrl-C pressed while llama.cpp frees a context, a model or a batch: one "interrupted" line and exit 130, never
+a SIGSEGV (docs/run.md, "Exit codes and errors"). Such a press is handled once the free returns, and its
+KeyboardInterrupt was raised before the reference to what was freed was cleared: a later close() freed it again.
+Seldom on a terminal (a press of `run --file` just as the engine's context is freed, when the batch starts);
+here each press is made to land there every time: the process sends itself SIGINT as llama.cpp's free returns,
+at the call named."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, SAFETY_NET_S, default_sigint
+
+# the console script's two lines, after a SIGINT is arranged to follow the NTH call of llama.cpp's function NAME
+SCRIPT = ("import os, signal, sys\nfrom localgen.native.lib import lib\n"
+          "name, nth = sys.argv[1], int(sys.argv[2])\nlc = lib()\nreal = getattr(lc, name)\ncalls = [0]\n"
+          "def freed_then_pressed(*args):\n    real(*args)\n    calls[0] += 1\n    if calls[0] == nth:\n"
+          "        os.kill(os.getpid(), signal.SIGINT)  # pressed while llama.cpp freed: handled as it returns\n"
+          "setattr(lc, name, freed_then_pressed)\n"
+          "from localgen.cli.main import main\nsys.argv = ['localgen', *sys.argv[3:]]\nsys.exit(main())\n")
+
+# where each lands in `run --file`: the engine's context freed as the batch starts (the one seen in the wild); the
+# model, and the engine's batch, freed at the end (after the batch's own)
+FREES = [("llama_free", 1), ("llama_model_free", 1), ("llama_batch_free", 2)]
+
+
+@pytest.mark.parametrize(("name", "nth"), FREES)
+def test_ctrl_c_while_llama_cpp_frees_is_one_line_and_exit_130(cli_env: dict[str, str], tmp_path: Path,
+                                                               name: str, nth: int) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"Name a river, number {i}.\n" for i in range(3)))
+    p = subprocess.run([sys.executable, "-c", SCRIPT, name, str(nth), "run", "--file", str(prompts), "-n", "2",
+                        "--temperature", "0"], env={**cli_env, "PYTHONFAULTHANDLER": "1"}, cwd=str(ROOT),
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=SAFETY_NET_S,
+                       preexec_fn=default_sigint)
+    assert p.returncode != -signal.SIGSEGV, p.stderr
+    assert "Traceback" not in p.stderr and "Fatal Python error" not in p.stderr, p.stderr
+    assert p.returncode == 130, (p.returncode, p.stderr)
+    assert p.stderr.splitlines()[-1] == "interrupted", p.stderr
