@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +43,42 @@ def test_ctrl_c_while_llama_cpp_frees_is_one_line_and_exit_130(cli_env: dict[str
     assert "Traceback" not in p.stderr and "Fatal Python error" not in p.stderr, p.stderr
     assert p.returncode == 130, (p.returncode, p.stderr)
     assert p.stderr.splitlines()[-1] == "interrupted", p.stderr
+
+
+def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engine: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A press handled as llama.cpp takes a context's abort check (a chat's long prompt piece) raised before the
+    caller kept the ctypes thunk: it was freed while the context still called it at its next decode."""
+    import gc
+    import os
+    import weakref
+
+    from localgen.native import context, logs
+    from localgen.native.lib import lib
+
+    lc = lib()
+    real = lc.llama_set_abort_callback
+    taken: list[Any] = []
+
+    def set_then_pressed(ctx: Any, thunk: Any, data: Any) -> None:
+        real(ctx, thunk, data)
+        taken.append(weakref.ref(thunk))
+        os.kill(os.getpid(), signal.SIGINT)  # handled at Python's next check: the set_abort call is not yet over
+
+    def ours(signum: int, frame: Any) -> None:  # as the CLI's handlers: a press inside an unbroken block waits
+        if not logs.defer_interrupt(frame):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(lc, "llama_set_abort_callback", set_then_pressed)
+    previous = signal.signal(signal.SIGINT, ours)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            context.set_abort(smollm2_engine.ctx, lambda: False)
+        gc.collect()
+        assert taken[0]() is not None, "the thunk the context holds was freed"
+        monkeypatch.setattr(lc, "llama_set_abort_callback", real)
+        context.set_abort(smollm2_engine.ctx, None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    gc.collect()
+    assert taken[0]() is None, "a cleared abort check is kept for ever"

@@ -128,10 +128,7 @@ class ParallelContext:
         if self.drafter is not None:
             self.drafter.close()
             self.drafter = None
-        if self.ctx:
-            self.batch.free()
-            context.free(self.ctx)
-            self.ctx = None
+        context.drop(self)  # the batch and the context, as one step a Ctrl-C cannot split
 
     def warm_up(self, eog: bool = True) -> None:
         """What llama.cpp's tools do after a load (common_init_from_params): decode BOS and EOS in sequence 0,

@@ -31,8 +31,9 @@ def new(model: Any, **fields: Any) -> Any:
 
 
 def free(ctx: Any) -> None:
-    """Free a context and its KV cache."""
+    """Free a context and its KV cache (and forget its abort check's thunk)."""
     lib().llama_free(ctx)
+    _thunks.pop(_key(ctx), None)
 
 
 def drop(owner: Any) -> None:
@@ -197,17 +198,29 @@ def embeddings_seq(ctx: Any, seq: int, n: int) -> list[float] | None:
     return [float(ptr[i]) for i in range(n)]
 
 
+_thunks: dict[Any, Any] = {}  # each context's abort check as llama.cpp holds it, by the context's address
+
+
+def _key(ctx: Any) -> Any:
+    return getattr(ctx, "value", ctx)  # an address, whether ctypes gave an int or a c_void_p
+
+
 def set_abort(ctx: Any, cancelled: Callable[[], bool] | None) -> Any:
     """Have llama.cpp ask `cancelled` between the operations of a computation and stop it when it says so, or when
-    a Ctrl-C came meanwhile (None: never). Returns the ctypes thunk, to keep referenced while it is set (None when
-    cleared). A call that returns 2 was stopped; logs.raise_deferred raises the Ctrl-C, if that was it."""
+    a Ctrl-C came meanwhile (None: never). Returns the ctypes thunk (None when cleared). The thunk stays referenced
+    here for as long as the context holds it, whatever the caller keeps, and the setting and the keeping are one
+    step a Ctrl-C cannot split (logs.unbroken): a press raised between the two freed a thunk llama.cpp went on to
+    call. A call that returns 2 was stopped; logs.raise_deferred raises the Ctrl-C, if that was it."""
     lc = lib()
-    if cancelled is None:
-        lc.llama_set_abort_callback(ctx, lc.ggml_abort_callback(0), None)
-        return None
-    thunk = lc.ggml_abort_callback(logs.abort_check(cancelled))
-    lc.llama_set_abort_callback(ctx, thunk, None)
-    return thunk
+    with logs.unbroken():
+        if cancelled is None:
+            lc.llama_set_abort_callback(ctx, lc.ggml_abort_callback(0), None)
+            _thunks.pop(_key(ctx), None)
+            return None
+        thunk = lc.ggml_abort_callback(logs.abort_check(cancelled))
+        lc.llama_set_abort_callback(ctx, thunk, None)
+        _thunks[_key(ctx)] = thunk
+        return thunk
 
 
 def stop_on_ctrl_c(ctx: Any, cancelled: Callable[[], bool] = bool) -> Any:
