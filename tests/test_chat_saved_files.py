@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,52 @@ def test_a_damaged_saved_file_is_listed_as_a_warning_and_left_as_it_is(scli: CLI
         for name, why in (("cut.json", "it is not JSON"), ("latin.json", "it is not UTF-8 text"),
                           ("list.json", "it is not a saved conversation"))), r.stderr
     assert {name: (d / name).read_bytes() for name in damaged} == damaged
+
+
+def _long(name: str, n: int) -> Any:
+    """A conversation of n turns (some 1 KiB each), as a chat saves it."""
+    from localgen.chat.session import ChatSession
+
+    session = ChatSession(name=name, model="smollm2:135m")
+    for i in range(n):
+        session.add("user", f"Question {i}: " + "x" * 500)
+        session.add("assistant", "y" * 500)
+    return session
+
+
+def test_chat_list_reads_a_huge_saved_file_s_head_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """docs/chat.md: `chat --list` reads at most 1 MiB of each file; a save writes what it lists first."""
+    import tracemalloc
+
+    from localgen.chat import session as sessions
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    path = _long("big", 8000).save()
+    assert path.stat().st_size > 8 << 20
+    tracemalloc.start()
+    try:
+        listed = sessions.list_sessions()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [(s.name, s.model, s.turns, s.preview) for s in listed] == [
+        ("big", "smollm2:135m", 8000, ("Question 0: " + "x" * 500)[:60])]
+    assert peak < 4 << 20, peak  # the whole file read (old) would be over 8 MiB
+
+
+def test_a_huge_saved_file_without_the_listed_fields_first_is_one_warning_line(scli: CLI) -> None:
+    """A file over 1 MiB written by hand (or by an older localgen) that does not begin with "turns" is one
+    warning line of `chat --list`, left as it is; a small one is listed whole, as before."""
+    d = _chats(scli)
+    big = d / "old.json"
+    big.write_text(json.dumps({"model": "smollm2:135m", "messages": ADA * 15000}))
+    assert big.stat().st_size > 1 << 20
+    kept = big.read_bytes()
+    (d / "ada.json").write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    r = scli("chat", "--list")
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["ada"], r.stdout
+    assert r.stderr.splitlines() == [
+        f"warning: the saved conversation {big} cannot be read (it is larger than 1 MiB and does not begin with "
+        "the fields `chat --list` shows; its next save writes them): it is left as it is"], r.stderr
+    assert big.read_bytes() == kept

@@ -218,18 +218,28 @@ def _only(tmp_path: Path, *names: str) -> str:
 
 
 def test_what_a_functions_file_prints_goes_to_stderr_not_into_the_answer(cli: CLI, tmp_path: Path) -> None:
-    # the red team's tool: its print()s, at import and in the call, came out on stdout before the answer and
-    # broke --json for any reader
+    # the red team's tools: their print()s, at import and in the call, came out on stdout before the answer and
+    # broke --json for any reader; so did what the programs they start print (descriptor 1, inherited)
     fns = tmp_path / "f_print.py"
-    fns.write_text('print("IMPORT-STDOUT")\n\n\ndef get_weather(city: str) -> str:\n    """Weather."""\n'
-                   '    print("TOOL-STDOUT")\n    return "sunny"\n')
+    fns.write_text('import os\nimport subprocess\n\nprint("IMPORT-STDOUT")\n'
+                   'subprocess.run(["echo", "IMPORT-CHILD-STDOUT"], check=True)\n\n\n'
+                   'def get_weather(city: str) -> str:\n    """Weather."""\n    print("TOOL-STDOUT")\n'
+                   '    subprocess.run(["echo", "TOOL-CHILD-STDOUT"], check=True)\n'
+                   '    os.system("echo TOOL-SYSTEM-STDOUT")\n    return "sunny"\n')
     r = _run(cli, "--functions", str(fns), "--yes", "--tool-choice", "get_weather", "-n", "40", "--json",
              "Weather in Paris?")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)  # stdout is the one JSON object, nothing before it
     assert doc["tool_calls"][0]["result"] == "sunny", doc
     assert "STDOUT" not in r.stdout
-    assert r.stderr.index("IMPORT-STDOUT") < r.stderr.index("TOOL-STDOUT"), r.stderr
+    shown = [r.stderr.index(line) for line in ("IMPORT-STDOUT", "IMPORT-CHILD-STDOUT", "TOOL-STDOUT",
+                                                "TOOL-CHILD-STDOUT", "TOOL-SYSTEM-STDOUT")]
+    assert shown == sorted(shown), r.stderr
+    # as text, piped on (`| cat`): stdout is the answer alone, and the run's stdout is its own again after
+    plain = _run(cli, "--functions", str(fns), "--yes", "--tool-choice", "get_weather", "-n", "40",
+                 "Weather in Paris?")
+    assert plain.returncode == 0 and "STDOUT" not in plain.stdout and "TOOL-SYSTEM-STDOUT" in plain.stderr
+    assert plain.stdout.strip() == doc["text"].strip(), (plain.stdout, doc["text"])
 
 
 def test_run_functions_calls_the_tool_and_reports_it(cli: CLI, tmp_path: Path) -> None:

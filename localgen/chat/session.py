@@ -155,10 +155,11 @@ class ChatSession:
 
     def to_dict(self) -> dict[str, Any]:
         """The saved form."""
+        # what `chat --list` shows comes first (its turns counted here), so it reads a file's head, not all of it
         return {
-            "format": FORMAT, "name": self.name, "model": self.model, "system": self.system,
-            "messages": self.messages, "settings": self.settings, "created": self.created,
-            "updated": self.updated, "log_id": self.log_id,
+            "format": FORMAT, "name": self.name, "model": self.model, "created": self.created,
+            "updated": self.updated, "turns": sum(1 for m in self.messages if m.get("role") == "user"),
+            "messages": self.messages, "system": self.system, "settings": self.settings, "log_id": self.log_id,
             "summary": self.summary.to_dict() if self.summary is not None else None, "compact": self.compact,
         }
 
@@ -332,32 +333,100 @@ class SessionInfo:
     preview: str
 
 
+LIST_READ = 1 << 20  # the bytes `chat --list` reads of one saved file at most
+
+
 def list_sessions(asked: Callable[[str], str] = lambda text: text,
                   skipped: list[tuple[Path, str]] | None = None) -> list[SessionInfo]:
     """Saved conversations, most recent first, each previewed by what `asked` makes of its first message (the CLI
-    gives a --rag chat's question, not its excerpts); unreadable files are skipped, never removed, and added to
-    `skipped` (the file, why) when it is given."""
+    gives a --rag chat's question, not its excerpts). Each file is read up to LIST_READ bytes: a larger one is
+    listed from its head (a save writes the listed fields before the messages). Unreadable files, and larger ones
+    whose head lacks them, are skipped, never altered, and added to `skipped` (the file, why) when it is given."""
     out = []
     d = chats_dir()
     if not d.is_dir():
         return []
     for p in d.glob("*.json"):
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-            if not isinstance(data, dict):
-                raise TypeError
-            msgs = data.get("messages") or []
-            first = asked(text_of(next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")))
+            with p.open("rb") as f:
+                raw = f.read(LIST_READ + 1)
+            if len(raw) <= LIST_READ:
+                data = json.loads(raw.decode("utf-8"))
+                if not isinstance(data, dict):
+                    raise TypeError
+                msgs = data.get("messages") or []
+                first = next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")
+                turns = sum(1 for m in msgs if m.get("role") == "user")
+            else:
+                data, first = _head(raw)
+                turns = data["turns"]
+                if not isinstance(turns, int):
+                    raise TypeError
             out.append(SessionInfo(
-                name=p.stem, model=str(data.get("model", "")),
-                turns=sum(1 for m in msgs if m.get("role") == "user"),
-                updated=float(data.get("updated", p.stat().st_mtime)), preview=" ".join(str(first).split())[:60],
+                name=p.stem, model=str(data.get("model", "")), turns=turns,
+                updated=float(data.get("updated", p.stat().st_mtime)),
+                preview=" ".join(str(asked(text_of(first))).split())[:60],
             ))
+        except _TooBig:
+            if skipped is not None:
+                skipped.append((p, f"it is larger than {LIST_READ >> 20} MiB and does not begin with the fields "
+                                   "`chat --list` shows; its next save writes them"))
         except (OSError, ValueError, AttributeError, TypeError) as e:
             if skipped is not None:
                 skipped.append((p, _unreadable(e)))
             continue
     return sorted(out, key=lambda s: s.updated, reverse=True)
+
+
+class _TooBig(Exception):
+    """A saved file larger than LIST_READ whose head does not hold what its line shows."""
+
+
+def _head(raw: bytes) -> tuple[dict[str, Any], Any]:
+    """The fields before "messages" of a saved file's first LIST_READ bytes, and its first user message's
+    content ("" when there is none); _TooBig when these are not all within them."""
+    import codecs
+
+    text = codecs.getincrementaldecoder("utf-8")().decode(raw[:LIST_READ])  # a character cut at the end: held
+    dec = json.JSONDecoder()
+    ws = re.compile(r"[ \t\n\r]*")
+
+    def at(i: int) -> int:
+        return ws.match(text, i).end()  # type: ignore[union-attr]
+
+    try:
+        i = at(0)
+        if text[i] != "{":
+            raise TypeError
+        fields: dict[str, Any] = {}
+        i = at(i + 1)
+        while text[i] != "}":
+            key, i = dec.raw_decode(text, i)
+            i = at(i)
+            if text[i] != ":":
+                raise json.JSONDecodeError("':' expected", text, i)
+            i = at(i + 1)
+            if key == "messages":
+                break
+            fields[str(key)], i = dec.raw_decode(text, i)
+            i = at(i)
+            if text[i] == ",":
+                i = at(i + 1)
+        else:
+            raise _TooBig
+        if "turns" not in fields or text[i] != "[":
+            raise _TooBig
+        i = at(i + 1)
+        while text[i] != "]":
+            m, i = dec.raw_decode(text, i)
+            if isinstance(m, dict) and m.get("role") == "user":
+                return fields, m.get("content", "")
+            i = at(i)
+            if text[i] == ",":
+                i = at(i + 1)
+        return fields, ""
+    except (IndexError, json.JSONDecodeError):  # the head ends before these: what the read left off
+        raise _TooBig from None
 
 
 def _unreadable(e: Exception) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import os
 import sys
 import threading
 import types
@@ -23,6 +24,7 @@ _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict
 
 _redirect = threading.Lock()
 _redirected: list[TextIO] = []  # sys.stdout as it was, while any tool runs (calls may overlap: counted)
+_fd_saved: list[int] = []  # descriptor 1 as it was (os.dup), while tools run with it pointed at stderr
 _abandoned: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # tool calls left running past their timeout
 
 
@@ -61,14 +63,17 @@ def abandon(worker: threading.Thread) -> None:
 
 @contextlib.contextmanager
 def stdout_to_stderr() -> Iterator[None]:
-    """sys.stdout is stderr while a --functions file loads or a tool runs: what it prints is shown, but never
-    into the answer (stdout carries only the answer; --json stays one object). After, it drops what calls left
-    running past their timeout print (`abandon`)."""
+    """sys.stdout is stderr while a --functions file loads or a tool runs, and so is descriptor 1, which the
+    programs a tool starts inherit (subprocess.run, os.system): what they print is shown, but never into the
+    answer (stdout carries only the answer; --json stays one object). The answer is not written while a tool
+    runs: the turn waits for its calls. After, it drops what calls left running past their timeout print
+    (`abandon`); a program such a call started keeps writing to stderr, where it was pointed as it started."""
     with _redirect:
         if not _redirected:
             sys.stdout.flush()
             _redirected.append(sys.stdout.stream if isinstance(sys.stdout, _Muted) else sys.stdout)
             sys.stdout = typing.cast(TextIO, _Muted(sys.stderr))
+            _fd_to_stderr()
         else:
             _redirected.append(_redirected[0])
     try:
@@ -78,8 +83,34 @@ def stdout_to_stderr() -> Iterator[None]:
             saved = _redirected.pop()
             if not _redirected:
                 sys.stdout.flush()
+                for stream in {id(saved): saved, id(sys.__stdout__): sys.__stdout__}.values():
+                    with contextlib.suppress(Exception):  # what went to the stream itself: out as the tool ran
+                        stream.flush()  # type: ignore[union-attr]
+                _fd_restore()
                 alive = any(t.is_alive() for t in list(_abandoned))
                 sys.stdout = typing.cast(TextIO, _Muted(saved)) if alive else saved
+
+
+def _fd_to_stderr() -> None:
+    """Descriptor 1 onto descriptor 2, the old one kept aside (nothing when either is closed)."""
+    try:
+        saved = os.dup(1)
+    except OSError:
+        return
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(saved)
+        return
+    _fd_saved.append(saved)
+
+
+def _fd_restore() -> None:
+    """Descriptor 1 back as it was before the tools ran."""
+    if _fd_saved:
+        saved = _fd_saved.pop()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:
