@@ -82,3 +82,64 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
         signal.signal(signal.SIGINT, previous)
     gc.collect()
     assert taken[0]() is None, "a cleared abort check is kept for ever"
+
+
+def _pressed_as_it_returns(lc: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """llama.cpp's NAME, made to be followed by a press (handled at Python's next check); what it returned."""
+    import os
+
+    real = getattr(lc, name)
+    made: list[Any] = []
+
+    def made_then_pressed(*args: Any) -> Any:
+        made.append(real(*args))
+        os.kill(os.getpid(), signal.SIGINT)
+        return made[-1]
+
+    monkeypatch.setattr(lc, name, made_then_pressed)
+    return made
+
+
+def _freed(lc: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    real = getattr(lc, name)
+    freed: list[Any] = []
+
+    def free(ptr: Any) -> None:
+        freed.append(ptr)
+        real(ptr)
+
+    monkeypatch.setattr(lc, name, free)
+    return freed
+
+
+@pytest.mark.parametrize("what", ["context", "model"])
+def test_a_press_as_llama_cpp_hands_a_new_object_frees_it_before_it_is_raised(
+        smollm2_engine: Any, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    """The press stops the command (a chat goes on after it): what llama.cpp had just made (a context's KV cache,
+    a model's weights) must not be left to the process, unheld."""
+    from localgen.native import context, logs
+    from localgen.native import model as native_model
+    from localgen.native.lib import lib
+
+    lc = lib()
+    if what == "context":
+        made = _pressed_as_it_returns(lc, "llama_init_from_model", monkeypatch)
+        freed = _freed(lc, "llama_free", monkeypatch)
+        make: Any = lambda: context.new(smollm2_engine.model_ptr, n_ctx=256)  # noqa: E731
+    else:
+        made = _pressed_as_it_returns(lc, "llama_model_load_from_file", monkeypatch)
+        freed = _freed(lc, "llama_model_free", monkeypatch)
+        make = lambda: native_model.load(str(smollm2_path), native_model.ModelOptions(vocab_only=True))  # noqa: E731
+
+    def ours(signum: int, frame: Any) -> None:  # as the CLI's handlers: a press inside an unbroken block waits
+        if not logs.defer_interrupt(frame):
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, ours)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            make()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert made and made[0], "llama.cpp made nothing"
+    assert freed == made, f"the {what} llama.cpp made as the press came was left unfreed"

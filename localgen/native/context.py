@@ -23,10 +23,13 @@ def new(model: Any, **fields: Any) -> Any:
         if not hasattr(p, name):
             raise TypeError(f"llama_context_params has no field {name!r}")
         setattr(p, name, value)
-    ctx = lc.llama_init_from_model(model, p) or None
-    if ctx is not None and not lora.applied(model, ctx):  # the model's LoRA adapters (native/lora.py)
-        lc.llama_free(ctx)
-        return None
+    # A Ctrl-C handled as llama.cpp returns the context would be raised before anyone holds it (its KV cache lost
+    # to the process, which a chat outlives): it waits to the block's end, the context freed first.
+    with logs.unbroken():
+        ctx = lc.llama_init_from_model(model, p) or None
+        if ctx is not None and (logs.pending() or not lora.applied(model, ctx)):  # LoRA: native/lora.py
+            lc.llama_free(ctx)
+            ctx = None
     return ctx
 
 

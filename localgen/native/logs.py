@@ -115,6 +115,11 @@ def unbroken() -> _Unbroken:
     return _Unbroken()
 
 
+def pending() -> bool:
+    """Whether a Ctrl-C waits to be raised (it came inside a callback or an `unbroken` block)."""
+    return _deferred
+
+
 def raise_deferred() -> None:
     """Raise the KeyboardInterrupt a Ctrl-C inside a callback could not (called after each llama.cpp call)."""
     global _deferred

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from localgen.native import logs
 from localgen.native.lib import lib
 
 LOAD_NONE, LOAD_MMAP, LOAD_MLOCK, LOAD_MMAP_MLOCK = 0, 1, 2, 3  # llama_model_params.load_mode
@@ -67,7 +68,13 @@ def load(path: str, options: ModelOptions) -> Any:
         none = (ctypes.c_void_p * 1)(None)
         keep.append(none)
         mp.devices = ctypes.cast(none, ctypes.c_void_p)
-    ptr = lc.llama_model_load_from_file(os.fsencode(path), mp)
+    # A Ctrl-C handled as llama.cpp returns the model would be raised before anyone holds it (its weights lost to
+    # the process, which a chat outlives): it waits to the block's end, the model freed first.
+    with logs.unbroken():
+        ptr = lc.llama_model_load_from_file(os.fsencode(path), mp)
+        if ptr and logs.pending():
+            free(ptr)
+            ptr = None
     return ptr or None
 
 
