@@ -53,7 +53,7 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
     import os
     import weakref
 
-    from localgen.native import context, logs
+    from localgen.native import context
     from localgen.native.lib import lib
 
     lc = lib()
@@ -65,12 +65,8 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
         taken.append(weakref.ref(thunk))
         os.kill(os.getpid(), signal.SIGINT)  # handled at Python's next check: the set_abort call is not yet over
 
-    def ours(signum: int, frame: Any) -> None:  # as the CLI's handlers: a press inside an unbroken block waits
-        if not logs.defer_interrupt(frame):
-            raise KeyboardInterrupt
-
     monkeypatch.setattr(lc, "llama_set_abort_callback", set_then_pressed)
-    previous = signal.signal(signal.SIGINT, ours)
+    previous = signal.signal(signal.SIGINT, _ours)
     try:
         with pytest.raises(KeyboardInterrupt):
             context.set_abort(smollm2_engine.ctx, lambda: False)
@@ -82,6 +78,14 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
         signal.signal(signal.SIGINT, previous)
     gc.collect()
     assert taken[0]() is None, "a cleared abort check is kept for ever"
+
+
+def _ours(signum: int, frame: Any) -> None:
+    """A SIGINT handler as the CLI's: a press inside an `unbroken` block (native/logs.py) waits for its end."""
+    from localgen.native import logs
+
+    if not logs.defer_interrupt(frame):
+        raise KeyboardInterrupt
 
 
 def _pressed_as_it_returns(lc: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
@@ -117,7 +121,7 @@ def test_a_press_as_llama_cpp_hands_a_new_object_frees_it_before_it_is_raised(
         smollm2_engine: Any, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
     """The press stops the command (a chat goes on after it): what llama.cpp had just made (a context's KV cache,
     a model's weights) must not be left to the process, unheld."""
-    from localgen.native import context, logs
+    from localgen.native import context
     from localgen.native import model as native_model
     from localgen.native.lib import lib
 
@@ -131,11 +135,7 @@ def test_a_press_as_llama_cpp_hands_a_new_object_frees_it_before_it_is_raised(
         freed = _freed(lc, "llama_model_free", monkeypatch)
         make = lambda: native_model.load(str(smollm2_path), native_model.ModelOptions(vocab_only=True))  # noqa: E731
 
-    def ours(signum: int, frame: Any) -> None:  # as the CLI's handlers: a press inside an unbroken block waits
-        if not logs.defer_interrupt(frame):
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, ours)
+    previous = signal.signal(signal.SIGINT, _ours)
     try:
         with pytest.raises(KeyboardInterrupt):
             make()
