@@ -48,12 +48,13 @@ def test_ctrl_c_while_llama_cpp_frees_is_one_line_and_exit_130(cli_env: dict[str
 def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engine: Any,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A press handled as llama.cpp takes a context's abort check (a chat's long prompt piece) raised before the
-    caller kept the ctypes thunk: it was freed while the context still called it at its next decode."""
+    caller kept the ctypes thunk: it was freed while the context still called it at its next decode. Now the press
+    waits, for the check to stop the decode it is set for."""
     import gc
     import os
     import weakref
 
-    from localgen.native import context
+    from localgen.native import context, logs
     from localgen.native.lib import lib
 
     lc = lib()
@@ -68,10 +69,11 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
     monkeypatch.setattr(lc, "llama_set_abort_callback", set_then_pressed)
     previous = signal.signal(signal.SIGINT, _ours)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            context.set_abort(smollm2_engine.ctx, lambda: False)
+        context.set_abort(smollm2_engine.ctx, lambda: False)  # the thunk it returns is not kept
         gc.collect()
         assert taken[0]() is not None, "the thunk the context holds was freed"
+        with pytest.raises(KeyboardInterrupt):  # the press, raised after the decode the check stops
+            logs.raise_deferred()
         monkeypatch.setattr(lc, "llama_set_abort_callback", real)
         context.set_abort(smollm2_engine.ctx, None)
     finally:

@@ -213,13 +213,16 @@ def set_abort(ctx: Any, cancelled: Callable[[], bool] | None) -> Any:
     a Ctrl-C came meanwhile (None: never). Returns the ctypes thunk (None when cleared). The thunk stays referenced
     here for as long as the context holds it, whatever the caller keeps, and the setting and the keeping are one
     step a Ctrl-C cannot split (logs.unbroken): a press raised between the two freed a thunk llama.cpp went on to
-    call. A call that returns 2 was stopped; logs.raise_deferred raises the Ctrl-C, if that was it."""
+    call. A press then, or one noted before, is not raised here, where the caller could not take the check off
+    again: the check itself stops the computation it is set for. A call that returns 2 was stopped;
+    logs.raise_deferred raises the Ctrl-C, if that was it."""
     lc = lib()
-    with logs.unbroken():
-        if cancelled is None:
+    if cancelled is None:
+        with logs.unbroken():
             lc.llama_set_abort_callback(ctx, lc.ggml_abort_callback(0), None)
             _thunks.pop(_key(ctx), None)
-            return None
+        return None
+    with logs.unbroken(raising=False):
         thunk = lc.ggml_abort_callback(logs.abort_check(cancelled))
         lc.llama_set_abort_callback(ctx, thunk, None)
         _thunks[_key(ctx)] = thunk

@@ -90,8 +90,9 @@ def defer_interrupt(frame: Any) -> bool:
 
 
 class _Unbroken:
-    def __init__(self) -> None:
+    def __init__(self, raising: bool) -> None:
         self.counted = threading.current_thread() is threading.main_thread()  # where Python runs SIGINT handlers
+        self.raising = raising
 
     def __enter__(self) -> None:
         global _unbroken
@@ -102,17 +103,17 @@ class _Unbroken:
         global _unbroken
         if self.counted:
             _unbroken -= 1
-            if not _unbroken:
+            if not _unbroken and self.raising:
                 raise_deferred()
 
 
-def unbroken() -> _Unbroken:
+def unbroken(raising: bool = True) -> _Unbroken:
     """A block a Ctrl-C cannot cut in two, for a native object freed and the reference to it cleared: a press
     handled once llama_free had returned raised KeyboardInterrupt between the two, and the object was freed again
     later (SIGSEGV). A press inside the block, under one of the CLI's SIGINT handlers (each asks defer_interrupt),
-    is raised where the outermost block ends. Off the main thread, which never runs a SIGINT handler, it does
-    nothing."""
-    return _Unbroken()
+    is raised where the outermost block ends (not `raising`: it stays pending, for the next raise_deferred). Off the
+    main thread, which never runs a SIGINT handler, it does nothing."""
+    return _Unbroken(raising)
 
 
 def pending() -> bool:

@@ -195,6 +195,8 @@ class ModelWorker:
     def _ended(self, job: Job | EmbedJob) -> None:
         with self._lock:
             self._live.pop(job.id, None)
+            if not self._live:  # the keep-alive counts from now: /api/ps may ask before this step's end
+                self.residence.rested()
 
     def fail_all(self, event: Failed) -> None:
         """Take no more jobs and end every one queued or running with `event` now (the server is stopping),
