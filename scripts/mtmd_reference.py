@@ -36,9 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "llama_mtmd_cli.json"
 THREADS = 2  # both tools, every case: the projectors' sums change with the thread count (the fixture's)
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
 
 import harness  # noqa: E402
 from make_mmproj import png, wav, write_audio_mmproj, write_mmproj  # noqa: E402
+
+from tests.cpu import cpu_simd  # noqa: E402
 
 # (media, prompt, tokens): a picture is named by its size ("96x64"), a sound by its length ("1.5s"), the video
 # by its file in tests/data, with "@N" for --video-fps N; a case is all pictures (and video) or all sounds, since
@@ -173,7 +176,7 @@ def main(argv: list[str]) -> int:
             same += theirs == ours
             print(f"{'same' if theirs == ours else 'DIFFERENT'}: {names} {prompt!r}\n  llama-mtmd-cli: {theirs!r}\n"
                   f"  localgen:       {ours!r}")
-            rows.append({"media": names, "prompt": prompt, "max_tokens": n, "text": theirs})
+            rows.append({"media": names, "prompt": prompt, "max_tokens": n, "text": theirs, "cpu": cpu_simd()})
     print(f"{same} of {len(CASES)} cases the same")
     if a.write:
         FIXTURE.write_text(json.dumps({"generated_by": "scripts/mtmd_reference.py --write", "threads": THREADS,
