@@ -1,7 +1,7 @@
 """Ctrl-C at any moment of a command's start (while Typer, Rich and the command's modules are imported, the model
 loaded): one "interrupted" line and exit 130, never a traceback (README's exit codes; docs/run.md). A press before
 the entry module is imported (Python's own start-up, some 40 ms) is Python's, outside localgen's reach: each
-process here says on a descriptor of its own when it has imported it, and the presses come after that."""
+process here says on a descriptor of its own when main() has begun, and the presses come after that."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ import pytest
 
 from tests.conftest import ROOT, default_sigint
 
-# the console script's own two lines, with a byte on descriptor READY_FD once localgen.cli.main is imported
-SCRIPT = ("import os, sys\nfrom localgen.cli.main import main\nfd = int(os.environ.pop('READY_FD'))\n"
-          "os.write(fd, b'.')\nos.close(fd)\nsys.exit(main())\n")
+# the console script's own two lines, with a byte on descriptor READY_FD once main() has begun (a press between the
+# byte and main's first line, when the byte was written before the call, was this script's, not localgen's)
+SCRIPT = ("import os, sys\nimport localgen.cli.main as entry\nfd = int(os.environ.pop('READY_FD'))\n"
+          "real = entry._main\n"
+          "def began(argv):\n    os.write(fd, b'.')\n    os.close(fd)\n    return real(argv)\n"
+          "entry._main = began\nsys.exit(entry.main())\n")
 DELAYS = (0.0, 0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)  # after the import
 
 

@@ -40,8 +40,8 @@ def switch_on(name: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback. Ctrl-C at any
     moment, even while the command's modules are imported, is one "interrupted" line and exit 130."""
-    keep_ctrl_c()
     try:
+        keep_ctrl_c()
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
