@@ -5,14 +5,32 @@ Throughput.drafts), a draft model's decodes (serve --draft) included; serve's /h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from localgen.native import context
 from localgen.native import vocab as native_vocab
 
-if TYPE_CHECKING:
-    from localgen.engine.batch import ParallelContext
+
+class ParallelContext(Protocol):
+    """What `measure` uses of engine/batch.py's ParallelContext (a protocol: batch.py imports this module, not the
+    other way)."""
+
+    n_parallel: int
+    n_ctx_seq: int
+    n_batch: int
+    draft_max: int
+    drafter: Any
+    vocab: Any
+    ctx: Any
+    batch: Any
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int: ...
+
+    def decode(self, n_seqs: int, cancelled: Callable[[], bool] | None = None) -> bool: ...
+
+    def logits(self, row: int) -> Any: ...
 
 
 @dataclass

@@ -10,14 +10,24 @@ import itertools
 import json
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from localgen.errors import RemoteError
 from localgen.remote.errortext import error_text
 from localgen.types import FinishReason
 
-if TYPE_CHECKING:
-    from localgen.remote.client import RemoteGeneration
+
+class RemoteGeneration(Protocol):
+    """What the parser reads and fills of remote/client.py's RemoteGeneration (a protocol: the client imports this
+    module, not the other way)."""
+
+    n: int  # content pieces received
+    logprobs: list[Any]
+    server_timings: dict[str, Any] | None
+    usage: dict[str, Any] | None
+
+    @property
+    def stopped(self) -> bool: ...
 
 MAX_LINE = 16 * 2**20  # a stream's line (or event), a whole JSON answer, a model list: past this, an error
 URL_HINT = "check the URL: it should be the API base, e.g. http://host:8000/v1"
