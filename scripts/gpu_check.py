@@ -237,6 +237,11 @@ def prebuild(toolkit: Path, payload: Path, work: Path, arch: str, jobs: int) -> 
                 ["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)]):
         print("$", " ".join(cmd), file=sys.stderr, flush=True)
         subprocess.run(cmd, env=env, check=True)
+    needs = subprocess.run(["readelf", "-d", str(build / "bin" / "libggml-cuda.so")], capture_output=True,
+                           text=True).stdout
+    if "libcuda.so.1" not in needs:  # the driver's functions would be missing where it runs
+        sys.exit("gpu_check: libggml-cuda.so does not load the driver (libcuda.so.1): the toolkit's stub lacks its "
+                 "functions (scripts/gpu_payload makes it from cuda.h)")
     out = payload / "build"
     out.mkdir(parents=True, exist_ok=True)
     keep = sorted(p.name for p in (build / "bin").iterdir()
