@@ -4,23 +4,22 @@ client left, step the scheduler, publish each step's outputs as typed events (se
 thread loads, decodes and unloads (a media thread makes prompts with images or audio: serve/prepare.py), so
 nothing frees a model under a running decode; a job that fails, for any reason, fails alone. The jobs it has
 taken and not ended are one table, by id, each in its State (serve/jobs.py): which jobs wait, run or are
-live is read from it, and from nothing else."""
+live is read from it, and from nothing else (serve/livejobs.py); its internal errors go to its Faults
+(serve/faults.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import itertools
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.errors import Cancelled, LocalgenError
+from localgen.serve.faults import Faults
 from localgen.serve.jobs import (
     IN_SLOTS,
     INTERNAL,
@@ -37,6 +36,7 @@ from localgen.serve.jobs import (
     failed,
     finishing,
 )
+from localgen.serve.livejobs import LiveJobs
 from localgen.serve.model import warm_template
 from localgen.serve.prepare import MediaPrep, has_media, request, task
 from localgen.serve.residence import Residence
@@ -63,22 +63,20 @@ class ModelWorker:
         self.max_queue = max_queue
         self.pinned = pinned  # never unloaded to make room for another model (serve -m)
         self.last_used = time.monotonic()  # the last job's arrival: the least recently used goes first
-        self.log = log  # serve/servelog.py: its internal errors
-        self.residence = Residence(self, ref, load, parallel, keep_alive, fault=self._internal, warn=warn, exact=exact,
-                                   lookup=lookup, share_prefixes=share_prefixes, cache_ram=cache_ram,
+        self.log = log  # serve/servelog.py: its warnings
+        self.faults = Faults(self.name, log)  # its internal errors: counted, the last named, each logged
+        self.residence = Residence(self, ref, load, parallel, keep_alive, fault=self.faults.internal, warn=warn,
+                                   exact=exact, lookup=lookup, share_prefixes=share_prefixes, cache_ram=cache_ram,
                                    residency=residency, store=store, log=log, draft=draft)
         self._yield_to: list[str] = []  # models waiting for its room: it takes no new jobs (fair swaps)
-        self._live: dict[int, Job | EmbedJob] = {}  # the jobs submitted and not ended, by id (arrival order)
-        self._lock = threading.Lock()  # guards _live and _yield_to (the handlers' threads and this one)
+        self._yield_lock = threading.Lock()  # guards _yield_to (the residency's threads and this one)
+        self._live = LiveJobs()  # the jobs submitted and not ended
         self.inbox: queue.Queue[Unload | None] = queue.Queue()  # unloads asked for; None wakes the thread
         self.prep = MediaPrep(lambda: self.inbox.put(None))  # prompts with images or audio, made off this thread
-        self.failures = 0  # jobs failed by an internal error
         self.aborted = 0  # jobs stopped before their end because their client left
-        self.last_error: str | None = None
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
         self.on_completion: Callable[[str, Completion], None] | None = None  # serve/metrics.py's count
         self._stop = threading.Event()
-        self._ids = itertools.count(1)
         self.thread = threading.Thread(target=self._serve, name=f"localgen-{self.name}", daemon=True)
 
     # ---- from the HTTP side -----------------------------------------------------------------------
@@ -99,14 +97,11 @@ class ModelWorker:
             raise LocalgenError(f"{self.name}: the model's worker has stopped ({self.dead or 'shutting down'})")
         if job.trace is not None:
             job.trace.model = self.name
-        job.on_end = lambda: self._ended(job)
-        with self._lock:
-            if len(self._live) >= self.parallel + self.max_queue:
-                raise QueueFull(f"{self.name}: all {self.parallel} slots are busy and {self.max_queue} requests "
-                                "wait")
-            job.id = next(self._ids)
-            self._live[job.id] = job
-            self.last_used = time.monotonic()
+        # the last job's end starts the keep-alive there and then: /api/ps may ask before this step's end
+        job.on_end = lambda: self._live.end(job, when_empty=self.residence.rested)
+        if not self._live.add(job, self.parallel + self.max_queue):
+            raise QueueFull(f"{self.name}: all {self.parallel} slots are busy and {self.max_queue} requests wait")
+        self.last_used = time.monotonic()
         self.inbox.put(None)
 
     def request_unload(self, reason: str = "asked", evicted_for: str | None = None,
@@ -125,18 +120,13 @@ class ModelWorker:
             self.inbox.put(req)
         return req.done
 
-    def _jobs(self, *states: State) -> list[Job | EmbedJob]:
-        """The live jobs in these states (every live one with none), in order of arrival."""
-        with self._lock:
-            return [j for j in self._live.values() if not states or j.state in states]
-
     @property
     def outstanding(self) -> int:  # jobs queued or running
         return len(self._live)
 
     @property
     def running(self) -> int:  # jobs in slots
-        return len(self._jobs(*IN_SLOTS))
+        return len(self._live.of(*IN_SLOTS))
 
     @property
     def busy(self) -> bool:  # whether a job runs or waits
@@ -178,32 +168,26 @@ class ModelWorker:
         nothing running; what it holds back waits for the model to load again."""
         if not self.busy:
             return True
-        return bool(self._yield_to) and not self._jobs(State.PREPARING, *IN_SLOTS)
+        return bool(self._yield_to) and not self._live.of(State.PREPARING, *IN_SLOTS)
 
     def yield_to(self, name: str) -> None:
         """A model waits for this one's room (serve/residency.py): take no new jobs until resume(name)."""
-        with self._lock:
+        with self._yield_lock:
             self._yield_to.append(name)
 
     def resume(self, name: str) -> None:
         """That model has its room now, or gave up: take jobs again (those held back first)."""
-        with self._lock:
+        with self._yield_lock:
             if name in self._yield_to:
                 self._yield_to.remove(name)
         self.inbox.put(None)  # wake the thread
-
-    def _ended(self, job: Job | EmbedJob) -> None:
-        with self._lock:
-            self._live.pop(job.id, None)
-            if not self._live:  # the keep-alive counts from now: /api/ps may ask before this step's end
-                self.residence.rested()
 
     def fail_all(self, event: Failed) -> None:
         """Take no more jobs and end every one queued or running with `event` now (the server is stopping),
         told from the event loop's thread, so that a decoding step slow to come cannot delay the answers; the
         worker's thread drops the jobs at its next step (their later events find nobody reading)."""
         self._stop.set()
-        for job in self._jobs():
+        for job in self._live.of():
             if isinstance(job, Job):
                 job.cancelled.set()
             job.send(event)
@@ -215,9 +199,14 @@ class ModelWorker:
         self._stop.set()
         while self.thread.is_alive() and time.monotonic() < deadline:
             self.thread.join(0.1)
-        for job in self._jobs(*IN_SLOTS):
+        for job in self._live.of(*IN_SLOTS):
             job.cancelled.set()
         self.thread.join(STOP_WRITE_S)
+
+    @property
+    def failures(self) -> int:
+        """Its internal errors so far (its Faults' count: /health's failed_jobs)."""
+        return self.faults.count
 
     @property
     def alive(self) -> bool:
@@ -231,7 +220,7 @@ class ModelWorker:
         # serve --lookup or --draft, on a model that drafts (or did, until its draft model failed)
         drafting = pc if pc is not None and (pc.draft_max or pc.draft_off) else None
         calls, rows = res.steps()
-        states = [j.state for j in self._jobs()]
+        states = [j.state for j in self._live.of()]
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel,
                 "running": sum(s in IN_SLOTS for s in states), "queued": states.count(State.QUEUED),
                 "decode_calls": calls, "rows": rows,
@@ -248,7 +237,7 @@ class ModelWorker:
                 "drafting_off": drafting.draft_off if drafting else None,
                 "kv_unified": pc.one_pool if pc else None,
                 "failed_jobs": self.failures,
-                "aborted_jobs": self.aborted, "last_error": self.dead or self.last_error, "settings": res.settings(),
+                "aborted_jobs": self.aborted, "last_error": self.dead or self.faults.last, "settings": res.settings(),
                 "warm_restored": res.warm_restored, "disk_hits": res.disk_hits()[0],
                 "yielding_to": list(self._yield_to), "held": states.count(State.HELD)}
 
@@ -268,13 +257,13 @@ class ModelWorker:
                     self._abort_cancelled(res.sched)
                     self._step(res.sched)
                     continue
-                if self._jobs(State.PREPARING):
+                if self._live.of(State.PREPARING):
                     continue
                 res.idle()
             res.keep_prefixes(final=True)  # a clean stop: what its slots hold is written for the next start
         except BaseException as e:  # the thread is going: say so, and fail whatever waits
             self.dead = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            self._internal(e, "the worker thread stopped")
+            self.faults.internal(e, "the worker thread stopped")
             self._drain(Failed(500, f"{self.name}: the model's worker stopped"))
             raise
         finally:
@@ -286,14 +275,14 @@ class ModelWorker:
         this one's room (fair swaps), new jobs are held back, in order, and taken first once it has loaded."""
         try:
             while True:
-                block = wait and not self._jobs(State.QUEUED)  # held jobs wait for resume(), which wakes it
+                block = wait and not self._live.of(State.QUEUED)  # held jobs wait for resume(), which wakes it
                 item = self.inbox.get(timeout=0.25) if block else self.inbox.get_nowait()
                 wait = False
                 if isinstance(item, Unload):  # once nothing runs
                     self.residence.ask(item)
         except queue.Empty:
             pass
-        for job in self._jobs(*WAITING):
+        for job in self._live.of(*WAITING):
             if job.state is State.DONE:  # ended meanwhile (a load that failed fails those held with it)
                 continue
             if job.cancelled.is_set():
@@ -302,7 +291,7 @@ class ModelWorker:
             elif bool(self._yield_to) and self.loaded:
                 advance(job, State.HELD)
             elif (failure := self._load_for(job)) is not None:  # those held back fail the same way, rather
-                for held in (job, *(h for h in self._jobs(State.HELD) if h is not job)):  # than each wait again
+                for held in (job, *(h for h in self._live.of(State.HELD) if h is not job)):  # than each wait again
                     self.aborted += failure.status == 499  # a load abandoned: every client had left
                     held.send(failure)
             elif isinstance(job, EmbedJob):
@@ -312,7 +301,7 @@ class ModelWorker:
                     self.prep.submit(job.id, job, self.residence.backend)
                     advance(job, State.PREPARING)
                 except Exception as e:
-                    self._fail(job, e, "preparing a request")
+                    self.faults.fail(job, e, "preparing a request")
             else:
                 self._admit(job, functools.partial(request, self.residence.backend, self.residence.pc, job.id, job))
 
@@ -321,7 +310,7 @@ class ModelWorker:
         try:
             work = make()
         except Exception as e:
-            self._fail(job, e, "preparing a request")
+            self.faults.fail(job, e, "preparing a request")
             return
         assert self.residence.sched is not None, "admitted once loaded"
         advance(job, State.RUNNING)
@@ -334,14 +323,14 @@ class ModelWorker:
                 self.aborted += 1
                 job.send(Failed(499, "the client went away"))
             elif error is not None:
-                self._fail(job, error, "preparing a request")
+                self.faults.fail(job, error, "preparing a request")
             else:
                 self._admit(job, functools.partial(request, self.residence.backend, self.residence.pc, job.id, job,
                                                    prompt))
 
     def _abort_cancelled(self, sched: Scheduler) -> None:
         """Abort in the scheduler each job whose client went away (it ends at the next step)."""
-        for job in self._jobs(State.RUNNING):
+        for job in self._live.of(State.RUNNING):
             if job.cancelled.is_set() or finishing(job):
                 advance(job, State.ABORTING)
                 sched.abort(job.id)
@@ -354,14 +343,13 @@ class ModelWorker:
         try:
             outputs = sched.step()
         except Exception as e:  # a failed decode is the server's fault: counted, and llama.cpp's reason logged
-            self._internal(e, "decoding")
+            self.faults.internal(e, "decoding")
             self._drain_running(Failed(500, INTERNAL))
             return
         finally:
             self._draft_failure()
         for out in outputs:
-            with self._lock:
-                job = self._live.get(out.id)
+            job = self._live.get(out.id)
             if job is None or job.state not in IN_SLOTS:
                 continue
             if isinstance(out, Piece):
@@ -378,7 +366,7 @@ class ModelWorker:
                 assert isinstance(job, Job), "a generation's end"
                 self._finished(job, out.completion)
             elif out.error is not None:
-                self._fail(job, out.error, "embedding")
+                self.faults.fail(job, out.error, "embedding")
             else:
                 assert isinstance(job, EmbedJob), "a task's result"
                 job.send(out.value)
@@ -395,7 +383,7 @@ class ModelWorker:
         self.log.warning(f"{self.name}: the draft model failed ({pc.draft_off}); drafting is off, the requests go "
                          "on without drafts")
         if not isinstance(e, LocalgenError):  # a bug: its traceback
-            self._internal(e, "drafting")
+            self.faults.internal(e, "drafting")
 
     def _finished(self, job: Job, c: Completion) -> None:
         """A generation job's end as its event: Done, or why it did not finish."""
@@ -406,7 +394,7 @@ class ModelWorker:
             try:
                 self.on_completion(self.name, c)
             except Exception as e:  # a metrics fault is logged, and never fails the request
-                self._internal(e, "counting metrics")
+                self.faults.internal(e, "counting metrics")
         self._keep(job)  # before the client has its answer, so its next /api/ps shows this keep-alive
         if c.error is not None:
             job.send(failed(c.error))
@@ -442,17 +430,17 @@ class ModelWorker:
                 return Failed(500, f"no room for {self.name}'s embeddings context: {e.message}")
             return Failed(500, f"cannot load {self.name}: {e.message}")
         except Exception as e:
-            self._internal(e, "loading the model")
+            self.faults.internal(e, "loading the model")
             return Failed(500, f"cannot load {self.name}: {INTERNAL}")
 
     def _wanted(self) -> bool:
         """Whether a client still waits for this model's load: a job not taken in yet whose client is there."""
-        return any(not job.cancelled.is_set() for job in self._jobs(*WAITING))
+        return any(not job.cancelled.is_set() for job in self._live.of(*WAITING))
 
     def _drain(self, event: Failed) -> None:  # the jobs in flight and every job still queued
         self._drain_running(event)
         self.prep.clear()
-        for job in self._jobs():
+        for job in self._live.of():
             job.send(event)
         while True:
             try:
@@ -462,22 +450,9 @@ class ModelWorker:
             if isinstance(item, Unload):
                 item.done.set()
 
-    def _fail(self, job: Job | EmbedJob, e: BaseException, where: str) -> None:  # a fault not the client's: logged
-        if not isinstance(e, LocalgenError):
-            self._internal(e, where)
-        job.send(failed(e))
-
-    def _internal(self, e: BaseException, where: str) -> None:
-        """An error that is a bug or a fault, not the client's: counted, and logged with its traceback."""
-        self.failures += 1
-        self.last_error = f"{where}: {type(e).__name__}"
-        text = "".join(traceback.format_exception(e)).rstrip()
-        with contextlib.suppress(OSError, ValueError):  # no stderr left to log to
-            self.log.error(f"localgen serve: {self.name}: internal error while {where}", text, self.name)
-
     def _drain_running(self, event: Failed) -> None:
         """Fail the jobs in flight, and forget every slot's cache: nothing half-done is reused."""
-        for job in self._jobs(*IN_SLOTS):
+        for job in self._live.of(*IN_SLOTS):
             job.send(event)
         res = self.residence
         if res.sched is not None:
