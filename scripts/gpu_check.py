@@ -388,6 +388,8 @@ def tests(report: Report, py: Path, env: dict[str, str], name: str, args: list[s
     env = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the image's own plugins: one made loads segfault
     base = pytest_base(py)
     rc, out = stage(report, name, [*base, *args], timeout, env)
+    log = report.path.parent / ("pytest-" + "".join(c if c.isalnum() else "-" for c in name).strip("-") + ".txt")
+    log.write_text(out)  # the whole output: the report keeps its end
     crashed = [line.split("crashed while running")[1].strip(" '\"") for line in out.splitlines()
                if "crashed while running" in line]
     gdb = shutil.which("gdb") or shutil.which("cuda-gdb", path=tool_env()["PATH"])  # the GPU image has cuda-gdb
@@ -456,48 +458,76 @@ def served(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: d
            *(["--localgen-args=--no-kv-unified"] if streams else [])], 600 if cpu else 300, env)
 
 
+# the same window and micro-batch for both (fit's default: the largest): each term of the compute moves with one
+FIT_SETTINGS = (["--ctx", "4096", "-ub", "512"], ["--ctx", "8192", "-ub", "512"], ["--ctx", "4096", "-ub", "256"],
+                ["--ctx", "3072", "-ub", "128"], ["--ctx", "2048", "-b", "1024", "-ub", "1024"])
+# and for a MoE, experts kept in RAM: the first 12 layers', then all of them
+MOE_SETTINGS = (["--ctx", "4096", "-ub", "512", "--n-cpu-moe", "12"], ["--ctx", "4096", "-ub", "512", "--cpu-moe"])
+
+
 def fit(report: Report, py: Path, label: str, model: Path, env: dict[str, str]) -> None:
-    """`localgen fit`'s plan beside what the load reports (the --json load record)."""
+    """`localgen fit`'s plan beside what the load reports (the --json load record and llama.cpp's buffer lines),
+    for each of FIT_SETTINGS: the first in full, every one as rows of the table."""
     localgen = [str(py), "-m", "localgen"]
     t0 = time.monotonic()
     rc, _, _ = sh([*localgen, "fit", "--help"], 60, env)
     if rc != 0:
         report.add(f"fit against the load ({label})", "skipped", 0, "This checkout has no `localgen fit` yet.\n")
         return
-    ctx = ["--ctx", "4096"]  # the same window for both (fit's default is the largest that fits)
-    p_rc, plan, _ = sh([*localgen, "fit", "-m", str(model), *ctx, "--json"], 120, env)
-    l_rc, load, _ = sh([*localgen, "run", "-m", str(model), *ctx, "-p", "Hi", "-n", "1", "--json", "--verbose"], 300,
-                       env)
-    record = load
-    docs = [line for line in load.splitlines() if line.startswith("{")]
-    with contextlib.suppress(ValueError, KeyError, IndexError):
-        record = json.dumps(json.loads(docs[-1])["load"], indent=1)
-    sizes = "\n".join(line for line in load.splitlines() if "buffer size" in line)  # llama.cpp's own accounts
-    status = "ok" if p_rc == 0 and l_rc == 0 else f"FAILED (fit {p_rc}, load {l_rc})"
-    report.add(f"fit against the load ({label})", status, time.monotonic() - t0,
-               f"{fit_table(plan, sizes)}\nplan:\n\n{block(plan)}\nload record:\n\n{block(record)}\n"
-               f"llama.cpp's buffers:\n\n{block(sizes)}")
+    tables, shown, failed = [], "", []
+    for same in (*FIT_SETTINGS, *(MOE_SETTINGS if "moe" in label.lower() else ())):
+        p_rc, plan, _ = sh([*localgen, "fit", "-m", str(model), *same, "--json"], 120, env)
+        l_rc, load, _ = sh([*localgen, "run", "-m", str(model), *same, "-p", "Hi", "-n", "1", "--json",
+                            "--verbose"], 300, env)
+        if p_rc or l_rc:
+            failed.append(f"{' '.join(same)}: fit {p_rc}, load {l_rc}")
+        sizes = "\n".join(line for line in load.splitlines() if "buffer size" in line)  # llama.cpp's own accounts
+        tables.append(f"`{' '.join(same)}`\n\n{fit_table(plan, sizes)}")
+        if not shown:
+            record = load
+            docs = [line for line in load.splitlines() if line.startswith("{")]
+            with contextlib.suppress(ValueError, KeyError, IndexError):
+                record = json.dumps(json.loads(docs[-1])["load"], indent=1)
+            shown = (f"plan:\n\n{block(plan)}\nload record:\n\n{block(record)}\n"
+                     f"llama.cpp's buffers:\n\n{block(sizes)}")
+    status = "ok" if not failed else "FAILED (" + "; ".join(failed) + ")"
+    report.add(f"fit against the load ({label})", status, time.monotonic() - t0, "\n".join(tables) + "\n" + shown)
 
 
 def fit_table(plan: str, sizes: str) -> str:
-    """The plan's weights (experts among them), KV and compute, all devices together, beside the sums of llama.cpp's
-    buffer lines of each kind, and their ratio (the issue asks weights and KV exact, compute within 5 %)."""
+    """The plan's weights (experts among them), KV and compute on each device (GPU: a CUDA buffer; CPU: a host
+    one, mapped, pinned or plain) beside the sums of llama.cpp's buffer lines of each kind there, and their
+    ratio (the issue asks weights and KV exact, compute within 5 %)."""
     try:
         devices = json.loads(plan.strip().splitlines()[-1])["devices"]
     except (ValueError, KeyError, IndexError):
         return "(no plan to compare)\n"
-    planned = {"weights": sum(d["weights"] for d in devices), "KV": sum(d["kv"] for d in devices),
-               "compute": sum(d["compute"] for d in devices)}
+    kinds = {"weights": "model buffer", "KV": "KV buffer", "compute": "compute buffer"}
+    fields = {"weights": "weights", "KV": "kv", "compute": "compute"}
+    planned: dict[tuple[str, str], float] = {}
+    for d in devices:
+        where = "CPU" if d["device"] == "CPU" else "GPU"
+        for kind, field in fields.items():
+            planned[kind, where] = planned.get((kind, where), 0) + d[field]
     loaded = dict.fromkeys(planned, 0.0)
     for line in sizes.splitlines():
-        kind = "weights" if "model buffer" in line else "KV" if "KV buffer" in line else (
-            "compute" if "compute buffer" in line else None)
+        found = next((k for k, words in kinds.items() if words in line), None)
+        head = line.split("buffer size")[0].split(":")[-1].split()
+        where = "GPU" if head and head[0].startswith(("CUDA0", "CUDA1", "ROCm", "Metal", "Vulkan")) and \
+            not head[0].endswith("_Host") else "CPU"
         with contextlib.suppress(ValueError, IndexError):
-            if kind:
-                loaded[kind] += float(line.split("=")[-1].split()[0]) * 2**20
-    rows = [f"| {k} | {planned[k] / 2**20:,.2f} | {loaded[k] / 2**20:,.2f} | "
-            + (f"{planned[k] / loaded[k]:.3f}" if loaded[k] else "-") + " |" for k in planned]
-    return "| | plan (MiB) | load (MiB) | plan / load |\n| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n"
+            if found:
+                loaded[found, where] = loaded.get((found, where), 0.0) + float(line.split("=")[-1].split()[0]) * 2**20
+    rows = []
+    for kind in kinds:
+        for where in ("GPU", "CPU", "all"):
+            p = sum(v for (k, w), v in planned.items() if k == kind and where in (w, "all"))
+            got = sum(v for (k, w), v in loaded.items() if k == kind and where in (w, "all"))
+            if p or got:
+                rows.append(f"| {kind} | {where} | {p / 2**20:,.2f} | {got / 2**20:,.2f} | "
+                            + (f"{p / got:.3f}" if got else "-") + " |")
+    return "| | device | plan (MiB) | load (MiB) | plan / load |\n| --- | --- | --- | --- | --- |\n" + "\n".join(
+        rows) + "\n"
 
 
 def main() -> None:
@@ -513,6 +543,8 @@ def main() -> None:
     ap.add_argument("--tools", type=Path, help="llama.cpp's tools (with --cpu: default /work/llama-tools/bin)")
     ap.add_argument("--report", type=Path, help="the report (default: $OUT/gpu_check.md, else WORK/gpu_check.md)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
+    ap.add_argument("--only", default="", help="run only the stages whose names hold one of these words "
+                                                "(comma-separated: pytest,fit)")
     ap.add_argument("--budget", type=float, default=540, help="seconds this call may take (the device stops a call "
                                                                  "at 600): past it, the next call goes on")
     a = ap.parse_args()
@@ -633,8 +665,9 @@ def main() -> None:
         (f"serve against llama-server at {'4' if a.cpu else '32'} clients, --no-kv-unified", 150,
          partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env, True)),
     ]
+    only = [word.strip() for word in a.only.split(",") if word.strip()]
     for name, cost, run in stages:
-        if report.done(name):
+        if report.done(name) or (only and not any(word in name for word in only)):
             continue
         if not a.cpu and time.monotonic() - STARTED + cost > a.budget:
             return later(report, f"next: {name}")

@@ -370,7 +370,7 @@ def bad_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     return out
 
 
-GPU_SHARED_PREFIX = 16  # characters, about four tokens: a near tie that early is rare, a broken path is not
+GPU_SHARED_PREFIX = 16  # characters, about four tokens: where most greedy answers on a GPU still agree
 
 
 def shared_prefix(a: str, b: str) -> int:
@@ -378,18 +378,31 @@ def shared_prefix(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+def opening(text: str) -> str:
+    """A text's first word (with the blanks before it), at most GPU_SHARED_PREFIX characters of it."""
+    stripped = text.lstrip()
+    word = stripped.split(maxsplit=1)[0] if stripped else ""
+    return text[:len(text) - len(stripped) + min(len(word), GPU_SHARED_PREFIX)]
+
+
 def assert_same_greedy_text(got: list[str], want: list[str], why: str) -> None:
     """Greedy answers from two kernel paths (RPC against local, one server against another, drafts checked
     in batches against one token at a time) are bit-identical on the CPU build, where every one of those
     paths computes a row with the same kernels. A GPU's kernels change with the batch's shape and with where
-    the layers sit, and a near tie can then go the other way some tokens in: there each answer must still
-    begin as its counterpart does (its first 16 characters, or all of a shorter one)."""
+    the layers sit, and a near tie can then go the other way, for a small model sometimes within its first
+    words (SmolLM2 on an H200: "Item 0: the box" against "Item 0: The box"). There each answer must begin
+    with its counterpart's first word, and of three or more, at least half must share their first
+    GPU_SHARED_PREFIX characters: an answer to another prompt, or the noise of a broken path, fails both."""
     from localgen.native.devices import has_gpu
 
     if has_gpu():
         assert len(got) == len(want), why
         for g, w in zip(got, want, strict=True):
-            assert g and shared_prefix(g, w) >= min(len(w), GPU_SHARED_PREFIX), f"{why}: {g!r} against {w!r}"
+            assert g and g.startswith(opening(w)), f"{why}: {g!r} against {w!r}"
+        if len(got) >= 3:
+            alike = sum(shared_prefix(g, w) >= min(len(w), GPU_SHARED_PREFIX) for g, w in zip(got, want, strict=True))
+            pairs = list(zip(got, want, strict=True))
+            assert 2 * alike >= len(got), f"{why}: {alike} of {len(got)} begin alike: {pairs}"
     else:
         assert got == want, why
 

@@ -348,7 +348,7 @@ def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(
     assert line.startswith("plan      partial GPU · context 5,632 tokens") and line.endswith(
         "(shrunk to fit, with layers off the GPU)"), line
     # the layers left on a card fill it at the floor: the context stays there
-    r = cli_in_process("fit", "-m", m, "--gpu-memory", "1.8G", "--ram", "8G", "--ctx", "8192")
+    r = cli_in_process("fit", "-m", m, "--gpu-memory", "1.85G", "--ram", "8G", "--ctx", "8192")
     assert _plan_line(r.stdout) == ("plan      partial GPU · context 4,096 tokens (8,192 asked, shrunk to the floor, "
                                     "still short of GPU memory)"), r.stdout
     # no layer fits the card even at the floor: the plan of no GPU, the context asked in RAM (docs/fit.md)

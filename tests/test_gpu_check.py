@@ -82,27 +82,31 @@ def test_a_build_made_ahead_configures_for_a_gpu_it_cannot_see(tmp_path: Path) -
     assert not any(flag.startswith("-DCMAKE_CUDA_COMPILER=") for flag in on_the_gpu)
 
 
+# llama.cpp's lines for an 8B-shaped Q4_K_M on an H200 (scripts/gpu_check, 2026-11-30), --ctx 4096
 SIZES = """\
-llama.cpp: load_tensors:   CPU_Mapped model buffer size =   281.81 MiB
-llama.cpp: load_tensors:        CUDA0 model buffer size =  4403.49 MiB
-llama.cpp: llama_context:  CUDA_Host  output buffer size =     0.49 MiB
+llama.cpp: load_tensors:   CPU_Mapped model buffer size =   108.00 MiB
+llama.cpp: load_tensors:        CUDA0 model buffer size =  4150.02 MiB
+llama.cpp: llama_context:  CUDA_Host  output buffer size =     0.19 MiB
 llama.cpp: llama_kv_cache:      CUDA0 KV buffer size =   512.00 MiB
-llama.cpp: sched_reserve:      CUDA0 compute buffer size =   296.00 MiB
-llama.cpp: sched_reserve:  CUDA_Host compute buffer size =    16.01 MiB
+llama.cpp: sched_reserve:      CUDA0 compute buffer size =   112.01 MiB
+llama.cpp: sched_reserve:  CUDA_Host compute buffer size =    20.01 MiB
 """
 
 
-def test_the_fit_table_sums_each_kind_over_devices() -> None:
+def test_the_fit_table_compares_each_kind_on_each_device() -> None:
     mib = 2**20
     plan = json.dumps({"devices": [
-        {"device": "CUDA0", "weights": int(4403.49 * mib), "experts": 0, "kv": 512 * mib, "compute": 296 * mib},
-        {"device": "CPU", "weights": int(281.81 * mib), "experts": 0, "kv": 0, "compute": int(16.01 * mib * 1.1)},
+        {"device": "CPU", "weights": 108 * mib, "experts": 0, "kv": 0, "compute": 10 * mib},
+        {"device": "GPU", "weights": int(4150.02 * mib), "experts": 0, "kv": 512 * mib, "compute": 112 * mib},
     ]})
-    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:5]]
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): [cell.strip() for cell in line.split("|")[3:6]]
             for line in gpu_check.fit_table("loading...\n" + plan, SIZES).splitlines()[2:]}
-    assert rows["weights"] == ["4,685.30", "4,685.30", "1.000"]
-    assert rows["KV"] == ["512.00", "512.00", "1.000"]
-    assert rows["compute"][2] == f"{(296 + 16.01 * 1.1) / (296 + 16.01):.3f}"
+    assert rows["weights", "GPU"] == ["4,150.02", "4,150.02", "1.000"]
+    assert rows["weights", "all"] == ["4,258.02", "4,258.02", "1.000"]
+    assert rows["KV", "GPU"] == ["512.00", "512.00", "1.000"]
+    assert ("KV", "CPU") not in rows  # nothing planned or loaded there
+    assert rows["compute", "CPU"] == ["10.00", "20.01", f"{10 / 20.01:.3f}"]  # CUDA_Host is the CPU's
+    assert rows["compute", "all"][2] == f"{122 / 132.02:.3f}"
 
 
 @pytest.mark.parametrize("plan", ["", "fit: error: no such model", '{"model": {}}'])

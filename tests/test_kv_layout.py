@@ -1,7 +1,7 @@
 """--kv-unified / --no-kv-unified (llama.cpp's -kvu): the throughput scheduler's KV cells as one pool shared by every
-sequence (the default with layers on a GPU) or a stream of cells per sequence (a CPU's default, and bench -npl's, as
-llama-batched-bench keeps them), by engine/batchmode.py's kv_pool. On this CPU machine --kv-unified puts the GPU's
-layout under test; llama.cpp's own load log says which layout it made."""
+sequence or a stream of cells per sequence (the default, on a CPU and a GPU alike, as llama-server and
+llama-batched-bench keep them), by engine/batchmode.py's kv_pool. llama.cpp's own load log says which layout it
+made."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
-import pytest
 
 from localgen.engine.batchmode import kv_pool
 from localgen.types import LoadParams
@@ -24,13 +23,11 @@ def _engine(offloaded: bool, kv_unified: bool | None) -> SimpleNamespace:
     return SimpleNamespace(offloaded=offloaded, params=LoadParams(kv_unified=kv_unified))
 
 
-def test_one_pool_on_a_gpu_a_stream_each_on_a_cpu_and_for_sequences_that_start_together() -> None:
-    assert kv_pool(_engine(True, None), throughput=True)  # type: ignore[arg-type]
-    assert not kv_pool(_engine(False, None), throughput=True)  # type: ignore[arg-type]
-    assert not kv_pool(_engine(True, None), throughput=True, together=True)  # type: ignore[arg-type]
-    # the flag decides wherever it is given, for serve's requests and bench's sequences alike
-    assert kv_pool(_engine(False, True), throughput=True, together=True)  # type: ignore[arg-type]
-    assert not kv_pool(_engine(True, False), throughput=True)  # type: ignore[arg-type]
+def test_a_stream_each_by_default_on_a_cpu_and_a_gpu_one_pool_when_asked() -> None:
+    for offloaded in (True, False):
+        assert not kv_pool(_engine(offloaded, None), throughput=True)  # type: ignore[arg-type]
+        assert kv_pool(_engine(offloaded, True), throughput=True)  # type: ignore[arg-type]
+        assert not kv_pool(_engine(offloaded, False), throughput=True)  # type: ignore[arg-type]
     # the exact scheduler keeps a stream per sequence: a row's attention spans only its own cells, as alone
     assert not kv_pool(_engine(True, True), throughput=False)  # type: ignore[arg-type]
 
@@ -126,37 +123,6 @@ def test_serve_says_which_layout_it_keeps(cli_env: dict[str, str]) -> None:
             assert s.stop() == 0
         assert s.proc.stderr is not None
         assert ("smollm2:135m: the slots share one pool of KV cells" in s.proc.stderr.read().decode()) == pool
-
-
-def test_only_bench_lays_out_its_sequences_as_starting_together(monkeypatch: pytest.MonkeyPatch,
-                                                                 cli_in_process: InProcessCLI, tmp_path: Path) -> None:
-    """kv_pool's `together` (a stream each by default, on a GPU too) is bench -npl's, not run --file's or serve's,
-    whose default on a GPU is one pool."""
-    from localgen.engine import batch
-    from localgen.models.resolve import resolve
-    from localgen.serve.model import open_model
-
-    seen: list[bool] = []
-    original = batch.ParallelContext.__init__
-
-    def spy(self: batch.ParallelContext, *args: object, **kw: object) -> None:
-        seen.append(bool(kw.get("together", False)))
-        original(self, *args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(batch.ParallelContext, "__init__", spy)
-    r = cli_in_process("bench", "-p", "8", "-n", "2", "-r", "1", "-npl", "2", "--no-e2e", "-o", "jsonl")
-    assert r.returncode == 0, r.stderr
-    assert seen == [True, True], "pp8 x2 and tg2 x2, each on a context of sequences that start together"
-    f = tmp_path / "two.txt"
-    f.write_text("Hi.\nHello.\n")
-    seen.clear()
-    r = cli_in_process("run", "--file", str(f), "--parallel", "2", "-n", "2")
-    assert r.returncode == 0 and seen == [False], r.stderr
-    seen.clear()
-    backend, pc, _ = open_model(resolve("smollm2:135m"), LoadParams(n_ctx=512), 2, None, True, 0, print, False)
-    pc.close()
-    backend.close()
-    assert seen == [False]
 
 
 def test_a_kv_layout_reads_back_only_the_prefixes_it_wrote(cli_env: dict[str, str], tmp_path: Path) -> None:

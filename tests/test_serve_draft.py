@@ -418,7 +418,9 @@ def test_a_failing_draft_model_turns_drafting_off_and_the_requests_go_on(
     assert before["drafted"] > 20 and before["accepted"] >= 0.75 * before["drafted"]
     assert_same_greedy_text([d["choices"][0]["message"]["content"] for d in after], plain_answers,
                             "the requests go on without drafts")
-    assert again["choices"][0]["message"]["content"] == after[0]["choices"][0]["message"]["content"]
+    # alone against two at once: the same bits on a CPU, the same beginning on a GPU (kernels follow the batch)
+    assert_same_greedy_text([again["choices"][0]["message"]["content"]], [after[0]["choices"][0]["message"]["content"]],
+                            "a request after the draft model failed")
     warnings = [line for line in s.lines if "draft model failed" in line]
     assert warnings == [f"warning: {s.worker.name}: the draft model failed (llama_decode failed (1) in the draft "
                         "model); drafting is off, the requests go on without drafts"], s.lines

@@ -40,7 +40,14 @@ def test_greedy_output_is_unchanged_by_lookup_and_draft(cli: CLI) -> None:
     ls, ds = lookup["stats"], draft["stats"]
     assert isinstance(ls, dict) and isinstance(ds, dict)
     assert ls["drafted"] > 0 and 0 < ls["accepted"] <= ls["drafted"]
-    assert ds["accepted"] >= ds["drafted"] * 0.9, "a draft that is the model itself is almost always right"
+    from localgen.native.devices import has_gpu
+
+    # the same model drafting for itself: nearly every draft kept on a CPU, where a draft's row is computed as the
+    # check's; on a GPU the draft (one token a call) and the check (a batch) run other kernels, and near ties go
+    # both ways
+    # (docs/benchmarks.md, "A GPU check")
+    assert ds["accepted"] >= ds["drafted"] * (0.75 if has_gpu() else 0.9), "a draft that is the model itself is " \
+        "almost always right"
     assert lookup["load"]["flash_attn"] is False and lookup["load"]["repack"] is False  # type: ignore[index]
     assert plain["stats"]["drafted"] is None  # type: ignore[index]
 

@@ -260,8 +260,8 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     mode = batching_mode(engine, exact)  # the scheduler `serve` and `run --file` use here (the cells: kv_pool's)
-    pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput,
-                         together=True)  # llama-batched-bench's sequences: a stream each unless --kv-unified
+    # llama-batched-bench's sequences: a stream each unless --kv-unified, as serve's and run --file's
+    pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput)
     rng = random.Random(1234)
     samples: list[float] = []
     try:

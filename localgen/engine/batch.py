@@ -52,13 +52,12 @@ class ParallelContext:
 
     def __init__(self, engine: Engine, n_parallel: int, n_ctx_per_seq: int, unified: bool = False,
                  n_seq_max: int | None = None, pooled: bool = False, share_prefixes: bool = True,
-                 cache_ram: int = 0, together: bool = False, draft_max: int = 0) -> None:
+                 cache_ram: int = 0, draft_max: int = 0) -> None:
         """`unified`: one pool of n_ctx_per_seq cells (beam search); `pooled`: the throughput scheduler, with
         n_ctx_per_seq cells per slot, in one pool shared by all or in a stream per slot (kv_pool); else the exact
         scheduler, each slot its own stream of cells.
         `cache_ram`: bytes of host memory for slot states saved before a slot is reused (engine/hostcache.py;
-        -1 no limit, 0 none); used where requests run with `reuse`. `together`: the sequences start together
-        (bench -npl), which by default keeps a stream each (engine/batchmode.py, kv_pool). `draft_max`: the
+        -1 no limit, 0 none); used where requests run with `reuse`. `draft_max`: the
         throughput scheduler drafts up to that many tokens per sequence and step by prompt lookup, where they
         pay (engine/policies.py, Throughput.drafts; 0 none)."""
         self.engine = engine
@@ -80,7 +79,7 @@ class ParallelContext:
         # many of the streams' steps: docs/benchmarks.md, Costs noted in the code.)
         self.step_tokens = n_ubatch if engine.offloaded else n_batch
         # the throughput scheduler's cells: one pool, or each slot its own stream (--kv-unified; kv_pool's rule)
-        self.one_pool = unified or kv_pool(engine, pooled, together)
+        self.one_pool = unified or kv_pool(engine, pooled)
         self.ctx = context.new(
             engine.model_ptr, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max or n_parallel,
             n_threads=prm.n_threads, n_threads_batch=prm.n_threads_batch,

@@ -72,17 +72,13 @@ def exactness(engine: Engine, exact: bool | None, greedy: bool, lookup: bool = F
     return "alone" if engine.offloaded else "identical"
 
 
-def kv_pool(engine: Engine, throughput: bool, together: bool = False) -> bool:
+def kv_pool(engine: Engine, throughput: bool) -> bool:
     """Whether the throughput scheduler's sequences share one pool of KV cells (llama.cpp's kv_unified) rather than
-    each keeping a stream of its own. --kv-unified / --no-kv-unified decide; by default one pool with layers on a
-    GPU (one ubatch a step whichever slots are busy: llama.cpp splits a batch over streams into ubatches of
-    consecutive sequences with as many tokens each; docs/benchmarks.md, the H100's serve figures), a stream per
-    sequence on a CPU (where in a pool every row's attention spans every slot's cells: slower decoding steps at 32,
-    docs/benchmarks.md) and for sequences that start together (`together`: bench -npl, as llama-batched-bench
-    keeps them, which a pool trailed at 32 on an H100). The exact scheduler always keeps a stream per sequence: a
-    row's attention then spans only its own cells, as running alone."""
+    each keeping a stream of its own. --kv-unified / --no-kv-unified decide; by default a stream per sequence, on a
+    CPU and on a GPU alike, as llama-server and llama-batched-bench keep them: in one pool every row's attention
+    spans every slot's cells, which on a CPU slowed decoding steps at 32 sequences, and on an H200 halved serve's
+    rate at 8 and 32 clients and multiplied its time to first token (docs/benchmarks.md). The exact scheduler
+    always keeps a stream per sequence: a row's attention then spans only its own cells, as running alone."""
     if not throughput:
         return False
-    if engine.params.kv_unified is not None:
-        return engine.params.kv_unified
-    return engine.offloaded and not together
+    return bool(engine.params.kv_unified)

@@ -17,13 +17,17 @@ How the parts follow llama.cpp (the sizes its load log prints as "model buffer s
 - compute: ggml reuses one buffer for the whole graph, so its size is the larger of two peaks measured by a
   micro-batch of `n_ubatch` tokens: the logits (tokens × vocabulary, f32) and, without flash attention, the
   attention scores (tokens × cells × (heads + 1 for the mask), f32); each plus two rows of activations. With
-  flash attention no score matrix exists, only an f16 mask. Experts computed in RAM for a layer on a GPU add
-  their activations to the CPU's buffer.
+  flash attention no score matrix exists, only an f16 mask. With the output layer on a GPU, the split follows
+  what llama.cpp reported on an H200 (scripts/gpu_check): the GPU's buffer holds the logits beside its copy of
+  the mask, one and a half rows of activations and a MoE's experts' activations; the host's, two rows and the
+  mask. Experts kept in RAM are computed on the GPU all the same (llama.cpp copies their weights over for a
+  micro-batch), so they add nothing to the host's buffer.
 - output: one row of logits per sequence, in host memory.
 
 Checked against llama.cpp's load log on the CPU (tests/test_fit.py): weights and KV to the byte, compute
-within COMPUTE_TOLERANCE, for SmolLM2 (llama), Gemma 3 (sliding window) and a random qwen3moe model. How the
-compute buffers split between a GPU and the CPU is not checked here (no GPU): scripts/gpu_check compares it."""
+within COMPUTE_TOLERANCE, for SmolLM2 (llama), Gemma 3 (sliding window) and a random qwen3moe model; on an H200
+(scripts/gpu_check, its figures in docs/benchmarks.md and tests/test_footprint.py) for an 8B-shaped llama and a
+qwen3moe, over three contexts and micro-batches and with experts in RAM."""
 
 from __future__ import annotations
 
@@ -250,7 +254,6 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
     names = [_device_name(None, n_gpus)] + [_device_name(g, n_gpus) for g in range(n_gpus)]
     w = dict.fromkeys(names, 0)
     experts = dict.fromkeys(names, 0)
-    experts_off_layer = False  # experts in RAM for a layer on a GPU (their activations then go to the CPU)
     repack = bool(load.repack) if repack is None else repack
     for t in weights.tensors:
         home = layer_dev[n_layer] if t.output else (None if t.layer is None else layer_dev[t.layer])
@@ -266,7 +269,6 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
         w[name] += t.nbytes + (t.nbytes if repack and dev is None and t.repackable else 0)
         if t.expert:
             experts[name] += t.nbytes
-            experts_off_layer = experts_off_layer or (dev is None and home is not None)
     if weights.tied and layer_dev[n_layer] is not None:  # the embedding again, as the output matrix
         w[_device_name(layer_dev[n_layer], n_gpus)] += weights.embedding
 
@@ -291,9 +293,14 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
         compute[name] = max(scores, ffn)
     compute[out_dev] = max(logits, scores, ffn)
     if out_dev != CPU:
-        compute[CPU] = ub * (s.n_embd or 0) * F32  # the input embeddings' rows
-    if experts_off_layer:
-        compute[CPU] += ub * (used * 3 * ff_exp + 2 * (s.n_embd or 0)) * F32
+        # the GPU holds its copy of the mask through the logits, and a MoE's experts' activations; the host
+        # buffer, the input rows and the mask; experts in RAM are computed on the GPU all the same (llama.cpp
+        # copies their weights over for a micro-batch), so they add nothing to it
+        mask = ub * n_cells * (2 if flash else F32)
+        experts_rows = ub * 3 * used * ff_exp * F32
+        compute[out_dev] = max(logits - rows + mask + 3 * ub * (s.n_embd or 0) * F32 // 2 + experts_rows, scores,
+                               ffn)
+        compute[CPU] = rows + mask
     output = n_seq * (s.vocab_size or 0) * F32
 
     devices = [DeviceNeed(name, weights=w[name], kv=kv[name], compute=compute[name],

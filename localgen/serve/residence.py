@@ -175,7 +175,7 @@ class Residence:
 
         try:
             # a slot's saved state holds its KV layout's streams: llama.cpp refuses it in the other layout
-            # (--kv-unified; on a GPU --exact keeps a stream per slot where throughput keeps one pool)
+            # (--kv-unified makes the throughput scheduler's slots one pool; --exact keeps a stream per slot)
             pool = "|one pool" if self.pc is not None and self.pc.one_pool else ""
             identity = f"{self.backend.engine.identity}|{self.parallel}|{self.n_ctx}{pool}"
             return act(self._store, hashlib.sha256(identity.encode()).hexdigest()[:24], identity)
