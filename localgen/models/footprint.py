@@ -27,7 +27,7 @@ How the parts follow llama.cpp (the sizes its load log prints as "model buffer s
 Checked against llama.cpp's load log on the CPU (tests/test_fit.py): weights and KV to the byte, compute
 within COMPUTE_TOLERANCE, for SmolLM2 (llama), Gemma 3 (sliding window) and a random qwen3moe model; on an H200
 (scripts/gpu_check, its figures in docs/benchmarks.md and tests/test_footprint.py) for an 8B-shaped llama and a
-qwen3moe, over three contexts and micro-batches and with experts in RAM."""
+qwen3moe, over five contexts and micro-batches and with experts in RAM."""
 
 from __future__ import annotations
 
