@@ -451,16 +451,25 @@ def batched(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: 
            *(["--kvu"] if kvu else [])], 300, env)
 
 
-def served(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str], streams: bool = False,
+def served(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: dict[str, str], pool: bool = False,
            ) -> None:
-    """serve against llama-server -np N (a KV stream per slot); `streams`: serve with a stream per slot too
-    (--no-kv-unified) at the larger client count, against its default on a GPU (one pool)."""
-    clients = ("4" if cpu else "32") if streams else ("2,4" if cpu else "8,32")
-    stage(report, f"serve against llama-server at {clients} clients" + (", --no-kv-unified" if streams else ""),
+    """serve against llama-server -np N (a KV stream per slot on both sides); `pool`: serve with one pool of cells
+    (--kv-unified) at the larger client count, the layout a GPU kept by default until 2026-11-30."""
+    clients = ("4" if cpu else "32") if pool else ("2,4" if cpu else "8,32")
+    stage(report, f"serve against llama-server at {clients} clients" + (", --kv-unified" if pool else ""),
           [str(py), str(ROOT / "scripts" / "bench_serve.py"), "--model", str(model), "--clients", clients, "--against",
            str(tools / "llama-server"), "--threads", "2" if cpu else "16", "--rounds", "3", "--requests", "1",
            "--tokens", "8" if cpu else "128", "--ctx", "256" if cpu else "1024",
-           *(["--localgen-args=--no-kv-unified"] if streams else [])], 600 if cpu else 300, env)
+           *(["--localgen-args=--kv-unified"] if pool else [])], 600 if cpu else 300, env)
+
+
+def probe(report: Report, py: Path, tools: Path, label: str, model: Path, cpu: bool, env: dict[str, str]) -> None:
+    """scripts/gpu_probe.py: which of bench's loop, its context, its load or the log callback costs the time
+    llama-bench does not spend, and -npl's prefill by scheduler rule (a Markdown table)."""
+    sizes = ["-t", "2", "--npl", "4", "--reps", "2", "-p", "64", "-n", "16"] if cpu else ["-t", "16", "--npl", "32"]
+    stage(report, f"where bench's time goes ({label})",
+          [str(py), str(ROOT / "scripts" / "gpu_probe.py"), str(model), "--tools", str(tools), *sizes],
+          600 if cpu else 240, env)
 
 
 # the same window and micro-batch for both (fit's default: the largest): each term of the compute moves with one
@@ -663,10 +672,13 @@ def main() -> None:
          partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env)),
         ("--exact against running alone", 120, partial(exactness, report, py, env, work, a.cpu)),
         ("bench against llama-bench (MoE)", 150, partial(bench, report, py, tools, "MoE", moe, a.cpu, env)),
+        # where the bench figures above lose to llama.cpp's tools, variant by variant (scripts/gpu_probe.py)
+        ("where bench's time goes (dense)", 120, partial(probe, report, py, tools, "dense", dense, a.cpu, env)),
+        ("where bench's time goes (MoE)", 90, partial(probe, report, py, tools, "MoE", moe, a.cpu, env)),
         # the KV layout: -npl and serve each in the other one, for which a GPU should keep by default
         (f"bench -npl {npl} against llama-batched-bench, one pool (-kvu)", 150,
          partial(batched, report, py, tools, dense, a.cpu, env, True)),
-        (f"serve against llama-server at {'4' if a.cpu else '32'} clients, --no-kv-unified", 150,
+        (f"serve against llama-server at {'4' if a.cpu else '32'} clients, --kv-unified", 150,
          partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env, True)),
     ]
     only = [word.strip() for word in a.only.split(",") if word.strip()]

@@ -112,3 +112,25 @@ def test_the_fit_table_compares_each_kind_on_each_device() -> None:
 @pytest.mark.parametrize("plan", ["", "fit: error: no such model", '{"model": {}}'])
 def test_the_fit_table_says_when_there_is_no_plan(plan: str) -> None:
     assert gpu_check.fit_table(plan, SIZES) == "(no plan to compare)\n"
+
+
+@pytest.mark.slow  # loads SmolLM2 three times and decodes a few hundred tokens
+def test_the_probe_times_each_loop_and_each_scheduler_rule(smollm2_path: Path, tmp_path: Path) -> None:
+    """scripts/gpu_probe.py, the check's stage that tells where bench's time goes, runs on a CPU with no llama.cpp
+    tools: every loop and rule gets a rate, the decoding step is split into llama_decode and Python, and the
+    report has a row for each."""
+    figures = tmp_path / "probe.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_probe.py"), str(smollm2_path), "-t", "2",
+                           "--npl", "4", "--reps", "1", "-p", "32", "-n", "8", "--tools", str(tmp_path),
+                           "--json", str(figures)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(figures.read_text())
+    assert out["offloaded"] is False and out["llama-bench"] == {} and out["llama-batched-bench"] == {}
+    assert len(out["variants"]) == 6 and all(r["pp"] > 0 and r["tg"] > 0 for r in out["variants"].values())
+    assert len(out["npl pp"]) == 3 and all(r > 0 for r in out["npl pp"].values()) and out["npl tg"] > 0
+    assert out["npl step_tokens"] == 2048  # a CPU's step: a whole n_batch
+    step = out["step"]
+    assert step["steps"] >= 64 and step["ms in llama_decode per step"] > 0 and step["ms of Python per step"] > 0
+    for name in [*out["variants"], *out["npl pp"]]:
+        assert f"| {name} |" in done.stdout
+    assert "ms of Python per step" in done.stdout

@@ -101,6 +101,32 @@ def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: o
     assert len(set(firsts.values())) > 1, "the burst's prompts were cut into chunks across steps"
 
 
+def test_a_burst_with_nothing_decoding_takes_a_whole_batch_per_step(smollm2_engine: object) -> None:
+    """Steps of one ubatch (a GPU's) are there so running streams never wait on a burst. With none running, the
+    burst's prompts go in as few calls as n_batch allows, as llama-batched-bench sends them: on an H200 a step per
+    ubatch left -npl 32's prefill at 0.94× that tool's. Once a stream decodes, steps shrink to one ubatch."""
+    eng: Any = smollm2_engine
+    long = [_chat(eng, f"Report {i}: " + "the train crosses the valley and stops at the small station. " * 8)
+            for i in range(4)]
+    pc = ParallelContext(eng, 4, 1024, pooled=True)
+    pc.step_tokens = 128  # a GPU's step, made small: every prompt is longer than one
+    assert all(len(t) > pc.step_tokens for t in long) and sum(map(len, long)) <= pc.n_batch
+    sched = Scheduler(pc)
+    rows: list[int] = []
+    done: dict[int, Any] = {}
+    try:
+        for i, t in enumerate(long):
+            sched.add(Request(i, Prompt.text(t), _greedy(3)))
+        while not sched.idle:
+            _finished(sched.step(), done)
+            rows.append(pc.batch.n_tokens)
+    finally:
+        pc.close()
+    assert rows[0] == sum(map(len, long)), "the whole burst in the first call"
+    assert rows[1:] == [4, 4], "then a row for each stream per step"
+    assert sorted(done) == [0, 1, 2, 3] and all(c.completion_tokens == 3 for c in done.values())
+
+
 def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(smollm2_engine: object) -> None:
     """Prompts that continue what other slots hold get those slots, out of arrival order; the step that
     evaluates them still lays out its rows slot by slot, each slot's rows together. With a KV stream per slot,

@@ -271,7 +271,12 @@ class Throughput:
         drafts = self.drafts(decoding_seqs, any(q.filled < len(q.req.tokens) for q in active.values())) \
             if pc.draft_max and decoding_seqs else {}
         decoding = len(decoding_seqs) + sum(len(d) for d in drafts.values())  # rows
-        room = min(pc.n_batch, max(pc.step_tokens, decoding + 1)) - decoding
+        # one ubatch per step on a GPU keeps running streams from waiting on a burst of prompts; with none
+        # decoding nobody waits, so a burst takes a whole n_batch per step (llama.cpp cuts it into ubatches), as
+        # llama-batched-bench and llama-server take it: a step per ubatch paid Python's step between ubatches
+        # (docs/benchmarks.md, On an H200)
+        per_step = pc.step_tokens if decoding else pc.n_batch
+        room = min(pc.n_batch, max(per_step, decoding + 1)) - decoding
         filling = sorted((q for q in active.values() if q.filled < len(q.req.tokens)), key=lambda q: q.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own
             end = pc.media(seq.req.prompt, seq.slot, seq.filled)
