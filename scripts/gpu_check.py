@@ -509,9 +509,9 @@ def fit(report: Report, py: Path, label: str, model: Path, env: dict[str, str]) 
 
 
 def fit_table(plan: str, sizes: str) -> str:
-    """The plan's weights (experts among them), KV and compute on each device (GPU: a CUDA buffer; CPU: a host
-    one, mapped, pinned or plain) beside the sums of llama.cpp's buffer lines of each kind there, and their
-    ratio (the issue asks weights and KV exact, compute within 5 %)."""
+    """The plan's weights (experts among them; the CPU's as mapped from the file), KV and compute on each device
+    (GPU: a CUDA buffer; CPU: a host one, mapped, pinned or plain) beside the sums of llama.cpp's buffer lines of
+    each kind there, and their ratio (the issue asks weights and KV exact, compute within 5 %)."""
     try:
         devices = json.loads(plan.strip().splitlines()[-1])["devices"]
     except (ValueError, KeyError, IndexError):
@@ -522,7 +522,9 @@ def fit_table(plan: str, sizes: str) -> str:
     for d in devices:
         where = "CPU" if d["device"] == "CPU" else "GPU"
         for kind, field in fields.items():
-            planned[kind, where] = planned.get((kind, where), 0) + d[field]
+            # the CPU's weights as llama.cpp's buffer lines count them: with experts in RAM, the file's mapped span
+            value = d.get("mapped", d[field]) if (kind, where) == ("weights", "CPU") else d[field]
+            planned[kind, where] = planned.get((kind, where), 0) + value
     loaded = dict.fromkeys(planned, 0.0)
     for line in sizes.splitlines():
         found = next((k for k, words in kinds.items() if words in line), None)

@@ -119,39 +119,70 @@ def test_experts_follow_the_placement_patterns(moe_path: Path) -> None:
         assert f.on("CPU").compute == everything.on("CPU").compute
 
 
-# llama.cpp's compute buffers (MiB: the GPU's, the host's) with every layer on an H200, for the GPU check's random
-# models (scripts/gpu_check, 2026-11-30: docs/benchmarks.md), by the flags they were loaded with
+# llama.cpp's compute buffers (MiB: the GPU's, the host's) and its CPU_Mapped line (MiB) with every layer on an H200,
+# for the GPU check's random models (scripts/gpu_check, 2026-11-30: docs/benchmarks.md), by the flags they were loaded
+# with. With experts in RAM the CPU_Mapped line is the file's span from the token embedding to the last expert kept
 H200_SHAPES = {
     "dense": ("llama", 32, 4096, 32, 8, 128, {"ff": 14336, "ctx": 8192}),
     "moe": ("qwen3moe", 24, 2048, 16, 4, 128, {"experts": 64, "used": 8, "ff_exp": 768, "ctx": 4096}),
 }
 H200 = [
-    ("dense", {"n_ctx": 4096}, 112.01, 20.01),
-    ("dense", {"n_ctx": 8192}, 116.01, 24.01),
-    ("dense", {"n_ctx": 4096, "n_ubatch": 256}, 56.01, 10.01),
-    ("dense", {"n_ctx": 3072, "n_ubatch": 128}, 27.75, 4.75),  # the -ub 128 and -ub 1024 rows: measured after the rule
-    ("dense", {"n_ctx": 2048, "n_batch": 1024, "n_ubatch": 1024}, 220.02, 36.03),
-    ("moe", {"n_ctx": 4096}, 140.41, 12.01),
-    ("moe", {"n_ctx": 4096, "n_ubatch": 256}, 70.21, 6.01),
-    ("moe", {"n_ctx": 3072, "n_ubatch": 128}, 35.75, 2.75),
-    ("moe", {"n_ctx": 2048, "n_batch": 1024, "n_ubatch": 1024}, 284.02, 20.03),
-    ("moe", {"n_ctx": 4096, "n_cpu_moe": 12}, 140.41, 12.01),
-    ("moe", {"n_ctx": 4096, "cpu_moe": True}, 138.76, 12.01),
+    ("dense", {"n_ctx": 4096}, 112.01, 20.01, 108.00),
+    ("dense", {"n_ctx": 8192}, 116.01, 24.01, 108.00),
+    ("dense", {"n_ctx": 4096, "n_ubatch": 256}, 56.01, 10.01, 108.00),
+    # the -ub 128 and -ub 1024 rows: measured after the rule
+    ("dense", {"n_ctx": 3072, "n_ubatch": 128}, 27.75, 4.75, 108.00),
+    ("dense", {"n_ctx": 2048, "n_batch": 1024, "n_ubatch": 1024}, 220.02, 36.03, 108.00),
+    ("moe", {"n_ctx": 4096}, 140.41, 12.01, 54.00),
+    ("moe", {"n_ctx": 4096, "n_ubatch": 256}, 70.21, 6.01, 54.00),
+    ("moe", {"n_ctx": 3072, "n_ubatch": 128}, 35.75, 2.75, 54.00),
+    ("moe", {"n_ctx": 2048, "n_batch": 1024, "n_ubatch": 1024}, 284.02, 20.03, 54.00),
+    ("moe", {"n_ctx": 4096, "n_cpu_moe": 12}, 140.41, 12.01, 2300.50),
+    ("moe", {"n_ctx": 4096, "cpu_moe": True}, 138.76, 12.01, 4468.25),
 ]
 
 
-@pytest.mark.parametrize(("shape", "flags", "gpu", "host"), H200)
-def test_the_gpu_split_is_the_one_an_h200_reported(tmp_path: Path, shape: str, flags: dict[str, object], gpu: float,
-                                                   host: float) -> None:
+@pytest.fixture(scope="module")
+def h200_moe(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """The header of the GPU check's MoE (scripts/make_random_moe.py with its flags, --header-only): its tensor table
+    as the check wrote it, offsets and all, the data a hole."""
+    import contextlib
+    import io
+    import runpy
+
+    from tests.conftest import ROOT
+
+    out = tmp_path_factory.mktemp("h200") / "qwen3moe-q4km.gguf"
+    mp = pytest.MonkeyPatch()
+    try:  # in this process, as the script runs (scripts/ first on its path)
+        mp.syspath_prepend(str(ROOT / "scripts"))
+        mp.setattr("sys.argv", ["make_random_moe.py", str(smollm2_path), str(out), "--type", "q4_k_m", "--embd", "2048",
+                                "--layers", "24", "--heads", "16", "--kv-heads", "4", "--experts", "64", "--used", "8",
+                                "--ff-exp", "768", "--header-only"])
+        with contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(str(ROOT / "scripts" / "make_random_moe.py"), run_name="__main__")
+    finally:
+        mp.undo()
+    return out
+
+
+@pytest.mark.parametrize(("shape", "flags", "gpu", "host", "mapped"), H200)
+def test_the_gpu_split_is_the_one_an_h200_reported(tmp_path: Path, request: pytest.FixtureRequest, shape: str,
+                                                   flags: dict[str, object], gpu: float, host: float,
+                                                   mapped: float) -> None:
     from tests.model_shapes import Shape, build
 
     arch, layers, embd, heads, kv_heads, head_dim, extra = H200_SHAPES[shape]
-    path = build(Shape(arch, layers, embd, heads, kv_heads, head_dim, vocab=49152, quant="q4_k_m", **extra),  # type: ignore[arg-type]
-                 tmp_path / f"{shape}.gguf", header_only=True)
+    if shape == "moe":
+        path = request.getfixturevalue("h200_moe")
+    else:
+        path = build(Shape(arch, layers, embd, heads, kv_heads, head_dim, vocab=49152, quant="q4_k_m", **extra),  # type: ignore[arg-type]
+                     tmp_path / f"{shape}.gguf", header_only=True)
     s, w = read_summary(str(path)), footprint.layout(str(path))
     plan = footprint.estimate(s, w, LoadParams(flash_attn=True, **flags), gpu_layers=-1)  # type: ignore[arg-type]
     assert plan.on("GPU").compute / MIB == pytest.approx(gpu, rel=COMPUTE_TOLERANCE)
     assert plan.on("CPU").compute / MIB == pytest.approx(host, rel=COMPUTE_TOLERANCE)
+    assert round(plan.on("CPU").mapped / MIB, 2) == mapped, "the CPU's weights as llama.cpp's line counts them"
 
 
 @pytest.fixture(scope="module")

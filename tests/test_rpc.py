@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -240,3 +241,28 @@ def test_the_commands_that_take_rpc_are_the_pages() -> None:
               if "--rpc" in p.opts}
     assert named == set(having) == {"run", "chat", "bench", "serve", "doctor"}, (named, set(having))
     assert all(p.envvar == "LLAMA_ARG_RPC" for p in having.values()), {n: p.envvar for n, p in having.items()}
+
+
+def test_the_plans_mapped_span_is_llama_cpps_cpu_mapped_line_with_experts_in_ram(
+        cli: CLI, moe_path: Path, servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """With the layers on another device and the first layers' experts kept in RAM, llama.cpp maps for the CPU the
+    file's span from the token embedding to the end of those experts: the tensors of the other device between them
+    are in its CPU_Mapped line (as on an H200, docs/benchmarks.md). The plan's `mapped` is that line, to the byte;
+    its CPU `weights` are the CPU's own tensors, fewer."""
+    from localgen.models import footprint
+    from localgen.models.gguf_meta import read_summary
+    from localgen.types import LoadParams
+
+    _, ep = servers[0]
+    s, w = read_summary(str(moe_path)), footprint.layout(str(moe_path))
+    for flags, n_cpu_moe in ((["--n-cpu-moe", "2"], 2), ([], 0)):
+        r = cli("run", "-m", str(moe_path), "--raw", "-p", "Once upon a time", "-n", "1", "--json", "--rpc", ep,
+                *flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        loaded = json.loads(r.stdout)["load"]["weights_mib"]
+        plan = footprint.estimate(s, w, LoadParams(n_ctx=512, n_cpu_moe=n_cpu_moe or None), gpu_layers=-1).on("CPU")
+        assert loaded["CPU_Mapped"] == round(plan.mapped / 2**20, 2), (flags, loaded, plan)
+        if n_cpu_moe:
+            assert plan.weights < plan.mapped, "the server's tensors between the CPU's are mapped, not the CPU's"
+        else:  # the token embedding alone
+            assert plan.mapped == plan.weights == w.embedding

@@ -165,7 +165,8 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
             i = int(d.device[3:] or 0)
             budget = m.ram_budget if m.unified else m.gpu_budget(i)
         devices.append({"device": d.device, "weights": d.weights, "experts": d.experts, "kv": d.kv,
-                        "compute": d.compute, "output": d.output, "total": d.total, "budget": budget})
+                        "compute": d.compute, "output": d.output, "total": d.total, "budget": budget,
+                        **({"mapped": d.mapped} if d.device == "CPU" else {})})
     return {
         "model": {"name": ref.name, "file": ref.path, "architecture": s.architecture, "layers": plan.n_layer,
                   "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe},

@@ -10,7 +10,9 @@ How the parts follow llama.cpp (the sizes its load log prints as "model buffer s
   between GPUs by their shares (llama-model.cpp, get_layer_buft_list). The token embedding stays on the CPU;
   a tied embedding is loaded a second time as the output matrix where the output layer goes. A placement
   pattern (-ot, --cpu-moe, --n-cpu-moe) overrides a tensor's layer. Repacked CPU weights are a second copy
-  (CPU_REPACK beside CPU_Mapped).
+  (CPU_REPACK beside CPU_Mapped). With mmap, llama.cpp's CPU_Mapped line is each file's span from the first
+  of the CPU's tensors to the end of its last, so with experts in RAM it takes in the GPU's tensors between
+  them (mapped, never read): the plan's `mapped` is that span, `weights` what the CPU's tensors hold.
 - KV cache: per layer, cells × KV heads × (key + value head size) in its cache type's row size, on its
   layer's device; cells are the context rounded up to 256, per sequence. A sliding-window model (Gemma 3)
   holds every layer at full size: localgen's contexts keep llama.cpp's full-size SWA cache (swa_full).
@@ -35,6 +37,7 @@ import bisect
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from localgen import placement
 from localgen.models.gguf_meta import GGML_BLOCKS, read_gguf, repackable_types
@@ -62,6 +65,10 @@ class DeviceNeed:
     compute: int = 0
     output: int = 0
     experts: int = 0  # of `weights`: mixture-of-experts weights
+    # the CPU's: what llama.cpp's CPU model buffer lines add up to. With mmap, each file's span from the first of
+    # the CPU's tensors to the end of its last (a GPU's tensors between them included: mapped, never read) plus
+    # the repacked copies; without, `weights`
+    mapped: int = 0
 
     @property
     def total(self) -> int:
@@ -100,6 +107,8 @@ class Tensor:
     expert: bool  # a MoE layer's experts (placement.EXPS)
     repackable: bool  # llama.cpp's CPU backend would repack it here
     output: bool = False  # of the output layer (output.weight, output_norm, ...)
+    offset: int = -1  # where its data begins in its file's data section (-1: not known)
+    part: int = 0  # which file of a split model holds it
 
 
 @dataclass(frozen=True)
@@ -152,23 +161,24 @@ class WeightLayout:
         """The same model in another quantization of `size` bytes of weights in all: every tensor scaled alike
         (`pull --list` knows only the header of one of a repo's files)."""
         factor = size / self.total if self.total else 1.0
-        return replace(self, tensors=tuple(replace(t, nbytes=int(t.nbytes * factor)) for t in self.tensors))
+        return replace(self, tensors=tuple(replace(t, nbytes=int(t.nbytes * factor), offset=-1) for t in self.tensors))
 
 
 def layout(path: str) -> WeightLayout:
     """Read the tensor tables (bounded, no weights; every part of a split model)."""
-    tensors = []
-    for part in _parts(path):
-        tensors.extend(read_gguf(part)[1])
+    tensors: list[tuple[Any, ...]] = []
+    for i, part in enumerate(_parts(path)):
+        tensors.extend((*row, i) for row in read_gguf(part)[1])
     return layout_of(tensors)
 
 
-def layout_of(table: Iterable[tuple[str, list[int], int, int]]) -> WeightLayout:
-    """A layout from a GGUF tensor table: (name, dims, ggml type, offset) rows."""
+def layout_of(table: Iterable[tuple[Any, ...]]) -> WeightLayout:
+    """A layout from a GGUF tensor table: (name, dims, ggml type, offset) rows, each with the index of the file
+    of a split model that holds it where there are several."""
     kinds = repackable_types()
     out = []
     n_layer = 0
-    for name, dims, ttype, _offset in table:
+    for name, dims, ttype, offset, *part in table:
         block = GGML_BLOCKS.get(ttype)
         if block is None:
             continue
@@ -181,7 +191,8 @@ def layout_of(table: Iterable[tuple[str, list[int], int, int]]) -> WeightLayout:
             n_layer = max(n_layer, layer + 1)
         out.append(Tensor(name, layer, (n // block[0]) * block[1], placement.is_expert(name),
                           ttype in kinds and len(dims) == 2 and dims[1] % 8 == 0 and not name.startswith("token_embd"),
-                          output=layer is None and not name.startswith("token_embd")))
+                          output=layer is None and not name.startswith("token_embd"), offset=offset,
+                          part=part[0] if part else 0))
     return WeightLayout(tuple(out), n_layer, not any(t.name == "output.weight" for t in out))
 
 
@@ -255,6 +266,8 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
     w = dict.fromkeys(names, 0)
     experts = dict.fromkeys(names, 0)
     repack = bool(load.repack) if repack is None else repack
+    spans: dict[int, tuple[int, int]] = {}  # file -> the first byte and the end of the CPU's mapped tensors in it
+    copies = 0  # repacked copies of CPU tensors (llama.cpp's CPU_REPACK buffer)
     for t in weights.tensors:
         home = layer_dev[n_layer] if t.output else (None if t.layer is None else layer_dev[t.layer])
         dev = home
@@ -267,6 +280,11 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
                 dev = None if dev is None else min(dev, n_gpus - 1)
         name = _device_name(dev, n_gpus)
         w[name] += t.nbytes + (t.nbytes if repack and dev is None and t.repackable else 0)
+        if dev is None and repack and t.repackable:
+            copies += t.nbytes
+        elif dev is None:  # in the buffer llama.cpp maps from the file for the CPU
+            lo, hi = spans.get(t.part, (t.offset, t.offset + t.nbytes))
+            spans[t.part] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
         if t.expert:
             experts[name] += t.nbytes
     if weights.tied and layer_dev[n_layer] is not None:  # the embedding again, as the output matrix
@@ -303,8 +321,11 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
         compute[CPU] = rows + mask
     output = n_seq * (s.vocab_size or 0) * F32
 
+    known = load.use_mmap and all(t.offset >= 0 for t in weights.tensors)
+    mapped = sum(hi - lo for lo, hi in spans.values()) + copies if known else w[CPU]
     devices = [DeviceNeed(name, weights=w[name], kv=kv[name], compute=compute[name],
-                          output=output if name == CPU else 0, experts=experts[name])
+                          output=output if name == CPU else 0, experts=experts[name],
+                          mapped=mapped if name == CPU else 0)
                for name in names if name == CPU or w[name] or kv[name] or compute[name]]
     return Footprint(tuple(devices))
 
