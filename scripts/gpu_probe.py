@@ -15,7 +15,9 @@ libraries:
 - -npl N's prefill of a burst of N prompts through the throughput scheduler, with the old rule (one ubatch per step)
   and the new (a whole n_batch per step while nothing decodes), and bare decode calls of 2048 rows;
 - the scheduler's Python time per step while N sequences decode at temperature 0.8 (everything outside
-  llama_decode): the part of a decoding step a GPU cannot shorten.
+  llama_decode and its synchronization): the part of a decoding step a GPU cannot shorten.
+
+The single-stream rows are medians of --reps rounds; the -npl rows of --reps // 2 (at least one).
 
 Prints a Markdown report; `--json FILE` keeps the figures.
 
@@ -55,6 +57,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if not 0 < a.p <= 2048 or a.n <= 0 or a.npl < 1 or a.reps < 1:
+        ap.error("-p is 1 to 2048 (a prompt is one call's rows), -n, --npl and --reps at least 1")
     p, n, t, npl = a.p, a.n, str(a.t), a.npl
     out: dict[str, Any] = {"model": os.path.basename(a.model), "threads": a.t}
     t0 = time.monotonic()
@@ -176,7 +180,7 @@ def main() -> None:
     def bare_burst() -> float:
         pc.clear()
         pc.slots.reset()
-        per = max(1, nb // p)
+        per = max(1, nb // p)  # whole prompts per call (-p up to n_batch)
         rows = [[rng.randrange(n_vocab) for _ in range(p)] for _ in range(npl)]
         s = time.perf_counter()
         for first in range(0, npl, per):
@@ -184,7 +188,8 @@ def main() -> None:
             for seq in range(first, min(npl, first + per)):
                 for pos, tok in enumerate(rows[seq]):
                     pc.add(tok, pos, seq, pos == p - 1)
-            context.decode(pc.ctx, pc.batch)
+            if context.decode(pc.ctx, pc.batch) != 0:
+                raise SystemExit("gpu_probe: llama_decode failed in the bare burst")
         context.synchronize(pc.ctx)
         return time.perf_counter() - s
 
@@ -212,6 +217,7 @@ def main() -> None:
     def timed(ctx: Any, batch: Any) -> int:
         s = time.perf_counter()
         rc = decode(ctx, batch)
+        context.synchronize(ctx)  # on a GPU llama_decode returns before its last ubatch is done
         spent[0] += time.perf_counter() - s
         spent[1] += 1
         return rc

@@ -37,15 +37,29 @@ CASES = [
     ("gemma3:270m", ["--ctx", "8192", "-fa", "on"]),  # sliding-window layers: two KV buffers
     ("moe", ["--ctx", "4096", "-ub", "256"]),
     ("moe", ["--ctx", "2048", "-fa", "off", "--n-cpu-moe", "2", "-ot", r"blk\.3\.ffn_up_exps=CPU"]),
+    # Q4_K_M: the experts (3-D, MUL_MAT_ID) and the tied embedding as the output matrix get repacked copies too
+    ("moe-q4", ["--ctx", "2048", "--repack"]),
 ]
 
 
+@pytest.fixture(scope="module")
+def moe_q4_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """The suite's small MoE (tests/model_shapes.py, tiny-moe) in Q4_K_M, which this CPU repacks."""
+    import dataclasses
+
+    from tests.model_shapes import SHAPES, build
+
+    return build(dataclasses.replace(SHAPES["tiny-moe"], quant="q4_k_m"),
+                 tmp_path_factory.mktemp("moe-q4") / "tiny-moe-q4.gguf", tokenizer=smollm2_path)
+
+
 @pytest.mark.parametrize(("model", "args"), CASES)
-def test_the_plan_matches_what_llama_cpp_reports(cli: CLI, moe_path: Path, model: str, args: list[str]) -> None:
+def test_the_plan_matches_what_llama_cpp_reports(cli: CLI, moe_path: Path, request: pytest.FixtureRequest, model: str,
+                                                 args: list[str]) -> None:
     from localgen.cli.fit import fit as _  # noqa: F401 (the command the user asks; its plan is this one)
     from localgen.models.resolve import resolve
 
-    name = str(moe_path) if model == "moe" else model
+    name = {"moe": str(moe_path), "moe-q4": str(request.getfixturevalue("moe_q4_path"))}.get(model, model)
     r = cli("run", "--verbose", "--raw", "-m", name, "-p", "hi", "-n", "1", *args)
     assert r.returncode == 0, r.stderr[-2000:]
     sizes, offloaded, _layers = reported(r.stderr)
@@ -59,6 +73,9 @@ def test_the_plan_matches_what_llama_cpp_reports(cli: CLI, moe_path: Path, model
     assert offloaded == doc["gpu_layers"]
     for part in ("weights", "kv", "output"):
         assert round(want[part], 2) == sizes[part], (part, want[part], sizes[part])
+    # everything on the CPU here: its buffer lines (CPU_Mapped, and CPU_REPACK with --repack) are `mapped` too
+    cpu = next(d for d in doc["devices"] if d["device"] == "CPU")
+    assert round(cpu["mapped"] / MIB, 2) == sizes["weights"], (cpu, sizes)
     assert abs(want["compute"] - sizes["compute"]) <= COMPUTE_TOLERANCE * sizes["compute"], \
         (want["compute"], sizes["compute"])
     assert resolve(name).summary.n_layers == doc["model"]["layers"]
@@ -117,6 +134,32 @@ def test_experts_follow_the_placement_patterns(moe_path: Path) -> None:
         # llama.cpp copies those experts' weights to the GPU for a micro-batch and computes them there (an H200's
         # host buffer stayed the same with --n-cpu-moe and --cpu-moe: test_the_gpu_split_is_the_one_an_h200_reported)
         assert f.on("CPU").compute == everything.on("CPU").compute
+
+
+def test_the_mapped_span_is_each_files_and_without_mmap_the_weights(moe_path: Path) -> None:
+    """`mapped` (llama.cpp's CPU_Mapped line): one span per file of a split model, from the first of the CPU's
+    tensors to the end of its last, summed; without mmap llama.cpp allocates the CPU's tensors alone."""
+    s = read_summary(str(moe_path))
+    from localgen.models.gguf_meta import read_gguf
+
+    table = read_gguf(str(moe_path))[1]
+    one = footprint.layout_of(table)
+    # the same tensors as two files: blk.0 and the rest in the second, its offsets counted from that file's data
+    second = [row for row in table if row[0].startswith(("blk.1.", "blk.2.", "blk.3."))]
+    first = [row for row in table if row not in second]
+    base = min(row[3] for row in second)
+    split = footprint.layout_of([(*row, 0) for row in first] + [(n, d, t, o - base, 1) for n, d, t, o in second])
+    load = LoadParams(n_ctx=4096, n_cpu_moe=2)
+    whole = footprint.estimate(s, one, load, gpu_layers=-1).on("CPU")
+    parts = footprint.estimate(s, split, load, gpu_layers=-1).on("CPU")
+    assert parts.weights == whole.weights and whole.weights < whole.mapped
+    # the first file's span ends with blk.0's experts; the second's runs from blk.1's first expert to its last
+    exps = [t for t in split.tensors if t.expert and t.layer in (0, 1)]
+    ends = {p: max(t.offset + t.nbytes for t in exps if t.part == p) for p in (0, 1)}
+    starts = {0: 0, 1: min(t.offset for t in exps if t.part == 1)}
+    assert parts.mapped == sum(ends[p] - starts[p] for p in (0, 1)) < whole.mapped
+    plain = footprint.estimate(s, one, LoadParams(n_ctx=4096, n_cpu_moe=2, use_mmap=False), gpu_layers=-1).on("CPU")
+    assert plain.mapped == plain.weights == whole.weights
 
 
 # llama.cpp's compute buffers (MiB: the GPU's, the host's) and its CPU_Mapped line (MiB) with every layer on an H200,

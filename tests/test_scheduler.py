@@ -101,16 +101,21 @@ def test_a_burst_of_long_prompts_never_stalls_a_running_stream(smollm2_engine: o
     assert len(set(firsts.values())) > 1, "the burst's prompts were cut into chunks across steps"
 
 
+def _gpu_steps(pc: ParallelContext, size: int) -> None:
+    """A GPU's steps, made small: one ubatch of `size` rows per step, and prompts cut on that grid."""
+    pc.step_tokens = pc.grid = size
+
+
 def test_a_burst_with_nothing_decoding_takes_a_whole_batch_per_step(smollm2_engine: object) -> None:
-    """Steps of one ubatch (a GPU's) are there so running streams never wait on a burst. With none running, the
-    burst's prompts go in as few calls as n_batch allows, as llama-batched-bench sends them: on an H200 a step per
-    ubatch left -npl 32's prefill at 0.94× that tool's. Once a stream decodes, steps shrink to one ubatch."""
+    """Steps of one ubatch (a GPU's) are there so running streams never wait on a burst. With none running, a
+    step takes a piece of every prompt waiting, up to n_batch, as llama-batched-bench sends a burst: on an H200 a
+    step per ubatch left -npl 32's prefill at 0.94× that tool's. Once a stream decodes, steps are one ubatch."""
     eng: Any = smollm2_engine
     long = [_chat(eng, f"Report {i}: " + "the train crosses the valley and stops at the small station. " * 8)
             for i in range(4)]
     pc = ParallelContext(eng, 4, 1024, pooled=True)
-    pc.step_tokens = 128  # a GPU's step, made small: every prompt is longer than one
-    assert all(len(t) > pc.step_tokens for t in long) and sum(map(len, long)) <= pc.n_batch
+    _gpu_steps(pc, 128)
+    assert all(128 < len(t) <= 256 for t in long) and pc.n_batch >= 4 * 128
     sched = Scheduler(pc)
     rows: list[int] = []
     done: dict[int, Any] = {}
@@ -122,9 +127,33 @@ def test_a_burst_with_nothing_decoding_takes_a_whole_batch_per_step(smollm2_engi
             rows.append(pc.batch.n_tokens)
     finally:
         pc.close()
-    assert rows[0] == sum(map(len, long)), "the whole burst in the first call"
-    assert rows[1:] == [4, 4], "then a row for each stream per step"
+    # a piece of every prompt in each call while none decodes (not one ubatch), then a row for each stream per step
+    assert rows == [4 * 128, sum(map(len, long)) - 4 * 128, 4, 4]
     assert sorted(done) == [0, 1, 2, 3] and all(c.completion_tokens == 3 for c in done.values())
+
+
+def test_an_exact_request_in_the_solo_lane_keeps_the_burst_to_one_ubatch_per_step(smollm2_engine: object) -> None:
+    """The solo lane (an exact request, run alone) takes one token after each step: while it decodes, a burst's
+    steps stay one ubatch, as they do beside decoding streams."""
+    eng: Any = smollm2_engine
+    long = [_chat(eng, f"Note {i}: " + "the bell rings twice at noon and the market opens in the square. " * 8)
+            for i in range(2)]
+    pc = ParallelContext(eng, 2, 1024, pooled=True)
+    _gpu_steps(pc, 128)
+    sched = Scheduler(pc)
+    rows: list[int] = []
+    done: dict[int, Any] = {}
+    try:
+        sched.add(Request(9, Prompt.text(_chat(eng, PROMPTS[0])), _greedy(24), exact=True))
+        _finished(sched.step(), done)  # the solo lane starts: its prompt, then a token a step
+        for i, t in enumerate(long):
+            sched.add(Request(i, Prompt.text(t), _greedy(2)))
+        while 9 not in done and not sched.idle:
+            _finished(sched.step(), done)
+            rows.append(pc.batch.n_tokens)
+    finally:
+        pc.close()
+    assert rows and max(rows) <= 128, rows
 
 
 def test_a_step_lays_its_rows_out_in_slot_order_whatever_slots_the_prompts_got(smollm2_engine: object) -> None:

@@ -272,10 +272,11 @@ class Throughput:
             if pc.draft_max and decoding_seqs else {}
         decoding = len(decoding_seqs) + sum(len(d) for d in drafts.values())  # rows
         # one ubatch per step on a GPU keeps running streams from waiting on a burst of prompts; with none
-        # decoding nobody waits, so a burst takes a whole n_batch per step (llama.cpp cuts it into ubatches), as
+        # decoding (and no exact request in the solo lane, which takes a token after each step) nobody waits, so a
+        # burst takes up to a whole n_batch per step, a piece of each prompt (llama.cpp cuts it into ubatches), as
         # llama-batched-bench and llama-server take it: a step per ubatch paid Python's step between ubatches
         # (docs/benchmarks.md, On an H200)
-        per_step = pc.step_tokens if decoding else pc.n_batch
+        per_step = pc.step_tokens if decoding or self.solo is not None else pc.n_batch
         room = min(pc.n_batch, max(per_step, decoding + 1)) - decoding
         filling = sorted((q for q in active.values() if q.filled < len(q.req.tokens)), key=lambda q: q.started)
         for seq in filling:  # an image or clip next: encoded and decoded into the slot now, on its own

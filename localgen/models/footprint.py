@@ -8,7 +8,8 @@ How the parts follow llama.cpp (the sizes its load log prints as "model buffer s
 - weights: each tensor's bytes from its type's block size. llama.cpp counts n_layer + 1 layers, the output
   layer last: `n_gpu_layers` N puts the last N of them on the GPUs (so the output layer first), split
   between GPUs by their shares (llama-model.cpp, get_layer_buft_list). The token embedding stays on the CPU;
-  a tied embedding is loaded a second time as the output matrix where the output layer goes. A placement
+  a tied embedding is loaded a second time as the output matrix where the output layer goes (on the CPU, only
+  where it is repacked: a repacked copy; else the output matrix maps the same bytes). A placement
   pattern (-ot, --cpu-moe, --n-cpu-moe) overrides a tensor's layer. Repacked CPU weights are a second copy
   (CPU_REPACK beside CPU_Mapped). With mmap, llama.cpp's CPU_Mapped line is each file's span from the first
   of the CPU's tensors to the end of its last, so with experts in RAM it takes in the GPU's tensors between
@@ -118,6 +119,9 @@ class WeightLayout:
     tensors: tuple[Tensor, ...]
     n_layer: int
     tied: bool  # no output matrix of its own: the embedding is multiplied at the end
+    # a tied embedding's type and rows are ones the CPU backend repacks: as the output matrix on the CPU it gets a
+    # repacked copy (the token embedding itself, read by rows, never does)
+    tied_repackable: bool = False
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -178,7 +182,8 @@ def layout_of(table: Iterable[tuple[Any, ...]]) -> WeightLayout:
     kinds = repackable_types()
     out = []
     n_layer = 0
-    for name, dims, ttype, offset, *part in table:
+    rows = list(table)
+    for name, dims, ttype, offset, *part in rows:
         block = GGML_BLOCKS.get(ttype)
         if block is None:
             continue
@@ -189,11 +194,18 @@ def layout_of(table: Iterable[tuple[Any, ...]]) -> WeightLayout:
         layer = int(m.group(1)) if m else None
         if layer is not None:
             n_layer = max(n_layer, layer + 1)
-        out.append(Tensor(name, layer, (n // block[0]) * block[1], placement.is_expert(name),
-                          ttype in kinds and len(dims) == 2 and dims[1] % 8 == 0 and not name.startswith("token_embd"),
+        expert = placement.is_expert(name)
+        # what the CPU backend repacks: a matrix (MUL_MAT) or a layer's experts (MUL_MAT_ID, 3-D) of a repacked
+        # type whose rows come in eights
+        shaped = len(dims) == 2 or (len(dims) == 3 and expert)
+        out.append(Tensor(name, layer, (n // block[0]) * block[1], expert,
+                          ttype in kinds and shaped and dims[1] % 8 == 0 and not name.startswith("token_embd"),
                           output=layer is None and not name.startswith("token_embd"), offset=offset,
                           part=part[0] if part else 0))
-    return WeightLayout(tuple(out), n_layer, not any(t.name == "output.weight" for t in out))
+    tied = not any(t.name == "output.weight" for t in out)
+    embd = next(((ttype, dims) for name, dims, ttype, *_ in rows if name == "token_embd.weight"), None)
+    return WeightLayout(tuple(out), n_layer, tied, tied and embd is not None and embd[0] in kinds
+                        and len(embd[1]) == 2 and embd[1][1] % 8 == 0)
 
 
 def _parts(path: str) -> list[str]:
@@ -289,6 +301,9 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
             experts[name] += t.nbytes
     if weights.tied and layer_dev[n_layer] is not None:  # the embedding again, as the output matrix
         w[_device_name(layer_dev[n_layer], n_gpus)] += weights.embedding
+    elif weights.tied and repack and weights.tied_repackable:  # on the CPU, the output matrix's repacked copy
+        w[CPU] += weights.embedding
+        copies += weights.embedding
 
     n_cells = cells(load.n_ctx)
     kv = dict.fromkeys(names, 0)
