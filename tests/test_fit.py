@@ -223,6 +223,46 @@ def test_plans_for_a_30b_moe_put_attention_on_the_gpu_and_experts_in_ram(shape_p
     assert _plan(path, (), ram=16 * GB).verdict == fit.WONT_FIT
 
 
+@pytest.mark.parametrize("cards", [(12, 12), (8, 16), (16, 8), (12, 12, 12)])
+def test_a_moe_on_several_cards_fills_each_in_turn(shape_path: Callable[[str], Path], cards: tuple[int, ...]) -> None:
+    """docs/fit.md: with the first layers' experts in RAM a split by budget left the first card half empty (two
+    12 GB cards: 27 layers' experts in RAM); each card now takes in turn as many layers as it holds, and the split
+    is the plan's `-ts`."""
+    path = shape_path("moe-30b-a3b")
+    s, w = read_summary(str(path)), footprint.layout(str(path))
+    p = _plan(path, tuple(c * GB for c in cards))
+    assert p.gpu_layers == 49 and p.ctx == 40960 and _within_budgets(p)
+    by_budget = footprint.estimate(s, w, LoadParams(n_ctx=40960, n_cpu_moe=p.n_cpu_moe), where=footprint.Placement(
+        49, tuple(float(p.machine.gpu_budget(i)) for i in range(len(cards))), cpu_moe_layers=p.n_cpu_moe))
+    if not p.experts_in_ram:  # (three cards hold it all: the split by budget, none chosen)
+        assert p.split == () and p.load(LoadParams()).tensor_split == ()
+        return
+    assert p.split and sum(p.split) == 49 and p.layers == (*(int(x) for x in p.split[:-1]), p.split[-1] - 1)
+    assert any(by_budget.on(f"GPU{i}").total > p.machine.gpu_budget(i) for i in range(len(cards))), \
+        "the same experts in RAM, split by budget, overflow a card"
+    # every card but the last is full: one layer more would not fit it
+    for i in range(len(cards) - 1):
+        more = list(p.split)
+        more[i] += 1
+        more[-1] -= 1
+        f = footprint.estimate(s, w, LoadParams(n_ctx=40960), where=footprint.Placement(
+            49, tuple(more), cpu_moe_layers=p.n_cpu_moe))
+        assert f.on(f"GPU{i}").total > p.machine.gpu_budget(i)
+    # fewer experts in RAM than a split by budget needs (two 12 GB cards: 27 layers')
+    budgets = tuple(float(p.machine.gpu_budget(i)) for i in range(len(cards)))
+
+    def by_budget_fits(k: int) -> bool:
+        f = footprint.estimate(s, w, LoadParams(n_ctx=40960), where=footprint.Placement(49, budgets, cpu_moe_layers=k))
+        return all(f.on(f"GPU{i}").total <= budgets[i] for i in range(len(cards)))
+
+    old = next(k for k in range(49) if by_budget_fits(k))
+    assert p.n_cpu_moe < old
+    if cards == (12, 12):
+        assert old == 27 and p.n_cpu_moe == 6  # as docs/fit.md says
+    flags = p.load(LoadParams())
+    assert flags.tensor_split == p.split and flags.n_cpu_moe == p.n_cpu_moe
+
+
 def test_fit_prints_the_plan_for_a_described_card(cli_in_process: InProcessCLI,
                                                   shape_path: Callable[[str], Path]) -> None:
     path = str(shape_path("moe-30b-a3b"))
@@ -313,7 +353,8 @@ def test_a_ctx_over_the_training_context_is_capped_as_run_caps_it(cli: CLI, cli_
     for args, ctx, says in ((["--ctx", "5000"], 5120, "(5,000 asked, rounded up to a multiple of 256)"),
                             (["--ctx", "100000", "--rope-scaling", "yarn", "--rope-freq-scale", "0.25"], 100096,
                              "(100,000 asked, rounded up to a multiple of 256)"),
-                            (["--ctx", "4096"], 4096, "(as asked)")):
+                            (["--ctx", "4096"], 4096, "(as asked)"),
+                            (["--ctx", "0"], 8192, "(the training context)")):  # docs/fit.md: --ctx 0
         r = cli_in_process("fit", "-m", m, *args)
         assert r.returncode == 0 and _plan_line(r.stdout).endswith(f"context {ctx:,} tokens {says}"), r.stdout
         assert not json.loads(cli_in_process("fit", "-m", m, *args, "--json").stdout)["capped"]

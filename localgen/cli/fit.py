@@ -79,6 +79,8 @@ def fit(
         return
     # an Ollama model's num_ctx is its params layer's, not a preset's (JSON's asked_by stays "preset")
     said_by = "ollama" if asked_by == "preset" and ref.source == "ollama" and not _is_preset(model) else asked_by
+    if context == 0 and ref.summary.context_length:  # --ctx 0 (or LOCALGEN_CTX=0): the training context, asked
+        said_by = "trained"
     _print(doc, _why(plan, asked, said_by))
 
 
@@ -247,7 +249,8 @@ def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
         return {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",
-                "LOCALGEN_CTX": "as LOCALGEN_CTX asks"}.get(asked_by or "", "as asked")
+                "LOCALGEN_CTX": "as LOCALGEN_CTX asks",
+                "trained": "the training context"}.get(asked_by or "", "as asked")
     by = {"preset": " by the preset", "ollama": " by its Ollama params",
           "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")
     return ", ".join([f"{asked:,} asked{by}", *done])

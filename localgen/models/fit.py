@@ -101,6 +101,9 @@ class Plan:
     machine: Machine
     fixed: tuple[str, ...] = ()  # the settings given, which the plan kept
     capped: bool = False  # the context asked was over the training context, and is capped there as the load caps it
+    # the split of the layers between several GPUs the plan chose (layers on each, as -ts takes it); () where the
+    # GPUs' budgets (llama.cpp's default, by free memory) or the -ts given split them
+    split: tuple[float, ...] = ()
 
     @property
     def shrunk(self) -> bool:
@@ -137,6 +140,8 @@ class Plan:
             changes["n_gpu_layers"] = -1 if self.gpu_layers >= self.n_layer + 1 else self.gpu_layers
         if "placement" not in self.fixed and self.n_cpu_moe:
             changes["n_cpu_moe"] = self.n_cpu_moe
+        if self.split and not load.tensor_split:
+            changes["tensor_split"] = self.split
         return dataclasses.replace(load, **changes)  # type: ignore[arg-type]
 
 
@@ -182,7 +187,7 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
     def held(c: int) -> Plan:
         return at(c) if c == floor else dataclasses.replace(
             _place(s, weights, machine, dataclasses.replace(load, n_ctx=c), c, asked, parallel, n_layer, fixed,
-                   keep=(low.gpu_layers, low.n_cpu_moe)), capped=capped)
+                   keep=(low.gpu_layers, low.n_cpu_moe, low.split)), capped=capped)
 
     return held(_largest(floor, top, lambda c: held(c).fits))
 
@@ -203,9 +208,11 @@ def _largest(floor: int, top: int, ok: Callable[[int], bool]) -> int:
 
 
 def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadParams, ctx: int, asked: int,
-           parallel: int, n_layer: int, fixed: tuple[str, ...], keep: tuple[int, int] | None = None) -> Plan:
+           parallel: int, n_layer: int, fixed: tuple[str, ...],
+           keep: tuple[int, int, tuple[float, ...]] | None = None) -> Plan:
     """At one context: the GPU layers and experts in RAM, by the order in the module's docstring; `keep`: those
-    (GPU layers, layers with experts in RAM) as they are, the plan fitting where the GPUs and RAM both hold them."""
+    (GPU layers, layers with experts in RAM, the split between GPUs) as they are, the plan fitting where the GPUs
+    and RAM both hold them."""
     from localgen import placement
 
     gpus = machine.gpus
@@ -217,43 +224,74 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
     if any(split):  # (all 0: its default, by free memory)
         shares = split + (0.0,) * (len(gpus) - len(split))
     moe = weights.moe and "placement" not in fixed
+    # with the first layers' experts in RAM, the first GPU's layers weigh less than the others': a split by budget
+    # leaves it half empty while the last overflows, so the plan fills each GPU in turn instead (as -ts would)
+    fill = moe and len(gpus) > 1 and not any(split) and not machine.unified
 
-    def fp(ngl: int, ncm: int) -> Footprint:
-        return estimate(s, weights, load, parallel, where=Placement(ngl, shares, patterns, ncm),
+    def fp(ngl: int, ncm: int, sh: tuple[float, ...] = shares) -> Footprint:
+        return estimate(s, weights, load, parallel, where=Placement(ngl, sh or shares, patterns, ncm),
                         repack=_repack(s, load, ngl))
+
+    def filled(ngl: int, ncm: int) -> tuple[float, ...]:
+        """Layers on each GPU: each in turn takes as many of the `ngl` layers as it holds, the last the rest."""
+        counts: list[float] = []
+        left, n = ngl, len(gpus)
+        for i in range(n - 1):
+            def holds(c: int, i: int = i, left: int = left) -> bool:
+                rest = (left - c) / (n - i - 1)
+                f = fp(ngl, ncm, (*counts, float(c), *([rest] * (n - i - 1))))
+                return f.on(_gpu_name(i, n)).total <= machine.gpu_budget(i)
+
+            c = most(0, left, holds)
+            counts.append(float(c))
+            left -= c
+        return (*counts, float(left))
 
     def gpus_fit(f: Footprint) -> bool:
         if machine.unified:
             return f.total <= machine.ram_budget
         return all(f.on(_gpu_name(i, len(gpus))).total <= machine.gpu_budget(i) for i in range(len(gpus)))
 
-    def result(ngl: int, ncm: int, f: Footprint) -> Plan:
+    def result(ngl: int, ncm: int, f: Footprint, sh: tuple[float, ...] = ()) -> Plan:
         ram = f.total if machine.unified else f.on("CPU").total
         return Plan(ctx=ctx, asked=asked, parallel=parallel, n_layer=n_layer, gpu_layers=ngl,
-                    layers=_layers_per_gpu(ngl, n_layer, shares), n_cpu_moe=ncm, moe=weights.moe, footprint=f,
-                    fits=ram <= machine.ram_budget, machine=machine, fixed=fixed)
+                    layers=_layers_per_gpu(ngl, n_layer, sh or shares), n_cpu_moe=ncm, moe=weights.moe, footprint=f,
+                    fits=ram <= machine.ram_budget, machine=machine, fixed=fixed, split=sh)
+
+    def experts_out(ngl: int, default: int) -> Plan | None:
+        """The fewest layers' experts in RAM with `ngl` layers on the GPUs, split by budget or filled in turn,
+        whichever keeps fewer there (None where none fits and `default` is -1)."""
+        ncm = least(0, n_layer, lambda k: gpus_fit(fp(ngl, k)), default=default)
+        if fill:
+            best = least(0, n_layer, lambda k: gpus_fit(fp(ngl, k, filled(ngl, k))), default=-1)
+            if best >= 0 and (ncm < 0 or best < ncm):
+                sh = filled(ngl, best)
+                return result(ngl, best, fp(ngl, best, sh), sh)
+        return result(ngl, ncm, fp(ngl, ncm)) if ncm >= 0 else None
 
     if not gpus:
         return result(0, 0, fp(0, 0))
     if keep is not None:
-        f = fp(*keep)
-        p = result(*keep, f)
+        ngl, ncm, sh = keep
+        f = fp(ngl, ncm, sh)
+        p = result(ngl, ncm, f, sh)
         return p if gpus_fit(f) else dataclasses.replace(p, fits=False)
     given = load.n_gpu_layers
     every = n_layer + 1
     if given is not None:
         ngl = every if given < 0 or given > n_layer else given
         if moe:
-            ncm = least(0, n_layer, lambda k: gpus_fit(fp(ngl, k)), default=n_layer)
-            return result(ngl, ncm, fp(ngl, ncm))
+            placed = experts_out(ngl, n_layer)  # some number of layers' experts always: n_layer at worst
+            assert placed is not None
+            return placed
         return result(ngl, 0, fp(ngl, 0))
     full = fp(every, 0)
     if gpus_fit(full):
         return result(every, 0, full)
     if moe:  # every layer's attention and dense weights on the GPU, the first layers' experts in RAM
-        ncm = least(0, n_layer, lambda k: gpus_fit(fp(every, k)), default=-1)
-        if ncm >= 0:
-            return result(every, ncm, fp(every, ncm))
+        placed = experts_out(every, -1)
+        if placed is not None:
+            return placed
     ncm = n_layer if moe else 0  # fewer layers on the GPU, with no experts there
     ngl = most(0, n_layer, lambda k: gpus_fit(fp(k, ncm)))
     return result(ngl, ncm if ngl else 0, fp(ngl, ncm if ngl else 0))
