@@ -86,6 +86,20 @@ def test_a_moe_model_runs_with_each_placement_flag_and_llama_cpp_applies_it(cli:
     assert plain["moved"] == {} and plain["n_cpu_moe"] is None
 
 
+def test_an_ot_pattern_that_matches_no_tensor_is_a_warning_and_the_run_goes_on(cli: CLI, moe_path: Path) -> None:
+    """docs/run.md: llama.cpp says nothing of an -ot pattern that moves nothing (a typo in a regular expression);
+    localgen warns before the load, naming one of the model's tensors, and the run goes on."""
+    missed = cli("run", "-m", str(moe_path), "--raw", "-p", "Once upon a time", "-n", "2", "--json",
+                 "-ot", r"ffn_exps=CPU,blk\.1\.ffn_up_exps=CPU")
+    assert missed.returncode == 0, missed.stderr[-2000:]
+    warned = [line for line in missed.stderr.splitlines() if "matches no tensor" in line]
+    assert warned == [f"warning: -ot ffn_exps=CPU matches no tensor of {moe_path.name}, so it moves "
+                      "nothing (its tensors are named like blk.0.ffn_gate_exps.weight)"], missed.stderr
+    assert json.loads(missed.stdout)["load"]["moved"]["CPU"]["tensors"] == 1  # the other pattern's tensor moved
+    matched = cli("run", "-m", str(moe_path), "--raw", "-p", "Once upon a time", "-n", "2", "-ot", "ffn_up_exps=CPU")
+    assert matched.returncode == 0 and "matches no tensor" not in matched.stderr
+
+
 def test_fits_flags_are_the_settings_run_loads_with(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path) -> None:
     """docs/fit.md: `flags` are the settings run, chat and serve would load with, placement and load settings
     given included: run with fit's flags loads what run with the flags given loads."""

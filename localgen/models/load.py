@@ -5,6 +5,7 @@ context at all: a GPU without memory for its own context makes llama.cpp abort t
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -37,10 +38,17 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     lora.check_all(ref, params.lora)  # before the weights load
     make = factory or Engine
     cpu_only = False
+    layout = footprint.layout(ref.path)
+    for pattern, buffer in params.override_tensor:  # llama.cpp says nothing of a pattern that moves nothing
+        if layout.tensors and not any(re.search(pattern, t.name) for t in layout.tensors):
+            like = next((t.name for t in layout.tensors if t.expert), None) or next(
+                (t.name for t in layout.tensors if t.layer is not None), layout.tensors[0].name)
+            warn(f"-ot {pattern}={buffer} matches no tensor of {ref.name}, so it moves nothing (its tensors are "
+                 f"named like {like})")
     if not params.rpc:  # with RPC servers every layer goes to the devices
         offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
-        plan = fit.plan(ref.summary, footprint.layout(ref.path), machine or fit.this_machine(offload), params,
+        plan = fit.plan(ref.summary, layout, machine or fit.this_machine(offload), params,
                         ctx=params.n_ctx, parallel=parallel)
         see = f"(`localgen fit -m {ref.name}` shows the plan)"
         if not plan.fits:  # its verdict is "won't fit"; the load is tried all the same (mapped weights may page)
