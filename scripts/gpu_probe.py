@@ -38,12 +38,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-def tool_json(args: list[str]) -> list[dict[str, Any]]:
-    """A tool's JSON lines; none where the tool is not there (a CPU machine without llama.cpp's tools)."""
-    if not os.path.exists(args[0]):
-        return []
-    out = subprocess.run(args, capture_output=True, text=True)
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+def tool_rates(run: Callable[..., dict[str, float]], exe: str, *args: Any) -> dict[str, float]:
+    """One of bench_vs_llama_bench's runs of a llama.cpp tool (its rates by test); none where the tool is not there
+    (a CPU machine without llama.cpp's tools) or fails."""
+    if not os.path.exists(exe):
+        return {}
+    try:
+        return run(exe, *args)
+    except subprocess.CalledProcessError:
+        return {}
 
 
 def main() -> None:
@@ -59,16 +62,15 @@ def main() -> None:
     a = ap.parse_args()
     if not 0 < a.p <= 2048 or a.n <= 0 or a.npl < 1 or a.reps < 1:
         ap.error("-p is 1 to 2048 (a prompt is one call's rows), -n, --npl and --reps at least 1")
-    p, n, t, npl = a.p, a.n, str(a.t), a.npl
+    p, n, npl = a.p, a.n, a.npl
     out: dict[str, Any] = {"model": os.path.basename(a.model), "threads": a.t}
     t0 = time.monotonic()
-    lb = tool_json([os.path.join(a.tools, "llama-bench"), "-m", a.model, "-p", str(p), "-n", str(n), "-t", t,
-                    "-fa", "1", "-b", "2048", "-ub", "512", "-r", str(a.reps), "-o", "jsonl"])
-    out["llama-bench"] = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in lb}
-    bb = tool_json([os.path.join(a.tools, "llama-batched-bench"), "-m", a.model, "-npp", str(p), "-ntg", str(n),
-                    "-npl", str(npl), "-c", str(npl * (p + n)), "-t", t, "-fa", "on", "-b", "2048", "-ub", "512",
-                    "--output-format", "jsonl"])
-    out["llama-batched-bench"] = {"pp": bb[0]["speed_pp"], "tg": bb[0]["speed_tg"]} if bb else {}
+    from bench_vs_llama_bench import batched_bench, llama_bench  # scripts/ is first on the path
+
+    lb = tool_rates(llama_bench, os.path.join(a.tools, "llama-bench"), a.model, p, n, a.t, a.reps)
+    out["llama-bench"] = {"pp": lb[f"pp{p}"], "tg": lb[f"tg{n}"]} if lb else {}
+    bb = tool_rates(batched_bench, os.path.join(a.tools, "llama-batched-bench"), a.model, p, n, a.t, [npl], False)
+    out["llama-batched-bench"] = {"pp": bb[f"pp{p} x{npl}"], "tg": bb[f"tg{n} x{npl}"]} if bb else {}
 
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request

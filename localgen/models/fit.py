@@ -16,6 +16,7 @@ Budgets: RAM_SHARE of the available RAM; on each GPU its free memory less what o
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -217,35 +218,20 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
 
     gpus = machine.gpus
     patterns = placement.overrides(load.override_tensor, load.cpu_moe, load.n_cpu_moe or 0)
-    # each GPU's part of the layers, by what the plan may take of it (llama.cpp splits by free memory): one with
-    # nothing to give takes no layer, and the others take them
-    shares = tuple(float(machine.gpu_budget(i)) for i in range(len(gpus))) or (1.0,)
-    split = tuple(load.tensor_split or ())[:len(gpus)]  # llama.cpp reads one proportion per GPU, a missing one 0
-    if any(split):  # (all 0: its default, by free memory)
-        shares = split + (0.0,) * (len(gpus) - len(split))
+    shares, given_split = _shares(machine, load)
     moe = weights.moe and "placement" not in fixed
     # with the first layers' experts in RAM, the first GPU's layers weigh less than the others': a split by budget
     # leaves it half empty while the last overflows, so the plan fills each GPU in turn instead (as -ts would)
-    fill = moe and len(gpus) > 1 and not any(split) and not machine.unified
+    fill = moe and len(gpus) > 1 and not given_split and not machine.unified
 
     def fp(ngl: int, ncm: int, sh: tuple[float, ...] = shares) -> Footprint:
         return estimate(s, weights, load, parallel, where=Placement(ngl, sh or shares, patterns, ncm),
                         repack=_repack(s, load, ngl))
 
+    @functools.cache
     def filled(ngl: int, ncm: int) -> tuple[float, ...]:
-        """Layers on each GPU: each in turn takes as many of the `ngl` layers as it holds, the last the rest."""
-        counts: list[float] = []
-        left, n = ngl, len(gpus)
-        for i in range(n - 1):
-            def holds(c: int, i: int = i, left: int = left) -> bool:
-                rest = (left - c) / (n - i - 1)
-                f = fp(ngl, ncm, (*counts, float(c), *([rest] * (n - i - 1))))
-                return f.on(_gpu_name(i, n)).total <= machine.gpu_budget(i)
-
-            c = most(0, left, holds)
-            counts.append(float(c))
-            left -= c
-        return (*counts, float(left))
+        return _fill_in_turn(lambda sh, i: fp(ngl, ncm, sh).on(_gpu_name(i, len(gpus))).total,
+                             tuple(machine.gpu_budget(i) for i in range(len(gpus))), ngl)
 
     def gpus_fit(f: Footprint) -> bool:
         if machine.unified:
@@ -295,6 +281,33 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
     ncm = n_layer if moe else 0  # fewer layers on the GPU, with no experts there
     ngl = most(0, n_layer, lambda k: gpus_fit(fp(k, ncm)))
     return result(ngl, ncm if ngl else 0, fp(ngl, ncm if ngl else 0))
+
+
+def _shares(machine: Machine, load: LoadParams) -> tuple[tuple[float, ...], bool]:
+    """Each GPU's part of the layers, and whether -ts gave them: by default by what the plan may take of each
+    (llama.cpp splits by free memory), so one with nothing to give takes no layer and the others take them."""
+    n = len(machine.gpus)
+    split = tuple(load.tensor_split or ())[:n]  # llama.cpp reads one proportion per GPU, a missing one 0
+    if any(split):  # (all 0: its default, by free memory)
+        return split + (0.0,) * (n - len(split)), True
+    return tuple(float(machine.gpu_budget(i)) for i in range(n)) or (1.0,), False
+
+
+def _fill_in_turn(gpu_total: Callable[[tuple[float, ...], int], int], budgets: tuple[int, ...],
+                  ngl: int) -> tuple[float, ...]:
+    """Layers on each GPU (as -ts takes them): each in turn takes as many of the `ngl` layers as its budget holds,
+    the last the rest. `gpu_total(shares, i)`: GPU i's bytes with the layers split by `shares`."""
+    counts: list[float] = []
+    left, n = ngl, len(budgets)
+    for i in range(n - 1):
+        def holds(c: int, i: int = i, left: int = left) -> bool:
+            rest = (left - c) / (n - i - 1)
+            return gpu_total((*counts, float(c), *([rest] * (n - i - 1))), i) <= budgets[i]
+
+        c = most(0, left, holds)
+        counts.append(float(c))
+        left -= c
+    return (*counts, float(left))
 
 
 def _gpu_name(i: int, n: int) -> str:

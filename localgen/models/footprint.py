@@ -280,6 +280,7 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
     repack = bool(load.repack) if repack is None else repack
     spans: dict[int, tuple[int, int]] = {}  # file -> the first byte and the end of the CPU's mapped tensors in it
     copies = 0  # repacked copies of CPU tensors (llama.cpp's CPU_REPACK buffer)
+    known = load.use_mmap  # the span is known: mapped, and every tensor's offset read from the file
     for t in weights.tensors:
         home = layer_dev[n_layer] if t.output else (None if t.layer is None else layer_dev[t.layer])
         dev = home
@@ -291,8 +292,10 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
                 dev = placement.gpu_index(buffer)
                 dev = None if dev is None else min(dev, n_gpus - 1)
         name = _device_name(dev, n_gpus)
-        w[name] += t.nbytes + (t.nbytes if repack and dev is None and t.repackable else 0)
-        if dev is None and repack and t.repackable:
+        repacked = dev is None and repack and t.repackable
+        w[name] += t.nbytes * (2 if repacked else 1)
+        known = known and t.offset >= 0
+        if repacked:
             copies += t.nbytes
         elif dev is None:  # in the buffer llama.cpp maps from the file for the CPU
             lo, hi = spans.get(t.part, (t.offset, t.offset + t.nbytes))
@@ -336,7 +339,6 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
         compute[CPU] = rows + mask
     output = n_seq * (s.vocab_size or 0) * F32
 
-    known = load.use_mmap and all(t.offset >= 0 for t in weights.tensors)
     mapped = sum(hi - lo for lo, hi in spans.values()) + copies if known else w[CPU]
     devices = [DeviceNeed(name, weights=w[name], kv=kv[name], compute=compute[name],
                           output=output if name == CPU else 0, experts=experts[name],

@@ -5,7 +5,6 @@ context at all: a GPU without memory for its own context makes llama.cpp abort t
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +29,7 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     hold at once when not one window (--parallel: N windows; beams: N continuations). `factory` builds the
     engine (tests pass one that fails the way a full GPU does); `machine`: what to plan for (default: this
     one)."""
+    from localgen import placement
     from localgen.engine.llama import Engine
     from localgen.models import footprint, lora
     from localgen.native.devices import backend_info
@@ -40,7 +40,7 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     cpu_only = False
     layout = footprint.layout(ref.path)
     for pattern, buffer in params.override_tensor:  # llama.cpp says nothing of a pattern that moves nothing
-        if layout.tensors and not any(re.search(pattern, t.name) for t in layout.tensors):
+        if layout.tensors and not any(placement.buffer_of(t.name, ((pattern, buffer),)) for t in layout.tensors):
             like = next((t.name for t in layout.tensors if t.expert), None) or next(
                 (t.name for t in layout.tensors if t.layer is not None), layout.tensors[0].name)
             warn(f"-ot {pattern}={buffer} matches no tensor of {ref.name}, so it moves nothing (its tensors are "
