@@ -385,7 +385,7 @@ def machine(report: Report, cpu: bool) -> None:
 def pytest_base(py: Path) -> list[str]:
     # a crashed worker is replaced and the run goes on (the H100's segfaults ended it), each crash reported
     return [str(py), "-X", "faulthandler", "-m", "pytest", "-p", "xdist.plugin", "-p", "pytest_timeout",
-            "--timeout", "300", "-q", "-rfE", "-p", "no:cacheprovider", "--max-worker-restart", "64"]
+            "--timeout", "300", "-q", "-rfEs", "-p", "no:cacheprovider", "--max-worker-restart", "64"]
 
 
 def tests(report: Report, py: Path, env: dict[str, str], name: str, args: list[str], timeout: float) -> None:

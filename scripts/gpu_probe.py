@@ -12,6 +12,8 @@ libraries:
   llama-bench loads them: which of the Python loop, the context's settings and the model's load costs the time;
 - each of those with the log callback replaced by a C function that does nothing: on a GPU llama.cpp logs a debug
   line on every decode, each a call into Python;
+- the context's settings one at a time (the Engine's window and perf counters against llama-bench's), on contexts
+  made new over the Engine's model and on the Engine's own, used one;
 - -npl N's prefill of a burst of N prompts through the throughput scheduler, with the old rule (one ubatch per step)
   and the new (a whole n_batch per step while nothing decodes), and bare decode calls of 2048 rows;
 - the scheduler's Python time per step while N sequences decode at temperature 0.8 (everything outside
@@ -108,9 +110,9 @@ def main() -> None:
         return time.perf_counter() - s
 
     # llama-bench's context: llama.cpp's defaults, a window of each test's own length
-    def bench_ctx(model: Any, size: int) -> Any:
+    def bench_ctx(model: Any, size: int, **more: Any) -> Any:
         return context.new(model, n_ctx=size, n_batch=2048, n_ubatch=512, n_threads=a.t, n_threads_batch=a.t,
-                           flash_attn_type=1)
+                           flash_attn_type=1, **more)
 
     mp = lc.llama_model_default_params()
     mp.n_gpu_layers = 99
@@ -169,6 +171,28 @@ def main() -> None:
                 rates[name]["pp"].append(r_pp)
                 rates[name]["tg"].append(r_tg)
     out["variants"] = {k: {x: statistics.median(v) for x, v in d.items()} for k, d in rates.items()}
+
+    # the context's settings one at a time, bare calls over the Engine's model: the Engine's window and perf counters
+    # (no_perf false, for its statistics) against llama-bench's (the test's own length, no_perf true)
+    eng_ctx = p + n + 64
+    made = {f"the Engine's context (n_ctx {eng_ctx}, perf counters on), as used": eng.ctx}
+    for size, counters in ((eng_ctx, True), (eng_ctx, False), (p, True), (p, False), (4096, False)):
+        made[f"a new context, n_ctx {size}, perf counters {'on' if counters else 'off'}"] = bench_ctx(
+            eng.model_ptr, size, no_perf=not counters)
+    by_setting: dict[str, dict[str, list[float]]] = {k: {"pp": [], "tg": []} for k in made}
+    for rep in range(a.reps + 1):
+        for name, c in made.items():
+            clear(c)
+            r_pp = p / raw_pp(c)
+            clear(c)
+            r_tg = n / raw_tg(c)
+            if rep:
+                by_setting[name]["pp"].append(r_pp)
+                by_setting[name]["tg"].append(r_tg)
+    out["settings"] = {k: {x: statistics.median(v) for x, v in d.items()} for k, d in by_setting.items()}
+    for name, c in made.items():
+        if c is not eng.ctx:
+            context.free(c)
     for where in ("bench ctx", "default load"):
         for c in contexts[where]:
             context.free(c)
@@ -261,6 +285,11 @@ def report(out: dict[str, Any], p: int, n: int) -> str:
     if lb:
         lines.append(f"| llama-bench | {lb['pp']:.1f} | 1 | {lb['tg']:.1f} | 1 |")
     for name, r in out["variants"].items():
+        lines.append(f"| {name} | {r['pp']:.1f} | {ratio(r['pp'], lb.get('pp'))} | {r['tg']:.1f} | "
+                     f"{ratio(r['tg'], lb.get('tg'))} |")
+    lines += ["", "The context's settings one at a time (bare calls over the Engine's model):", "",
+              f"| context | pp{p} t/s | of llama-bench | tg{n} t/s | of llama-bench |", "| --- | --- | --- | --- | --- |"]
+    for name, r in out["settings"].items():
         lines.append(f"| {name} | {r['pp']:.1f} | {ratio(r['pp'], lb.get('pp'))} | {r['tg']:.1f} | "
                      f"{ratio(r['tg'], lb.get('tg'))} |")
     bb = out["llama-batched-bench"]

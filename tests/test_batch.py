@@ -56,6 +56,45 @@ def _alone_in_process(gemma: Path, prompts: list[str], n: int, **load: object) -
     return out
 
 
+NEAR_TIE = 0.5  # log-units between alone's choice and the batched one where the two part: a near tie
+
+
+def _where_it_parts(cli: CLI, prompt: str, batched: str, common: list[str]) -> str | None:
+    """None where a batched greedy answer is what `prompt` gives alone, token by token, up to a token where
+    alone's choice and the batched answer's were within NEAR_TIE log-units (among alone's five likeliest there;
+    blanks aside, as `--file` prints an answer on one line); else where and why it is not. An answer to another
+    prompt, or the noise of a broken path, parts where alone was sure."""
+    r = cli("run", "-p", prompt, "--no-prompt-cache", "--json", "--logprobs", "5", *common)
+    assert r.returncode == 0, r.stderr
+    want, done = "".join(batched.split()), ""
+    for i, step in enumerate(json.loads(r.stdout)["logprobs"]):
+        piece = "".join(step["token"].split())
+        if want.startswith(done + piece):
+            done += piece
+            continue
+        rest = want[len(done):]
+        if not rest:  # the batched answer ended here (its stop at a near tie): nothing of it left to part
+            return None
+        near = [t["logprob"] for t in step["top_logprobs"] if (alt := "".join(t["token"].split()))
+                and (rest.startswith(alt) or alt.startswith(rest))]
+        top = [(t["token"], round(t["logprob"], 2)) for t in step["top_logprobs"]]
+        if not near:
+            return f"token {i}: {rest[:16]!r} is not among alone's five likeliest {top}"
+        gap = step["logprob"] - max(near)
+        return None if gap <= NEAR_TIE else f"token {i}: {gap:.2f} log-units below alone's choice {top}"
+    return None if done == want else f"it goes on past alone's answer: {want[len(done):]!r}"
+
+
+def test_the_near_tie_check_takes_alones_runner_up_and_refuses_another_prompts_answer(cli: CLI) -> None:
+    """The check that a GPU's batched answers keep their promise (below), on SmolLM2 here: "Why do cats purr?"
+    begins "The" alone, "Cats" a close second (0.28 log-units apart on this build)."""
+    common = ["-n", "6", "--temperature", "0", "--ctx", "512"]
+    assert _where_it_parts(cli, "Why do cats purr?", "The answer to this", common) is None  # alone's own
+    assert _where_it_parts(cli, "Why do cats purr?", "Cats purr because", common) is None  # its runner-up
+    said = _where_it_parts(cli, "Why do cats purr?", "The capital of France is Paris.", common)
+    assert said is not None and said.startswith("token 1: "), said
+
+
 def _batched(cli: CLI, path: Path, parallel: str, common: list[str], *extra: str) -> tuple[list[str], str]:
     """`run --file` with --stats: the answer lines and stderr."""
     r = cli("run", "--file", str(path), "--parallel", parallel, "--stats", *common, *extra)
@@ -92,8 +131,10 @@ def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -
         from localgen.native.devices import has_gpu
 
         if has_gpu():  # the kernels follow the batch's shape there: a near tie can part them from the first token
-            alike = sum(shared_prefix(mine, solo) >= GPU_SHARED_PREFIX for mine, solo in zip(got, alone, strict=True))
-            assert all(got) and 2 * alike >= len(got), list(zip(got, alone, strict=True))
+            assert all(got), got
+            parted = {p: _where_it_parts(cli, p, mine, common)
+                      for p, mine, solo in zip(PROMPTS, got, alone, strict=True) if mine != solo}
+            assert not any(parted.values()), (parted, list(zip(got, alone, strict=True)))
         else:
             assert all(shared_prefix(mine, solo) >= GPU_SHARED_PREFIX
                        for mine, solo in zip(got, alone, strict=True)), list(zip(got, alone, strict=True))

@@ -128,10 +128,11 @@ def test_the_probe_times_each_loop_and_each_scheduler_rule(smollm2_path: Path, t
     out = json.loads(figures.read_text())
     assert out["offloaded"] is False and out["llama-bench"] == {} and out["llama-batched-bench"] == {}
     assert len(out["variants"]) == 6 and all(r["pp"] > 0 and r["tg"] > 0 for r in out["variants"].values())
+    assert len(out["settings"]) == 6 and all(r["pp"] > 0 and r["tg"] > 0 for r in out["settings"].values())
     assert len(out["npl pp"]) == 3 and all(r > 0 for r in out["npl pp"].values()) and out["npl tg"] > 0
     assert out["npl step_tokens"] == 2048  # a CPU's step: a whole n_batch
     step = out["step"]
     assert step["steps"] >= 64 and step["ms in llama_decode per step"] > 0 and step["ms of Python per step"] > 0
-    for name in [*out["variants"], *out["npl pp"]]:
+    for name in [*out["variants"], *out["settings"], *out["npl pp"]]:
         assert f"| {name} |" in done.stdout
     assert "ms of Python per step" in done.stdout

@@ -65,6 +65,20 @@ class Server:
             time.sleep(0.1)
         raise RuntimeError("the server did not start")
 
+    def said_once(self, pattern: str, timeout: float = 60) -> str:
+        """What the server has written since the last read, once a line of it matches `pattern`: a request's
+        access line follows its response's last byte, so it can reach the log a moment after the client has
+        the answer. All that was read where no line matches within `timeout`."""
+        assert self.proc.stderr is not None
+        got = b""
+        deadline = time.monotonic() + timeout
+        while True:
+            got += self.proc.stderr.read()
+            text = got.decode(errors="replace")
+            if re.search(pattern, text, re.M) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
     def health(self) -> dict[str, Any]:
         return dict(httpx.get(f"{self.url}/health", timeout=5).json()["models"]["smollm2:135m"])
 
