@@ -433,7 +433,7 @@ def exactness(report: Report, py: Path, env: dict[str, str], work: Path, cpu: bo
 
 
 def bench(report: Report, py: Path, tools: Path, label: str, model: Path, cpu: bool, env: dict[str, str]) -> None:
-    short = ["-p", "64", "-n", "16", "--rounds", "1", "-r", "1"] if cpu else ["--rounds", "2", "-r", "2"]
+    short = ["-p", "64", "-n", "16", "--rounds", "1", "-r", "1"] if cpu else ["--rounds", "3", "-r", "2"]
     stage(report, f"bench against llama-bench ({label})",
           [str(py), str(ROOT / "scripts" / "bench_vs_llama_bench.py"), str(tools / "llama-bench"), "--model",
            str(model), "-t", "2" if cpu else "16", *short], 300, env)
