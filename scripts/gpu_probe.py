@@ -190,7 +190,7 @@ def main() -> None:
                 by_setting[name]["pp"].append(r_pp)
                 by_setting[name]["tg"].append(r_tg)
     out["settings"] = {k: {x: statistics.median(v) for x, v in d.items()} for k, d in by_setting.items()}
-    for name, c in made.items():
+    for c in made.values():
         if c is not eng.ctx:
             context.free(c)
     for where in ("bench ctx", "default load"):
@@ -288,7 +288,8 @@ def report(out: dict[str, Any], p: int, n: int) -> str:
         lines.append(f"| {name} | {r['pp']:.1f} | {ratio(r['pp'], lb.get('pp'))} | {r['tg']:.1f} | "
                      f"{ratio(r['tg'], lb.get('tg'))} |")
     lines += ["", "The context's settings one at a time (bare calls over the Engine's model):", "",
-              f"| context | pp{p} t/s | of llama-bench | tg{n} t/s | of llama-bench |", "| --- | --- | --- | --- | --- |"]
+              f"| context | pp{p} t/s | of llama-bench | tg{n} t/s | of llama-bench |",
+              "| --- | --- | --- | --- | --- |"]
     for name, r in out["settings"].items():
         lines.append(f"| {name} | {r['pp']:.1f} | {ratio(r['pp'], lb.get('pp'))} | {r['tg']:.1f} | "
                      f"{ratio(r['tg'], lb.get('tg'))} |")

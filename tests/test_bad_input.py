@@ -228,3 +228,16 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
                         (["--image", str(red)], ""), (["--image", str(red), "-f", str(blank)], "")):
         r = cli_in_process("run", "-m", "/nonexistent.gguf", *args, input=stdin)
         assert r.returncode == 2 and "-m/--model /nonexistent.gguf: no such file" in r.stderr, r.stderr
+
+
+def test_a_flag_of_other_commands_is_named_not_read_as_a_letter_and_a_value(cli_in_process: InProcessCLI) -> None:
+    """llama.cpp's flags of several letters after one dash: Click reads `tune -ngl 99` as `-n gl` (tune's --answer)
+    and said "'gl' is not a valid integer". The error names the flag and the commands that have it; a command
+    that has it keeps Click's own message about its value."""
+    one_line_usage_error(cli_in_process("tune", "-m", "smollm2:135m", "-ngl", "99"),
+                         "localgen tune has no -ngl option (", "run, chat, serve, ", " and bench have it)",
+                         "(see 'localgen tune --help')")
+    one_line_usage_error(cli_in_process("list", "-np", "2"), "localgen list has no -np option (", "serve")
+    one_line_usage_error(cli_in_process("run", "-p", "hi", "-ngl", "x"), "'-ngl': 'x' is not a valid integer")
+    # a word Click read right is left to Click
+    one_line_usage_error(cli_in_process("tune", "-n", "x"), "'x' is not a valid integer")

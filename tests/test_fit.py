@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -86,7 +87,8 @@ def test_a_moe_model_runs_with_each_placement_flag_and_llama_cpp_applies_it(cli:
     assert plain["moved"] == {} and plain["n_cpu_moe"] is None
 
 
-def test_an_ot_pattern_that_matches_no_tensor_is_a_warning_and_the_run_goes_on(cli: CLI, moe_path: Path) -> None:
+def test_an_ot_pattern_that_matches_no_tensor_is_a_warning_and_the_run_goes_on(cli: CLI, moe_path: Path,
+                                                                               tmp_path: Path) -> None:
     """docs/run.md: llama.cpp says nothing of an -ot pattern that moves nothing (a typo in a regular expression);
     localgen warns before the load, naming one of the model's tensors, and the run goes on."""
     missed = cli("run", "-m", str(moe_path), "--raw", "-p", "Once upon a time", "-n", "2", "--json",
@@ -98,6 +100,16 @@ def test_an_ot_pattern_that_matches_no_tensor_is_a_warning_and_the_run_goes_on(c
     assert json.loads(missed.stdout)["load"]["moved"]["CPU"]["tensors"] == 1  # the other pattern's tensor moved
     matched = cli("run", "-m", str(moe_path), "--raw", "-p", "Once upon a time", "-n", "2", "-ot", "ffn_up_exps=CPU")
     assert matched.returncode == 0 and "matches no tensor" not in matched.stderr
+    # bench and tune measure with the tensors placed so: they say it too (bench once for each -ot of its sweep)
+    benched = cli("bench", "-m", str(moe_path), "-ot", "ffn_exps=CPU;ffn_up_exps=CPU", "-p", "8", "-n", "2", "-r", "1")
+    assert benched.returncode == 0, benched.stderr[-2000:]
+    assert [line for line in benched.stderr.splitlines() if "matches no tensor" in line] == warned, benched.stderr
+    copy = tmp_path / moe_path.name  # a file of its own: its tuning record applies to no other test's loads
+    shutil.copyfile(moe_path, copy)
+    tuned = cli("tune", "-m", str(copy), "-ot", "ffn_exps=CPU", "--prompt", "16", "--answer", "1", "--depth", "0",
+                "--json")
+    assert tuned.returncode in (0, 1), tuned.stderr[-2000:]  # 1: not kept, where other work kept the CPUs busy
+    assert [line for line in tuned.stderr.splitlines() if "matches no tensor" in line] == warned, tuned.stderr
 
 
 def test_fits_flags_are_the_settings_run_loads_with(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path) -> None:

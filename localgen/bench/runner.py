@@ -65,6 +65,9 @@ class Progress:
     def loaded(self, name: str, path: str, values: dict[str, Any], origins: dict[str, str]) -> None:
         """It loaded: its load settings' `values`, and where each came from (flag, tuning record, rule)."""
 
+    def warning(self, text: str) -> None:
+        """Something the user should know before a load (an -ot pattern that moves nothing): once each."""
+
     def estimate(self, seconds: float) -> None:
         """About how long the whole plan takes, from a first quick measurement (once, before the first test)."""
 
@@ -124,6 +127,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
     from localgen.engine.bench import BenchContext, model_desc, model_size
     from localgen.engine.defaults import UBATCH
     from localgen.engine.llama import Engine
+    from localgen.models.load import unmatched_overrides
     from localgen.models.resolve import resolve
 
     progress = progress or Progress()
@@ -131,11 +135,16 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
     n_ctx = max(t.ctx_needed for t in plan.tests if t.n_parallel == 1) + 64 if any(
         t.n_parallel == 1 for t in plan.tests) else 512
     refs: dict[str, Any] = {}
+    checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     probed = False
     for cfg in plan.configs:
         progress.loading(_describe(cfg))
         ref = refs.get(cfg.model) or (open_model(cfg.model) if open_model else resolve(cfg.model))
         refs[cfg.model] = ref
+        if (ref.path, cfg.override_tensor) not in checked:  # a sweep's every -ot, once for each model
+            checked.add((ref.path, cfg.override_tensor))
+            for text in unmatched_overrides(ref, cfg.override_tensor):
+                progress.warning(text)
         # a context that holds the micro-batch asked (or the rule's), so that llama.cpp does not cap it at a short
         # test's context: the value recorded is the one used, as asked
         params = LoadParams(n_ctx=max(n_ctx, cfg.n_ubatch or UBATCH), n_threads=cfg.n_threads,

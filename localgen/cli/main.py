@@ -147,6 +147,9 @@ def _main(argv: list[str] | None) -> None:
         ctx = getattr(e, "ctx", None)
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         message = e.format_message() if hasattr(e, "format_message") else str(e)
+        foreign = _foreign_flag(args) if message.strip() else None
+        if foreign is not None:  # `tune -ngl 99` read as `-n gl`: the flag named, not the letter Click saw
+            message, where = foreign, f" (see '{foreign.split(' has no ')[0]} --help')"
         if message.strip():  # empty for "no arguments": the help was already printed
             err.error(f"{message}{where}", _model_first(args, message))
         rc = getattr(e, "exit_code", 2)
@@ -303,6 +306,45 @@ def _named_where(args: list[str], message: str) -> str:
     if not name or typed or not args or args[0] not in _MODEL_ENV_COMMANDS or bare not in message:
         return message
     return f"LOCALGEN_MODEL={name}: {message}"
+
+
+def _foreign_flag(args: list[str]) -> str | None:
+    """For a usage error: the first llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`)
+    that the command lacks and another command has, as "localgen tune has no -ngl (run, chat, ... have it)".
+    Click reads such a word as a short flag and its value (`-n gl`), so its own message names the wrong flag.
+    None where there is none (every command is imported to know: this is the error's path only)."""
+    import typer
+
+    from localgen.cli import app
+
+    root = typer.main.get_command(app.build())
+    leaf, path = root, ["localgen"]
+    for a in args:
+        if a == "--":
+            break
+        sub = getattr(leaf, "commands", {}).get(a) if not a.startswith("-") else None
+        if sub is not None:
+            leaf, path = sub, [*path, a]
+    if leaf is root:
+        return None
+
+    def flags(command: Any) -> set[str]:
+        return {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+
+    def every(command: Any, name: str) -> list[tuple[str, Any]]:  # a group's own flags (bench's) count too
+        subs = getattr(command, "commands", {})
+        return [(name, command), *(pair for sub, c in subs.items() for pair in every(c, f"{name} {sub}".strip()))]
+
+    own = flags(leaf)
+    for a in args[:args.index("--") if "--" in args else len(args)]:
+        flag = a.split("=", 1)[0]
+        if not a.startswith("-") or a.startswith("--") or len(flag) < 3 or flag in own:
+            continue
+        others = [name for name, c in every(root, "")[1:] if flag in flags(c)]
+        if others:
+            named = ", ".join(others[:-1]) + (" and " if len(others) > 1 else "") + others[-1]
+            return f"{' '.join(path)} has no {flag} option ({named} {'has' if len(others) == 1 else 'have'} it)"
+    return None
 
 
 def _model_first(args: list[str], message: str) -> str | None:

@@ -85,8 +85,14 @@ def tune(
     load = knobs.load()  # a bad flag is one error before anything loads
     check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m (--reset forgets a gone file's)
     ref = _resolve(model, offline)
-    _run(ref, _plan(ref, depth, prompt, answer, preset.load_params(ref, load, knobs.given)), parallel, as_json,
-         even_if_busy)
+    params = preset.load_params(ref, load, knobs.given)
+    plan = _plan(ref, depth, prompt, answer, params)
+    from localgen.cli.output import ErrWriter
+    from localgen.models.load import unmatched_overrides
+
+    for text in unmatched_overrides(ref, params.override_tensor):  # measured as placed: say one places nothing
+        ErrWriter().warn(text)
+    _run(ref, plan, parallel, as_json, even_if_busy)
 
 
 def _unreadable(n: int, done: str) -> None:

@@ -21,6 +21,25 @@ def is_oom(e: ModelLoadError) -> bool:
     return any(m in text for m in OOM_MARKERS)
 
 
+def unmatched_overrides(ref: ModelRef, overrides: tuple[tuple[str, str], ...], layout: Any = None) -> list[str]:
+    """A warning for each -ot PATTERN=BUFFER that matches no tensor of the model, naming one of its tensors: llama.cpp
+    says nothing of a pattern that moves nothing. `layout`: the model's footprint.layout, where read already."""
+    from localgen import placement
+    from localgen.models import footprint
+
+    if not overrides:
+        return []
+    tensors = (layout or footprint.layout(ref.path)).tensors
+    said = []
+    for pattern, buffer in overrides:
+        if tensors and not any(placement.buffer_of(t.name, ((pattern, buffer),)) for t in tensors):
+            like = next((t.name for t in tensors if t.expert), None) or next(
+                (t.name for t in tensors if t.layer is not None), tensors[0].name)
+            said.append(f"-ot {pattern}={buffer} matches no tensor of {ref.name}, so it moves nothing (its tensors "
+                        f"are named like {like})")
+    return said
+
+
 def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
                 warn: Callable[[str], None] = lambda s: None, factory: Callable[..., Any] | None = None,
                 kv_tokens: int | None = None, machine: fit.Machine | None = None) -> Any:
@@ -29,7 +48,6 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     hold at once when not one window (--parallel: N windows; beams: N continuations). `factory` builds the
     engine (tests pass one that fails the way a full GPU does); `machine`: what to plan for (default: this
     one)."""
-    from localgen import placement
     from localgen.engine.llama import Engine
     from localgen.models import footprint, lora
     from localgen.native.devices import backend_info
@@ -39,12 +57,8 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     make = factory or Engine
     cpu_only = False
     layout = footprint.layout(ref.path)
-    for pattern, buffer in params.override_tensor:  # llama.cpp says nothing of a pattern that moves nothing
-        if layout.tensors and not any(placement.buffer_of(t.name, ((pattern, buffer),)) for t in layout.tensors):
-            like = next((t.name for t in layout.tensors if t.expert), None) or next(
-                (t.name for t in layout.tensors if t.layer is not None), layout.tensors[0].name)
-            warn(f"-ot {pattern}={buffer} matches no tensor of {ref.name}, so it moves nothing (its tensors are "
-                 f"named like {like})")
+    for text in unmatched_overrides(ref, params.override_tensor, layout):
+        warn(text)
     if not params.rpc:  # with RPC servers every layer goes to the devices
         offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1

@@ -76,6 +76,9 @@ class ProgressView:
 
         record_note(self._say, name, path, values, origins)  # a record is never a silent default
 
+    def warning(self, text: str) -> None:
+        self._say(f"warning: {text}")
+
     def estimate(self, seconds: float) -> None:
         if not self._tty and seconds < LONG_S:
             return
