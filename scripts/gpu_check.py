@@ -383,9 +383,10 @@ def machine(report: Report, cpu: bool) -> None:
 
 
 def pytest_base(py: Path) -> list[str]:
-    # a crashed worker is replaced and the run goes on (the H100's segfaults ended it), each crash reported
+    # a crashed worker is replaced and the run goes on (the H100's segfaults ended it), each crash reported; a
+    # passed test's own output (-rP: test_batch's count of answers that parted from alone) in the report too
     return [str(py), "-X", "faulthandler", "-m", "pytest", "-p", "xdist.plugin", "-p", "pytest_timeout",
-            "--timeout", "300", "-q", "-rfEs", "-p", "no:cacheprovider", "--max-worker-restart", "64"]
+            "--timeout", "300", "-q", "-rfEsP", "-p", "no:cacheprovider", "--max-worker-restart", "64"]
 
 
 def tests(report: Report, py: Path, env: dict[str, str], name: str, args: list[str], timeout: float) -> None:
@@ -458,8 +459,8 @@ def served(report: Report, py: Path, tools: Path, model: Path, cpu: bool, env: d
     clients = ("4" if cpu else "32") if pool else ("2,4" if cpu else "8,32")
     stage(report, f"serve against llama-server at {clients} clients" + (", --kv-unified" if pool else ""),
           [str(py), str(ROOT / "scripts" / "bench_serve.py"), "--model", str(model), "--clients", clients, "--against",
-           str(tools / "llama-server"), "--threads", "2" if cpu else "16", "--rounds", "3", "--requests", "1",
-           "--tokens", "8" if cpu else "128", "--ctx", "256" if cpu else "1024",
+           str(tools / "llama-server"), "--threads", "2" if cpu else "16", "--rounds", "3" if cpu or pool else "5",
+           "--requests", "1", "--tokens", "8" if cpu else "128", "--ctx", "256" if cpu else "1024",
            *(["--localgen-args=--kv-unified"] if pool else [])], 600 if cpu else 300, env)
 
 

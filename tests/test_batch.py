@@ -59,40 +59,65 @@ def _alone_in_process(gemma: Path, prompts: list[str], n: int, **load: object) -
 NEAR_TIE = 0.5  # log-units between alone's choice and the batched one where the two part: a near tie
 
 
-def _where_it_parts(cli: CLI, prompt: str, batched: str, common: list[str]) -> str | None:
-    """None where a batched greedy answer is what `prompt` gives alone, token by token, up to a token where
-    alone's choice and the batched answer's were within NEAR_TIE log-units (among alone's five likeliest there;
-    blanks aside, as `--file` prints an answer on one line); else where and why it is not. An answer to another
-    prompt, or the noise of a broken path, parts where alone was sure."""
-    r = cli("run", "-p", prompt, "--no-prompt-cache", "--json", "--logprobs", "5", *common)
+def _squeezed(text: str) -> str:
+    return "".join(text.split())  # blanks aside: `--file` prints an answer on one line
+
+
+def _where_it_parts(cli: CLI, prompt: str, batched: str, ended: bool, common: list[str]) -> str | None:
+    """None where a batched greedy answer (`ended`: by an end of text, not by -n) is what `prompt` gives alone,
+    token by token, up to its first parting from alone, and there alone's choice and the batched answer's were
+    within NEAR_TIE log-units, among alone's five likeliest; else where and why not. After the first parting the
+    two answer different texts, so nothing after it is compared. The end of text is a choice like any other:
+    alone runs past it (--ignore-eos), so its step shows the end's log-probability (a token of no text), whichever
+    of the two answers ended there. An answer to another prompt, or the noise of a broken path, parts where alone
+    was sure."""
+    r = cli("run", "-p", prompt, "--no-prompt-cache", "--json", "--logprobs", "5", "--ignore-eos", *common)
     assert r.returncode == 0, r.stderr
-    want, done = "".join(batched.split()), ""
+    want, done = _squeezed(batched), ""
     for i, step in enumerate(json.loads(r.stdout)["logprobs"]):
-        piece = "".join(step["token"].split())
-        if want.startswith(done + piece):
-            done += piece
+        top = step["top_logprobs"]
+        choice = max(top, key=lambda t: t["logprob"])  # the end of text, where alone would have ended
+        rest, piece, shown = want[len(done):], _squeezed(choice["token"]), [(t["token"], round(t["logprob"], 2))
+                                                                             for t in top]
+        if choice["token"] and rest and want.startswith(done + piece):
+            done += piece  # the same token
             continue
-        rest = want[len(done):]
-        if not rest:  # the batched answer ended here (its stop at a near tie): nothing of it left to part
-            return None
-        near = [t["logprob"] for t in step["top_logprobs"] if (alt := "".join(t["token"].split()))
-                and (rest.startswith(alt) or alt.startswith(rest))]
-        top = [(t["token"], round(t["logprob"], 2)) for t in step["top_logprobs"]]
+        if not rest and not ended:
+            return None  # the batched answer ran out of tokens (-n)
+        if not rest:  # the batched answer ended here: alone too, or at a near tie
+            ends = [t["logprob"] for t in top if t["token"] == ""]
+            if ends and choice["logprob"] - max(ends) <= NEAR_TIE:
+                return None
+            if choice["token"] and not piece:
+                continue  # a blank token, which the batched line lost at its end: the end may come next
+            below = (f"{choice['logprob'] - max(ends):.2f} log-units below alone's choice" if ends
+                     else "not among alone's five likeliest")
+            return f"token {i}: the end of text is {below} {shown}"
+        near = [t["logprob"] for t in top if (alt := _squeezed(t["token"])) and (rest.startswith(alt)
+                                                                               or alt.startswith(rest))]
         if not near:
-            return f"token {i}: {rest[:16]!r} is not among alone's five likeliest {top}"
-        gap = step["logprob"] - max(near)
-        return None if gap <= NEAR_TIE else f"token {i}: {gap:.2f} log-units below alone's choice {top}"
+            return f"token {i}: {rest[:16]!r} is not among alone's five likeliest {shown}"
+        gap = choice["logprob"] - max(near)
+        return None if gap <= NEAR_TIE else f"token {i}: {rest[:16]!r} {gap:.2f} log-units below alone's choice {shown}"
     return None if done == want else f"it goes on past alone's answer: {want[len(done):]!r}"
 
 
 def test_the_near_tie_check_takes_alones_runner_up_and_refuses_another_prompts_answer(cli: CLI) -> None:
     """The check that a GPU's batched answers keep their promise (below), on SmolLM2 here: "Why do cats purr?"
-    begins "The" alone, "Cats" a close second (0.28 log-units apart on this build)."""
-    common = ["-n", "6", "--temperature", "0", "--ctx", "512"]
-    assert _where_it_parts(cli, "Why do cats purr?", "The answer to this", common) is None  # alone's own
-    assert _where_it_parts(cli, "Why do cats purr?", "Cats purr because", common) is None  # its runner-up
-    said = _where_it_parts(cli, "Why do cats purr?", "The capital of France is Paris.", common)
+    begins "The" alone, "Cats" a close second (0.28 log-units apart on this build); "Name a prime number." ends
+    after "2." alone, where going on with " It" is 1.05 log-units less likely, not a near tie."""
+    common = ["-n", "12", "--temperature", "0", "--ctx", "512"]
+    cats = "The answer to this question is a classic example of a scientific"
+    assert _where_it_parts(cli, "Why do cats purr?", cats, False, common) is None  # alone's own
+    assert _where_it_parts(cli, "Why do cats purr?", "Cats purr because", False, common) is None  # its runner-up
+    said = _where_it_parts(cli, "Why do cats purr?", "The capital of France is Paris.", True, common)
     assert said is not None and said.startswith("token 1: "), said
+    prime = "The prime number I'm referring to is 2."
+    assert _where_it_parts(cli, "Name a prime number.", prime, True, common) is None  # alone's own, its end too
+    said = _where_it_parts(cli, "Name a prime number.", prime + " It is", False, common)  # past alone's end
+    assert said is not None and said.startswith("token 11: ") and "1.05 log-units" in said, said
+    said = _where_it_parts(cli, "Why do cats purr?", "The answer to this", True, common)  # an end alone was far from
+    assert said is not None and said.startswith("token 4: the end of text is "), said
 
 
 def _batched(cli: CLI, path: Path, parallel: str, common: list[str], *extra: str) -> tuple[list[str], str]:
@@ -122,7 +147,9 @@ def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -
         assert "exact batching" in err
     # Without --exact the mode is the one this model and machine get by default (--stats says which): the
     # prompts are still batched, and the answers keep that mode's promise.
-    got, err = _batched(cli, f, "3", common)
+    lines, err = _batched(cli, f, "3", common, "--json")  # JSON: each answer's end too (an end of text, or -n)
+    got = [" ".join(json.loads(line)["text"].split()) for line in lines]
+    ended = [json.loads(line)["finish_reason"] == "eos" for line in lines]
     assert _rows_per_call(err) > 2, "the default batches: up to three sequences in each decode call"
     if "exact batching" in err:
         assert got == alone, "the default kept exactness, so every answer is the one it gives alone"
@@ -132,8 +159,9 @@ def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -
 
         if has_gpu():  # the kernels follow the batch's shape there: a near tie can part them from the first token
             assert all(got), got
-            parted = {p: _where_it_parts(cli, p, mine, common)
-                      for p, mine, solo in zip(PROMPTS, got, alone, strict=True) if mine != solo}
+            parted = {p: _where_it_parts(cli, p, mine, end, common)
+                      for p, mine, solo, end in zip(PROMPTS, got, alone, ended, strict=True) if mine != solo}
+            print(f"answers that parted from alone: {len(parted)} of {len(got)}")  # gpu_check's report (-rP)
             assert not any(parted.values()), (parted, list(zip(got, alone, strict=True)))
         else:
             assert all(shared_prefix(mine, solo) >= GPU_SHARED_PREFIX

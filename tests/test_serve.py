@@ -65,18 +65,24 @@ class Server:
             time.sleep(0.1)
         raise RuntimeError("the server did not start")
 
-    def said_once(self, pattern: str, timeout: float = 60) -> str:
-        """What the server has written since the last read, once a line of it matches `pattern`: a request's
-        access line follows its response's last byte, so it can reach the log a moment after the client has
-        the answer. All that was read where no line matches within `timeout`."""
+    def log(self) -> str:
+        """All the server has written so far, from its start; where `proc.stderr.read()` goes on from is kept."""
         assert self.proc.stderr is not None
-        got = b""
-        deadline = time.monotonic() + timeout
+        at = self.proc.stderr.tell()
+        self.proc.stderr.seek(0)
+        try:
+            return self.proc.stderr.read().decode(errors="replace")
+        finally:
+            self.proc.stderr.seek(at)
+
+    def access(self, request_id: str, timeout: float = 60) -> str:
+        """The access line of one request (its X-Request-Id), waited for: it is written after the response's last
+        byte, so it can reach the log a moment after the client has the answer. "" where none comes in time."""
+        end = time.monotonic() + timeout
         while True:
-            got += self.proc.stderr.read()
-            text = got.decode(errors="replace")
-            if re.search(pattern, text, re.M) or time.monotonic() > deadline:
-                return text
+            line = next((ln for ln in self.log().splitlines() if ln.endswith(f"id={request_id}")), None)
+            if line is not None or time.monotonic() > end:
+                return line or ""
             time.sleep(0.05)
 
     def health(self) -> dict[str, Any]:

@@ -33,19 +33,12 @@ def child(cli_env: dict[str, str]) -> Iterator[Server]:
 
 
 def _log(s: Server) -> str:
-    assert s.proc.stderr is not None
-    s.proc.stderr.seek(0)
-    return s.proc.stderr.read().decode()
+    return s.log()
 
 
 def _access(s: Server, request_id: str, deadline_s: float = 30) -> str:
     """The access line of one request (written as it ends: waited for)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        line = next((ln for ln in _log(s).splitlines() if ln.endswith(f"id={request_id}")), None)
-        if line is not None or time.monotonic() > end:
-            return line or ""
-        time.sleep(0.1)
+    return s.access(request_id, deadline_s)
 
 
 def _still_answers(url: str) -> None:

@@ -147,7 +147,7 @@ def _main(argv: list[str] | None) -> None:
         ctx = getattr(e, "ctx", None)
         where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         message = e.format_message() if hasattr(e, "format_message") else str(e)
-        foreign = _foreign_flag(args) if message.strip() else None
+        foreign = _foreign_flag(args, e) if message.strip() else None
         if foreign is not None:  # `tune -ngl 99` read as `-n gl`: the flag named, not the letter Click saw
             message, where = foreign, f" (see '{foreign.split(' has no ')[0]} --help')"
         if message.strip():  # empty for "no arguments": the help was already printed
@@ -308,23 +308,31 @@ def _named_where(args: list[str], message: str) -> str:
     return f"LOCALGEN_MODEL={name}: {message}"
 
 
-def _foreign_flag(args: list[str]) -> str | None:
-    """For a usage error: the first llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`)
-    that the command lacks and another command has, as "localgen tune has no -ngl (run, chat, ... have it)".
-    Click reads such a word as a short flag and its value (`-n gl`), so its own message names the wrong flag.
-    None where there is none (every command is imported to know: this is the error's path only)."""
+def _foreign_flag(args: list[str], error: Exception) -> str | None:
+    """For Click's usage `error`: the llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`)
+    it was about, where the command lacks it and other commands have it, as "localgen tune has no -ngl option (run,
+    chat, ... have it)". Click reads such a word as a short flag and its value (`-n gl`), so its own message names
+    the wrong flag. None where the error is about something else (every command is imported to know: this is the
+    error's path only)."""
     import typer
 
     from localgen.cli import app
 
     root = typer.main.get_command(app.build())
-    leaf, path = root, ["localgen"]
-    for a in args:
-        if a == "--":
-            break
-        sub = getattr(leaf, "commands", {}).get(a) if not a.startswith("-") else None
-        if sub is not None:
-            leaf, path = sub, [*path, a]
+
+    def takes_value(command: Any, word: str) -> bool:
+        return any(word in p.opts for p in command.params  # an option (not an argument) that is no switch
+                   if hasattr(p, "is_flag") and not (p.is_flag or getattr(p, "count", False)))
+
+    leaf, path, words, value_next = root, ["localgen"], [], False
+    for a in args[:args.index("--") if "--" in args else len(args)]:
+        if value_next:  # an option's value, whatever it looks like (`run -p -npl`)
+            value_next = False
+        elif a.startswith("-"):
+            words.append(a)
+            value_next = "=" not in a and takes_value(leaf, a)
+        elif (sub := getattr(leaf, "commands", {}).get(a)) is not None:
+            leaf, path, words = sub, [*path, a], []  # the flags before it were its group's (`bench -ngl 9 history`)
     if leaf is root:
         return None
 
@@ -335,14 +343,20 @@ def _foreign_flag(args: list[str]) -> str | None:
         subs = getattr(command, "commands", {})
         return [(name, command), *(pair for sub, c in subs.items() for pair in every(c, f"{name} {sub}".strip()))]
 
-    own = flags(leaf)
-    for a in args[:args.index("--") if "--" in args else len(args)]:
+    message = error.format_message() if hasattr(error, "format_message") else str(error)
+    own, commands = flags(leaf), every(root, "")[1:]
+    for a in words:
         flag = a.split("=", 1)[0]
-        if not a.startswith("-") or a.startswith("--") or len(flag) < 3 or flag in own:
+        if a.startswith("--") or len(flag) < 3 or flag in own:
             continue
-        others = [name for name, c in every(root, "")[1:] if flag in flags(c)]
+        param = getattr(error, "param", None)  # Click's NoSuchOption has option_name, BadParameter param
+        about = getattr(error, "option_name", None) in (flag, flag[:2]) or (
+            param is not None and flag[:2] in param.opts and a[2:] in message) or message.startswith(
+            "Got unexpected extra argument")
+        others = [name for name, c in commands if flag in flags(c)] if about else []
         if others:
-            named = ", ".join(others[:-1]) + (" and " if len(others) > 1 else "") + others[-1]
+            shown = others if len(others) <= 6 else [*others[:5], f"{len(others) - 5} more"]
+            named = ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1]
             return f"{' '.join(path)} has no {flag} option ({named} {'has' if len(others) == 1 else 'have'} it)"
     return None
 
