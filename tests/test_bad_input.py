@@ -232,13 +232,14 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
 
 def test_a_flag_of_other_commands_is_named_not_read_as_a_letter_and_a_value(cli_in_process: InProcessCLI) -> None:
     """llama.cpp's flags of several letters after one dash: Click reads `tune -ngl 99` as `-n gl` (tune's --answer)
-    and said "'gl' is not a valid integer". The error names the flag and the commands that have it; a command
-    that has it keeps Click's own message about its value."""
+    and said "'gl' is not a valid integer". The error names the flag and the commands that have it, in the command
+    Click was parsing (a group's too); a command that has it keeps Click's own message about its value."""
     one_line_usage_error(cli_in_process("tune", "-m", "smollm2:135m", "-ngl", "99"),
-                         "localgen tune has no -ngl option (run, chat, serve, ", " more have it)",
-                         "(see 'localgen tune --help')")
-    one_line_usage_error(cli_in_process("list", "-np", "2"), "localgen list has no -np option (run, serve, fit and "
-                                                              "tune have it)")
+                         "localgen tune has no -ngl option: run, chat, serve, ", " more have it (see 'localgen tune "
+                                                                                  "--help')")
+    one_line_usage_error(cli_in_process("list", "-np", "2"), "localgen list has no -np option: run, serve, fit and "
+                                                              "tune have it")
+    one_line_usage_error(cli_in_process("logs", "-ngl", "9", "on"), "localgen logs has no -ngl option: ")
     one_line_usage_error(cli_in_process("run", "-p", "hi", "-ngl", "x"), "'-ngl': 'x' is not a valid integer")
     # an error about something else is Click's: a word read right, a group's own flag before its subcommand, an
     # option's value that looks like a flag
@@ -247,3 +248,13 @@ def test_a_flag_of_other_commands_is_named_not_read_as_a_letter_and_a_value(cli_
     one_line_usage_error(cli_in_process("run", "-p", "-npl", "--temperature", "9"), "--temperature",
                          "9 is not in the range")
     one_line_usage_error(cli_in_process("run", "--stop", "-pg", "-p", "hi", "-n", "x"), "'x' is not a valid integer")
+
+
+def test_a_flag_of_other_commands_that_click_took_is_the_hint_of_the_error_it_led_to(
+        cli_in_process: InProcessCLI) -> None:
+    """Where Click parsed such a word without complaint (`embed -mg 0 hi`: -m g, a model called "g"), the command's
+    own error says what went wrong, and its hint names the word."""
+    r = cli_in_process("embed", "-mg", "0", "hi")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("localgen: error: unknown model 'g' (localgen embed has no -mg option: run, chat and "
+                               "serve have it)"), r.stderr

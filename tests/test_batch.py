@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,65 +60,72 @@ def _alone_in_process(gemma: Path, prompts: list[str], n: int, **load: object) -
 NEAR_TIE = 0.5  # log-units between alone's choice and the batched one where the two part: a near tie
 
 
-def _squeezed(text: str) -> str:
-    return "".join(text.split())  # blanks aside: `--file` prints an answer on one line
-
-
-def _where_it_parts(cli: CLI, prompt: str, batched: str, ended: bool, common: list[str]) -> str | None:
-    """None where a batched greedy answer (`ended`: by an end of text, not by -n) is what `prompt` gives alone,
-    token by token, up to its first parting from alone, and there alone's choice and the batched answer's were
-    within NEAR_TIE log-units, among alone's five likeliest; else where and why not. After the first parting the
-    two answer different texts, so nothing after it is compared. The end of text is a choice like any other:
-    alone runs past it (--ignore-eos), so its step shows the end's log-probability (a token of no text), whichever
-    of the two answers ended there. An answer to another prompt, or the noise of a broken path, parts where alone
-    was sure."""
+def _where_it_parts(cli: CLI, prompt: str, answer: dict[str, Any], common: list[str]) -> str | None:
+    """None where a batched greedy `answer` (its `run --json --logprobs 1` record: its tokens and why it ended) is
+    what `prompt` gives alone, token by token (their bytes), up to its first parting from alone, and there alone's
+    choice and the batched answer's were within NEAR_TIE log-units, among alone's five likeliest; else where and why
+    not. After the first parting the two answer different texts, so nothing after it is compared. The end of text
+    is a choice like any other: alone runs past it (--ignore-eos), so its step shows the end's log-probability (a
+    token of no bytes), whichever of the two answers ended there; an answer that did not end there has all of its
+    -n tokens. An answer to another prompt, the noise of a broken path, one cut short, parts where alone was sure."""
     r = cli("run", "-p", prompt, "--no-prompt-cache", "--json", "--logprobs", "5", "--ignore-eos", *common)
     assert r.returncode == 0, r.stderr
-    want, done = _squeezed(batched), ""
+    mine = [bytes(t["bytes"]) for t in answer["logprobs"]]
+    ended, n = answer["finish_reason"] == "eos", int(common[common.index("-n") + 1])
     for i, step in enumerate(json.loads(r.stdout)["logprobs"]):
-        top = step["top_logprobs"]
-        choice = max(top, key=lambda t: t["logprob"])  # the end of text, where alone would have ended
-        rest, piece, shown = want[len(done):], _squeezed(choice["token"]), [(t["token"], round(t["logprob"], 2))
-                                                                             for t in top]
-        if choice["token"] and rest and want.startswith(done + piece):
-            done += piece  # the same token
+        top = {bytes(t["bytes"]): t["logprob"] for t in step["top_logprobs"]}  # b"": the end of text
+        choice = max(top, key=lambda b: top[b])
+        if i < len(mine) and mine[i] == choice:
             continue
-        if not rest and not ended:
-            return None  # the batched answer ran out of tokens (-n)
-        if not rest:  # the batched answer ended here: alone too, or at a near tie
-            ends = [t["logprob"] for t in top if t["token"] == ""]
-            if ends and choice["logprob"] - max(ends) <= NEAR_TIE:
+        if i < len(mine):
+            wanted, what = mine[i], repr(mine[i].decode(errors="replace"))
+        elif ended:
+            wanted, what = b"", "the end of text"
+            if choice == wanted:
                 return None
-            if choice["token"] and not piece:
-                continue  # a blank token, which the batched line lost at its end: the end may come next
-            below = (f"{choice['logprob'] - max(ends):.2f} log-units below alone's choice" if ends
-                     else "not among alone's five likeliest")
-            return f"token {i}: the end of text is {below} {shown}"
-        near = [t["logprob"] for t in top if (alt := _squeezed(t["token"])) and (rest.startswith(alt)
-                                                                               or alt.startswith(rest))]
-        if not near:
-            return f"token {i}: {rest[:16]!r} is not among alone's five likeliest {shown}"
-        gap = choice["logprob"] - max(near)
-        return None if gap <= NEAR_TIE else f"token {i}: {rest[:16]!r} {gap:.2f} log-units below alone's choice {shown}"
-    return None if done == want else f"it goes on past alone's answer: {want[len(done):]!r}"
+        else:
+            return None if len(mine) == n else f"it stopped after {len(mine)} of {n} tokens, with no end of text"
+        shown = [(b.decode(errors="replace"), round(lp, 2)) for b, lp in top.items()]
+        if wanted not in top:
+            return f"token {i}: {what} is not among alone's five likeliest {shown}"
+        gap = top[choice] - top[wanted]
+        return None if gap <= NEAR_TIE else f"token {i}: {what} is {gap:.2f} log-units below alone's choice {shown}"
+    return None
+
+
+def _answers(cli: CLI, *args: str) -> list[dict[str, Any]]:
+    """`run ARGS --json --logprobs 1`: each answer's record, its tokens in it."""
+    r = cli("run", *args, "--json", "--logprobs", "1")
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
 
 
 def test_the_near_tie_check_takes_alones_runner_up_and_refuses_another_prompts_answer(cli: CLI) -> None:
     """The check that a GPU's batched answers keep their promise (below), on SmolLM2 here: "Why do cats purr?"
     begins "The" alone, "Cats" a close second (0.28 log-units apart on this build); "Name a prime number." ends
-    after "2." alone, where going on with " It" is 1.05 log-units less likely, not a near tie."""
+    after "2." alone (11 tokens), where going on with " It" is 1.05 log-units less likely, not a near tie."""
     common = ["-n", "12", "--temperature", "0", "--ctx", "512"]
-    cats = "The answer to this question is a classic example of a scientific"
-    assert _where_it_parts(cli, "Why do cats purr?", cats, False, common) is None  # alone's own
-    assert _where_it_parts(cli, "Why do cats purr?", "Cats purr because", False, common) is None  # its runner-up
-    said = _where_it_parts(cli, "Why do cats purr?", "The capital of France is Paris.", True, common)
-    assert said is not None and said.startswith("token 1: "), said
-    prime = "The prime number I'm referring to is 2."
-    assert _where_it_parts(cli, "Name a prime number.", prime, True, common) is None  # alone's own, its end too
-    said = _where_it_parts(cli, "Name a prime number.", prime + " It is", False, common)  # past alone's end
-    assert said is not None and said.startswith("token 11: ") and "1.05 log-units" in said, said
-    said = _where_it_parts(cli, "Why do cats purr?", "The answer to this", True, common)  # an end alone was far from
+    cats = _answers(cli, "-p", "Why do cats purr?", *common)[0]
+    prime = _answers(cli, "-p", "Name a prime number.", *common)[0]
+    assert prime["finish_reason"] == "eos" and len(prime["logprobs"]) == 11, prime
+
+    def made(*tokens: bytes, end: str = "length") -> dict[str, Any]:
+        return {"logprobs": [{"bytes": list(t)} for t in tokens], "finish_reason": end}
+
+    def tokens(answer: dict[str, Any]) -> list[bytes]:
+        return [bytes(t["bytes"]) for t in answer["logprobs"]]
+
+    assert _where_it_parts(cli, "Why do cats purr?", cats, common) is None  # alone's own
+    assert _where_it_parts(cli, "Why do cats purr?", made(b"Cats", b" purr"), common) is None  # its runner-up
+    said = _where_it_parts(cli, "Why do cats purr?", made(b"The", b" capital", end="eos"), common)  # another's
+    assert said is not None and said.startswith("token 1: ' capital' is not among"), said
+    assert _where_it_parts(cli, "Name a prime number.", prime, common) is None  # alone's own, its end too
+    said = _where_it_parts(cli, "Name a prime number.", made(*tokens(prime), b" It", b" is"), common)  # past its end
+    assert said is not None and said.startswith("token 11: ' It' is 1.05 log-units below"), said
+    said = _where_it_parts(cli, "Why do cats purr?", made(*tokens(cats)[:4], end="eos"), common)  # an end far off
     assert said is not None and said.startswith("token 4: the end of text is "), said
+    said = _where_it_parts(cli, "Why do cats purr?", made(*tokens(cats)[:4]), common)  # cut short, no end said
+    assert said == "it stopped after 4 of 12 tokens, with no end of text", said
 
 
 def _batched(cli: CLI, path: Path, parallel: str, common: list[str], *extra: str) -> tuple[list[str], str]:
@@ -147,9 +155,9 @@ def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -
         assert "exact batching" in err
     # Without --exact the mode is the one this model and machine get by default (--stats says which): the
     # prompts are still batched, and the answers keep that mode's promise.
-    lines, err = _batched(cli, f, "3", common, "--json")  # JSON: each answer's end too (an end of text, or -n)
-    got = [" ".join(json.loads(line)["text"].split()) for line in lines]
-    ended = [json.loads(line)["finish_reason"] == "eos" for line in lines]
+    lines, err = _batched(cli, f, "3", common, "--json", "--logprobs", "1")  # each answer's tokens and end too
+    answers = [json.loads(line) for line in lines]
+    got = [" ".join(a["text"].split()) for a in answers]
     assert _rows_per_call(err) > 2, "the default batches: up to three sequences in each decode call"
     if "exact batching" in err:
         assert got == alone, "the default kept exactness, so every answer is the one it gives alone"
@@ -159,8 +167,8 @@ def test_parallel_greedy_output_equals_running_alone(cli: CLI, tmp_path: Path) -
 
         if has_gpu():  # the kernels follow the batch's shape there: a near tie can part them from the first token
             assert all(got), got
-            parted = {p: _where_it_parts(cli, p, mine, end, common)
-                      for p, mine, solo, end in zip(PROMPTS, got, alone, ended, strict=True) if mine != solo}
+            parted = {p: _where_it_parts(cli, p, answer, common)
+                      for p, mine, solo, answer in zip(PROMPTS, got, alone, answers, strict=True) if mine != solo}
             print(f"answers that parted from alone: {len(parted)} of {len(got)}")  # gpu_check's report (-rP)
             assert not any(parted.values()), (parted, list(zip(got, alone, strict=True)))
         else:
@@ -411,7 +419,6 @@ def test_serial_exact_runs_exact_sequences_one_after_another(smollm2_engine: obj
     """With layers on a GPU a batch job runs its exact sequences one after another (each would decode in a
     call of its own anyway, and switching sequences every call costs twice as much there); sampled ones
     still batch beside them. Exercised here on the CPU: same answers, and exact ones never overlap."""
-    from typing import Any
 
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request
@@ -473,7 +480,6 @@ def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engi
     """A server (interleave) does not stall running streams for a whole burst of new prompts: in the exact
     scheduler, one new prompt is admitted per scheduler step. Counted in steps, not llama_decode
     calls: with layers on a GPU every exact sequence decodes in a call of its own, so calls per step grow."""
-    from typing import Any
 
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchseq import Request

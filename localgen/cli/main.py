@@ -158,7 +158,9 @@ def _main(argv: list[str] | None) -> None:
             raise
         from localgen.errors import ModelNotFoundError
 
-        err.error(_named_where(args, e.message) if isinstance(e, ModelNotFoundError) else e.message, e.hint)
+        foreign = _foreign_flag(args) if any(len(a) > 2 and a[0] == "-" != a[1] for a in args) else None
+        err.error(_named_where(args, e.message) if isinstance(e, ModelNotFoundError) else e.message,
+                  foreign or e.hint)  # `embed -mg 0 hi`: "unknown model 'g'", and why
         rc = e.exit_code
     except KeyboardInterrupt:
         err.interrupted()
@@ -308,12 +310,13 @@ def _named_where(args: list[str], message: str) -> str:
     return f"LOCALGEN_MODEL={name}: {message}"
 
 
-def _foreign_flag(args: list[str], error: Exception) -> str | None:
-    """For Click's usage `error`: the llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`)
-    it was about, where the command lacks it and other commands have it, as "localgen tune has no -ngl option (run,
-    chat, ... have it)". Click reads such a word as a short flag and its value (`-n gl`), so its own message names
-    the wrong flag. None where the error is about something else (every command is imported to know: this is the
-    error's path only)."""
+def _foreign_flag(args: list[str], error: Exception | None = None) -> str | None:
+    """The llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`) that a command was given
+    and lacks while other commands have it, as "localgen tune has no -ngl option: run, chat, ... have it". Click
+    reads such a word as a short flag and its value (`-n gl`), so its usage `error` names the wrong flag: the word
+    is named where Click's error is about it, in the command Click was parsing. With no `error` (a command that
+    ran and failed on what Click made of the word: `embed -mg 0 hi` looks for a model called "g"), any such word
+    of the command's own. None where there is none (every command is imported to know: an error's path only)."""
     import typer
 
     from localgen.cli import app
@@ -324,40 +327,46 @@ def _foreign_flag(args: list[str], error: Exception) -> str | None:
         return any(word in p.opts for p in command.params  # an option (not an argument) that is no switch
                    if hasattr(p, "is_flag") and not (p.is_flag or getattr(p, "count", False)))
 
-    leaf, path, words, value_next = root, ["localgen"], [], False
+    # each command on the line with the words given to it (not its options' values, not its subcommand's words)
+    segments: list[tuple[Any, list[str], list[str]]] = [(root, ["localgen"], [])]
+    value_next = False
     for a in args[:args.index("--") if "--" in args else len(args)]:
+        command, path, words = segments[-1]
         if value_next:  # an option's value, whatever it looks like (`run -p -npl`)
             value_next = False
         elif a.startswith("-"):
             words.append(a)
-            value_next = "=" not in a and takes_value(leaf, a)
-        elif (sub := getattr(leaf, "commands", {}).get(a)) is not None:
-            leaf, path, words = sub, [*path, a], []  # the flags before it were its group's (`bench -ngl 9 history`)
-    if leaf is root:
+            value_next = "=" not in a and takes_value(command, a)
+        elif (sub := getattr(command, "commands", {}).get(a)) is not None:
+            segments.append((sub, [*path, a], []))
+    ctx = getattr(error, "ctx", None)
+    failed = getattr(ctx, "command_path", None) if error is not None else None
+    command, path, words = next((seg for seg in segments if " ".join(seg[1]) == failed), segments[-1])
+    if command is root:
         return None
 
-    def flags(command: Any) -> set[str]:
-        return {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+    def flags(c: Any) -> set[str]:
+        return {o for p in c.params for o in (*p.opts, *p.secondary_opts)}
 
-    def every(command: Any, name: str) -> list[tuple[str, Any]]:  # a group's own flags (bench's) count too
-        subs = getattr(command, "commands", {})
-        return [(name, command), *(pair for sub, c in subs.items() for pair in every(c, f"{name} {sub}".strip()))]
+    def every(c: Any, name: str) -> list[tuple[str, Any]]:  # a group's own flags (bench's) count too
+        subs = getattr(c, "commands", {})
+        return [(name, c), *(pair for sub, s in subs.items() for pair in every(s, f"{name} {sub}".strip()))]
 
-    message = error.format_message() if hasattr(error, "format_message") else str(error)
-    own, commands = flags(leaf), every(root, "")[1:]
-    for a in words:
+    message = (error.format_message() if hasattr(error, "format_message") else str(error)) if error else ""
+    own, commands = flags(command), every(root, "")[1:]
+    for k, a in enumerate(words):
         flag = a.split("=", 1)[0]
-        if a.startswith("--") or len(flag) < 3 or flag in own:
-            continue
+        if a.startswith("--") or len(flag) < 3 or flag in own or flag[:2] in words[:k]:
+            continue  # (`ps -n 3 -ngl 9`: Click's error may be about the -n given first)
         param = getattr(error, "param", None)  # Click's NoSuchOption has option_name, BadParameter param
-        about = getattr(error, "option_name", None) in (flag, flag[:2]) or (
+        about = error is None or getattr(error, "option_name", None) in (flag, flag[:2]) or (
             param is not None and flag[:2] in param.opts and a[2:] in message) or message.startswith(
             "Got unexpected extra argument")
         others = [name for name, c in commands if flag in flags(c)] if about else []
         if others:
             shown = others if len(others) <= 6 else [*others[:5], f"{len(others) - 5} more"]
             named = ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1]
-            return f"{' '.join(path)} has no {flag} option ({named} {'has' if len(others) == 1 else 'have'} it)"
+            return f"{' '.join(path)} has no {flag} option: {named} {'has' if len(others) == 1 else 'have'} it"
     return None
 
 
