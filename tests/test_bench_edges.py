@@ -169,7 +169,8 @@ def test_ctrl_c_inside_a_models_freeing_lets_it_finish_and_stops_before_the_next
     monkeypatch.setattr(Engine, "close", close)
     monkeypatch.setattr(Engine, "__init__", init)
     r = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "-t", "1,2", "--no-e2e", "-o", "jsonl")
-    assert freed and loads == [1], "the freeing finished, and the second configuration was never loaded"
+    assert freed and loads == [1], ("the freeing finished, and the second configuration was never loaded",
+                                    freed, loads, r.exit_code, repr(r.exception), r.stderr[-2000:])
     assert r.exit_code == 130
     assert [json.loads(x)["n_threads"] for x in r.stdout.splitlines()] == [1]
     assert "interrupted; the results above were measured and kept" in r.stderr

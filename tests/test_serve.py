@@ -89,9 +89,14 @@ class Server:
         return dict(httpx.get(f"{self.url}/health", timeout=5).json()["models"]["smollm2:135m"])
 
     def stop(self) -> int:
+        """SIGTERM, and the exit status; where it is not 0 (a server that had ended by itself, with 1), the end of
+        its log goes to stderr, which pytest shows with the test that failed on it."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=300)
+        code = self.proc.wait(timeout=300)
+        if code != 0:
+            print(f"serve ended with {code}; the end of its log:\n{self.log()[-4000:]}", file=sys.stderr)
+        return code
 
 
 @pytest.fixture(scope="module")
