@@ -32,15 +32,6 @@ def child(cli_env: dict[str, str]) -> Iterator[Server]:
     assert s.stop() == 0
 
 
-def _log(s: Server) -> str:
-    return s.log()
-
-
-def _access(s: Server, request_id: str, deadline_s: float = 30) -> str:
-    """The access line of one request (written as it ends: waited for)."""
-    return s.access(request_id, deadline_s)
-
-
 def _still_answers(url: str) -> None:
     r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "The capital of France is",
                                                   "max_tokens": 3}, timeout=120)
@@ -60,7 +51,7 @@ def test_a_prompt_of_no_tokens_is_a_400_and_the_server_lives(child: Server, body
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["message"].startswith("prompt must not be empty") and err["param"] == "prompt"
-    assert child.proc.poll() is None, _log(child)
+    assert child.proc.poll() is None, child.log()
     assert child.health()["failed_jobs"] == before
     _still_answers(child.url)
 
@@ -164,15 +155,15 @@ def test_a_load_whose_client_left_evicts_nothing(cli_env: dict[str, str], gemma_
             time.sleep(0.05)
         with pytest.raises(httpx.TimeoutException):
             httpx.post(f"{s.url}{path}", json=body, headers={"X-Request-Id": "leaver"}, timeout=2)
-        assert " 499 " in _access(s, "leaver"), _log(s)  # dropped at once, not after --load-wait
-        assert "gemma3:270m waits for room" in _log(s), "the load waited for SmolLM2's room when its client left"
+        assert " 499 " in s.access("leaver"), s.log()  # dropped at once, not after --load-wait
+        assert "gemma3:270m waits for room" in s.log(), "the load waited for SmolLM2's room when its client left"
         health = httpx.get(f"{s.url}/health", timeout=10).json()
         assert health["residency"]["waiting"] == [] and health["models"][MODEL]["yielding_to"] == []
         t.join()
         assert busy["r"].status_code == 200
         _still_answers(s.url)  # a load still waiting would have had the room first (fair swap), evicting SmolLM2
         assert httpx.get(f"{s.url}/health", timeout=10).json()["residency"]["loaded"] == [MODEL]
-        assert "to make room for gemma3" not in _log(s) and "loaded gemma3" not in _log(s)
+        assert "to make room for gemma3" not in s.log() and "loaded gemma3" not in s.log()
     finally:
         assert s.stop() == 0
 
@@ -189,7 +180,7 @@ def test_a_load_answers_nothing_so_counts_no_tokens(child: Server, path: str, bo
     rid = "loadonly" + path.replace("/", "-")
     r = httpx.post(f"{child.url}{path}", json=body, headers={"X-Request-Id": rid}, timeout=60)
     assert r.status_code == 200, r.text
-    line = _access(child, rid)
+    line = child.access(rid)
     assert " 200 " in line and " tokens " not in line, line
     assert prompt_tokens() == before
 
@@ -204,8 +195,8 @@ def test_a_client_that_leaves_mid_stream_is_a_499_with_its_tokens(child: Server)
         lines = r.iter_lines()
         for _ in range(4):
             next(lines)
-    line = _access(child, "streamleaver")
-    assert re.search(r" 499 \d+\+\d+ tokens ", line), _log(child)
+    line = child.access("streamleaver")
+    assert re.search(r" 499 \d+\+\d+ tokens ", line), child.log()
 
 
 def test_a_client_that_leaves_mid_body_is_a_499(child: Server) -> None:
@@ -213,7 +204,7 @@ def test_a_client_that_leaves_mid_body_is_a_499(child: Server) -> None:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"X-Request-Id: bodyleaver\r\nContent-Length: 100\r\n\r\n{\"mo")
         time.sleep(0.5)
-    assert " 499 " in _access(child, "bodyleaver"), _log(child)
+    assert " 499 " in child.access("bodyleaver"), child.log()
     metrics = httpx.get(f"{child.url}/metrics", timeout=10).text
     assert 'status="none"' not in metrics
 
@@ -312,8 +303,8 @@ def test_a_delete_client_that_leaves_mid_body_is_a_499_not_a_traceback(child: Se
     with socket.create_connection(("127.0.0.1", child.port)) as sock:
         sock.sendall(DELETE + b"X-Request-Id: deleteleaver\r\nContent-Length: 100\r\n\r\n{\"mo")
         time.sleep(0.5)
-    assert " 499 " in _access(child, "deleteleaver"), _log(child)
-    assert "Traceback" not in _log(child)
+    assert " 499 " in child.access("deleteleaver"), child.log()
+    assert "Traceback" not in child.log()
 
 
 def test_a_delete_with_no_type_still_deletes_what_it_names(child: Server) -> None:
@@ -545,15 +536,15 @@ def test_a_downloaded_files_numbers_are_not_its_access_lines_tokens(child: Serve
     got = httpx.get(f"{child.url}/v1/files/{up.json()['id']}/content", headers={"X-Request-Id": "files-content"},
                     timeout=60)
     assert got.status_code == 200 and b'"prompt_tokens": 33' in got.content
-    said = _access(child, "files-content")
+    said = child.access("files-content")
     assert said.startswith(f"GET /v1/files/{up.json()['id']}/content 200 ") and "tokens" not in said, said
     made = httpx.post(f"{child.url}/v1/chat/completions", json={"model": MODEL, "messages": HI, "max_tokens": 2},
                       headers={"X-Request-Id": "files-chat"}, timeout=120)
     usage = made.json()["usage"]
-    assert f" 200 {usage['prompt_tokens']}+{usage['completion_tokens']} tokens " in _access(child, "files-chat")
+    assert f" 200 {usage['prompt_tokens']}+{usage['completion_tokens']} tokens " in child.access("files-chat")
     embedded = httpx.post(f"{child.url}/v1/embeddings", json={"model": MODEL, "input": "hi there"},
                           headers={"X-Request-Id": "files-embed"}, timeout=120)
     assert embedded.status_code == 200, embedded.text
     used = embedded.json()["usage"]["prompt_tokens"]
-    assert f" 200 {used}+0 tokens " in _access(child, "files-embed") or f" 200 {used} tokens " in _access(
-        child, "files-embed"), _access(child, "files-embed")
+    line = child.access("files-embed")
+    assert f" 200 {used}+0 tokens " in line or f" 200 {used} tokens " in line, line

@@ -144,14 +144,9 @@ def _main(argv: list[str] | None) -> None:
         err.interrupted()
         rc = 130
     except typer.TyperException as e:  # usage errors: bad flag, value out of range, missing file
-        ctx = getattr(e, "ctx", None)
-        where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        message = e.format_message() if hasattr(e, "format_message") else str(e)
-        foreign = _foreign_flag(args, e) if message.strip() else None
-        if foreign is not None:  # `tune -ngl 99` read as `-n gl`: the flag named, not the letter Click saw
-            message, where = foreign, f" (see '{foreign.split(' has no ')[0]} --help')"
+        message = _usage_line(args, e)
         if message.strip():  # empty for "no arguments": the help was already printed
-            err.error(f"{message}{where}", _model_first(args, message))
+            err.error(message, _model_first(args, message))
         rc = getattr(e, "exit_code", 2)
     except LocalgenError as e:
         if debug:
@@ -160,7 +155,7 @@ def _main(argv: list[str] | None) -> None:
 
         foreign = _foreign_flag(args) if any(len(a) > 2 and a[0] == "-" != a[1] for a in args) else None
         err.error(_named_where(args, e.message) if isinstance(e, ModelNotFoundError) else e.message,
-                  foreign or e.hint)  # `embed -mg 0 hi`: "unknown model 'g'", and why
+                  " has no ".join(foreign) if foreign else e.hint)  # `embed -mg 0 hi`: "unknown model 'g'", and why
         rc = e.exit_code
     except KeyboardInterrupt:
         err.interrupted()
@@ -310,11 +305,26 @@ def _named_where(args: list[str], message: str) -> str:
     return f"LOCALGEN_MODEL={name}: {message}"
 
 
-def _foreign_flag(args: list[str], error: Exception | None = None) -> str | None:
+def _usage_line(args: list[str], e: Exception) -> str:
+    """Click's usage error as localgen says it: its message and the command's help to see (empty where Click's is,
+    for no arguments); a llama.cpp flag the command lacks (`tune -ngl 99`, read as `-n gl`) named, not the letter
+    Click saw."""
+    message = e.format_message() if hasattr(e, "format_message") else str(e)
+    if not message.strip():
+        return message
+    ctx = getattr(e, "ctx", None)
+    foreign = _foreign_flag(args, e)
+    if foreign is not None:
+        return f"{foreign[0]} has no {foreign[1]} (see '{foreign[0]} --help')"
+    return message + (f" (see '{ctx.command_path} --help')" if ctx is not None else "")
+
+
+def _foreign_flag(args: list[str], error: Exception | None = None) -> tuple[str, str] | None:
     """The llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`) that a command was given
-    and lacks while other commands have it, as "localgen tune has no -ngl option: run, chat, ... have it". Click
-    reads such a word as a short flag and its value (`-n gl`), so its usage `error` names the wrong flag: the word
-    is named where Click's error is about it, in the command Click was parsing. With no `error` (a command that
+    and lacks while other commands have it: the command and what it has not ("localgen tune", "-ngl option: run,
+    chat, ... have it"). Click reads such a word as a short flag and its value (`-n gl`), so its usage `error`
+    names the wrong flag: the word is named where Click's error is about it, in the command Click was parsing.
+    With no `error` (a command that
     ran and failed on what Click made of the word: `embed -mg 0 hi` looks for a model called "g"), any such word
     of the command's own. None where there is none (every command is imported to know: an error's path only)."""
     import typer
@@ -366,7 +376,7 @@ def _foreign_flag(args: list[str], error: Exception | None = None) -> str | None
         if others:
             shown = others if len(others) <= 6 else [*others[:5], f"{len(others) - 5} more"]
             named = ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1]
-            return f"{' '.join(path)} has no {flag} option: {named} {'has' if len(others) == 1 else 'have'} it"
+            return " ".join(path), f"{flag} option: {named} {'has' if len(others) == 1 else 'have'} it"
     return None
 
 

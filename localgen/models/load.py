@@ -56,13 +56,13 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     lora.check_all(ref, params.lora)  # before the weights load
     make = factory or Engine
     cpu_only = False
-    layout = footprint.layout(ref.path)
+    layout = footprint.layout(ref.path) if params.override_tensor or not params.rpc else None  # RPC: no plan
     for text in unmatched_overrides(ref, params.override_tensor, layout):
         warn(text)
     if not params.rpc:  # with RPC servers every layer goes to the devices
         offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
-        plan = fit.plan(ref.summary, layout, machine or fit.this_machine(offload), params,
+        plan = fit.plan(ref.summary, layout or footprint.layout(ref.path), machine or fit.this_machine(offload), params,
                         ctx=params.n_ctx, parallel=parallel)
         see = f"(`localgen fit -m {ref.name}` shows the plan)"
         if not plan.fits:  # its verdict is "won't fit"; the load is tried all the same (mapped weights may page)
