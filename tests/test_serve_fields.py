@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.workers import running_worker
+
 MODEL = "smollm2:135m"
 pytestmark = pytest.mark.slow  # a real ModelWorker on SmolLM2
 
@@ -22,22 +24,14 @@ BIG = "x" * 1_000_000
 def client(smollm2_path: Path) -> Iterator[Any]:
     from starlette.testclient import TestClient
 
-    from localgen.models.resolve import resolve
     from localgen.serve.app import build
     from localgen.serve.guard import Policy
     from localgen.serve.state import ServeState
-    from localgen.serve.worker import ModelWorker
-    from localgen.types import LoadParams
 
-    worker = ModelWorker(resolve(str(smollm2_path)), LoadParams(n_ctx=1024), parallel=2, keep_alive=-1, max_queue=8)
-    worker.preload()
-    worker.start()
-    try:
-        with TestClient(build(ServeState(workers={MODEL: worker}), Policy(check_host=False)),
-                        raise_server_exceptions=False) as c:
-            yield c
-    finally:
-        worker.stop()
+    with running_worker(smollm2_path, parallel=2) as worker, \
+            TestClient(build(ServeState(workers={MODEL: worker}), Policy(check_host=False)),
+                       raise_server_exceptions=False) as c:
+        yield c
 
 
 def _raw_chat(field: str, raw: str) -> str:

@@ -28,6 +28,11 @@ class Policy(Protocol):
     @property
     def idle(self) -> bool: ...
 
+    @property
+    def running(self) -> bool:
+        """Whether it runs a request outside the scheduler's slots (the throughput policy's solo lane)."""
+        ...
+
     def step(self) -> None: ...
 
     def close(self) -> None: ...
@@ -150,6 +155,10 @@ class Throughput:
     @property
     def idle(self) -> bool:
         return not self.queue and not self.solo_queue and self.solo is None
+
+    @property
+    def running(self) -> bool:
+        return self.solo is not None
 
     def step(self) -> None:
         s = self.s
@@ -367,6 +376,10 @@ class Exact:
     @property
     def idle(self) -> bool:
         return not self.queue
+
+    @property
+    def running(self) -> bool:
+        return False  # what it runs is in the scheduler's slots
 
     def step(self) -> None:
         s = self.s

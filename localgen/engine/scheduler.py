@@ -131,6 +131,12 @@ class Scheduler:
         return not self.active and not self.tasks and self.policy.idle
 
     @property
+    def fresh(self) -> bool:
+        """Whether it holds requests and none has begun (none in a slot or a solo lane, no task): its next step
+        would be a burst's first."""
+        return not self.active and not self.tasks and not self.policy.idle and not self.policy.running
+
+    @property
     def room(self) -> int:
         """How many more generation requests the next step would start (free slots less those waiting)."""
         return len(self.free) - self.policy.waiting

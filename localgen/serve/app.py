@@ -39,6 +39,7 @@ from localgen.serve import (
     vectorstores,
 )
 from localgen.serve.apierror import ERROR_EXTRA, HTTPError, error_response
+from localgen.serve.arrivals import ARRIVALS
 from localgen.serve.guard import Gate, Policy
 from localgen.serve.http10 import Http10
 from localgen.serve.incoming import INCOMING, Incoming
@@ -242,6 +243,7 @@ class FrontDoor:
         async def sending(message: dict[str, Any]) -> None:
             nonlocal status, ended
             if message["type"] == "http.response.start":
+                trace.arrived()
                 status = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             elif message["type"] == "http.response.body":
@@ -251,9 +253,12 @@ class FrontDoor:
                     counts.update((_KIND[k], int(v)) for k, v in _COUNTS.findall(tail))
             await send(message)
 
+        if scope["method"] == "POST":  # a model's burst waits for it until it is handed on (serve/arrivals.py)
+            trace.arrival = ARRIVALS.enter()
         try:
             await self.app(scope, receiving, sending)
         finally:
+            trace.arrived()
             if left:  # mid-body, queued or mid-stream: a client that left is a 499, with the tokens made for it
                 status = 499
                 await _settled(trace)

@@ -63,6 +63,12 @@ class Trace:
     failed: int | None = None  # the status of an error that ended its stream after the stream began
     upstream: str | None = None  # the endpoint a remote model's request was sent on to (serve/upstream.py)
     usage: Tally | None = None  # that request's tokens, from the usage its answer ended with
+    arrival: Any = None  # its place among the requests being read (serve/arrivals.py), a POST's until handed on
+
+    def arrived(self) -> None:
+        """The request is no longer being read: handed to a model, or answering (serve/arrivals.py)."""
+        if self.arrival is not None:
+            self.arrival.done()
 
 
     def counted(self) -> Tally | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.backend import Completion
 from localgen.errors import Cancelled, LocalgenError
+from localgen.serve.arrivals import Bursts
 from localgen.serve.faults import Faults
 from localgen.serve.jobs import (
     IN_SLOTS,
@@ -77,6 +78,7 @@ class ModelWorker:
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
         self.on_completion: Callable[[str, Completion], None] | None = None  # serve/metrics.py's count
         self._stop = threading.Event()
+        self.bursts = Bursts()  # a burst's first step waits for the jobs still coming (serve/arrivals.py)
         self.thread = threading.Thread(target=self._serve, name=f"localgen-{self.name}", daemon=True)
 
     # ---- from the HTTP side -----------------------------------------------------------------------
@@ -102,6 +104,9 @@ class ModelWorker:
         if not self._live.add(job, self.parallel + self.max_queue):
             raise QueueFull(f"{self.name}: all {self.parallel} slots are busy and {self.max_queue} requests wait")
         self.last_used = time.monotonic()
+        if job.trace is not None:  # no longer counted among the requests being read (serve/arrivals.py)
+            job.trace.arrived()
+        self.bursts.came(others=len(self._live) > 1)
         self.inbox.put(None)
 
     def request_unload(self, reason: str = "asked", evicted_for: str | None = None,
@@ -255,6 +260,8 @@ class ModelWorker:
                 self._admit_prepared()
                 if res.sched is not None and not res.sched.idle:
                     self._abort_cancelled(res.sched)
+                    if self.bursts.hold(res.sched.fresh and res.sched.pc.pooled, res.sched.policy.waiting):
+                        continue  # a burst's first step waits for the jobs still coming (serve/arrivals.py)
                     self._step(res.sched)
                     continue
                 if self._live.of(State.PREPARING):
