@@ -59,12 +59,14 @@ def test_requests_being_read_hold_a_burst_until_they_are_handed_on_or_its_time_i
     assert counted.coming == 0
     assert b.hold(fresh=True, jobs=1) is False
 
+    b.rested()  # the burst ended and the model was idle
     stuck = counted.enter()  # a request that is never handed on holds the next burst for BURST_S at most
     b.came(others=False)
     assert b.hold(fresh=True, jobs=1) is True
     clock.now += BURST_S
     assert b.hold(fresh=True, jobs=1) is False
     clock.now += 10.0
+    b.rested()
     b.came(others=False)  # nor does it hold a later one: it came more than BURST_S ago
     assert (counted.coming, counted.held) == (0, 1)
     assert b.hold(fresh=True, jobs=1) is False
@@ -81,6 +83,7 @@ def test_after_a_burst_the_next_one_waits_for_a_quiet_moment_and_a_lone_request_
     assert b.company
 
     clock.now += 10.0
+    b.rested()
     b.came(others=False)
     assert b.hold(fresh=True, jobs=1) is True  # waits for more, until no job has come for QUIET_S
     clock.now += QUIET_S / 2
@@ -91,12 +94,14 @@ def test_after_a_burst_the_next_one_waits_for_a_quiet_moment_and_a_lone_request_
     assert b.company  # two in its first step
 
     clock.now += 10.0
+    b.rested()
     b.came(others=False)
     assert b.hold(fresh=True, jobs=1) is True
     clock.now += QUIET_S
     assert b.hold(fresh=True, jobs=1) is False  # a lone request waited QUIET_S once
     assert not b.company
     clock.now += 10.0
+    b.rested()
     b.came(others=False)
     assert b.hold(fresh=True, jobs=1) is False  # and the next does not
 
@@ -105,12 +110,27 @@ def test_a_steady_stream_of_requests_holds_a_burst_for_burst_s_at_most() -> None
     b, _, clock = _bursts()
     b.company = True
     start = clock.now
-    while True:
+    for _ in range(1000):
         b.came(others=True)
         if not b.hold(fresh=True, jobs=2):
             break
         clock.now += QUIET_S / 2
     assert clock.now - start == pytest.approx(BURST_S, abs=QUIET_S)
+
+
+def test_requests_queued_behind_full_slots_start_without_waiting_until_the_model_rests() -> None:
+    """Every slot ended in the same step and requests still wait: the scheduler runs nothing, but a burst is
+    under way, so they start at once; once it has been idle, the next burst waits again."""
+    b, counted, clock = _bursts()
+    b.came(others=False)
+    assert b.hold(fresh=True, jobs=6) is False  # the burst's first step: 4 of 6 take the slots
+    reading = counted.enter()
+    b.came(others=True)
+    clock.now += QUIET_S / 2
+    assert b.hold(fresh=True, jobs=3) is False  # all 4 ended in one step: the rest start now
+    b.rested()
+    assert b.hold(fresh=True, jobs=1) is True
+    reading.done()
 
 
 def test_the_front_door_counts_a_post_until_its_answer_begins() -> None:
@@ -205,17 +225,32 @@ def test_a_burst_read_while_its_first_job_waits_is_evaluated_in_one_step(worker:
     assert pc.steps == steps + 1
 
 
-def test_a_chat_is_no_longer_counted_once_handed_to_its_model(worker: Any) -> None:
+def test_a_chat_is_no_longer_counted_once_handed_to_its_model(worker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted until submitted (before its answer begins), and a client's chats one after another do not make the
+    model wait for a burst."""
     from starlette.testclient import TestClient
 
     from localgen.serve.app import build
     from localgen.serve.guard import Policy
     from localgen.serve.state import ServeState
 
-    before = arrivals.ARRIVALS.coming
-    body = {"model": MODEL, "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "Count to ten."}]}
+    monkeypatch.setattr(arrivals, "BURST_S", 5.0)  # a second chat well inside a burst's time after the first
+    before = arrivals.ARRIVALS.held
+    at_submit: list[int] = []
+    company: list[bool] = []  # whether the model takes a burst to be coming, once each chat is submitted
+    came = worker.bursts.came
+
+    def counted(others: bool) -> None:
+        at_submit.append(arrivals.ARRIVALS.held)
+        came(others)
+        company.append(worker.bursts.company)
+
+    monkeypatch.setattr(worker.bursts, "came", counted)
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Count to ten."}]}
     app = build(ServeState(workers={MODEL: worker}), Policy(check_host=False), webui=False)
-    with TestClient(app) as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200
-        assert next(r.iter_lines()).startswith("data: ")
-        assert arrivals.ARRIVALS.coming == before
+    with TestClient(app) as client:
+        for _ in range(2):
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+    assert at_submit == [before, before]
+    assert company[1] is False  # the second came after the first had ended

@@ -3,16 +3,17 @@ serve's event loop reads them one after another, so a burst's first step began w
 the rest were evaluated in the next steps while the first streams waited: their second token came only after
 the others' prompts (docs/benchmarks.md, "A burst of requests").
 
-So a model's thread, about to begin a burst (the throughput scheduler holds requests and runs nothing), waits a
-moment, at most BURST_S from the burst's first job, while:
+So a model's thread, about to begin a burst (the throughput scheduler holds requests and has run nothing since
+it was last idle), waits a moment, at most BURST_S from the first step it could have taken, while:
 - requests are being read (Arrivals: a POST counts from the moment serve/app.py's FrontDoor takes it until the
   first of: its first job is submitted to a model, its response begins, it ends, BURST_S has passed); the count
   is the whole server's, so a request for another model, or one that is slow to hand on (an upload, a remote
   model's answer), delays a burst only if it came in the last BURST_S;
-- or bursts come to this model (the last one had company: more than one job in its first step, or one that
-  came within BURST_S after it while the others ran) and its last job came less than QUIET_S ago: requests still
-  on their way through the event loop are not counted yet. A lone request after a burst waits QUIET_S once;
-  after it, none wait, nor do a client's requests sent one after another."""
+- or bursts come to this model (the last one had company: more than one request waiting at its first step, or
+  a job that came within BURST_S after that step while the model had others) and its last job came less than
+  QUIET_S ago: requests still on their way through the event loop are not counted yet. A lone request after a
+  burst waits QUIET_S once; after it, none wait, nor do a client's requests sent one after another.
+A model that is already working never waits: requests queued behind full slots start as slots free up."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ class Bursts:
         self.arrivals = arrivals
         self.clock = clock
         self.company = False  # the last burst had more than one job: the next is waited for too
+        self.resting = True  # no step since the scheduler was last idle: its next step begins a burst
         self.began: float | None = None  # the waiting burst's first `hold`
         self.stepped = float("-inf")  # when the last burst's first step began
         self.last_job = float("-inf")  # when the last job came
@@ -92,14 +94,18 @@ class Bursts:
                 self.company = True
             self.arrivals.cond.notify_all()
 
+    def rested(self) -> None:
+        """The scheduler is idle: its next step begins a burst (the model's thread)."""
+        self.resting = True
+
     def hold(self, fresh: bool, jobs: int) -> bool:
         """Whether to wait before this step (and waits a little: at most until QUIET_S after the last job, a
         poll's 0.01 s, or the burst's end); then the caller takes the jobs that came and asks again. `fresh`:
-        the scheduler runs nothing yet (Scheduler.fresh); `jobs`: the requests it holds."""
+        the scheduler runs nothing (Scheduler.fresh); `jobs`: the requests waiting in it."""
+        if not fresh or not self.resting:  # running, or slots that all ended in one step: no burst begins
+            self.began = None
+            return False
         with self.arrivals.cond:
-            if not fresh:
-                self.began = None
-                return False
             now = self.clock()
             if self.began is None:
                 self.began = now
@@ -111,6 +117,7 @@ class Bursts:
                 self.arrivals.cond.wait(until - now)
                 return True
             self.began = None
+            self.resting = False
             self.stepped = now
             self.company = jobs > 1
             return False

@@ -256,6 +256,8 @@ class ModelWorker:
                 warm_template(res.backend)
                 res.pc.warm_up()
             while not self._stop.is_set():
+                if res.sched is None or res.sched.idle:
+                    self.bursts.rested()  # the next jobs begin a burst (serve/arrivals.py)
                 self._intake(wait=res.sched is None or res.sched.idle)
                 self._admit_prepared()
                 if res.sched is not None and not res.sched.idle:
