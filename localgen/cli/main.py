@@ -155,7 +155,7 @@ def _main(argv: list[str] | None) -> None:
 
         foreign = _foreign_flag(args) if any(len(a) > 2 and a[0] == "-" != a[1] for a in args) else None
         err.error(_named_where(args, e.message) if isinstance(e, ModelNotFoundError) else e.message,
-                  " has no ".join(foreign) if foreign else e.hint)  # `embed -mg 0 hi`: "unknown model 'g'", and why
+                  foreign[1] if foreign else e.hint)  # `embed -mg 0 hi`: "unknown model 'g'", and why
         rc = e.exit_code
     except KeyboardInterrupt:
         err.interrupted()
@@ -315,18 +315,18 @@ def _usage_line(args: list[str], e: Exception) -> str:
     ctx = getattr(e, "ctx", None)
     foreign = _foreign_flag(args, e)
     if foreign is not None:
-        return f"{foreign[0]} has no {foreign[1]} (see '{foreign[0]} --help')"
+        return f"{foreign[1]} (see '{foreign[0]} --help')"
     return message + (f" (see '{ctx.command_path} --help')" if ctx is not None else "")
 
 
 def _foreign_flag(args: list[str], error: Exception | None = None) -> tuple[str, str] | None:
     """The llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`) that a command was given
-    and lacks while other commands have it: the command and what it has not ("localgen tune", "-ngl option: run,
-    chat, ... have it"). Click reads such a word as a short flag and its value (`-n gl`), so its usage `error`
-    names the wrong flag: the word is named where Click's error is about it, in the command Click was parsing.
-    With no `error` (a command that
-    ran and failed on what Click made of the word: `embed -mg 0 hi` looks for a model called "g"), any such word
-    of the command's own. None where there is none (every command is imported to know: an error's path only)."""
+    and lacks while other commands have it: the command and what to say ("localgen tune", "localgen tune has no
+    -ngl option: run, chat, ... have it"). Click reads such a word as a short flag and its value (`-n gl`), so its
+    usage `error` names the wrong flag: the word is named where Click's error is about it, in the command Click was
+    parsing. With no `error` (a command that ran and failed on what Click made of the word: `embed -mg 0 hi` looks
+    for a model called "g"), any such word of the command's own. None where there is none (every command is
+    imported to know: an error's path only)."""
     import typer
 
     from localgen.cli import app
@@ -376,7 +376,8 @@ def _foreign_flag(args: list[str], error: Exception | None = None) -> tuple[str,
         if others:
             shown = others if len(others) <= 6 else [*others[:5], f"{len(others) - 5} more"]
             named = ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1]
-            return " ".join(path), f"{flag} option: {named} {'has' if len(others) == 1 else 'have'} it"
+            command_path, verb = " ".join(path), "has" if len(others) == 1 else "have"
+            return command_path, f"{command_path} has no {flag} option: {named} {verb} it"
     return None
 
 

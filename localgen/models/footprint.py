@@ -314,6 +314,20 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
     for il in range(n_layer):
         kv[_device_name(layer_dev[il], n_gpus)] += per_layer
 
+    compute = _compute(s, load, n_cells, [_device_name(d, n_gpus) for d in layer_dev], names)
+    output = n_seq * (s.vocab_size or 0) * F32
+
+    mapped = sum(hi - lo for lo, hi in spans.values()) + copies if known else w[CPU]
+    devices = [DeviceNeed(name, weights=w[name], kv=kv[name], compute=compute[name],
+                          output=output if name == CPU else 0, experts=experts[name],
+                          mapped=mapped if name == CPU else 0)
+               for name in names if name == CPU or w[name] or kv[name] or compute[name]]
+    return Footprint(tuple(devices))
+
+
+def _compute(s: GGUFSummary, load: LoadParams, n_cells: int, layer_dev: list[str], names: list[str]) -> dict[str, int]:
+    """Each device's compute buffer (its largest micro-batch's activations), by `estimate`'s device names; `layer_dev`:
+    the device of each repeating layer, then the output layer's."""
     ub = min(load.n_ubatch or 512, load.n_batch, n_cells)
     rows = 2 * ub * (s.n_embd or 0) * F32
     logits = ub * (s.vocab_size or 0) * F32 + rows
@@ -323,9 +337,8 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
     used, ff_exp = _meta_int(s, "expert_used_count"), _meta_int(s, "expert_feed_forward_length")
     ffn = ub * max(2 * _meta_int(s, "feed_forward_length"), 3 * used * ff_exp) * F32 + rows
     compute = dict.fromkeys(names, 0)
-    out_dev = _device_name(layer_dev[n_layer], n_gpus)
-    used_gpus = {_device_name(d, n_gpus) for d in layer_dev[:n_layer] if d is not None}
-    for name in used_gpus:
+    out_dev = layer_dev[-1]
+    for name in {d for d in layer_dev[:-1] if d != CPU}:
         compute[name] = max(scores, ffn)
     compute[out_dev] = max(logits, scores, ffn)
     if out_dev != CPU:
@@ -337,14 +350,7 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
         compute[out_dev] = max(logits - rows + mask + 3 * ub * (s.n_embd or 0) * F32 // 2 + experts_rows, scores,
                                ffn)
         compute[CPU] = rows + mask
-    output = n_seq * (s.vocab_size or 0) * F32
-
-    mapped = sum(hi - lo for lo, hi in spans.values()) + copies if known else w[CPU]
-    devices = [DeviceNeed(name, weights=w[name], kv=kv[name], compute=compute[name],
-                          output=output if name == CPU else 0, experts=experts[name],
-                          mapped=mapped if name == CPU else 0)
-               for name in names if name == CPU or w[name] or kv[name] or compute[name]]
-    return Footprint(tuple(devices))
+    return compute
 
 
 def embeddings_bytes(s: GGUFSummary, n_ctx: int, flash: bool = True) -> int:

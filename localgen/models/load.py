@@ -59,11 +59,11 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     layout = footprint.layout(ref.path) if params.override_tensor or not params.rpc else None  # RPC: no plan
     for text in unmatched_overrides(ref, params.override_tensor, layout):
         warn(text)
-    if not params.rpc:  # with RPC servers every layer goes to the devices
+    if layout is not None and not params.rpc:  # with RPC servers every layer goes to the devices
         offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
-        plan = fit.plan(ref.summary, layout or footprint.layout(ref.path), machine or fit.this_machine(offload), params,
-                        ctx=params.n_ctx, parallel=parallel)
+        plan = fit.plan(ref.summary, layout, machine or fit.this_machine(offload), params, ctx=params.n_ctx,
+                        parallel=parallel)
         see = f"(`localgen fit -m {ref.name}` shows the plan)"
         if not plan.fits:  # its verdict is "won't fit"; the load is tried all the same (mapped weights may page)
             warn(f"context {plan.ctx} tokens, not {plan.asked}, and the model does not fit RAM even there: "

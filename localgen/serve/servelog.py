@@ -21,7 +21,10 @@ import secrets
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from localgen.serve.arrivals import Arrival
 
 MAX_ID = 128  # characters kept of a client's X-Request-Id
 MAX_MODEL_NAME = 200  # characters kept of a model's name as a request gives it
@@ -63,13 +66,12 @@ class Trace:
     failed: int | None = None  # the status of an error that ended its stream after the stream began
     upstream: str | None = None  # the endpoint a remote model's request was sent on to (serve/upstream.py)
     usage: Tally | None = None  # that request's tokens, from the usage its answer ended with
-    arrival: Any = None  # its place among the requests being read (serve/arrivals.py), a POST's until handed on
+    arrival: Arrival | None = None  # its place among the requests being read (serve/arrivals.py): a POST's
 
     def arrived(self) -> None:
         """The request is no longer being read: handed to a model, or answering (serve/arrivals.py)."""
         if self.arrival is not None:
             self.arrival.done()
-
 
     def counted(self) -> Tally | None:
         """The request's tokens now: its jobs' tallies (each read once: the worker may replace it meanwhile)
