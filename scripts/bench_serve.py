@@ -18,6 +18,8 @@ cache, from its `timings`).
 --whole sends requests that do not stream: instead of TTFT and ITL it reports each request's time (p50) and
 the server's own decoding time per token (the median of its `timings`' predicted_ms / predicted_n), which
 leaves out the hand-over of every token to the HTTP side.
+After each setting, a line tells what localgen's decoding steps did in its rounds (from its /metrics): how many a
+round, how many evaluated prompts beside the streams decoding, their mean tokens and their time.
 
 usage: scripts/bench_serve.py [--model gemma3:270m] [--clients 1,8,32] [--temperatures 0,0.8]
                               [--requests 2] [--words 48] [--tokens 64] [--threads 2] [--rounds 3]
@@ -187,6 +189,46 @@ def load_next(rounds: Iterator[list[list[str]]], url: str, model: str, tokens: i
     return load(url, model, next(rounds), tokens, raw, temperature, system, conversation, whole)
 
 
+def step_counts(url: str) -> dict[tuple[str, float], float]:
+    """localgen serve's step histograms now (its /metrics, every model's summed): by (sample name, bucket bound;
+    0 for the count and the sum)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got: dict[tuple[str, float], float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=60).text):
+        for s in family.samples:
+            if s.name.startswith(("localgen_step_tokens", "localgen_step_seconds")):
+                key = (s.name, float(s.labels.get("le", 0)))
+                got[key] = got.get(key, 0.0) + s.value
+    return got
+
+
+def counting_steps(case: Any, url: str, tally: dict[tuple[str, float], float]) -> Any:
+    """`case` (one round, untimed here) with what localgen's steps did in it added to `tally`."""
+    before = step_counts(url)
+    result = case()
+    for k, v in step_counts(url).items():
+        tally[k] = tally.get(k, 0.0) + v - before.get(k, 0.0)
+    return result
+
+
+def describe_steps(tally: dict[tuple[str, float], float], rounds: int, clients: int) -> str:
+    """localgen's steps in the rounds of one setting: how many a round, how many carried prompts beside the
+    streams (more tokens than two a client), their mean tokens, and step time (mean; p99 as a bucket's bound)."""
+    from localgen.serve.metrics import BUCKETS, STEP_BUCKETS
+
+    n = tally.get(("localgen_step_tokens_count", 0.0), 0.0)
+    if not n:
+        return "no steps counted"
+    over = next((b for b in STEP_BUCKETS if b >= 2 * clients), STEP_BUCKETS[-1])
+    big = n - tally.get(("localgen_step_tokens_bucket", float(over)), 0.0)
+    p99 = next((f"{b * 1000:g} ms" for b in BUCKETS if tally.get(("localgen_step_seconds_bucket", b), 0) >= 0.99 * n),
+               f"over {BUCKETS[-1]:g} s")
+    return (f"{n / rounds:.0f} a round, {big / rounds:.1f} of them over {over} tokens; "
+            f"{tally.get(('localgen_step_tokens_sum', 0.0), 0.0) / n:.0f} tokens a step; step time mean "
+            f"{tally.get(('localgen_step_seconds_sum', 0.0), 0.0) / n * 1000:.1f} ms, p99 <= {p99}")
+
+
 def describe(m: dict[str, float], whole: bool) -> str:
     """One round's figures, or the medians of rounds, as printed."""
     if whole:
@@ -264,6 +306,9 @@ def main() -> None:
                                 for _ in range(a.requests)] for _ in range(clients)] for _ in range(a.rounds)]
                     cases = {t: partial(load_next, iter(rounds), urls[t], names[t], a.tokens, raw, temp, system,
                                         a.conversation, a.whole) for t in targets}
+                    steps: dict[tuple[str, float], float] = {}  # localgen's steps in these rounds (/metrics)
+                    if "localgen" in cases:
+                        cases["localgen"] = partial(counting_steps, cases["localgen"], urls["localgen"], steps)
 
                     def each_round(r: int, got: dict[str, list[dict[str, float]]]) -> None:
                         for t in harness.order(targets, r):  # as they ran
@@ -274,6 +319,9 @@ def main() -> None:
                     for t in targets:
                         print(f"  {clients:>3} clients, T={temp:<3} {t:<13} {describe(med[t], a.whole)}  "
                               f"prompt cached {med[t]['cached']:4.0%}")
+                    if "localgen" in cases:
+                        print(f"  {clients:>3} clients, T={temp:<3} localgen steps "
+                              f"{describe_steps(steps, a.rounds, clients)}")
                     if a.against:
                         lg, ls = med["localgen"], med["llama-server"]
                         print(f"  {clients:>3} clients, T={temp:<3} ratio         "

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from localgen.backend import Completion
-from localgen.serve.metrics import BUCKETS, Metrics
+from localgen.serve.metrics import BUCKETS, STEP_BUCKETS, Metrics
 from localgen.serve.residency import Residency
 from localgen.serve.state import ServeState
 from tests.test_serve import Server
@@ -88,6 +88,24 @@ def test_each_generation_counts_its_tokens_ttft_and_mean_inter_token_time() -> N
     assert BUCKETS[0] == 0.001 and BUCKETS[-1] == 60.0  # 1 ms to 60 s
     assert value(got, "localgen_time_to_first_token_seconds_bucket", model="a", le="0.001") == 0
     assert value(got, "localgen_time_to_first_token_seconds_bucket", model="a", le="60.0") == 2
+
+
+def test_each_step_counts_the_tokens_it_evaluated_and_its_time() -> None:
+    m = Metrics(ServeState(workers={}))
+    m.stepped("a", 2048, 0.08)  # a burst's prompts, a whole batch
+    m.stepped("a", 32, 0.012)  # 32 streams decoding
+    m.stepped("b", 1, 0.004)
+    got = samples(m.text().decode())
+    assert value(got, "localgen_step_tokens_count", model="a") == 2
+    assert value(got, "localgen_step_tokens_sum", model="a") == 2080
+    assert value(got, "localgen_step_tokens_bucket", model="a", le="32.0") == 1
+    assert value(got, "localgen_step_tokens_bucket", model="a", le="1024.0") == 1
+    assert value(got, "localgen_step_tokens_bucket", model="a", le="2048.0") == 2
+    assert value(got, "localgen_step_seconds_sum", model="a") == pytest.approx(0.092)
+    assert value(got, "localgen_step_seconds_bucket", model="a", le="0.01") == 0
+    assert value(got, "localgen_step_seconds_bucket", model="a", le="0.025") == 1
+    assert value(got, "localgen_step_tokens_count", model="b") == 1
+    assert STEP_BUCKETS[0] == 1 and STEP_BUCKETS[-1] == 4096
 
 
 def test_requests_are_counted_by_route_template_and_status_behind_the_key() -> None:
@@ -178,3 +196,44 @@ def test_a_real_servers_metrics_match_the_usage_it_reported(server: Server) -> N
     assert value(got, "localgen_loads_total") == 1 and value(got, "localgen_evictions_total") == 0
     assert value(got, "localgen_queue_depth", model=model) == 0
     assert value(got, "localgen_running_requests", model=model) == 0
+
+
+def test_a_real_servers_steps_count_the_tokens_it_evaluated(server: Server) -> None:
+    """Each step's tokens: the prompt's, less those its cache held, and each generated token fed back (all but
+    the last)."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    before = _scrape(server, {})
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers=auth, timeout=300, json={
+        "messages": [{"role": "user", "content": "Say the days of the week."}], "max_tokens": 6, "temperature": 0,
+        "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["completion_tokens"] == 6
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    sent = value(before, "localgen_requests_total", route="/v1/chat/completions", status="200") or 0
+    got = _scrape(server, {"localgen_requests_total|route=/v1/chat/completions,status=200": sent + 1})
+    model = "smollm2:135m"
+    steps = (value(got, "localgen_step_tokens_count", model=model) or 0) - \
+        (value(before, "localgen_step_tokens_count", model=model) or 0)
+    tokens = (value(got, "localgen_step_tokens_sum", model=model) or 0) - \
+        (value(before, "localgen_step_tokens_sum", model=model) or 0)
+    assert tokens == usage["prompt_tokens"] - cached + 5
+    assert steps >= 6  # the prompt's step (or steps), then one a token fed back
+    assert (value(got, "localgen_step_seconds_count", model=model) or 0) - \
+        (value(before, "localgen_step_seconds_count", model=model) or 0) == steps
+
+
+def test_the_api_pages_metrics_are_those_a_real_server_exposes(server: Server) -> None:
+    """docs/api.md's row for GET /metrics names every series a server shows, and shows none it does not name
+    (counters by their `_total` samples; localgen_upstream_requests_total is only served with --endpoint)."""
+    import re
+    from pathlib import Path
+
+    row = next(line for line in (Path(__file__).parents[1] / "docs" / "api.md").read_text().splitlines()
+               if line.startswith("| `GET /metrics`"))
+    named = set(re.findall(r"`(localgen_\w+)`", row))
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
+    shown = {f.name + ("_total" if f.type == "counter" else "") for f in text_string_to_metric_families(text)
+             if not f.name.endswith("_created")}  # prometheus_client's time of each series' start
+    assert shown - named == set()
+    assert named - shown <= {"localgen_upstream_requests_total"}

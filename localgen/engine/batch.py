@@ -104,6 +104,7 @@ class ParallelContext:
         self.turn = -1  # the slot served last when exact sequences take turns (groups)
         self.steps = 0  # generation llama_decode calls, and the rows they carried
         self.rows = 0
+        self.evaluated = 0  # the tokens every decode evaluated, prompts' too: serve counts each step's (/metrics)
         self.rounds = 0  # scheduler steps (one or more llama_decode calls each)
         self.warmed_in: int | None = None  # the thread that ran warm_up (its OpenMP team decodes)
         # drafting needs the throughput scheduler, and a memory that can drop the tail of a sequence's cells (the
@@ -317,6 +318,7 @@ class ParallelContext:
             raise LocalgenError(f"llama_decode failed ({rc}) with {n_seqs} sequence{'s' if n_seqs != 1 else ''}",
                                 hint="lower --parallel or raise --ctx")
         logs.raise_deferred()
+        self.evaluated += self.batch.n_tokens
         return True
 
     def forget(self, seq: int, pos: int) -> None:

@@ -93,7 +93,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         policy = dataclasses.replace(policy, open_paths=policy.open_paths + page.ASSETS)
     metrics = Metrics(state, routes, desk)
     routes.append(Route("/metrics", metrics.endpoint))
-    state.on_completion = metrics.observe
+    state.counts = metrics
     if state.upstreams is not None:
         state.upstreams.bind(metrics)
 

@@ -1,6 +1,7 @@
 """GET /metrics in Prometheus' text format (#43): requests by route and status and how long each took (counted
 by the outermost layer, app.py's FrontDoor), tokens in and out, time to first token and inter-token latency
-per model (from each finished generation, reported by its worker's thread), and at each scrape the queues, the
+per model (from each finished generation, reported by its worker's thread), each decoding step's tokens and time
+(from the worker's thread too), and at each scrape the queues, the
 loaded models and their memory, the budget, loads and evictions (read then from the workers and residency, so
 never stale). Each app has its own registry: several apps in one process never share counts."""
 
@@ -25,6 +26,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # buckets from a millisecond to a minute: a token on a GPU takes a few ms, a first token behind a long prompt on
 # a CPU can take tens of seconds
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# a step's tokens: one per decoding stream, up to a whole batch of prompts (n_batch, 2,048 for serve's scheduler)
+STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 OTHER = "other"  # the route of a path no route takes: raw paths as labels would grow without bound
 
 
@@ -51,6 +54,10 @@ class Metrics:
         self.itl = Histogram("localgen_inter_token_seconds",
                              "each generation's mean time between tokens: (total - TTFT) / (tokens - 1)",
                              ["model"], buckets=BUCKETS, registry=r)
+        self.step_tokens = Histogram("localgen_step_tokens", "tokens each decoding step of a model evaluated: prompts' "
+                                     "and one per stream decoding", ["model"], buckets=STEP_BUCKETS, registry=r)
+        self.step_seconds = Histogram("localgen_step_seconds", "each decoding step's time", ["model"],
+                                      buckets=BUCKETS, registry=r)
         r.register(Gauges(state, desk))
 
     def route(self, scope: dict[str, Any]) -> str:
@@ -79,6 +86,11 @@ class Metrics:
             self.ttft.labels(model).observe(c.ttft_s)
         if c.completion_tokens >= 2:
             self.itl.labels(model).observe(max(0.0, c.total_s - c.ttft_s) / (c.completion_tokens - 1))
+
+    def stepped(self, model: str, tokens: int, seconds: float) -> None:
+        """A model's scheduler has made a step that evaluated `tokens` (on its worker's thread)."""
+        self.step_tokens.labels(model).observe(tokens)
+        self.step_seconds.labels(model).observe(seconds)
 
     def remote(self, model: str, prompt_tokens: int | None, completion_tokens: int | None, ttft_s: float | None,
                total_s: float | None) -> None:

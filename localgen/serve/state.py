@@ -10,13 +10,10 @@ from typing import TYPE_CHECKING, Any
 from localgen.serve.apierror import HTTPError
 from localgen.serve.served import Served
 from localgen.serve.servelog import named
-from localgen.serve.worker import ModelWorker
+from localgen.serve.worker import Counts, ModelWorker
 from localgen.types import ModelRef
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from localgen.backend import Completion
     from localgen.engine.prefixstore import PrefixStore
     from localgen.serve.ondemand import OnDemand
     from localgen.serve.residency import Residency
@@ -40,7 +37,7 @@ class ServeState:
     default: str | None = None  # the model of a request that names none (serve's one -m model, or the default)
     on_demand: OnDemand | None = None  # installed models beside the workers, made when asked for
     residency: Residency | None = None  # which models stay loaded
-    on_completion: Callable[[str, Completion], None] | None = None  # metrics' count of each finished generation
+    counts: Counts | None = None  # serve/metrics.py's counts of each finished generation and decoding step
     offline: bool = False  # serve --offline: /api/pull is refused
     store: PrefixStore | None = None  # the prompt cache on disk (None: --cache-disk 0)
     batch_lines: int = 2  # serve --batch-lines: the Batch API's requests run at once (serve/batchrun.py)
@@ -65,7 +62,7 @@ class ServeState:
             raise refused
         w = self._worker(name)
         named(w.name)
-        w.on_completion = self.on_completion  # every request passes here: pinned and on-demand workers alike
+        w.counts = self.counts  # every request passes here: pinned and on-demand workers alike
         return w
 
     def meant(self, name: object) -> object:

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localgen.backend import Completion
 from localgen.errors import Cancelled, LocalgenError
@@ -51,6 +51,15 @@ if TYPE_CHECKING:
 STOP_WRITE_S = 60.0  # the most a stopping worker is given to write its prefixes (a decode step may be under way)
 
 
+class Counts(Protocol):
+    """What a worker's thread reports to serve/metrics.py (Metrics): each finished generation, each decoding step
+    (the tokens it evaluated, prompts' and sampled ones, and its time)."""
+
+    def observe(self, model: str, c: Completion) -> None: ...
+
+    def stepped(self, model: str, tokens: int, seconds: float) -> None: ...
+
+
 class ModelWorker:
     """A model's thread and its jobs; the model itself, loaded or not, is its Residence (serve/residence.py)."""
 
@@ -76,7 +85,7 @@ class ModelWorker:
         self.prep = MediaPrep(lambda: self.inbox.put(None))  # prompts with images or audio, made off this thread
         self.aborted = 0  # jobs stopped before their end because their client left
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
-        self.on_completion: Callable[[str, Completion], None] | None = None  # serve/metrics.py's count
+        self.counts: Counts | None = None  # serve/metrics.py's counts of generations and steps
         self._stop = threading.Event()
         self.bursts = Bursts()  # a burst's first step waits for the jobs still coming (serve/arrivals.py)
         self.thread = threading.Thread(target=self._serve, name=f"localgen-{self.name}", daemon=True)
@@ -349,6 +358,7 @@ class ModelWorker:
         start afresh and the model stays loaded."""
         from localgen.engine.scheduler import Finished, Piece
 
+        t0, evaluated = time.perf_counter(), sched.pc.evaluated
         try:
             outputs = sched.step()
         except Exception as e:  # a failed decode is the server's fault: counted, and llama.cpp's reason logged
@@ -357,6 +367,7 @@ class ModelWorker:
             return
         finally:
             self._draft_failure()
+        self._stepped(sched.pc.evaluated - evaluated, time.perf_counter() - t0)
         for out in outputs:
             job = self._live.get(out.id)
             if job is None or job.state not in IN_SLOTS:
@@ -383,6 +394,14 @@ class ModelWorker:
         if sched.idle:
             self.residence.rested()
 
+    def _stepped(self, tokens: int, seconds: float) -> None:
+        """Count a step that decoded `tokens` (a step that only sliced a task or ended jobs decoded none)."""
+        if self.counts is not None and tokens:
+            try:
+                self.counts.stepped(self.name, tokens, seconds)
+            except Exception as e:  # as _finished's count
+                self.faults.internal(e, "counting metrics")
+
     def _draft_failure(self) -> None:
         """Say once that the draft model failed and drafting is off (engine/batch.py, stop_drafting)."""
         pc = self.residence.pc
@@ -399,9 +418,9 @@ class ModelWorker:
         counted = c.error is None and job.answers  # a load (serve/loadnow.py) answers nothing: no usage
         if counted:  # its access line's tokens and time to first token, final now
             job.tally = Tally(c.prompt_tokens, c.cached_tokens, c.completion_tokens, c.ttft_s)
-        if self.on_completion is not None and counted:  # counted before the client can ask /metrics
+        if self.counts is not None and counted:  # counted before the client can ask /metrics
             try:
-                self.on_completion(self.name, c)
+                self.counts.observe(self.name, c)
             except Exception as e:  # a metrics fault is logged, and never fails the request
                 self.faults.internal(e, "counting metrics")
         self._keep(job)  # before the client has its answer, so its next /api/ps shows this keep-alive
