@@ -17,7 +17,10 @@ from localgen.errors import UsageError
 EXPS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 CPU = "CPU"
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h): no model has a layer past it
-_NOT_ECMASCRIPT = re.compile(r"(?<!\\)\(\?[^:=!]|(?<!\\)\\[AZzG]")  # Python-only: named groups, flags, lookbehind
+# Python-only: named groups, flags, lookbehind, atomic groups; \A \Z \z \G, \N{NAME} and \U; possessive repeats
+_NOT_ECMASCRIPT = re.compile(r"(?<!\\)\(\?[^:=!]|(?<!\\)\\[AZzGNU]|(?<!\\)[*+?}]\+")
+# a GPU's buffer type as llama.cpp's backends name it (CUDA0, ROCm1, Vulkan0, SYCL0, MTL0; Metal for one)
+GPU_BUFFER = re.compile(r"(CUDA|ROCm|Vulkan|SYCL|MUSA|CANN|MTL|Metal|OpenCL)(\d*)")
 
 
 def cpu_moe() -> tuple[str, str]:
@@ -53,13 +56,22 @@ def parse(text: str | Iterable[str] | None) -> tuple[tuple[str, str], ...]:
 def check_pattern(pattern: str) -> None:
     """A UsageError where llama.cpp's std::regex (ECMAScript) could not compile `pattern`, as far as Python's
     re and the constructs only Python has tell."""
+    import warnings
+
     try:
-        re.compile(pattern)
-    except re.error as e:
+        with warnings.catch_warnings():
+            # Python warns where it reads a bracket differently from other engines ([[:alpha:]], [a--b]): the
+            # planner's reading would then not be llama.cpp's
+            warnings.simplefilter("error", FutureWarning)
+            re.compile(pattern)
+    except FutureWarning as e:
+        raise UsageError(f"--override-tensor: {pattern!r} is read differently by Python and by llama.cpp ({e}); "
+                         "escape the [ or write the characters out") from None
+    except (re.error, OverflowError, RecursionError) as e:  # a repeat count past C's int overflows
         raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression: {e}") from None
     if _NOT_ECMASCRIPT.search(pattern):
         raise UsageError(f"--override-tensor: {pattern!r} uses a construct llama.cpp's regular expressions lack "
-                         "((?P<..>), (?i), lookbehind, \\A, \\Z)")
+                         "((?P<..>), (?i), lookbehind, \\A, \\Z, \\N{..}, \\U, a*+)")
 
 
 def overrides(override_tensor: tuple[tuple[str, str], ...], cpu_moe_all: bool,
@@ -83,6 +95,21 @@ def buffer_of(tensor: str, pairs: tuple[tuple[str, str], ...]) -> str | None:
 def is_expert(tensor: str) -> bool:
     """Whether a tensor holds a MoE layer's experts (what --cpu-moe moves)."""
     return re.search(EXPS, tensor) is not None
+
+
+def described_buffer(buffer: str, n_gpus: int) -> None:
+    """A UsageError where `buffer` is not one a plan for `n_gpus` described GPUs has (`localgen fit`): CPU, or a
+    GPU's below their count."""
+    if buffer == CPU:
+        return
+    m = GPU_BUFFER.fullmatch(buffer)
+    if m is None:
+        raise UsageError(f"--override-tensor: {buffer!r} is not a buffer type: CPU, or a GPU's as llama.cpp names "
+                         "it (CUDA0, ROCm0, Vulkan0, SYCL0, MTL0)")
+    gpu = int(m.group(2) or 0)
+    if gpu >= n_gpus:
+        raise UsageError(f"--override-tensor: {buffer} names GPU {gpu}, and the plan has "
+                         f"{n_gpus or 'no'} GPU{'s' if n_gpus != 1 else ''}")
 
 
 def gpu_index(buffer: str) -> int | None:

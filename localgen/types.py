@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ KV_CACHE_TYPES: dict[str, int] = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_
 
 
 DRY_BREAKERS = ("\n", ":", "\"", "*")
+MAX_DEVICES = 16  # llama.cpp's most devices (llama_max_devices): -ts proportions, --gpu-memory cards
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,11 @@ class LoadParams:
             raise UsageError(f"--prefix-reuse takes {' or '.join(PREFIX_REUSE)}, not {self.prefix_reuse!r}")
         if self.n_cpu_moe is not None and self.n_cpu_moe < 0:
             raise UsageError(f"--n-cpu-moe takes a number of layers, 0 or more, not {self.n_cpu_moe}")
-        if any(x < 0 for x in self.tensor_split) or (self.tensor_split and not sum(self.tensor_split)):
-            raise UsageError("--tensor-split takes non-negative proportions, e.g. 3,1")
+        split = self.tensor_split
+        if any(not math.isfinite(x) or x < 0 for x in split) or (split and not 0 < sum(split) < math.inf):
+            raise UsageError("--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1")
+        if len(self.tensor_split) > MAX_DEVICES:
+            raise UsageError(f"--tensor-split takes at most {MAX_DEVICES} proportions (llama.cpp's most devices)")
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def test_doctor_m_loads_a_presets_placement_and_a_flag_wins(cli: CLI, tmp_path: 
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     said = _lines(r.stdout)
     assert said["check"].startswith("moe-ram loaded in ") and said["check"].endswith(": ok"), said["check"]
-    assert "6 tensors (6 of experts, 12 MiB) moved to CPU" in said["placement"], said["placement"]
+    assert "6 tensors (6 of experts, 12.0 MiB) moved to CPU" in said["placement"], said["placement"]
     r = lg("doctor", "-m", "moe-ram", "--n-cpu-moe", "1")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
-    assert "3 tensors (3 of experts, 6 MiB) moved to CPU" in _lines(r.stdout)["placement"], r.stdout
+    assert "3 tensors (3 of experts, 6.0 MiB) moved to CPU" in _lines(r.stdout)["placement"], r.stdout

@@ -45,10 +45,26 @@ def test_the_patterns_are_llama_cpps() -> None:
     assert [placement.gpu_index(b) for b in ("CPU", "CUDA0", "CUDA1", "Metal", "CUDA_Host")] == [None, 0, 1, 0, None]
 
 
-@pytest.mark.parametrize("value", ["exps", "=CPU", "exps=", "exps(=CPU", "(?i)exps=CPU", "(?<=blk)x=CPU", r"x\Z=CPU"])
+@pytest.mark.parametrize("value", ["exps", "=CPU", "exps=", "exps(=CPU", "(?i)exps=CPU", "(?<=blk)x=CPU", r"x\Z=CPU",
+                                   "a{99999999999}=CPU", "[[:foo:]]=CPU", "[[:alpha:]]=CPU", "[a--b]=CPU",
+                                   r"a\N{LATIN SMALL LETTER A}=CPU", r"\U00000061=CPU", "a*+=CPU", "(?>a)=CPU"])
 def test_a_bad_override_is_a_usage_error(value: str) -> None:
-    with pytest.raises(UsageError):
-        placement.parse(value)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing leaks to the user's terminal (Python's FutureWarning for [[)
+        with pytest.raises(UsageError):
+            placement.parse(value)
+
+
+def test_fit_takes_the_buffer_types_a_described_gpu_has_and_no_others() -> None:
+    for buffer in ("CPU", "CUDA0", "CUDA1", "ROCm0", "Vulkan1", "MTL0", "Metal"):
+        placement.described_buffer(buffer, 2)
+    for buffer, says in (("FOO", "is not a buffer type"), ("cpu", "is not a buffer type"),
+                         ("CPU=CPU", "is not a buffer type"), ("CUDA-1", "is not a buffer type"),
+                         ("CUDA0_Host", "is not a buffer type"), ("CUDA2", "names GPU 2, and the plan has 2 GPUs")):
+        with pytest.raises(UsageError, match=says):
+            placement.described_buffer(buffer, 2)
 
 
 def test_bad_placement_is_one_line_and_exit_2_before_anything_loads(cli_in_process: InProcessCLI) -> None:
@@ -80,7 +96,11 @@ def test_a_moe_model_runs_with_each_placement_flag_and_llama_cpp_applies_it(cli:
         assert moved["tensors"] == tensors, (flags, moved)
         assert r.stderr.count("buffer type overridden to CPU") == tensors
         experts = tensors - (s.n_layers if "attn_q" in " ".join(flags) else 0)
-        assert moved["experts"] == experts and moved["mib"] == experts * w.experts[0] // per_layer >> 20
+        assert moved["experts"] == experts
+        # their MiB from the tensors' own bytes (llama.cpp's line rounds each tensor's down: 0 for a small one)
+        names = re.findall(r"tensor (\S+) \(\d+ MiB \S+\) buffer type overridden to CPU", r.stderr)
+        sizes = {t.name: t.nbytes for t in w.tensors}
+        assert len(names) == tensors and moved["mib"] == round(sum(sizes[n] for n in names) / (1 << 20), 2) > 0
         assert load["weights_mib"] == {"CPU_Mapped": round(w.total / (1 << 20), 2)}
         assert json.loads(r.stdout)["stats"]["completion_tokens"] == 4
     plain = json.loads(cli("run", "-m", str(moe_path), "--raw", "-p", "hi", "-n", "1", "--json").stdout)["load"]
@@ -110,6 +130,14 @@ def test_an_ot_pattern_that_matches_no_tensor_is_a_warning_and_the_run_goes_on(c
                 "--json")
     assert tuned.returncode in (0, 1), tuned.stderr[-2000:]  # 1: not kept, where other work kept the CPUs busy
     assert [line for line in tuned.stderr.splitlines() if "matches no tensor" in line] == warned, tuned.stderr
+
+
+def test_the_experts_flags_on_a_dense_model_are_a_warning_and_the_run_goes_on(cli: CLI, smollm2_path: Path) -> None:
+    for flags, said in ((["--cpu-moe"], "--cpu-moe"), (["--n-cpu-moe", "4"], "--n-cpu-moe 4")):
+        r = cli("run", "-m", str(smollm2_path), "-p", "hi", "-n", "1", *flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"warning: {said}: {smollm2_path.name} is not a mixture of experts (it has no experts to keep in " \
+               "RAM), so it moves nothing" in r.stderr.splitlines(), r.stderr
 
 
 def test_fits_flags_are_the_settings_run_loads_with(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path) -> None:
@@ -186,9 +214,20 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     assert _plan(path, (), ram=4 * GB).verdict == fit.WONT_FIT
     asked = _plan(path, (24 * GB,), ctx=8192)
     assert asked.ctx == 8192 and not asked.shrunk
-    # a setting given is kept: 10 layers asked for stay 10, and the context is not shrunk for them
+    # a setting given is kept: 10 layers asked for stay 10; the context shrinks as far as the card needs for them
     kept = _plan(path, (8 * GB,), n_gpu_layers=10)
-    assert kept.gpu_layers == 10 and kept.ctx == 131072 and kept.load(LoadParams(n_gpu_layers=10)).n_gpu_layers == 10
+    assert kept.gpu_layers == 10 and kept.load(LoadParams(n_gpu_layers=10)).n_gpu_layers == 10
+    assert kept.fits and kept.shrunk and small.ctx < kept.ctx < 131072 and _within_budgets(kept)
+    assert not _plan(path, (8 * GB,), ctx=kept.ctx + 256, n_gpu_layers=10, shrink=False).fits
+    # every layer asked for on a card that holds them at no context: it does not fit, and says the GPU is short
+    full = _plan(path, (4 * GB,), n_gpu_layers=99)
+    assert full.verdict == fit.WONT_FIT and full.gpu_layers == 33 and full.ctx == fit.MIN_CTX
+    assert full.short == ("GPU",) and full.short_of == "GPU memory"
+    # weights sent elsewhere than their layers' device: the verdict follows the weights
+    assert _plan(path, (24 * GB,), override_tensor=(("attn", "CPU"),)).verdict == fit.PARTIAL_GPU
+    assert _plan(path, (24 * GB,), override_tensor=((".", "CPU"),)).verdict == fit.CPU_ONLY
+    on_gpu = _plan(path, (4 * GB,), n_gpu_layers=0, override_tensor=(("blk", "CUDA0"),))
+    assert on_gpu.verdict == fit.WONT_FIT and on_gpu.footprint.on("GPU").weights > on_gpu.machine.gpu_budget(0)
 
 
 def test_tensor_split_takes_one_proportion_per_gpu_as_llama_cpp_reads_it(shape_path: Callable[[str], Path]) -> None:
@@ -309,10 +348,13 @@ def test_fit_prints_the_plan_for_a_described_card(cli_in_process: InProcessCLI,
     two = json.loads(cli_in_process("fit", "-m", path, "--gpu-memory", "24G,24G", "--ctx", "8192", "-np", "4",
                                     "--json").stdout)
     assert two["verdict"] == "full GPU" and two["ctx"] == 8192 and not two["largest"]
+    assert two["flags"].startswith("--ctx 8192 --parallel 4 ")  # the plan holds 4 sequences' KV cache
     assert [d["device"] for d in two["devices"]] == ["CPU", "GPU0", "GPU1"] and sum(two["layers_per_gpu"]) == 48
     assert sum(d["kv"] for d in two["devices"]) == 4 * footprint.kv_bytes(read_summary(path), 8192)
     for args, says in ((["--gpu-memory", "lots"], "--gpu-memory takes sizes"),
-                       (["--gpu-memory", "24G", "-ot", "exps=CUDA1"], "names GPU 1, and the plan has 1 GPU")):
+                       (["--gpu-memory", "24G", "-ot", "exps=CUDA1"], "names GPU 1, and the plan has 1 GPU"),
+                       (["--gpu-memory", "24G", "-ot", "exps=FOO"], "'FOO' is not a buffer type"),
+                       (["--gpu-memory", "24G", "-ot", "a{99999999999}=CPU"], "is not a regular expression")):
         bad = cli_in_process("fit", "-m", path, *args)
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 
@@ -425,6 +467,12 @@ def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(
     # a card with room for every layer at a smaller context: that one is the largest that fits
     r = cli_in_process("fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "8G", "--ram", "64G")
     assert _plan_line(r.stdout).endswith("(the largest that fits)"), r.stdout
+    # every layer asked for (-ngl) on a card too small for them even at the floor (docs/fit.md)
+    r = cli_in_process("fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "4G", "-ngl", "99")
+    assert _plan_line(r.stdout) == ("plan      won't fit · context 4,096 tokens (shrunk to the floor, still short of "
+                                    "GPU memory)"), r.stdout
+    assert not json.loads(cli_in_process("fit", "-m", str(shape_path("dense-8b")), "--gpu-memory", "4G", "-ngl", "99",
+                                         "--json").stdout)["fits"]
 
 
 def _recording_loads() -> tuple[list[LoadParams], list[str], Any]:
@@ -455,6 +503,13 @@ def test_run_says_when_the_model_does_not_fit_even_at_the_floor(smollm2_path: Pa
     said.clear()
     open_engine(ref, LoadParams(n_ctx=2048), warn=said.append, factory=factory, machine=tiny)
     assert made[1].n_ctx == 2048 and said == [f"the model does not fit RAM at 2048 tokens: loading it anyway {hint}"]
+    # every layer asked for on a card too small for them at the floor: the GPU is what is short
+    said.clear()
+    small = fit.Machine(ram=64 * GB, gpus=(fit.GPU_CONTEXT_RESERVE + fit.GPU_MARGIN + (50 << 20),), described=True)
+    open_engine(ref, LoadParams(n_ctx=8192, n_gpu_layers=99), warn=said.append, factory=factory, machine=small)
+    assert made[2].n_ctx == fit.MIN_CTX and made[2].n_gpu_layers == 99
+    assert said == [f"context {fit.MIN_CTX} tokens, not 8192, and the model does not fit the GPU's memory even "
+                    f"there: loading it anyway {hint}"]
 
 
 def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cli_env: dict[str, str],
@@ -489,6 +544,18 @@ def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cl
     (["--gpu-memory", "0,24G"], "--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not '0,24G'"),
     (["--gpu-memory", "24G,0"], "--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not '24G,0'"),
     (["--gpu-memory", "lots"], "--gpu-memory takes sizes such as 24GB or 24G,12G, not 'lots'"),
+    (["--gpu-memory", "24"], "--gpu-memory: '24' is 24 bytes; give a unit, such as 24G"),
+    (["--gpu-memory", "24G,1"], "--gpu-memory: '1' is 1 byte; give a unit, such as 24G"),
+    (["--gpu-memory", "99999999999999999999999G"],
+     "--gpu-memory: '99999999999999999999999G' is over 1 PiB, more memory than a machine has"),
+    (["--gpu-memory", ",".join(["1G"] * 5000)], "--gpu-memory describes at most 16 GPUs (llama.cpp's most devices), "
+                                              "not 5,000"),
+    (["--ram", "64"], "--ram: '64' is 64 bytes; give a unit, such as 24G"),
+    (["--ram", "2P"], "--ram takes one size, such as 64G, not '2P'"),
+    (["-ts", "nan,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
+    (["-ts", "inf,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
+    (["-ts", "1e308,1e308"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
+    (["-ts", ",".join(["1"] * 17)], "--tensor-split takes at most 16 proportions (llama.cpp's most devices)"),
 ])
 def test_a_bad_size_is_one_line_and_exit_2(cli_in_process: InProcessCLI, smollm2_path: Path, args: list[str],
                                           says: str) -> None:
@@ -594,6 +661,14 @@ def test_serve_and_chat_take_the_placement_flags(cli: CLI, cli_env: dict[str, st
         r = httpx.post(f"{s.url}/v1/completions", json={"model": entry["name"], "prompt": "Once",
                                                         "max_tokens": 3, "temperature": 0}, timeout=120)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        # a preset whose buffer type this server lacks, asked for on demand: a 400 naming it, one line in the log
+        made = cli("create", "moe-on-foo", "-f", "-", input=f"FROM {moe_path}\nPARAMETER override_tensor exps=FOO\n")
+        assert made.returncode == 0, made.stderr
+        for route, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                            ("/api/generate", {"prompt": "hi", "stream": False})):
+            r = httpx.post(f"{s.url}{route}", json={"model": "moe-on-foo", **body}, timeout=120)
+            assert r.status_code == 400 and "no buffer type 'FOO' here" in r.text, (route, r.status_code, r.text)
+        assert "Traceback" not in s.log() and "cannot be loaded here" in s.log()
     finally:
         assert s.stop() == 0
     r = cli("chat", "-m", str(moe_path), "--cpu-moe", "--verbose", "-n", "2", input="Hello\n")
@@ -633,9 +708,9 @@ def test_doctor_checks_a_moe_models_placement(cli: CLI, moe_path: Path) -> None:
     check = next(line for line in r.stdout.splitlines() if line.startswith("check "))
     assert "tiny-moe.gguf loaded" in check and check.endswith(": ok")
     placed = next(line for line in r.stdout.splitlines() if line.startswith("placement "))
-    assert "6 tensors (6 of experts, 12 MiB) moved to CPU" in placed, placed  # 2 layers' gate, up and down
+    assert "6 tensors (6 of experts, 12.0 MiB) moved to CPU" in placed, placed  # 2 layers' gate, up and down
     r = cli("doctor", "-m", str(moe_path), "--cpu-moe", "-ot", r"attn_q\.=CPU")
-    assert "16 tensors (12 of experts, 24 MiB) moved to CPU" in r.stdout, r.stdout
+    assert "16 tensors (12 of experts, 24.5 MiB) moved to CPU" in r.stdout, r.stdout
     plain = cli("doctor", "-m", str(moe_path))
     assert "moved to" not in plain.stdout and "tiny-moe.gguf loaded" in plain.stdout
     for args, says, code in ((["--no-check", "-m", str(moe_path)], "-m says what --check loads", 2),
@@ -670,3 +745,26 @@ def test_bench_takes_ot_as_llama_bench_and_cmoe(cli: CLI, moe_path: Path) -> Non
                         (["-ot", ";"], "has no PATTERN=BUFFER pair")):
         bad = cli("bench", "-m", str(moe_path), *flags)
         assert bad.returncode == 2 and says in bad.stderr, (flags, bad.stderr)
+
+
+def test_the_docs_gemma_example_of_layers_asked_for_on_a_small_card(cli_in_process: InProcessCLI) -> None:
+    """docs/fit.md: `localgen fit -m gemma3:270m --gpu-memory 2G -ngl 99`: every layer on the card is over its budget
+    even at the floor."""
+    r = cli_in_process("fit", "-m", "gemma3:270m", "--gpu-memory", "2G", "-ngl", "99")
+    assert r.returncode == 0, r.stderr
+    assert _plan_line(r.stdout) == ("plan      won't fit · context 4,096 tokens (shrunk to the floor, still short of "
+                                    "GPU memory)"), r.stdout
+
+
+def test_a_model_naming_no_training_context_says_where_its_context_comes_from(
+        cli_in_process: InProcessCLI, smollm2_path: Path, tmp_path: Path) -> None:
+    """fit's model line says "no training context", and its plan line does not call the context planned the
+    training context."""
+    from tests.gguf_edit import rewrite_strings
+
+    path = rewrite_strings(smollm2_path, tmp_path / "no-ctx.gguf", {"llama.context_length": None})
+    r = cli_in_process("fit", "-m", str(path), "--gpu-memory", "0")
+    assert r.returncode == 0, r.stderr
+    assert "no training context" in r.stdout.splitlines()[0]
+    assert _plan_line(r.stdout) == ("plan      CPU only · context 4,096 tokens (the floor: the model names no "
+                                    "training context)"), r.stdout

@@ -127,7 +127,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
     from localgen.engine.bench import BenchContext, model_desc, model_size
     from localgen.engine.defaults import UBATCH
     from localgen.engine.llama import Engine
-    from localgen.models.load import unmatched_overrides
+    from localgen.models.load import moved_bytes, unmatched_overrides
     from localgen.models.resolve import resolve
 
     progress = progress or Progress()
@@ -155,6 +155,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                             cpu_moe=cfg.cpu_moe, kv_unified=plan.kv_unified)
         _reset_peak_rss()
         engine = Engine(ref, params)
+        moved_bytes(engine, ref.path)
         progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
         # the settings the load chose where the sweep left them open (tuning record or rule), as measured; -ub as
         # asked, as llama-bench records it (llama.cpp caps the micro-batch at --batch-size, in both tools). One a

@@ -132,7 +132,8 @@ def placement_line(record: dict[str, Any]) -> str:
     parts = [" · ".join(f"{buf} {mib:,.1f} MiB" for buf, mib in record["weights_mib"].items()) or "no weights"]
     parts.append(record["offloaded"] or "no layers on a GPU")
     for buf, moved in record["moved"].items():
-        parts.append(f"{moved['tensors']} tensors ({moved['experts']} of experts, {moved['mib']:,} MiB) moved to {buf}")
+        parts.append(f"{moved['tensors']} tensors ({moved['experts']} of experts, {moved['mib']:,.1f} MiB) moved "
+                     f"to {buf}")
     return " · ".join(parts)
 
 

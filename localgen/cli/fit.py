@@ -81,7 +81,7 @@ def fit(
     said_by = "ollama" if asked_by == "preset" and ref.source == "ollama" and not _is_preset(model) else asked_by
     if context == 0 and ref.summary.context_length:  # --ctx 0 (or LOCALGEN_CTX=0): the training context, asked
         said_by = "trained"
-    _print(doc, _why(plan, asked, said_by))
+    _print(doc, _why(plan, asked, said_by, trained=bool(ref.summary.context_length)))
 
 
 def _is_preset(name: str | None) -> bool:
@@ -117,9 +117,14 @@ def _this_machine() -> Any:
 
 
 def _gpu_sizes(text: str) -> tuple[int, ...]:
-    """--gpu-memory: one size per GPU, each above 0 (an empty item or a 0 among cards would shift which card
-    CUDA0 names), or a lone 0 for no GPU."""
+    """--gpu-memory: one size per GPU (at most MAX_DEVICES), each above 0 (an empty item or a 0 among cards would
+    shift which card CUDA0 names), or a lone 0 for no GPU."""
+    from localgen.types import MAX_DEVICES
+
     items = [x.strip() for x in text.split(",")]
+    if len(items) > MAX_DEVICES:  # before any is parsed: a plan's time grows with the cards
+        raise UsageError(f"--gpu-memory describes at most {MAX_DEVICES} GPUs (llama.cpp's most devices), not "
+                         f"{len(items):,}")
     if not all(items):
         raise UsageError(f"--gpu-memory has an empty item in {text!r}")
     try:
@@ -130,6 +135,8 @@ def _gpu_sizes(text: str) -> tuple[int, ...]:
         return ()
     if 0 in sizes:
         raise UsageError(f"--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not {text!r}")
+    for item, size in zip(items, sizes, strict=True):
+        _sane_size("--gpu-memory", item, size)
     return sizes
 
 
@@ -141,7 +148,17 @@ def _ram_size(text: str) -> int:
         raise UsageError(f"--ram takes one size, such as 64G, not {text!r}") from None
     if size <= 0:
         raise UsageError(f"--ram must be above 0, not {text!r}")
+    _sane_size("--ram", text, size)
     return size
+
+
+def _sane_size(flag: str, item: str, size: int) -> None:
+    """A memory size a machine can have: from 1 MiB (a bare 24 is 24 bytes: a unit left out) to 1 PiB."""
+    if size < 1 << 20:
+        raise UsageError(f"{flag}: {item.strip()!r} is {size:,} byte{'s' if size != 1 else ''}; give a unit, such as "
+                         "24G")
+    if size > 1 << 50:
+        raise UsageError(f"{flag}: {item.strip()!r} is over 1 PiB, more memory than a machine has")
 
 
 def _check_buffers(load: Any, n_gpus: int) -> None:
@@ -149,10 +166,7 @@ def _check_buffers(load: Any, n_gpus: int) -> None:
     from localgen import placement
 
     for _, buffer in load.override_tensor:
-        gpu = placement.gpu_index(buffer)
-        if gpu is not None and gpu >= n_gpus:
-            raise UsageError(f"--override-tensor: {buffer} names GPU {gpu}, and the plan has "
-                             f"{n_gpus or 'no'} GPU{'s' if n_gpus != 1 else ''}")
+        placement.described_buffer(buffer, n_gpus)
 
 
 def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None,
@@ -192,6 +206,8 @@ def _flags(plan: Any, given: Any) -> str:
 
     load, default = plan.load(given), LoadParams()
     flags = [f"--ctx {plan.ctx}"]
+    if plan.parallel > 1:  # the plan holds that many sequences' KV cache (serve's slots)
+        flags.append(f"--parallel {plan.parallel}")
     if plan.machine.gpus:
         flags.append(f"--gpu-layers {-1 if plan.gpu_layers >= plan.n_layer + 1 else plan.gpu_layers}")
     if load.n_cpu_moe:
@@ -222,10 +238,10 @@ def _flags(plan: Any, given: Any) -> str:
     return " ".join(flags)
 
 
-def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
+def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = True) -> str:
     """How the plan's context came to be, as the plan line says it: the training context or the largest that
     fits (none asked); as asked, capped at the training context, rounded up to llama.cpp's multiple of 256; and
-    shrunk to fit, or to the floor with memory still short there (RAM: the verdict is "won't fit"), or to what the
+    shrunk to fit, or to the floor with memory still short there (the verdict is "won't fit"), or to what the
     layers left on the GPU hold (they left it at the floor; the context then grew back)."""
     done = []
     if asked is not None and plan.capped:
@@ -238,14 +254,14 @@ def _why(plan: Any, asked: int | None, asked_by: str | None) -> str:
         if plan.whole:
             done.append("shrunk to fit")
         elif not plan.fits:
-            done.append("shrunk to the floor, still short of RAM")
+            done.append(f"shrunk to the floor, still short of {plan.short_of}")
         elif plan.ctx <= MIN_CTX:
             done.append("shrunk to the floor, still short of GPU memory")
         else:  # layers left the GPU at the floor; the context grew back to what that placement holds
             done.append("shrunk to fit, with layers off the GPU")
     if asked is None:
         if not plan.shrunk:
-            return "the training context"
+            return "the training context" if trained else "the floor: the model names no training context"
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
         return {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",

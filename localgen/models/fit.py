@@ -8,7 +8,8 @@ layers' experts as it has room for (the rest stay in RAM, as --n-cpu-moe keeps t
 shrinks, never below MIN_CTX (or the one asked, if smaller); only then do whole layers leave the GPU, as few as
 the floor needs, and the context grows back to the largest that placement holds (each layer's KV cache where its
 layer is, as llama.cpp's offload_kqv keeps it: no layer on the GPU, and it is the context RAM holds). With no GPU,
-the context shrinks to fit RAM. A setting given (--gpu-layers, a placement flag) is kept as given.
+the context shrinks to fit RAM. A setting given (--gpu-layers, a placement flag) is kept as given: where it puts
+more on a GPU than its budget the context shrinks, and at the floor the verdict is "won't fit".
 
 Budgets: RAM_SHARE of the available RAM; on each GPU its free memory less what our own GPU context takes
 (GPU_CONTEXT_RESERVE) and llama.cpp --fit's default margin (GPU_MARGIN)."""
@@ -98,8 +99,10 @@ class Plan:
     n_cpu_moe: int  # layers whose experts stay in RAM (the first ones, as --n-cpu-moe), 0 for a dense model
     moe: bool
     footprint: Footprint
-    fits: bool
+    fits: bool  # every device within its budget (RAM, each GPU)
     machine: Machine
+    short: tuple[str, ...] = ()  # the devices over their budget where it does not fit (CPU for RAM, GPU0, ...)
+    held_on_cpu: int = 0  # weights llama.cpp keeps in RAM with every layer offloaded (the token embedding)
     fixed: tuple[str, ...] = ()  # the settings given, which the plan kept
     capped: bool = False  # the context asked was over the training context, and is capped there as the load caps it
     # the split of the layers between several GPUs the plan chose (layers on each, as -ts takes it); () where the
@@ -125,14 +128,21 @@ class Plan:
 
     @property
     def verdict(self) -> str:
-        """full GPU / partial GPU / CPU only / won't fit."""
+        """full GPU / partial GPU / CPU only / won't fit: by where the weights are (a placement flag may send them
+        elsewhere than the layers' device)."""
         if not self.fits:
             return WONT_FIT
-        if not self.machine.gpus or self.gpu_layers == 0:
+        if not self.machine.gpus or not sum(d.weights for d in self.footprint.gpus):
             return CPU_ONLY
-        if self.gpu_layers >= self.n_layer + 1 and not self.experts_in_ram:
+        if self.gpu_layers >= self.n_layer + 1 and self.footprint.on("CPU").weights <= self.held_on_cpu:
             return FULL_GPU
         return PARTIAL_GPU
+
+    @property
+    def short_of(self) -> str:
+        """What is short where it does not fit: "RAM", "GPU memory" or "RAM and GPU memory" ("" where it fits)."""
+        return " and ".join(what for what, short in (
+            ("RAM", "CPU" in self.short), ("GPU memory", any(d != "CPU" for d in self.short))) if short)
 
     def load(self, load: LoadParams) -> LoadParams:
         """`load` with the plan's context, GPU layers and experts kept in RAM (each where not given)."""
@@ -233,16 +243,23 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
         return _fill_in_turn(lambda sh, i: fp(ngl, ncm, sh).on(_gpu_name(i, len(gpus))).total,
                              tuple(machine.gpu_budget(i) for i in range(len(gpus))), ngl)
 
-    def gpus_fit(f: Footprint) -> bool:
+    def over(f: Footprint) -> tuple[str, ...]:
+        """The devices over their budget (unified memory: one pool, RAM's)."""
         if machine.unified:
-            return f.total <= machine.ram_budget
-        return all(f.on(_gpu_name(i, len(gpus))).total <= machine.gpu_budget(i) for i in range(len(gpus)))
+            return ("CPU",) if f.total > machine.ram_budget else ()
+        return tuple(name for name, budget in (("CPU", machine.ram_budget), *(
+            (_gpu_name(i, len(gpus)), machine.gpu_budget(i)) for i in range(len(gpus)))) if f.on(name).total > budget)
+
+    def gpus_fit(f: Footprint) -> bool:
+        """Whether every GPU holds its part (unified memory: the whole, within RAM's budget)."""
+        return not over(f) if machine.unified else all(d == "CPU" for d in over(f))
 
     def result(ngl: int, ncm: int, f: Footprint, sh: tuple[float, ...] = ()) -> Plan:
-        ram = f.total if machine.unified else f.on("CPU").total
+        short = over(f)  # a setting given (--gpu-layers, -ot) may hold more than a GPU's budget: it does not fit
         return Plan(ctx=ctx, asked=asked, parallel=parallel, n_layer=n_layer, gpu_layers=ngl,
                     layers=_layers_per_gpu(ngl, n_layer, sh or shares), n_cpu_moe=ncm, moe=weights.moe, footprint=f,
-                    fits=ram <= machine.ram_budget, machine=machine, fixed=fixed, split=sh)
+                    fits=not short, short=short, machine=machine, fixed=fixed, split=sh,
+                    held_on_cpu=weights.embedding)
 
     def experts_out(ngl: int, default: int) -> Plan | None:
         """The fewest layers' experts in RAM with `ngl` layers on the GPUs, split by budget or filled in turn,
@@ -259,9 +276,7 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
         return result(0, 0, fp(0, 0))
     if keep is not None:
         ngl, ncm, sh = keep
-        f = fp(ngl, ncm, sh)
-        p = result(ngl, ncm, f, sh)
-        return p if gpus_fit(f) else dataclasses.replace(p, fits=False)
+        return result(ngl, ncm, fp(ngl, ncm, sh), sh)
     given = load.n_gpu_layers
     every = n_layer + 1
     if given is not None:

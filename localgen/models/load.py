@@ -40,6 +40,19 @@ def unmatched_overrides(ref: ModelRef, overrides: tuple[tuple[str, str], ...], l
     return said
 
 
+def moved_bytes(engine: Any, path: str, layout: Any = None) -> None:
+    """Give a loaded engine's load report the bytes of each tensor a placement pattern moved, so that its `moved`
+    sums them rather than llama.cpp's MiB rounded down per tensor (native/report.py). `layout`: the model's
+    footprint.layout where read already."""
+    from localgen.models import footprint
+
+    report = getattr(engine, "load_report", None)
+    if report is None or not report.overridden:
+        return
+    tensors = (layout or footprint.layout(path)).tensors
+    engine.load_report = dataclasses.replace(report, sizes={t.name: t.nbytes for t in tensors})
+
+
 def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
                 warn: Callable[[str], None] = lambda s: None, factory: Callable[..., Any] | None = None,
                 kv_tokens: int | None = None, machine: fit.Machine | None = None) -> Any:
@@ -59,6 +72,9 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     layout = footprint.layout(ref.path) if params.override_tensor or not params.rpc else None  # RPC: no plan
     for text in unmatched_overrides(ref, params.override_tensor, layout):
         warn(text)
+    if (params.cpu_moe or params.n_cpu_moe) and layout is not None and not layout.moe:
+        flag = "--cpu-moe" if params.cpu_moe else f"--n-cpu-moe {params.n_cpu_moe}"
+        warn(f"{flag}: {ref.name} is not a mixture of experts (it has no experts to keep in RAM), so it moves nothing")
     if layout is not None and not params.rpc:  # with RPC servers every layer goes to the devices
         offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
@@ -66,9 +82,10 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
                         parallel=parallel)
         see = f"(`localgen fit -m {ref.name}` shows the plan)"
         if not plan.fits:  # its verdict is "won't fit"; the load is tried all the same (mapped weights may page)
-            warn(f"context {plan.ctx} tokens, not {plan.asked}, and the model does not fit RAM even there: "
+            short = plan.short_of.replace("GPU memory", "the GPU's memory")
+            warn(f"context {plan.ctx} tokens, not {plan.asked}, and the model does not fit {short} even there: "
                  f"loading it anyway {see}" if plan.shrunk else
-                 f"the model does not fit RAM at {plan.ctx} tokens: loading it anyway {see}")
+                 f"the model does not fit {short} at {plan.ctx} tokens: loading it anyway {see}")
         elif plan.shrunk:
             where = "the GPU" if plan.machine.gpus else "RAM"
             warn(f"context {plan.ctx} tokens, not {plan.asked}: at {plan.asked} the model does not fit {where} {see}")
@@ -76,7 +93,9 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
         cpu_only = offload and plan.gpu_layers == 0 and "gpu_layers" not in plan.fixed
     while True:
         try:
-            return make(ref, params, verbose=verbose, cpu_only=cpu_only)
+            engine = make(ref, params, verbose=verbose, cpu_only=cpu_only)
+            moved_bytes(engine, ref.path, layout)
+            return engine
         except ModelLoadError as e:
             if cpu_only or not is_oom(e):
                 raise

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # the load line that says some weights went into a repacked layout ("CPU_REPACK model buffer size = 12.66 MiB")
@@ -25,6 +25,8 @@ class LoadReport:
     flash_attn_auto: bool | None = None  # what flash attention "auto" chose; None where the log did not say
     offloaded: str | None = None  # "offloaded 31/31 layers to GPU", where layers went to a GPU
     overridden: tuple[tuple[str, str, int], ...] = ()  # (tensor, buffer, MiB rounded down) a pattern placed
+    # each tensor's bytes, where the loader read the model's tensor table (models/load.py): `moved` sums them
+    sizes: Mapping[str, int] | None = None
 
     @property
     def placement(self) -> dict[str, float]:
@@ -37,17 +39,20 @@ class LoadReport:
         return {"weights_mib": self.placement, "offloaded": self.offloaded, "moved": self.moved}
 
     @property
-    def moved(self) -> dict[str, dict[str, int]]:
-        """What the placement patterns moved, by buffer: tensors, of them experts, and MiB (each tensor's
-        rounded down, as llama.cpp logs it)."""
+    def moved(self) -> dict[str, dict[str, float]]:
+        """What the placement patterns moved, by buffer: tensors, of them experts, and MiB (to 2 decimals: the
+        tensors' bytes where `sizes` has them, else each tensor's MiB rounded down, as llama.cpp logs it)."""
         from localgen.placement import is_expert
 
-        out: dict[str, dict[str, int]] = {}
+        out: dict[str, dict[str, float]] = {}
         for tensor, buffer, mib in self.overridden:
-            row = out.setdefault(buffer, {"tensors": 0, "experts": 0, "mib": 0})
+            row = out.setdefault(buffer, {"tensors": 0, "experts": 0, "mib": 0.0})
             row["tensors"] += 1
             row["experts"] += is_expert(tensor)
-            row["mib"] += mib
+            size = (self.sizes or {}).get(tensor)
+            row["mib"] += size / (1 << 20) if size is not None else mib
+        for row in out.values():
+            row["mib"] = round(row["mib"], 2)
         return out
 
 

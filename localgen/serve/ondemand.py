@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, UsageError
 from localgen.types import LoadParams, ModelRef
 
 if TYPE_CHECKING:
@@ -41,7 +41,13 @@ class OnDemand:
         except LocalgenError:
             return None
         same = next((w for w in workers.values() if w.ref.name == ref.name and w.ref.path == ref.path), None)
-        w = same or self.make(ref)
+        try:
+            w = same or self.make(ref)
+        except UsageError as e:  # a preset's settings this server cannot load (an -ot buffer type it lacks)
+            from localgen.serve.apierror import HTTPError
+
+            raise HTTPError(400, f"model {name!r} cannot be loaded here: {e}", param="model",
+                            logged=f"model {name!r} was asked for and cannot be loaded here: {e}") from None
         if w.name != name:
             self.aliases[name] = w.name
         return w
