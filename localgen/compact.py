@@ -28,6 +28,10 @@ class CompactionError(LocalgenError):
     """A summary could not be written (the chat falls back to leaving the oldest turns out)."""
 
 
+class NotSmaller(CompactionError):
+    """The summary would take as many tokens as what it folds, or more: it is not kept."""
+
+
 def budget(n_ctx: int) -> int:
     """Tokens a summary may take: an eighth of the window, at least 32 and at most 512."""
     return max(32, min(n_ctx // 8, 512))

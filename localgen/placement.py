@@ -55,23 +55,44 @@ def parse(text: str | Iterable[str] | None) -> tuple[tuple[str, str], ...]:
 
 def check_pattern(pattern: str) -> None:
     """A UsageError where llama.cpp's std::regex (ECMAScript) could not compile `pattern`, as far as Python's
-    re and the constructs only Python has tell."""
-    import warnings
-
+    re and the constructs only Python has tell, or where Python would read it otherwise than llama.cpp."""
+    otherwise = _read_otherwise(pattern)
+    if otherwise is not None:  # before re.compile, which warns of it (FutureWarning) on the user's terminal
+        raise UsageError(f"--override-tensor: {pattern!r} has {otherwise}, which Python reads otherwise than "
+                         "llama.cpp; escape the [ or write the characters out")
     try:
-        with warnings.catch_warnings():
-            # Python warns where it reads a bracket differently from other engines ([[:alpha:]], [a--b]): the
-            # planner's reading would then not be llama.cpp's
-            warnings.simplefilter("error", FutureWarning)
-            re.compile(pattern)
-    except FutureWarning as e:
-        raise UsageError(f"--override-tensor: {pattern!r} is read differently by Python and by llama.cpp ({e}); "
-                         "escape the [ or write the characters out") from None
+        re.compile(pattern)
     except (re.error, OverflowError, RecursionError) as e:  # a repeat count past C's int overflows
         raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression: {e}") from None
     if _NOT_ECMASCRIPT.search(pattern):
         raise UsageError(f"--override-tensor: {pattern!r} uses a construct llama.cpp's regular expressions lack "
                          "((?P<..>), (?i), lookbehind, \\A, \\Z, \\N{..}, \\U, a*+)")
+
+
+def _read_otherwise(pattern: str) -> str | None:
+    """What in a bracket expression Python may read as a set of its own where ECMAScript reads characters: a [
+    inside it ([[:alpha:]], a POSIX class to llama.cpp), or a doubled - & ~ | (a set operation to come in Python)."""
+    i, inside = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if not inside and c == "[":
+            inside = True
+            i += 1
+            i += pattern.startswith("^", i)
+            i += pattern.startswith("]", i)  # a ] first is one of the characters
+            continue
+        if inside:
+            if c == "]":
+                inside = False
+            elif c == "[":
+                return "a [ inside brackets"
+            elif c in "-&~|" and pattern.startswith(c, i + 1):
+                return f"{c}{c} inside brackets"
+        i += 1
+    return None
 
 
 def overrides(override_tensor: tuple[tuple[str, str], ...], cpu_moe_all: bool,

@@ -63,6 +63,19 @@ def test_serve_listens_where_the_environment_says(cli_in_process: InProcessCLI) 
                 cli_in_process.env.pop(name, None)
 
 
+def test_a_port_out_of_range_names_where_it_came_from(cli_in_process: InProcessCLI) -> None:
+    """A port past 65535 in LOCALGEN_HOST is that variable's error, not --host's (which was not typed)."""
+    cli_in_process.env.update(LOCALGEN_HOST="127.0.0.1:99999")
+    try:
+        r = cli_in_process("serve")
+        assert r.returncode == 2 and r.stderr.strip() == (
+            "localgen: error: LOCALGEN_HOST '127.0.0.1:99999' names port 99999, which is not 1 to 65535"), r.stderr
+        r = cli_in_process("serve", "--host", "127.0.0.1:70000")
+        assert r.returncode == 2 and "--host '127.0.0.1:70000' names port 70000" in r.stderr, r.stderr
+    finally:
+        cli_in_process.env.pop("LOCALGEN_HOST", None)
+
+
 def test_localgen_host_takes_host_port_and_v6_forms_as_ollama_host_does(cli_in_process: InProcessCLI) -> None:
     """docs/configuration.md: LOCALGEN_HOST in OLLAMA_HOST's forms, `HOST:PORT` and `[V6]:PORT` too (the `HOST`
     and `http://HOST:PORT` forms: the test above); the port there wins over LOCALGEN_PORT."""

@@ -833,3 +833,11 @@ def test_two_ctrl_c_while_a_long_message_is_read_in_take_it_back_once(cli_env: d
     assert "taken back" not in shown and "Traceback" not in shown, shown
     saved = json.loads((tmp_path / "home" / "data" / "chats" / "twice.json").read_text())
     assert [m["content"] for m in saved["messages"] if m["role"] == "user"] == ["Say hi."], saved
+
+
+def test_help_in_a_scripted_chat_lists_the_commands_and_no_keys(cli: CLI) -> None:
+    """Scripted, lines are messages: /help lists the /commands, and not the terminal's keys (Alt-Enter, Ctrl-G)."""
+    r = cli("chat", "-n", "1", input="/help\n")
+    assert r.returncode == 0, r.stderr
+    assert "/exit" in r.stderr and "/compact" in r.stderr
+    assert "Alt-Enter" not in r.stderr and "Ctrl-G" not in r.stderr, r.stderr

@@ -411,3 +411,14 @@ def test_compact_with_nothing_to_fold_says_why(cli: CLI) -> None:
                     "it is",
                     "nothing to compact: the conversation has 1 exchange, and /compact keeps the last 3 exchanges as "
                     "they are"], r.stderr
+
+
+def test_a_summary_no_smaller_than_what_it_folds_is_not_kept(cli: CLI, home: Path) -> None:
+    """/compact over short turns: a summary as long as they are would make the conversation no smaller (it was kept,
+    and the conversation grew), so it is dropped and said so; the chat goes on, and nothing is saved as folded."""
+    r = cli("chat", "short-turns", "-n", "15", "--temp", "0", input="Say hi\nWhat is 2+2?\n/compact 0\n")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if line.startswith("nothing compacted: ")]
+    assert len(said) == 1 and "summary would not make the conversation smaller (" in said[0], r.stderr
+    saved = json.loads((home / "data" / "chats" / "short-turns.json").read_text())
+    assert saved.get("summary") is None and len(saved["messages"]) == 4

@@ -132,12 +132,25 @@ def test_an_ot_pattern_that_matches_no_tensor_is_a_warning_and_the_run_goes_on(c
     assert [line for line in tuned.stderr.splitlines() if "matches no tensor" in line] == warned, tuned.stderr
 
 
-def test_the_experts_flags_on_a_dense_model_are_a_warning_and_the_run_goes_on(cli: CLI, smollm2_path: Path) -> None:
+def test_the_experts_flags_on_a_dense_model_are_a_warning_and_the_run_goes_on(cli: CLI, cli_env: dict[str, str],
+                                                                             smollm2_path: Path) -> None:
+    from tests.test_serve import Server
+
+    def says(flag: str) -> str:
+        return f"{flag}: {smollm2_path.name} is not a mixture of experts (it has no experts to keep in RAM), so it " \
+               "moves nothing"
+
     for flags, said in ((["--cpu-moe"], "--cpu-moe"), (["--n-cpu-moe", "4"], "--n-cpu-moe 4")):
         r = cli("run", "-m", str(smollm2_path), "-p", "hi", "-n", "1", *flags)
         assert r.returncode == 0, r.stderr[-2000:]
-        assert f"warning: {said}: {smollm2_path.name} is not a mixture of experts (it has no experts to keep in " \
-               "RAM), so it moves nothing" in r.stderr.splitlines(), r.stderr
+        assert f"warning: {says(said)}" in r.stderr.splitlines(), r.stderr
+    chat = cli("chat", "-m", str(smollm2_path), "--cpu-moe", "-n", "1", input="hi\n")
+    assert chat.returncode == 0 and says("--cpu-moe") in chat.stdout + chat.stderr, chat.stdout + chat.stderr
+    s = Server(cli_env, "-m", str(smollm2_path), "--n-cpu-moe", "2", "--ctx", "512", "-np", "1")
+    try:
+        assert says("--n-cpu-moe 2") in s.log()
+    finally:
+        assert s.stop() == 0
 
 
 def test_fits_flags_are_the_settings_run_loads_with(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path) -> None:
@@ -223,6 +236,10 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     full = _plan(path, (4 * GB,), n_gpu_layers=99)
     assert full.verdict == fit.WONT_FIT and full.gpu_layers == 33 and full.ctx == fit.MIN_CTX
     assert full.short == ("GPU",) and full.short_of == "GPU memory"
+    # a GPU of unknown memory (0: llama.cpp could not say) takes nothing by the plan, and layers given stay unjudged
+    unknown = fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(0,)), LoadParams(n_gpu_layers=99))
+    assert unknown.fits and unknown.ctx == 131072 and unknown.gpu_layers == 33
+    assert fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(0,)), LoadParams()).gpu_layers == 0
     # weights sent elsewhere than their layers' device: the verdict follows the weights
     assert _plan(path, (24 * GB,), override_tensor=(("attn", "CPU"),)).verdict == fit.PARTIAL_GPU
     assert _plan(path, (24 * GB,), override_tensor=((".", "CPU"),)).verdict == fit.CPU_ONLY
@@ -406,6 +423,8 @@ def _plan_line(stdout: str) -> str:
 def test_a_ctx_over_the_training_context_is_capped_as_run_caps_it(cli: CLI, cli_in_process: InProcessCLI,
                                                                    smollm2_path: Path) -> None:
     m = str(smollm2_path)  # trained to 8,192 tokens
+    zero = json.loads(cli_in_process("fit", "-m", m, "--ctx", "0", "--json").stdout)  # the training context asked
+    assert (zero["asked"], zero["asked_by"], zero["ctx"]) == (8192, "--ctx", 8192)
     doc = json.loads(cli_in_process("fit", "-m", m, "--ctx", "100000", "--json").stdout)
     assert (doc["asked"], doc["asked_by"], doc["ctx"], doc["capped"], doc["shrunk"], doc["largest"]) == (
         100000, "--ctx", 8192, True, False, False)
@@ -768,3 +787,13 @@ def test_a_model_naming_no_training_context_says_where_its_context_comes_from(
     assert "no training context" in r.stdout.splitlines()[0]
     assert _plan_line(r.stdout) == ("plan      CPU only · context 4,096 tokens (the floor: the model names no "
                                     "training context)"), r.stdout
+
+
+def test_a_draft_model_loads_without_the_models_placement_flags(cli: CLI, moe_path: Path, smollm2_path: Path) -> None:
+    """docs/run.md: the draft model takes the model's load settings but its placement flags (they name the model's
+    tensors): a dense draft for a MoE run with --cpu-moe is not warned of, nor placed by them."""
+    r = cli("run", "-m", str(moe_path), "--draft", str(smollm2_path), "--cpu-moe", "--raw", "-p", "Once", "-n", "3",
+            "--temperature", "0", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "not a mixture of experts" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["load"]["moved"]["CPU"]["experts"] == read_summary(str(moe_path)).n_layers * 3

@@ -309,13 +309,13 @@ def test_keep_alive_unloads_and_the_next_request_loads_again(cli_env: dict[str, 
 
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, str], tmp_path: Path) -> None:
-    s = Server(cli_env, "-np", "2", "--drain-timeout", "120")  # room for 16 tokens however busy the cores are
+    s = Server(cli_env, "-np", "2", "--drain-timeout", "120")  # room for 48 tokens however busy the cores are
     lines: list[str] = []
     first_token = threading.Event()
 
     def stream() -> None:
-        # 16 tokens: well inside the time a stopping server gives the requests in flight
-        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 16, "ignore_eos": True, "stream": True}
+        # 48 tokens: well inside the time a stopping server gives the requests in flight
+        body = {"model": "smollm2:135m", "prompt": "Once", "max_tokens": 48, "ignore_eos": True, "stream": True}
         try:
             with httpx.stream("POST", f"{s.url}/v1/completions", json=body, timeout=600) as r:
                 for ln in r.iter_lines():
@@ -330,12 +330,15 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, s
     assert first_token.wait(600) and lines, "the request is running (its first token came back)"
     s.proc.send_signal(signal.SIGTERM)
     assert "data: [DONE]" not in lines, "the request was still in flight when the signal came"
+    time.sleep(0.05)
+    s.proc.send_signal(signal.SIGTERM)  # a service manager's repeat changes nothing (serve.md): it still finishes
+    assert "data: [DONE]" not in lines, "the request was still in flight when the second signal came"
     t.join(600)
     assert s.proc.wait(timeout=600) == 0
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2].removeprefix("data:"))
     assert "error" not in last, "the stream in flight was finished, not cut"
-    assert last["choices"][0]["finish_reason"] == "length" and last["timings"]["predicted_n"] == 16
+    assert last["choices"][0]["finish_reason"] == "length" and last["timings"]["predicted_n"] == 48
 
 
 def test_sigterm_again_and_again_while_the_server_stops_still_exits_0(cli_env: dict[str, str]) -> None:

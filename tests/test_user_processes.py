@@ -161,6 +161,56 @@ def test_run_into_a_pipe_streams_the_answer(user_home: Path) -> None:
     assert len(reads) >= 2 and len(first) < len(answer), f"the answer came in {len(reads)} read(s): buffered"
 
 
+def test_closed_or_full_standard_streams_are_one_line_or_nothing_never_a_traceback(user_home: Path) -> None:
+    """A shell's `>&-`, `2>&-`, `> /dev/full` and a reader gone before `--version` printed (its own fast path, ahead of
+    the app's error handling): one error line where a line can go, else a quiet exit."""
+    def closing(fd: int) -> Any:
+        def child() -> None:
+            as_user()
+            os.close(fd)
+        return child
+
+    closed_out = subprocess.run([str(BIN), "run", "-p", "hi", "-n", "3"], env=user_env(user_home), cwd=user_home,
+                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=closing(1),
+                                timeout=SAFETY_NET_S)
+    assert closed_out.returncode == 0 and closed_out.stderr == b"", closed_out.stderr  # it was a traceback
+    closed_err = subprocess.run([str(BIN), "list"], env=user_env(user_home), cwd=user_home, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, preexec_fn=closing(2), timeout=SAFETY_NET_S)
+    assert closed_err.returncode == 0 and closed_err.stdout.startswith(b"NAME"), closed_err  # it printed nothing, 1
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([str(BIN), "--version"], env=user_env(user_home), stdout=full, stderr=subprocess.PIPE,
+                           timeout=SAFETY_NET_S)
+    assert r.returncode == 1 and r.stderr == b"localgen: error: No space left on device\n", r.stderr
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before it writes
+    try:
+        r = subprocess.run([str(BIN), "--version"], env=user_env(user_home), stdout=write, stderr=subprocess.PIPE,
+                           timeout=SAFETY_NET_S)
+    finally:
+        os.close(write)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_chat_stopped_by_a_signal_keeps_the_turn_under_way(user_home: Path, sig: int) -> None:
+    """docs/chat.md: a kill or a closed terminal mid-answer saves the message and the partial answer (both were
+    lost) and ends the chat with 128 + the signal."""
+    name = f"stopped-{sig}"
+    proc = start(user_home, "chat", name, "-n", "400", "--ignore-eos", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(STORY.encode() + b"\n")
+    proc.stdin.flush()
+    fd = proc.stdout.fileno()
+    assert select.select([fd], [], [], SAFETY_NET_S)[0] and os.read(fd, 64), "the answer began"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=SAFETY_NET_S)
+    assert proc.returncode == 128 + sig, err.decode()[-2000:]
+    assert b"Traceback" not in err, err.decode()[-2000:]
+    saved = json.loads((user_home / "data" / "chats" / f"{name}.json").read_text())
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant"] and saved["messages"][1]["content"]
+
+
 def test_run_into_a_file_writes_as_it_goes(user_home: Path, tmp_path: Path) -> None:
     """`localgen run -p ... > answer.txt`: the file grows while the answer is generated (`tail -f` shows it)."""
     target = tmp_path / "answer.txt"

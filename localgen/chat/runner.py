@@ -234,11 +234,16 @@ class ChatRunner:
 
         self.summary_stopped = False
         text, pieces = compact.fold([compact.line_of(m) for m in folding], old.text if old else None, fits, write)
+        first = self.first
         self.session.summary = Summary(text=text, covers=end, tokens=written[-1],
                                        compactions=(old.compactions if old else 0) + 1, model=self.session.model,
                                        created=time.time())
         self.first = max(self.first, end)
         after = self.count(self.sent())
+        if after >= before:  # a summary as long as what it folds (short turns): nothing gained, nothing changes
+            self.session.summary, self.first = old, first
+            raise compact.NotSmaller(f"the {written[-1]:,}-token summary would not make the conversation "
+                                          f"smaller ({after:,} tokens against {before:,} now)")
         turns = sum(1 for m in folding if m["role"] == "user")
         self.note(f"(compacted {_n(len(folding), 'message')} ({_n(turns, 'turn')}) into a {written[-1]:,}-token "
                   f"summary{f' in {pieces} requests' if pieces > 1 else ''}: the conversation now takes "

@@ -100,7 +100,8 @@ def machine_for(gpu_memory: str | None, ram: str | None) -> Any:
     if gpus is not None:
         return planner.described(gpus, ram_bytes)
     if ram_bytes is not None:
-        return planner.Machine(ram=ram_bytes, gpus=_this_machine().gpus, described=True)
+        here = _this_machine()
+        return planner.Machine(ram=ram_bytes, gpus=here.gpus, unified=here.unified, described=True)
     return _this_machine()
 
 

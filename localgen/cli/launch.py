@@ -105,7 +105,8 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
     from localgen.cli.serve.options import check_host, host_and_port, key_file
 
     err = ErrWriter()
-    host, port = host_and_port(host, port, typed_by_user(ctx, "port"))
+    host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
+                            "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST")
     check_host(host)
     key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
     if key and not (key.isprintable() and " " not in key):  # as ps: no HTTP header carries it as given

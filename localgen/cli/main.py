@@ -42,9 +42,19 @@ def main(argv: list[str] | None = None) -> None:
     moment, even while the command's modules are imported, is one "interrupted" line and exit 130."""
     try:
         keep_ctrl_c()
+        closed_stdio_to_devnull()
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
+
+
+def closed_stdio_to_devnull() -> None:
+    """A standard stream the shell closed (`>&-`, `2>&-`: Python then has None for it) writes to /dev/null, as if
+    sent there: the command runs, and what it writes there goes nowhere (each write would otherwise fail, and a
+    closed stderr would take every error message with it)."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115  # kept open for the process
 
 
 def keep_ctrl_c() -> None:
@@ -101,7 +111,15 @@ def _main(argv: list[str] | None) -> None:
     if (sys.argv[1:] if argv is None else argv) in (["--version"], ["-V"]):
         from localgen.cli import version_line
 
-        print(version_line())  # as the app's eager --version does, without importing Typer and Rich (100 modules)
+        try:  # as the app's eager --version does, without importing Typer and Rich (100 modules)
+            print(version_line(), flush=True)
+        except BrokenPipeError:  # the reader went away: a normal end
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit goes there
+        except OSError as e:  # a full disk (`> /dev/full`)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # nothing more to write there at exit
+            print(f"localgen: error: {describe_os_error(e)}", file=sys.stderr)
+            sys.exit(1)
         sys.exit(0)
     import typer
 

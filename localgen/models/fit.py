@@ -255,7 +255,9 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
         return not over(f) if machine.unified else all(d == "CPU" for d in over(f))
 
     def result(ngl: int, ncm: int, f: Footprint, sh: tuple[float, ...] = ()) -> Plan:
-        short = over(f)  # a setting given (--gpu-layers, -ot) may hold more than a GPU's budget: it does not fit
+        # a setting given (--gpu-layers, -ot) may hold more than a GPU's budget: it does not fit; a GPU of unknown
+        # memory (0: nothing is planned onto it) does not judge what was put there as given
+        short = tuple(d for d in over(f) if d == "CPU" or machine.unified or gpus[_gpu_index(d)] > 0)
         return Plan(ctx=ctx, asked=asked, parallel=parallel, n_layer=n_layer, gpu_layers=ngl,
                     layers=_layers_per_gpu(ngl, n_layer, sh or shares), n_cpu_moe=ncm, moe=weights.moe, footprint=f,
                     fits=not short, short=short, machine=machine, fixed=fixed, split=sh,
@@ -323,6 +325,11 @@ def _fill_in_turn(gpu_total: Callable[[tuple[float, ...], int], int], budgets: t
         counts.append(float(c))
         left -= c
     return (*counts, float(left))
+
+
+def _gpu_index(name: str) -> int:
+    """The GPU a footprint's device name is (GPU: 0; GPU1: 1)."""
+    return int(name[3:] or 0)
 
 
 def _gpu_name(i: int, n: int) -> str:

@@ -40,6 +40,12 @@ def unmatched_overrides(ref: ModelRef, overrides: tuple[tuple[str, str], ...], l
     return said
 
 
+def for_draft(params: LoadParams) -> LoadParams:
+    """The load settings a draft model (--draft) loads with: the model's, less the placement flags (-ot, --cpu-moe,
+    --n-cpu-moe), whose patterns and layers name the model's own tensors."""
+    return dataclasses.replace(params, override_tensor=(), cpu_moe=False, n_cpu_moe=None)
+
+
 def moved_bytes(engine: Any, path: str, layout: Any = None) -> None:
     """Give a loaded engine's load report the bytes of each tensor a placement pattern moved, so that its `moved`
     sums them rather than llama.cpp's MiB rounded down per tensor (native/report.py). `layout`: the model's

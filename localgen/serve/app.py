@@ -284,9 +284,9 @@ async def _settled(trace: Trace) -> None:
 
 
 class Drain:
-    """Ends our jobs still running `seconds` after the server's first exit signal, at once on a second one.
-    The server (cli/serve/command.py's uvicorn.Server, which owns the signals) calls `signal` from its handle_exit;
-    the timer runs on the app's loop, noted at start-up."""
+    """Ends our jobs still running `seconds` after the server's first exit signal, at once on a forced one (a
+    second Ctrl-C; a repeated SIGTERM is not). The server (cli/serve/command.py's uvicorn.Server, which owns the
+    signals) calls `signal` from its handle_exit; the timer runs on the app's loop, noted at start-up."""
 
     def __init__(self, state: ServeState, front: Front) -> None:
         self.state = state
@@ -296,18 +296,18 @@ class Drain:
         self.seconds = DRAIN_S  # serve --drain-timeout
         self.stopping = False  # an exit signal came (the batches' runner starts nothing more)
 
-    def signal(self) -> None:
-        """An exit signal came (from a signal handler: only hand over to the loop)."""
+    def signal(self, force: bool = False) -> None:
+        """An exit signal came; `force`: end the jobs now (from a signal handler: only hand over to the loop)."""
         if self.loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has closed
-                self.loop.call_soon_threadsafe(self._on_loop)
+                self.loop.call_soon_threadsafe(self._on_loop, force)
 
-    def _on_loop(self) -> None:
+    def _on_loop(self, force: bool) -> None:
         self.stopping = True
         self.front.pool.close()  # a request still fetching its image would not finish in time: it ends now
-        if self._timer is None and self.loop is not None:
+        if self._timer is None and self.loop is not None and not force:
             self._timer = self.loop.call_later(self.seconds, self.fail_all)
-        else:
+        elif force:
             if self._timer is not None:
                 self._timer.cancel()
             self.fail_all()

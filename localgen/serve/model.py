@@ -26,7 +26,7 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
     from localgen.engine.batch import ParallelContext
     from localgen.engine.batchmode import batching_mode
     from localgen.engine.local import LocalBackend
-    from localgen.models.load import open_engine
+    from localgen.models.load import for_draft, open_engine
 
     if draft is not None and exact is not True:  # a draft that cannot draft for it is refused before either loads
         from localgen.engine.speculative import check_vocab_files
@@ -43,8 +43,8 @@ def open_model(ref: ModelRef, load: LoadParams, parallel: int, exact: bool | Non
         pc = ParallelContext(engine, parallel, engine.n_ctx, pooled=mode.throughput, share_prefixes=share_prefixes,
                              cache_ram=cache_ram, draft_max=lookup)
         if draft is not None and pc.draft_max:
-            pc.drafter = _drafter(engine, draft, dataclasses.replace(load, lora=(), n_ctx=pc.n_ctx_seq), parallel,
-                                  pc.n_ctx_seq, warn)
+            pc.drafter = _drafter(engine, draft, dataclasses.replace(for_draft(load), lora=(), n_ctx=pc.n_ctx_seq),
+                                  parallel, pc.n_ctx_seq, warn)
         if warm:  # a job waits for this load: it need not pay for ignore_eos's token scan
             pc.warm_up(eog=False)
     except BaseException:
@@ -97,13 +97,14 @@ def footprint(ref: ModelRef, load: LoadParams, parallel: int, draft: ModelRef | 
 
     from localgen.models import fit
     from localgen.models import footprint as fp
+    from localgen.models.load import for_draft
     from localgen.native.devices import backend_info
 
     machine = fit.this_machine(bool(backend_info()["gpu_offload"]))
     plan = fit.plan(ref.summary, fp.layout(ref.path), machine, load, ctx=load.n_ctx, parallel=parallel)
     adapters = sum(_size(path) for path, _ in (*ref.adapters, *load.lora))  # LoRA weights load beside the model's
     own = plan.footprint.total + adapters
-    return own + (footprint(draft, dataclasses.replace(load, lora=()), parallel) if draft is not None else 0)
+    return own + (footprint(draft, dataclasses.replace(for_draft(load), lora=()), parallel) if draft is not None else 0)
 
 
 def embeddings_footprint(ref: ModelRef, load: LoadParams, n_ctx: int | None = None) -> int:

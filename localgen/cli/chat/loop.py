@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.cli.chat.plan import ChatPlan
-from localgen.cli.chat.turn import restore_state, save_state, stream, summary_interrupts
+from localgen.cli.chat.turn import Hangup, restore_state, save_state, stream, summary_interrupts
 from localgen.cli.chat.view import ChatView, summarized
 from localgen.cli.echo import EchoOff
 from localgen.cli.hints import model_gone
@@ -74,6 +74,7 @@ def start(plan: ChatPlan) -> None:
         _check(runner, view, toolbox, plan)
         if plan.resume:
             restore_state(runner, view)
+        opened.enter_context(Hangup(runner))
         if plan.interactive:
             _repl(runner, view, endpoints)
         else:
@@ -376,9 +377,26 @@ def _command(text: str, runner: Any, view: ChatView, press: Callable[[], None] =
 def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True,
            press: Callable[[], None] = _no_press) -> bool:
     """One input: a /command or a message. False to leave. Scripted, an error ends the script. `press` raises a
-    Ctrl-C that came as Enter was taken (LineInput.give_press): it stops the command, or takes the message back."""
+    Ctrl-C that came as Enter was taken (LineInput.give_press): it stops the command, or takes the message back.
+    A SIGTERM or SIGHUP meanwhile stops it as Ctrl-C would, then ends the chat (Hangup)."""
     if not text.strip():
         return True
+    hangup = Hangup.current
+    if hangup is None:
+        return _handle(text, runner, view, command_ok, press)
+    hangup.answering = True
+    try:
+        going = _handle(text, runner, view, command_ok, press)
+    except OSError:  # the terminal closed under the answer (SIGHUP): it was kept; the chat ends as the signal
+        hangup.check()
+        raise
+    finally:
+        hangup.answering = False
+    hangup.check()
+    return going
+
+
+def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Callable[[], None]) -> bool:
     try:
         if view.interactive and attach_dropped(text, runner, view):  # before commands: a path starts with /
             return True

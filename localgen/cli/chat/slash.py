@@ -34,7 +34,8 @@ def _help(runner: Any, view: Any, arg: str) -> None:
 
     for name, meta in HELP.items():
         view.info(f"{name:9} {meta}")
-    view.info(KEYS_HELP)
+    if view.interactive:  # scripted, lines are messages (docs/chat.md, Scripted): no keys to press
+        view.info(KEYS_HELP)
 
 
 def _set(runner: Any, view: Any, arg: str) -> None:
@@ -109,9 +110,14 @@ def _compact(runner: Any, view: Any, arg: str) -> None:
     if arg and not (arg.isdigit() and len(arg) < 6):
         raise UsageError("usage: /compact [N] (keep the last N exchanges as they are; 1 unless given)")
     keep = int(arg) if arg else 1
+    from localgen.compact import NotSmaller
+
     try:
         with summary_interrupts(runner):
             done = runner.compact_now(keep)
+    except NotSmaller as e:  # short turns: their summary is as long
+        view.info(f"nothing compacted: {e.message}")
+        return
     except LocalgenError as e:
         e.hint = e.hint or "nothing was compacted; the conversation is as it was"
         raise

@@ -100,18 +100,19 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
                 raise
             view.error(e.message, e.hint or "the message was taken back; the conversation is as it was")
             return True
-        except (ReaderGone, OSError):  # stdout's reader went away (`| head -1`) or its disk is full: the chat
-            if runner.gen is not None:  # ends, and keeps what was said, as Ctrl-C keeps a partial answer
-                runner.gen.close()
-            if turn.messages:
-                runner.record(turn)
-            raise
+        except (ReaderGone, OSError):  # stdout's reader went away (`| head -1`), its disk is full or its terminal
+            _keep_what_was_said(runner, turn)  # closed: the chat ends, and keeps what was said, as Ctrl-C keeps
+            raise  # a partial answer
         except BaseException:  # worse: settle the stream before the engine goes
             if runner.gen is not None:
                 runner.gen.close()
             raise
         finally:
-            screen.finish()
+            try:
+                screen.finish()
+            except (ReaderGone, OSError):  # the answer's last lines could not go (a terminal closed under it)
+                _keep_what_was_said(runner, turn)
+                raise
         interrupted = pressed() or runner.stopping
     if interrupted and not turn.results and not any(m.get("content") or m.get("reasoning_content")
                                                     for m in turn.messages):
@@ -134,11 +135,76 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     return False
 
 
+def _keep_what_was_said(runner: Any, turn: Any) -> None:
+    """The turn as far as it went, recorded and saved where its output could not be written (once: a turn whose
+    messages are the conversation's last already is not added again)."""
+    if runner.gen is not None:
+        runner.gen.close()
+    said = runner.session.messages
+    if turn.messages and said[len(said) - len(turn.messages):] != turn.messages:
+        runner.record(turn)
+
+
 def _end_script(view: Any) -> None:
     """Ctrl-C in a scripted chat ends the script, as it ends `run --file`: one "interrupted" line, exit 130 (the
-    chat's own Ctrl-C handler took the signal, so the exit would not know to say it)."""
+    chat's own Ctrl-C handler took the signal, so the exit would not know to say it). A SIGTERM or SIGHUP that
+    stopped the answer ends it as that signal (Hangup)."""
+    if Hangup.current is not None:
+        Hangup.current.check()
     view.err.interrupted()
     raise KeyboardInterrupt
+
+
+class Hangup:
+    """SIGTERM and SIGHUP (a kill, the terminal closed) end the chat as the exit signal it is (128 + its number),
+    the conversation kept: an answer under way stops between two tokens as at Ctrl-C, and its turn (the message
+    and the partial answer) is saved before the chat ends; anywhere else the chat ends at once, saved as it is
+    (start's save_state). A context manager: the previous handlers come back at its end."""
+
+    current: Hangup | None = None  # the chat's, for handle()
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.signum = 0
+        self.answering = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Hangup:
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError):  # not the main thread: left as they are
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        Hangup.current = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        Hangup.current = None
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        if self.answering:
+            self.runner.stop()  # the answer ends at its next token; handle() then ends the chat
+            return
+        self._exit()
+
+    def check(self) -> None:
+        """End the chat where a signal came while it answered (the turn is saved by now)."""
+        if self.signum:
+            self._exit()
+
+    def _exit(self) -> None:
+        import signal
+
+        if self.signum == signal.SIGHUP:  # the terminal is gone: what stdout holds can go nowhere
+            from localgen.cli.output import silence_stdout
+
+            silence_stdout()
+        raise SystemExit(128 + self.signum)
 
 
 def _show_footer(s: Any, turn: Any, runner: Any, view: Any) -> None:

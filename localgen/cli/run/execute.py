@@ -223,7 +223,7 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
     from localgen.cli.progress import make_progress
     from localgen.engine.local import LocalBackend
-    from localgen.models.load import open_engine
+    from localgen.models.load import for_draft, open_engine
     from localgen.models.resolve import resolve
 
     load, decoding = plan.load, plan.decoding
@@ -254,7 +254,8 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
             from localgen.engine.speculative import ModelDrafter
 
             err.status(f"loading the draft model {draft_ref.name} ...")
-            drafter = ModelDrafter(engine, open_engine(draft_ref, params, verbose=load.verbose, warn=err.warn))
+            drafter = ModelDrafter(engine, open_engine(draft_ref, for_draft(params), verbose=load.verbose,
+                                                       warn=err.warn))
     except BaseException:
         engine.close()
         raise

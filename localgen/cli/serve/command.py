@@ -114,7 +114,8 @@ def start(f: ServeArgs) -> None:
         raise UsageError(f"--log-format is text or json, not {f.log_format!r}")
     from localgen.cli.options.knobs import typed_by_user
 
-    host, port = host_and_port(f.listen.host, f.listen.port, typed_by_user(f.context, "port"))
+    host, port = host_and_port(f.listen.host, f.listen.port, typed_by_user(f.context, "port"),
+                            "--host" if typed_by_user(f.context, "host") else "LOCALGEN_HOST")
     f = dataclasses.replace(f, listen=dataclasses.replace(f.listen, host=host, port=port))
     log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
     if log.json:  # llama.cpp's abort (it ends the process) is one of serve's JSON lines too
@@ -305,12 +306,13 @@ def _server_class() -> Any:
         on_exit: Any = None  # serve/app.py's Drain.signal: our jobs end as 503s before uvicorn cancels them
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            force = self.should_exit and sig == signal.SIGINT  # a second Ctrl-C: stop waiting for requests
+            if force:
+                self.force_exit = True
             else:
-                self.should_exit = True
+                self.should_exit = True  # a repeated SIGTERM (a service manager's) changes nothing
             if self.on_exit is not None:
-                self.on_exit()
+                self.on_exit(force)
 
         async def shutdown(self, sockets: Any = None) -> None:
             await super().shutdown(sockets)

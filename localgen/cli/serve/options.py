@@ -67,16 +67,17 @@ class ListenOptions(OptionGroup):
     ] = True
 
 
-def host_and_port(host: str, port: int, port_typed: bool) -> tuple[str, int]:
-    """--host (or LOCALGEN_HOST) as Ollama's OLLAMA_HOST takes it too: `host:port`, `[v6]:port` or
-    `http://host:port`, whose port counts unless --port was typed; else the host as it is."""
+def host_and_port(host: str, port: int, port_typed: bool, source: str = "--host") -> tuple[str, int]:
+    """--host (or LOCALGEN_HOST, named by `source` where it came from there) as Ollama's OLLAMA_HOST takes it too:
+    `host:port`, `[v6]:port` or `http://host:port`, whose port counts unless --port was typed; else the host as
+    it is."""
     import re
 
     m = re.fullmatch(r"(?:https?://)?(\[[0-9A-Fa-f:.]+\]|[^:/\[\]\s]+)(?::([0-9]{1,5}))?/?", host.strip())
     if m is None or (m[2] is None and not host.strip().lower().startswith(("http://", "https://"))):
         return host, port
     if m[2] is not None and not 1 <= int(m[2]) <= 65535:
-        raise UsageError(f"--host {host[:100]!r} names port {m[2]}, which is not 1 to 65535")
+        raise UsageError(f"{source} {host[:100]!r} names port {m[2]}, which is not 1 to 65535")
     named = m[1][1:-1] if m[1].startswith("[") else m[1]
     return named, port if port_typed or m[2] is None else int(m[2])
 

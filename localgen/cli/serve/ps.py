@@ -38,7 +38,8 @@ def ps(
     from localgen.cli.serve.options import check_host, host_and_port, key_file
     from localgen.units import format_bytes
 
-    host, port = host_and_port(host, port, typed_by_user(ctx, "port"))
+    host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
+                            "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST")
     check_host(host)
     if api_key_file is not None:
         api_key = key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
