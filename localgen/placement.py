@@ -70,8 +70,8 @@ def check_pattern(pattern: str) -> None:
 
 
 def _read_otherwise(pattern: str) -> str | None:
-    """What in a bracket expression Python may read as a set of its own where ECMAScript reads characters: a [
-    inside it ([[:alpha:]], a POSIX class to llama.cpp), or a doubled - & ~ | (a set operation to come in Python)."""
+    """What in a bracket expression Python reads otherwise than ECMAScript, or may: a [ inside it ([[:alpha:]], a
+    POSIX class to llama.cpp), a doubled - & ~ | (a set operation to come in Python), a ] first."""
     i, inside = 0, False
     while i < len(pattern):
         c = pattern[i]
@@ -82,7 +82,8 @@ def _read_otherwise(pattern: str) -> str | None:
             inside = True
             i += 1
             i += pattern.startswith("^", i)
-            i += pattern.startswith("]", i)  # a ] first is one of the characters
+            if pattern.startswith("]", i):  # Python: a ] as a character; ECMAScript: [] matches nothing, [^] all
+                return "a ] first inside brackets"
             continue
         if inside:
             if c == "]":

@@ -47,7 +47,8 @@ def test_the_patterns_are_llama_cpps() -> None:
 
 @pytest.mark.parametrize("value", ["exps", "=CPU", "exps=", "exps(=CPU", "(?i)exps=CPU", "(?<=blk)x=CPU", r"x\Z=CPU",
                                    "a{99999999999}=CPU", "[[:foo:]]=CPU", "[[:alpha:]]=CPU", "[a--b]=CPU",
-                                   r"a\N{LATIN SMALL LETTER A}=CPU", r"\U00000061=CPU", "a*+=CPU", "(?>a)=CPU"])
+                                   r"a\N{LATIN SMALL LETTER A}=CPU", r"\U00000061=CPU", "a*+=CPU", "(?>a)=CPU",
+                                   "[]a]=CPU", "[^]x]=CPU"])
 def test_a_bad_override_is_a_usage_error(value: str) -> None:
     import warnings
 
@@ -240,6 +241,10 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     unknown = fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(0,)), LoadParams(n_gpu_layers=99))
     assert unknown.fits and unknown.ctx == 131072 and unknown.gpu_layers == 33
     assert fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(0,)), LoadParams()).gpu_layers == 0
+    moe = shape_path("moe-30b-a3b")  # nor does it send a MoE's experts to RAM behind the layers given
+    placed = fit.plan(read_summary(str(moe)), footprint.layout(str(moe)), fit.Machine(ram=64 * GB, gpus=(0,)),
+                      LoadParams(n_gpu_layers=99))
+    assert placed.fits and placed.gpu_layers == 49 and placed.n_cpu_moe == 0
     # weights sent elsewhere than their layers' device: the verdict follows the weights
     assert _plan(path, (24 * GB,), override_tensor=(("attn", "CPU"),)).verdict == fit.PARTIAL_GPU
     assert _plan(path, (24 * GB,), override_tensor=((".", "CPU"),)).verdict == fit.CPU_ONLY

@@ -174,6 +174,9 @@ def test_closed_or_full_standard_streams_are_one_line_or_nothing_never_a_traceba
                                 stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=closing(1),
                                 timeout=SAFETY_NET_S)
     assert closed_out.returncode == 0 and closed_out.stderr == b"", closed_out.stderr  # it was a traceback
+    closed_in = subprocess.run([str(BIN), "chat", "-n", "3"], env=user_env(user_home), cwd=user_home,
+                               capture_output=True, preexec_fn=closing(0), timeout=SAFETY_NET_S)
+    assert closed_in.returncode == 0 and closed_in.stderr == b"", closed_in.stderr  # a scripted chat of no message
     closed_err = subprocess.run([str(BIN), "list"], env=user_env(user_home), cwd=user_home, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, preexec_fn=closing(2), timeout=SAFETY_NET_S)
     assert closed_err.returncode == 0 and closed_err.stdout.startswith(b"NAME"), closed_err  # it printed nothing, 1
@@ -209,6 +212,26 @@ def test_chat_stopped_by_a_signal_keeps_the_turn_under_way(user_home: Path, sig:
     assert b"Traceback" not in err, err.decode()[-2000:]
     saved = json.loads((user_home / "data" / "chats" / f"{name}.json").read_text())
     assert [m["role"] for m in saved["messages"]] == ["user", "assistant"] and saved["messages"][1]["content"]
+
+
+def test_a_chat_under_nohup_goes_on_at_sighup(user_home: Path) -> None:
+    """docs/chat.md: SIGHUP ignored as `nohup` sets it stays ignored: the answer under way goes on to its end."""
+    def ignoring_hup() -> None:
+        as_user()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen([str(BIN), "chat", "nohup-chat", "-n", "40", "--ignore-eos"], env=user_env(user_home),
+                            cwd=user_home, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=ignoring_hup)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(STORY.encode() + b"\n")
+    proc.stdin.flush()
+    assert select.select([proc.stdout.fileno()], [], [], SAFETY_NET_S)[0], "the answer began"
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=SAFETY_NET_S)  # stdin closed: the chat ends after this answer
+    assert proc.returncode == 0, err.decode()[-2000:]
+    saved = json.loads((user_home / "data" / "chats" / "nohup-chat.json").read_text())
+    assert saved["messages"][1]["content"] and "stopped" not in err.decode()
 
 
 def test_run_into_a_file_writes_as_it_goes(user_home: Path, tmp_path: Path) -> None:

@@ -49,9 +49,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def closed_stdio_to_devnull() -> None:
-    """A standard stream the shell closed (`>&-`, `2>&-`: Python then has None for it) writes to /dev/null, as if
-    sent there: the command runs, and what it writes there goes nowhere (each write would otherwise fail, and a
-    closed stderr would take every error message with it)."""
+    """A standard stream the shell closed (`<&-`, `>&-`, `2>&-`: Python then has None for it) is /dev/null, as if
+    sent there: the command runs, reads nothing there, and what it writes there goes nowhere (each write would
+    otherwise fail, and a closed stderr would take every error message with it)."""
+    if sys.stdin is None:  # read as empty (`chat <&-` is a scripted chat with no message)
+        sys.stdin = open(os.devnull)  # noqa: SIM115  # kept open for the process
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115  # kept open for the process

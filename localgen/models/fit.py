@@ -283,7 +283,7 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
     every = n_layer + 1
     if given is not None:
         ngl = every if given < 0 or given > n_layer else given
-        if moe:
+        if moe and all(gpus):  # a GPU of unknown memory (0) cannot say which experts it holds: none leave it
             placed = experts_out(ngl, n_layer)  # some number of layers' experts always: n_layer at worst
             assert placed is not None
             return placed

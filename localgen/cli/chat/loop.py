@@ -387,8 +387,8 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True,
     hangup.answering = True
     try:
         going = _handle(text, runner, view, command_ok, press)
-    except OSError:  # the terminal closed under the answer (SIGHUP): it was kept; the chat ends as the signal
-        hangup.check()
+    except Exception:  # what the stop left (a summary stopped, the terminal closed under the answer, which was
+        hangup.check()  # kept): the chat ends as the signal
         raise
     finally:
         hangup.answering = False

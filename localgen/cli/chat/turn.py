@@ -83,6 +83,8 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     screen = _Screen(view)
     turn = Turn()
     runner.stopping = False  # before Ctrl-C is ours: a press from now on stops this turn, even before it begins
+    if Hangup.current is not None and Hangup.current.signum:  # a SIGTERM while the turn was prepared: it stops too
+        runner.stop()
     with _cancel_on_sigint(runner, screen.drop_typed) as pressed:
         try:
             screen.hold()
@@ -143,6 +145,8 @@ def _keep_what_was_said(runner: Any, turn: Any) -> None:
     said = runner.session.messages
     if turn.messages and said[len(said) - len(turn.messages):] != turn.messages:
         runner.record(turn)
+    elif not turn.messages:  # nothing said yet: the message start() took is saved as it is
+        runner.save()
 
 
 def _end_script(view: Any) -> None:
@@ -173,6 +177,8 @@ class Hangup:
         import signal
 
         for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_IGN:  # `nohup`: the user asked for the chat to outlive it
+                continue
             with contextlib.suppress(ValueError):  # not the main thread: left as they are
                 self._previous[sig] = signal.signal(sig, self._on_signal)
         Hangup.current = self
