@@ -106,7 +106,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
 
     err = ErrWriter()
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
-                            "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST")
+                            typed_by_user(ctx, "host"))
     check_host(host)
     key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
     if key and not (key.isprintable() and " " not in key):  # as ps: no HTTP header carries it as given

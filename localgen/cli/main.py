@@ -111,18 +111,7 @@ def interrupted_early() -> None:
 
 def _main(argv: list[str] | None) -> None:
     if (sys.argv[1:] if argv is None else argv) in (["--version"], ["-V"]):
-        from localgen.cli import version_line
-
-        try:  # as the app's eager --version does, without importing Typer and Rich (100 modules)
-            print(version_line(), flush=True)
-        except BrokenPipeError:  # the reader went away: a normal end
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit goes there
-        except OSError as e:  # a full disk (`> /dev/full`)
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # nothing more to write there at exit
-            print(f"localgen: error: {describe_os_error(e)}", file=sys.stderr)
-            sys.exit(1)
-        sys.exit(0)
+        print_version()
     import typer
 
     from localgen._compat import fast_typer_coercion
@@ -198,6 +187,23 @@ def _main(argv: list[str] | None) -> None:
         # clears that mark (pythonrun.c, run_eval_code_obj).
         eval("0")
     sys.exit(rc)
+
+
+def print_version() -> None:
+    """`localgen --version`, as the app's eager --version says it, without importing Typer and Rich (100 modules),
+    and then exit: a reader gone is a normal end, a full disk one error line."""
+    from localgen.cli import version_line
+
+    try:
+        print(version_line(), flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit goes there
+    except OSError as e:  # `> /dev/full`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # nothing more to write there at exit
+        print(f"localgen: error: {describe_os_error(e)}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(0)
 
 
 def line_buffered_stdout() -> None:

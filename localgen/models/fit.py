@@ -99,7 +99,6 @@ class Plan:
     n_cpu_moe: int  # layers whose experts stay in RAM (the first ones, as --n-cpu-moe), 0 for a dense model
     moe: bool
     footprint: Footprint
-    fits: bool  # every device within its budget (RAM, each GPU)
     machine: Machine
     short: tuple[str, ...] = ()  # the devices over their budget where it does not fit (CPU for RAM, GPU0, ...)
     held_on_cpu: int = 0  # weights llama.cpp keeps in RAM with every layer offloaded (the token embedding)
@@ -108,6 +107,11 @@ class Plan:
     # the split of the layers between several GPUs the plan chose (layers on each, as -ts takes it); () where the
     # GPUs' budgets (llama.cpp's default, by free memory) or the -ts given split them
     split: tuple[float, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        """Whether every device is within its budget (RAM, each GPU)."""
+        return not self.short
 
     @property
     def shrunk(self) -> bool:
@@ -243,24 +247,24 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
         return _fill_in_turn(lambda sh, i: fp(ngl, ncm, sh).on(_gpu_name(i, len(gpus))).total,
                              tuple(machine.gpu_budget(i) for i in range(len(gpus))), ngl)
 
-    def over(f: Footprint) -> tuple[str, ...]:
-        """The devices over their budget (unified memory: one pool, RAM's)."""
+    def over(f: Footprint, unknown: bool = True) -> tuple[str, ...]:
+        """The devices over their budget (unified memory: one pool, RAM's); without `unknown`, not the GPUs of
+        unknown memory (0), which take nothing by the plan and do not judge what a setting given put there."""
         if machine.unified:
             return ("CPU",) if f.total > machine.ram_budget else ()
         return tuple(name for name, budget in (("CPU", machine.ram_budget), *(
-            (_gpu_name(i, len(gpus)), machine.gpu_budget(i)) for i in range(len(gpus)))) if f.on(name).total > budget)
+            (_gpu_name(i, len(gpus)), machine.gpu_budget(i)) for i in range(len(gpus)) if unknown or gpus[i]))
+            if f.on(name).total > budget)
 
     def gpus_fit(f: Footprint) -> bool:
         """Whether every GPU holds its part (unified memory: the whole, within RAM's budget)."""
         return not over(f) if machine.unified else all(d == "CPU" for d in over(f))
 
     def result(ngl: int, ncm: int, f: Footprint, sh: tuple[float, ...] = ()) -> Plan:
-        # a setting given (--gpu-layers, -ot) may hold more than a GPU's budget: it does not fit; a GPU of unknown
-        # memory (0: nothing is planned onto it) does not judge what was put there as given
-        short = tuple(d for d in over(f) if d == "CPU" or machine.unified or gpus[_gpu_index(d)] > 0)
+        # a setting given (--gpu-layers, -ot) may hold more than a GPU's budget: it does not fit
         return Plan(ctx=ctx, asked=asked, parallel=parallel, n_layer=n_layer, gpu_layers=ngl,
                     layers=_layers_per_gpu(ngl, n_layer, sh or shares), n_cpu_moe=ncm, moe=weights.moe, footprint=f,
-                    fits=not short, short=short, machine=machine, fixed=fixed, split=sh,
+                    short=over(f, unknown=False), machine=machine, fixed=fixed, split=sh,
                     held_on_cpu=weights.embedding)
 
     def experts_out(ngl: int, default: int) -> Plan | None:
@@ -325,11 +329,6 @@ def _fill_in_turn(gpu_total: Callable[[tuple[float, ...], int], int], budgets: t
         counts.append(float(c))
         left -= c
     return (*counts, float(left))
-
-
-def _gpu_index(name: str) -> int:
-    """The GPU a footprint's device name is (GPU: 0; GPU1: 1)."""
-    return int(name[3:] or 0)
 
 
 def _gpu_name(i: int, n: int) -> str:

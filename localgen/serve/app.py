@@ -305,12 +305,12 @@ class Drain:
     def _on_loop(self, force: bool) -> None:
         self.stopping = True
         self.front.pool.close()  # a request still fetching its image would not finish in time: it ends now
-        if self._timer is None and self.loop is not None and not force:
-            self._timer = self.loop.call_later(self.seconds, self.fail_all)
-        elif force:
+        if force:
             if self._timer is not None:
                 self._timer.cancel()
             self.fail_all()
+        elif self._timer is None and self.loop is not None:  # the first: a repeat changes nothing
+            self._timer = self.loop.call_later(self.seconds, self.fail_all)
 
     def fail_all(self) -> None:
         """Every job of every model ends now, as its API's 503, and every pull, with its error line."""

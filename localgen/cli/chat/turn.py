@@ -174,8 +174,6 @@ class Hangup:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Hangup:
-        import signal
-
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) is signal.SIG_IGN:  # `nohup`: the user asked for the chat to outlive it
                 continue
@@ -185,8 +183,6 @@ class Hangup:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import signal
-
         Hangup.current = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -204,8 +200,6 @@ class Hangup:
             self._exit()
 
     def _exit(self) -> None:
-        import signal
-
         if self.signum == signal.SIGHUP:  # the terminal is gone: what stdout holds can go nowhere
             from localgen.cli.output import silence_stdout
 

@@ -115,7 +115,7 @@ def start(f: ServeArgs) -> None:
     from localgen.cli.options.knobs import typed_by_user
 
     host, port = host_and_port(f.listen.host, f.listen.port, typed_by_user(f.context, "port"),
-                            "--host" if typed_by_user(f.context, "host") else "LOCALGEN_HOST")
+                            typed_by_user(f.context, "host"))
     f = dataclasses.replace(f, listen=dataclasses.replace(f.listen, host=host, port=port))
     log = ServeLog(json_lines=f.log_format == "json", access=not f.quiet)
     if log.json:  # llama.cpp's abort (it ends the process) is one of serve's JSON lines too

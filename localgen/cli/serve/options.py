@@ -67,8 +67,8 @@ class ListenOptions(OptionGroup):
     ] = True
 
 
-def host_and_port(host: str, port: int, port_typed: bool, source: str = "--host") -> tuple[str, int]:
-    """--host (or LOCALGEN_HOST, named by `source` where it came from there) as Ollama's OLLAMA_HOST takes it too:
+def host_and_port(host: str, port: int, port_typed: bool, host_typed: bool = True) -> tuple[str, int]:
+    """--host (or LOCALGEN_HOST where it was not typed: its errors name it) as Ollama's OLLAMA_HOST takes it too:
     `host:port`, `[v6]:port` or `http://host:port`, whose port counts unless --port was typed; else the host as
     it is."""
     import re
@@ -77,6 +77,7 @@ def host_and_port(host: str, port: int, port_typed: bool, source: str = "--host"
     if m is None or (m[2] is None and not host.strip().lower().startswith(("http://", "https://"))):
         return host, port
     if m[2] is not None and not 1 <= int(m[2]) <= 65535:
+        source = "--host" if host_typed else "LOCALGEN_HOST"
         raise UsageError(f"{source} {host[:100]!r} names port {m[2]}, which is not 1 to 65535")
     named = m[1][1:-1] if m[1].startswith("[") else m[1]
     return named, port if port_typed or m[2] is None else int(m[2])

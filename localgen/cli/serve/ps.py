@@ -39,7 +39,7 @@ def ps(
     from localgen.units import format_bytes
 
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
-                            "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST")
+                            typed_by_user(ctx, "host"))
     check_host(host)
     if api_key_file is not None:
         api_key = key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
