@@ -28,7 +28,7 @@ TERMINAL_VARS = frozenset({"TERM", "NO_COLOR", "PROMPT_TOOLKIT_NO_CPR", "VISUAL"
 
 class ForkedTerminal(fdpexpect.fdspawn):  # type: ignore[misc]
     """pexpect over the pty of a child of the fork server, with what the tests use of pexpect.spawn besides
-    fdspawn's expect and send: sendcontrol, sendintr, and close() that waits for the child and sets exitstatus
+    fdspawn's expect and send: sendcontrol, sendintr, kill, and close() that waits for the child and sets exitstatus
     and signalstatus."""
 
     def __init__(self, master: int, process: Any, **kw: Any) -> None:
@@ -43,6 +43,9 @@ class ForkedTerminal(fdpexpect.fdspawn):  # type: ignore[misc]
 
     def sendintr(self) -> None:
         self.send(chr(termios.tcgetattr(self.child_fd)[6][termios.VINTR][0]))
+
+    def kill(self, sig: int) -> None:
+        os.kill(self.pid, sig)
 
     def isalive(self) -> bool:
         return bool(self.process.poll() is None)

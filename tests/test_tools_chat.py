@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -73,6 +74,29 @@ def test_chat_on_a_terminal_asks_before_each_call_and_shows_the_result(cli_env: 
     assert call["function"]["name"] == "add" and messages[2]["tool_call_id"] == call["id"]
     assert messages[2]["content"] == str(args["a"] + args["b"])
     assert messages[6]["content"] == "The user declined to run this tool call."
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_at_a_tool_calls_question_declines_it_and_ends_the_chat_saved(cli_env: dict[str, str], home: Path,
+                                                                              sig: int) -> None:
+    """docs/chat.md: a SIGTERM or SIGHUP while a tool call's question waits declines the call as Ctrl-C there does,
+    and ends the chat with 128 + the signal, the message and the call saved (it did not wait for a reply)."""
+    from localgen.chat.session import ChatSession
+    from tests.test_chat import spawn
+
+    name = f"toolchat-{sig}"
+    child = spawn(cli_env, name, *CHAT_TOOLS, "--mcp", MCP, "--tool-choice", "add")
+    child.sendline("What is 2 + 3?")
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.kill(sig)
+    child.expect(pexpect.EOF, timeout=30)
+    child.close()
+    assert child.exitstatus == 128 + sig, (child.exitstatus, child.signalstatus)
+    messages = ChatSession.load(name).messages
+    assert messages[0] == {"role": "user", "content": "What is 2 + 3?"} | {k: v for k, v in messages[0].items()
+                                                                          if k not in ("role", "content")}
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "add"
+    assert messages[2]["content"] == "The user declined to run this tool call."
 
 
 def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:

@@ -171,6 +171,7 @@ class Hangup:
         self.runner = runner
         self.signum = 0
         self.answering = False
+        self.asking = False  # a tool call's question waits for the user
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Hangup:
@@ -191,6 +192,8 @@ class Hangup:
         self.signum = signum
         if self.answering:
             self.runner.stop()  # the answer ends at its next token; handle() then ends the chat
+            if self.asking:  # a tool call's question: declined as at Ctrl-C there (_approve)
+                raise KeyboardInterrupt
             return
         self._exit()
 
@@ -268,15 +271,19 @@ _REPLIES = ("y", "yes", "n", "no", "a", "always", "")  # to a tool call's questi
 def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:
     """Whether a tool call may run: yes with --yes or "always" for this tool; otherwise the user is asked
     (y / n / a; Enter declines), again after any other reply (a question typed there by mistake must not
-    decline the call). Ctrl-C or Ctrl-D at the question declines the call and stops the answer."""
+    decline the call). Ctrl-C or Ctrl-D at the question declines the call and stops the answer; so does a SIGTERM or
+    SIGHUP, which then ends the chat (Hangup)."""
     if runner.stopping:
         return False
     if view.yes or call.name in view.always:
         return True
     screen.finish()
     previous = signal.getsignal(signal.SIGINT)
+    hangup = Hangup.current
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if hangup is not None:
+            hangup.asking = True
         question = f"run {call.name}? [y]es / [n]o / [a]lways for {call.name}: "
         while (word := view.ask(question).strip().lower()) not in _REPLIES:
             view.info("answer y, n or a (Enter declines)")
@@ -284,6 +291,8 @@ def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:
         word = ""
         runner.stop()
     finally:
+        if hangup is not None:
+            hangup.asking = False
         signal.signal(signal.SIGINT, previous)
     if word in ("a", "always"):
         view.always.add(call.name)
