@@ -191,7 +191,7 @@ def test_the_other_endpoints_answer_as_their_routes(server: Server, endpoint: st
     assert got == want
 
 
-def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
+def test_bad_input_is_refused_before_anything_runs(server: Server, env: dict[str, str]) -> None:
     """docs/batch.md, Refused input: a 400 naming the field for the request itself; a file whose lines are not
     right makes the batch `failed` with every fault's code, line and param, and nothing runs (lines that name
     another model than the first's among them: OpenAI's rule, one model a batch)."""
@@ -239,6 +239,9 @@ def test_bad_input_is_refused_before_anything_runs(server: Server) -> None:
     empty = client.files.create(file=("empty.jsonl", b"\n"), purpose="batch")
     failed = client.batches.create(input_file_id=empty.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert [x.code for x in failed.errors.data] == ["empty_file"]
+    (Path(env["LOCALGEN_HOME"]) / "data" / "batches" / "files" / f"{empty.id}.jsonl").unlink()  # gone by hand
+    gone = httpx.get(f"{server.url}/v1/files/{empty.id}/content", headers={"Authorization": f"Bearer {KEY}"})
+    assert gone.status_code == 404 and "gone from the data dir" in gone.json()["error"]["message"], gone.text
     # without the key, nothing of it answers
     for method, path in (("GET", "/v1/files"), ("POST", "/v1/files"), ("GET", f"/v1/files/{good.id}/content"),
                          ("GET", "/v1/batches"), ("POST", f"/v1/batches/{batch.id}/cancel")):
@@ -700,8 +703,8 @@ def test_a_line_for_a_model_not_loaded_waits_until_no_request_is_in_flight(tmp_p
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    state = SimpleNamespace(workers=workers, on_demand=None, upstreams=None,
-                            meant=lambda name: name or "a")  # "a": the default
+    state = SimpleNamespace(workers=workers, on_demand=None, upstreams=None, meant=lambda name: name or "a",
+                            local=lambda name: None)  # "a": the default; no model's keep-alive holds b back
     runner = Runner(desk, state, app, None, lambda: False, 2, print)  # type: ignore[arg-type]
 
     async def client_ends() -> float:
@@ -784,6 +787,50 @@ def test_a_batch_whose_input_is_gone_fails_and_the_next_runs(tmp_path: Path) -> 
     assert docs[0]["request_counts"] == {"total": 2, "completed": 1, "failed": 0}
     assert docs[1]["status"] == "completed" and docs[1]["request_counts"]["completed"] == 2
     desk.release()
+
+
+def test_a_batch_does_not_swap_out_the_model_a_client_keeps_using(own_env: dict[str, str]) -> None:
+    """docs/batch.md: under --max-models 1, a batch for gemma3 while a client keeps asking the loaded smollm2: the
+    batch waits (said once in the log) while smollm2 is within its keep-alive of the client's last request, so the
+    client never waits for a swap; once smollm2 unloads by its keep-alive, gemma3 loads and the batch runs. It
+    swapped models back and forth before, a client's every request waiting for an unload and a load."""
+    s = Server(own_env, "--api-key", KEY, "-np", "1", "--ctx", "512", "--max-models", "1", "--keep-alive", "3s")
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def ask(i: int) -> None:
+        r = httpx.post(f"{s.url}/v1/chat/completions", headers=headers, timeout=120, json={**_chat(i), "model": MODEL})
+        assert r.status_code == 200, r.text
+
+    try:
+        ask(0)  # the client's first request: its model is one a client uses from now on
+        upload = httpx.post(f"{s.url}/v1/files", headers=headers, timeout=60, data={"purpose": "batch"},
+                            files={"file": ("in.jsonl", _jsonl([_line(f"g{i}", {  # a base model: a plain prompt
+                                "model": "gemma3:270m", "prompt": f"Count to {i}:", "max_tokens": 4}, "/v1/completions")
+                                for i in range(2)]))}).json()
+        batch = httpx.post(f"{s.url}/v1/batches", headers=headers, timeout=60, json={
+            "input_file_id": upload["id"], "endpoint": "/v1/completions", "completion_window": "24h"}).json()
+        for i in range(1, 8):  # the client's next requests, a moment apart: each finds its model loaded
+            time.sleep(0.5)
+            ask(i)
+        residency = httpx.get(f"{s.url}/health", timeout=30).json()["residency"]
+        assert residency["loaded"] == [MODEL] and residency["evictions"] == 0, residency
+        assert httpx.get(f"{s.url}/v1/batches/{batch['id']}", headers=headers).json()["request_counts"][
+            "completed"] == 0
+        deadline = time.monotonic() + 600  # a safety net for busy cores, not a timing
+        while (doc := httpx.get(f"{s.url}/v1/batches/{batch['id']}", headers=headers).json())["status"] != \
+                "completed":
+            assert time.monotonic() < deadline and doc["status"] == "in_progress", doc
+            time.sleep(0.2)
+        errors = httpx.get(f"{s.url}/v1/files/{doc['error_file_id']}/content", headers=headers).text \
+            if doc.get("error_file_id") else ""
+        assert doc["request_counts"] == {"total": 2, "completed": 2, "failed": 0}, errors
+        residency = httpx.get(f"{s.url}/health", timeout=30).json()["residency"]
+        assert residency["evictions"] == 0 and residency["unloads"] >= 1, residency  # smollm2 left by its keep-alive
+        said = [line for line in s.log().splitlines() if "waits to load" in line]
+        assert said == [f"localgen serve: {batch['id']} waits to load gemma3:270m: that would unload {MODEL}, "
+                        "which a client used within its keep-alive"], said
+    finally:
+        assert s.stop() == 0
 
 
 def test_a_restart_reads_a_large_results_file_a_line_at_a_time(tmp_path: Path) -> None:

@@ -141,6 +141,8 @@ def test_a_preset_file_of_bad_bytes_is_named_and_list_goes_on(own: CLI) -> None:
     (b"k1\nk2\n", None, "line breaks or control characters inside"),
     (b"two words", None, "spaces, line breaks"),
     (b"k\x01", None, "control characters"),
+    ("k\u20acy".encode(), None, "a character outside ASCII (U+20AC)"),
+    (None, "k\u00e9y", "LOCALGEN_API_KEY: the key has a character outside ASCII (U+00E9)"),
     (None, " ", "LOCALGEN_API_KEY is blank"),
     (None, "a key", "LOCALGEN_API_KEY: the key has spaces"),
 ])

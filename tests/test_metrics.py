@@ -237,3 +237,31 @@ def test_the_api_pages_metrics_are_those_a_real_server_exposes(server: Server) -
              if not f.name.endswith("_created")}  # prometheus_client's time of each series' start
     assert shown - named == set()
     assert named - shown <= {"localgen_upstream_requests_total"}
+
+
+def test_a_request_waiting_for_the_one_slot_is_queued_not_running(server: Server) -> None:
+    """docs/api.md: /health's `running` is the requests in a slot and `queued` those waiting for one, as
+    /metrics' localgen_running_requests and localgen_queue_depth are: with one slot and two long requests, one
+    runs and one waits (both counted as running before, once the scheduler held them)."""
+    import threading
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "smollm2:135m", "prompt": "Count: one, two,", "stream": False,
+            "options": {"num_predict": 64, "temperature": 0, "ignore_eos": True}}
+    asks = [threading.Thread(target=httpx.post, args=(f"{server.url}/api/generate",),
+                             kwargs={"headers": auth, "timeout": 600, "json": body}) for _ in range(2)]
+    for t in asks:
+        t.start()
+    try:
+        deadline = time.monotonic() + 300  # a safety net for busy cores, not a timing
+        while not ((h := httpx.get(f"{server.url}/health", timeout=30).json()["models"]["smollm2:135m"])["running"]
+                   and h["running"] + h["queued"] == 2):  # both taken in, the first begun
+            assert time.monotonic() < deadline, h
+            time.sleep(0.05)
+        got = samples(httpx.get(f"{server.url}/metrics", headers=auth, timeout=30).text)
+        assert (h["running"], h["queued"]) == (1, 1), h
+        assert value(got, "localgen_running_requests", model="smollm2:135m") == 1
+        assert value(got, "localgen_queue_depth", model="smollm2:135m") == 1
+    finally:
+        for t in asks:
+            t.join()

@@ -44,7 +44,8 @@ def test_what_is_written_is_read_back_whole(tmp_path: Path) -> None:
     assert again.write(KEY, IDENT, [(tokens, prompt_len, data, size)]) == 0  # there already: not written again
 
 
-@pytest.mark.parametrize("damage", ["identity", "build", "torn", "torn header", "checksum", "not ours"])
+@pytest.mark.parametrize("damage", ["identity", "build", "torn", "torn header", "checksum", "a token",
+                                    "prompt length", "not ours"])
 def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage: str) -> None:
     store, _ = _store(tmp_path)
     good, bad = _entry(list(range(100)), seed=1), _entry(list(range(200, 300)), seed=2)
@@ -62,6 +63,12 @@ def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage:
         path.write_bytes(raw[:20])
     elif damage == "checksum":
         path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    elif damage == "a token":  # one digit of the header's tokens: another prompt's state must not be handed out
+        assert raw.count(b"[200, ") == 1
+        path.write_bytes(raw.replace(b"[200, ", b"[201, "))
+    elif damage == "prompt length":
+        assert raw.count(b'"prompt_len": 98') == 1
+        path.write_bytes(raw.replace(b'"prompt_len": 98', b'"prompt_len": 97'))
     else:
         path.write_bytes(b"GGUF" + raw[4:])
     reader, said = _store(tmp_path, build=build)

@@ -412,7 +412,8 @@ def get(url: str, body: dict[str, Any] | None = None) -> Any:
 @pytest.fixture
 def served(user_home: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path, Path]]:
     """`localgen serve` on a free loopback port with the probe, answering: the process, its URL, the probe's
-    record and its stderr's file. Killed at the end if a test left it running."""
+    record and its stderr's file. Killed at the end if a test left it running. docs/serve.md: the start line is
+    written once the port takes connections, so a script may connect as it sees the line."""
     port = free_port()
     out, err = tmp_path / "probe.json", tmp_path / "serve.err"
     env = user_env(user_home, PYTHONPATH=str(PROBE), LOCALGEN_PROBE_OUT=str(out))
@@ -421,14 +422,11 @@ def served(user_home: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[b
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SAFETY_NET_S
-        while True:
+        while f" on {url} · " not in err.read_text():
             assert proc.poll() is None, err.read_text()
-            try:
-                get(f"{url}/health")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "serve did not answer"
-                time.sleep(0.1)
+            assert time.monotonic() < deadline, "serve wrote no start line"
+            time.sleep(0.01)
+        assert get(f"{url}/health")["status"] == "ok"  # at once, no retry
         yield proc, url, out, err
     finally:
         if proc.poll() is None:

@@ -19,6 +19,11 @@ class Policy(Protocol):
     @property
     def waiting(self) -> int: ...
 
+    @property
+    def queued(self) -> int:
+        """The requests held that have not begun (in no slot, nor in the solo lane)."""
+        ...
+
     def add(self, req: Request) -> None: ...
 
     def abort(self, ids: set[int]) -> None: ...
@@ -136,6 +141,10 @@ class Throughput:
     @property
     def waiting(self) -> int:
         return len(self.queue)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue) + len(self.solo_queue)
 
     def add(self, req: Request) -> None:
         (self.solo_queue if req.exact else self.queue).append(req)
@@ -359,6 +368,10 @@ class Exact:
 
     @property
     def waiting(self) -> int:
+        return len(self.queue)
+
+    @property
+    def queued(self) -> int:
         return len(self.queue)
 
     def add(self, req: Request) -> None:

@@ -7,7 +7,8 @@ instead of evaluating it.
 One file per prefix, named by its tokens' hash, in a folder per model identity (the model file, the settings
 that change its KV cache, the slots and window: the caller's `key`). Each file says what it is before its
 bytes are used: a magic number and format version, then a JSON header (the identity's hash, the llama.cpp
-build, the tokens, the state's size and SHA-256), then the state. A file of another identity or build, a torn
+build, the tokens, the state's size, and a SHA-256 of the tokens, their prompt length and the state), then the
+state. A file of another identity or build, a torn
 or damaged one, is skipped with one log line and removed, never loaded: a wrong state would give a wrong
 answer. The whole store is bounded in bytes (`limit`), least recently used first out (a file's time is set
 when it is written or read). Files are written to a temporary name and renamed, mode 0600 in 0700 folders
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 MAGIC = b"LGPX"
-VERSION = 1
+VERSION = 2  # 2: the checksum covers the tokens and prompt length too, not only the state
 SUFFIX = ".prefix"
 _HEAD = struct.Struct("<4sII")  # magic, format version, header length
 MAX_HEADER = 64 << 20  # a header longer than this is damage, not tokens
@@ -106,7 +107,7 @@ class PrefixStore:
                 continue
             head = json.dumps({"identity": _digest(identity), "build": self.build, "tokens": tokens,
                                "prompt_len": prompt_len, "size": size,
-                               "sha256": hashlib.sha256(memoryview(data)[:size]).hexdigest()}).encode()
+                               "sha256": _checksum(tokens, prompt_len, memoryview(data)[:size])}).encode()
             try:
                 _write_atomic(folder / name, [_HEAD.pack(MAGIC, VERSION, len(head)), head, memoryview(data)[:size]])
             except OSError as e:
@@ -210,8 +211,8 @@ class PrefixStore:
             data = numpy.fromfile(f, dtype=numpy.uint8)
         if data.size != size:
             raise _Bad(f"the file is torn ({data.size:,} of its {size:,} state bytes)")
-        if hashlib.sha256(memoryview(data)).hexdigest() != digest:
-            raise _Bad("its state does not match its checksum")
+        if _checksum(tokens, prompt_len, memoryview(data)) != digest:
+            raise _Bad("its tokens or state do not match its checksum")
         return Stored(tokens, prompt_len, data, size)
 
     # ---- what is there ----------------------------------------------------------------------------------
@@ -285,6 +286,15 @@ class PrefixStore:
 
 class _Bad(Exception):
     """A stored prefix that must not be used, and why."""
+
+
+def _checksum(tokens: list[int], prompt_len: int, state: Any) -> str:
+    """What a file's header says of its contents: a SHA-256 of its tokens, their prompt length and its state (a
+    damaged token would otherwise hand a request another prompt's state)."""
+    h = hashlib.sha256(struct.pack(f"<{len(tokens) + 1}q", len(tokens), *tokens))
+    h.update(struct.pack("<q", prompt_len))
+    h.update(state)
+    return h.hexdigest()
 
 
 def _digest(identity: str) -> str:

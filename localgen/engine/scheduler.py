@@ -137,6 +137,11 @@ class Scheduler:
         return not self.active and not self.tasks and not self.policy.idle and not self.policy.running
 
     @property
+    def queued(self) -> int:
+        """How many generation requests it holds that have not begun: they wait for a slot."""
+        return self.policy.queued
+
+    @property
     def room(self) -> int:
         """How many more generation requests the next step would start (free slots less those waiting)."""
         return len(self.free) - self.policy.waiting

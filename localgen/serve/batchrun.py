@@ -5,7 +5,9 @@ and its answer (status, request id, body) is the record kept. At most `at_once` 
 together (serve --batch-lines), and a new one starts only once the one before has reached its model's worker
 and while no request waits for a model's slot, so a client that comes while a batch runs waits at most for the
 batch's requests in flight, never behind the rest of the batch; a request whose model is not loaded waits until
-no model holds a request, so its load never evicts a model from under a client. A remote model's request (serve
+no model holds a request, so its load never evicts a model from under a client, and, where the load would unload
+another model, until no model a client used is still within its keep-alive: a client that comes back to its
+model does not wait for a swap each time the batch takes its turn. A remote model's request (serve
 --endpoint) starts once it has a free place in its model's lanes (serve --parallel), so `at_once` of them run
 together there too. Cancelling lets the requests in
 flight end, and starts no other. At shutdown the runner stops: a request the shutdown ended (its 503) is not
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from localgen.serve.remotemodels import Lane
 
 POLL_S = 0.05  # how often a request held back looks again for a free slot
+KEPT_POLL_S = 0.5  # how often a load held back for a client's model looks again
 RETRY_S = 30.0  # how soon a batch that could not be written tries again (or at the next batch or cancel)
 
 
@@ -108,7 +111,7 @@ class Runner:
                     if lane is not None:  # a remote model's: sent on once its lanes have a free place
                         await self._room(lane)
                     elif not self._loaded_for(line.body):  # a model to load (and another to evict, maybe)
-                        await self._idle()
+                        await self._idle(doc["id"], line.body)
                     if doc["status"] != "in_progress" or self.stopping():
                         slots.release()
                         break
@@ -134,11 +137,25 @@ class Runner:
         w = workers.get(name) if isinstance(name, str) else None
         return w is not None and w.loaded
 
-    async def _idle(self) -> None:
+    async def _idle(self, ident: str, body: dict[str, Any]) -> None:
         """Wait until no model holds a request, ours included: a batch's line that loads a model (and may evict
-        one) never takes a model from under a client's request, nor from ours in flight."""
-        while not self.stopping() and self._outstanding() > 0:
-            await asyncio.sleep(POLL_S)
+        one) never takes a model from under a client's request, nor from ours in flight. Where the load would
+        unload another model, wait too while a model a client used is within its keep-alive (said once in the
+        log): it goes on once that model unloads, or once only batches have used the models loaded."""
+        wanted = self.state.local(body.get("model"))
+        said = False
+        while not self.stopping():
+            if self._outstanding() > 0:
+                await asyncio.sleep(POLL_S)
+                continue
+            kept = _clients_model(wanted, self.state) if wanted is not None else None
+            if wanted is None or kept is None:
+                return
+            if not said:
+                self.log(f"localgen serve: {ident} waits to load {wanted.name}: that would "
+                         f"unload {kept}, which a client used within its keep-alive")
+                said = True
+            await asyncio.sleep(KEPT_POLL_S)
 
     async def _behind_live(self) -> None:
         """Wait while a request waits for a model's slot (a client's, or one of ours not yet in its slot), or for a
@@ -181,6 +198,22 @@ class Runner:
             progress.count(record, ok)
         finally:
             slots.release()
+
+
+def _clients_model(wanted: Any, state: ServeState) -> str | None:
+    """A loaded model that `wanted`'s load would have to unload while a client may still come back to it (a
+    client's request came or ended within its keep-alive), or None when the load unloads no such model."""
+    import time
+
+    if wanted.residence.loads_beside():
+        return None
+    now = time.monotonic()
+    for w in list(state.workers.values()):
+        if w is wanted or w.pinned or not w.loaded or w.client_used is None:
+            continue
+        if w.keep_alive < 0 or now - w.client_used < w.keep_alive:
+            return str(w.name)
+    return None
 
 
 @asynccontextmanager

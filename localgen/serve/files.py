@@ -228,7 +228,11 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         ident = request.path_params["id"]
         if await asyncio.to_thread(store.get, ident) is None:
             raise not_found(ident)
-        return FileResponse(store.content(ident), media_type="application/octet-stream")
+        path = store.content(ident)
+        if not await asyncio.to_thread(path.is_file):  # its bytes removed by hand from the data dir
+            raise HTTPError(404, f"The content of {ident} is gone from the data dir", "invalid_request_error",
+                            "file_id")
+        return FileResponse(path, media_type="application/octet-stream")
 
     async def delete(request: Request) -> Response:
         owner()

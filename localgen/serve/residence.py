@@ -78,6 +78,15 @@ class Residence:
     def loaded(self) -> bool:  # whether the model is in memory now
         return self.backend is not None
 
+    def loads_beside(self) -> bool:
+        """Whether loading the model now would unload no other: it is loaded, or the room holds its estimate."""
+        if self.backend is not None or self._residency is None:
+            return True
+        from localgen.serve.model import footprint
+
+        need = footprint(self.ref, self.load, self.parallel, self.draft if self._exact is not True else None)
+        return bool(self._residency.room_for(need + self.embeddings))
+
     def ensure(self, warm: bool, wanted: Callable[[], bool] = lambda: True, patient: bool = True,
                embeddings: bool = False) -> None:
         """Load the model unless it is loaded, once the residency has room for it (NoRoom, TooBig, Abandoned

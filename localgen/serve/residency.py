@@ -156,6 +156,11 @@ class Residency:
                 self.loads += 1
             raise
 
+    def room_for(self, need: int) -> bool:
+        """Whether a model of `need` bytes would load now without unloading another (none waits before it)."""
+        with self._cond:
+            return not self._waiting and self._fits(need)
+
     def _fits(self, need: int) -> bool:
         return len(self._loaded) < self.max_models and sum(self._loaded.values()) + need <= self.budget
 

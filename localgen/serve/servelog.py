@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from localgen.serve.arrivals import Arrival
 
 MAX_ID = 128  # characters kept of a client's X-Request-Id
+BATCH_CLIENT = "batch_"  # a batch's requests come from a client named by the batch's id (serve/batchrun.py)
 MAX_MODEL_NAME = 200  # characters kept of a model's name as a request gives it
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/+=@~-]")  # what an id may hold: no spaces, quotes, control characters
 
@@ -67,6 +68,11 @@ class Trace:
     upstream: str | None = None  # the endpoint a remote model's request was sent on to (serve/upstream.py)
     usage: Tally | None = None  # that request's tokens, from the usage its answer ended with
     arrival: Arrival | None = None  # its place among the requests being read (serve/arrivals.py): a POST's
+
+    @property
+    def batch(self) -> bool:
+        """Whether a batch sent it (serve/batchrun.py: its client is the batch's id), not a client."""
+        return self.client.startswith(BATCH_CLIENT)
 
     def arrived(self) -> None:
         """The request is no longer being read: handed to a model, or answering (serve/arrivals.py)."""

@@ -111,6 +111,14 @@ class ServeState:
         offered = ", ".join(self.names()[:20])
         raise HTTPError(404, f"model {name!r} is not served here (served: {offered})", "not_found_error", "model")
 
+    def local(self, name: object) -> ModelWorker | None:
+        """The local model a batch's request names (its worker made now, as a client's request would make it), None
+        for a name no model here has."""
+        try:
+            return self._worker(name)
+        except HTTPError:
+            return None
+
     def names(self) -> list[str]:
         """Every model a request may name: those served now, then (on demand) the others on disk."""
         served = list(self.workers)

@@ -73,6 +73,7 @@ class ModelWorker:
         self.max_queue = max_queue
         self.pinned = pinned  # never unloaded to make room for another model (serve -m)
         self.last_used = time.monotonic()  # the last job's arrival: the least recently used goes first
+        self.client_used: float | None = None  # a client's job (not a batch's) last came or ended (monotonic)
         self.log = log  # serve/servelog.py: its warnings
         self.faults = Faults(self.name, log)  # its internal errors: counted, the last named, each logged
         self.residence = Residence(self, ref, load, parallel, keep_alive, fault=self.faults.internal, warn=warn,
@@ -109,10 +110,19 @@ class ModelWorker:
         if job.trace is not None:
             job.trace.model = self.name
         # the last job's end starts the keep-alive there and then: /api/ps may ask before this step's end
-        job.on_end = lambda: self._live.end(job, when_empty=self.residence.rested)
+        client = job.trace is not None and not job.trace.batch
+
+        def ended() -> None:
+            if client:
+                self.client_used = time.monotonic()
+            self._live.end(job, when_empty=self.residence.rested)
+
+        job.on_end = ended
         if not self._live.add(job, self.parallel + self.max_queue):
             raise QueueFull(f"{self.name}: all {self.parallel} slots are busy and {self.max_queue} requests wait")
         self.last_used = time.monotonic()
+        if client:
+            self.client_used = self.last_used
         if job.trace is not None:  # no longer counted among the requests being read (serve/arrivals.py)
             job.trace.arrived()
         self.bursts.came(others=len(self._live) > 1)
@@ -139,8 +149,10 @@ class ModelWorker:
         return len(self._live)
 
     @property
-    def running(self) -> int:  # jobs in slots
-        return len(self._live.of(*IN_SLOTS))
+    def running(self) -> int:
+        """Jobs in slots: those the scheduler holds, less those it has not begun (they wait for a slot)."""
+        sched = self.residence.sched
+        return max(0, len(self._live.of(*IN_SLOTS)) - (sched.queued if sched is not None else 0))
 
     @property
     def busy(self) -> bool:  # whether a job runs or waits
@@ -235,8 +247,9 @@ class ModelWorker:
         drafting = pc if pc is not None and (pc.draft_max or pc.draft_off) else None
         calls, rows = res.steps()
         states = [j.state for j in self._live.of()]
-        return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel,
-                "running": sum(s in IN_SLOTS for s in states), "queued": states.count(State.QUEUED),
+        running = self.running
+        return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel, "running": running,
+                "queued": states.count(State.QUEUED) + sum(s in IN_SLOTS for s in states) - running,
                 "decode_calls": calls, "rows": rows,
                 "shared_prompt_tokens": pc.slots.shared if pc else 0,
                 "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,

@@ -177,19 +177,24 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
             upstreams.check_names([*state.workers, *(state.on_demand.listing() if state.on_demand else [])])
         app = build(state, checked.policy, webui=f.listen.webui)
         server = _listener(app, f, log)
-        log.event("start", None, _started_line(f, list(state.workers), checked.cache_ram, checked.residency,
-                                               store).removeprefix("localgen serve: "),
-                  url=url_of(f.listen.host, f.listen.port), models=list(state.workers),
-                  default_model=state.default)
-        for w in workers:
-            _ctx_warning(w, checked.models, log)
-            _worker_lines(w, log)
-        if toolbox is not None:
-            _tool_lines(toolbox, log)
-        if state.collections:
-            log.line(f"  vector stores (--collection): {', '.join(state.collections)}")
-        if upstreams is not None:
-            endpoints.upstream_lines(upstreams, shadowed, log)
+        started = state
+
+        def listening() -> None:  # said once the port takes connections: a script may connect at the line
+            log.event("start", None, _started_line(f, list(started.workers), checked.cache_ram, checked.residency,
+                                                   store).removeprefix("localgen serve: "),
+                      url=url_of(f.listen.host, f.listen.port), models=list(started.workers),
+                      default_model=started.default)
+            for w in workers:
+                _ctx_warning(w, checked.models, log)
+                _worker_lines(w, log)
+            if toolbox is not None:
+                _tool_lines(toolbox, log)
+            if started.collections:
+                log.line(f"  vector stores (--collection): {', '.join(started.collections)}")
+            if upstreams is not None:
+                endpoints.upstream_lines(upstreams, shadowed, log)
+
+        server.on_listening = listening
         _sigterm(server.handle_exit)  # also outside uvicorn's own handling: see _sigterm
         server.run()
     finally:
@@ -304,6 +309,12 @@ def _server_class() -> Any:
         (uvicorn raises the signal again, which would end it with 143 or a KeyboardInterrupt)."""
 
         on_exit: Any = None  # serve/app.py's Drain.signal: our jobs end as 503s before uvicorn cancels them
+        on_listening: Any = None  # the start line: said once the port takes connections
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit and self.on_listening is not None:
+                self.on_listening()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             force = self.should_exit and sig == signal.SIGINT  # a second Ctrl-C: stop waiting for requests
