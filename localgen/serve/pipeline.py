@@ -49,6 +49,7 @@ class Made:
     model: str  # the served model's name
     request: GenerationRequest  # what the model is asked (tools placed, sampling layered)
     messages: tuple[Message, ...]  # the conversation as read, before any tools were placed in it
+    folded: int = 0  # messages a fit to the window folded into a summary or left out (serve/fitting.py)
 
 
 class Encoder(Protocol):
@@ -98,10 +99,11 @@ async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any
     plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
     if ask.excerpts is not None and request.messages:
         request, said = await ask.excerpts.place(worker, request, plan, http, ask.keep_alive)
+    folded = 0
     if ask.fit and request.messages:
-        request, said = await _fitted(worker, request, said, plan, http, ask)
+        request, said, folded = await _fitted(worker, request, said, plan, http, ask)
     request = apply_plan(plan, request)
-    encoder = api.encoder(body, ask, Made(worker.name, request, said))
+    encoder = api.encoder(body, ask, Made(worker.name, request, said, folded))
     # the answer stage reads a chat's answer, and a prompt put through the chat template (Ollama's /api/generate:
     # its thinking apart, in `thinking`); a raw prompt's text is given as it is
     answer = stream_for(worker, plan, request, ask.split_reasoning) if ask.chat or request.messages else None
@@ -209,8 +211,9 @@ def parts(answer: AnswerStream) -> list[Said]:
 
 
 async def _fitted(worker: Served, request: GenerationRequest, said: tuple[Message, ...], plan: Any, http: Request,
-                  ask: Ask) -> tuple[GenerationRequest, tuple[Message, ...]]:
-    """The conversation fitted to a slot's window (serve/fitting.py), said in the server's log when it was."""
+                  ask: Ask) -> tuple[GenerationRequest, tuple[Message, ...], int]:
+    """The conversation fitted to a slot's window (serve/fitting.py), said in the server's log when it was, and
+    how many of its messages were folded or left out."""
     from localgen.serve.fitting import fit
     from localgen.serve.servelog import LOG
 
@@ -220,7 +223,7 @@ async def _fitted(worker: Served, request: GenerationRequest, said: tuple[Messag
                 f"{fitted.folded} message{'s' if fitted.folded != 1 else ''} folded into a summary, "
                 f"{fitted.dropped} left out")
         LOG.get().event("fitted", worker.name, text, folded=fitted.folded, dropped=fitted.dropped)
-    return fitted.request, fitted.conversation
+    return fitted.request, fitted.conversation, fitted.folded + fitted.dropped
 
 
 def _has_media(messages: Any) -> bool:

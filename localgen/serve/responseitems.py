@@ -44,10 +44,11 @@ class Encoder:
 
     def __init__(self, body: dict[str, Any], model: str, request: GenerationRequest, store: ResponseStore | None,
                  conversation: list[dict[str, Any]], inputs: int = -1, searched: dict[str, Any] | None = None,
-                 sent: tuple[str, ...] = ()) -> None:
+                 sent: tuple[str, ...] = (), given: list[dict[str, Any]] | None = None) -> None:
         self.ident, self.created, self.model, self.store = new_id("resp"), int(time.time()), model, store
         self.conversation = conversation
         self.inputs = inputs  # how many of the conversation's messages are this request's input
+        self.given = given  # the request's input as sent, where truncation folded some of it (None: it did not)
         self.seq = 0  # the next event's sequence_number
         # the items closed so far, whole: first the file_search_call the request's search made (serve/filesearch.py)
         self.output: list[dict[str, Any]] = [searched] if searched is not None else []
@@ -257,7 +258,8 @@ class Encoder:
         if self.calls:
             said["tool_calls"] = [call.to_openai() for call in self.calls]
         tail = self.tail if self.tail is not None else [said]
-        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, *tail], self.inputs)
+        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, *tail], self.inputs,
+                                self.given)
 
 
 def usage(c: Completion) -> dict[str, Any]:

@@ -52,9 +52,10 @@ INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search
               "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs")
 
 
-# How many messages at the end of a request's conversation are its own input: set by parse, read by the encoder
-# of the same request, which keeps the count with the response (GET .../input_items lists those messages).
-INPUTS: ContextVar[int] = ContextVar("localgen_responses_inputs", default=-1)
+# The messages at the end of a request's conversation that are its own input: set by parse, read by the encoder
+# of the same request, which keeps their count with the response (GET .../input_items lists those messages), and
+# the messages themselves where truncation folded some of them away.
+INPUTS: ContextVar[list[dict[str, Any]] | None] = ContextVar("localgen_responses_inputs", default=None)
 
 
 def routes(state: ServeState) -> list[Route]:
@@ -96,7 +97,7 @@ class Responses:
             raise HTTPError(400, "instructions must be a string", param="instructions")
         lead = [{"role": "system", "content": instructions}] if instructions else []
         inputs = _input_messages(body.get("input"), history)
-        INPUTS.set(len(inputs))
+        INPUTS.set(inputs)
         messages = [*lead, *history, *inputs]
         searching = _file_search(self.state, body.get("tools"))
         choice, tools = _choice(body.get("tool_choice")), _tools(body.get("tools"))
@@ -125,9 +126,10 @@ class Responses:
         if keep and len(json.dumps(conversation, ensure_ascii=False)) > MAX_CONVERSATION_CHARS:
             raise HTTPError(400, f"the conversation is over {MAX_CONVERSATION_CHARS:,} characters, more than a "
                                  "stored response may hold: send it with store: false", param="store")
+        inputs = INPUTS.get()
         return Encoder(body, str(body.get("model") or made.model), made.request, self.store if keep else None,
-                       conversation, inputs=INPUTS.get(), searched=filesearch.SEARCHED.get(),
-                       sent=filesearch.SENT.get())
+                       conversation, inputs=-1 if inputs is None else len(inputs), searched=filesearch.SEARCHED.get(),
+                       sent=filesearch.SENT.get(), given=inputs if made.folded else None)
 
     async def _history(self, previous: Any) -> list[dict[str, Any]]:
         """The conversation a previous response ended (its instructions are not carried over, as OpenAI's

@@ -68,13 +68,17 @@ class Stored:
     response: dict[str, Any]
     conversation: list[dict[str, Any]]
     inputs: int = -1  # how many messages before the answer were the request's own input (-1: not known)
+    given: list[dict[str, Any]] | None = None  # the input as sent, where truncation folded some of it away
 
     @property
     def input_messages(self) -> list[dict[str, Any]]:
-        """The request's input, as messages: the conversation before the answer, without what it continued, nor
-        a summary the server wrote in place of turns it folded (serve/fitting.py), nor what came before that."""
+        """The request's input, as messages: as it was sent where truncation folded some of it (serve/fitting.py);
+        otherwise the conversation before the answer, without what it continued, nor a summary the server wrote in
+        place of turns it folded, nor what came before that."""
         from localgen.compact import HEADING
 
+        if self.given is not None:
+            return self.given
         before = self.conversation[:-1]
         start = len(before) - self.inputs if 0 <= self.inputs <= len(before) else 0
         for i, m in enumerate(before):
@@ -140,6 +144,9 @@ class ResponseStore:
                     if "inputs" not in columns:  # a store made before input_items: its rows' inputs not known
                         db.execute("ALTER TABLE responses ADD COLUMN inputs INTEGER NOT NULL DEFAULT -1")
                         db.commit()
+                    if "given" not in columns:  # a store made before folded inputs were kept: none were
+                        db.execute("ALTER TABLE responses ADD COLUMN given TEXT")
+                        db.commit()
                     if "bytes" not in columns:  # a store made before the bound in bytes: its rows measured
                         db.execute("ALTER TABLE responses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
                         db.execute("UPDATE responses SET bytes = length(CAST(response AS BLOB)) + "
@@ -151,15 +158,18 @@ class ResponseStore:
             finally:
                 db.close()
 
-    def save(self, ident: str, response: dict[str, Any], conversation: list[dict[str, Any]], inputs: int = -1) -> None:
+    def save(self, ident: str, response: dict[str, Any], conversation: list[dict[str, Any]], inputs: int = -1,
+             given: list[dict[str, Any]] | None = None) -> None:
         """Keep a response (replacing one of the same id), then drop the expired and those past the bound;
-        `inputs`: how many of the conversation's messages before the answer were the request's input."""
+        `inputs`: how many of the conversation's messages before the answer were the request's input; `given`:
+        that input as sent, where truncation folded some of it."""
         now = self.clock()
         doc, said = json.dumps(response, ensure_ascii=False), json.dumps(conversation, ensure_ascii=False)
-        size = len(doc.encode()) + len(said.encode())
+        sent = None if given is None else json.dumps(given, ensure_ascii=False)
+        size = len(doc.encode()) + len(said.encode()) + (len(sent.encode()) if sent is not None else 0)
         with self._db() as db:
-            db.execute("INSERT OR REPLACE INTO responses (id, created, response, conversation, bytes, inputs) "
-                       "VALUES (?, ?, ?, ?, ?, ?)", (ident, now, doc, said, size, inputs))
+            db.execute("INSERT OR REPLACE INTO responses (id, created, response, conversation, bytes, inputs, given) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (ident, now, doc, said, size, inputs, sent))
             db.execute("DELETE FROM responses WHERE created < ?", (now - self.max_age_s,))
             db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created DESC, "
                        "rowid DESC LIMIT ?)", (self.most,))
@@ -169,9 +179,10 @@ class ResponseStore:
     def load(self, ident: str) -> Stored | None:
         """The stored response, or None when it is unknown, deleted or expired."""
         with self._db() as db:
-            row = db.execute("SELECT response, conversation, inputs FROM responses WHERE id = ? AND created >= ?",
-                             (ident, self.clock() - self.max_age_s)).fetchone()
-        return None if row is None else Stored(json.loads(row[0]), json.loads(row[1]), row[2])
+            row = db.execute("SELECT response, conversation, inputs, given FROM responses WHERE id = ? AND "
+                             "created >= ?", (ident, self.clock() - self.max_age_s)).fetchone()
+        return None if row is None else Stored(json.loads(row[0]), json.loads(row[1]), row[2],
+                                               None if row[3] is None else json.loads(row[3]))
 
     def delete(self, ident: str) -> bool:
         """Forget a response; whether there was one to forget."""
