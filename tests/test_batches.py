@@ -777,7 +777,8 @@ def test_a_batch_whose_input_is_gone_fails_and_the_next_runs(tmp_path: Path) -> 
         docs.append(doc)
     desk.files.content(docs[0]["input_file_id"]).unlink()
     logged: list[str] = []
-    state = SimpleNamespace(workers={}, on_demand=None, upstreams=None, meant=lambda name: name)
+    state = SimpleNamespace(workers={}, on_demand=None, upstreams=None, meant=lambda name: name,
+                            local=lambda name: None)
     ended = lambda: all(d["status"] not in batches.RUNNING for d in docs)  # noqa: E731
     runner = Runner(desk, state, None, None, ended, 2, logged.append)  # type: ignore[arg-type]
     asyncio.run(asyncio.wait_for(runner.serve(), 60))
@@ -792,9 +793,10 @@ def test_a_batch_whose_input_is_gone_fails_and_the_next_runs(tmp_path: Path) -> 
 def test_a_batch_does_not_swap_out_the_model_a_client_keeps_using(own_env: dict[str, str]) -> None:
     """docs/batch.md: under --max-models 1, a batch for gemma3 while a client keeps asking the loaded smollm2: the
     batch waits (said once in the log) while smollm2 is within its keep-alive of the client's last request, so the
-    client never waits for a swap; once smollm2 unloads by its keep-alive, gemma3 loads and the batch runs. It
-    swapped models back and forth before, a client's every request waiting for an unload and a load."""
-    s = Server(own_env, "--api-key", KEY, "-np", "1", "--ctx", "512", "--max-models", "1", "--keep-alive", "3s")
+    client never waits for a swap; once smollm2 unloads (here the client asks it to, with Ollama's keep_alive 0),
+    gemma3 loads and the batch runs. It swapped models back and forth before, a client's every request waiting for
+    an unload and a load."""
+    s = Server(own_env, "--api-key", KEY, "-np", "1", "--ctx", "512", "--max-models", "1")  # keep-alive: 5 minutes
     headers = {"Authorization": f"Bearer {KEY}"}
 
     def ask(i: int) -> None:
@@ -816,6 +818,8 @@ def test_a_batch_does_not_swap_out_the_model_a_client_keeps_using(own_env: dict[
         assert residency["loaded"] == [MODEL] and residency["evictions"] == 0, residency
         assert httpx.get(f"{s.url}/v1/batches/{batch['id']}", headers=headers).json()["request_counts"][
             "completed"] == 0
+        gone = httpx.post(f"{s.url}/api/generate", headers=headers, timeout=120, json={"model": MODEL, "keep_alive": 0})
+        assert gone.status_code == 200 and gone.json()["done_reason"] == "unload", gone.text
         deadline = time.monotonic() + 600  # a safety net for busy cores, not a timing
         while (doc := httpx.get(f"{s.url}/v1/batches/{batch['id']}", headers=headers).json())["status"] != \
                 "completed":
@@ -825,7 +829,7 @@ def test_a_batch_does_not_swap_out_the_model_a_client_keeps_using(own_env: dict[
             if doc.get("error_file_id") else ""
         assert doc["request_counts"] == {"total": 2, "completed": 2, "failed": 0}, errors
         residency = httpx.get(f"{s.url}/health", timeout=30).json()["residency"]
-        assert residency["evictions"] == 0 and residency["unloads"] >= 1, residency  # smollm2 left by its keep-alive
+        assert residency["evictions"] == 0 and residency["unloads"] >= 1, residency  # smollm2 left as asked
         said = [line for line in s.log().splitlines() if "waits to load" in line]
         assert said == [f"localgen serve: {batch['id']} waits to load gemma3:270m: that would unload {MODEL}, "
                         "which a client used within its keep-alive"], said
@@ -969,7 +973,8 @@ def test_the_runner_leaves_a_batch_to_the_request_that_validates_it(tmp_path: Pa
         validate(doc)
 
     desk.validate = slow  # type: ignore[method-assign]
-    state = SimpleNamespace(workers={}, on_demand=None, upstreams=None, meant=lambda name: name)
+    state = SimpleNamespace(workers={}, on_demand=None, upstreams=None, meant=lambda name: name,
+                            local=lambda name: None)
     stop = False
     runner = Runner(desk, state, app, None, lambda: stop, 1, print)  # type: ignore[arg-type]
 
