@@ -191,7 +191,10 @@ def test_the_keywords_docs_say_the_grammar_holds_are_the_ones_it_holds() -> None
             with_it, without = KEYWORDS[keyword]
             changed = grammar_from_json_schema(json.dumps(with_it)) != grammar_from_json_schema(json.dumps(without))
             assert changed == holds, keyword
-    # the limits the page gives: minItems needs items beside it, minLength gives way to a pattern
+    # the limits the page gives: minItems needs items beside it, minLength gives way to a pattern or
+    # a format held, not to one left out
     same = [({"type": "array", "minItems": 2}, {"type": "array"}),
-            ({**_S, "pattern": "^a+$", "minLength": 5}, {**_S, "pattern": "^a+$"})]
+            ({**_S, "pattern": "^a+$", "minLength": 5}, {**_S, "pattern": "^a+$"}),
+            ({**_S, "format": "date", "maxLength": 5}, {**_S, "format": "date"}),
+            ({**_S, "format": "email", "maxLength": 5}, {**_S, "maxLength": 5})]
     assert all(grammar_from_json_schema(json.dumps(a)) == grammar_from_json_schema(json.dumps(b)) for a, b in same)

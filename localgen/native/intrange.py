@@ -23,7 +23,7 @@ from localgen.errors import GrammarError
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 DECIMALS = 16  # the digits an unbounded side may have, as in llama.cpp (and the bindings' integral-part)
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_OWN_RULE = ("$ref", "oneOf", "anyOf", "allOf", "const", "enum")  # the converter reads these before the type
+_OWN_RULE = ("$ref", "oneOf", "anyOf", "const", "enum")  # the converter reads these before the type
 
 
 def integer_rule(schema: Any) -> str | None:
