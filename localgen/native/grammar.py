@@ -12,14 +12,23 @@ from localgen.errors import GrammarError
 
 
 def schema_converter() -> Any:
-    """The bindings' SchemaConverter (llama_cpp.llama_grammar), set as localgen uses it."""
+    """The bindings' SchemaConverter (llama_cpp.llama_grammar), set as localgen uses it, with integer ranges
+    (minimum, maximum, ...) made rules as llama.cpp's own converter makes them (native/intrange.py)."""
     from localgen.native.lib import lib
 
     lib()
-    from llama_cpp.llama_grammar import SchemaConverter
+    from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
-    return SchemaConverter(  # type: ignore[no-untyped-call]
-        prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    from localgen.native.intrange import integer_rule
+
+    class Converter(SchemaConverter):  # type: ignore[misc]
+        def visit(self, schema: Any, name: str) -> Any:
+            rule = integer_rule(schema)
+            if rule is None:
+                return super().visit(schema, name)  # type: ignore[no-untyped-call]
+            return self._add_rule(name + "-" if name in RESERVED_NAMES else name or "root", rule)  # type: ignore[no-untyped-call]
+
+    return Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)  # type: ignore[no-untyped-call]
 
 
 def check_grammar(vocab: Any, gbnf: str) -> None:
