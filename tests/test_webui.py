@@ -423,6 +423,33 @@ def test_stop_and_escape_end_a_long_answer(tab: Tab, server: Server) -> None:
         pytest.fail("the server went on with the stopped answers")
 
 
+def test_a_reload_or_a_page_left_during_an_answer_says_it_was_interrupted(tab: Tab) -> None:
+    """docs/webui.md: an answer still coming when its page was reloaded, or left for another address, keeps what
+    came and says it was interrupted, not that the connection to the server was lost: the server ran all along,
+    and the stream failed because the page cut it as it went."""
+    interrupted = ("The answer was interrupted: the page was closed or reloaded while it came. "
+                   "Press Regenerate to ask again.")
+    page = tab.open()
+    settings(page, temperature=0, max_tokens=1000)  # SmolLM2's greedy story runs past 400 tokens
+    page.fill("#input", "Write a long story about a dragon and a knight.")
+    page.press("#input", "Enter")
+    streaming(page, [])
+    page.reload()
+    page.wait_for_function("() => document.querySelector('article.assistant .note')?.textContent")
+    answer = page.locator("article.assistant")
+    assert answer.locator(".note").inner_text() == interrupted
+    assert answer.locator(".body").inner_text().strip(), "what came is kept"
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    ids = answer_ids(page)
+    answer.get_by_role("button", name="Regenerate").click()
+    streaming(page, ids)
+    address = page.url
+    page.goto("about:blank")
+    page.goto(address)
+    page.wait_for_function("() => document.querySelector('article.assistant .count')?.textContent === '2/2'"
+                           " && document.querySelector('article.assistant .note')?.textContent")
+    assert page.locator("article.assistant .note").inner_text() == interrupted
+
 def test_a_hostile_answer_and_message_stay_text(tab: Tab) -> None:
     """An answer that holds <script>, <img onerror> and a javascript: link (the model made to write exactly that
     through a JSON schema of one value, serve's grammar path) is shown as text: no element, no script run; so is
@@ -808,6 +835,19 @@ def stored_user_texts(page: Any) -> list[list[str]]:
         .map(c => Object.values(c.messages).filter(m => m.role === 'user').map(m => m.content).sort())"""))
 
 
+def another_tab(tab: Tab, url: str, script: str = "") -> Any:
+    """Another page of the tab's browser context (the same storage) opened at `url` (after `script`, run before
+    the page's own), the key typed into its prompt."""
+    other = tab.context.new_page()
+    other.set_default_timeout(TIMEOUT_MS)
+    if script:
+        other.add_init_script(script)
+    other.goto(url)
+    other.fill("#key-input", KEY)
+    other.press("#key-input", "Enter")
+    return other
+
+
 def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
     """docs/webui.md: conversations are kept in this browser. Two tabs on one conversation: what one sends shows in
     the other, and what either writes is kept; a rename or a delete in one is the other's too. A tab that hears
@@ -815,11 +855,7 @@ def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
     page = tab.open()
     settings(page, max_tokens=3)
     ask(page, "one")
-    other = tab.context.new_page()
-    other.set_default_timeout(TIMEOUT_MS)
-    other.goto(page.url)
-    other.fill("#key-input", KEY)
-    other.press("#key-input", "Enter")
+    other = another_tab(tab, page.url)
     other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
     ask(page, "two")
     other.wait_for_function("() => document.querySelectorAll('article.user').length === 2")  # heard, shown
@@ -833,12 +869,7 @@ def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
     page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Renamed'")
     ask(page, "four")  # its write keeps the other tab's name
     assert page.evaluate("async () => (await (await import('./webui/store.js')).all())[0].name") == "Renamed"
-    deaf = tab.context.new_page()  # a tab that hears nothing from the others
-    deaf.set_default_timeout(TIMEOUT_MS)
-    deaf.add_init_script("delete window.BroadcastChannel")
-    deaf.goto(page.url)
-    deaf.fill("#key-input", KEY)
-    deaf.press("#key-input", "Enter")
+    deaf = another_tab(tab, page.url, "delete window.BroadcastChannel")  # a tab that hears nothing from the others
     deaf.wait_for_function("() => document.querySelectorAll('article.user').length === 4")
     ask(page, "five")
     ask(deaf, "six")  # on its stale copy: a branch beside "five", which stays
@@ -850,6 +881,50 @@ def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
     assert page.locator("article").count() == 0 and page.locator("#conversations .conv").count() == 0
     assert stored_user_texts(page) == []
 
+
+def test_a_message_sent_while_another_tab_answers_goes_as_a_branch(tab: Tab) -> None:
+    """docs/webui.md: a message sent in one tab while another tab's answer at the end of the branch is still coming
+    goes as a new branch beside the question that answer answers, and the page says so: the model is never sent
+    the unfinished answer (nor its question), no message is filed under it, and each tab keeps its own answer."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "first")
+    other = another_tab(tab, page.url)
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    held: list[Any] = []  # A's next request, held back: its answer stays unfinished until it is let through
+    page.route("**/v1/chat/completions", lambda route: held.append(route))
+    page.fill("#input", "from A")
+    page.press("#input", "Enter")
+    other.wait_for_function("""() => document.querySelectorAll('article.user').length === 2
+        && [...document.querySelectorAll('article.assistant')].pop().classList.contains('pending')""")
+    before = answer_ids(other)
+    sent = chat_requests(other)
+    other.bring_to_front()  # the user goes to tab B
+    other.fill("#input", "from B")
+    other.press("#input", "Enter")
+    mine = wait_answer(other, before)
+    assert len(held) == 1, "A's answer was unfinished all along"
+    first = page.evaluate("""async () => Object.values((await (await import('./webui/store.js')).all())[0].messages)
+        .find(m => m.role === 'assistant' && m.content)""")
+    assert [(m["role"], m["content"]) for m in sent[0]["messages"]] == [
+        ("user", "first"), ("assistant", first["content"]), ("user", "from B")]
+    assert mine.locator(".body").inner_text().strip(), "an answer to B's message, not an empty one"
+    assert other.locator("#banner-text").inner_text() == (
+        "The answer at the end of this branch is unfinished (another tab is writing it, or was closed while it "
+        "did): your message went as a new branch beside its question (‹ › steps between them).")
+    assert user_texts(other) == ["first", "from B"]
+    assert other.locator("article.user").last.locator(".count").inner_text() == "2/2"
+    held[0].continue_()
+    page.bring_to_front()
+    wait_answer(page, before[:1])
+    assert user_texts(page) == ["first", "from A"]
+    kept = page.evaluate("""async () => (await (await import('./webui/store.js')).all())[0]""")["messages"]
+    by_text = {m["content"]: m for m in kept.values() if m["role"] == "user"}
+    assert by_text["from B"]["parent"] == by_text["from A"]["parent"] == first["id"]
+    assert all(not kept[c]["children"] for c in by_text["from A"]["children"]), "nothing filed under A's answer"
+    assert not any(m.get("pending") for m in kept.values())
+    assert stored_user_texts(page) == [["first", "from A", "from B"]]
+    other.close()
 
 def test_an_imported_conversation_reads_as_it_did(tab: Tab, tmp_path: Path) -> None:
     """Export then Import JSON brings back each answer's note (stopped, cut at max_tokens, the error it met),
@@ -1012,6 +1087,53 @@ def test_a_damaged_record_or_a_cut_address_leaves_the_page_working(tab: Tab) -> 
     page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 0")
     page.goto(tab.url + "#%E0%A4%A")
     page.wait_for_function(BANNER_SAYS, arg="That conversation is no longer in this browser.")
+    settings(page, max_tokens=4)
+    assert ask(page, "Hello").locator(".body").inner_text()
+
+
+LOOP = """(name) => {  // a conversation whose messages x and y name each other as parent, x on screen
+    const conv = {id: `loop-${name}`, name, created: 1, updated: 1, model: null, system: '', current: 'x',
+                  settings: {}, messages: {root: {id: 'root', parent: null, children: [], role: 'root'}}};
+    conv.messages.x = {id: 'x', parent: 'y', children: ['y'], role: 'user', content: 'x', created: 1};
+    conv.messages.y = {id: 'y', parent: 'x', children: ['x'], role: 'assistant', content: 'y', created: 1};
+    return conv;
+}"""
+
+
+def test_a_loop_of_parents_kept_in_the_browser_is_refused_not_drawn(tab: Tab) -> None:
+    """What this browser keeps never stops the page (docs/webui.md): a conversation whose messages' parents form a
+    loop (so they never reach the first message), kept in IndexedDB, says it cannot be shown when opened; in a
+    pending note in localStorage, whole or of the changes to a record kept, the note is dropped (the record stays
+    as it was). The page lists the models and answers as ever."""
+    page = tab.open()
+    page.evaluate(f"""async () => {{
+        const loop = {LOOP};
+        const tree = await import('./webui/tree.js');
+        const store = await import('./webui/store.js');
+        await store.save(loop('Looped'), tree.merge);
+        localStorage.setItem('localgen-chat-pending:loop-Noted', JSON.stringify(loop('Noted')));
+        const kept = tree.conversation();  // kept whole; then a note of changes to it that adds the loop
+        kept.id = 'kept';
+        kept.name = 'Kept';
+        tree.add(kept, 'root', {{role: 'user', content: 'q'}});
+        await store.save(kept, tree.merge);
+        const {{x, y}} = loop('Kept').messages;
+        localStorage.setItem('localgen-chat-pending:kept',
+                             JSON.stringify({{...kept, current: 'x', upon: true, messages: {{x, y}}}}));
+    }}""")
+    page.goto("about:blank")
+    page.goto(f"{tab.url}#loop-Looped")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0", timeout=60_000)
+    assert page.locator("#banner-text").inner_text() == (
+        "That conversation cannot be shown: what this browser keeps of it is damaged (message x does not reach "
+        "the first message: its parents go round in a loop). Delete it, or keep it as it is with Export all.")
+    listed = page.eval_on_selector_all("#conversations .conv .open", "bs => bs.map(b => b.textContent)")
+    assert sorted(listed) == ["Kept", "Looped"]
+    assert page.evaluate("Object.keys(localStorage).filter(k => k.includes('pending'))") == []
+    page.get_by_role("button", name="Kept", exact=True).click()  # as it was kept, the note's loop left out
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'q'")
+    page.goto(f"{tab.url}#loop-Noted")
+    page.wait_for_function(BANNER_SAYS, arg="That conversation is no longer in this browser.", timeout=60_000)
     settings(page, max_tokens=4)
     assert ask(page, "Hello").locator(".body").inner_text()
 

@@ -46,6 +46,7 @@ const state = {
   dirty: new Set(),
   frame: 0,
   deleted: new Set(), // ids deleted here: an answer still ending must not write its conversation back
+  leaving: false, // the page is being closed or reloaded (pagehide): the streams it cuts are no lost connection
 };
 
 function el(tag, className, text) {
@@ -434,12 +435,17 @@ async function openConversation(id) {
     for (const m of Object.values(conv.messages)) {
       if (m.pending) {
         m.pending = false;
-        m.error = { kind: "interrupted", message: "The answer was interrupted: the page was closed or reloaded while it came." };
+        m.error = interrupted();
       }
     }
     show(conv);
   }
   closeSidebar();
+}
+
+/** The note of an answer that was still coming when its page was closed or reloaded. */
+function interrupted() {
+  return { kind: "interrupted", message: "The answer was interrupted: the page was closed or reloaded while it came." };
 }
 
 function show(conv) {
@@ -938,7 +944,13 @@ async function send() {
     conv.model = ui.model.value;
     conv.meta = Date.now();
   }
-  const message = tree.add(conv, conv.current, { role: "user", content: text, images });
+  const under = tree.askUnder(conv); // another tab's answer still coming on the branch: a branch beside it
+  const branched = under !== conv.current;
+  const message = tree.add(conv, under, { role: "user", content: text, images });
+  if (branched) {
+    banner("The answer at the end of this branch is unfinished (another tab is writing it, or was closed while it "
+      + "did): your message went as a new branch beside its question (‹ › steps between them).", null, "info");
+  }
   ui.input.value = "";
   grow(ui.input);
   state.attachments = [];
@@ -1064,6 +1076,7 @@ async function generate(conv, parent) {
     }
   } catch (e) {
     if (e.name === "AbortError") answer.stopped = true;
+    else if (state.leaving) answer.error = interrupted(); // the page cut the stream as it went: the server is fine
     else answer.error = { kind: e.kind || "refused", message: e.message || String(e) };
     if (documents.length && !answer.stopped) loadStores(); // a store removed since: Settings shows it gone
     gone = e.status === 404; // the model (or a tool) is not offered now: the picker reads the models again
@@ -1495,6 +1508,13 @@ function wireEvents() {
   window.addEventListener("hashchange", () => { // another conversation's address typed or opened in this tab
     const id = addressedId();
     if (id && id !== state.conv.id) openConversation(id);
+  });
+  // a page closed or reloaded cuts its answer's stream, whose read then fails as a lost connection's would
+  window.addEventListener("pagehide", () => {
+    state.leaving = true;
+  });
+  window.addEventListener("pageshow", () => {
+    state.leaving = false; // back from the back-forward cache
   });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible" && !state.running) loadModels();

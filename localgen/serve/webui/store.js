@@ -162,7 +162,7 @@ export async function recover(merge, damage) {
     let conv = null;
     try {
       conv = JSON.parse(localStorage.getItem(key));
-      if (conv && conv.upon === true) conv = await upon(conv, merge);
+      if (conv && conv.upon === true) conv = await upon(conv, merge, damage);
     } catch {
       conv = null;
     }
@@ -172,13 +172,15 @@ export async function recover(merge, damage) {
 }
 
 /** The conversation a note of its changes makes of the record kept, merged (through `merge`) with what that record
- * has that the note lacks (another tab's messages); null: no record, or not a note. */
-async function upon(note, merge) {
+ * has that the note lacks (another tab's messages); null: no record, not a note, or one that makes a conversation
+ * `damage` refuses (checked before the merge, which walks its branches). */
+async function upon(note, merge, damage) {
   if (typeof note.id !== "string" || !note.messages || typeof note.messages !== "object") return null;
   const stored = await run("readonly", (s) => s.get(note.id));
   if (!stored || !stored.messages || typeof stored.messages !== "object") return null;
   const { upon: _, ...rest } = note;
   const conv = { ...rest, messages: { ...stored.messages, ...note.messages } };
+  if (damage(conv)) return null;
   merge(conv, stored);
   return conv;
 }

@@ -51,6 +51,16 @@ export function add(conv, parent, fields) {
   return message;
 }
 
+/** Where a new message goes when the branch on screen ends at `id`: under it, unless the branch holds an
+ * answer still being written (by another tab): then beside that answer's question, a new branch, so that no
+ * message is filed under an unfinished answer and no request sends the model one. */
+export function askUnder(conv, id = conv.current) {
+  const open = path(conv, id).find((m) => m.role === "assistant" && m.pending);
+  if (!open) return id;
+  const question = conv.messages[open.parent];
+  return question.role === "user" ? question.parent : question.id;
+}
+
 /** The messages from the first to `id` (default: the branch on screen), the root left out. */
 export function path(conv, id = conv.current) {
   const out = [];
@@ -83,6 +93,7 @@ const META = ["name", "system", "settings", "model", "tools", "documents"];
  * another tab was still writing), and its name and settings if they changed later. Messages are only ever
  * added, so nothing either tab wrote is lost. True when `conv` took something. */
 export function merge(conv, other) {
+  if (damage(other)) return false; // a copy set by hand or cut off: nothing of it is taken
   let took = false;
   for (const [id, m] of Object.entries(other.messages)) {
     const mine = conv.messages[id];
@@ -118,20 +129,37 @@ const ROLES = new Set(["user", "assistant"]);
 
 /** Why a conversation as this browser keeps it (a pending note in localStorage, a record in IndexedDB) cannot be
  * shown or added to, or "" when it can: its root, every message its messages name, each under the parent it
- * names, and the branch on screen. A record set by hand or cut off is refused, never half drawn. */
+ * names and reaching the root up its parents, and the branch on screen. A record set by hand or cut off is
+ * refused, never half drawn. */
 export function damage(conv) {
   if (!conv || typeof conv !== "object") return "it is not a conversation";
   const messages = conv.messages;
-  if (!messages || typeof messages !== "object" || !messages[ROOT]) return "it has no root message";
+  if (!messages || typeof messages !== "object" || !Object.hasOwn(messages, ROOT)) return "it has no root message";
+  const held = new Set(); // the messages a parent names as its child (each checked to name that parent)
   for (const [id, m] of Object.entries(messages)) {
     if (!m || typeof m !== "object" || !Array.isArray(m.children)) return `message ${id} is not a message`;
     for (const child of m.children) {
-      const c = messages[child];
+      const c = Object.hasOwn(messages, child) ? messages[child] : null;
       if (!c || typeof c !== "object" || c.parent !== id || c.id !== child) return `message ${child} is missing`;
       if (!ROLES.has(c.role) || typeof c.content !== "string") return `message ${child} is not a user's or an answer`;
+      held.add(child);
     }
   }
-  if (typeof conv.current !== "string" || !messages[conv.current]) return "the message on screen is missing";
+  // parents that go round in a loop would make a branch through them endless (path, show): each message is walked
+  // up to one known to reach the root, so the whole check is one pass however long the conversation
+  const rooted = new Set([ROOT]);
+  for (const id of Object.keys(messages)) {
+    const walk = new Set();
+    for (let at = id; !rooted.has(at); at = messages[at].parent) {
+      if (walk.has(at)) return `message ${id} does not reach the first message: its parents go round in a loop`;
+      if (!held.has(at)) return `message ${at} is under no message`;
+      walk.add(at);
+    }
+    for (const w of walk) rooted.add(w);
+  }
+  if (typeof conv.current !== "string" || !Object.hasOwn(messages, conv.current)) {
+    return "the message on screen is missing";
+  }
   return "";
 }
 
