@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -23,7 +23,7 @@ def _event(doc: dict[str, Any]) -> bytes:
 
 HI = {"choices": [{"delta": {"content": "hi"}}]}
 HI_STOP = {"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]}
-STREAMS = {  # model id → what the stream sends before [DONE]
+STREAMS: dict[str, list[dict[str, Any]]] = {  # model id → what the stream sends before [DONE]
     # the red team's two: a usage count that is a string (and no finish reason), timings of the wrong types
     "usage-bad": [HI, {"choices": [], "usage": {"prompt_tokens": "x", "completion_tokens": None}}],
     "timings-bad": [{**HI_STOP, "timings": {"predicted_per_second": "fast", "prompt_n": [], "cache_n": {},
@@ -45,8 +45,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
+    listing: ClassVar[Any] = {"data": [{"id": m} for m in STREAMS]}  # GET /v1/models
+    props: ClassVar[Any] = {}  # GET /props (llama-server's)
+
     def do_GET(self) -> None:
-        body = json.dumps({"data": [{"id": m} for m in STREAMS]}).encode()
+        body = json.dumps(self.props if self.path == "/props" else self.listing).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -65,13 +68,37 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-@pytest.fixture(scope="module")
-def odd() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+def _serve(handler: type[_Handler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def odd() -> Iterator[str]:
+    yield from _serve(_Handler)
+
+
+class _OddLists(_Handler):
+    listing: ClassVar[Any] = {"data": 5}
+    props: ClassVar[Any] = {"default_generation_settings": "big"}
+
+
+@pytest.fixture(scope="module")
+def odd_lists() -> Iterator[str]:
+    yield from _serve(_OddLists)
+
+
+def test_a_model_list_or_props_of_another_shape_is_not_listed(cli: CLI, odd_lists: str) -> None:
+    """/v1/models whose data is not a list lists nothing (-m is then needed); /props of another shape says no
+    window (chat, which asks it each turn, takes --ctx's or 4096)."""
+    r = cli("run", "--endpoint", odd_lists, "-p", "hi", timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: {odd_lists.removeprefix('http://')} did "
+                                                     "not list its models"), r.stderr
+    r = cli("chat", "--endpoint", odd_lists, "-m", "usage-bad", input="hello\n", timeout=60)
+    assert r.returncode == 0 and "hi" in r.stdout and "Traceback" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("model", list(STREAMS))
@@ -100,6 +127,7 @@ def test_odd_usage_in_run_file_chat_and_bench_is_no_failure(cli: CLI, odd: str, 
     r = cli("bench", "--endpoint", odd, "-m", "usage-bad", "-npl", "1", "-p", "8", "-n", "4", "--num-prompts", "2",
             timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr and "failed" not in r.stderr, r.stderr
+    assert "| usage-bad | 1 | inf | 2 | - | - |" in r.stdout, r.stdout  # both answered; the counts unknown
 
 
 BAD_URLS = [

@@ -206,6 +206,9 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     for endpoint in servers:
         if endpoint not in _registered:
             rpc_hello(endpoint)
+    from localgen.native.lib import exit_when_stuck
+
+    exit_when_stuck()  # a server may yet go silent mid-load or mid-answer: a second Ctrl-C then ends the process
     g = _lib()
     reg = g.ggml_backend_reg_by_name(b"RPC")
     if not reg:
