@@ -92,6 +92,115 @@ def test_a_port_that_accepts_and_never_answers_says_so_before_load(cli: CLI) -> 
     assert "load_tensors" not in r.stderr, "nothing was loaded"
 
 
+class _Greeter:
+    """A server that answers llama.cpp's RPC greeting (HELLO, protocol 7.0.0) on each connection, and then
+    `then`: "silent" (nothing more), or that many devices to the count and every memory question, and nothing more
+    (llama.cpp's next question, a buffer's alignment, waits for ever)."""
+
+    def __init__(self, then: str | int) -> None:
+        import threading
+
+        self.then = then
+        self.listening = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.listening.getsockname()[1]}"
+        self.seen: list[int] = []  # the commands received
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while not self.done.is_set():
+            try:
+                conn, _ = self.listening.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        import struct
+
+        with conn:
+            while not self.done.is_set():
+                try:
+                    cmd = conn.recv(1)[0]
+                    size = struct.unpack("<Q", conn.recv(8, socket.MSG_WAITALL))[0]
+                    if size:
+                        conn.recv(size, socket.MSG_WAITALL)
+                except (IndexError, OSError, struct.error):
+                    return
+                self.seen.append(cmd)
+                if cmd == 14:  # HELLO: protocol 7.0.0, no transport capabilities
+                    conn.sendall(struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24))
+                elif self.then == "silent" or cmd not in (11, 15):
+                    self.done.wait(120)
+                elif cmd == 15:  # the number of devices
+                    conn.sendall(struct.pack("<QI", 4, int(self.then)))
+                elif cmd == 11:  # a device's memory: free, total
+                    conn.sendall(struct.pack("<QQQ", 16, 2**30, 2**31))
+
+    def close(self) -> None:
+        self.done.set()
+        self.listening.close()
+
+
+def test_a_server_silent_after_the_greeting_is_an_error_before_load(cli: CLI) -> None:
+    """llama.cpp asks the number of devices next and would wait for the answer for ever: localgen asks first."""
+    silent = _Greeter("silent")
+    try:
+        started = time.monotonic()
+        r = cli("run", "-p", "hi", "-n", "4", "--rpc", silent.endpoint, "--verbose", timeout=120)
+    finally:
+        silent.close()
+    assert r.returncode == 1, r.stderr
+    assert f"localgen: error: the RPC server {silent.endpoint} answered the greeting but not the question of its " \
+        "devices within 5 s" in r.stderr, r.stderr
+    assert "load_tensors" not in r.stderr and time.monotonic() - started < 60
+
+
+def test_ctrl_c_twice_ends_a_run_stuck_inside_llama_cpp(cli: CLI) -> None:
+    """A server that answers the probe and then goes silent holds llama.cpp's load for ever (a call Python's own
+    Ctrl-C handling cannot stop): the second Ctrl-C ends the process, `interrupted` and exit 130."""
+    import signal
+
+    quiet = _Greeter(1)
+    try:
+        run = cli.popen("run", "-p", "hi", "-n", "4", "--rpc", quiet.endpoint, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while not any(cmd not in (11, 14, 15) for cmd in quiet.seen) and time.monotonic() < deadline:
+            time.sleep(0.1)  # until llama.cpp asks what the server never answers
+        assert run.poll() is None, run.communicate()
+        run.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert run.poll() is None, "one press waits for llama.cpp"
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=30)
+    finally:
+        quiet.close()
+    assert run.returncode == 130 and err.decode().splitlines()[-1] == "interrupted", (run.returncode, err)
+
+
+def test_the_probe_asks_what_llama_cpp_asks_next() -> None:
+    """The number of devices, then each one's memory; a number past MAX_RPC_DEVICES (or none) is an error."""
+    from localgen.errors import LocalgenError
+    from localgen.native.devices import MAX_RPC_DEVICES, rpc_hello
+
+    two = _Greeter(2)
+    try:
+        assert rpc_hello(two.endpoint) == (7, 0, 0)
+        assert two.seen == [14, 15, 11, 11], two.seen
+    finally:
+        two.close()
+    for count in (0, MAX_RPC_DEVICES + 1):
+        odd = _Greeter(count)
+        try:
+            with pytest.raises(LocalgenError, match=f"the RPC server {odd.endpoint} says it has {count} devices"):
+                rpc_hello(odd.endpoint)
+        finally:
+            odd.close()
+
+
 @pytest.mark.parametrize(("value", "message"), [
     ("nonsense", "--rpc takes HOST:PORT[,HOST:PORT...], not 'nonsense'"),
     ("127.0.0.1:50052,:5", "--rpc takes HOST:PORT[,HOST:PORT...], not ':5'"),

@@ -93,7 +93,7 @@ def measure(client: Any, concurrency: int, rate: float, n: int, prompt_words: in
                     point.ttft.append(s.ttft_s)
                 point.itl += [b - a for a, b in zip(g.arrivals, g.arrivals[1:], strict=False)]
                 point.e2e.append(s.total_s)
-                if g.usage or g.server_timings:  # the server counted the tokens; otherwise no count is shown
+                if g.counted:  # the server counted the tokens; otherwise no count is shown
                     point.prompt_tokens.append(s.prompt_tokens)
                     point.gen_tokens.append(s.completion_tokens)
                 point.output_tokens += s.completion_tokens

@@ -116,11 +116,15 @@ def has_gpu() -> bool:
 
 RPC_PROTO_MAJOR = 7  # llama.cpp's RPC protocol of this build (ggml-rpc.h)
 _HELLO, _CAPS = 14, 24  # RPC_CMD_HELLO, RPC_CONN_CAPS_SIZE
+_DEVICE_COUNT, _DEVICE_MEMORY = 15, 11  # RPC_CMD_DEVICE_COUNT, RPC_CMD_GET_DEVICE_MEMORY
+MAX_RPC_DEVICES = 64  # a server that says it has more speaks something else
 
 
 def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     """Check an RPC server before llama.cpp connects (it aborts the process when a server cannot be
-    reached or speaks another version): connect and exchange HELLO; returns its protocol version."""
+    reached or speaks another version, and waits for ever on one that stops answering): connect, exchange
+    HELLO, then ask what llama.cpp asks next (ggml_backend_rpc_add_server: the number of devices; registering
+    them: each device's memory), each answer within `timeout`; returns its protocol version."""
     import socket
     import struct
 
@@ -132,6 +136,7 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     except OSError as e:
         raise LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
                             hint="start it with `localgen rpc-server` on that machine") from None
+    step = "the greeting"
     try:
         with s:
             s.sendall(bytes([_HELLO]) + struct.pack("<Q", _CAPS) + bytes(_CAPS))
@@ -141,18 +146,47 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
                 raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (answer of {size} bytes)",
                                     hint="run `localgen rpc-server` from the same llama-cpp-python build")
             major, minor, patch = _recv(s, size)[:3]
+            if major == RPC_PROTO_MAJOR:
+                step = "the question of its devices"
+                _devices_answer(s, endpoint)
     except TimeoutError:
-        raise LocalgenError(f"{endpoint} accepted the connection but did not answer llama.cpp's RPC greeting within "
-                            f"{timeout:g} s", hint="is an RPC server listening there? start one with `localgen "
-                            "rpc-server` on that machine") from None
+        if step == "the greeting":
+            raise LocalgenError(f"{endpoint} accepted the connection but did not answer llama.cpp's RPC greeting "
+                                f"within {timeout:g} s", hint="is an RPC server listening there? start one with "
+                                "`localgen rpc-server` on that machine") from None
+        raise LocalgenError(f"the RPC server {endpoint} answered the greeting but not {step} within {timeout:g} s "
+                            "(llama.cpp would wait for it for ever)",
+                            hint="restart it with `localgen rpc-server` on that machine") from None
     except OSError as e:
-        raise LocalgenError(f"the RPC server {endpoint} broke the connection during llama.cpp's RPC greeting: "
-                            f"{e.strerror or e}", hint="start it with `localgen rpc-server` on that machine") from None
+        during = "llama.cpp's RPC greeting" if step == "the greeting" else step
+        raise LocalgenError(f"the RPC server {endpoint} broke the connection during {during}: {e.strerror or e}",
+                            hint="start it with `localgen rpc-server` on that machine") from None
     if major != RPC_PROTO_MAJOR:
         raise LocalgenError(f"the RPC server {endpoint} speaks protocol {major}.{minor}.{patch}; this build speaks "
                             f"{RPC_PROTO_MAJOR}.x",
                             hint="run `localgen rpc-server` from the same llama-cpp-python build")
     return major, minor, patch
+
+
+def _devices_answer(sock: Any, endpoint: str) -> None:
+    """Ask the server, as llama.cpp will, how many devices it has and each one's memory: an answer of another
+    size, or a number of devices past MAX_RPC_DEVICES (or none), is a LocalgenError."""
+    import struct
+
+    def ask(cmd: int, payload: bytes, size: int) -> bytes:
+        sock.sendall(bytes([cmd]) + struct.pack("<Q", len(payload)) + payload)
+        got = struct.unpack("<Q", _recv(sock, 8))[0]
+        if got != size:
+            raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (answer of {got} bytes)",
+                                hint="run `localgen rpc-server` from the same llama-cpp-python build")
+        return _recv(sock, size)
+
+    count = struct.unpack("<I", ask(_DEVICE_COUNT, b"", 4))[0]
+    if not 0 < count <= MAX_RPC_DEVICES:
+        raise LocalgenError(f"the RPC server {endpoint} says it has {count} devices",
+                            hint="run `localgen rpc-server` from the same llama-cpp-python build")
+    for device in range(count):
+        ask(_DEVICE_MEMORY, struct.pack("<I", device), 16)
 
 
 def _recv(sock: Any, n: int) -> bytes:
@@ -172,6 +206,9 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     for endpoint in servers:
         if endpoint not in _registered:
             rpc_hello(endpoint)
+    from localgen.native.lib import exit_when_stuck
+
+    exit_when_stuck()  # a server may yet go silent mid-load or mid-answer: a second Ctrl-C then ends the process
     g = _lib()
     reg = g.ggml_backend_reg_by_name(b"RPC")
     if not reg:

@@ -52,6 +52,73 @@ def forget_on_abort(path: str | os.PathLike[str]) -> None:
     _on_abort.discard(os.fspath(path))
 
 
+_stuck: list[Any] = []  # exit_when_stuck's pending-call thunk, once it watches (kept referenced)
+
+
+def exit_when_stuck() -> None:
+    """Make a second Ctrl-C end the process (`interrupted` on stderr, exit 130) when the main thread has run no
+    Python since the first: it is inside a llama.cpp call that does not return (an RPC server gone silent mid-load
+    or mid-answer: llama.cpp waits for its answer for ever), where Python's own handler cannot run. A thread reads
+    the presses (signal.set_wakeup_fd) and asks the main thread to answer each (Py_AddPendingCall, which only
+    it runs). Once per process, from the main thread only; nothing where another part has the wakeup descriptor."""
+    import ctypes
+    import signal
+    import threading
+
+    if _stuck or threading.current_thread() is not threading.main_thread():
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except ValueError:
+        before = -2
+    if before != -1:  # another part's (an event loop's): left to it
+        if before >= 0:
+            signal.set_wakeup_fd(before)
+        os.close(read)
+        os.close(write)
+        return
+    presses = [0, 0]  # Ctrl-C seen by the thread, and the last one the main thread answered
+
+    def answered(n: int | None) -> int:
+        presses[1] = max(presses[1], n or 0)
+        return 0
+
+    thunk = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(answered)
+    add = ctypes.pythonapi.Py_AddPendingCall
+    add.argtypes, add.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    _stuck.append(thunk)
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read, 64)
+            except OSError:
+                return
+            for signum in data:
+                if signum != signal.SIGINT:
+                    continue
+                if presses[1] < presses[0]:  # the last press is still unanswered: the main thread is stuck
+                    _exit_interrupted()
+                presses[0] += 1
+                add(ctypes.cast(thunk, ctypes.c_void_p), presses[0])
+
+    threading.Thread(target=watch, name="localgen-stuck-watch", daemon=True).start()
+
+
+def _exit_interrupted() -> None:
+    """`interrupted` and exit 130 at once, the files an abort would remove removed (see exit_when_stuck)."""
+    import contextlib
+
+    for path in list(_on_abort):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.write(2, b"\ninterrupted\n" if os.isatty(2) else b"interrupted\n")
+    os._exit(130)
+
+
 def libggml() -> Any:
     """The ggml library llama.cpp itself uses. A wheel cannot hold symlinks, so it carries libggml.so and
     libggml.so.0 as two files: loading the other one (as the bindings' _ggml module does) would give a second

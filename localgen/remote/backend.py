@@ -14,7 +14,7 @@ from typing import Any
 
 from localgen.backend import Completion, Indexed
 from localgen.errors import RemoteError, UsageError
-from localgen.remote.client import RemoteClient, RemoteGeneration
+from localgen.remote.client import RemoteClient, RemoteGeneration, count
 from localgen.remote.endpoints import Endpoint
 from localgen.types import GenerationRequest
 
@@ -33,8 +33,8 @@ def _listed(endpoint: Endpoint) -> list[dict[str, Any]]:
         doc = client.get("/models", refused=True)
     finally:
         client.close()
-    data = doc.get("data", []) if isinstance(doc, dict) else []
-    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(data, list) else []
 
 
 def pick_model(endpoints: list[Endpoint]) -> str:
@@ -79,17 +79,15 @@ class RemoteBackend:
     def _server_ctx(self) -> int | None:
         c = self.clients[0]
         models = c.get("/models")
-        for m in (models or {}).get("data", []) if isinstance(models, dict) else []:
+        listed = models.get("data") if isinstance(models, dict) else None
+        for m in listed if isinstance(listed, list) else []:
             if isinstance(m, dict) and m.get("id") == self.name:
                 for key in ("max_model_len", "context_length", "n_ctx"):
-                    if isinstance(m.get(key), int) and m[key] > 0:
-                        return int(m[key])
+                    if count(m.get(key)) > 0:
+                        return count(m[key])
         props = c.get(c.endpoint.url.rsplit("/v1", 1)[0] + "/props") if c.endpoint.url.endswith("/v1") else None
-        if isinstance(props, dict):
-            n = (props.get("default_generation_settings") or {}).get("n_ctx")
-            if isinstance(n, int) and n > 0:
-                return n
-        return None
+        settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+        return (count(settings.get("n_ctx")) or None) if isinstance(settings, dict) else None
 
     def generate(self, request: GenerationRequest, started: float | None = None) -> RemoteGeneration:
         """A stream from the first endpoint."""

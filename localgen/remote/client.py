@@ -11,6 +11,7 @@ when the endpoint itself is gone (run --file then moves its lines to the other e
 from __future__ import annotations
 
 import json
+import math
 import random
 import threading
 import time
@@ -74,6 +75,21 @@ def sent_sampling(request: GenerationRequest, seed: int) -> dict[str, Any]:
     return sent
 
 
+def count(value: Any) -> int:
+    """A token count a server sent: a whole number of at least 0, else 0 (unknown: a count that is a string, a
+    list or negative is ignored, as a missing one is; the answer's text is what matters)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def rate(value: Any) -> float | None:
+    """A rate a server sent (tokens per second): a finite number of at least 0, else None (unknown)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
 def _percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -100,6 +116,7 @@ class RemoteGeneration:
         self.server_timings: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
         self.n = 0  # content pieces received
+        self.counted = False  # once it ends: whether the server counted the tokens (a usable usage or timings)
         self.arrivals: list[float] = []
         self._response: Any = None
         self._stop = threading.Event()
@@ -140,6 +157,8 @@ class RemoteGeneration:
                 if self._stop.is_set():
                     self.finish_reason = "cancelled"
                     break
+            else:  # it ended (with [DONE]) without a finish reason: finished all the same
+                self.finish_reason = self.finish_reason or "stop"
         finally:
             if self._response is not None:
                 self._response.close()
@@ -149,9 +168,12 @@ class RemoteGeneration:
         end = time.perf_counter()
         u = self.usage or {}
         t = self.server_timings or {}
-        completion = int(u.get("completion_tokens") or t.get("predicted_n") or self.n)
-        cached = int(t.get("cache_n") or (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        prompt = int(u.get("prompt_tokens") or (t.get("prompt_n", 0) + t.get("cache_n", 0)) or 0)
+        details = u.get("prompt_tokens_details")
+        told = count(u.get("completion_tokens")) or count(t.get("predicted_n"))
+        self.counted = bool(told or count(u.get("prompt_tokens")) or count(t.get("prompt_n")))
+        completion = told or self.n
+        cached = count(t.get("cache_n")) or count(details.get("cached_tokens") if isinstance(details, dict) else None)
+        prompt = count(u.get("prompt_tokens")) or (count(t.get("prompt_n")) + count(t.get("cache_n")))
         gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
         decode = None
         if len(self.arrivals) > 1:
@@ -160,7 +182,7 @@ class RemoteGeneration:
         self.stats = Stats(
             prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, load_s=0.0,
             ttft_s=self.arrivals[0] - self.started if self.arrivals else None,
-            prefill_tps=t.get("prompt_per_second"), decode_tps=decode, total_s=end - self.started,
+            prefill_tps=rate(t.get("prompt_per_second")), decode_tps=decode, total_s=end - self.started,
             finish_reason=self.finish_reason or "cancelled",
             itl_p50_ms=round(p50 * 1000, 3) if p50 is not None else None,
             itl_p99_ms=round(p99 * 1000, 3) if p99 is not None else None)

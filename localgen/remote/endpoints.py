@@ -56,13 +56,26 @@ def base_url(url: str, flag: str = "--endpoint") -> str:
     from localgen.redact import url_shown
 
     text = url.strip()
-    parts = urlsplit(text)
+    bare = re.sub(r"//[^/?#]*@", "//***@", re.split(r"[?#]", text, maxsplit=1)[0])  # for messages: no password
+    try:
+        parts = urlsplit(text)
+    except ValueError as e:  # an unclosed [, a bracketed host that is not an IPv6 address
+        raise UsageError(f"{flag}: {bare!r} is not a valid URL ({str(e)[:1].lower() + str(e)[1:]})",
+                         hint="an IPv6 address goes in brackets: http://[::1]:8000/v1") from None
+    try:
+        port = parts.port
+    except ValueError:  # letters, or past 65535
+        port = 0
+    if port == 0:
+        raise UsageError(f"{flag} {bare}: the port must be 1 to 65535")
     shown = url_shown(text)  # a password or a ?api_key= stays out of the message
     if "@" in parts.netloc:  # it would end up in errors, --json and the bench history
         raise UsageError(f"{flag} URLs may not carry credentials ({shown})",
                          hint="put the key in an environment variable and name it with --api-key-env NAME")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"{flag} needs an http:// or https:// URL, not {shown!r}")
+    if not parts.hostname or re.search(r"[\s\x00-\x1f\x7f]", parts.hostname):
+        raise UsageError(f"{flag}: {shown!r} has no valid host name", hint="e.g. http://host:8000/v1")
     if parts.query or parts.fragment:
         raise UsageError(f"{flag} takes a base URL without ?query or #fragment: {shown!r}",
                          hint="a key goes in an environment variable named with --api-key-env NAME")

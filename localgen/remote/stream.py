@@ -96,7 +96,7 @@ def events(response: Any, where: str, gen: RemoteGeneration) -> Iterator[tuple[s
 
 
 def _chunk(doc: dict[str, Any], where: str, gen: RemoteGeneration) -> Iterator[tuple[str, FinishReason | None]]:
-    if doc.get("usage"):
+    if isinstance(doc.get("usage"), dict) and doc["usage"]:  # another shape is no usage (its counts unknown)
         gen.usage = doc["usage"]
     if isinstance(doc.get("timings"), dict):
         gen.server_timings = doc["timings"]
@@ -139,8 +139,9 @@ def _take_logprobs(lp: Any, gen: RemoteGeneration) -> None:
         return
     for item in lp["content"]:
         if isinstance(item, dict) and isinstance(item.get("token"), str):
-            top = tuple((t.get("token", ""), float(t.get("logprob", 0.0))) for t in item.get("top_logprobs") or []
-                        if isinstance(t, dict))
+            alts = item.get("top_logprobs")
+            top = tuple((t["token"], float(t.get("logprob", 0.0))) for t in (alts if isinstance(alts, list) else [])
+                        if isinstance(t, dict) and isinstance(t.get("token"), str))
             gen.logprobs.append(TokenLogprob(item["token"], -1, float(item.get("logprob", 0.0)), top))
 
 

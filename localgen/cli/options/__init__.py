@@ -207,9 +207,9 @@ Yes = Annotated[
                        help="Run the model's tool calls without asking first.")
 ]
 ToolTimeout = Annotated[
-    float, typer.Option("--tool-timeout", min=0.1, rich_help_panel=TOOLS_PANEL,
-                        help="Seconds one tool call may take before it fails (in serve, also each call of a Responses "
-                             "request's mcp tool, with --allow-mcp-urls).")
+    float, typer.Option("--tool-timeout", min=0.1, max=86400, rich_help_panel=TOOLS_PANEL,
+                        help="Seconds one tool call may take before it fails, at most 86400 (a day; in serve, also "
+                             "each call of a Responses request's mcp tool, with --allow-mcp-urls).")
 ]
 
 
