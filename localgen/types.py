@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -223,6 +224,16 @@ class ModelRef:
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id
 
 
+def final_text(messages: Sequence[Message]) -> str | None:
+    """The text of the final assistant message a prompt can continue: None when the conversation ends with
+    another role, or with an assistant's tool calls or media."""
+    last = messages[-1] if messages else None
+    if last is None or last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    content = last.get("content")
+    return content if isinstance(content, str) else None
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What to generate: a conversation (rendered with the model's chat template) or a raw prompt (a plain
@@ -238,11 +249,18 @@ class GenerationRequest:
     exact: bool = False  # served beside a throughput batch: the answer `run` gives alone (a request's "exact")
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI tool objects, given to the chat template as `tools`
     template_args: tuple[tuple[str, Any], ...] = ()  # more template variables (enable_thinking)
+    # a final assistant message's text is continued (the answer goes on from it), not closed as a turn
+    continue_final: bool = False
 
     @property
     def raw(self) -> bool:
         """A plain completion, no chat template."""
         return self.prompt is not None
+
+    @property
+    def prefill(self) -> str | None:
+        """The text the answer continues: a final assistant message's, when the request continues it."""
+        return final_text(self.messages) if self.continue_final and self.prompt is None else None
 
 
 @dataclass(frozen=True)

@@ -133,14 +133,15 @@ class Engine:
                                           self.token_text(native_vocab.eos(self.vocab)))
         return self._template
 
-    def chat_tokens(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+    def chat_tokens(self, messages: list[dict[str, Any]], continue_final: bool = False, **extra: Any) -> list[int]:
         """Render the conversation with the model's template (and `extra` variables: tools) and tokenize it
-        (special tokens parsed)."""
-        return self.tokenize(*self.chat_text(messages, **extra))
+        (special tokens parsed); `continue_final`: a final assistant message is continued (template.py)."""
+        return self.tokenize(*self.chat_text(messages, continue_final, **extra))
 
-    def chat_text(self, messages: list[dict[str, Any]], **extra: Any) -> tuple[str, bool]:
+    def chat_text(self, messages: list[dict[str, Any]], continue_final: bool = False,
+                  **extra: Any) -> tuple[str, bool]:
         """The rendered conversation, and whether tokenizing it adds BOS (not when the template wrote it)."""
-        text = self.template.render(messages, **extra)
+        text = self.template.render(messages, continue_final=continue_final, **extra)
         bos = self.template.bos_token
         return text, not (bos and text.startswith(bos))
 

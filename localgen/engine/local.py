@@ -65,10 +65,12 @@ class LocalBackend:
             proj = self.projector()
             messages, found = media.split(request.messages, proj.marker)
             proj.check(found, self.name)
-            text, add_special = self.engine.chat_text(template_messages(messages), **template_extra(request))
+            text, add_special = self.engine.chat_text(template_messages(messages), request.continue_final,
+                                                      **template_extra(request))
             prompt: Prompt = proj.tokenize(text, found, add_special)
             return prompt
-        return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), **template_extra(request)))
+        return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), request.continue_final,
+                                                   **template_extra(request)))
 
     def _check_size(self, request: GenerationRequest) -> None:
         """A prompt whose text cannot fit the window whatever the tokenizer makes of it is refused by its size,
@@ -96,7 +98,8 @@ class LocalBackend:
             from localgen import media
 
             messages = tuple(media.split(messages, media.MARKER)[0])
-        return self.engine.template.render(template_messages(messages), **template_extra(request))
+        return self.engine.template.render(template_messages(messages), continue_final=request.continue_final,
+                                           **template_extra(request))
 
     def check_media(self, found: list[Any]) -> None:
         """A MediaError now, as they are attached, for images or audio this model cannot read."""

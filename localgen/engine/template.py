@@ -3,6 +3,7 @@ string and list arithmetic, a cap on the output, and a time limit enforced insid
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -12,6 +13,7 @@ from types import FrameType
 from typing import Any
 
 from localgen.errors import TemplateError
+from localgen.types import final_text
 
 TIME_LIMIT_S = 2.0
 MAX_OUTPUT = 4 << 20  # characters; a prompt this long would not fit any context anyway
@@ -19,6 +21,9 @@ MAX_SEQUENCE = 1 << 20  # result size of `*` on strings and lists
 # size of any string or list a template builds (`~`, `+`, `%`, format, join, replace): a message's content is
 # concatenated whole, so the bound is the output's; a template doubling a string stops at it, not at 1 GB
 MAX_BUILT = MAX_OUTPUT
+# Put after the text of a message to be continued, to find where the template wrote it: no template writes it
+# itself, and it has nothing a template would strip, escape or split on.
+_MARK = "LOCALGENCONTINUESHERE7c1f"
 
 
 MAX_WIDTH = 100_000  # widths, paddings and precisions in formats and string methods
@@ -268,8 +273,32 @@ class ChatTemplate:
                 hint="use --raw to send the prompt as plain text",
             ) from None
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **extra: Any) -> str:
-        """Render a conversation to prompt text, or raise TemplateError."""
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               continue_final: bool = False, **extra: Any) -> str:
+        """Render a conversation to prompt text, or raise TemplateError. `continue_final`: a final assistant
+        message's text is left open for the model to go on from (see `continued`)."""
+        text = final_text(messages) if continue_final else None
+        if text is None:
+            return self._render(messages, add_generation_prompt, extra)
+        if not text:  # an empty final message: the answer starts where it would have
+            return self._render(messages[:-1], True, extra)
+        return self.continued(messages, text, extra)
+
+    def continued(self, messages: list[dict[str, Any]], text: str, extra: dict[str, Any]) -> str:
+        """The conversation up to its final assistant message's text, without the end of turn the template
+        writes after it (Hugging Face's continue_final_message): rendered with a mark after the text, and cut
+        there, so that what the template writes around an answer (Qwen3's closed thinking block, a channel)
+        stays. A template that drops or rewrites the mark: the rest of the conversation with the generation
+        prompt, and the text after it (llama-server's way)."""
+        last = {**messages[-1], "content": text + _MARK}
+        with contextlib.suppress(TemplateError):
+            rendered = self._render([*messages[:-1], last], False, extra)
+            at = rendered.rfind(_MARK)
+            if at >= 0:
+                return rendered[:at]
+        return self._render(messages[:-1], True, extra) + text
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, extra: dict[str, Any]) -> str:
         import jinja2
 
         def raise_exception(message: str) -> None:

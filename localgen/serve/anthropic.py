@@ -175,7 +175,19 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
+    _check_prefill(out[-1], len(raw) - 1)
     return out
+
+
+def _check_prefill(last: dict[str, Any], i: int) -> None:
+    """A final assistant message is the answer's beginning (the model continues it): ending in whitespace,
+    a 400, as Anthropic's API refuses it (the model would go on from a token it never ends a word with)."""
+    content = last["content"]
+    text = content if isinstance(content, str) else "".join(
+        p["text"] for p in content if p.get("type") == "text")
+    if last["role"] == "assistant" and text != text.rstrip():
+        raise HTTPError(400, "messages: final assistant content cannot end with trailing whitespace",
+                        param=f"messages.{i}.content")
 
 
 def _text_of(block: Any, param: str) -> str:

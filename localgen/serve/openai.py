@@ -37,8 +37,8 @@ from localgen.tools.stream import Event as Said
 UNSUPPORTED = ("functions", "function_call", "prediction")
 # Names the chat template's renderer sets itself (engine/template.py's render(), and `tools` from the
 # request's own field): chat_template_kwargs may not replace them.
-TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
-                "strftime_now")
+TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "continue_final", "bos_token", "eos_token",
+                "raise_exception", "strftime_now")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 TEMPLATE_BOOLS = ("enable_thinking", "thinking")  # chat_template_kwargs that templates test for truth
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}

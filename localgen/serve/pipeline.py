@@ -148,8 +148,9 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
                              "at /v1/completions, or Ollama's /api/generate", param="model")
     msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
     check_prompt_size(worker, [m["content"] for m in msgs])
+    # a final assistant message is continued, as llama-server, Ollama and Anthropic's API do (docs/api.md)
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
-                             template_args=template_args(ask)), msgs
+                             template_args=template_args(ask), continue_final=True), msgs
 
 
 def sampling(state: ServeState, worker: Served, values: Mapping[str, Any],

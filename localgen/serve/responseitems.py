@@ -23,7 +23,7 @@ from localgen.serve.servelog import LOG
 from localgen.tools.spec import ToolCall
 from localgen.tools.stream import AnswerStream
 from localgen.tools.stream import Event as Said
-from localgen.types import GenerationRequest
+from localgen.types import GenerationRequest, final_text
 
 REDACTED = "[redacted]"  # an mcp tool's header values, as a response echoes them
 
@@ -258,8 +258,12 @@ class Encoder:
         if self.calls:
             said["tool_calls"] = [call.to_openai() for call in self.calls]
         tail = self.tail if self.tail is not None else [said]
-        await asyncio.to_thread(self.store.save, self.ident, doc, [*self.conversation, *tail], self.inputs,
-                                self.given)
+        conversation, inputs, prefill = self.conversation, self.inputs, final_text(self.conversation)
+        if prefill is not None and tail and tail[0]["role"] == "assistant":  # the answer went on from it: one message
+            conversation, tail = conversation[:-1], [{**tail[0], "content": prefill + (tail[0]["content"] or "")},
+                                                     *tail[1:]]
+            inputs = inputs - 1 if inputs > 0 else inputs
+        await asyncio.to_thread(self.store.save, self.ident, doc, [*conversation, *tail], inputs, self.given)
 
 
 def usage(c: Completion) -> dict[str, Any]:

@@ -154,7 +154,9 @@ class _Rounds:
             plan = await tool_plan(self.worker, specs or None, choice if specs else None, ask.parallel_tool_calls)
             if plan is not None and (answering or step == MAX_ROUNDS):
                 plan = answer_plan(plan)
-            req = apply_plan(plan, dataclasses.replace(self.request, messages=(*self.request.messages, *extra)))
+            # a round after the first goes on after messages of its own (a message of its own: a new turn)
+            req = apply_plan(plan, dataclasses.replace(self.request, messages=(*self.request.messages, *extra),
+                                                       continue_final=self.request.continue_final and not extra))
             if budget > 0:  # max_output_tokens is the whole response's: this round gets what the others left
                 left = budget - sum(c.completion_tokens for c in done)
                 if left <= 0:  # none left: the response ends incomplete, as the last round cut short would

@@ -78,4 +78,5 @@ def apply_plan(plan: ToolPlan | None, request: GenerationRequest) -> GenerationR
 def stream_for(worker: Served, plan: ToolPlan | None, request: GenerationRequest,
                split_reasoning: bool = True) -> AnswerStream:
     """The stage that reads this request's answer."""
-    return answer_stream(plan, worker.ref.summary.chat_template, request.template_args, split_reasoning)
+    return answer_stream(plan, worker.ref.summary.chat_template, request.template_args, split_reasoning,
+                         request.prefill)

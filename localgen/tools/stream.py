@@ -48,11 +48,15 @@ def template_of(backend: Any) -> str | None:
 
 
 def answer_stream(plan: Plan | None, template: str | None, template_args: tuple[tuple[str, Any], ...] = (),
-                  split_reasoning: bool = True) -> AnswerStream:
+                  split_reasoning: bool = True, prefill: str | None = None) -> AnswerStream:
     """The stage that reads this request's answer: calls in the plan's format, reasoning apart (also when
-    the template's generation prompt leaves a thinking block open)."""
-    opened = thinking_opened_by(template, template_args) if split_reasoning else None
+    the template's generation prompt leaves a thinking block open). `prefill`: the text of a final assistant
+    message the answer continues, which has begun the answer: inside a thinking block if it left one open."""
     names = frozenset(t.name for t in plan.tools) if plan else None
+    if prefill and prefill.strip():
+        opened = left_open(prefill) if split_reasoning else None
+        return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names, begun=True)
+    opened = thinking_opened_by(template, template_args) if split_reasoning else None
     return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names)
 
 
@@ -81,6 +85,15 @@ def opened_thinking(prompt: str) -> tuple[str, str] | None:
     return None
 
 
+def left_open(text: str) -> tuple[str, str] | None:
+    """The reasoning tags of a block `text` opens and does not close."""
+    for open_tag, close_tag in THINK_TAGS:
+        at = text.rfind(open_tag)
+        if at >= 0 and text.find(close_tag, at) < 0:
+            return open_tag, close_tag
+    return None
+
+
 def _held(text: str, markers: tuple[str, ...]) -> int:
     """How many trailing characters of `text` could begin one of `markers`."""
     best = 0
@@ -104,6 +117,7 @@ class AnswerStream:
     thinking: tuple[str, str] | None = None
     split_reasoning: bool = True
     names: frozenset[str] | None = None  # the tools that may be called (None: any name)
+    begun: bool = False  # a prefill began the answer: no reasoning block or start-only call marker opens it
     content: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
@@ -119,6 +133,9 @@ class AnswerStream:
     _repeated: bool = False  # a repeat seen inside the open block
 
     def __post_init__(self) -> None:
+        if self.begun:
+            self._said = True
+            self._state = "call" if self.fmt is not None and self.fmt.whole else "content"
         if self.thinking and self.split_reasoning:
             self._state, self._close = "think", self.thinking[1]
 
