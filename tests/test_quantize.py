@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import resource
 import signal
@@ -236,9 +237,9 @@ def test_a_folder_made_for_a_refused_quantization_is_removed(qcli: CLI, tmp_path
 
 
 def _made(q: CLI) -> list[str]:
-    """The files in the quantized models' folder."""
+    """The files in the quantized models' folder (but the records of what each was made from)."""
     folder = _home(q) / "data" / "quantized"
-    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".origin.json")) if folder.is_dir() else []
 
 
 @pytest.mark.parametrize("args", [
@@ -289,6 +290,13 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(qcli: CLI, smollm2_f16: Path
     assert r.returncode == 1
     assert "could not write" in _one_line(r.stderr)
     assert list(out.parent.iterdir()) == []
+    # -o DIR/ made the folders: a write that fails removes them again (quantize.md), as a refused plan does
+    r = subprocess.run(qcli.argv("quantize", str(smollm2_f16), "Q8_0", "-o", f"{out.parent / 'new' / 'dir'}/"),
+                       env=qcli.env, capture_output=True, text=True, preexec_fn=small_files, timeout=600)
+    assert r.returncode == 1 and "could not write" in _one_line(r.stderr)
+    assert list(out.parent.iterdir()) == []
+    assert "the folder made where it is not there, and removed again when the quantization is refused or fails" \
+        in _flat("quantize.md")
 
 
 def test_too_little_free_space_is_refused_before_writing(smollm2_f16: Path, tmp_path: Path,
@@ -308,18 +316,28 @@ def test_too_little_free_space_is_refused_before_writing(smollm2_f16: Path, tmp_
 
 
 def test_ctrl_c_during_a_quantize_leaves_no_file(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """Stopped, nothing is written; where it was replacing a result (--force), the earlier one is kept as it was,
+    and the line says so."""
     folder = tmp_path / "out"
     folder.mkdir()
     out = folder / "q.gguf"
-    p = qcli.popen("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(out), "-t", "1",
-                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for_bytes(p)
-    p.send_signal(signal.SIGINT)
-    rc = p.wait(timeout=60)
-    err = p.stderr.read().decode() if p.stderr else ""
-    assert rc == 130, err
-    assert "interrupted: nothing was written" in err and "Traceback" not in err
-    assert list(folder.iterdir()) == []
+    before = None
+    for force, said in (([], "nothing was written (q.gguf is not there;"),
+                        (["--force"], "nothing was written (the earlier q.gguf is kept as it was;")):
+        if force:
+            assert qcli("quantize", str(smollm2_f16), "Q8_0", "-o", str(out)).returncode == 0
+            before = sha256_file(out)
+        p = qcli.popen("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(out), "-t", "1", *force,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _wait_for_bytes(p)
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=60)
+        err = p.stderr.read().decode() if p.stderr else ""
+        assert rc == 130, err
+        assert f"interrupted: {said}" in err and "Traceback" not in err
+        assert [x.name for x in folder.iterdir()] == (["q.gguf"] if force else [])
+    assert sha256_file(out) == before
+    assert "a result it was replacing (`--force`) is kept as it was" in _flat("quantize.md")
 
 
 def _wait_for_bytes(p: Any) -> None:
@@ -634,6 +652,35 @@ def test_ctrl_c_while_the_reference_model_is_measured_shows_none_of_its_figures(
     assert list((_home(qcli) / "cache" / "perplexity").iterdir()) == []
 
 
+def test_a_killed_save_logits_leaves_nothing(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
+    """perplexity.md: the --save-logits file is written with no name until whole, so SIGKILL leaves nothing in its
+    folder; and every measurement first removes the reference logits a killed process left in the cache."""
+    cache = _home(qcli) / "cache" / "perplexity"
+    cache.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = [cache / f"reference-model-{int(dead.stdout)}.logits",
+            cache / f".reference-ladder-{int(dead.stdout)}.logits.{int(dead.stdout)}.partial"]
+    for path in left:
+        path.write_bytes(b"_logits_")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "128", "-t", "1",
+                   "--save-logits", str(folder / "big.logits"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr is not None
+    seen = b""
+    while not re.search(rb"smollm2:135m: \d+/", seen):  # a tenth of the windows measured, their logits written
+        line = p.stderr.readline()
+        assert line, f"perplexity ended before it could be stopped: {seen!r}"
+        seen += line
+    p.kill()
+    assert p.wait(timeout=60) == -signal.SIGKILL
+    assert list(folder.iterdir()) == []
+    assert [x for x in left if x.exists()] == []
+    assert ("a run killed while it writes leaves nothing there; elsewhere a hidden `.FILE.PID.partial` beside it, "
+            "removed by the next `--save-logits` to that file") in _flat("perplexity.md")
+    assert "one that a killed process left is removed by the next measurement" in _flat("perplexity.md")
+
+
 def test_a_logits_file_that_cannot_be_written_or_read_is_one_line(qcli: CLI, tmp_path: Path) -> None:
     """Said before any measuring: no window is measured for a file that cannot be kept."""
     r = qcli("perplexity", "-m", "smollm2:135m", "--save-logits", "/nonexist/x.logits")
@@ -682,7 +729,7 @@ def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, smollm2_f16
              *[a for a in _ladder_args(test_text) if a not in ("-f", str(test_text))], "--json",
              "--kld-bound", "0.02")
     assert r.returncode == 0, r.stderr
-    assert "smollm2-135m-instruct:q8_0: kept (made earlier; --force makes it again)" in r.stderr
+    assert "smollm2-135m-instruct:q8_0: kept (made earlier from this source; --force makes it again)" in r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) == {"run", "kld_bound", "rows", "best"} and doc["kld_bound"] == 0.02
     assert ("with `--ladder`, the table as one document, `run`, `kld_bound`, `rows` and `best`, as `bench --quality -o "
@@ -739,8 +786,71 @@ def test_the_ladder_checks_room_for_all_its_types_together(qcli: CLI, smollm2_f1
     r = InProcessCLI(qcli.env)(*args, "--ladder", "Q8_0,Q4_0")
     assert r.returncode == 1, r.stderr
     line = _one_line(r.stderr)
-    assert re.search(r"not enough disk space in .*: the 2 results need 2\d\d MiB, 170 MiB is free", line), line
+    assert re.search(r"not enough disk space in .*: the 2 results need 2\d\d MiB and the source's logits .* take "
+                     r"\d+ MiB, 170 MiB is free", line), line
     assert _made(qcli) == []
+
+
+def test_the_ladder_keeps_only_a_type_made_from_this_source(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """quantize.md: a type made earlier is kept only where it was made from this source with these options: one of
+    that name made from another file (or with other options) is refused before anything is made, and left as it
+    was; `rm` takes its record with it."""
+    other = tmp_path / "other" / smollm2_f16.name
+    other.parent.mkdir()
+    os.link(smollm2_f16, other)  # another path to the same bytes: another source, as far as localgen can tell
+    assert qcli("quantize", str(other), "Q8_0").returncode == 0
+    made = _home(qcli) / "data" / "quantized" / "smollm2-135m-instruct@q8_0.gguf"
+    before = made.stat().st_mtime_ns
+    args = ("--ctx", "128", "--chunks", "4", "-p", "0", "-n", "0")
+    r = qcli("quantize", str(smollm2_f16), "--ladder", "Q8_0", *args)
+    assert r.returncode == 2, r.stderr
+    assert _one_line(r.stderr) == (
+        "localgen: error: the quantized model smollm2-135m-instruct:q8_0 exists, made from "
+        f"{os.path.realpath(other)}: the ladder measures the types made from this source (--force makes it again "
+        "from this source, replacing it; --name NAME makes the ladder's types under another name)")
+    assert made.stat().st_mtime_ns == before and "measuring" not in r.stderr
+    assert qcli("bench", "history").stderr == "no benchmark runs yet: localgen bench\n"
+    assert qcli("quantize", str(smollm2_f16), "Q8_0", "--force").returncode == 0  # from this source now
+    pure = qcli("quantize", str(smollm2_f16), "--ladder", "Q8_0", "--pure", *args)
+    assert pure.returncode == 2 and "exists, made with other options:" in _one_line(pure.stderr)
+    assert qcli("rm", "smollm2-135m-instruct:q8_0", "--yes").returncode == 0
+    assert list(made.parent.iterdir()) == []  # the record went with the file
+    assert ("one made earlier is kept only where it was made from this source with the same options") \
+        in _flat("quantize.md")
+
+
+def test_the_ladder_checks_the_disk_and_the_history_before_it_makes_anything(
+        qcli: CLI, smollm2_f16: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quantize.md: the room for the types and for the source's logits (which the ladder keeps in the cache while it
+    measures), and a benchmark history that can keep the rows, are checked before the first type is made."""
+    from collections import namedtuple
+
+    from localgen.quant import quantize as q
+
+    history = _home(qcli) / "data" / "bench.sqlite"
+    history.parent.mkdir(parents=True)
+    history.write_bytes(b"not a database" * 100)
+    args = ("quantize", str(smollm2_f16), "--ladder", "Q8_0", "--ctx", "256", "--chunks", "40", "-p", "0", "-n", "0")
+    r = InProcessCLI(qcli.env)(*args)
+    assert r.returncode == 1 and "the benchmark history" in _one_line(r.stderr) and "is unreadable" in r.stderr
+    assert _made(qcli) == [] and history.read_bytes() == b"not a database" * 100
+    history.unlink()
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(q.shutil, "disk_usage", lambda _p: usage(1 << 30, (1 << 30) - (200 << 20), 200 << 20))
+    r = InProcessCLI(qcli.env)(*args)  # room for Q8_0 (138 MiB) alone, not for the logits of 40 windows too
+    assert r.returncode == 1, r.stderr
+    line = _one_line(r.stderr)
+    assert re.search(r"not enough disk space in .*: the result needs 13\d MiB and the source's logits \(the types "
+                     r"are measured against them\) take 4\d\d MiB, 200 MiB is free \(free some space, or measure "
+                     r"fewer windows \(--chunks N\)\)$", line), line
+    assert "--save-logits" not in line and _made(qcli) == []
+    # perplexity --reference MODEL: the reference's logits, named as such
+    monkeypatch.setattr(q.shutil, "disk_usage", lambda _p: usage(1 << 30, 1 << 30, 1 << 20))
+    r = InProcessCLI(qcli.env)("perplexity", "-m", "smollm2:135m", "--reference", str(smollm2_f16), "-c", "256",
+                               "--chunks", "40")
+    assert r.returncode == 1
+    assert re.fullmatch(r"localgen: error: the reference SmolLM2-135M-Instruct-F16\.gguf's logits \(measured "
+                        r"first\) take 4\d\d MiB and .* has 1 MiB free \(.*\)", _one_line(r.stderr))
 
 
 def test_bench_quality_measures_files_already_here(qcli: CLI, smollm2_f16: Path, test_text: Path,

@@ -106,7 +106,7 @@ def test_the_free_space_for_logits_is_checked_before_writing(tmp_path: Path,
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(ms.shutil, "disk_usage", lambda _p: usage(10 << 30, 10 << 30, 1 << 20))
     with pytest.raises(LocalgenError, match=r"--save-logits: the logits take 98 MiB and .* has 1 MiB free"):
-        ms.check_space(tmp_path, 98 << 20, "--save-logits")
+        ms.check_space(tmp_path, 98 << 20, "--save-logits: the logits")
 
 
 def test_save_logits_replaces_only_a_logits_file_and_never_the_text(tmp_path: Path) -> None:
@@ -231,7 +231,7 @@ def test_a_temp_file_a_dead_process_left_is_removed_by_the_next_quantize(tmp_pat
     import subprocess
     import sys
 
-    from localgen.quant.quantize import drop_stale
+    from localgen.unnamed import drop_stale
 
     out = tmp_path / "m@q8_0.gguf"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -296,3 +296,28 @@ def test_an_output_that_is_not_a_regular_file_is_never_replaced(tmp_path: Path, 
     with pytest.raises(UsageError, match="not a regular file"):
         quantize.plan(smollm2_path, "Q8_0", pipe, quantize.Options(force=True, allow_requantize=True))
     assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+
+
+def test_a_result_is_known_by_the_source_and_options_it_was_made_from(tmp_path: Path) -> None:
+    """What the ladder compares before it keeps a type made earlier: the source (path, size, time), the type and
+    the options that change the bytes; a record whose file was replaced since matches nothing."""
+    import os
+
+    from localgen.quant import quantize as q
+
+    source, out = tmp_path / "m-F16.gguf", tmp_path / "m@q8_0.gguf"
+    source.write_bytes(b"weights")
+    out.write_bytes(b"result")
+    made = q.origin(source, "Q8_0", q.Options(threads=3))
+    q.remember(out, made)
+    assert q.differs(out, q.origin(source, "Q8_0", q.Options(threads=1, allow_requantize=True))) is None
+    assert q.differs(out, q.origin(source, "Q8_0", q.Options(pure=True))) == "made with other options"
+    assert q.differs(out, q.origin(source, "Q8_0", q.Options(output_tensor_type="q8_0"))) == "made with other options"
+    os.utime(source, ns=(1, 1))  # the source changed in place
+    assert q.differs(out, q.origin(source, "Q8_0", q.Options())) == f"made from {source} as it was before it changed"
+    q.remember(out, q.origin(source, "Q8_0", q.Options()))
+    out.unlink()
+    out.write_bytes(b"another result")  # replaced by other means: its record is not its own
+    assert q.differs(out, q.origin(source, "Q8_0", q.Options())) == "and what it was made from is not known"
+    (tmp_path / ".m@q8_0.gguf.origin.json").unlink()
+    assert q.differs(out, q.origin(source, "Q8_0", q.Options())) == "and what it was made from is not known"

@@ -100,7 +100,8 @@ def perplexity(
             engine = ms.open_model(ref_model, s)
             try:
                 with _writing(temp):
-                    base = ms.perplexity(engine, text, s, save=temp, on_chunk=view.chunk)
+                    base = ms.perplexity(engine, text, s, save=temp, on_chunk=view.chunk,
+                                         saving=f"the reference {ref_model.name}'s logits (measured first)")
             finally:
                 engine.close()
             out["reference"] = {"model": ref_model.name, "ppl": base.ppl, "ppl_err": base.ppl_err}

@@ -155,35 +155,52 @@ def _unmake(folder: Path, made: Path) -> None:
 
 
 def make(src: Path, type_text: str, base: str, output: str | None, opts: Any) -> Any:
-    """Plan and run one quantization with a progress bar; Ctrl-C removes what it wrote and exits at once."""
-    return run_job(*prepare(src, type_text, base, output, opts))
+    """Plan and run one quantization with a progress bar; a failure or Ctrl-C removes what it wrote (the folders
+    it made too) and Ctrl-C exits at once."""
+    job, model_name, made = prepare(src, type_text, base, output, opts)
+    try:
+        return run_job(job, model_name, made)
+    except BaseException:
+        if made is not None:
+            _unmake(job.out.parent, made)
+        raise
 
 
-def prepare(src: Path, type_text: str, base: str, output: str | None, opts: Any) -> tuple[Any, str | None]:
-    """One quantization checked (quant/quantize.py's plan) and its model name, nothing written yet."""
+def prepare(src: Path, type_text: str, base: str, output: str | None, opts: Any) -> tuple[Any, str | None,
+                                                                                          Path | None]:
+    """One quantization checked (quant/quantize.py's plan), its model name and the outermost folder made for it
+    (target's), nothing written yet."""
     from localgen.quant import quantize as q
 
     type_name, _ = q.parse_type(type_text)
     out, model_name, made = target(base, type_name.lower(), output)
     try:
-        return q.plan(src, type_name, out, opts, out_name=model_name), model_name
+        return q.plan(src, type_name, out, opts, out_name=model_name), model_name, made
     except BaseException:
         if made is not None:
             _unmake(out.parent, made)
         raise
 
 
-def run_job(job: Any, model_name: str | None) -> Any:
-    """Run a planned quantization with a progress bar; Ctrl-C removes what it wrote and exits at once."""
+def run_job(job: Any, model_name: str | None, made: Path | None = None) -> Any:
+    """Run a planned quantization with a progress bar; Ctrl-C removes what it wrote (and the folders made for it,
+    `made`) and exits at once. A model of localgen's gets its record of what it was made from."""
     from localgen.cli.progress import make_progress
     from localgen.quant import quantize as q
 
+    replacing = job.out.exists()
     try:
         done = q.run(job, make_progress(), label=model_name)
     except KeyboardInterrupt:
         q.abandon(job)
-        exit_now(f"interrupted: nothing was written ({job.out.name} is not there; llama.cpp's call cannot be "
-                  "stopped, so localgen exits at once)")
+        if made is not None:
+            _unmake(job.out.parent, made)
+        kept = (f"the earlier {model_name or job.out.name} is kept as it was" if replacing else
+                f"{job.out.name} is not there")
+        exit_now(f"interrupted: nothing was written ({kept}; llama.cpp's call cannot be stopped, so localgen exits "
+                 "at once)")
+    if model_name is not None:
+        q.remember(done.path, job.made_from)
     return done, model_name
 
 
@@ -212,7 +229,11 @@ def _report(made: Any, json_out: bool) -> None:
 def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_text: str | None, ctx: int,
             chunks: int | None, kld_bound: float, n_prompt: int, n_gen: int, reps: int, threads: int | None,
             gpu_layers: int | None, json_out: bool, verbose: bool) -> None:
-    """Make each type (an existing one is kept unless --force), then measure them all against the source."""
+    """Make each type (one made earlier from this source, with these options, is kept unless --force; another is
+    refused), then measure them all against the source."""
+    import shlex
+
+    from localgen.bench import history
     from localgen.cli.ladderview import run_ladder
     from localgen.cli.output import ErrWriter
     from localgen.models.resolve import resolve
@@ -227,18 +248,25 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
     if measure_text and measure_text != "-":
         check_input("--measure", measure_text)
     text: MeasureText | str = read_text(measure_text, chunks) if measure_text else default_text()
-    ms.check_text(ref, text, ctx)  # every refusal before the first type is made
+    # every refusal before the first type is made: the text, each type, a model of that name made otherwise, the
+    # disk for the types and the source's logits, the benchmark history the rows go to
+    logits = ms.check_text(ref, text, ctx, chunks)
     err = ErrWriter()
     jobs: list[tuple[str, Any]] = []  # (model name, its planned job; None: made earlier, kept)
     for t in types:
         out, model_name, _ = target(base, t.lower(), None)
         assert model_name is not None
-        jobs.append((model_name, None if out.exists() and not opts.force else prepare(src, t, base, None, opts)[0]))
-    q.check_space_together([job for _, job in jobs if job is not None])
+        if out.exists() and not opts.force:
+            _check_kept(out, model_name, q.origin(src, t, opts))
+            jobs.append((model_name, None))
+        else:
+            jobs.append((model_name, prepare(src, t, base, None, opts)[0]))
+    q.check_space_together([job for _, job in jobs if job is not None], (ms.logits_folder(), logits))
+    history.start(shlex.join(["localgen", *sys.argv[1:]]), {})  # written and rolled back: it can keep the rows
     files = []
     for model_name, job in jobs:
         if job is None:
-            err.line(f"{model_name}: kept (made earlier; --force makes it again)")
+            err.line(f"{model_name}: kept (made earlier from this source; --force makes it again)")
         else:
             done, _ = run_job(job, model_name)
             err.line(f"{model_name}: {done.type_name}, {done.bits_per_weight:.2f} bits per weight")
@@ -248,3 +276,15 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
     run_ladder(ref, files, text, measure_text or "default", settings,
                ladder.Speed(n_prompt=n_prompt, n_gen=n_gen, reps=reps, threads=threads), kld_bound,
                "json" if json_out else None)
+
+
+def _check_kept(out: Path, model_name: str, made_from: dict[str, Any]) -> None:
+    """A model the ladder would keep (made earlier) must be this source's type, made with these options: another
+    is refused, never measured as this source's nor replaced without --force."""
+    from localgen.quant import quantize as q
+
+    why = q.differs(out, made_from)
+    if why is not None:
+        raise UsageError(f"the quantized model {model_name} exists, {why}: the ladder measures the types made "
+                         "from this source", hint="--force makes it again from this source, replacing it; "
+                                               "--name NAME makes the ladder's types under another name")

@@ -161,15 +161,22 @@ class LogitsReader:
 
 
 class LogitsWriter:
-    """Writes a logits file in llama-perplexity's format to a hidden temp file, renamed when complete (`commit`);
-    `discard` removes it."""
+    """Writes a logits file in llama-perplexity's format whole or not at all (localgen/unnamed.py: a file with no
+    name in its folder where the system allows, so a killed run leaves nothing; else a hidden temp file beside
+    it), named when complete (`commit`); `discard` removes it."""
 
     def __init__(self, path: Path, w: Windows, n_vocab: int) -> None:
         import numpy as np
 
+        from localgen.unnamed import open_unnamed, temp_path
+
         self.path = path
-        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        self.f = open(self.tmp, "wb")  # noqa: SIM115 (closed by commit or discard)
+        fd = open_unnamed(path.parent)
+        self.tmp: Path | None = None  # the named temp file, where the folder takes no unnamed one
+        if fd is None:
+            self.tmp = temp_path(path)
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self.f = os.fdopen(fd, "wb")  # closed by commit or discard
         self.f.write(MAGIC + np.array([w.n_ctx, n_vocab, w.n_chunk], dtype="<i4").tobytes())
         self.f.write(np.ascontiguousarray(w.tokens[: w.n_ctx * w.n_chunk], dtype="<i4").tobytes())
 
@@ -179,13 +186,23 @@ class LogitsWriter:
 
     def commit(self) -> None:
         """Close and move into place."""
+        from localgen.unnamed import name_it
+
+        if self.tmp is None:
+            self.f.flush()
+            try:
+                name_it(self.f.fileno(), self.path)
+            finally:
+                self.f.close()
+            return
         self.f.close()
         os.replace(self.tmp, self.path)
 
     def discard(self) -> None:
         """Close and remove."""
         self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
 
 
 def size_of_logits(w: Windows, n_vocab: int) -> int:

@@ -1,6 +1,7 @@
 """Models quantized here (`localgen quantize`, `create -q`): one GGUF each in the data dir's `quantized` folder, named
 `BASE:TYPE` (`smollm2-135m:q4_k_m`), the name `list` shows and `run -m` takes. The file is `BASE@TYPE.gguf` (':' is
-not in a Windows path). A quantized model is its own file: removing it removes nothing else."""
+not in a Windows path), with a hidden record of what it was made from beside it (`.BASE@TYPE.gguf.origin.json`). A
+quantized model is its own file: removing it removes nothing else (but that record)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,11 @@ def find(name: str) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
+def origin_path(path: Path) -> Path:
+    """The hidden record beside a quantized model's file of what it was made from (quant/quantize.py's)."""
+    return path.with_name(f".{path.name}.origin.json")
+
+
 def all_models() -> list[tuple[str, Path]]:
     """Every quantized model here: (name, file), by name."""
     d = folder()
@@ -102,4 +108,5 @@ def remove(name: str) -> int:
         return 0
     size = path.stat().st_size
     path.unlink()
+    origin_path(path).unlink(missing_ok=True)
     return size

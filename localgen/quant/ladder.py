@@ -128,7 +128,9 @@ def rows(reference: ModelRef, files: list[ModelRef], text: Text | str, settings:
         step(f"measuring the reference {reference.name}")
         engine = ms.open_model(reference, settings)
         try:
-            base = ms.perplexity(engine, text, settings, save=temp, on_chunk=on_chunk)
+            base = ms.perplexity(engine, text, settings, save=temp, on_chunk=on_chunk,
+                                 saving=f"the reference {reference.name}'s logits (the others are measured against "
+                                        "them)")
         finally:
             engine.close()
         step(f"timing {reference.name}")

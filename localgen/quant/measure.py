@@ -80,10 +80,11 @@ def open_model(ref: ModelRef, s: Settings) -> Any:
     return open_engine(ref, params, verbose=s.verbose)
 
 
-def check_text(ref: ModelRef, text: Text | str, ctx: int) -> None:
+def check_text(ref: ModelRef, text: Text | str, ctx: int, chunks: int | None = None) -> int:
     """Refuse, before anything is made or loaded, a text shorter than two windows of `ctx` in the model's tokens
-    (its vocabulary alone is read, no weights; the text only as far as two windows take)."""
-    from localgen.engine.perplexity import check_length, leading_tokens
+    (its vocabulary alone is read, no weights; the text only as far as the windows measured take). The bytes the
+    model's logits on those windows take (a reference's, kept while others are measured against it)."""
+    from localgen.engine.perplexity import Windows, check_length, leading_tokens, size_of_logits
     from localgen.native import model as native_model
     from localgen.native import vocab as native_vocab
 
@@ -93,10 +94,13 @@ def check_text(ref: ModelRef, text: Text | str, ctx: int) -> None:
     try:
         vocab = native_vocab.of_model(ptr)
         n = len(leading_tokens(lambda t: native_vocab.tokenize(vocab, t.encode("utf-8", "replace"), True, False),
-                               text, 2 * ctx))
+                               text, max(chunks or 0, 2) * ctx if chunks else None))
+        n_vocab = native_vocab.n_tokens(vocab)
     finally:
         native_model.free(ptr)
     check_length(n, ctx)
+    n_chunk = min(n // ctx, chunks) if chunks else n // ctx
+    return size_of_logits(Windows(None, ctx, n_chunk), n_vocab)
 
 
 def _run(m: Any, label: str, on_chunk: OnChunk | None) -> Any:
@@ -117,18 +121,19 @@ def _threads(s: Settings) -> tuple[int, int] | None:
 
 
 def perplexity(engine: Any, text: Text | str, s: Settings, save: Path | None = None,
-               on_chunk: OnChunk | None = None) -> Any:
+               on_chunk: OnChunk | None = None, saving: str = "--save-logits: the logits") -> Any:
     """PPL of a loaded model on the text (with s.chunks, read as far as they take); with `save`, its logits kept
-    there (written whole, or not at all)."""
+    there (written whole, or not at all); `saving` names them where there is not the room."""
     from localgen.engine import perplexity as ppl
 
+    drop_dead()
     w = ppl.windows(engine, text, s.ctx, s.chunks)
     writer = None
     if save is not None:
-        from localgen.quant.quantize import drop_stale
+        from localgen.unnamed import drop_stale
 
-        drop_stale(save)  # the partial file a killed run left beside it
-        check_space(save.parent, ppl.size_of_logits(w, engine.n_vocab), "--save-logits")
+        drop_stale(save)  # the partial file a killed run left beside it (where the folder takes no unnamed file)
+        check_space(save.parent, ppl.size_of_logits(w, engine.n_vocab), saving)
         writer = ppl.LogitsWriter(save, w, engine.n_vocab)
     m = ppl.Perplexity(engine, w, s.batch, s.ubatch, _threads(s), save=writer)
     try:
@@ -161,6 +166,7 @@ def against(engine: Any, reference: Path, s: Settings, text: Text | str | None =
     user gave, and may be another one than it was saved from."""
     from localgen.engine import perplexity as ppl
 
+    drop_dead()
     reader = ppl.LogitsReader(reference)
     try:
         if reader.n_vocab != engine.n_vocab:
@@ -239,31 +245,40 @@ def logits_context(path: Path) -> int:
 
 
 def check_space(folder: Path, need: int, what: str) -> None:
-    """One clear error when `folder` has less free space than `need` bytes."""
+    """One clear error when `folder` has less free space than `need` bytes for `what` (the logits, named)."""
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise LocalgenError(f"{what}: the logits take {format_bytes(need)} and {folder} has {format_bytes(free)} free",
+        raise LocalgenError(f"{what} take {format_bytes(need)} and {folder} has {format_bytes(free)} free",
                             hint="measure fewer windows (--chunks N), or free some space")
 
 
-def temp_logits(tag: str) -> Path:
-    """Where a reference model's logits are kept while the measurement that needs them runs."""
+def logits_folder() -> Path:
+    """Where a reference model's logits are kept while the measurement that needs them runs (made here)."""
     from localgen import paths
 
     d = paths.cache_dir() / "perplexity"
     d.mkdir(parents=True, exist_ok=True)
-    _drop_dead(d)
+    return d
+
+
+def temp_logits(tag: str) -> Path:
+    """A file in logits_folder() for a reference model's logits, this process's."""
+    d = logits_folder()
+    drop_dead()
     return d / f"reference-{tag}-{os.getpid()}.logits"
 
 
-def _drop_dead(folder: Path) -> None:
+def drop_dead() -> None:
     """Remove the reference logits (whole, or the partial file being written) that a process which ended without
-    its cleanup left here (killed mid-way): named by a process no longer running. They take hundreds of MB."""
+    its cleanup left in logits_folder() (killed mid-way): named by a process no longer running. They take
+    hundreds of MB. Every measurement starts with it."""
     import re
 
-    from localgen.quant.quantize import running
+    from localgen import paths
+    from localgen.unnamed import running
 
-    for path in folder.glob("*reference-*"):
+    folder = paths.cache_dir() / "perplexity"
+    for path in folder.glob("*reference-*") if folder.is_dir() else []:
         m = re.fullmatch(r"\.?reference-\w+-(\d+)\.logits(?:\.\d+\.partial)?", path.name)
         if m and int(m.group(1)) != os.getpid() and not running(int(m.group(1))):
             path.unlink(missing_ok=True)

@@ -19,6 +19,7 @@ from typing import Any
 from localgen.errors import LocalgenError, UsageError
 from localgen.models.download import Progress, Quiet
 from localgen.units import format_bytes
+from localgen.unnamed import drop_stale, name_it, open_unnamed, temp_path
 
 # ggml types that are not quantized (F32, F16, I8, I16, I32, I64, F64, BF16): what llama-quantize quantizes from
 UNQUANTIZED = frozenset({0, 1, 24, 25, 26, 27, 28, 30})
@@ -40,6 +41,7 @@ class QuantizeJob:
     params: Any  # native.quantize.QuantizeParams
     expected: int
     source_type: str | None = None
+    made_from: dict[str, Any] = field(default_factory=dict)  # origin()'s record of it
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,66 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
     expected = _dry_run(source, out, params, type_name, for_create)
     _check_space(out.parent, expected)
     return QuantizeJob(source=source, type_name=type_name, out=out, params=params, expected=expected,
-                       source_type=source_type)
+                       source_type=source_type, made_from=origin(source, type_name, opts))
+
+
+def origin(source: Path, type_name: str, opts: Options) -> dict[str, Any]:
+    """What a result is made from: the source file (its real path, size and modification time), the type, and the
+    options that change its bytes (the importance matrix by the same three). Threads and --allow-requantize change
+    none."""
+    def file(path: Path) -> dict[str, Any]:
+        st = path.stat()
+        return {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    def ggml(text: str | None) -> str | None:
+        return text.strip().lower() if text else None
+
+    return {"source": file(source), "type": type_name, "pure": opts.pure,
+            "leave_output_tensor": opts.leave_output_tensor, "output_tensor_type": ggml(opts.output_tensor_type),
+            "token_embedding_type": ggml(opts.token_embedding_type),
+            "imatrix": file(opts.imatrix) if opts.imatrix is not None else None}
+
+
+def _identity(path: Path) -> dict[str, int]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
+def remember(out: Path, made_from: dict[str, Any]) -> None:
+    """Record beside a model quantized into localgen's models what it was made from (`origin`), with the file's
+    own size, time and inode, so a record that outlived its file (replaced by other means) matches nothing. A record
+    that cannot be written is left out: the ladder then makes that type again rather than keep it."""
+    import json
+
+    from localgen.models.quantized import origin_path
+
+    record = origin_path(out)
+    with contextlib.suppress(OSError):
+        record.unlink(missing_ok=True)
+        record.write_text(json.dumps({"origin": made_from, "file": _identity(out)}), encoding="utf-8")
+
+
+def differs(out: Path, made_from: dict[str, Any]) -> str | None:
+    """None where the model at `out` was made from `made_from` (its record says so and is its own); else how it
+    differs, in words."""
+    import json
+
+    from localgen.models.quantized import origin_path
+
+    try:
+        doc = json.loads(origin_path(out).read_text(encoding="utf-8"))
+        kept, file = doc["origin"], doc["file"]
+        if file != _identity(out):
+            raise ValueError("the record is another file's")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "and what it was made from is not known"
+    if kept == made_from:
+        return None
+    source = kept.get("source") if isinstance(kept, dict) else None
+    if isinstance(source, dict) and source != made_from["source"]:
+        same = source.get("path") == made_from["source"]["path"]
+        return (f"made from {source.get('path')} " + ("as it was before it changed" if same else "")).rstrip()
+    return "made with other options"
 
 
 def _file_type_name(ftype: Any) -> str | None:
@@ -248,27 +309,26 @@ def _check_space(folder: Path, need: int, what: str = "the result needs") -> Non
                             f"{format_bytes(free)} is free", hint="free some space, or write elsewhere with -o")
 
 
-def check_space_together(jobs: list[QuantizeJob]) -> None:
-    """Room for several planned results kept side by side (a ladder's, made one after another into one folder):
-    each job checked its own size alone."""
-    if len(jobs) > 1:
-        _check_space(jobs[0].out.parent, sum(job.expected for job in jobs), f"the {len(jobs)} results need")
-
-
-def temp_path(out: Path) -> Path:
-    """The hidden file a quantization writes before it is renamed to `out` (where the folder takes no unnamed
-    file: _Unwritten), and the name an unnamed one is linked under for that rename."""
-    return out.with_name(f".{out.name}.{os.getpid()}.partial")
-
-
-def drop_stale(out: Path) -> None:
-    """Remove what a quantization to `out` left behind in a process that ended without its cleanup (a server
-    killed mid-way, where the folder takes no unnamed file): its temp file, named by a process no longer
-    running."""
-    for path in out.parent.glob(f".{out.name}.*.partial"):
-        pid = path.name[len(out.name) + 2: -len(".partial")]
-        if pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
-            path.unlink(missing_ok=True)
+def check_space_together(jobs: list[QuantizeJob], logits: tuple[Path, int] | None = None) -> None:
+    """Room for several planned results kept side by side (a ladder's, made one after another into one folder:
+    each job checked its own size alone), and for the source's logits the ladder keeps while it measures the
+    types against them (`logits`: their folder and size), together where both are on one filesystem."""
+    needs: list[tuple[Path, int, str]] = []  # (folder, bytes, what needs them)
+    if jobs:
+        what = "the result needs" if len(jobs) == 1 else f"the {len(jobs)} results need"
+        needs.append((jobs[0].out.parent, sum(job.expected for job in jobs), what))
+    if logits is not None:
+        needs.append((logits[0], logits[1], "the source's logits (the types are measured against them) take"))
+    devices: dict[int, list[tuple[Path, int, str]]] = {}
+    for need in needs:
+        devices.setdefault(need[0].stat().st_dev, []).append(need)
+    for group in devices.values():
+        folder, free = group[0][0], shutil.disk_usage(group[0][0]).free
+        if free < sum(n for _, n, _ in group) + (SPACE_MARGIN if jobs else 0):
+            whats = " and ".join(f"{what} {format_bytes(n)}" for _, n, what in group)
+            raise LocalgenError(f"not enough disk space in {folder}: {whats}, {format_bytes(free)} is free",
+                                hint="free some space, or measure fewer windows (--chunks N)" if logits else
+                                "free some space")
 
 
 class _Unwritten:
@@ -280,7 +340,7 @@ class _Unwritten:
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.fd = _unnamed(out.parent)
+        self.fd = open_unnamed(out.parent)
         self.path = Path(f"/proc/self/fd/{self.fd}") if self.fd is not None else temp_path(out)
 
     def size(self) -> int:
@@ -290,15 +350,8 @@ class _Unwritten:
     def keep(self) -> None:
         """The result is whole: it becomes `out` (replacing any), in one rename."""
         if self.fd is not None:
-            named = temp_path(self.out)
-            named.unlink(missing_ok=True)
-            folder = os.open(self.out.parent, os.O_RDONLY)
-            try:  # linkat with AT_SYMLINK_FOLLOW names the unnamed file (with no dir fd, os.link calls link(),
-                os.link(self.path, named.name, src_dir_fd=folder, dst_dir_fd=folder)  # which links /proc's link)
-            finally:
-                os.close(folder)
+            name_it(self.fd, self.out)
             self.discard()
-            os.replace(named, self.out)
         else:
             os.replace(self.path, self.out)
 
@@ -310,29 +363,6 @@ class _Unwritten:
             self.fd = None
         else:
             self.path.unlink(missing_ok=True)
-
-
-def _unnamed(folder: Path) -> int | None:
-    """A new file with no name in `folder`, open for writing, or None where the system or the folder's
-    filesystem has none."""
-    flag = getattr(os, "O_TMPFILE", 0)
-    if not flag or not os.path.isdir("/proc/self/fd"):
-        return None
-    try:
-        return os.open(folder, flag | os.O_WRONLY, 0o666)  # less the umask, as llama.cpp's own file would be
-    except OSError:  # EOPNOTSUPP (a filesystem without them), EISDIR (a kernel before 3.11), ...
-        return None
-
-
-def running(pid: int) -> bool:
-    """Whether a process of that id is running (one of another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25,
@@ -438,4 +468,5 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     except BaseException:
         abandon(job)
         raise
+    remember(out, job.made_from)
     return made, modelfile.write(dataclasses.replace(spec, base=made))

@@ -1,0 +1,60 @@
+"""A large file written whole or not at all (a quantized model, a logits file): where the system allows (Linux's
+O_TMPFILE, on most of its filesystems), written as a file with no name in its folder and named only when whole,
+so however the process ends before that (SIGKILL, the OOM killer, a crash) the kernel frees it and nothing is left.
+Else a hidden `.NAME.PID.partial` beside the target, which the next write to that target removes once its process
+is gone (drop_stale)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def open_unnamed(folder: Path) -> int | None:
+    """A new file with no name in `folder`, open for writing, or None where the system or the folder's
+    filesystem has none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY, 0o666)  # less the umask, as a named file would be
+    except OSError:  # EOPNOTSUPP (a filesystem without them), EISDIR (a kernel before 3.11), ...
+        return None
+
+
+def name_it(fd: int, target: Path) -> None:
+    """Give the unnamed file open as `fd` the name `target` (replacing any), in one rename; `fd` stays open."""
+    named = temp_path(target)
+    named.unlink(missing_ok=True)
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:  # linkat with AT_SYMLINK_FOLLOW names the unnamed file (with no dir fd, os.link calls link(), which
+        os.link(f"/proc/self/fd/{fd}", named.name, src_dir_fd=folder, dst_dir_fd=folder)  # links /proc's link)
+    finally:
+        os.close(folder)
+    os.replace(named, target)
+
+
+def temp_path(target: Path) -> Path:
+    """The hidden file written before it is renamed to `target` (where the folder takes no unnamed file), and the
+    name an unnamed one is linked under for that rename."""
+    return target.with_name(f".{target.name}.{os.getpid()}.partial")
+
+
+def drop_stale(target: Path) -> None:
+    """Remove what a write to `target` left behind in a process that ended without its cleanup (killed mid-way,
+    where the folder takes no unnamed file): its temp file, named by a process no longer running."""
+    for path in target.parent.glob(f".{target.name}.*.partial"):
+        pid = path.name[len(target.name) + 2: -len(".partial")]
+        if pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def running(pid: int) -> bool:
+    """Whether a process of that id is running (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
