@@ -281,3 +281,13 @@ def test_a_record_of_this_shape_is_what_tune_makes(own_home: Path, smollm2_path:
                               table=[{"total_s": 1.0}])
     tuning.save(rec)
     assert tuning.records() == [rec] and tuning.records()[0].settings == SETTINGS and tuning.problem() is None
+
+
+def test_the_history_checks_every_field_of_a_ladder_row() -> None:
+    """bench/history.py names a ladder row's fields itself (bench does not import quant): they are quant/ladder.py
+    Row's, so a quality run's rows are neither left out for a field they need not have nor let through without one
+    the view needs."""
+    from localgen.bench import history
+    from localgen.quant.ladder import Row
+
+    assert set(history._QUALITY) | {"reference"} == {f.name for f in dataclasses.fields(Row)}

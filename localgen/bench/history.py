@@ -197,14 +197,11 @@ _OPTIONAL = {"prompt_counted": (int, None), "gen_counted": (int, None), "n_promp
                                      "type_v", "n_cpu_moe", "tensor_buft_overrides")}}
 
 
-def _quality_fields() -> dict[str, Any]:
-    """A ladder row's fields (quant/ladder.py's Row), as history records keep them."""
-    import dataclasses
-
-    from localgen.quant.ladder import Row
-
-    kinds = {"str": str, "int": int, "bool": bool, "float": _NUM, "float | None": (_NUM, None)}
-    return {f.name: kinds[str(f.type)] for f in dataclasses.fields(Row) if f.name != "reference"}
+# a ladder row's fields (quant/ladder.py's Row, which cli/ladderview.py builds back from them; bench does not import
+# quant): its figures, null where not measured
+_QUALITY = {"model": str, "path": str, "type_name": str, "size": int, "bits_per_weight": _NUM, "ppl": _NUM,
+           "ppl_err": _NUM, "fits": str, **{k: (_NUM, None) for k in ("pp_ts", "tg_ts", "kld", "kld_err", "kld_p99",
+                                                                   "kld_max", "same_top", "rms_dp")}}
 
 
 def readable(r: Any) -> bool:
@@ -213,7 +210,7 @@ def readable(r: Any) -> bool:
     if not isinstance(r, dict):
         return False
     if r.get("test") == "quality":
-        want = {**_COMMON, **_quality_fields(), "reference": (bool, None)}
+        want = {**_COMMON, **_QUALITY, "reference": (bool, None)}
     else:
         want = {**_COMMON, **(_SERVING if r.get("client_side") else _SPEED)}
     required = {k: t for k, t in want.items() if not (k == "reference" or k in _OPTIONAL)}
