@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from typing import Any
 
 
 def usable_cores() -> int:
@@ -132,32 +134,93 @@ class GPU:
         return f"GPU({self.name!r}, total={self.total}, free={self.free}, unified={self.unified})"
 
 
+SMI_BYTES = 64 << 10  # of nvidia-smi's output read: a line per GPU, MAX_DEVICES of them, fit many times over
+_QUERY = ["--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"]
+
+
 def gpus() -> list[GPU]:
     """NVIDIA GPUs (through nvidia-smi) or Apple Silicon's unified memory; [] when there is none."""
+    return gpu_listing()[0]
+
+
+def gpu_listing() -> tuple[list[GPU], str | None]:
+    """gpus(), and what of nvidia-smi's output was left out, in words (None: nothing): at most MAX_DEVICES GPUs
+    (llama.cpp's most devices) and SMI_BYTES of output are read, whatever a broken or stand-in nvidia-smi writes."""
     import platform
     import shutil
     import subprocess
 
+    from localgen.types import MAX_DEVICES
+
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         total = total_ram_bytes() or 0
         # Metal may use about three quarters of unified memory (recommendedMaxWorkingSetSize).
-        return [GPU("Apple Silicon (unified memory)", total * 3 // 4, total * 3 // 4, unified=True)]
+        return [GPU("Apple Silicon (unified memory)", total * 3 // 4, total * 3 // 4, unified=True)], None
     exe = shutil.which("nvidia-smi")
     if not exe:
-        return []
+        return [], None
     try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout
+        rc, raw, _ = _bounded_run([exe, *_QUERY])
     except (OSError, subprocess.SubprocessError):
-        return []
-    found = []
-    for line in out.strip().splitlines():
+        return [], None
+    if rc:
+        return [], None
+    cut = len(raw) > SMI_BYTES
+    lines = raw[:SMI_BYTES].decode(errors="replace").strip().splitlines()
+    if cut and lines:
+        lines = lines[:-1]  # the last line read may be cut short
+    found: list[GPU] = []
+    left = 0
+    for line in lines:
         fields = [x.strip() for x in line.rsplit(",", 2)]  # a name may hold a comma; the numbers do not
         if len(fields) == 3 and fields[0]:
-            found.append(GPU(fields[0], _mib(fields[1]), _mib(fields[2])))
-    return found
+            if len(found) == MAX_DEVICES:
+                left += 1
+                continue
+            found.append(GPU(fields[0][:200], _mib(fields[1]), _mib(fields[2])))
+    parts = [f"{left:,} GPU line{'s' if left != 1 else ''} past llama.cpp's {MAX_DEVICES} devices left out"
+             ] if left else []
+    if cut:
+        parts.append(f"nvidia-smi's output past {SMI_BYTES >> 10} KiB not read")
+    return found, "; ".join(parts) or None
+
+
+def _bounded_run(argv: list[str], timeout: float = 5.0) -> tuple[int, bytes, bytes]:
+    """Run `argv` keeping at most SMI_BYTES + 1 of its stdout and of its stderr: (exit status, stdout, stderr). A
+    program still writing past them is killed (exit status 0: what was read is kept); one still running after
+    `timeout` seconds raises subprocess.TimeoutExpired."""
+    import subprocess
+    import threading
+
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    got: dict[str, bytes] = {}
+
+    def read(name: str, stream: Any) -> None:
+        got[name] = stream.read(SMI_BYTES + 1)
+
+    readers = [threading.Thread(target=read, args=(n, f), daemon=True) for n, f in (("out", p.stdout),
+                                                                                     ("err", p.stderr))]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in readers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    over = any(len(v) > SMI_BYTES for v in got.values())
+    try:
+        rc = p.wait(max(0.0, deadline - time.monotonic())) if not over else None
+    except subprocess.TimeoutExpired:
+        rc = None
+    if rc is None:
+        p.kill()
+        p.wait()
+        for t in readers:
+            t.join(1.0)
+    for f in (p.stdout, p.stderr):
+        if f is not None:
+            f.close()
+    if rc is None and not over:
+        raise subprocess.TimeoutExpired(argv, timeout)
+    return rc or 0, got.get("out", b""), got.get("err", b"")
 
 
 def _mib(text: str) -> int | None:
@@ -179,15 +242,15 @@ def why_no_gpu() -> str:
     if not exe:
         return "no nvidia-smi; not Apple Silicon"
     try:
-        r = subprocess.run([exe, "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=5)
+        rc, out, err = _bounded_run([exe, *_QUERY])
     except subprocess.TimeoutExpired:
         return f"{exe} did not answer in 5 s"
     except OSError as e:
         return f"{exe} cannot run: {e.strerror or e}"
-    said = next((line.strip() for line in (r.stderr + "\n" + r.stdout).splitlines() if line.strip()), "")
-    if r.returncode:
-        return f"{exe} failed (exit {r.returncode})" + (f": {said[:200]}" if said else "")
+    text = (err + b"\n" + out).decode(errors="replace")
+    said = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if rc:
+        return f"{exe} failed (exit {rc})" + (f": {said[:200]}" if said else "")
     return f"{exe} lists no GPU" + (f" ({said[:200]})" if said else "")
 
 

@@ -3,7 +3,7 @@
 `localgen tune` measures; a record keeps its winner, keyed by the model file's SHA-256, the llama.cpp build
 and the device, and a load uses it only when all three match. Where no record matches, `rule()` picks, from
 what scripts/bench_defaults.py measured (docs/tune.md; the figures: docs/benchmarks.md, "Defaults and
-`localgen tune`"). Stdlib only.
+`localgen tune`"). Stdlib and filelock only.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import paths
+from localgen.errors import LocalgenError
 
 # the load settings a record holds, in the order they are shown
 TUNABLE = ("flash_attn", "repack", "n_threads", "n_threads_batch", "n_ubatch")
@@ -64,11 +65,51 @@ class Record:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Record:
-        return Record(key=Key(**d["key"]), model=str(d["model"]), size=int(d["size"]), date=str(d["date"]),
-                      settings=dict(d["settings"]), depth=int(d["depth"]), exchange_s=float(d["exchange_s"]),
-                      table=list(d.get("table", [])), partial=bool(d.get("partial", False)),
-                      prompt=int(d.get("prompt", 512)), answer=int(d.get("answer", 256)),
-                      busy=str(d["busy"]) if d.get("busy") else None)
+        """A record as stored; a ValueError (or KeyError, TypeError) for one whose fields have the wrong types or
+        values out of range (a hand edit): a setting no load could use is never applied."""
+        k = d["key"]
+        if not isinstance(k, dict) or set(k) - {f.name for f in dataclasses.fields(Key)}:
+            raise ValueError("key")
+        key = Key(sha256=_str(k, "sha256"), build=_str(k, "build"), device=_str(k, "device"),
+                  streams=_int(k, "streams", 1, 1 << 16, 1), placement=_str(k, "placement", ""))
+        settings = d["settings"]
+        if not isinstance(settings, dict) or set(settings) != set(TUNABLE):
+            raise ValueError("settings")
+        for name in ("flash_attn", "repack"):
+            if not isinstance(settings[name], bool):
+                raise ValueError(name)
+        for name in ("n_threads", "n_threads_batch"):
+            _int(settings, name, 1, MAX_THREADS)
+        _int(settings, "n_ubatch", 1, 1 << 20)
+        exchange_s = d["exchange_s"]
+        if isinstance(exchange_s, bool) or not isinstance(exchange_s, int | float) or not 0 <= exchange_s < 1e12:
+            raise ValueError("exchange_s")
+        table, busy = d.get("table", []), d.get("busy")
+        if not isinstance(table, list) or not isinstance(d.get("partial", False), bool) or not isinstance(
+                busy, str | None):
+            raise ValueError("table, partial or busy")
+        return Record(key=key, model=_str(d, "model"), size=_int(d, "size", 0, 1 << 62), date=_str(d, "date"),
+                      settings=dict(settings), depth=_int(d, "depth", 0, 1 << 30), exchange_s=float(exchange_s),
+                      table=list(table), partial=bool(d.get("partial", False)),
+                      prompt=_int(d, "prompt", 1, 1 << 30, 512), answer=_int(d, "answer", 1, 1 << 30, 256),
+                      busy=busy or None)
+
+
+MAX_THREADS = 1 << 12  # past any machine's cores: a record asking more was edited by hand
+
+
+def _str(d: dict[str, Any], name: str, default: str | None = None) -> str:
+    v = d.get(name, default) if default is not None else d[name]
+    if not isinstance(v, str):
+        raise ValueError(name)
+    return v
+
+
+def _int(d: dict[str, Any], name: str, low: int, high: int, default: int | None = None) -> int:
+    v = d.get(name, default) if default is not None else d[name]
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise ValueError(name)
+    return v
 
 
 def store_path() -> Path:
@@ -76,15 +117,38 @@ def store_path() -> Path:
     return paths.state_dir() / "tuning.json"
 
 
+def _empty() -> dict[str, Any]:
+    return {"format": FORMAT, "records": [], "hashes": []}
+
+
+def _load() -> tuple[dict[str, Any], str | None]:
+    """The records' file as stored, and why it cannot be read (None: it can, or there is none): unreadable as a
+    whole, it holds no record for a load, and is never overwritten (_writable)."""
+    try:
+        raw = store_path().read_bytes()
+    except FileNotFoundError:
+        return _empty(), None
+    except OSError as e:
+        return _empty(), f"it cannot be opened ({(e.strerror or str(e)).lower()})"
+    if not raw.strip():  # made empty by a write that failed (a full disk): nothing was kept in it
+        return _empty(), None
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:  # not UTF-8 is a ValueError too
+        return _empty(), f"it is not JSON ({getattr(e, 'msg', e)})"
+    if not isinstance(doc, dict):
+        return _empty(), "it holds no JSON object"
+    if doc.get("format") != FORMAT:
+        shown = json.dumps(doc.get("format"))[:40]
+        return _empty(), f"its format is {shown}, not {FORMAT} (written by another version of localgen?)"
+    return doc, None
+
+
 def _read(unreadable: list[int] | None = None) -> dict[str, Any]:
     """The records' file, with only the records this version can read (a hand-edited or damaged one is left out,
-    and dropped at the next write); how many were left out is appended to `unreadable`."""
-    try:
-        doc = json.loads(store_path().read_text())
-    except (OSError, ValueError):
-        return {"format": FORMAT, "records": [], "hashes": []}
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        return {"format": FORMAT, "records": [], "hashes": []}
+    and dropped at the next write); how many were left out is appended to `unreadable`. A file unreadable as a
+    whole reads as holding nothing (damage() says why)."""
+    doc, _ = _load()
     given = doc.get("records")
     given = given if isinstance(given, list) else [given] if given is not None else []
     doc["records"] = [d for d in given if _readable(d)]
@@ -111,11 +175,71 @@ def unreadable() -> int:
     return count[0] if count else 0
 
 
+def damage() -> str | None:
+    """Why the records' file cannot be read at all (cut short, not JSON, another version's format), or None."""
+    return _load()[1]
+
+
+def problem() -> str | None:
+    """One line on what of the records' file cannot be used (the whole file, or some records), or None."""
+    why = damage()
+    if why is not None:
+        return (f"the tuning records {store_path()} cannot be read: {why}; none is used, and the file is never "
+                "overwritten (move it aside to start anew)")
+    n = unreadable()
+    if n:
+        return (f"{n} tuning record{'s' if n != 1 else ''} in {store_path()} cannot be read (wrong fields or "
+                f"types): {'it is' if n == 1 else 'they are'} left out")
+    return None
+
+
+class Unreadable(LocalgenError):
+    """The records' file cannot be read as a whole: it is kept as it is, never overwritten."""
+
+
+def _writable() -> None:
+    """Raise Unreadable where the records' file cannot be read: writing would lose every record in it."""
+    why = damage()
+    if why is not None:
+        raise Unreadable(f"the tuning records {store_path()} cannot be read: {why}; it is never overwritten",
+                         hint="move it aside (the next tune starts a new file), or mend it")
+
+
+def check_writable() -> None:
+    """Before measuring: the records' file can be read, and its folder written with room to spare, so that a
+    tune's minutes are not lost at the end (a LocalgenError naming the file)."""
+    from localgen.sqlitedb import cannot_write
+
+    _writable()
+    path = store_path()
+    try:
+        paths.private_dir(path.parent)
+    except OSError as e:
+        raise _cannot_write(e) from None
+    if cannot_write(path.parent):
+        raise LocalgenError(f"the tuning records {path} cannot be written: "
+                            + ("its folder is read-only" if not os.access(path.parent, os.W_OK) else
+                               "no space is left on its disk"),
+                            hint="free some space, or set LOCALGEN_HOME to a state dir that can be written")
+
+
+def _cannot_write(e: OSError) -> LocalgenError:
+    return LocalgenError(f"the tuning records {store_path()} cannot be written: {(e.strerror or str(e)).lower()}",
+                         hint="free some space, or set LOCALGEN_HOME to a state dir that can be written")
+
+
 def _write(doc: dict[str, Any]) -> None:
-    path = paths.private_file(store_path())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+    """Replace the file with `doc` in one step; a failure (a full disk) leaves the file as it was, no temporary
+    behind, and is one LocalgenError naming the file."""
+    tmp = store_path().with_name(f".{store_path().name}.{os.getpid()}.tmp")
+    try:
+        path = paths.private_file(store_path())
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise _cannot_write(e) from None
 
 
 @contextlib.contextmanager
@@ -124,9 +248,16 @@ def _locked() -> Any:
     from filelock import FileLock
 
     path = store_path()
-    paths.private_dir(path.parent)
-    with FileLock(str(path) + ".lock", timeout=30):
+    try:
+        paths.private_dir(path.parent)
+        lock = FileLock(str(path) + ".lock", timeout=30)
+        lock.acquire()
+    except OSError as e:
+        raise _cannot_write(e) from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def records() -> list[Record]:
@@ -139,6 +270,7 @@ def save(record: Record) -> Record | None:
     replaces a whole one: that one stays as it was, and is returned (None: `record` was kept)."""
     key = dataclasses.asdict(record.key)
     with _locked():
+        _writable()
         doc = _read()
         if record.partial:
             for d in doc["records"]:
@@ -161,6 +293,7 @@ def reset(sha256: str | None = None, model: str | None = None) -> int:
             model is not None and d.get("model") == model)
 
     with _locked():
+        _writable()
         doc = _read()
         before = len(doc["records"])
         doc["records"] = [d for d in doc["records"] if not mine(d)]
@@ -181,7 +314,8 @@ def file_sha256(path: str | Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     digest = h.hexdigest()
-    with contextlib.suppress(OSError, TimeoutError), _locked():
+    with contextlib.suppress(LocalgenError, TimeoutError), _locked():
+        _writable()  # a file that cannot be read is kept as it is: the hash is computed again next time
         doc = _read()
         doc["hashes"] = [e for e in doc["hashes"] if isinstance(e, list) and e[:1] != stamp[:1]]
         doc["hashes"] = [*doc["hashes"], [*stamp, digest]][-_MAX_HASHES:]
@@ -223,10 +357,13 @@ def rule_flash_attn(offload_to: str = "") -> tuple[bool, str]:
 def first_sight(model_path: str | Path) -> bool:
     """Whether no load or pull here has seen this model file before; marks it seen (for the one-time tip)."""
     key = str(Path(model_path).resolve())
-    if key in _read().get("seen", []):
+    seen = _read().get("seen", [])
+    if isinstance(seen, list) and key in seen:
         return False
-    with contextlib.suppress(OSError, TimeoutError), _locked():
+    with contextlib.suppress(LocalgenError, TimeoutError), _locked():
+        _writable()
         doc = _read()
-        doc["seen"] = [*doc.get("seen", []), key][-1000:]
+        seen = doc.get("seen", [])
+        doc["seen"] = [*(seen if isinstance(seen, list) else []), key][-1000:]
         _write(doc)
     return True

@@ -129,6 +129,7 @@ class Run:
     system: dict[str, Any]
     records: list[dict[str, Any]]
     damaged: int = 0  # results kept in the file that no longer read as a record (left out of `records`)
+    system_damaged: bool = False  # its machine and build no longer read as such: `system` is empty
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ def get(run_id: int) -> Run:
         if not records and not damaged:  # an earlier localgen's run killed before its first result
             raise LocalgenError(f"benchmark run {run_id} kept no result: it was stopped before its first",
                                 hint="localgen bench history lists the runs with results")
-        return Run(row[0], row[1], row[2], _system(row[3]), records, damaged)
+        system = _system(row[3])
+        return Run(row[0], row[1], row[2], system or {}, records, damaged, system is None)
 
 
 def _records(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], int]:
@@ -171,13 +173,72 @@ def _records(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]
     those are left out, so the rest of the run, and every other run, still reads."""
     rows = conn.execute("SELECT record FROM results WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
     found = [_json(r[0]) for r in rows]
-    records = [r for r in found if isinstance(r, dict)]
+    records = [r for r in found if readable(r)]
     return records, len(found) - len(records)
 
 
-def _system(text: Any) -> dict[str, Any]:
+_NUM = "number"  # an int or a float, never a bool
+_SCALAR = "scalar"  # what a setting may be: a key compare pairs rows by, and a table cell
+_TYPES: dict[Any, tuple[type, ...]] = {str: (str,), int: (int,), bool: (bool,), _NUM: (int, float),
+                                       _SCALAR: (str, int, float, bool, type(None))}
+# the fields the views read (bench/records.py rows, bench/serving.py table, cli/bench/past.py compare), by kind;
+# (T, None): the field may be null
+_COMMON = {"model_filename": str, "model_name": str, "test": str}
+_SPEED = {"model_type": str, "backends": str, "model_size": int, "model_n_params": int, "avg_ts": _NUM,
+          "stddev_ts": _NUM, "load_s": _NUM, "ttft_ms": (_NUM, None), "itl_p50_ms": (_NUM, None),
+          "itl_p99_ms": (_NUM, None), "peak_rss_bytes": (int, None), "limit_share": (_NUM, None)}
+_SERVING = {"endpoint": str, "n_parallel": int, "request_rate": str, "requests": int, "failed": int, "avg_ts": _NUM,
+            "req_per_s": _NUM, **{f"{w}_{p}_ms": (_NUM, None) for w in ("ttft", "itl", "e2e")
+                                  for p in ("p50", "p90", "p99") if f"{w}_{p}" != "ttft_p50"},
+            "ttft_ms": (_NUM, None)}
+_OPTIONAL = {"prompt_counted": (int, None), "gen_counted": (int, None), "n_prompt": int, "n_gen": int,
+             "batching": (str, None), "kv_unified": (bool, None), "kld_bound": _NUM,
+             **{k: _SCALAR for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k",
+                                     "type_v", "n_cpu_moe", "tensor_buft_overrides")}}
+
+
+# a ladder row's fields (quant/ladder.py's Row, which cli/ladderview.py builds back from them; bench does not import
+# quant): its figures, null where not measured
+_QUALITY = {"model": str, "path": str, "type_name": str, "size": int, "bits_per_weight": _NUM, "ppl": _NUM,
+           "ppl_err": _NUM, "fits": str, **{k: (_NUM, None) for k in ("pp_ts", "tg_ts", "kld", "kld_err", "kld_p99",
+                                                                   "kld_max", "same_top", "rms_dp")}}
+
+
+def readable(r: Any) -> bool:
+    """Whether a stored result still reads as a record the views can show: the fields they read are there, of
+    their types (a hand edit, or a damaged file, can leave `{}` or "avg_ts": "fast")."""
+    if not isinstance(r, dict):
+        return False
+    if r.get("test") == "quality":
+        want = {**_COMMON, **_QUALITY, "reference": (bool, None)}
+    else:
+        want = {**_COMMON, **(_SERVING if r.get("client_side") else _SPEED)}
+    required = {k: t for k, t in want.items() if not (k == "reference" or k in _OPTIONAL)}
+    if any(k not in r for k in required):
+        return False
+    return all(_typed(r[k], t) for k, t in {**_OPTIONAL, **want}.items() if k in r)
+
+
+def _typed(v: Any, t: Any) -> bool:
+    kinds = t if isinstance(t, tuple) else (t,)
+    if v is None:
+        return None in kinds or _SCALAR in kinds
+    return any(k is not None and isinstance(v, _TYPES[k]) and not (isinstance(v, bool) and k in (int, _NUM))
+               for k in kinds)
+
+
+SYSTEM = {"localgen_version": str, "build_commit": str, "backends": str, "cpu_info": str, "cores": int,
+          "gpu_info": str}  # the header's fields (cli/bench/view.py)
+
+
+def _system(text: Any) -> dict[str, Any] | None:
+    """A run's machine and build; None where it no longer reads as one (its header then shows none)."""
     found = _json(text)
-    return found if isinstance(found, dict) else {}
+    if not isinstance(found, dict) or not all(k in found and _typed(found[k], t) for k, t in SYSTEM.items()):
+        return None
+    if not all(_typed(found[k], t) for k, t in (("ram", (int, None)), ("bandwidth", (_NUM, None))) if k in found):
+        return None
+    return found
 
 
 def _json(text: Any) -> Any:

@@ -63,11 +63,16 @@ def prompts(n: int, words: int, seed: int, same: bool = False) -> list[str]:
     return [f"{nonce.getrandbits(32):08x} {prompt_text(words - 1, rng)}" for _ in range(n)]
 
 
+MIN_RATE = 1 / 86400  # one request a day: a slower rate is no benchmark (and its waits overflow time.sleep)
+
+
 def measure(client: Any, concurrency: int, rate: float, n: int, prompt_words: int, gen: int, seed: int,
             same_prompt: bool = False) -> Point:
-    """Send n requests at most `concurrency` at a time, arriving at `rate` per second."""
+    """Send n requests at most `concurrency` at a time, arriving at `rate` per second (MIN_RATE or more)."""
     from localgen.remote.client import RemoteGeneration
 
+    if not rate >= MIN_RATE:
+        raise ValueError(f"a request rate of {rate!r} a second is below one a day")
     rng = random.Random(seed)
     texts = prompts(n, prompt_words, seed, same_prompt)
     arrivals, t = [], 0.0

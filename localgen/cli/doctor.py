@@ -62,7 +62,7 @@ def doctor(
     print(f"CPU       {hardware.cpu_name()} · threads: {hardware.physical_cores()} for generation (physical "
           f"performance cores), {hardware.usable_cores()} for prompts and batches (logical CPUs usable)")
     print(f"RAM       {format_bytes(ram)} ({format_bytes(avail)} available)")
-    gpus = hardware.gpus()
+    gpus, left_out = hardware.gpu_listing()
     if gpus:
         for g in gpus:
             if g.total is None or g.free is None:
@@ -70,6 +70,8 @@ def doctor(
                       "plans ask llama.cpp's CUDA backend, else keep the model off it")
             else:
                 print(f"GPU       {g.name} · {format_bytes(g.total)} ({format_bytes(g.free)} free)")
+        if left_out:
+            print(f"GPU       {left_out}")
     else:
         print(f"GPU       none found ({hardware.why_no_gpu()})")
     info = backend_info()

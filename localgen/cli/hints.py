@@ -27,12 +27,21 @@ def tune_tip(tty: bool, say: Callable[[str], object], name: str, path: str,
 
 
 _NOTED: set[str] = set()  # model files whose tuning record this process has named
+_WARNED: list[bool] = []  # whether this process said what of the tuning records cannot be used
 
 
 def record_note(say: Callable[[str], object], name: str, path: str, values: dict[str, Any],
                 origins: dict[str, str]) -> None:
     """Once per model file in a process, whatever the output: the load settings a tuning record gave (a record
-    made long ago, or on a busy machine, is never a silent default). `values`: each setting's value."""
+    made long ago, or on a busy machine, is never a silent default). `values`: each setting's value. Once in a
+    process, where a record could have set something: what of the records' file cannot be read (records are never
+    lost without a word)."""
+    if not _WARNED and any(o != "flag" for o in origins.values()):
+        from localgen import tuning
+
+        _WARNED.append(True)
+        if (problem := tuning.problem()) is not None:
+            say(f"warning: {problem}")
     taken = {k: o for k, o in origins.items() if o.startswith(("tuned", "partly tuned"))}
     if not taken or path in _NOTED:
         return

@@ -73,8 +73,11 @@ def tune(
         _measures_nothing(ctx, knobs, "--show" if show else "--reset", allowed=("model",) if reset else ("as_json",))
     bad = tuning.unreadable() if show or reset else 0
     if show:
+        damage = tuning.problem() if tuning.damage() else None
+        if damage is not None:  # a file unreadable as a whole: said, never taken for "no records"
+            print(f"warning: {damage}", file=sys.stderr)
         _unreadable(bad, "left out")
-        _show(tuning.records(), as_json)
+        _show(tuning.records(), as_json, quiet=damage is not None)
         return
     if reset:
         n = _forget(model) if model is not None else tuning.reset()
@@ -92,6 +95,8 @@ def tune(
 
     for text in unmatched_overrides(ref, params.override_tensor):  # measured as placed: say one places nothing
         ErrWriter().warn(text)
+    _check_memory(ref, plan, parallel)
+    tuning.check_writable()  # a record that cannot be kept is refused before the minutes of measuring
     _run(ref, plan, parallel, as_json, even_if_busy)
 
 
@@ -222,13 +227,40 @@ def _plan(ref: Any, depth: int | None, prompt: int, answer: int, load: Any) -> _
                  pairs, placed(load))
 
 
+def _seq_ctx(plan: _Plan) -> int:
+    """Each stream's context in the tune's probe: the depth, the prompt, the measured steps and a margin."""
+    return max(plan.depths) + plan.prompt + plan.steps + 8
+
+
+def _check_memory(ref: Any, plan: _Plan, parallel: int) -> None:
+    """Refuse, before anything loads, a tune whose weights and KV cache (every stream's cells: --parallel N times
+    one context) do not fit this machine's memory, by the plan `run` loads by (models/fit.py)."""
+    from localgen.errors import LocalgenError
+    from localgen.models import fit, footprint
+    from localgen.types import LoadParams
+    from localgen.units import format_bytes
+
+    n_ctx = _seq_ctx(plan)
+    load = LoadParams(n_ctx=n_ctx, override_tensor=plan.placement, n_gpu_layers=None if plan.offloaded else 0)
+    p = fit.plan(ref.summary, footprint.layout(ref.path), fit.this_machine(plan.offloaded), load, ctx=n_ctx,
+                 parallel=parallel, shrink=False)
+    if p.fits:
+        return
+    kv = fit.kv_bytes(ref.summary, n_ctx) * parallel
+    streams = f"{parallel} streams of {n_ctx:,} tokens" if parallel > 1 else f"a context of {n_ctx:,} tokens"
+    raise LocalgenError(f"tuning {ref.name} with {streams} needs {format_bytes(kv)} of KV cache beside the weights: "
+                        f"more than this machine's {p.short_of} holds",
+                        hint="tune with fewer --parallel streams, or a shorter --prompt or --depth")
+
+
 def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool) -> None:
     from localgen import tuning
     from localgen.cli.output import ErrWriter
     from localgen.engine.defaults import build_id, device_id
 
     err = ErrWriter()
-    load = CpuLoad.before(err)
+    load = CpuLoad.before(err, "the record is kept all the same (--even-if-busy), marked with what was seen"
+                          if even_if_busy else "the record is not kept unless --even-if-busy")
     points: dict[tuple[bool, bool], list[Any]] = {}
     view = _View(plan.count)
     interrupted = False
@@ -260,13 +292,14 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
         table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer, busy=busy,
     )
-    whole = tuning.save(record) if busy is None or even_if_busy else None  # an earlier whole tune, kept instead
-    if as_json:
+    if as_json:  # the figures first: a record that then cannot be written (a full disk) loses none of them
         import json
 
         sys.stdout.write(json.dumps(record.to_json()) + "\n")
     else:
         _print_table(table, plan, parallel)
+    sys.stdout.flush()
+    whole = tuning.save(record) if busy is None or even_if_busy else None  # an earlier whole tune, kept instead
     took = time.perf_counter() - started
     if busy is not None and not even_if_busy:
         err.error(f"not kept: other work took {busy}, so these figures reflect it (and favour fewer threads)",
@@ -294,7 +327,7 @@ def _measure(ref: Any, plan: _Plan, parallel: int, config: tuple[bool, bool], th
 
     stop()
     repack, fa = config
-    probe = Probe(ref, repack, fa, max(plan.depths) + plan.prompt + plan.steps + 8, parallel,
+    probe = Probe(ref, repack, fa, _seq_ctx(plan), parallel,
                   cpu_only=not plan.offloaded, prompt=plan.prompt, placement=plan.placement, check=stop)
     try:
         from localgen import hardware
@@ -398,7 +431,7 @@ def _print_table(table: list[dict[str, Any]], plan: _Plan, parallel: int) -> Non
         print(f"    ... {len(table) - 8} slower combinations (--json lists all)")
 
 
-def _show(records: list[Any], as_json: bool) -> None:
+def _show(records: list[Any], as_json: bool, quiet: bool = False) -> None:
     if as_json:
         import json
 
@@ -406,7 +439,8 @@ def _show(records: list[Any], as_json: bool) -> None:
             sys.stdout.write(json.dumps(r.to_json()) + "\n")
         return
     if not records:
-        print("no tuning records (localgen tune -m MODEL makes one)", file=sys.stderr)
+        if not quiet:
+            print("no tuning records (localgen tune -m MODEL makes one)", file=sys.stderr)
         return
     for r in records:
         s = r.settings

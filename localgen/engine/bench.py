@@ -37,6 +37,7 @@ class BenchContext:
     def _decode(self, tokens: list[int]) -> None:
         batch, _keep = native_batch.of_tokens(tokens)
         rc = context.decode(self.ctx, batch)
+        logs.raise_deferred()  # a Ctrl-C that stopped it (ret = 2, through the abort check) first
         if rc != 0:
             raise LocalgenError(f"llama_decode failed ({rc}) during the benchmark", hint="try a smaller size or --ctx")
         logs.raise_deferred()
@@ -46,13 +47,22 @@ class BenchContext:
         return [self.rng.randrange(self.n_vocab) for _ in range(n)]
 
     def prompt(self, n: int) -> float:
-        """Process n random tokens in n_batch slices; seconds taken."""
+        """Process n random tokens in n_batch slices; seconds taken. A second Ctrl-C (bench's first only asks to
+        stop after the repetition) stops a slice where it is, as tune's prompts stop: llama.cpp's abort check,
+        asked once per operation of the decode, a cost lost beside a prompt's own work (not set around the
+        generated tokens, each soon over, where it would weigh on what is timed)."""
         toks = self.tokens(n)
-        t0 = time.perf_counter()
-        for i in range(0, n, self.n_batch):
-            self._decode(toks[i:i + self.n_batch])
-        context.synchronize(self.ctx)
-        return time.perf_counter() - t0
+        abort = context.stop_on_ctrl_c(self.ctx)
+        try:
+            t0 = time.perf_counter()
+            for i in range(0, n, self.n_batch):
+                self._decode(toks[i:i + self.n_batch])
+            context.synchronize(self.ctx)
+            return time.perf_counter() - t0
+        finally:
+            if abort is not None:
+                context.set_abort(self.ctx, None)
+                del abort  # referenced until llama.cpp no longer holds it
 
     def generate(self, n: int) -> list[float]:
         """Decode n tokens one at a time; the seconds each took."""

@@ -72,7 +72,13 @@ def _list_runs(rows: list[Any], output: str | None) -> None:
 
 
 def _say_damaged(run: Any) -> None:
-    """One line on stderr for results of a run that no longer read as records (left out of what is shown)."""
+    """One line on stderr for results of a run that no longer read as records (left out of what is shown), and
+    one for a run whose machine and build no longer read as such (its header left out)."""
+    if run.system_damaged:
+        from localgen.cli.output import ErrWriter
+
+        ErrWriter().warn(f"run {run.id}: its machine and build in the history no longer read as such (damaged): "
+                         "left out of its header")
     if run.damaged:
         from localgen.cli.output import ErrWriter, plural
 

@@ -125,7 +125,9 @@ def _print_results(results: list[dict[str, Any]], output: str | None) -> None:
 
 
 def _rates(rates: Values) -> list[float]:
-    """--request-rate values: positive numbers, or inf."""
+    """--request-rate values: positive numbers of at least one request a day (serving.MIN_RATE), or inf."""
+    from localgen.bench.serving import MIN_RATE
+
     out: list[float] = []
     for text in (v for item in (rates or ["inf"]) for v in item.split(",")):
         try:
@@ -134,6 +136,9 @@ def _rates(rates: Values) -> list[float]:
             raise UsageError(f"--request-rate takes numbers or inf, not {text!r}") from None
         if not rate > 0:
             raise UsageError(f"--request-rate must be above 0, not {text!r}")
+        if rate < MIN_RATE:
+            raise UsageError(f"--request-rate {text} is below one request a day ({MIN_RATE:.7f} a second): "
+                             "too slow to measure anything", hint="give a rate of 0.0000116 or more, or inf")
         out.append(rate)
     return out
 

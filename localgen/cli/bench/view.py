@@ -111,6 +111,8 @@ class ProgressView:
 
 
 def header(system: dict[str, Any]) -> str:
+    if not system:  # a run whose machine and build no longer read as such (history.Run.system_damaged)
+        return "machine and build unknown (damaged in the history)"
     ram = format_bytes(system.get("ram")) if system.get("ram") else "?"
     bw = f" · memory bandwidth {system['bandwidth'] / 1e9:.1f} GB/s" if system.get("bandwidth") else ""
     return (f"localgen {system['localgen_version']} · {system['build_commit']} · backend {system['backends']}\n"
