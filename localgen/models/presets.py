@@ -245,9 +245,24 @@ def _check_new_name(name: str, using: str) -> None:
     alone, not a warning too."""
     from localgen.models import catalogue
 
+    from localgen.models import quantized
+
     check_name(name)
-    if canonical(name) in catalogue.read(using=using.partition("@")[0]).entries:
-        raise UsageError(f"{name!r} is a catalogue model's name; a preset needs a name of its own")
+    cat = catalogue.read(using=using.partition("@")[0])
+    # every spelling `show NAME` (models/resolve.py's _latest) would look up, NAME and NAME:latest alike
+    key = canonical(name)
+    spellings = list(dict.fromkeys((name, key, f"{key}{LATEST}")))
+    for held in spellings:
+        if held in cat.entries or held in cat.broken:
+            whose = (f"a catalogue model's name{f' ({held})' if held != name else ''}"
+                     if held in catalogue.shipped_names() else
+                     f"the name of your catalogue entry {held} ({catalogue.user_file()})")
+            raise UsageError(f"{name!r} is {whose}; a preset needs a name of its own")
+    for held in spellings:
+        path = quantized.find(held)
+        if path is not None:
+            raise UsageError(f"{name!r} is the name of the quantized model {held} ({path}); a preset needs a name "
+                             "of its own")
 
 
 # The model a name means, from what is on this machine (models/resolve.py's resolve, offline, given by the
