@@ -264,6 +264,16 @@ def test_a_preset_never_takes_a_name_another_model_answers_to(pcli: InProcessCLI
         (tmp_path / "home" / "data" / "presets").iterdir())
 
 
+def test_a_modelfile_may_start_with_a_byte_order_mark(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """A Modelfile saved with a UTF-8 byte order mark was refused (`unknown instruction '\\ufeffFROM'`); Ollama
+    reads it, and so does localgen."""
+    (tmp_path / "Modelfile").write_text("FROM smollm2:135m\nSYSTEM Be brief.\n", encoding="utf-8-sig")
+    assert (tmp_path / "Modelfile").read_bytes().startswith(b"\xef\xbb\xbfFROM")
+    r = pcli("create", "bom", "-f", str(tmp_path / "Modelfile"))
+    assert r.returncode == 0, r.stderr
+    assert pcli("show", "bom", "--modelfile").stdout == "FROM smollm2:135m\nSYSTEM Be brief.\n"
+
+
 def test_from_a_preset_layers_on_it(pcli: InProcessCLI, tmp_path: Path) -> None:
     (tmp_path / "Modelfile").write_text(TERSE)
     assert pcli("create", "terse", "-f", str(tmp_path / "Modelfile")).returncode == 0

@@ -433,6 +433,9 @@ def _check_flags(f: EmbedArgs) -> None:
         raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
+    if f.pooling == "rank":  # whatever the model: rank pooling is a reranker's scores
+        raise UsageError("--pooling rank needs a reranker model and gives relevance scores, not embeddings: "
+                         "`localgen rerank -m RERANKER` scores documents", hint="choose --pooling mean, cls or last")
     o.refuse_empty(("--store", f.store))
     if f.store and controls(f.store):  # one line a collection, wherever listed
         raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
