@@ -455,6 +455,20 @@ def test_pull_list_shows_fit_and_recommendation(env: dict[str, str], hub: hub_se
     assert "★ recommended" in table.stdout and "FIT" in table.stdout
 
 
+def test_pull_list_of_a_truncated_header_names_the_repos_file(env: dict[str, str], hub: hub_server.FakeHub,
+                                                              model_file: hub_server.HubFile) -> None:
+    """A repo file whose header is cut short: --list named the temporary file its start was read into
+    (/tmp/tmpXXXX.gguf) and said "download it again", though nothing was downloaded."""
+    assert isinstance(model_file.source, Path)
+    cut = model_file.source.read_bytes()[:100_000]  # inside SmolLM2's header (its vocabulary alone is longer)
+    hub.repos["acme/Trunc-GGUF"] = hub_server.HubRepo(COMMIT, {"trunc-Q4_1.gguf": hub_server.HubFile(cut)})
+    r = lg(env, "pull", "acme/Trunc-GGUF", "--list")
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr == ("localgen: error: acme/Trunc-GGUF/trunc-Q4_1.gguf is not a usable GGUF file: it ends in the "
+                        "middle of its header (the repo's file is damaged or not a model llama.cpp can load; "
+                        "nothing was downloaded)\n"), r.stderr
+
+
 def test_pull_list_judges_for_a_described_card_as_fit_does(env: dict[str, str], hub: hub_server.FakeHub,
                                                            moe_path: Path) -> None:
     """pull --list --gpu-memory SIZE: the planner's verdict for a card described, before pulling, the one
