@@ -696,6 +696,35 @@ sha256sum "$D/hf/models--acme--Other-GGUF/blobs/$OTHER" "$D/hf/models--$REPO_DIR
 '''
 
 
+def test_pull_of_a_model_a_read_only_cache_holds_whole_writes_nothing(env: dict[str, str], hub: hub_server.FakeHub,
+                                                                    model_file: hub_server.HubFile) -> None:
+    """A model the cache holds whole, the cache read-only (a bind mount in a mount namespace of its own): pull
+    failed with `cannot write ../../blobs/SHA: Permission denied` (the link's target, not a path), as it made the
+    snapshot link again; it needs no write, so it succeeds. Where a write is needed (another name of the same blob:
+    its link), the error names the path in the cache."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    first = lg(env, "pull", f"{REPO}:Q4_1")
+    assert first.returncode == 0, first.stderr
+    cache = env["HF_HUB_CACHE"]
+    before = sorted((str(p), p.lstat().st_mtime_ns) for p in Path(cache).rglob("*"))
+
+    def read_only(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$C" "$C" && exec "$PY" -m localgen '
+                               '"$@"', "sh", *args], env={**env, "C": cache, "PY": sys.executable},
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    r = read_only("pull", f"{REPO}:Q4_1")
+    assert (r.returncode, r.stdout) == (0, first.stdout), r.stderr
+    assert "error" not in r.stderr, r.stderr
+    assert sorted((str(p), p.lstat().st_mtime_ns) for p in Path(cache).rglob("*")) == before
+    r = read_only("pull", f"{REPO}:Q8_0")  # the same bytes: its blob is there, its snapshot link is not
+    link = Path(cache) / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT / "smollm2-135m-instruct-Q8_0.gguf"
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr.splitlines()[-1] == (f"localgen: error: cannot write {link} in the Hugging Face cache: "
+                                         "Read-only file system"), r.stderr
+
+
 def test_a_real_full_disk_stops_the_pull_keeps_what_arrived_and_the_next_pull_resumes(
         env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile, tmp_path: Path) -> None:
     """A cache on a tmpfs that fills during a download (ENOSPC from the kernel, not a stand-in): the pull stops at

@@ -243,9 +243,7 @@ def _write(p: Preset, replace: bool, path: Path) -> None:
 def _check_new_name(name: str, using: str) -> None:
     """`using`: the model the preset is made from (NAME[@QUANT]), whose bad user catalogue entry is then its error
     alone, not a warning too."""
-    from localgen.models import catalogue
-
-    from localgen.models import quantized
+    from localgen.models import catalogue, quantized
 
     check_name(name)
     cat = catalogue.read(using=using.partition("@")[0])
