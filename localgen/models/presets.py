@@ -263,6 +263,15 @@ def _check_new_name(name: str, using: str) -> None:
                              "of its own")
 
 
+def check_quantized_name(name: str) -> None:
+    """A UsageError when the name of a model to quantize is a catalogue model's or a preset's (here, not in
+    models/quantized.py, which presets.py reads: a preset never takes a quantized model's name either)."""
+    from localgen.models import catalogue
+
+    if name in catalogue.load() or exists(name):
+        raise UsageError(f"{name!r} is already a catalogue model or a preset", hint="give another --name")
+
+
 # The model a name means, from what is on this machine (models/resolve.py's resolve, offline, given by the
 # caller: resolve() reads presets, so this module does not import it)
 BaseLookup = Callable[[str], ModelRef]
