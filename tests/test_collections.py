@@ -469,3 +469,82 @@ def test_collections_on_a_read_only_disk_are_read_and_a_store_says_it_cannot_wri
                             "read-only (the collections in it can still be read: similar, collections, run "
                             "--rag)\n"), (args, r.stderr)
     assert sorted(_held(hcli, "notes").values()) == sorted(LINES)
+
+
+def test_a_later_store_with_another_file_of_the_same_name_is_refused(hcli: CLI, bert: str, tmp_path: Path) -> None:
+    """docs/embed.md: a collection keeps its model's fingerprint (its file's content), not only its file's name: a
+    store from another tiny-bert.gguf (other weights) was taken ("notes: 1 embedded and stored") and mixed two
+    models' vectors. The same file elsewhere (copied, moved, downloaded again) is the same model. A collection
+    made before fingerprints were recorded is compared by name, and its next store records its model."""
+    import shutil
+
+    _store(hcli, bert, "notes", *LINES)
+    other = tmp_path / "other" / "tiny-bert.gguf"
+    other.parent.mkdir()
+    shutil.copyfile(bert, other)
+    with open(other, "r+b") as f:  # the last weight of the last tensor, its lowest bit: another model
+        f.seek(-4, 2)
+        byte = f.read(1)
+        f.seek(-4, 2)
+        f.write(bytes([byte[0] ^ 1]))
+    before = _held(hcli, "notes")
+    refused = ("localgen: error: collection 'notes' holds vectors of another tiny-bert.gguf (a file of that name "
+               f"with other content), not of this one (use -m {bert}, or another collection name)\n")
+    for args in (["a dog"], ["a dog", "--replace"], list(LINES)):
+        r = hcli("embed", "-m", str(other), "--store", "notes", *args)
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", refused), args
+    assert _held(hcli, "notes") == before
+    same = tmp_path / "copy" / "tiny-bert.gguf"
+    same.parent.mkdir()
+    shutil.copyfile(bert, same)
+    assert _store(hcli, str(same), "notes", "a dog") == "notes: 1 embedded and stored, 0 unchanged\n"
+    with closing(sqlite3.connect(_db(hcli))) as conn, conn:  # as a collection was kept before
+        conn.execute("ALTER TABLE collections DROP COLUMN model_id")
+    assert [c["name"] for c in _listed(hcli)] == ["notes"]
+    assert hcli("similar", "notes", "a cat", "-n", "1").returncode == 0
+    assert _store(hcli, bert, "notes", "a bird") == "notes: 1 embedded and stored, 0 unchanged\n"
+    r = hcli("embed", "-m", str(other), "--store", "notes", "a fish")
+    assert (r.returncode, r.stderr) == (2, refused), r.stderr
+    # a collection's -m that now means another file (replaced; a relative path from another folder): `similar`
+    # and --rag would rank its vectors against another model's query
+    _store(hcli, str(other), "others", *LINES)
+    shutil.copyfile(bert, other)
+    for args in (["similar", "others", "a cat"],
+                 ["run", "-m", "smollm2:135m", "--rag", "others", "-p", "hi", "-n", "1"]):
+        r = hcli(*args)
+        assert (r.returncode, r.stdout) == (2, ""), (args, r.stderr)
+        assert r.stderr.startswith(f"localgen: error: the collection 'others' was made with another tiny-bert.gguf "
+                                   f"than {other} is now (a file of other content)"), (args, r.stderr)
+
+
+FULL_DISK_STORE = r'''
+set -u
+mount -t tmpfs -o size=3m tmpfs "$H" || exit 99
+"$PY" -m localgen embed -m "$BERT" --file "$T/docs.txt" --store horses >/dev/null 2>"$T/store.err"
+echo "store rc=$?"
+"$PY" -m localgen collections --json 2>"$T/list.err"
+'''
+
+
+def test_a_first_store_that_fails_for_a_full_disk_leaves_no_collection(hcli: CLI, bert: str, tmp_path: Path) -> None:
+    """A first `embed --store` on a disk that fills (a real tmpfs, ENOSPC from the kernel) said "no space is
+    left", yet `collections` listed the collection with 0 entries, tied to that model: its record was kept
+    apart from its texts. It is made with them now, in one transaction, so a run that fails stores nothing."""
+    import shutil
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    # 3.6 MB, more than the disk holds, in a few tokens a text (spaces make none): quick to embed
+    lines = [f"horse {i}" + " " * 30_000 + f"field {i}" for i in range(120)]
+    (tmp_path / "docs.txt").write_text("\n".join(lines) + "\n")
+    home = Path(hcli.env["LOCALGEN_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**hcli.env, "H": str(home), "T": str(tmp_path), "PY": sys.executable, "BERT": bert}
+    r = subprocess.run(["unshare", "-m", "sh", "-c", FULL_DISK_STORE], env=env, capture_output=True, text=True,
+                       timeout=SAFETY_NET_S)
+    failed = (tmp_path / "store.err").read_text()
+    assert r.returncode == 0 and "store rc=1" in r.stdout, (r.stdout, r.stderr, failed)
+    assert failed.endswith("cannot be written: no space is left on its disk (the collections in it can still be "
+                           "read: similar, collections, run --rag)\n"), failed
+    assert r.stdout.split("store rc=1\n", 1)[1] == "[]\n", (r.stdout, (tmp_path / "list.err").read_text())

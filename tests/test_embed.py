@@ -309,6 +309,9 @@ def test_models_refuse_what_they_cannot_do(cli: CLI, tiny: dict[str, Path]) -> N
     for args, needle in ((["run", "-m", str(tiny["bert"]), "-p", "hi"], "is an encoder model"),
                          (["run", "-m", str(tiny["bert"]), "--raw", "-p", "hi"], "is an encoder model"),
                          (["embed", "-m", str(tiny["reranker"]), "x"], "is a reranker"),
+                         # an embedding model was called a reranker (`bert.gguf is a reranker`)
+                         (["embed", "-m", str(tiny["bert"]), "--pooling", "rank", "x"],
+                          "--pooling rank needs a reranker model and gives relevance scores, not embeddings"),
                          (["rerank", "query", "a document"], "smollm2:135m is not a reranker"),
                          (["rerank", "-m", str(tiny["bert"]), "query", "doc"],
                           "is not a reranker (its pooling is cls")):

@@ -455,6 +455,20 @@ def test_pull_list_shows_fit_and_recommendation(env: dict[str, str], hub: hub_se
     assert "★ recommended" in table.stdout and "FIT" in table.stdout
 
 
+def test_pull_list_of_a_truncated_header_names_the_repos_file(env: dict[str, str], hub: hub_server.FakeHub,
+                                                              model_file: hub_server.HubFile) -> None:
+    """A repo file whose header is cut short: --list named the temporary file its start was read into
+    (/tmp/tmpXXXX.gguf) and said "download it again", though nothing was downloaded."""
+    assert isinstance(model_file.source, Path)
+    cut = model_file.source.read_bytes()[:100_000]  # inside SmolLM2's header (its vocabulary alone is longer)
+    hub.repos["acme/Trunc-GGUF"] = hub_server.HubRepo(COMMIT, {"trunc-Q4_1.gguf": hub_server.HubFile(cut)})
+    r = lg(env, "pull", "acme/Trunc-GGUF", "--list")
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr == ("localgen: error: acme/Trunc-GGUF/trunc-Q4_1.gguf is not a usable GGUF file: it ends in the "
+                        "middle of its header (the repo's file is damaged or not a model llama.cpp can load; "
+                        "nothing was downloaded)\n"), r.stderr
+
+
 def test_pull_list_judges_for_a_described_card_as_fit_does(env: dict[str, str], hub: hub_server.FakeHub,
                                                            moe_path: Path) -> None:
     """pull --list --gpu-memory SIZE: the planner's verdict for a card described, before pulling, the one
@@ -680,6 +694,35 @@ lg pull acme/Other-GGUF:Q4_1 >/dev/null 2>"$T/again.err"
 echo "again rc=$?"
 sha256sum "$D/hf/models--acme--Other-GGUF/blobs/$OTHER" "$D/hf/models--$REPO_DIR/blobs/$FIRST"
 '''
+
+
+def test_pull_of_a_model_a_read_only_cache_holds_whole_writes_nothing(env: dict[str, str], hub: hub_server.FakeHub,
+                                                                    model_file: hub_server.HubFile) -> None:
+    """A model the cache holds whole, the cache read-only (a bind mount in a mount namespace of its own): pull
+    failed with `cannot write ../../blobs/SHA: Permission denied` (the link's target, not a path), as it made the
+    snapshot link again; it needs no write, so it succeeds. Where a write is needed (another name of the same blob:
+    its link), the error names the path in the cache."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("mounting needs unshare and the right to use it (root)")
+    first = lg(env, "pull", f"{REPO}:Q4_1")
+    assert first.returncode == 0, first.stderr
+    cache = env["HF_HUB_CACHE"]
+    before = sorted((str(p), p.lstat().st_mtime_ns) for p in Path(cache).rglob("*"))
+
+    def read_only(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$C" "$C" && exec "$PY" -m localgen '
+                               '"$@"', "sh", *args], env={**env, "C": cache, "PY": sys.executable},
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    r = read_only("pull", f"{REPO}:Q4_1")
+    assert (r.returncode, r.stdout) == (0, first.stdout), r.stderr
+    assert "error" not in r.stderr, r.stderr
+    assert sorted((str(p), p.lstat().st_mtime_ns) for p in Path(cache).rglob("*")) == before
+    r = read_only("pull", f"{REPO}:Q8_0")  # the same bytes: its blob is there, its snapshot link is not
+    link = Path(cache) / f"models--{REPO.replace('/', '--')}" / "snapshots" / COMMIT / "smollm2-135m-instruct-Q8_0.gguf"
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr.splitlines()[-1] == (f"localgen: error: cannot write {link} in the Hugging Face cache: "
+                                         "Read-only file system"), r.stderr
 
 
 def test_a_real_full_disk_stops_the_pull_keeps_what_arrived_and_the_next_pull_resumes(

@@ -228,6 +228,52 @@ def test_name_and_name_latest_are_one_model(pcli: InProcessCLI, tmp_path: Path) 
     one_error(pcli("show", "foo"), "foo:latest@Q4_K_M is not in the cache")
 
 
+def test_a_preset_never_takes_a_name_another_model_answers_to(pcli: InProcessCLI, tmp_path: Path,
+                                                             smollm2_path: Path) -> None:
+    """A preset of a quantized model's name (smol:q8_0), or of a user's catalogue entry's (mine for mine:latest),
+    hid that model: create and cp succeeded, list showed two rows and show/run got the preset. Each is refused in
+    one line naming what holds the name, --force or not."""
+    folder = tmp_path / "home" / "data" / "quantized"
+    folder.mkdir(parents=True)
+    shutil.copyfile(smollm2_path, folder / "smol@q8_0.gguf")  # where `localgen quantize` leaves its model
+    (tmp_path / "Modelfile").write_text("FROM smollm2:135m\nSYSTEM mine\n")
+    for args in (("create", "smol:q8_0", "-f", str(tmp_path / "Modelfile")),
+                 ("create", "smol:q8_0", "--force", "-f", str(tmp_path / "Modelfile")),
+                 ("cp", "smollm2:135m", "smol:q8_0")):
+        one_error(pcli(*args), "'smol:q8_0' is the name of the quantized model smol:q8_0",
+                  str(folder / "smol@q8_0.gguf"))
+    listed = [i["name"] for i in json.loads(pcli("list", "--json").stdout)]
+    assert listed.count("smol:q8_0") == 1, listed
+    assert json.loads(pcli("show", "smol:q8_0", "--json").stdout)["file"] == str(folder / "smol@q8_0.gguf")
+    (tmp_path / "home" / "config").mkdir(parents=True)
+    user = tmp_path / "home" / "config" / "models.toml"
+    user.write_text('[models."mine:latest"]\nrepo = "acme/Mine-GGUF"\n[models.tagless]\nrepo = "acme/T-GGUF"\n')
+    for args, held in ((("create", "mine", "-f", str(tmp_path / "Modelfile")), "mine:latest"),
+                       (("create", "mine:latest", "--force", "-f", str(tmp_path / "Modelfile")), "mine:latest"),
+                       (("cp", "smollm2:135m", "mine"), "mine:latest"),
+                       (("cp", "smollm2:135m", "tagless:latest"), "tagless")):
+        one_error(pcli(*args), f"is the name of your catalogue entry {held} ({user})")
+    one_error(pcli("cp", "smollm2:135m", "smollm2:135m"), "'smollm2:135m' is a catalogue model's name")
+    one_error(pcli("show", "mine"), "mine:latest@Q4_K_M is not in the cache")
+    with user.open("a") as f:
+        f.write('[models."broken:1b"]\nrepo = 3\n')
+    r = pcli("cp", "smollm2:135m", "broken:1b")  # an entry with a fault is the user's name too (warned of)
+    assert r.returncode == 2 and f"error: 'broken:1b' is the name of your catalogue entry broken:1b ({user})" in (
+        r.stderr), r.stderr
+    assert not (tmp_path / "home" / "data" / "presets").exists() or not list(
+        (tmp_path / "home" / "data" / "presets").iterdir())
+
+
+def test_a_modelfile_may_start_with_a_byte_order_mark(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """A Modelfile saved with a UTF-8 byte order mark was refused (`unknown instruction '\\ufeffFROM'`); Ollama
+    reads it, and so does localgen."""
+    (tmp_path / "Modelfile").write_text("FROM smollm2:135m\nSYSTEM Be brief.\n", encoding="utf-8-sig")
+    assert (tmp_path / "Modelfile").read_bytes().startswith(b"\xef\xbb\xbfFROM")
+    r = pcli("create", "bom", "-f", str(tmp_path / "Modelfile"))
+    assert r.returncode == 0, r.stderr
+    assert pcli("show", "bom", "--modelfile").stdout == "FROM smollm2:135m\nSYSTEM Be brief.\n"
+
+
 def test_from_a_preset_layers_on_it(pcli: InProcessCLI, tmp_path: Path) -> None:
     (tmp_path / "Modelfile").write_text(TERSE)
     assert pcli("create", "terse", "-f", str(tmp_path / "Modelfile")).returncode == 0

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from localgen.cli.inputfile import input_file
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.output import plural
 from localgen.errors import UsageError
+
+if TYPE_CHECKING:
+    from localgen.embeddings.store import Collection
 
 EMBED = "Embeddings"
 DOCS = "Documents"
@@ -366,12 +369,14 @@ def run_embed(f: EmbedArgs) -> None:
     reused: dict[str, bytes] = {}
     try:
         name = backend.name
+        model_id = None
         if f.store:
             # the collection's model, pooling and size are known now: a mismatch is refused before any work
+            model_id = collections.fingerprint(backend.engine.model.path, backend.engine.adapters)
             embedder = backend.embedder(f.pooling)
             if f.dimensions is None or f.dimensions <= embedder.n_embd:  # (more: embed's own error, below)
                 collections.check(collections.Collection(f.store, name, f.model, embedder.pooling,
-                                                         f.dimensions or embedder.n_embd, f.normalize))
+                                                         f.dimensions or embedder.n_embd, f.normalize, model_id))
         if f.docs:
             items = documents.chunked(f, backend, docs)
         if f.store:
@@ -397,21 +402,22 @@ def run_embed(f: EmbedArgs) -> None:
     finally:
         backend.close()
     if f.store and interrupted:
-        _store_part(f, name, pooling, todo, vectors, [(i, t, reused[i]) for i, t in items if i in reused])
+        _store_part(f, collections.Collection(f.store, name, f.model, pooling, len(vectors[0].vector), f.normalize,
+                                              model_id),
+                    todo, vectors, [(i, t, reused[i]) for i, t in items if i in reused])
         raise KeyboardInterrupt
     if f.store:
         dims = len(vectors[0].vector) if vectors else (f.dimensions or size)
-        # checked even when every text is unchanged: another model's run must neither store nor remove
+        # checked (in put) even when every text is unchanged: another model's run must neither store nor remove
         err = ErrWriter()
-        collections.ensure(collections.Collection(f.store, name, f.model, pooling, dims, f.normalize),
-                           waiting=err.line_once)
+        made = collections.Collection(f.store, name, f.model, pooling, dims, f.normalize, model_id)
         rows: list[tuple[str, str, list[float] | bytes]] = [
             (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
         rows += [(i, t, reused[i]) for i, t in items if i in reused]
         # the removal is in put's one transaction, after every row: a run that fails before it removes nothing
         # with --docs, also each file's chunks it no longer yields (a shorter file leaves no stale FILE#7)
         keep = [i for i, _ in items] if f.replace else None
-        gone = collections.put(f.store, rows, keep=keep, waiting=err.line_once, files=[d for d, _ in docs],
+        gone = collections.put(made, rows, keep=keep, waiting=err.line_once, files=[d for d, _ in docs],
                                given=[i for i, _ in items])
         removed = f", {gone:,} removed" if f.replace or gone else ""
         cut = f" {plural(len(docs), 'file')} in {plural(len(items), 'chunk')}:" if f.docs else ""
@@ -433,6 +439,9 @@ def _check_flags(f: EmbedArgs) -> None:
         raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
     if f.pooling is not None and f.pooling not in POOLING:
         raise UsageError(f"--pooling takes mean, cls or last, not {f.pooling!r}")
+    if f.pooling == "rank":  # whatever the model: rank pooling is a reranker's scores
+        raise UsageError("--pooling rank needs a reranker model and gives relevance scores, not embeddings: "
+                         "`localgen rerank -m RERANKER` scores documents", hint="choose --pooling mean, cls or last")
     o.refuse_empty(("--store", f.store))
     if f.store and controls(f.store):  # one line a collection, wherever listed
         raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
@@ -478,7 +487,7 @@ def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any]) 
             err.flush()
 
 
-def _store_part(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, str]], vectors: list[Any],
+def _store_part(f: EmbedArgs, made: Collection, todo: list[tuple[str, str]], vectors: list[Any],
                 reused: list[tuple[str, str, bytes]]) -> None:
     """After Ctrl-C: store what was embedded, and the texts that take a stored vector (nothing removed: a run that
     ends removes the stale entries), so that the same command again embeds only the rest (stored texts are
@@ -488,12 +497,9 @@ def _store_part(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, st
 
     assert f.store is not None
     err = ErrWriter()
-    dims = len(vectors[0].vector)
-    collections.ensure(collections.Collection(f.store, model, f.model, pooling, dims, f.normalize),
-                       waiting=err.line_once)
     rows: list[tuple[str, str, list[float] | bytes]] = [
         (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=False)]
-    collections.put(f.store, rows + list(reused), waiting=err.line_once)
+    collections.put(made, rows + list(reused), waiting=err.line_once)
     err.line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before Ctrl-C; the same command "
              "again embeds the rest")
 

@@ -56,9 +56,21 @@ class Retriever:
                              hint=f"store texts in it with `localgen embed --file FILE --store {self.name}`")
 
     def load(self) -> None:
-        """Load the collection's embedding model now (else the first search does), once."""
+        """Load the collection's embedding model now (else the first search does), once; a model whose fingerprint
+        is not the collection's (its name now means another file: a relative path from another folder, a file
+        replaced) is a usage error, as its queries would not compare with the stored vectors."""
         if self.backend is None:
-            self.backend = self._load(self.collection.model_spec)
+            c = self.collection
+            backend = self._load(c.model_spec)
+            if c.model_id is not None and store.fingerprint(backend.engine.model.path,
+                                                            backend.engine.adapters) != c.model_id:
+                backend.close()
+                raise UsageError(f"the collection {self.name!r} was made with another {c.model} than "
+                                 f"{c.model_spec or c.model} is now (a file of other content), so its vectors do "
+                                 "not compare with this model's",
+                                 hint=f"store it again with this model (`localgen embed -m {c.model_spec or c.model} "
+                                      f"--store NEWNAME`), or bring back the model it was made with")
+            self.backend = backend
 
     def embed_query(self, query: str, truncate: bool = False) -> list[float]:
         """The query's vector, made as the collection's were (the model loads here the first time). A query
@@ -92,9 +104,10 @@ class Retriever:
             self.rows = []
             return
         now = store.get(self.name)
+        was = self.collection
         if (now.model, now.pooling, now.dimensions, now.normalized) != (
-                self.collection.model, self.collection.pooling, self.collection.dimensions,
-                self.collection.normalized):
+                was.model, was.pooling, was.dimensions, was.normalized) or (
+                None not in (now.model_id, was.model_id) and now.model_id != was.model_id):
             raise LocalgenError(f"the collection {self.name!r} was made again with {now.model} during this "
                                 "search; its vectors no longer match the loaded model",
                                 hint="start again to search it with its new model")

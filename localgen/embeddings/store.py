@@ -1,19 +1,22 @@
 """Collections: named sets of embeddings with their ids and texts, in one SQLite database in the data dir (through
 sqlite-utils; mode 0600 in a 0700 folder; WAL, a busy timeout, and the tables made once under a file lock, so
-several `embed --store` processes can write at once). A collection remembers the model, pooling and size it was
-made with (`check`, before a run embeds anything; `ensure`, as it stores), so every later text and query is
-embedded the same way; a text whose SHA-256 is unchanged is not embedded again (as `llm embed-multi` does), nor is
-a document's chunk whose text another id holds (`reusable`: its vector is stored again). A text given without an id
-(embed's arguments) gets its content's (text_id), so writers in several processes never replace each other's texts.
-Collections are listed (`listing`), shown entry by entry (`described`, `entries`) and removed whole or by id
-(`remove`, `remove_ids`); `put(..., keep=...)` stores a run's texts and removes the ids it did not give in one
-transaction, so a failed run removes nothing, and `put(..., files=...)` removes the chunks (FILE#N) a document
-stored again no longer yields, in that transaction too. A writer that finds another holding the write lock says so
-(`waiting`) before it waits. `written` says cheaply when a collection last changed."""
+several `embed --store` processes can write at once). A collection remembers the model (its name, and its
+`fingerprint`: the file's content, not its name), pooling and size it was made with (`check`, before a run embeds
+anything; `put`, as it stores), so every later text and query is embedded the same way; a text whose SHA-256 is
+unchanged is not embedded again (as `llm embed-multi` does), nor is a document's chunk whose text another id holds
+(`reusable`: its vector is stored again). A text given without an id (embed's arguments) gets its content's
+(text_id), so writers in several processes never replace each other's texts. Collections are listed (`listing`),
+shown entry by entry (`described`, `entries`) and removed whole or by id (`remove`, `remove_ids`); `put` makes a new
+collection's record with its first texts, so a first run that fails leaves no collection; `put(..., keep=...)`
+stores a run's texts and removes the ids it did not give in one transaction, so a failed run removes nothing, and
+`put(..., files=...)` removes the chunks (FILE#N) a document stored again no longer yields, in that transaction
+too. A writer that finds another holding the write lock says so (`waiting`) before it waits. `written` says cheaply
+when a collection last changed."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import struct
 import time
@@ -37,6 +40,7 @@ class Collection:
     pooling: str
     dimensions: int
     normalized: bool
+    model_id: str | None = None  # the model's fingerprint(); None in a collection made before it was recorded
 
 
 @dataclass(frozen=True)
@@ -65,19 +69,32 @@ def get(name: str) -> Collection:
         raise UsageError(f"no collection named {name!r}" + (f" (there are: {', '.join(names)})" if names else ""))
     r = rows[0]
     return Collection(r["name"], r["model"], r["model_spec"], r["pooling"], int(r["dimensions"]),
-                      bool(r["normalized"]))
+                      bool(r["normalized"]), r.get("model_id"))
 
 
-def ensure(c: Collection, waiting: Waiting | None = None) -> None:
-    """Create the collection, or check that it was made the same way (several processes may create it at once:
-    the first row stays, and the others are checked against it)."""
-    with storedb.db(create=True) as db:
-        with _writing(db.conn, waiting):
-            db.conn.execute("INSERT OR IGNORE INTO collections (name, model, model_spec, pooling, dimensions, "
-                            "normalized, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            (c.name, c.model, c.model_spec, c.pooling, c.dimensions, int(c.normalized), time.time()))
-        r = next(iter(db.table("collections").rows_where("name = ?", [c.name])))
-    _same_way(r, c)
+FINGERPRINT_HEAD = 1 << 20  # a file's first bytes read whole: a GGUF's header and more
+FINGERPRINT_BLOCK = 64 << 10
+FINGERPRINT_BLOCKS = 16  # blocks read spread over the rest of the file, the last one at its end
+
+
+def fingerprint(model: str, adapters: Iterable[tuple[str, float]] = ()) -> str:
+    """What a collection knows its model by: the SHA-256 of the model file's size and of its content sampled (its
+    first MiB, and blocks spread over the rest to its end: a few MB read, whatever the model's size), and of each
+    LoRA adapter's with its scale. The same file moved, copied or downloaded again is the same model; another file
+    of the same name (another model, or other weights) is not."""
+    h = hashlib.sha256()
+    for file, scale in ((model, None), *adapters):
+        try:
+            with open(file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                h.update(struct.pack("<Q", size) + repr(scale).encode())
+                h.update(f.read(FINGERPRINT_HEAD))
+                for i in range(1, FINGERPRINT_BLOCKS + 1):
+                    f.seek(max(0, size * i // FINGERPRINT_BLOCKS - FINGERPRINT_BLOCK))
+                    h.update(f.read(FINGERPRINT_BLOCK))
+        except OSError as e:
+            raise LocalgenError(f"cannot read {file}: {e.strerror or e}") from None
+    return "sha256-sampled:" + h.hexdigest()
 
 
 def check(c: Collection) -> None:
@@ -99,9 +116,23 @@ def check(c: Collection) -> None:
         _same_way(rows[0], c)
 
 
+def _same_model(r: Any, c: Collection) -> bool:
+    """Whether the stored collection `r` was made with c's model: the same fingerprint (whatever its name now);
+    for a collection made before fingerprints were recorded, the same name (all it knows)."""
+    stored = r.get("model_id")
+    if stored is not None and c.model_id is not None:
+        return bool(stored == c.model_id)
+    return bool(r["model"] == c.model)
+
+
 def _same_way(r: Any, c: Collection) -> None:
     """A usage error when the stored collection `r` was made another way than `c`."""
-    if (r["model"], r["pooling"], int(r["dimensions"])) != (c.model, c.pooling, c.dimensions):
+    same = _same_model(r, c)
+    if not same and r["model"] == c.model:  # another file of the same name: said so, not "bert.gguf, not bert.gguf"
+        raise UsageError(f"collection {c.name!r} holds vectors of another {r['model']} (a file of that name with "
+                         f"other content), not of this one",
+                         hint=f"use {_same_as(r, c)}, or another collection name")
+    if not same or (r["pooling"], int(r["dimensions"])) != (c.pooling, c.dimensions):
         raise UsageError(f"collection {c.name!r} holds {r['model']} vectors ({r['pooling']} pooling, "
                          f"{r['dimensions']} dimensions), not {c.model} ({c.pooling}, {c.dimensions})",
                          hint=f"use {_same_as(r, c)}, or another collection name")
@@ -110,7 +141,7 @@ def _same_way(r: Any, c: Collection) -> None:
 def _same_as(stored: Any, c: Collection) -> str:
     """The flags that embed as the collection was embedded: the model when it differs (its pooling and size
     follow from it), else the pooling and size that differ."""
-    if stored["model"] != c.model:
+    if not _same_model(stored, c):
         return f"-m {stored['model_spec'] or stored['model']}"
     flags = [f"--pooling {stored['pooling']}"] if stored["pooling"] != c.pooling else []
     if int(stored["dimensions"]) != c.dimensions:
@@ -165,19 +196,30 @@ def reusable(name: str, items: Iterable[tuple[str, str]]) -> dict[str, bytes]:
     return {i: found[h] for h, ids in wanted.items() if h in found for i in ids}
 
 
-def put(name: str, rows: list[tuple[str, str, list[float] | bytes]], keep: Iterable[str] | None = None,
+def put(c: Collection, rows: list[tuple[str, str, list[float] | bytes]], keep: Iterable[str] | None = None,
         waiting: Waiting | None = None, files: Iterable[str] = (), given: Iterable[str] = ()) -> int:
-    """Store (id, text, vector) rows (a vector as floats, or packed as stored), replacing what the ids held;
-    with `keep` (every id of the run, stored now or unchanged), then remove the collection's other ids; with
-    `files` (documents stored in chunks, ids FILE#1, FILE#2, ...), remove each file's chunk ids that are not in
-    `given` (every id of the run). One transaction, taken before anything is read (BEGIN IMMEDIATE: it waits
-    for other writers): every row and the removals, or nothing. How many were removed."""
+    """Store (id, text, vector) rows (a vector as floats, or packed as stored) in the collection `c`, replacing
+    what the ids held; with `keep` (every id of the run, stored now or unchanged), then remove the collection's
+    other ids; with `files` (documents stored in chunks, ids FILE#1, FILE#2, ...), remove each file's chunk ids
+    that are not in `given` (every id of the run). One transaction, taken before anything is read (BEGIN
+    IMMEDIATE: it waits for other writers): the collection's record where it is new (else a check that it was made
+    the same way: several processes may make it at once, and the first stays), every row and the removals, or
+    nothing (a first run that fails leaves no collection). A collection made before fingerprints were recorded
+    takes c's, its model's name being the same. How many were removed."""
     import json
 
     now = time.time()
+    name = c.name
     with storedb.db(create=True) as db:
         conn = db.conn
         with _writing(conn, waiting):
+            conn.execute("INSERT OR IGNORE INTO collections (name, model, model_spec, pooling, dimensions, normalized, "
+                         "created, model_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (name, c.model, c.model_spec, c.pooling, c.dimensions, int(c.normalized), now, c.model_id))
+            _same_way(next(iter(db.table("collections").rows_where("name = ?", [name]))), c)
+            if c.model_id is not None:
+                conn.execute("UPDATE collections SET model_id = ? WHERE name = ? AND model_id IS NULL",
+                             (c.model_id, name))
             conn.executemany(
                 "INSERT OR REPLACE INTO embeddings (collection, id, content, content_hash, embedding, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?)",

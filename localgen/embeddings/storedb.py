@@ -120,8 +120,8 @@ def db(create: bool, write: bool = False) -> Iterator[Any]:
             raise LocalgenError(f"the collections database {db_path} has no {' or '.join(missing)} table",
                                 hint="it is damaged or not localgen's: move it aside and store the collections "
                                      "again with `localgen embed --store`")
-        elif write and "written" not in db["collections"].columns_dict:  # made before removals counted
-            make_schema(db_path)
+        elif (create or write) and not {"written", "model_id"} <= db["collections"].columns_dict.keys():
+            make_schema(db_path)  # made before removals counted, or before models' fingerprints were recorded
         yield db
     except sqlite3.Error as e:  # sqlite3.DatabaseError and kin: a damaged file, a lock held past the timeout
         raise unusable(db_path, e) from None
@@ -147,9 +147,10 @@ def make_schema(db_path: Path) -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             db.table("collections").create({"name": str, "model": str, "model_spec": str, "pooling": str,
                                             "dimensions": int, "normalized": int, "created": float,
-                                            "written": float}, pk="name", if_not_exists=True)
-            if "written" not in db["collections"].columns_dict:
-                db["collections"].add_column("written", float)
+                                            "written": float, "model_id": str}, pk="name", if_not_exists=True)
+            for column, kind in (("written", float), ("model_id", str)):  # a database made before they were
+                if column not in db["collections"].columns_dict:
+                    db["collections"].add_column(column, kind)
             db.table("embeddings").create({"collection": str, "id": str, "content": str, "content_hash": str,
                                            "embedding": bytes, "updated": float}, pk=("collection", "id"),
                                           if_not_exists=True)

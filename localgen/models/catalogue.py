@@ -198,6 +198,11 @@ def read(using: str | None = None) -> Catalogue:
     return Catalogue(entries, broken)
 
 
+def shipped_names() -> set[str]:
+    """The names of the catalogue shipped with localgen (the user's file may lay entries over them)."""
+    return set(_read(SHIPPED, required=True))
+
+
 def load() -> dict[str, CatalogueEntry]:
     """All entries that can be used, by name (see read())."""
     return read().entries

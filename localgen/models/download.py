@@ -159,8 +159,11 @@ def fetch(repo: str, commit: str, revision: str, f: RemoteFile, progress: Progre
         raise DownloadError(f"the Hub lists no SHA-256 for {f.name}, so it cannot be verified")
     blob = hfcache.blob_path(repo, f.sha256)
     hfcache.snapshot_path(repo, commit, f.name)  # validates the names before any write
-    fetch_file(hub.file_url(repo, commit, f.name), hub.auth_headers, blob, hfcache.lock_path(repo, f.sha256), f,
-               progress, HUB)
+    # a blob there is whole (it takes its name only once whole), so it is checked without its lock: a model the
+    # cache holds whole needs no write there, and a read-only cache serves it
+    if not (blob.is_file() and blob.stat().st_size == f.size and verify_blob(blob, f.sha256, f.name, progress)):
+        fetch_file(hub.file_url(repo, commit, f.name), hub.auth_headers, blob, hfcache.lock_path(repo, f.sha256),
+                   f, progress, HUB)
     return hfcache.link_snapshot(repo, commit, f.name, f.sha256, revision)
 
 

@@ -86,22 +86,32 @@ def snapshot_path(repo: str, commit: str, filename: str) -> Path:
 
 
 def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: str | None) -> Path:
-    """Point snapshots/COMMIT/FILE at the blob (relative link) and record refs/REVISION."""
+    """Point snapshots/COMMIT/FILE at the blob (relative link) and record refs/REVISION; what is so already is not
+    written again (a read-only cache that holds the model is left as it is). A write that fails is an error naming
+    the path in the cache."""
     link = snapshot_path(repo, commit, filename)
     blob = blob_path(repo, sha256)
-    link.parent.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(blob, link.parent)
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.lnk")
-    tmp.unlink(missing_ok=True)
-    os.symlink(rel, tmp)
-    os.replace(tmp, link)
-    paths.fsync_dir(link.parent)
+    ref = None
     if revision and not COMMIT.match(revision):
-        ref = repo_dir(repo) / "refs" / revision
         if ".." in Path(revision).parts:
             raise LocalgenError(f"unsafe revision name {revision!r}")
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        ref.write_text(commit)
+        ref = repo_dir(repo) / "refs" / revision
+    where = link
+    try:
+        if not (link.is_symlink() and os.readlink(link) == rel):
+            link.parent.mkdir(parents=True, exist_ok=True)
+            tmp = link.with_name(f".{link.name}.{os.getpid()}.lnk")  # (its failure is the link's: named so)
+            tmp.unlink(missing_ok=True)
+            os.symlink(rel, tmp)
+            os.replace(tmp, link)
+            paths.fsync_dir(link.parent)
+        if ref is not None and revision and cached_commit(repo, revision) != commit:
+            where = ref
+            ref.parent.mkdir(parents=True, exist_ok=True)
+            ref.write_text(commit)
+    except OSError as e:
+        raise LocalgenError(f"cannot write {where} in the Hugging Face cache: {e.strerror or e}") from None
     return link
 
 

@@ -207,5 +207,10 @@ def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool)
                 return summary, layout(tmp.name)
             except ModelFormatError as e:
                 if "ends in the middle of its header" not in e.message or want >= min(size, 64 << 20):
-                    raise
+                    # named as the repo's file, never the temporary one its start was read into; nothing was
+                    # downloaded, so "download it again" cannot help
+                    shown = f"{repo}/{filename}"
+                    raise ModelFormatError(e.message.replace(tmp.name, shown),
+                                           hint="the repo's file is damaged or not a model llama.cpp can "
+                                                "load; nothing was downloaded") from None
         want *= 4

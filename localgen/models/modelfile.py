@@ -62,7 +62,8 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
     """Parse and check a Modelfile; a UsageError names the line of the first problem. `folder`: where a
     relative FROM or ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only,
     and a relative FROM path is left as it is (the current directory's)."""
-    src = _Lines(checked(text, where), where)
+    # a byte order mark before the first line (Windows' editors write one): not part of FROM, as in Ollama
+    src = _Lines(checked(text.removeprefix("\ufeff"), where), where)
     got = _Found()
     while src.i < len(src.lines):
         number = src.i + 1

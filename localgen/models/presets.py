@@ -243,11 +243,33 @@ def _write(p: Preset, replace: bool, path: Path) -> None:
 def _check_new_name(name: str, using: str) -> None:
     """`using`: the model the preset is made from (NAME[@QUANT]), whose bad user catalogue entry is then its error
     alone, not a warning too."""
-    from localgen.models import catalogue
+    from localgen.models import catalogue, quantized
 
     check_name(name)
-    if canonical(name) in catalogue.read(using=using.partition("@")[0]).entries:
-        raise UsageError(f"{name!r} is a catalogue model's name; a preset needs a name of its own")
+    cat = catalogue.read(using=using.partition("@")[0])
+    # every spelling `show NAME` (models/resolve.py's _latest) would look up, NAME and NAME:latest alike
+    key = canonical(name)
+    spellings = list(dict.fromkeys((name, key, f"{key}{LATEST}")))
+    for held in spellings:
+        if held in cat.entries or held in cat.broken:
+            whose = (f"a catalogue model's name{f' ({held})' if held != name else ''}"
+                     if held in catalogue.shipped_names() else
+                     f"the name of your catalogue entry {held} ({catalogue.user_file()})")
+            raise UsageError(f"{name!r} is {whose}; a preset needs a name of its own")
+    for held in spellings:
+        path = quantized.find(held)
+        if path is not None:
+            raise UsageError(f"{name!r} is the name of the quantized model {held} ({path}); a preset needs a name "
+                             "of its own")
+
+
+def check_quantized_name(name: str) -> None:
+    """A UsageError when the name of a model to quantize is a catalogue model's or a preset's (here, not in
+    models/quantized.py, which presets.py reads: a preset never takes a quantized model's name either)."""
+    from localgen.models import catalogue
+
+    if name in catalogue.load() or exists(name):
+        raise UsageError(f"{name!r} is already a catalogue model or a preset", hint="give another --name")
 
 
 # The model a name means, from what is on this machine (models/resolve.py's resolve, offline, given by the

@@ -56,14 +56,6 @@ def base_for(source: str) -> str:
     return cleaned[:80] or "model"
 
 
-def check_free(name: str) -> None:
-    """A UsageError when a result's name is a catalogue model's or a preset's."""
-    from localgen.models import catalogue, presets
-
-    if name in catalogue.load() or presets.exists(name):
-        raise UsageError(f"{name!r} is already a catalogue model or a preset", hint="give another --name")
-
-
 def _file(name: str) -> Path | None:
     base, sep, type_name = name.partition(":")
     if not sep or not BASE.match(base) or not TYPE.match(type_name):

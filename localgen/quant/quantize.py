@@ -454,7 +454,7 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     if made == name.lower():
         raise UsageError(f"{name!r} would name both the preset and its quantized model",
                          hint=f"name the preset without the type, e.g. {base}")
-    quantized.check_free(made)
+    presets.check_quantized_name(made)
     out = quantized.path_for(made)
     if out.exists() and not force:
         raise UsageError(f"the quantized model {made} exists", hint=f"--force makes it again and replaces the "
