@@ -320,6 +320,17 @@ def test_serve_seed_is_every_requests_default(inproc: InProcess, monkeypatch: py
     seeded = _complete(inproc.url, prompt="My favourite animal is", max_tokens=12, temperature=1.5,
                        seed=11).json()["choices"][0]["text"]
     assert texts == {seeded}
+    # -1, llama.cpp's and Ollama's "random" (Ollama's default), is a fresh seed per request, over serve --seed too
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name an animal."}], "max_tokens": 12,
+            "temperature": 1.5}
+    fresh = {httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "seed": -1}, timeout=60)
+             .json()["choices"][0]["message"]["content"] for _ in range(4)}
+    assert len(fresh) > 1
+    for route in ("/api/generate", "/api/chat"):
+        r = httpx.post(f"{inproc.url}{route}", json={"model": MODEL, "prompt": "Hi", "stream": False,
+                                                      "messages": chat["messages"],
+                                                      "options": {"seed": -1, "num_predict": 2}}, timeout=60)
+        assert r.status_code == 200, r.text
 
 
 # ---- 4. limits, content type, origins, hosts -------------------------------------------------------
