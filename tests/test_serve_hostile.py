@@ -381,6 +381,41 @@ def test_grammar_bounds_and_deep_nesting_are_400s_without_internals(child: Serve
     _still_answers(child.url)
 
 
+def test_a_schema_the_converter_cannot_take_is_a_400_naming_the_field(inproc: InProcess) -> None:
+    """A schema that cannot become a grammar is a 400 in the schema's words, naming the request's field; it was
+    a 400 quoting the grammar's parser (`expecting newline or end at ...`) with `param: null`. A property name
+    holding a quote or a backslash is escaped as GBNF reads it, and works."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi in JSON."}], "max_tokens": 100,
+            "temperature": 0}
+
+    def ask(schema: Any) -> httpx.Response:
+        return httpx.post(f"{inproc.url}/v1/chat/completions", timeout=60, json={**chat, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+
+    quoted = {"type": "object", "properties": {'"q': {"type": "string", "maxLength": 4},
+                                               "a\\b": {"type": "string", "maxLength": 4}},
+              "required": ['"q', "a\\b"]}
+    r = ask(quoted)
+    assert r.status_code == 200, r.text
+    assert set(json.loads(r.json()["choices"][0]["message"]["content"])) == {'"q', "a\\b"}
+    r = ask({"enum": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert r.json()["error"]["message"] == "the JSON schema has an `enum` with no values: no value could match it"
+    r = ask({"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\d+$"}}})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "response_format", r.text
+    assert error["message"].startswith('cannot turn the JSON schema into a grammar: its part at properties/n, '
+                                       '{"type": "string", "pattern": "^\\\\d+$"}, cannot be expressed as one')
+    assert "expecting" not in error["message"] and "::=" not in error["message"]
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
+             for n, p in (("ok", {}), ("bad", {"x": {"enum": []}}))]
+    r = httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "tools": tools}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
+    r = httpx.post(f"{inproc.url}/api/generate", json={"model": MODEL, "prompt": "x", "format": {"enum": []}},
+                   timeout=60)
+    assert r.status_code == 400 and "`enum` with no values" in r.json()["error"]
+
+
 def test_a_body_must_be_json(child: Server) -> None:
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1})
     for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
