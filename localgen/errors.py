@@ -104,6 +104,13 @@ class BadRequest(ServeError):
     status = 400
 
 
+class BiasOutsideVocabulary(UsageError, BadRequest):
+    """A logit bias on a token the model's vocabulary lacks: a usage error (`run --logit-bias`), a server's 400
+    naming the request's field."""
+
+    param = "logit_bias"
+
+
 class PromptTooLong(BadRequest):
     """The prompt (or a text to embed) does not fit the window: a 400, as OpenAI answers it (code
     context_length_exceeded) and Anthropic ("prompt is too long: N tokens > M maximum"), which agents read to

@@ -335,6 +335,53 @@ def test_serve_seed_is_every_requests_default(inproc: InProcess, monkeypatch: py
 
 # ---- 4. limits, content type, origins, hosts -------------------------------------------------------
 
+def test_more_messages_than_the_window_has_tokens_are_refused_before_the_template(inproc: InProcess) -> None:
+    """Every message takes a token of the window at least: a conversation of more messages than a slot's window
+    has tokens is refused by its count, before the template renders them all (20,000 took seconds of CPU, then
+    the template's time limit answered), as the same error a conversation too long by its tokens gets: OpenAI's
+    context_length_exceeded, Anthropic's "prompt is too long"."""
+    def chat(n: int, route: str = "/v1/chat/completions") -> httpx.Response:
+        msgs = [{"role": ("user", "assistant")[i % 2], "content": "a"} for i in range(n - 1)]
+        return httpx.post(f"{inproc.url}{route}", timeout=60, json={
+            "model": MODEL, "max_tokens": 1, "messages": [*msgs, {"role": "user", "content": "Hi"}]})
+
+    by_tokens, by_count = chat(601).json()["error"], chat(1_101).json()["error"]
+    assert "the prompt is" in by_tokens["message"] and " tokens; " in by_tokens["message"], "rendered, then counted"
+    assert by_count["message"] == "the conversation is 1,101 messages; a slot's window of 1,024 tokens holds at " \
+                                  "most 1,024 (each takes a token at least)"
+    assert {k: v for k, v in by_count.items() if k != "message"} == \
+        {k: v for k, v in by_tokens.items() if k != "message"} == \
+        {"type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
+    r = chat(1_101, "/v1/messages")
+    assert r.status_code == 400 and r.json()["error"]["message"] == \
+        "prompt is too long: 1101 messages > 1024 maximum (a window of 1024 tokens holds at most one message a token)"
+
+
+def test_a_gzip_body_is_decoded_within_the_limit(inproc: InProcess) -> None:
+    """Content-Encoding gzip (or deflate), as OpenAI's and Anthropic's APIs take it: decoded, bounded by
+    --max-body once decompressed (65 KB of spaces in a few hundred bytes of gzip is a 413); it was a 400 "not
+    valid UTF-8". Another coding is a 415 that names it."""
+    import gzip
+    import zlib
+
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).encode()
+    for coding, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        r = httpx.post(f"{inproc.url}/v1/completions", content=packed,
+                       headers={**JSON, "Content-Encoding": coding}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text
+    bomb = gzip.compress(b'{"model": "smollm2:135m", "prompt": "' + b" " * 70_000 + b'"}')
+    assert len(bomb) < 1_000
+    r = httpx.post(f"{inproc.url}/v1/completions", content=bomb, headers={**JSON, "Content-Encoding": "gzip"},
+                   timeout=30)
+    assert r.status_code == 413 and "65,536 bytes (serve --max-body) once decompressed" in r.json()["error"]["message"]
+    r = httpx.post(f"{inproc.url}/v1/completions", content=gzip.compress(body)[:-6],
+                   headers={**JSON, "Content-Encoding": "gzip"}, timeout=30)
+    assert r.status_code == 400 and "not valid gzip data" in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{inproc.url}/v1/completions", content=body, headers={**JSON, "Content-Encoding": "br"},
+                   timeout=30)
+    assert r.status_code == 415 and r.json()["error"]["message"].startswith("Content-Encoding br is not supported")
+
+
 def test_a_body_over_the_limit_is_a_413(inproc: InProcess) -> None:
     r = _complete(inproc.url, prompt="x" * 70_000)
     assert r.status_code == 413 and "over the limit of 65,536 bytes" in r.json()["error"]["message"]

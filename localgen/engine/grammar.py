@@ -274,10 +274,12 @@ def _unconvertible(schemas: Sequence[Any]) -> GrammarError:
             path, node = inner
         shown = json.dumps(node)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        why = (" (its `pattern` uses regular-expression syntax the converter does not take, such as \\d, \\w, \\s or "
-               "an escaped mark like \\.: write [0-9], [a-zA-Z0-9_], [ \\t\\n], [.] instead)") if "pattern" in node else ""
-        return GrammarError(f"cannot turn the JSON schema into a grammar: its part at {path.lstrip('/') or 'the top'}, "
-                            f"{shown}, cannot be expressed as one{why}", part=i)
+        why = (" (its `pattern` uses regular-expression syntax the converter does not take, such as \\d, \\w, \\s "
+               "or an escaped mark like \\.: write [0-9], [a-zA-Z0-9_], [ \\t\\n], [.] instead)") \
+            if "pattern" in node else ""
+        at = path.lstrip("/") or "the top"
+        return GrammarError(f"cannot turn the JSON schema into a grammar: its part at {at}, {shown}, cannot be "
+                            f"expressed as one{why}", part=i)
     return GrammarError("cannot turn the JSON schema into a grammar: its parts together cannot be expressed as one")
 
 

@@ -1,8 +1,9 @@
 """The one per-sequence decoder stage: every decoding path (plain, speculative, batched, beams) feeds it the
 tokens it samples, and it decides the rest the same way for all of them: end-of-generation, incremental
-UTF-8 (a character split over tokens waits for its last byte; one the answer ends inside is left out), stop strings (text that could begin one is
-held back, and the text ends before the earliest one), the token limit (the request's max_tokens, or the
-window), and which log-probabilities belong to the answer. New ways to finish go here, once."""
+UTF-8 (a character split over tokens waits for its last byte; one the answer ends inside is left out), stop
+strings (text that could begin one is held back, and the text ends before the earliest one), the token limit
+(the request's max_tokens, or the window), and which log-probabilities belong to the answer. New ways to
+finish go here, once."""
 
 from __future__ import annotations
 
