@@ -10,6 +10,7 @@ longer needs it). Nothing here runs at import: each library is imported by the f
 4. bindings_function      llama-cpp-python 0.3.x: a fresh ctypes function from the bindings' private CDLL.
 5. sqlite_utils_module    sqlite-utils 3.x-4.2: its import without pandas.
 6. httpx_transport        httpx 0.28 / httpcore 1.0: a transport whose pool uses our network backend.
+7. schema_converter_class llama-cpp-python 0.3.x: the JSON-schema converter with its literals' backslashes escaped.
 """
 
 from __future__ import annotations
@@ -287,3 +288,23 @@ def httpx_transport(ssl_context: Any, network_backend: Any) -> Any:
     transport = httpx.HTTPTransport(verify=ssl_context)
     transport._pool = httpcore.ConnectionPool(ssl_context=ssl_context, network_backend=network_backend)
     return transport
+
+
+# --- 7. The JSON-schema converter's literals ---------------------------------------------------------------------
+# Written for llama-cpp-python 0.3.36 (llama_cpp.llama_grammar.SchemaConverter, a copy of llama.cpp's
+# json_schema_to_grammar.py): its _format_literal escapes `"`, CR and LF for GBNF but not the backslash, so a
+# property name, const or enum value holding `"` or `\` (JSON-escaped as \" or \\) made a grammar that does not
+# parse, and a "\t" in a const forced a raw tab. Relies on every literal of JSON text going through
+# _format_literal(literal) -> '"..."' (property names, const, enum; not_literal's single characters).
+_GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n"}
+
+
+def schema_converter_class() -> Any:
+    """The bindings' SchemaConverter, its literals escaped as GBNF reads them."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    class Converter(SchemaConverter):  # type: ignore[misc]
+        def _format_literal(self, literal: str) -> str:
+            return '"' + "".join(_GBNF_ESCAPES.get(c, c) for c in literal) + '"'
+
+    return Converter

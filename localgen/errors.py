@@ -55,7 +55,11 @@ class ContextOverflowError(LocalgenError):
 
 class GrammarError(UsageError):
     """A grammar or JSON schema for constrained output is invalid: bad usage (exit 2), as any other flag's bad
-    file is; a server's 400."""
+    file is; a server's 400. `part`: which of several schemas converted together (a request's tools) it is."""
+
+    def __init__(self, message: str, hint: str | None = None, part: int | None = None) -> None:
+        super().__init__(message, hint)
+        self.part = part
 
 
 class RemoteError(LocalgenError):
@@ -98,6 +102,13 @@ class BadRequest(ServeError):
     """The request is malformed or asks for something impossible."""
 
     status = 400
+
+
+class BiasOutsideVocabulary(UsageError, BadRequest):
+    """A logit bias on a token the model's vocabulary lacks: a usage error (`run --logit-bias`), a server's 400
+    naming the request's field."""
+
+    param = "logit_bias"
 
 
 class PromptTooLong(BadRequest):

@@ -31,7 +31,7 @@ class Knob:
     lo: float | None = None
     hi: float | None = None
     help: str = ""
-    nullable: bool = False  # None is a value (seed: random)
+    nullable: bool = False  # None is a value (seed: random), and so is -1, which means it (llama.cpp's, Ollama's)
     flags: tuple[str, ...] = ()  # the CLI's (ours first, then llama.cpp's); default: --name-with-dashes
     openai: str | None = None  # OpenAI's request field, where OpenAI has one
     llamacpp: str | None = None  # llama-server's request field (its extension where OpenAI has none)
@@ -79,8 +79,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("presence_penalty", FLOAT, -2.0, 2.0, "Flat penalty on tokens already present; 0 off.", openai=True,
        ollama=True),
     _k("frequency_penalty", FLOAT, -2.0, 2.0, "Penalty growing with each repeat; 0 off.", openai=True, ollama=True),
-    _k("seed", INT, 0, 2**32 - 1, "Random seed: the same seed gives the same text (default: a new one each run).",
-       openai=True, ollama=True, nullable=True, flags=("--seed", "-s")),
+    _k("seed", INT, -1, 2**32 - 1, "Random seed: the same seed gives the same text (default, or -1: a new one each "
+                                   "run).", openai=True, ollama=True, nullable=True, flags=("--seed", "-s")),
     _k("max_tokens", INT, -1, INT32, "Most tokens to generate; 0 none, -1 until the model stops or the context is "
                                      "full.", openai=True, ollama="num_predict", llamacpp="n_predict",
        flags=("--max-tokens", "--n-predict", "-n"), also=("max_completion_tokens",), responses="max_output_tokens"),
@@ -192,6 +192,8 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
             raise UsageError(f"{shown} must be a finite number, not {value!r}")
     if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
         raise UsageError(out_of_range(shown, k.lo, k.hi, value))
+    if k.nullable and value == -1:  # llama.cpp's and Ollama's default seed: a fresh one, as none given
+        return None
     return value
 
 

@@ -280,3 +280,20 @@ def test_httpx_transport_connects_through_the_given_backend() -> None:
         server.server_close()
     assert (reply.status_code, reply.text) == (200, "ok")
     assert backend.hosts == [f"127.0.0.1:{server.server_port}"]
+
+
+# 7. schema_converter_class (llama-cpp-python 0.3.x) -----------------------------------------------------------
+
+
+def test_the_bindings_converter_still_leaves_backslashes_unescaped() -> None:
+    """The bindings' _format_literal escapes `"` but not `\\` (when it does both, drop the subclass); every
+    literal of JSON text goes through it, so the subclass's own makes a JSON-escaped quote a GBNF one."""
+    from localgen.native.lib import lib
+
+    lib()
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    theirs = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    assert theirs._format_literal(json.dumps('"q')) == '"\\"\\\\"q\\""', "a backslash left bare ends the literal"
+    ours = _compat.schema_converter_class()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    assert ours._format_literal(json.dumps('"q\t')) == '"\\"\\\\\\"q\\\\t\\""'

@@ -46,7 +46,11 @@ def test_eos_limit_and_logprobs() -> None:
     d.push(9)
     assert d.reason is None and d.tokens == [9]
     d = _decoder(limit=2)
-    assert d.push(1) == "caf" and d.push(2) == "\ufffd" and d.reason == "length", "a cut character is flushed"
+    assert d.push(1) == "caf" and d.push(2) == "" and d.reason == "length" and d.text == "caf", \
+        "the bytes of a character the limit cut are left out, as llama-server does, not shown as U+FFFD"
+    d = _decoder()
+    assert [d.push(t) for t in (1, 2, 7)] == ["caf", "", "\ufffd!"], "a bad byte mid-text is still replaced"
+    assert d.end("cancelled") == "" and d.text == "caf\ufffd!"
     d = SequenceDecoder(PIECES.__getitem__, lambda t: False, (), Limit(1, False))
     d.push(1)
     assert d.reason == "context"
@@ -105,3 +109,12 @@ def test_batched_decoding_ends_as_plain_decoding(cli: CLI, tmp_path: Path, expec
     got = [json.loads(line) for line in r.stdout.splitlines()]
     for doc, case in zip(got, PROMPTS, strict=True):
         assert (doc["text"], doc["finish_reason"]) == expected[case][:2], case
+
+
+def test_a_character_the_token_limit_cuts_is_left_out_not_replaced(cli: CLI) -> None:
+    """The 40th token is the first byte of an emoji: the answer ends before it (as llama-server's does), in the
+    streamed text as in --json's, not with U+FFFD."""
+    args = ("run", "-p", "Write emojis: 🎉🎉🎉 and Japanese: こんにちは", "-n", "40", "--temperature", "0", "--no-log")
+    doc = json.loads(cli(*args, "--json").stdout)
+    assert doc["finish_reason"] == "length" and doc["text"].endswith("🎉🎉") and "\ufffd" not in doc["text"]
+    assert cli(*args).stdout.rstrip("\n") == doc["text"]

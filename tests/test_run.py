@@ -68,6 +68,8 @@ def test_same_seed_same_text_and_no_seed_differs(cli: CLI) -> None:
     # the seed an unseeded run reports reproduces it
     again = json.loads(cli(*args, "--json", "--seed", str(unseeded[0]["seed"])).stdout)
     assert again["text"] == unseeded[0]["text"]
+    random = [json.loads(cli(*args, "--json", "--seed", "-1").stdout) for _ in range(2)]  # llama.cpp's "random"
+    assert len({d["seed"] for d in random}) == 2 and -1 not in {d["seed"] for d in random}
 
 
 def test_stdin_and_prompt_combine(cli: CLI) -> None:
@@ -216,7 +218,7 @@ def test_ctrl_c_stops_generation_with_130(cli: CLI) -> None:
         (["--ctx", "8"], "--ctx takes 0 (the model's trained context) or 16 tokens or more, not 8"),
         (["--top-k", "-3"], "--top-k"),
         (["--max-tokens", "-5"], "--max-tokens"),
-        (["--seed", "-1"], "--seed"),
+        (["--seed", "-2"], "--seed"),
         (["--no-such-flag"], "No such option"),
         (["--grammar", "/no/such/file"], "--grammar /no/such/file: no such file, and the text is not GBNF"),
     ],

@@ -107,6 +107,20 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/v1/chat/completions", _chat(metadata={f"k{i}": "v" for i in range(17)}), "metadata"),
     ("/v1/chat/completions", _chat(user=5), "user"),
     ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "user": {"id": 1}}, "user"),
+    # requests OpenAI refuses were taken: max_tokens 0 answered empty with "length"; top_logprobs without logprobs
+    # was dropped; json_schema without its json_schema was any object; a user's null content was ""; a model that
+    # is not a name was a 404 "not served"; a bias on a token past the vocabulary named no param
+    ("/v1/chat/completions", _chat(max_tokens=0), "max_tokens"),
+    ("/v1/chat/completions", {**_chat(), "max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ("/v1/chat/completions", _chat(top_logprobs=2), "top_logprobs"),
+    ("/v1/chat/completions", _chat(response_format={"type": "json_schema"}), "response_format.json_schema"),
+    ("/v1/chat/completions", {**_chat(), "messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    ("/v1/chat/completions", {**_chat(), "model": 5}, "model"),
+    ("/v1/chat/completions", _chat(logit_bias={"999999": 1}), "logit_bias"),
+    # Anthropic's rule: the thinking is part of max_tokens
+    ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
+                      "thinking": {"type": "enabled", "budget_tokens": 8}},
+     "max_tokens must be greater than thinking.budget_tokens"),
     # n: true was read as n: 1 (Python's True == 1)
     ("/v1/chat/completions", _chat(n=True), "n"),
     ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "n": True}, "n"),

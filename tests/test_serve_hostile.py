@@ -320,9 +320,67 @@ def test_serve_seed_is_every_requests_default(inproc: InProcess, monkeypatch: py
     seeded = _complete(inproc.url, prompt="My favourite animal is", max_tokens=12, temperature=1.5,
                        seed=11).json()["choices"][0]["text"]
     assert texts == {seeded}
+    # -1, llama.cpp's and Ollama's "random" (Ollama's default), is a fresh seed per request, over serve --seed too
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name an animal."}], "max_tokens": 12,
+            "temperature": 1.5}
+    fresh = {httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "seed": -1}, timeout=60)
+             .json()["choices"][0]["message"]["content"] for _ in range(4)}
+    assert len(fresh) > 1
+    for route in ("/api/generate", "/api/chat"):
+        r = httpx.post(f"{inproc.url}{route}", json={"model": MODEL, "prompt": "Hi", "stream": False,
+                                                      "messages": chat["messages"],
+                                                      "options": {"seed": -1, "num_predict": 2}}, timeout=60)
+        assert r.status_code == 200, r.text
 
 
 # ---- 4. limits, content type, origins, hosts -------------------------------------------------------
+
+def test_more_messages_than_the_window_has_tokens_are_refused_before_the_template(inproc: InProcess) -> None:
+    """Every message takes a token of the window at least: a conversation of more messages than a slot's window
+    has tokens is refused by its count, before the template renders them all (20,000 took seconds of CPU, then
+    the template's time limit answered), as the same error a conversation too long by its tokens gets: OpenAI's
+    context_length_exceeded, Anthropic's "prompt is too long"."""
+    def chat(n: int, route: str = "/v1/chat/completions") -> httpx.Response:
+        msgs = [{"role": ("user", "assistant")[i % 2], "content": "a"} for i in range(n - 1)]
+        return httpx.post(f"{inproc.url}{route}", timeout=60, json={
+            "model": MODEL, "max_tokens": 1, "messages": [*msgs, {"role": "user", "content": "Hi"}]})
+
+    by_tokens, by_count = chat(601).json()["error"], chat(1_101).json()["error"]
+    assert "the prompt is" in by_tokens["message"] and " tokens; " in by_tokens["message"], "rendered, then counted"
+    assert by_count["message"] == "the conversation is 1,101 messages; a slot's window of 1,024 tokens holds at " \
+                                  "most 1,024 (each takes a token at least)"
+    assert {k: v for k, v in by_count.items() if k != "message"} == \
+        {k: v for k, v in by_tokens.items() if k != "message"} == \
+        {"type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
+    r = chat(1_101, "/v1/messages")
+    assert r.status_code == 400 and r.json()["error"]["message"] == \
+        "prompt is too long: 1101 messages > 1024 maximum (a window of 1024 tokens holds at most one message a token)"
+
+
+def test_a_gzip_body_is_decoded_within_the_limit(inproc: InProcess) -> None:
+    """Content-Encoding gzip (or deflate), as OpenAI's and Anthropic's APIs take it: decoded, bounded by
+    --max-body once decompressed (65 KB of spaces in a few hundred bytes of gzip is a 413); it was a 400 "not
+    valid UTF-8". Another coding is a 415 that names it."""
+    import gzip
+    import zlib
+
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).encode()
+    for coding, packed in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        r = httpx.post(f"{inproc.url}/v1/completions", content=packed,
+                       headers={**JSON, "Content-Encoding": coding}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text
+    bomb = gzip.compress(b'{"model": "smollm2:135m", "prompt": "' + b" " * 70_000 + b'"}')
+    assert len(bomb) < 1_000
+    r = httpx.post(f"{inproc.url}/v1/completions", content=bomb, headers={**JSON, "Content-Encoding": "gzip"},
+                   timeout=30)
+    assert r.status_code == 413 and "65,536 bytes (serve --max-body) once decompressed" in r.json()["error"]["message"]
+    r = httpx.post(f"{inproc.url}/v1/completions", content=gzip.compress(body)[:-6],
+                   headers={**JSON, "Content-Encoding": "gzip"}, timeout=30)
+    assert r.status_code == 400 and "not valid gzip data" in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{inproc.url}/v1/completions", content=body, headers={**JSON, "Content-Encoding": "br"},
+                   timeout=30)
+    assert r.status_code == 415 and r.json()["error"]["message"].startswith("Content-Encoding br is not supported")
+
 
 def test_a_body_over_the_limit_is_a_413(inproc: InProcess) -> None:
     r = _complete(inproc.url, prompt="x" * 70_000)
@@ -368,6 +426,41 @@ def test_grammar_bounds_and_deep_nesting_are_400s_without_internals(child: Serve
         assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
         assert "Recursion" not in r.text
     _still_answers(child.url)
+
+
+def test_a_schema_the_converter_cannot_take_is_a_400_naming_the_field(inproc: InProcess) -> None:
+    """A schema that cannot become a grammar is a 400 in the schema's words, naming the request's field; it was
+    a 400 quoting the grammar's parser (`expecting newline or end at ...`) with `param: null`. A property name
+    holding a quote or a backslash is escaped as GBNF reads it, and works."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi in JSON."}], "max_tokens": 100,
+            "temperature": 0}
+
+    def ask(schema: Any) -> httpx.Response:
+        return httpx.post(f"{inproc.url}/v1/chat/completions", timeout=60, json={**chat, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+
+    quoted = {"type": "object", "properties": {'"q': {"type": "string", "maxLength": 4},
+                                               "a\\b": {"type": "string", "maxLength": 4}},
+              "required": ['"q', "a\\b"]}
+    r = ask(quoted)
+    assert r.status_code == 200, r.text
+    assert set(json.loads(r.json()["choices"][0]["message"]["content"])) == {'"q', "a\\b"}
+    r = ask({"enum": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert r.json()["error"]["message"] == "the JSON schema has an `enum` with no values: no value could match it"
+    r = ask({"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\d+$"}}})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "response_format", r.text
+    assert error["message"].startswith('cannot turn the JSON schema into a grammar: its part at properties/n, '
+                                       '{"type": "string", "pattern": "^\\\\d+$"}, cannot be expressed as one')
+    assert "expecting" not in error["message"] and "::=" not in error["message"]
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
+             for n, p in (("ok", {}), ("bad", {"x": {"enum": []}}))]
+    r = httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "tools": tools}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
+    r = httpx.post(f"{inproc.url}/api/generate", json={"model": MODEL, "prompt": "x", "format": {"enum": []}},
+                   timeout=60)
+    assert r.status_code == 400 and "`enum` with no values" in r.json()["error"]
 
 
 def test_a_body_must_be_json(child: Server) -> None:

@@ -15,6 +15,7 @@ from localgen import loadsettings, settings
 from localgen.cli import options as o
 from localgen.cli.options.knobs import Knobs
 from localgen.loadsettings import LOAD_KNOBS
+from localgen.models import modelfile
 from localgen.settings import KNOBS
 from localgen.types import GenerationRequest, LoadParams, SamplingParams
 
@@ -163,7 +164,8 @@ def test_a_knob_added_to_the_table_reaches_every_api(monkeypatch: pytest.MonkeyP
     ("top_k", -5, "top_k must be at least 0, not -5"),  # 2**31 - 1 is only a C int's top: not said
     ("max_tokens", -5, "max_tokens must be at least -1, not -5"),
     ("top_k", 2**31, "top_k must be at most 2,147,483,647 (llama.cpp takes it as a C int), not 2147483648"),
-    ("seed", 2**32, "seed must be within 0 to 4,294,967,295, not 4294967296"),
+    ("seed", 2**32, "seed must be within -1 to 4,294,967,295, not 4294967296"),
+    ("seed", -2, "seed must be within -1 to 4,294,967,295, not -2"),
     ("temperature", 9, "temperature must be within 0 to 5, not 9.0"),
 ])
 def test_a_value_out_of_range_is_told_the_range_in_plain_numbers(name: str, value: Any, said: str) -> None:
@@ -175,6 +177,15 @@ def test_a_value_out_of_range_is_told_the_range_in_plain_numbers(name: str, valu
     with pytest.raises(UsageError) as e:
         settings.parse_text(name, str(value))  # chat's /set
     assert e.value.message == said
+
+
+def test_seed_minus_one_is_a_random_seed_as_none_given() -> None:
+    """llama.cpp's and Ollama's "random" seed (-1, Ollama's default) is taken wherever a seed is (a flag, /set,
+    a JSONL line, a preset, a Modelfile's PARAMETER, every API's field), as no seed: a fresh one each time."""
+    assert settings.check("seed", -1) is None
+    assert settings.parse_text("seed", "-1") == ("seed", None)
+    assert settings.validate({"seed": -1}) == {"seed": None}
+    assert modelfile.parse("FROM smollm2:135m\nPARAMETER seed -1\n").parameters["seed"] is None
 
 
 def test_a_bad_value_is_named_as_the_client_spelled_it() -> None:

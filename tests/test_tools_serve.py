@@ -275,7 +275,7 @@ def test_anthropic_thinking_blocks(reasoning_server: Server) -> None:
     reasoning = client.chat.completions.create(**kw).choices[0].message.model_extra["reasoning_content"]
     a = anthropic.Anthropic(base_url=reasoning_server.url, api_key="none")
     akw: dict[str, Any] = {"model": "smollm2:135m", "messages": kw["messages"], "max_tokens": 24,
-                           "thinking": {"type": "enabled", "budget_tokens": 1024}, "extra_body": {"temperature": 0}}
+                           "thinking": {"type": "adaptive"}, "extra_body": {"temperature": 0}}
     r = a.messages.create(**akw)
     assert [b.type for b in r.content] == ["thinking"] and r.content[0].thinking == reasoning
     kinds, thought = [], ""

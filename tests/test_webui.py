@@ -1015,7 +1015,7 @@ def test_a_key_a_browser_cannot_send_is_refused_in_the_prompt(browser: Any, serv
     page.press("#key-input", "Enter")
     page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
     page.click("#open-settings")
-    page.fill("#seed", "-1")  # the server takes 0 to 4,294,967,295: said in the dialog, before any request
+    page.fill("#seed", "-2")  # the server takes -1 (random) to 4,294,967,295: said in the dialog, before any request
     page.click("#settings-form button[type=submit]")  # the browser's own check holds the form
     assert page.evaluate("document.getElementById('seed').validity.rangeUnderflow")
     assert page.is_visible("#settings")

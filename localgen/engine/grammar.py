@@ -107,6 +107,8 @@ def _plain(node: dict[str, Any]) -> dict[str, Any]:
     for key in ("anyOf", "oneOf"):
         if node.get(key) == []:
             node = {k: v for k, v in node.items() if k != key}
+    if node.get("enum") == []:
+        raise GrammarError("the JSON schema has an `enum` with no values: no value could match it")
     if node.pop("nullable", False) is True:
         return {"anyOf": [_plain(node), {"type": "null"}]}
     kind = node.get("type")
@@ -216,8 +218,14 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
     names: list[str] = []
     try:
         for i, schema in enumerate(schemas):
-            names.append(str(converter.visit(resolve_schema(schema), f"{prefix}{i}")))
-        return str(converter.format_grammar()), names
+            try:
+                names.append(str(converter.visit(resolve_schema(schema), f"{prefix}{i}")))
+            except GrammarError as e:
+                raise GrammarError(e.message, e.hint, part=i) from None
+        rules = str(converter.format_grammar())
+        if not _parses(f"root ::= {' | '.join(names)}\n{rules}"):
+            raise _unconvertible(schemas)
+        return rules, names
     except GrammarError:
         raise
     except RecursionError:
@@ -227,3 +235,63 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
                            "may take") from None
     except Exception as e:  # the converter raises bare Exceptions of many kinds for schemas it cannot handle
         raise GrammarError(f"cannot turn the JSON schema into a grammar: {str(e) or type(e).__name__}") from None
+
+
+def _parses(gbnf: str) -> bool:
+    """Whether llama.cpp's parser takes a grammar (one made from a schema: no model's vocabulary needed)."""
+    from localgen.native.grammar import check_grammar
+
+    try:
+        check_grammar(None, gbnf)
+    except GrammarError:
+        return False
+    return True
+
+
+def _converts(schema: Any) -> bool:
+    """Whether a resolved schema alone becomes a grammar that parses."""
+    from localgen.native.grammar import schema_converter
+
+    converter = schema_converter()
+    try:
+        name = converter.visit(schema, "s")
+        return _parses(f"root ::= {name}\n{converter.format_grammar()}")
+    except Exception:  # the converter's own refusals: this part cannot become a grammar either
+        return False
+
+
+def _unconvertible(schemas: Sequence[Any]) -> GrammarError:
+    """What in `schemas` the converter made a grammar llama.cpp cannot parse from, in the schema's words: the
+    innermost part that fails alone, by its path. Only run on failure (it converts parts again)."""
+    for i, schema in enumerate(schemas):
+        node, path = resolve_schema(schema), ""
+        if _converts(node):
+            continue
+        while True:
+            inner = next(((f"{path}/{key}", child) for key, child in _parts(node) if not _converts(child)), None)
+            if inner is None:
+                break
+            path, node = inner
+        shown = json.dumps(node)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        why = (" (its `pattern` uses regular-expression syntax the converter does not take, such as \\d, \\w, \\s "
+               "or an escaped mark like \\.: write [0-9], [a-zA-Z0-9_], [ \\t\\n], [.] instead)") \
+            if "pattern" in node else ""
+        at = path.lstrip("/") or "the top"
+        return GrammarError(f"cannot turn the JSON schema into a grammar: its part at {at}, {shown}, cannot be "
+                            f"expressed as one{why}", part=i)
+    return GrammarError("cannot turn the JSON schema into a grammar: its parts together cannot be expressed as one")
+
+
+def _parts(node: Any) -> list[tuple[str, Any]]:
+    """A resolved schema's subschemas, each with its key path below the node."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _MAP and isinstance(value, dict):
+                out += [(f"{key}/{name}", v) for name, v in value.items() if isinstance(v, dict)]
+            elif key in _LIST and isinstance(value, list):
+                out += [(f"{key}/{j}", v) for j, v in enumerate(value) if isinstance(v, dict)]
+            elif key in _ONE and isinstance(value, dict):
+                out.append((key, value))
+    return out

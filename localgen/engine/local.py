@@ -15,7 +15,7 @@ from localgen.backend import Completion, Indexed
 from localgen.engine.llama import Engine
 from localgen.engine.promptcache import MIN_PREFIX
 from localgen.engine.tokens import common_prefix
-from localgen.errors import LocalgenError, UsageError, WrongModel
+from localgen.errors import BiasOutsideVocabulary, LocalgenError, WrongModel
 from localgen.native.prompt import Prompt
 from localgen.types import GenerationRequest
 
@@ -55,8 +55,8 @@ class LocalBackend:
         n_vocab = self.engine.n_vocab
         outside = [t for t, _ in request.sampling.logit_bias if t >= n_vocab]
         if outside:
-            raise UsageError(f"logit bias on token {outside[0]}: this model's vocabulary has {n_vocab:,} tokens "
-                             f"(0 to {n_vocab - 1:,})")
+            raise BiasOutsideVocabulary(f"logit bias on token {outside[0]}: this model's vocabulary has {n_vocab:,} "
+                                        f"tokens (0 to {n_vocab - 1:,})")
         if request.prompt is not None:
             return Prompt.text(self.engine.raw_tokens(request.prompt))
         if _has_media(request.messages):

@@ -1,8 +1,9 @@
 """The one per-sequence decoder stage: every decoding path (plain, speculative, batched, beams) feeds it the
 tokens it samples, and it decides the rest the same way for all of them: end-of-generation, incremental
-UTF-8 (a character split over tokens waits for its last byte), stop strings (text that could begin one is
-held back, and the text ends before the earliest one), the token limit (the request's max_tokens, or the
-window), and which log-probabilities belong to the answer. New ways to finish go here, once."""
+UTF-8 (a character split over tokens waits for its last byte; one the answer ends inside is left out), stop
+strings (text that could begin one is held back, and the text ends before the earliest one), the token limit
+(the request's max_tokens, or the window), and which log-probabilities belong to the answer. New ways to
+finish go here, once."""
 
 from __future__ import annotations
 
@@ -90,7 +91,10 @@ class SequenceDecoder:
         return self._flush()
 
     def _flush(self) -> str:
-        self.text += self.utf8.decode(b"", final=True)
+        # bytes of a character the answer ended inside are left out (as llama-server does), not shown as U+FFFD:
+        # the decoder holds back only the start of a character that could still be whole (bad bytes mid-text are
+        # replaced as they come)
+        self.utf8.reset()
         return self._take(len(self.text))
 
     def _take(self, upto: int) -> str:

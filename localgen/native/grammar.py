@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,28 +13,32 @@ from localgen.errors import GrammarError
 
 
 def schema_converter() -> Any:
-    """The bindings' SchemaConverter (llama_cpp.llama_grammar), set as localgen uses it, with integer ranges
-    (minimum, maximum, ...) made rules as llama.cpp's own converter makes them (native/intrange.py)."""
+    """The bindings' SchemaConverter (llama_cpp.llama_grammar), set as localgen uses it (_compat: its strings
+    escaped as GBNF reads them), with integer ranges (minimum, maximum, ...) made rules as llama.cpp's own
+    converter makes them (native/intrange.py)."""
+    from localgen import _compat
     from localgen.native.lib import lib
 
     lib()
-    from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+    from llama_cpp.llama_grammar import RESERVED_NAMES
 
     from localgen.native.intrange import integer_rule
 
-    class Converter(SchemaConverter):  # type: ignore[misc]
+    class Converter(_compat.schema_converter_class()):  # type: ignore[misc]
         def visit(self, schema: Any, name: str) -> Any:
             rule = integer_rule(schema)
             if rule is None:
-                return super().visit(schema, name)  # type: ignore[no-untyped-call]
-            return self._add_rule(name + "-" if name in RESERVED_NAMES else name or "root", rule)  # type: ignore[no-untyped-call]
+                return super().visit(schema, name)
+            return self._add_rule(name + "-" if name in RESERVED_NAMES else name or "root", rule)
 
-    return Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)  # type: ignore[no-untyped-call]
+    return Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
 def check_grammar(vocab: Any, gbnf: str) -> None:
     """Parse a GBNF grammar natively, so a bad one is an error before any work (the bindings never check
-    whether the parse failed; the parser's message goes straight to fd 2, and is captured from there)."""
+    whether the parse failed; the parser's message goes straight to fd 2, and is captured from there). `vocab`
+    None: no model's (the vocabulary is read only for token references, `<[id]>`, which a grammar made from a
+    schema never holds)."""
     from localgen.native.lib import lib
 
     lc = lib()
@@ -48,6 +53,11 @@ def check_grammar(vocab: Any, gbnf: str) -> None:
     lc.llama_sampler_free(sampler)
 
 
+# fd 2 is the process's: two captures at once (a server's worker and a request's schema) would each restore
+# the other's file as stderr
+_FD2 = threading.Lock()
+
+
 @contextlib.contextmanager
 def _capture_fd2() -> Iterator[Any]:
     """Capture what native code writes straight to fd 2 (llama.cpp's grammar parser uses fprintf)."""
@@ -55,7 +65,7 @@ def _capture_fd2() -> Iterator[Any]:
     import tempfile
 
     lines: list[str] = []
-    with tempfile.TemporaryFile() as tmp:
+    with _FD2, tempfile.TemporaryFile() as tmp:
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)

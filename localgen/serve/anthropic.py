@@ -76,6 +76,9 @@ class Messages:
         schema, effort = _output_config(body.get("output_config"))
         thinking = _thinking(body.get("thinking"))
         if thinking and body["thinking"]["type"] == "enabled":  # its budget, unless the request set a reasoning_budget
+            if isinstance(body.get("max_tokens"), int) and body["thinking"]["budget_tokens"] >= body["max_tokens"]:
+                raise HTTPError(400, "max_tokens must be greater than thinking.budget_tokens (Anthropic's rule: the "
+                                     "thinking is part of the answer's tokens)", param="thinking.budget_tokens")
             values.setdefault("reasoning_budget", body["thinking"].get("budget_tokens"))
         choice, parallel = _choice(body.get("tool_choice"))
         return Ask(values=values,

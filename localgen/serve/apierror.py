@@ -27,7 +27,8 @@ class HTTPError(Exception):
     for the server's log too (the server's own fault, said there in full: a damaged file and where it is)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 logged: str | None = None, overflow: tuple[int, int] | None = None, chars: int | None = None):
+                 logged: str | None = None, overflow: tuple[int, int] | None = None, chars: int | None = None,
+                 messages: int | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -36,6 +37,7 @@ class HTTPError(Exception):
         self.logged = logged
         self.overflow = overflow  # a prompt past the window: (its tokens, the window), worded as each API does
         self.chars = chars  # one refused by its characters before it was tokenized: how many (its tokens: 0, uncounted)
+        self.messages = messages  # one refused by its count of messages before it was rendered (its tokens: 0)
 
 
 def http_error(f: Failed) -> HTTPError:
@@ -83,6 +85,9 @@ def error_body(api: str, e: HTTPError) -> dict[str, Any]:
 
                 message = (f"prompt is too long: {e.chars} characters > {CHARS_PER_TOKEN * e.overflow[1]} maximum (a "
                            f"window of {e.overflow[1]} tokens holds at most {CHARS_PER_TOKEN} characters a token)")
+            if e.messages is not None:
+                message = (f"prompt is too long: {e.messages} messages > {e.overflow[1]} maximum (a window of "
+                           f"{e.overflow[1]} tokens holds at most one message a token)")
         return {"type": "error", "error": {"type": kind, "message": message}, **extra}
     code: int | str = "context_length_exceeded" if e.overflow is not None else e.status  # OpenAI's, read by Codex
     return {"error": {"message": message, "type": e.kind, "param": e.param, "code": code}, **extra}

@@ -39,7 +39,7 @@ OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "")
 
 # Headers a request may carry once: two Hosts would let the DNS-rebinding check read one while a proxy or
 # the route reads the other; two Content-Types, a body checked as one type and read as another.
-SINGLE_HEADERS = ("Host", "Content-Type", "Content-Length")
+SINGLE_HEADERS = ("Host", "Content-Type", "Content-Length", "Content-Encoding")
 
 # Methods whose body a route may read (Ollama's DELETE /api/delete reads JSON): each body is bounded by
 # --max-body and --read-timeout here. A DELETE's type is not asked for: OpenAI's clients send none.
@@ -230,6 +230,16 @@ class Gate:
                 return
             if not message.get("more_body", False):
                 break
+        encoding = headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity"):
+            try:
+                body = bytearray(await asyncio.to_thread(decoded, bytes(body), encoding, limit))
+            except HTTPError as e:
+                await _refuse(scope, receive, send, e)
+                return
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"]
+                                          if k.lower() not in (b"content-encoding", b"content-length")]
+                     + [(b"content-length", str(len(body)).encode())]}
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -245,6 +255,29 @@ class Gate:
         """Whether a route takes this path and method: the body's type and size are checked only then, so a
         POST to a path no route serves is a 404 and one to a route that takes no POST a 405, whatever its body."""
         return self.routes is None or any(r.matches(scope)[0] is Match.FULL for r in self.routes)
+
+
+def decoded(body: bytes, encoding: str, limit: int) -> bytes:
+    """A body sent with Content-Encoding gzip (or deflate), as OpenAI's and Anthropic's APIs take it, decoded
+    within `limit` bytes (a few KB of gzip can hold gigabytes: a 413, never the memory); a 415 for another
+    coding."""
+    import zlib
+
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise HTTPError(415, f"Content-Encoding {encoding[:40]} is not supported: send the body as it is, or with "
+                             "gzip or deflate")
+    inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in encoding else zlib.MAX_WBITS)
+    try:
+        out = inflate.decompress(body, limit + 1)
+    except zlib.error:
+        raise HTTPError(400, f"the request body is not valid {encoding} data (Content-Encoding: {encoding})") from None
+    if len(out) > limit:
+        raise HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body) once "
+                             f"decompressed")
+    if not inflate.eof or inflate.unused_data:
+        raise HTTPError(400, f"the request body is not valid {encoding} data: it is cut short or has bytes after "
+                             "its end")
+    return out
 
 
 async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError,

@@ -156,6 +156,10 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
                         p = found.part(keep_name=False)  # fetched: carried as a data: URI; else as sent
                     parts.append(p)
                 content = parts
+        if content is None and m["role"] in ("user", "system", "developer"):  # as OpenAI: only a turn of the
+            # model's may be its tool calls alone
+            raise HTTPError(400, f"a {m['role']} message needs `content` (a string or content parts), not null",
+                            param=f"messages.{i}.content")
         if content is None:
             content = ""
         if not isinstance(content, (str, list)):

@@ -71,6 +71,11 @@ class Completions:
         if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):  # null: OpenAI's default, 1; true ≠ 1
             raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                             param="n")
+        if self.chat:
+            for key in ("max_tokens", "max_completion_tokens"):  # as OpenAI: at least 1 (-1, llama-server's: no limit)
+                if body.get(key) == 0 and not isinstance(body.get(key), bool):
+                    raise HTTPError(400, f"{key} must be at least 1 (or -1: until the model stops or the window is "
+                                         "full), not 0", param=key)
         logprobs = None
         count = body.get("logprobs")  # /v1/completions: a count, and 0 (the chosen tokens alone) asks too
         asked = flag(body, "logprobs") if self.chat else count is not None and count is not False
@@ -80,6 +85,8 @@ class Completions:
             if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
                 field = "top_logprobs" if self.chat else "logprobs"  # /v1/completions: logprobs is the count
                 raise HTTPError(400, f"{field} must be an integer from 0 to 20", param=field)
+            if not asked and body.get("top_logprobs") is not None:  # as OpenAI: alternatives need the chosen tokens'
+                raise HTTPError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
             logprobs = top if asked else None
         effort = one_of(body.get("reasoning_effort"), REASONING_EFFORTS, "reasoning_effort")
         common: dict[str, Any] = dict(
@@ -140,8 +147,11 @@ def _response_format(fmt: Any) -> Schema | None:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "json_schema":
         assert isinstance(fmt, dict)
-        spec = fmt.get("json_schema") or {}
-        return Schema(spec.get("schema", spec) if isinstance(spec, dict) else None, "response_format")
+        if not isinstance(fmt.get("json_schema"), dict):  # as OpenAI: the type names the field that holds it
+            raise HTTPError(400, "response_format of type json_schema needs `json_schema`, an object with the "
+                                 "`schema`", param="response_format.json_schema")
+        spec = fmt["json_schema"]
+        return Schema(spec.get("schema", spec), "response_format")
     if kind == "json_object":
         assert isinstance(fmt, dict)
         return Schema(fmt.get("schema", "json"), "response_format")

@@ -191,9 +191,15 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
 
 def check_prompt_size(worker: Served, texts: list[Any]) -> None:
     """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (its
-    characters, for the APIs that say a count: its tokens were not counted)."""
+    characters, or a conversation's count of messages, for the APIs that say a count: its tokens were not
+    counted)."""
     from localgen.media import text_of
 
+    if len(texts) > worker.n_ctx:  # a conversation's messages: each takes a token at least (its turn's marks),
+        # and rendering them all through the template would take seconds first
+        raise HTTPError(400, f"the conversation is {len(texts):,} messages; a slot's window of {worker.n_ctx:,} "
+                             f"tokens holds at most {worker.n_ctx:,} (each takes a token at least)",
+                        overflow=(0, worker.n_ctx), messages=len(texts))
     chars = sum(len(text_of(t)) for t in texts)
     most = CHARS_PER_TOKEN * worker.n_ctx
     if chars > most:

@@ -51,6 +51,8 @@ class ServeState:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its
         worker made now); the default model when none is named. With `claude` (Anthropic's API), a claude-*
         name (what Claude Code asks for unless told) that is not a model here is the default model."""
+        if name is not None and not isinstance(name, str):  # a 404 "not served" would send a client looking for it
+            raise HTTPError(400, f"`model` must be a model's name, a string, not {str(name)[:40]!r}", param="model")
         if claude and isinstance(name, str) and name.startswith("claude-") and name not in self.workers:
             try:
                 return self.worker(name)

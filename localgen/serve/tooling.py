@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from localgen.errors import LocalgenError
+from localgen.errors import GrammarError, LocalgenError
 from localgen.serve.apierror import HTTPError
 from localgen.serve.schema import bounded_schema, check_grammar_size
 from localgen.serve.served import Served
@@ -42,6 +42,9 @@ async def tool_plan(worker: Served, tools: Any, choice: Any, parallel: Any) -> T
         plan = await asyncio.to_thread(make_plan, worker.ref.summary.chat_template, specs, choice, parallel)
     except RecursionError:
         raise HTTPError(400, "a tool schema nests or refers to itself too deeply", param="tools") from None
+    except GrammarError as e:  # a tool's schema that cannot become a grammar: the tool named
+        at = e.part if e.part is not None and isinstance(tools, list) and e.part < len(tools) else None
+        raise HTTPError(400, e.message, param="tools" if at is None else f"tools[{at}].function.parameters") from None
     except LocalgenError as e:
         raise HTTPError(400, e.message, param="tool_choice" if "tool_choice" in e.message else "tools") from None
     if plan.constraint is not None:
