@@ -145,15 +145,14 @@ def _load() -> tuple[dict[str, Any], str | None]:
 
 
 def _read(unreadable: list[int] | None = None) -> dict[str, Any]:
-    """The records' file, with only the records this version can read (a hand-edited or damaged one is left out,
-    and dropped at the next write); how many were left out is appended to `unreadable`. A file unreadable as a
-    whole reads as holding nothing (damage() says why)."""
+    """The records' file, every record as it is kept (one this version cannot read, a hand edit, stays there
+    until `tune --reset`: records() leaves it out); how many cannot be read is appended to `unreadable`. A file
+    unreadable as a whole reads as holding nothing (damage() says why)."""
     doc, _ = _load()
     given = doc.get("records")
-    given = given if isinstance(given, list) else [given] if given is not None else []
-    doc["records"] = [d for d in given if _readable(d)]
+    doc["records"] = given if isinstance(given, list) else [given] if given is not None else []
     if unreadable is not None:
-        unreadable.append(len(given) - len(doc["records"]))
+        unreadable.append(sum(not _readable(d) for d in doc["records"]))
     if not isinstance(doc.get("hashes"), list):
         doc["hashes"] = []
     return doc
@@ -262,7 +261,7 @@ def _locked() -> Any:
 
 def records() -> list[Record]:
     """Every record, as stored (ones this version cannot read are skipped: unreadable() counts them)."""
-    return [Record.from_json(d) for d in _read()["records"]]
+    return [Record.from_json(d) for d in _read()["records"] if _readable(d)]
 
 
 def save(record: Record) -> Record | None:
@@ -274,9 +273,9 @@ def save(record: Record) -> Record | None:
         doc = _read()
         if record.partial:
             for d in doc["records"]:
-                if d.get("key") == key and not (earlier := Record.from_json(d)).partial:
+                if _readable(d) and d.get("key") == key and not (earlier := Record.from_json(d)).partial:
                     return earlier
-        doc["records"] = [d for d in doc["records"] if d.get("key") != key]
+        doc["records"] = [d for d in doc["records"] if not (isinstance(d, dict) and d.get("key") == key)]
         doc["records"].append(record.to_json())
         _write(doc)
     return None
@@ -295,10 +294,10 @@ def reset(sha256: str | None = None, model: str | None = None) -> int:
     with _locked():
         _writable()
         doc = _read()
-        before = len(doc["records"])
-        doc["records"] = [d for d in doc["records"] if not mine(d)]
+        readable = [d for d in doc["records"] if _readable(d)]  # the others go too, uncounted
+        doc["records"] = [d for d in readable if not mine(d)]
         _write(doc)
-        return before - len(doc["records"])
+        return len(readable) - len(doc["records"])
 
 
 def file_sha256(path: str | Path) -> str:

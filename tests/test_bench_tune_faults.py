@@ -118,6 +118,8 @@ def test_a_record_of_the_wrong_types_is_left_out_and_the_others_used(
     assert tuning.records() == [good]
     assert not _resolve(ref)[1]["n_threads"].startswith("tuned")  # the bad single-stream record is never applied
     assert _resolve(ref, streams=2)[1]["n_threads"].startswith("tuned"), "the good one still is"
+    tuning.first_sight(path.parent / "another.gguf")  # a write of a load's: the hand edit stays in the file
+    assert bad in json.loads(path.read_text())["records"], "only tune --reset removes it"
     r = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(own_home)})("tune", "--show")
     assert r.returncode == 0 and r.stdout.count("\n") == 1 and "· 2 streams ·" in r.stdout, r.stdout
     assert r.stderr == (f"warning: 1 tuning record in {path} cannot be read (wrong fields or types): it is left "

@@ -213,6 +213,10 @@ def test_a_stored_continued_response_is_one_message_to_follow_up(server: Server)
         {"role": "user", "content": QUESTION}, {"role": "assistant", "content": PREFILL + answer},
         {"role": "user", "content": "Another one."}]}, timeout=60)
     assert again.json()["usage"]["input_tokens"] == count.json()["input_tokens"]
+    # its input items are the input as sent: the question and the prefill, apart (docs/api.md)
+    items = httpx.get(f"{server.url}/v1/responses/{r.json()['id']}/input_items", params={"order": "asc"},
+                      timeout=60).json()["data"]
+    assert [(i["role"], i["content"][0]["text"]) for i in items] == [("user", QUESTION), ("assistant", PREFILL)]
 
 
 # ---- the templates' side, in process ------------------------------------------------------------------------

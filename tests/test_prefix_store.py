@@ -45,7 +45,7 @@ def test_what_is_written_is_read_back_whole(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["identity", "build", "torn", "torn header", "checksum", "a token",
-                                    "prompt length", "not ours"])
+                                    "prompt length", "a token past int64", "not ours"])
 def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage: str) -> None:
     store, _ = _store(tmp_path)
     good, bad = _entry(list(range(100)), seed=1), _entry(list(range(200, 300)), seed=2)
@@ -66,6 +66,9 @@ def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage:
     elif damage == "a token":  # one digit of the header's tokens: another prompt's state must not be handed out
         assert raw.count(b"[200, ") == 1
         path.write_bytes(raw.replace(b"[200, ", b"[201, "))
+    elif damage == "a token past int64":  # a 33-digit id in place of 7 (the header's length kept), and a prompt
+        path.write_bytes(raw.replace(b"[200, 201, 202, 203, 204, 205, 206, ", b"[" + b"9" * 33 + b", ")  # length
+                         .replace(b'"prompt_len": 98', b'"prompt_len": 90'))  # within the 94 tokens left
     elif damage == "prompt length":
         assert raw.count(b'"prompt_len": 98') == 1
         path.write_bytes(raw.replace(b'"prompt_len": 98', b'"prompt_len": 97'))

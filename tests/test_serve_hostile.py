@@ -357,6 +357,30 @@ def test_more_messages_than_the_window_has_tokens_are_refused_before_the_templat
         "prompt is too long: 1101 messages > 1024 maximum (a window of 1024 tokens holds at most one message a token)"
 
 
+def test_ollamas_chat_reads_a_message_without_content_as_empty(inproc: InProcess) -> None:
+    """As Ollama reads it: a message with no `content` (or null) on /api/chat is "" (OpenAI's routes refuse a user
+    message's null content with a 400 naming it)."""
+    for message in ({"role": "user"}, {"role": "user", "content": None}):
+        r = httpx.post(f"{inproc.url}/api/chat", timeout=60, json={
+            "model": MODEL, "stream": False, "options": {"num_predict": 1},
+            "messages": [{"role": "system", "content": "Be brief."}, message]})
+        assert r.status_code == 200 and r.json()["done"], r.text
+
+
+def test_truncation_auto_is_not_refused_by_its_count_of_messages() -> None:
+    """docs/api.md: truncation "auto" fits a conversation to the window instead of refusing it, so the refusal by
+    count of messages (above) is not made for it: its turns are folded."""
+    from types import SimpleNamespace
+
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.pipeline import check_prompt_size
+
+    worker = SimpleNamespace(n_ctx=4)
+    with pytest.raises(HTTPError):
+        check_prompt_size(worker, ["a"] * 5)  # type: ignore[arg-type]
+    check_prompt_size(worker, ["a"] * 5, count=False)  # type: ignore[arg-type]
+
+
 def test_a_gzip_body_is_decoded_within_the_limit(inproc: InProcess) -> None:
     """Content-Encoding gzip (or deflate), as OpenAI's and Anthropic's APIs take it: decoded, bounded by
     --max-body once decompressed (65 KB of spaces in a few hundred bytes of gzip is a 413); it was a 400 "not

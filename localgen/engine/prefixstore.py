@@ -42,6 +42,7 @@ VERSION = 2  # 2: the checksum covers the tokens and prompt length too, not only
 SUFFIX = ".prefix"
 _HEAD = struct.Struct("<4sII")  # magic, format version, header length
 MAX_HEADER = 64 << 20  # a header longer than this is damage, not tokens
+TOKEN_LIMIT = 1 << 31  # a token id is an int32 of llama.cpp's
 
 
 @dataclass(frozen=True)
@@ -199,9 +200,10 @@ class PrefixStore:
             try:
                 head = json.loads(raw)
                 tokens, prompt_len, size, digest = head["tokens"], head["prompt_len"], head["size"], head["sha256"]
-                if not (isinstance(tokens, list) and all(type(t) is int for t in tokens) and type(size) is int
-                        and type(prompt_len) is int):
-                    raise ValueError
+                if not (isinstance(tokens, list) and all(type(t) is int and -TOKEN_LIMIT <= t < TOKEN_LIMIT
+                                                         for t in tokens) and type(size) is int
+                        and type(prompt_len) is int and 0 <= prompt_len <= len(tokens)):
+                    raise ValueError  # (a token past int32 would not even pack into the checksum)
             except (ValueError, KeyError, TypeError):
                 raise _Bad("its header is damaged") from None
             if head.get("identity") != _digest(identity):

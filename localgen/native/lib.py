@@ -68,10 +68,10 @@ def exit_when_stuck() -> None:
     if _stuck or threading.current_thread() is not threading.main_thread():
         return
     read, write = os.pipe()
-    os.set_blocking(write, False)
     try:
+        os.set_blocking(write, False)  # (not on Windows before Python 3.12: no watch there)
         before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    except ValueError:
+    except (ValueError, AttributeError, OSError):
         before = -2
     if before != -1:  # another part's (an event loop's): left to it
         if before >= 0:

@@ -142,13 +142,18 @@ class Runner:
         one) never takes a model from under a client's request, nor from ours in flight. Where the load would
         unload another model, wait too while a model a client used is within its keep-alive (said once in the
         log): it goes on once that model unloads, or once only batches have used the models loaded."""
-        wanted = self.state.local(body.get("model"))
+        wanted, need = None, None
+        try:  # the model's estimate, once (it reads its file); a fault here is the line's own, as a client's
+            wanted = self.state.local(body.get("model"))
+            need = await asyncio.to_thread(wanted.residence.need_now) if wanted is not None else None
+        except Exception:
+            wanted = None
         said = False
         while not self.stopping():
             if self._outstanding() > 0:
                 await asyncio.sleep(POLL_S)
                 continue
-            kept = _clients_model(wanted, self.state) if wanted is not None else None
+            kept = _clients_model(wanted, need, self.state) if wanted is not None and need is not None else None
             if wanted is None or kept is None:
                 return
             if not said:
@@ -200,12 +205,13 @@ class Runner:
             slots.release()
 
 
-def _clients_model(wanted: Any, state: ServeState) -> str | None:
-    """A loaded model that `wanted`'s load would have to unload while a client may still come back to it (a
-    client's request came or ended within its keep-alive), or None when the load unloads no such model."""
+def _clients_model(wanted: Any, need: int, state: ServeState) -> str | None:
+    """A loaded model that `wanted`'s load (of `need` bytes) would have to unload while a client may still come
+    back to it (a client's request came or ended within its keep-alive), or None when the load unloads no such
+    model (or `wanted` has been loaded meanwhile)."""
     import time
 
-    if wanted.residence.loads_beside():
+    if wanted.loaded or wanted.residence.room_for(need):
         return None
     now = time.monotonic()
     for w in list(state.workers.values()):

@@ -69,7 +69,8 @@ class Generate:
             exact=flag(opts, "exact", "options.exact"), split_reasoning=split_reasoning(body),
             stream=flag(body, "stream", default=True), keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"))
         if self.chat:
-            return Ask(messages=body.get("messages"), tools=body.get("tools"), tool_choice=body.get("tool_choice"),
+            return Ask(messages=_with_content(body.get("messages")), tools=body.get("tools"),
+                       tool_choice=body.get("tool_choice"),
                        parallel_tool_calls=flag(body, "parallel_tool_calls", default=True), **common)
         if body.get("suffix"):  # Ollama's fill-in-the-middle ("insert"): no model here is run that way
             raise HTTPError(400, "`suffix` is not supported by this model: it does not support insert "
@@ -177,3 +178,11 @@ def _generated(message: dict[str, Any]) -> dict[str, Any]:
 def _head(model: str) -> dict[str, Any]:
     now = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
     return {"model": model, "created_at": now}
+
+
+def _with_content(messages: Any) -> Any:
+    """Ollama's messages, one without `content` (or with null) read as "", as Ollama reads it (OpenAI's routes
+    refuse a user or system message without it)."""
+    if not isinstance(messages, list):
+        return messages
+    return [{**m, "content": ""} if isinstance(m, dict) and m.get("content") is None else m for m in messages]

@@ -147,7 +147,7 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         raise HTTPError(400, f"{worker.name} has no chat template (it may be a base model): send it a plain prompt "
                              "at /v1/completions, or Ollama's /api/generate", param="model")
     msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
-    check_prompt_size(worker, [m["content"] for m in msgs])
+    check_prompt_size(worker, [m["content"] for m in msgs], count=not ask.fit)  # truncation folds a long one
     # a final assistant message is continued, as llama-server, Ollama and Anthropic's API do (docs/api.md)
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
                              template_args=template_args(ask), continue_final=True), msgs
@@ -189,14 +189,14 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(args.items()))
 
 
-def check_prompt_size(worker: Served, texts: list[Any]) -> None:
+def check_prompt_size(worker: Served, texts: list[Any], count: bool = True) -> None:
     """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (its
-    characters, or a conversation's count of messages, for the APIs that say a count: its tokens were not
-    counted)."""
+    characters, or, with `count`, a conversation's count of messages: not where truncation folds the
+    conversation to the window)."""
     from localgen.media import text_of
 
-    if len(texts) > worker.n_ctx:  # a conversation's messages: each takes a token at least (its turn's marks),
-        # and rendering them all through the template would take seconds first
+    if count and len(texts) > worker.n_ctx:  # a conversation's messages: each takes a token at least (its turn's
+        # marks), and rendering them all through the template would take seconds first
         raise HTTPError(400, f"the conversation is {len(texts):,} messages; a slot's window of {worker.n_ctx:,} "
                              f"tokens holds at most {worker.n_ctx:,} (each takes a token at least)",
                         overflow=(0, worker.n_ctx), messages=len(texts))

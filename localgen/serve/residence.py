@@ -78,14 +78,19 @@ class Residence:
     def loaded(self) -> bool:  # whether the model is in memory now
         return self.backend is not None
 
-    def loads_beside(self) -> bool:
-        """Whether loading the model now would unload no other: it is loaded, or the room holds its estimate."""
+    def need_now(self) -> int | None:
+        """The bytes a load of the model now would take, by its estimate (it reads the model's file and the
+        machine: not for the event loop); None where it is loaded, or no residency bounds loads."""
         if self.backend is not None or self._residency is None:
-            return True
+            return None
         from localgen.serve.model import footprint
 
-        need = footprint(self.ref, self.load, self.parallel, self.draft if self._exact is not True else None)
-        return bool(self._residency.room_for(need + self.embeddings))
+        return footprint(self.ref, self.load, self.parallel, self.draft if self._exact is not True else None) + \
+            self.embeddings
+
+    def room_for(self, need: int) -> bool:
+        """Whether a load of `need` bytes (need_now) would unload no other model now."""
+        return self._residency is None or bool(self._residency.room_for(need))
 
     def ensure(self, warm: bool, wanted: Callable[[], bool] = lambda: True, patient: bool = True,
                embeddings: bool = False) -> None:

@@ -258,12 +258,15 @@ class Encoder:
         if self.calls:
             said["tool_calls"] = [call.to_openai() for call in self.calls]
         tail = self.tail if self.tail is not None else [said]
-        conversation, inputs, prefill = self.conversation, self.inputs, final_text(self.conversation)
+        conversation, inputs, given = self.conversation, self.inputs, self.given
+        prefill = final_text(conversation)
         if prefill is not None and tail and tail[0]["role"] == "assistant":  # the answer went on from it: one message
+            if given is None and 0 < inputs <= len(conversation):  # input_items still list the prefill as sent
+                given = conversation[len(conversation) - inputs:]
             conversation, tail = conversation[:-1], [{**tail[0], "content": prefill + (tail[0]["content"] or "")},
                                                      *tail[1:]]
             inputs = inputs - 1 if inputs > 0 else inputs
-        await asyncio.to_thread(self.store.save, self.ident, doc, [*conversation, *tail], inputs, self.given)
+        await asyncio.to_thread(self.store.save, self.ident, doc, [*conversation, *tail], inputs, given)
 
 
 def usage(c: Completion) -> dict[str, Any]:
