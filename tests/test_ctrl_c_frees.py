@@ -51,7 +51,6 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
     caller kept the ctypes thunk: it was freed while the context still called it at its next decode. Now the press
     waits, for the check to stop the decode it is set for."""
     import gc
-    import os
     import weakref
 
     from localgen.native import context, logs
@@ -64,7 +63,9 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
     def set_then_pressed(ctx: Any, thunk: Any, data: Any) -> None:
         real(ctx, thunk, data)
         taken.append(weakref.ref(thunk))
-        os.kill(os.getpid(), signal.SIGINT)  # handled at Python's next check: the set_abort call is not yet over
+        signal.raise_signal(signal.SIGINT)  # to this thread (os.kill may reach another of the process's, and
+        # the main thread then see it a few steps later, past the block that defers it): handled at Python's
+        # next check, the set_abort call not yet over
 
     monkeypatch.setattr(lc, "llama_set_abort_callback", set_then_pressed)
     previous = signal.signal(signal.SIGINT, _ours)
@@ -92,14 +93,13 @@ def _ours(signum: int, frame: Any) -> None:
 
 def _pressed_as_it_returns(lc: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """llama.cpp's NAME, made to be followed by a press (handled at Python's next check); what it returned."""
-    import os
 
     real = getattr(lc, name)
     made: list[Any] = []
 
     def made_then_pressed(*args: Any) -> Any:
         made.append(real(*args))
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # to this thread, as above
         return made[-1]
 
     monkeypatch.setattr(lc, name, made_then_pressed)

@@ -213,8 +213,7 @@ def readable(r: Any) -> bool:
         want = {**_COMMON, **_QUALITY, "reference": (bool, None)}
     else:
         want = {**_COMMON, **(_SERVING if r.get("client_side") else _SPEED)}
-    required = {k: t for k, t in want.items() if not (k == "reference" or k in _OPTIONAL)}
-    if any(k not in r for k in required):
+    if any(k not in r for k in _COMMON):  # the others, where there, of their types (an older record may lack some)
         return False
     return all(_typed(r[k], t) for k, t in {**_OPTIONAL, **want}.items() if k in r)
 
@@ -232,9 +231,10 @@ SYSTEM = {"localgen_version": str, "build_commit": str, "backends": str, "cpu_in
 
 
 def _system(text: Any) -> dict[str, Any] | None:
-    """A run's machine and build; None where it no longer reads as one (its header then shows none)."""
+    """A run's machine and build; None where it no longer reads as one (not an object, or a field of another
+    type: its header then shows none). A field missing reads as not known."""
     found = _json(text)
-    if not isinstance(found, dict) or not all(k in found and _typed(found[k], t) for k, t in SYSTEM.items()):
+    if not isinstance(found, dict) or not all(_typed(found[k], t) for k, t in SYSTEM.items() if k in found):
         return None
     if not all(_typed(found[k], t) for k, t in (("ram", (int, None)), ("bandwidth", (_NUM, None))) if k in found):
         return None

@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
+    finally:
+        native = sys.modules.get("localgen.native.lib")
+        if native is not None:  # --rpc's watch for a main thread stuck in llama.cpp ends with the command
+            native.stop_watching()
 
 
 def closed_stdio_to_devnull() -> None:

@@ -3,6 +3,7 @@ the libggml llama.cpp maps; one output row's logits as a numpy view."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -88,13 +89,17 @@ def exit_when_stuck() -> None:
     thunk = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(answered)
     add = ctypes.pythonapi.Py_AddPendingCall
     add.argtypes, add.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-    _stuck.append(thunk)
+    stopped: list[bool] = []
+    _stuck.extend((thunk, write, stopped))
 
     def watch() -> None:
         while True:
             try:
                 data = os.read(read, 64)
             except OSError:
+                return
+            if not data or stopped:  # stop_watching(): the command is over
+                os.close(read)
                 return
             for signum in data:
                 if signum != signal.SIGINT:
@@ -105,6 +110,24 @@ def exit_when_stuck() -> None:
                 add(ctypes.cast(thunk, ctypes.c_void_p), presses[0])
 
     threading.Thread(target=watch, name="localgen-stuck-watch", daemon=True).start()
+
+
+def stop_watching() -> None:
+    """The end of exit_when_stuck's watch, as the command ends (a process that goes on, such as a test's, keeps
+    no watcher that a later Ctrl-C would end it by). From the main thread."""
+    import signal
+
+    if not _stuck:
+        return
+    _, write, stopped = _stuck
+    stopped.append(True)
+    with contextlib.suppress(ValueError):
+        current = signal.set_wakeup_fd(-1)
+        if current not in (-1, write):  # another part's since: given back to it
+            signal.set_wakeup_fd(current)
+    with contextlib.suppress(OSError):
+        os.close(write)  # the thread reads the end and stops
+    _stuck.clear()
 
 
 def _exit_interrupted() -> None:

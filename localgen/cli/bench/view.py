@@ -115,9 +115,10 @@ def header(system: dict[str, Any]) -> str:
         return "machine and build unknown (damaged in the history)"
     ram = format_bytes(system.get("ram")) if system.get("ram") else "?"
     bw = f" · memory bandwidth {system['bandwidth'] / 1e9:.1f} GB/s" if system.get("bandwidth") else ""
-    return (f"localgen {system['localgen_version']} · {system['build_commit']} · backend {system['backends']}\n"
-            f"CPU {system['cpu_info']} · {plural(system['cores'], 'core')} · RAM {ram} · "
-            f"GPU {system['gpu_info'] or 'none'}{bw}")
+    known = {k: system.get(k, "?") for k in ("localgen_version", "build_commit", "backends", "cpu_info")}
+    cores = plural(system["cores"], "core") if isinstance(system.get("cores"), int) else "? cores"
+    return (f"localgen {known['localgen_version']} · {known['build_commit']} · backend {known['backends']}\n"
+            f"CPU {known['cpu_info']} · {cores} · RAM {ram} · GPU {system.get('gpu_info') or 'none'}{bw}")
 
 
 def emit(results: list[dict[str, Any]], system: dict[str, Any], output: str | None) -> None:
