@@ -25,6 +25,7 @@ from typing import Any
 
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, UsageError
 from localgen.types import MIN_CTX_FLAG, GGUFSummary, ModelRef
+from localgen.unnamed import running
 
 PREFIX = "oci:"
 DEFAULT_HOST = "docker.io"
@@ -288,7 +289,7 @@ def prune_splits(root: Path) -> None:
     for folder in top.iterdir():
         if folder.name.startswith("."):  # another process's folder being made (or moved aside): its own
             pid = folder.name.rsplit(".", 2)[-2] if folder.name.count(".") >= 3 else ""
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not running(int(pid)):
                 shutil.rmtree(folder, ignore_errors=True)
             continue
         links = list(folder.glob("*.gguf")) if folder.is_dir() else []
@@ -301,14 +302,6 @@ def prune_splits(root: Path) -> None:
             shutil.rmtree(gone, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def config(m: Manifest) -> dict[str, Any]:
