@@ -487,3 +487,68 @@ def test_a_picture_with_no_text_is_a_prompt(cli: CLI, mm: dict[str, Path]) -> No
         assert r.returncode == 0, (text, r.stderr)
         doc = json.loads(r.stdout)
         assert doc["stats"]["media_tokens"] == 16 and doc["stats"]["completion_tokens"] == 4, doc
+
+
+def test_a_final_assistant_image_closes_the_turn(vserver: Any) -> None:
+    """api.md: a final assistant message with an image is a closed turn, not continued (an answer cannot go on
+    from a picture, whose tokens give no logits): on each chat route, an answer, where it was a 500."""
+    b64 = base64.b64encode(png(8, 8)).decode()
+    url = "data:image/png;base64," + b64
+    asks = [("/v1/chat/completions", {"model": "smollm2:135m", "max_tokens": 3, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}),
+            ("/v1/messages", {"model": "smollm2:135m", "max_tokens": 3, "messages": [
+                {"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]}),
+            ("/api/chat", {"model": "smollm2:135m", "stream": False, "options": {"num_predict": 3}, "messages": [
+                {"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "images": [b64]}]}),
+            ("/v1/responses", {"model": "smollm2:135m", "max_output_tokens": 16, "input": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "input_image", "image_url": url}]}]})]
+    for path, body in asks:
+        r = httpx.post(f"{vserver.url}{path}", json=body, timeout=60)
+        assert r.status_code == 200, (path, r.text)
+
+
+def test_an_anthropic_tool_results_image_reaches_the_model(vserver: Any) -> None:
+    """api.md: a tool_result's image blocks go to the model with its text (a screenshot a tool returned), not
+    dropped: the prompt is longer by the image's tokens, as a user's image block makes it."""
+    b64 = base64.b64encode(png(8, 8)).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}
+
+    def tokens(result: list[dict[str, Any]], user: list[dict[str, Any]] | None = None) -> int:
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": user or "look"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": result}]}]
+        r = httpx.post(f"{vserver.url}/v1/messages", timeout=60,
+                       json={"model": "smollm2:135m", "max_tokens": 1, "messages": messages})
+        assert r.status_code == 200, r.text
+        return int(r.json()["usage"]["input_tokens"])
+
+    text = [{"type": "text", "text": "shot"}]
+    plain = tokens(text)
+    one_image = tokens(text, [image, {"type": "text", "text": "look"}]) - plain  # a user's image, counted
+    assert one_image > 0
+    assert tokens([image, *text]) - plain == one_image
+
+
+def test_a_corrupt_images_error_names_the_requests_own_field(vserver: Any) -> None:
+    """api.md: an image's faults are 400s naming the request's field: `messages` on chat completions, `input` on
+    Responses (also for a fault found as the picture is decoded, in the model's thread), and Anthropic's
+    `source.data` in the message."""
+    bad = _png_header(96, 64, zlib.compress((b"\x09" + b"\0" * 288) * 64))  # a row filter PNG has not
+    url = "data:image/png;base64," + base64.b64encode(bad).decode()
+    r = httpx.post(f"{vserver.url}/v1/chat/completions", timeout=60, json={"model": "smollm2:135m", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    for part in ({"type": "input_image", "image_url": url},
+                 {"type": "input_image", "image_url": "http://127.0.0.1:9/x.png"}):
+        r = httpx.post(f"{vserver.url}/v1/responses", timeout=60, json={"model": "smollm2:135m", "input": [
+            {"role": "user", "content": [part, {"type": "input_text", "text": "hi"}]}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    r = httpx.post(f"{vserver.url}/v1/messages", timeout=60, json={"model": "smollm2:135m", "max_tokens": 4,
+                                                                    "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": base64.b64encode(bad).decode()}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("an image block's source.data "), r.text

@@ -65,7 +65,9 @@ class LocalBackend:
             proj = self.projector()
             messages, found = media.split(request.messages, proj.marker)
             proj.check(found, self.name)
-            text, add_special = self.engine.chat_text(template_messages(messages), request.continue_final,
+            # a final assistant message that holds media is closed as a turn, not continued (final_text): an
+            # answer cannot go on from an image, whose tokens give no logits to sample from
+            text, add_special = self.engine.chat_text(template_messages(messages), request.prefill is not None,
                                                       **template_extra(request))
             prompt: Prompt = proj.tokenize(text, found, add_special)
             return prompt
@@ -98,7 +100,7 @@ class LocalBackend:
             from localgen import media
 
             messages = tuple(media.split(messages, media.MARKER)[0])
-        return self.engine.template.render(template_messages(messages), continue_final=request.continue_final,
+        return self.engine.template.render(template_messages(messages), continue_final=request.prefill is not None,
                                            **template_extra(request))
 
     def check_media(self, found: list[Any]) -> None:

@@ -158,7 +158,7 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
             if kind == "text":
                 parts.append({"type": "text", "text": _text_of(block, "messages")})
             elif kind == "image":
-                parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"))}})
+                parts.append(_image_part(block))
             elif kind == "tool_use" and m["role"] == "assistant":
                 if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                     raise HTTPError(400, "a tool_use block needs a name and an input object", param="messages")
@@ -168,7 +168,7 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
                 if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
                     raise HTTPError(400, "a tool_result block needs the tool_use_id of the call it answers",
                                     param="messages")
-                out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": _result_text(block)})
+                out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": _result(block)})
             elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
                 continue
             else:
@@ -199,6 +199,11 @@ def _text_of(block: Any, param: str) -> str:
     return str(block["text"])
 
 
+def _image_part(block: dict[str, Any]) -> dict[str, Any]:
+    """An image block as OpenAI's image_url content part."""
+    return {"type": "image_url", "image_url": {"url": _image_url(block.get("source"))}}
+
+
 def _image_url(source: Any) -> str:
     """An image block's source as the URL the media reader takes (a base64 source as a data: URI, which the
     reader's errors name as the block's source.data: INLINE)."""
@@ -222,13 +227,20 @@ def _image_url(source: Any) -> str:
                          "{\"type\": \"url\", \"url\"}", param="messages")
 
 
-def _result_text(block: dict[str, Any]) -> str:
+def _result(block: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """A tool_result's content as a tool message's: its text, or its text and image blocks as content parts in
+    their order (a screenshot a tool returned reaches the model, as it does Anthropic's)."""
     content = block.get("content", "")
     if isinstance(content, list):
-        content = "".join(_text_of(b, "messages") for b in content if not (isinstance(b, dict) and
-                                                                            b.get("type") == "image"))
+        parts = [_image_part(b) if isinstance(b, dict) and b.get("type") == "image"
+                 else {"type": "text", "text": _text_of(b, "messages")} for b in content]
+        if any(p["type"] == "image_url" for p in parts):
+            if flag(block, "is_error"):
+                parts.insert(0, {"type": "text", "text": "Error:"})
+            return parts
+        content = "".join(str(p["text"]) for p in parts)
     if not isinstance(content, str):
-        raise HTTPError(400, "a tool_result's content must be a string or text blocks", param="messages")
+        raise HTTPError(400, "a tool_result's content must be a string, or text and image blocks", param="messages")
     return f"Error: {content}" if flag(block, "is_error") else content
 
 

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from localgen import settings
 from localgen.backend import Completion
 from localgen.errors import UsageError
+from localgen.media import OPENAI_WORDS
 from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.ask import Ask
 from localgen.serve.http10 import STREAM_HEADERS
@@ -114,9 +115,7 @@ async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any
         else:
             job, first = await run_job(worker, request, http, ask.keep_alive)
     except HTTPError as e:  # the model's thread names the conversation `messages`: the request's own field
-        if e.param == "messages":
-            e.param = ask.conversation
-        raise
+        raise _in_request_words(e, ask) from None
     if not ask.stream:
         if answer is not None:
             answer.feed(final.text)
@@ -125,6 +124,18 @@ async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any
         return doc if isinstance(doc, Response) else JSONResponse(doc)
     return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
                              headers=STREAM_HEADERS)
+
+
+def _in_request_words(e: HTTPError, ask: Ask) -> HTTPError:
+    """An error about the conversation in the request's own words: the field it came in (`input`, not
+    `messages`), and inline media as the API names it (an image block's source.data), which the model's thread,
+    decoding the media in OpenAI's words, does not know."""
+    if e.param == "messages":
+        e.param = ask.conversation
+        default = OPENAI_WORDS.decoded
+        if e.message.startswith(default + " ") and ask.inline.decoded != default:
+            e.message = ask.inline.decoded + e.message[len(default):]
+    return e
 
 
 async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[GenerationRequest, tuple[Message, ...]]:
@@ -146,7 +157,10 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         # (an encoder, a projector or media: the model's thread says what the model cannot do instead)
         raise HTTPError(400, f"{worker.name} has no chat template (it may be a base model): send it a plain prompt "
                              "at /v1/completions, or Ollama's /api/generate", param="model")
-    msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
+    try:
+        msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
+    except HTTPError as e:
+        raise _in_request_words(e, ask) from None
     check_prompt_size(worker, [m["content"] for m in msgs], count=not ask.fit)  # truncation folds a long one
     # a final assistant message is continued, as llama-server, Ollama and Anthropic's API do (docs/api.md)
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
