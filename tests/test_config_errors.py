@@ -94,6 +94,18 @@ def test_an_unknown_key_is_one_warning_with_the_likely_key_and_the_entry_works(o
     assert r.returncode == 0 and "mine " in r.stdout and len(_lines(r)) == 3, r.stderr
 
 
+def test_a_typo_is_said_beside_a_fields_error_in_the_same_entry(own: CLI) -> None:
+    """configuration.md: each unknown key is said, with the key it likely means. An entry with a field of the
+    wrong type and a typo said only the type's error; the typo came out once that was fixed (a newcomer's trial)."""
+    path = _models(own, b'[models.both]\nrepo = "someone/Both-GGUF"\ncontext = "big"\nquant = "Q8_0"\n')
+    r = own("list", "--catalogue")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in _lines(r) if line.startswith("warning:")]
+    assert said[0] == (f"warning: {path}: [models.both] has an unknown key 'quant', which is ignored (did you mean "
+                       "default_quant?)"), said
+    assert said[1].startswith(f"warning: {path}: [models.both] context must be a whole number of tokens"), said
+
+
 def test_the_shipped_catalogue_uses_only_the_keys_an_entry_takes() -> None:
     import tomllib
 

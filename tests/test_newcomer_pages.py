@@ -136,7 +136,8 @@ def test_resume_brings_back_the_conversation_saved_last(cli: CLI, tmp_path: Path
     """tutorial.md, step 4: `chat --resume` brings back the conversation saved last, not one only `/load`ed
     before leaving (the page said "the last one": a reader who did /save, /clear, another question, /load and
     Ctrl-D, as the page lists them, got the other conversation back)."""
-    assert ("so this brings back the conversation saved last (not one you only `/load`ed before leaving: "
+    assert ("so this brings back the conversation saved last (not one you only loaded with `/load NAME` before "
+            "leaving: "
             "`--resume NAME` brings that one)") in words()
     run = in_home(cli, tmp_path)
     r = run("chat", "-n", "2", input="Hi.\n/save trip\n/clear\nHello.\n/load trip\n")
@@ -162,3 +163,30 @@ def test_the_test_command_s_install_is_the_one_the_pages_describe() -> None:
            "`/usr/bin/chromium` is"
     for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
         assert said in " ".join(page.read_text().split()), page
+
+
+def test_the_tutorials_slash_commands_take_what_help_says_they_take() -> None:
+    """tutorial.md, step 4 (a newcomer's trial typed a bare `/save`, which is a usage error): each slash command
+    the page names is spelled with the argument `/help` says it needs (`/save NAME`)."""
+    from localgen.cli.chat.repl import COMMANDS
+
+    text = " ".join(section("4.").split())
+    named = re.findall(r"`(/[a-z]+)((?: [^`]+)?)`", text)
+    assert {"/save", "/load"} <= {name for name, _ in named}
+    for name, arg in named:
+        wants = re.match(r"([A-Z]+):", COMMANDS[name])  # an argument it cannot do without (not [TEXT])
+        if wants:
+            assert arg.strip(), f"the tutorial names {name} without its {wants.group(1)}"
+            if arg.strip().isupper():
+                assert arg.strip() == wants.group(1), (name, arg)
+
+
+def test_the_caches_page_says_where_run_json_puts_cached_tokens(cli_in_process: InProcessCLI) -> None:
+    """caches.md: `run --json` carries `cached_tokens` in its `stats` (`jq .stats.cached_tokens`): a reader who
+    looked for it at the top level found null."""
+    page = " ".join((ROOT / "docs" / "caches.md").read_text().split())
+    assert "jq .stats.cached_tokens" in page
+    r = cli_in_process("run", "-p", "Hi", "-n", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert isinstance(doc["stats"]["cached_tokens"], int) and "cached_tokens" not in doc

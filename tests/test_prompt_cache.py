@@ -457,3 +457,20 @@ def test_eviction_is_not_upset_by_another_run_evicting_at_once(monkeypatch: pyte
     monkeypatch.setattr(Path, "rglob", listed_then_one_gone)
     promptcache.evict()
     assert sorted(p.name for p in root.glob("*.state")) == sorted(p.name for p in made[2:])
+
+
+def test_a_file_where_the_cache_folder_goes_is_said_so(tmp_path: Path) -> None:
+    """caches.md's `unwritable`: the warning says why in words a user can act on. A file in the folder's place
+    made mkdir's "File exists" (a newcomer's trial could not tell what existed); it now names the file."""
+    from localgen.engine.promptcache import _reason
+
+    (tmp_path / "cache").write_text("")
+    for target in (tmp_path / "cache", tmp_path / "cache" / "prompt-states"):
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            assert _reason(e, target) == f"{tmp_path / 'cache'} is a file, where a folder goes"
+        else:
+            raise AssertionError("mkdir made a folder where a file is")
+    full = OSError(28, "No space left on device", str(tmp_path))
+    assert _reason(full, tmp_path) == f"{tmp_path}: No space left on device"

@@ -13,6 +13,7 @@ cache is an optimisation only: when it cannot be written, the answer comes all t
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -223,6 +224,10 @@ def _reason(e: OSError, path: Path) -> str:
 
     where = e.filename or path
     why = f"{where}: {e.strerror or e}"
+    if e.errno in (errno.EEXIST, errno.ENOTDIR):  # mkdir's "File exists" does not say what is in the way
+        blocking = next((p for p in (Path(where), *Path(where).parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            why = f"{blocking} is a file, where a folder goes"
     if e.errno is None:
         with contextlib.suppress(OSError):
             if shutil.disk_usage(path).free < 1 << 20:

@@ -118,6 +118,7 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
     where = f"{source}: {_head(name)}"
     if not isinstance(raw, dict):
         raise UsageError(f"{where} must be a table")
+    _unknown_keys(source, name, raw)  # said first: a typo is said beside a field's error, not after it is fixed
 
     def field_of(key: str, kind: type | tuple[type, ...], what: str, default: Any = None) -> Any:
         value = raw.get(key, default)
@@ -150,7 +151,6 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
         raise UsageError(f"{where} sampling: {e.message}") from None
     if not embedded and not repo:
         raise UsageError(f"{where} needs a repo")
-    _unknown_keys(source, name, raw)
     return CatalogueEntry(
         name=name, description=description, repo=repo, embedded=embedded, default_quant=default_quant,
         context=context, files={q.upper(): f for q, f in files.items()}, sampling=dict(sampling),
