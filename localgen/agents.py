@@ -41,6 +41,7 @@ class Agent:
     title: str
     program: str
     install: str
+    route: str  # the route it asks the server at: only chat completions reach a serve --endpoint model
     setup: Callable[[Endpoint], Setup]
 
     def path(self) -> str | None:
@@ -53,14 +54,27 @@ def _claude(e: Endpoint) -> Setup:
     # Claude Code asks before it uses one. Every model it asks for (main, opus/sonnet/haiku, subagents): ours.
     models = ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
               "ANTHROPIC_DEFAULT_HAIKU_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
-    # Bedrock or Vertex turned on would send the code to that cloud rather than to ANTHROPIC_BASE_URL; the small
-    # fast model would be a cloud model's name, and custom headers are meant for another server
+    # a cloud turned on (Bedrock, Vertex, Foundry, ...) would send the code there rather than to ANTHROPIC_BASE_URL,
+    # and a cloud's URL, resource or key is meant for it alone; the user's own Anthropic credentials are not sent to
+    # the local server; the small fast model would be a cloud model's name, custom headers are meant for another
+    # server
     return Setup(env={"ANTHROPIC_BASE_URL": e.url, "ANTHROPIC_AUTH_TOKEN": e.key, **dict.fromkeys(models, e.model)},
                  unset=CLAUDE_UNSET, argv=[])
 
 
-CLAUDE_UNSET = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "ANTHROPIC_SMALL_FAST_MODEL",
-                "ANTHROPIC_CUSTOM_HEADERS")
+# Claude Code's variables that launch removes (docs/agents.md lists them; Claude Code's own list:
+# code.claude.com/docs/en/env-vars)
+CLAUDE_UNSET = (
+    "ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN",
+    "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_MANTLE", "CLAUDE_CODE_USE_ANTHROPIC_AWS", "CLAUDE_CODE_USE_VERTEX",
+    "CLAUDE_CODE_USE_FOUNDRY", "CLAUDE_CODE_PROVIDER_MANAGED_BY_HOST",
+    "ANTHROPIC_BEDROCK_BASE_URL", "ANTHROPIC_BEDROCK_MANTLE_BASE_URL", "AWS_BEARER_TOKEN_BEDROCK",
+    "ANTHROPIC_AWS_BASE_URL", "ANTHROPIC_AWS_API_KEY", "ANTHROPIC_AWS_WORKSPACE_ID",
+    "ANTHROPIC_VERTEX_BASE_URL", "ANTHROPIC_VERTEX_PROJECT_ID",
+    "ANTHROPIC_FOUNDRY_BASE_URL", "ANTHROPIC_FOUNDRY_RESOURCE", "ANTHROPIC_FOUNDRY_API_KEY",
+    "ANTHROPIC_FOUNDRY_AUTH_TOKEN",
+    "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_CUSTOM_HEADERS",
+)
 
 
 def _codex(e: Endpoint) -> Setup:
@@ -79,19 +93,23 @@ OPENCODE_KEY_CHARS = '"\\'
 
 def _opencode(e: Endpoint) -> Setup:
     # OPENCODE_CONFIG_CONTENT is merged over every config file OpenCode reads; its OpenAI-compatible provider
-    # speaks chat completions under baseURL
+    # speaks chat completions under baseURL. The small model (titles, summaries) is ours too, and no other provider
+    # is enabled: a config file's small_model or an agent's model would otherwise send the code to a cloud
     config = {"provider": {PROVIDER: {"npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
                                       "options": {"baseURL": f"{e.url}/v1", "apiKey": e.key},
                                       "models": {e.model: {"name": e.model}}}},
-              "model": f"{PROVIDER}/{e.model}"}
+              "model": f"{PROVIDER}/{e.model}", "small_model": f"{PROVIDER}/{e.model}",
+              "enabled_providers": [PROVIDER]}
     return Setup(env={"OPENCODE_CONFIG_CONTENT": json.dumps(config)}, unset=(), argv=[])
 
 
 AGENTS: dict[str, Agent] = {a.name: a for a in (
     Agent("claude", "Claude Code, on Anthropic's Messages API", "claude",
-          "npm install -g @anthropic-ai/claude-code", _claude),
-    Agent("codex", "Codex, on OpenAI's Responses API", "codex", "npm install -g @openai/codex", _codex),
-    Agent("opencode", "OpenCode, on OpenAI's chat completions", "opencode", "npm install -g opencode-ai", _opencode),
+          "npm install -g @anthropic-ai/claude-code", "/v1/messages", _claude),
+    Agent("codex", "Codex, on OpenAI's Responses API", "codex", "npm install -g @openai/codex", "/v1/responses",
+          _codex),
+    Agent("opencode", "OpenCode, on OpenAI's chat completions", "opencode", "npm install -g opencode-ai",
+          "/v1/chat/completions", _opencode),
 )}
 
 
@@ -103,7 +121,7 @@ def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str, extra: list[str
 
     marker = "__LOCALGEN_KEY__"  # text JSON keeps as it is (a NUL would become \u0000)
     setup = agent.setup(Endpoint(endpoint.url, marker, endpoint.model))
-    lines = [f"unset {name}" for name in setup.unset]
+    lines = [f"unset {' '.join(setup.unset)}"] if setup.unset else []
     for name, value in setup.env.items():
         quoted = '"' + "".join("\\" + c if c in '"\\$`' else c for c in value) + '"'
         lines.append(f"export {name}={quoted.replace(marker, key_expr)}")

@@ -67,11 +67,13 @@ def default_model(url: str, key: str | None) -> str:
     return names[0]
 
 
-def check_model(url: str, key: str | None, model: str) -> None:
-    """The server at url offers `model` (by /v1/models/{id}), else an error that says so."""
+def check_model(url: str, key: str | None, model: str) -> dict[str, Any]:
+    """The server at url offers `model` (by /v1/models/{id}): its entry there (a serve --endpoint model's names
+    its server in `upstream`), else an error that says so."""
     from urllib.parse import quote
 
-    _get(url, f"/v1/models/{quote(model, safe='')}", key, missing=f"the server at {url} does not offer {model}")
+    return _get(url, f"/v1/models/{quote(model, safe='')}", key,
+                missing=f"the server at {url} does not offer {model}")
 
 
 def _get(url: str, path: str, key: str | None, missing: str | None = None) -> dict[str, Any]:

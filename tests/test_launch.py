@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -94,7 +95,7 @@ import anthropic
 m = anthropic.Anthropic().messages.create(model=os.environ["ANTHROPIC_MODEL"], max_tokens=8,
                                           messages=[{"role": "user", "content": "Say hi."}])
 report(os.environ["ANTHROPIC_BASE_URL"], os.environ["ANTHROPIC_AUTH_TOKEN"], m.model, m.content[0].text,
-       env={k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "CLAUDE_"))})
+       env={k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "CLAUDE_", "AWS_"))})
 '''
 
 CODEX = COMMON + r'''
@@ -123,7 +124,8 @@ options = config["provider"][provider_id]["options"]
 r = openai.OpenAI(base_url=options["baseURL"], api_key=options["apiKey"]).chat.completions.create(
     model=model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
 report(options["baseURL"].removesuffix("/v1"), options["apiKey"], r.model, r.choices[0].message.content,
-       npm=config["provider"][provider_id]["npm"])
+       npm=config["provider"][provider_id]["npm"], small_model=config["small_model"],
+       enabled_providers=config["enabled_providers"])
 '''
 
 AGENTS = {"claude": CLAUDE, "codex": CODEX, "opencode": OPENCODE}
@@ -191,9 +193,37 @@ def _check_own_server(got: dict[str, Any], ctx: int = int(CTX)) -> None:
     assert not Path(serve["folder"]).exists()  # the private folder and the log in it
 
 
+def _removed(agent: str) -> set[str]:
+    """The variables docs/agents.md says launch removes for this agent: its bullet under the table, "launch removes
+    ..." up to the sentence's end, or "nothing is removed"."""
+    import re
+
+    page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    said = re.split(r"\.\s", page.split(f"- **{agent}**: ", 1)[1], maxsplit=1)[0]
+    if said.startswith("nothing is removed:"):
+        return set()
+    assert said.startswith("launch removes "), said
+    return set(re.findall(r"`([A-Z][A-Z0-9_]+)`", said))
+
+
+def test_the_variables_removed_are_the_pages() -> None:
+    """docs/agents.md lists what launch removes from each agent's environment: the table's lists, exactly; and
+    --print-env unsets them in one line."""
+    from localgen.agents import AGENTS, Endpoint, shell_lines
+
+    assert "CLAUDE_CODE_USE_FOUNDRY" in _removed("claude") and "ANTHROPIC_BEDROCK_BASE_URL" in _removed("claude")
+    for name, agent in AGENTS.items():
+        unset = agent.setup(Endpoint("http://127.0.0.1:1", "k", "m")).unset
+        assert set(unset) == _removed(name) and len(unset) == len(set(unset)), name
+        lines = shell_lines(agent, Endpoint("http://127.0.0.1:1", "", "m"), "$K")
+        assert [line for line in lines if line.startswith("unset")] == ([f"unset {' '.join(unset)}"] if unset else [])
+
+
 def test_claude_gets_its_own_server_and_its_exit_status_passes_through(env: dict[str, str]) -> None:
-    cloud = {"CLAUDE_CODE_USE_BEDROCK": "1", "CLAUDE_CODE_USE_VERTEX": "1", "ANTHROPIC_SMALL_FAST_MODEL": "claude-x",
-             "ANTHROPIC_CUSTOM_HEADERS": "X-Org: mine"}
+    # every variable the page says is removed, set as a user of Bedrock, Vertex, Foundry and the rest would have it
+    cloud = dict.fromkeys(_removed("claude") - {"ANTHROPIC_API_KEY"}, "1")
+    cloud.update(ANTHROPIC_FOUNDRY_RESOURCE="myres", ANTHROPIC_BEDROCK_BASE_URL="https://bedrock.example",
+                 ANTHROPIC_SMALL_FAST_MODEL="claude-x", ANTHROPIC_CUSTOM_HEADERS="X-Org: mine")
     r = _launch(env, "claude", "-m", "smollm2:135m", "--ctx", CTX, "--", "-p", "hi there", FAKE_RC="7", **cloud)
     assert r.returncode == 7, r.stderr
     got = json.loads(r.stdout)
@@ -227,6 +257,8 @@ def test_codex_gets_a_responses_provider_and_opencode_its_config(env: dict[str, 
     got = json.loads(r.stdout)
     _check_own_server(got, ctx=8192)
     assert got["npm"] == "@ai-sdk/openai-compatible"
+    # no other provider, and the small model ours too: nothing goes to a cloud
+    assert got["small_model"] == f"localgen/{got['model']}" and got["enabled_providers"] == ["localgen"]
 
 
 @contextlib.contextmanager
@@ -285,6 +317,33 @@ def test_a_running_server_is_used_and_left_running(env: dict[str, str], running:
     assert server.health()["slots"] == 2
 
 
+def test_a_remote_model_is_refused_to_the_agents_it_cannot_reach(env: dict[str, str], cli_env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    """A model a running server fronts for another (serve --endpoint; tests/fake_openai.py's `plain`): only chat
+    completions reach it, so claude and codex are refused it, as a model the server does not offer, before the
+    agent starts; opencode takes it."""
+    from tests.fake_openai import FakeServer
+
+    key = tmp_path / "key.txt"
+    key.write_text("sk-front\n")
+    upstream = FakeServer()
+    server = Server(cli_env, "--api-key-file", str(key), "--endpoint", f"{upstream.url}/v1")
+    try:
+        for agent, route in (("claude", "/v1/messages"), ("codex", "/v1/responses")):
+            for more in ((), ("--print-env",)):
+                r = _launch(env, agent, "-m", "plain", "--api-key-file", str(key), *more,
+                            LOCALGEN_PORT=str(server.port))
+                assert r.returncode == 1 and not r.stdout, (r.stdout, r.stderr)
+                assert f"does not offer plain on {route}, which {agent} uses: it runs on" in r.stderr
+                assert "localgen launch opencode" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        r = _launch(env, "opencode", "-m", "plain", "--api-key-file", str(key), "--print-env",
+                    LOCALGEN_PORT=str(server.port))
+        assert r.returncode == 0 and '\\"model\\": \\"localgen/plain\\"' in r.stdout, (r.stdout, r.stderr)
+    finally:
+        assert server.stop() == 0
+        upstream.stop()
+
+
 def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], running: tuple[Server, Path]) -> None:
     server, key = running
     p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--api-key-file", str(key)],
@@ -332,7 +391,7 @@ def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: t
     page = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
     shown = page.split("--print-env --api-key-file key.txt\n```\n\n```text\n", 1)[1].split("```", 1)[0]
     assert r.stdout == (shown.replace("qwen2.5-coder:7b", "smollm2:135m").replace(":11435", f":{server.port}")
-                        .replace("key.txt", str(key)))
+                        .replace("/home/me/key.txt", str(key)))
     # the key from LOCALGEN_API_KEY: as $LOCALGEN_API_KEY
     r = _launch(env, "claude", "--print-env", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server")
     assert r.returncode == 0 and 'ANTHROPIC_AUTH_TOKEN="$LOCALGEN_API_KEY"' in r.stdout
@@ -351,6 +410,22 @@ def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: t
         assert r.stderr == f"warning: {agent} is not on PATH (install {install})\n", r.stderr
     r = _launch(env, "claude", "--print-env")  # nothing runs at LOCALGEN_PORT
     assert r.returncode == 1 and "no localgen serve is running" in r.stderr and not r.stdout
+    # a key file named as the shell running the lines later finds it: absolute, ~ expanded (a quoted ~ reaches
+    # launch as it is); one it could not open then (a process substitution's pipe) is refused
+    (tmp_path / "k.txt").write_text("sk-running-server\n")
+    for given in ("~/k.txt", "k.txt"):
+        r = subprocess.run([sys.executable, "-m", "localgen", "launch", "codex", "--print-env", "--api-key-file",
+                            given], env={**env, "HOME": str(tmp_path), "LOCALGEN_PORT": str(server.port)},
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and f"< {tmp_path}/k.txt)" in r.stdout, (r.stdout, r.stderr)
+        run = subprocess.run(["bash", "-c", r.stdout], env=env, capture_output=True, text=True, timeout=300,
+                             cwd=ROOT)  # another folder, another HOME
+        assert run.returncode == 0 and json.loads(run.stdout)["url"] == server.url, run.stderr
+    script = (f'{shlex.quote(sys.executable)} -m localgen launch codex --print-env --port {server.port} '
+              f'--api-key-file <(cat {shlex.quote(str(key))})')
+    r = subprocess.run(["bash", "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and not r.stdout and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
+    assert "--print-env: the API key file /dev/fd/" in r.stderr and "is not a file that the shell" in r.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
@@ -538,8 +613,12 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
     r = found("launch", "claude", "-m", "qwen2.5-coder:7b")  # no server runs; the model is not here
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "qwen2.5-coder:7b is not downloaded (localgen pull qwen2.5-coder:7b" in r.stderr
-    r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_API_KEY": "a key"})("launch", "claude")
-    assert r.returncode == 2 and "LOCALGEN_API_KEY has spaces" in r.stderr
+    for given, said in (("a key", "has a space inside"), (" k3y", "begins with a space"), ("k3y ", "ends with a "
+                        "space"), ("k\t3y", "has a control character")):  # where the fault is, said
+        r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_API_KEY": given})("launch", "claude")
+        assert r.returncode == 2 and f"LOCALGEN_API_KEY {said}" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        r = InProcessCLI({**env, "LOCALGEN_API_KEY": given})("ps")
+        assert r.returncode == 2 and f"--api-key (or LOCALGEN_API_KEY) {said}" in r.stderr, r.stderr
     # before anything starts: a window serve would refuse; --print-env, which starts nothing, with --own-server
     for args, said in ((("--ctx", "1"), "--ctx takes 0 (the model's trained context) or 16 tokens or more, not 1"),
                        (("--print-env", "--own-server"), "--print-env and --own-server cannot be combined")):
@@ -550,5 +629,11 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
         r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_HOST": "999.1.1.1"})("launch", "claude", *given)
         assert r.returncode == 2 and r.stderr.count("\n") == 1
         assert "--host '999.1.1.1' is not a host name or address: Invalid IPv4 address" in r.stderr
+    # a host that a URL would read as a host and a path: refused, as docs/agents.md says, before anything starts
+    for args in (("launch", "codex"), ("launch", "codex", "--print-env"), ("ps",)):
+        for host in ("x/y", "http://x/y", "a b"):
+            r = found(*args, "--host", host, "--port", str(_free_port()))
+            assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, host, r.stderr)
+            assert f"--host {host!r} is not a host name or address" in r.stderr, r.stderr
     r = found("launch", "claude", "--print-env", "--host", "[::1]", "--port", str(_free_port()))
     assert r.returncode == 1 and "no localgen serve is running at http://[::1]:" in r.stderr, r.stderr

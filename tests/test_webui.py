@@ -171,13 +171,29 @@ def test_the_page_opened_at_a_lan_address_may_call_back_but_no_dns_name_may() ->
     the server (rebinding), is not."""
     import socket
 
-    from localgen.serve.guard import Policy
+    from localgen.serve.guard import PRIVATE_SUFFIXES, Policy
 
     lan = Policy(check_host=False)  # as serve sets it on a host that is not loopback
     assert _gate_status(lan, "http://192.168.1.5:11435/v1/models", Origin="http://192.168.1.5:11435")[0] == 200
     assert _gate_status(lan, "http://192.168.1.5/v1/models", Origin="http://192.168.1.5")[0] == 200
     name = socket.gethostname().lower()
     assert _gate_status(lan, f"http://{name}:11435/v1/models", Origin=f"http://{name}:11435")[0] == 200
+    # the machine's name under each suffix no public DNS answers (docs/webui.md names them), on the LAN and on
+    # loopback alike; under a public name, or another machine's name, still a 403
+    short = name.split(".")[0]
+    page = re.search(r"followed by\s+((?:`\.[a-z.]+`(?:,\s+|\s+or\s+)?)+)", (ROOT / "docs" / "webui.md").read_text())
+    assert page is not None
+    suffixes = re.findall(r"`\.([a-z.]+)`", page[1])
+    assert sorted(suffixes) == sorted(PRIVATE_SUFFIXES)
+    for suffix in suffixes:
+        host = f"{short}.{suffix}:11435"
+        for policy in (lan, Policy()):
+            assert _gate_status(policy, f"http://{host}/v1/models", Origin=f"http://{host}")[0] == 200, host
+    assert _gate_status(lan, f"http://{short}.office.internal:11435/v1/models",
+                        Origin=f"http://{short}.office.internal:11435")[0] == 200
+    for host in (f"{short}.evil.example", f"{short}.local.evil.example", f"not{short}.local", "printer.lan"):
+        assert _gate_status(lan, f"http://{host}:11435/v1/models", Origin=f"http://{host}:11435")[0] == 403, host
+        assert _gate_status(Policy(), f"http://{host}:11435/v1/models")[0] == 403, host
     assert _gate_status(lan, "http://192.168.1.5:11435/v1/models", Origin="http://192.168.1.6:11435")[0] == 403
     assert _gate_status(lan, "http://192.168.1.5:11435/v1/models", Origin="http://192.168.1.5:8080")[0] == 403
     assert _gate_status(lan, "http://evil.example:11435/v1/models", Origin="http://evil.example:11435")[0] == 403

@@ -102,16 +102,20 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
     from localgen.childserver import ChildServer, ServeExited, default_model, running_at, url_of
     from localgen.cli.options.knobs import typed_by_user
     from localgen.cli.output import ErrWriter
-    from localgen.cli.serve.options import check_host, host_and_port, key_file
+    from localgen.cli.serve.options import check_host, check_host_name, host_and_port, key_fault, key_file
 
     err = ErrWriter()
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
                             typed_by_user(ctx, "host"))
     check_host(host)
+    check_host_name(host)
+    if print_env and api_key_file is not None:
+        api_key_file = _lasting(api_key_file)
     key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
-    if key and not (key.isprintable() and " " not in key):  # as ps: no HTTP header carries it as given
-        raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} has spaces or control "
-                         "characters inside: no HTTP header carries it as given")
+    fault = key_fault(key) if key else None
+    if fault:  # as ps: no HTTP header carries it as given
+        raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} {fault}: no HTTP header "
+                         "carries it as given")
     url = url_of(host, port)
     try:
         import httpx
@@ -139,7 +143,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         if a.name == "opencode" and key and any(c in key for c in OPENCODE_KEY_CHARS):
             raise UsageError("the API key has \" or \\ inside, which the shell would put into OpenCode's JSON as it "
                              "is", hint="run localgen launch opencode, which passes it on itself")
-        name = _model_there(url, key, model)
+        name = _model_there(a, url, key, model)
         # the file's key with the spaces, tabs, CRs and newlines around it removed, as serve reads it (a key
         # with any inside is refused above)
         expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
@@ -155,7 +159,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
     previous = {sig: signal.signal(sig, _exit_signalled) for sig in ENDING}
     try:
         if reuse:
-            endpoint = Endpoint(url, key or "localgen", _model_there(url, key, model))
+            endpoint = Endpoint(url, key or "localgen", _model_there(a, url, key, model))
         else:
             server = ChildServer(_serve_args(model, n_ctx, gpu_layers, offline))
             err.status(f"starting localgen serve {' '.join(server.args)} for {a.name} ...")
@@ -184,14 +188,38 @@ def _exit_signalled(signum: int, frame: Any) -> None:
     raise typer.Exit(128 + signum)
 
 
-def _model_there(url: str, key: str | None, model: str | None) -> str:
-    """-m, checked against the server at url, or that server's default model."""
+def _model_there(a: Agent, url: str, key: str | None, model: str | None) -> str:
+    """-m, checked against the server at url, or that server's default model. A serve --endpoint model is
+    reached only through chat completions (serve/remotemodels.py): an agent on another API is refused it."""
     from localgen.childserver import check_model, default_model
+    from localgen.serve.remotemodels import ROUTES
 
     if model is None:
         return default_model(url, key)
-    check_model(url, key, model)
+    entry = check_model(url, key, model)
+    if "upstream" in entry and a.route not in ROUTES:
+        raise LocalgenError(f"the server at {url} does not offer {model} on {a.route}, which {a.name} uses: it runs "
+                            f"on {entry.get('owned_by', 'another server')} (serve --endpoint), which only "
+                            f"{', '.join(ROUTES)} reach",
+                            hint="give -m a model the server runs itself (localgen list), or use localgen launch "
+                                 "opencode, which asks by chat completions")
     return model
+
+
+def _lasting(path: Path) -> Path:
+    """--print-env's key file as a shell that runs the lines later opens it: absolute, `~` expanded; a usage error
+    for one no later shell can open (a pipe, a process substitution's /dev/fd/N, /proc/self/fd/N)."""
+    import stat
+
+    full = Path(os.path.abspath(path.expanduser()))
+    try:
+        regular = stat.S_ISREG(full.stat().st_mode)
+    except OSError:
+        return full  # key_file says why it cannot be read
+    if not regular or full.parts[1:2] in (("dev",), ("proc",)):
+        raise UsageError(f"--print-env: the API key file {str(path)[:100]} is not a file that the shell running the "
+                         "lines can open later (a pipe, /dev/fd/N, a <(...))", hint="give a file that holds the key")
+    return full
 
 
 def _serve_args(model: str | None, n_ctx: int | None, gpu_layers: int | None, offline: bool) -> list[str]:

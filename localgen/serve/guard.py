@@ -101,14 +101,19 @@ _HOST = re.compile(r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::(?P<p
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 
 
+# Where a home or office network names its machines, and no public DNS can answer: .local (mDNS, RFC 6762),
+# .home.arpa (RFC 8375), .internal (ICANN, 2024), and .lan, .home and .localdomain, which the root zone never
+# delegated (routers' and distributions' defaults). This machine's name under one is still this machine's.
+PRIVATE_SUFFIXES = ("local", "home.arpa", "internal", "lan", "home", "localdomain")
+
+
 def host_allowed(host: str) -> bool:
     """A Host header that can only mean this machine: an IP address, localhost or a name under it, or this
-    machine's own name, each with an optional port. A DNS name an attacker controls that resolves to 127.0.0.1
-    is none of these. A name under .localhost (app.localhost) is accepted: RFC 6761 reserves it for loopback,
-    browsers resolve it to loopback themselves and the root zone never delegates it, so no attacker can point
-    one elsewhere, and local tools use such names for the same machine."""
-    import socket
-
+    machine's own name (alone, or under a PRIVATE_SUFFIXES suffix: vm.local), each with an optional port. A DNS
+    name an attacker controls that resolves to 127.0.0.1 is none of these. A name under .localhost
+    (app.localhost) is accepted: RFC 6761 reserves it for loopback, browsers resolve it to loopback themselves and
+    the root zone never delegates it, so no attacker can point one elsewhere, and local tools use such names for
+    the same machine."""
     text = host.strip().lower()
     if not text:
         return True  # HTTP/1.0 without Host: not a browser
@@ -122,16 +127,30 @@ def host_allowed(host: str) -> bool:
     except ValueError:
         if m["v6"]:
             return False
-    if name == socket.gethostname().lower():
+    if own_name(name):
         return True
     labels = name.split(".")
     return labels[-1] == "localhost" and all(_LABEL.fullmatch(label) for label in labels)
 
 
+def own_name(name: str) -> bool:
+    """Whether a host name is this machine's: its name as gethostname() gives it, or that name's first label
+    followed by a PRIVATE_SUFFIXES suffix (vm.local, vm.lan, vm.home.arpa, vm.corp.internal)."""
+    import socket
+
+    me = socket.gethostname().lower().removesuffix(".")
+    if not me or name == me:
+        return bool(me)
+    first, _, rest = name.partition(".")
+    return (first == me.split(".")[0] and all(_LABEL.fullmatch(label) for label in rest.split("."))
+            and any(rest == s or rest.endswith("." + s) for s in PRIVATE_SUFFIXES))
+
+
 def same_origin(origin: str, host: str) -> bool:
     """A page this server served, calling it back: its origin names the Host the request came to, and that
-    Host can only mean this machine (an address, localhost, its name). The chat page opened at
-    http://192.168.1.5:11435/ is so; a DNS name (rebinding) never is."""
+    Host can only mean this machine (an address, localhost, its name, alone or under a private suffix). The chat
+    page opened at http://192.168.1.5:11435/ or http://vm.local:11435/ is so; a public DNS name (rebinding) never
+    is."""
     authority = origin.strip().lower().partition("://")[2]
     return bool(authority) and authority == host.strip().lower() and host_allowed(host)
 

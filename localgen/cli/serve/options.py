@@ -117,6 +117,33 @@ def check_host(host: str) -> None:
                          hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for every interface")
 
 
+def check_host_name(host: str) -> None:
+    """A client's --host (ps's, launch's), once host_and_port has taken its scheme and port away: an IP address or
+    a host name (dot-separated labels), else a usage error; `x/y` would otherwise become a URL's host and path."""
+    import ipaddress
+    import re
+
+    try:
+        ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+        return
+    except ValueError:
+        pass
+    if re.fullmatch(r"[\w-]+(?:\.[\w-]+)*\.?", host) is None:
+        raise UsageError(f"--host {host[:100]!r} is not a host name or address",
+                         hint="give a name or an address, with a port if you like: 127.0.0.1, localhost:11435, "
+                              "[::1]:11435, http://gpu-box:11435")
+
+
+def key_fault(key: str) -> str | None:
+    """What in an API key no HTTP header carries as given (a space, a control character), said where it is; None
+    for a key a header carries."""
+    if not key.isprintable():
+        return "has a control character (a tab, a newline) in it"
+    if key.startswith(" ") or key.endswith(" "):
+        return f"{'begins' if key.startswith(' ') else 'ends'} with a space"
+    return "has a space inside" if " " in key else None
+
+
 @dataclass(frozen=True)
 class ServeToolOptions(OptionGroup):
     """The tools the server runs itself: GET /tools lists them, POST /tools/call runs one (the chat page's

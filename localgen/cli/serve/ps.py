@@ -35,17 +35,19 @@ def ps(
 
     from localgen.childserver import url_of
     from localgen.cli.options.knobs import typed_by_user
-    from localgen.cli.serve.options import check_host, host_and_port, key_file
+    from localgen.cli.serve.options import check_host, check_host_name, host_and_port, key_fault, key_file
     from localgen.units import format_bytes
 
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
                             typed_by_user(ctx, "host"))
     check_host(host)
+    check_host_name(host)
     if api_key_file is not None:
         api_key = key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
-    if api_key and not (api_key.isprintable() and " " not in api_key):
-        raise UsageError(f"{'the API key file' if api_key_file else '--api-key (or LOCALGEN_API_KEY)'} has spaces "
-                         "or control characters inside: no HTTP header carries it as given")
+    fault = key_fault(api_key) if api_key else None
+    if fault:
+        raise UsageError(f"{'the API key file' if api_key_file else '--api-key (or LOCALGEN_API_KEY)'} {fault}: "
+                         "no HTTP header carries it as given")
     url = url_of(host, port)
     try:
         # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
