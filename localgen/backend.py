@@ -76,6 +76,11 @@ class Backend(Protocol):
         """Prompt tokens the request takes."""
         ...
 
+    def check_size(self, request: GenerationRequest) -> None:
+        """A ContextOverflowError for a prompt whose text cannot fit the window whatever the tokenizer makes of it,
+        found by its size alone, before the template writes it out or the tokenizer reads it."""
+        ...
+
     def render(self, request: GenerationRequest) -> str:
         """The prompt text as the model sees it (after the chat template)."""
         ...

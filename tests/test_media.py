@@ -552,3 +552,14 @@ def test_a_corrupt_images_error_names_the_requests_own_field(vserver: Any) -> No
         {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                      "data": base64.b64encode(bad).decode()}}]}]})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("an image block's source.data "), r.text
+
+
+def test_run_reads_attachments_in_the_order_given_whatever_their_flags(cli: CLI, mm: dict[str, Path]) -> None:
+    """media.md: the pictures go to the model in the command line's order. `-a FIRST --image SECOND` is the
+    reference's `--image FIRST --image SECOND` (every --image went first, then -a: the two were swapped)."""
+    case = next(c for c in FIXTURE if len(c["media"]) == 2)
+    first, second = (str(mm[name]) for name in case["media"])
+    r = cli("run", "--mmproj", str(mm["proj"]), "--temp", "0", "-n", str(case["max_tokens"]), "--ignore-eos",
+            "-p", case["prompt"], "--threads", str(REFERENCE_THREADS), "-a", first, "--image", second)
+    assert r.returncode == 0, r.stderr
+    same_text_as_reference(r.stdout.strip(), case["text"], made_on=case.get("cpu"))

@@ -90,3 +90,20 @@ def test_a_chats_answer_and_show_on_a_terminal_show_escapes_escaped_and_save_the
     assert "\x1b]0;" not in seen.getvalue(), "the model's or the system prompt's OSC reached the terminal"
     saved = json.loads((Path(tcli.env["LOCALGEN_HOME"]) / "data" / "chats" / "osc.json").read_text())
     assert saved["messages"][-1]["content"] == "\x1b]0;model\x07ok", "what is saved is what the model said"
+
+
+def test_many_prompts_answers_on_a_terminal_show_a_models_escape_escaped_and_piped_keep_it(tcli: CLI,
+                                                                                           tmp_path: Path) -> None:
+    """run --file and --each-line write each answer as run's one answer is written: on a terminal a model's OSC
+    shows escaped (it set the pane's title), into a pipe byte for byte; --json's line too (a C1 character is no
+    JSON escape)."""
+    prompts = tmp_path / "one.txt"
+    prompts.write_text("Say hi.\n")
+    for extra, grammar, seen in (([], r'root ::= "\x1b]0;model\x07" "ok"', "\\x1b]0;model\\x07ok"),
+                                 (["--json"], r'root ::= "\u009b31m" "ok"', "\\u009b31mok")):
+        args = ["run", "--file", str(prompts), "-n", "12", "--temperature", "0", "--grammar", grammar, *extra]
+        shown, rc = on_terminal(tcli, *args)
+        assert rc == 0 and "\x1b]0;model" not in shown and "\x9b" not in shown and seen in shown, shown
+        piped = tcli(*args)
+        assert piped.returncode == 0, piped.stderr
+        assert seen not in piped.stdout and ("\x1b]0;model\x07ok" in piped.stdout or "\x9b31mok" in piped.stdout)

@@ -163,7 +163,8 @@ def test_run_into_a_pipe_streams_the_answer(user_home: Path) -> None:
 
 def test_closed_or_full_standard_streams_are_one_line_or_nothing_never_a_traceback(user_home: Path) -> None:
     """A shell's `>&-`, `2>&-`, `> /dev/full` and a reader gone before `--version` printed (its own fast path, ahead of
-    the app's error handling): one error line where a line can go, else a quiet exit."""
+    the app's error handling): one error line where a line can go, else a quiet exit. An answer into a closed stdout
+    is an error, as into /dev/full (docs/run.md)."""
     def closing(fd: int) -> Any:
         def child() -> None:
             as_user()
@@ -173,7 +174,8 @@ def test_closed_or_full_standard_streams_are_one_line_or_nothing_never_a_traceba
     closed_out = subprocess.run([str(BIN), "run", "-p", "hi", "-n", "3"], env=user_env(user_home), cwd=user_home,
                                 stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=closing(1),
                                 timeout=SAFETY_NET_S)
-    assert closed_out.returncode == 0 and closed_out.stderr == b"", closed_out.stderr  # it was a traceback
+    assert closed_out.returncode == 1, closed_out.stderr  # it was a traceback, then exit 0 with the answer lost
+    assert closed_out.stderr == b"localgen: error: stdout is closed: the output has nowhere to go\n", closed_out.stderr
     closed_in = subprocess.run([str(BIN), "chat", "-n", "3"], env=user_env(user_home), cwd=user_home,
                                capture_output=True, preexec_fn=closing(0), timeout=SAFETY_NET_S)
     assert closed_in.returncode == 0 and closed_in.stderr == b"", closed_in.stderr  # a scripted chat of no message

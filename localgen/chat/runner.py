@@ -160,7 +160,11 @@ class ChatRunner:
         conversation stays as it was."""
         from localgen.media import content
 
-        self.session.add("user", content(user_text, list(media or [])))
+        message = content(user_text, list(media or []))
+        # by its size first, as run's prompt is: tens of megabytes would reach the template (its output cap is the
+        # error) and the tokenizer before the window could refuse them
+        self.backend.check_size(GenerationRequest(messages=({"role": "user", "content": message},)))
+        self.session.add("user", message)
         try:
             return self.prepare()
         except BaseException:

@@ -61,6 +61,8 @@ def build(only: str | None = None) -> typer.Typer:
         name="localgen", help=HELP, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
+    from localgen.cli.optionorder import OrderedCommand
+
     app.callback()(main_options)
     for name, (module, attr) in COMMANDS.items():
         if only is not None and name != only:
@@ -69,7 +71,7 @@ def build(only: str | None = None) -> typer.Typer:
         if isinstance(obj, typer.Typer):
             app.add_typer(obj, name=name)
         else:
-            app.command(name=name)(obj)
+            app.command(name=name, cls=OrderedCommand)(obj)  # run's attachments go in the order given
     _one_line_summaries(app)
     return app
 

@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         keep_ctrl_c()
         closed_stdio_to_devnull()
+        utf8_stdin()
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
@@ -53,14 +54,26 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def closed_stdio_to_devnull() -> None:
-    """A standard stream the shell closed (`<&-`, `>&-`, `2>&-`: Python then has None for it) is /dev/null, as if
-    sent there: the command runs, reads nothing there, and what it writes there goes nowhere (each write would
-    otherwise fail, and a closed stderr would take every error message with it)."""
+    """A standard stream the shell closed (`<&-`, `>&-`, `2>&-`: Python then has None for it) is /dev/null: stdin
+    reads nothing there, and what goes to stderr goes nowhere (a closed stderr would take every error message
+    with it). stdout, which carries the answer, is /dev/null opened for reading: a command that writes nothing
+    there runs, and one whose output would be lost fails at its first write, as into `> /dev/full`, with one error
+    line and exit 1. Each keeps its descriptor taken, so no file opened later becomes fd 0, 1 or 2."""
     if sys.stdin is None:  # read as empty (`chat <&-` is a scripted chat with no message)
         sys.stdin = open(os.devnull)  # noqa: SIM115  # kept open for the process
-    for name in ("stdout", "stderr"):
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115  # kept open for the process
+    if sys.stdout is None:
+        sys.stdout = open(os.open(os.devnull, os.O_RDONLY), "w")  # noqa: SIM115  # a write fails with EBADF
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115  # kept open for the process
+
+
+def utf8_stdin() -> None:
+    """stdin read as UTF-8 whatever the locale, a byte that is not UTF-8 kept as Python keeps it under C.UTF-8
+    (surrogateescape): the prompt, message or --each-line line that holds it is refused saying which byte and where
+    (text.problem), the other lines go on. Under a locale such as en_US.UTF-8 Python's stdin is strict, and the
+    first such byte was a UnicodeDecodeError traceback that lost every line after it."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # not a text stream, or read from already
+        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")  # type: ignore[union-attr]
 
 
 def keep_ctrl_c() -> None:
@@ -310,6 +323,8 @@ def describe_os_error(e: OSError) -> str:
     """An OSError as one line a user can act on: `cannot write PATH: reason`."""
     reason = e.strerror or str(e)
     path = e.filename
+    if path is None and e.errno == errno.EBADF and _stdout_closed():  # `>&-`: the descriptor was never open
+        return "stdout is closed: the output has nowhere to go"
     if path is None:
         return reason
     if e.errno in _WRITE_ERRNOS:
@@ -317,6 +332,16 @@ def describe_os_error(e: OSError) -> str:
     if e.errno == errno.ENOENT:
         return f"cannot read {os.fsdecode(path)}: {reason}"
     return f"{os.fsdecode(path)}: {reason}"
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is the shell's closed one (closed_stdio_to_devnull: /dev/null, open for reading only)."""
+    import fcntl
+
+    try:
+        return fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # the commands whose -m defaults to LOCALGEN_MODEL (docs/configuration.md)

@@ -74,7 +74,7 @@ class LocalBackend:
         return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), request.continue_final,
                                                    **template_extra(request)))
 
-    def _check_size(self, request: GenerationRequest) -> None:
+    def check_size(self, request: GenerationRequest) -> None:
         """A prompt whose text cannot fit the window whatever the tokenizer makes of it is refused by its size,
         before the template writes it out or the tokenizer reads it (tens of megabytes piped in)."""
         from localgen.text import CHARS_PER_TOKEN
@@ -135,7 +135,7 @@ class LocalBackend:
         stream begins, so that cancelling the stream stops that evaluation too (a chat's first Ctrl-C)."""
         self.check_generates()
         started = started if started is not None else time.perf_counter()
-        self._check_size(request)
+        self.check_size(request)
         prompt = self.prompt(request)
         # a prompt shorter than the least cached prefix holds none: its lead is not rendered (most one-shot runs)
         lead = _lead(request) if MIN_PREFIX <= len(prompt.tokens) < self.engine.n_ctx else None
@@ -182,7 +182,7 @@ class LocalBackend:
         def prepared() -> Iterator[Request]:
             for item in requests:
                 try:
-                    self._check_size(item.request)
+                    self.check_size(item.request)
                     prompt = self.prompt(item.request)
                 except LocalgenError as e:
                     on_done(Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed))

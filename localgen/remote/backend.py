@@ -99,6 +99,9 @@ class RemoteBackend:
             return len(request.prompt or "") // 3 + 1
         return sum(len(m["content"]) // 3 + 4 for m in request.messages) + 2
 
+    def check_size(self, request: GenerationRequest) -> None:
+        """Nothing: the server templates and counts (count's estimate takes no template's time here)."""
+
     def render(self, request: GenerationRequest) -> str:
         """The server applies its chat template; this is the conversation as it is sent."""
         if request.raw:

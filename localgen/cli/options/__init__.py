@@ -346,6 +346,13 @@ class CommandArgs:
         """Whether the user set this parameter (command line, env var), as opposed to its default."""
         return given_by_user(self.context, name)
 
+    def in_order(self, *names: str) -> list[str]:
+        """Of these parameters, the names of those given on the command line, once per time each was given, in
+        the order given (OrderedCommand)."""
+        from localgen.cli.optionorder import given_in_order
+
+        return given_in_order(self.context, names)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelArgs(CommandArgs):

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, TextIO
 
 from localgen import settings
 from localgen.backend import Completion, Indexed
+from localgen.cli.output import for_terminal
 from localgen.errors import UsageError
 from localgen.text import MAX_PROMPT_TEXT, checked, problem, too_long
 from localgen.types import GenerationRequest, SamplingParams, thinking_args
@@ -105,8 +106,8 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
                 raise UsageError('"stop" holds an empty string: give the text, or leave it out')
             if obj.get("system") is not None:
                 checked(obj["system"], '"system"')
-            if "id" in obj:  # written back with the answer: a lone surrogate in it could not be
-                checked(json.dumps(obj["id"], ensure_ascii=False), '"id"')
+            if "id" in obj:  # written back with the answer: a lone surrogate in it could not be, nor NaN (not JSON)
+                checked(_id_json(obj["id"]), '"id"')
             knobs = {k: v for k, v in obj.items() if k not in ("prompt", "system", "id")}
             sampling = settings.apply(base, knobs)
             text = "\n\n".join(p for p in (obj["prompt"], instruction) if p)
@@ -115,6 +116,16 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             yield _Line(number, None, system, base, error=e.message if isinstance(e, UsageError) else str(e))
         except RecursionError:
             yield _Line(number, None, system, base, error="the JSON line nests too deeply")
+
+
+def _id_json(ident: Any) -> str:
+    """A JSON line's "id" as the output writes it back; a UsageError for NaN or an infinity (1e400 reads as one),
+    which JSON cannot hold: written as `NaN`, the output line would be no JSON a reader takes."""
+    try:
+        return json.dumps(ident, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise UsageError('"id" holds NaN or an infinity (such as 1e400), which JSON cannot hold: give a string or a '
+                         "number of JSON's range") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +236,7 @@ def _write(ln: _Line, c: Completion | None, json_out: bool, exact: str | None) -
     """A line's output; True where it is an earlier output's line, copied (--resume-from)."""
     if ln.previous is not None:
         if ln.previous:
-            sys.stdout.write(ln.previous + "\n")
+            sys.stdout.write(for_terminal(ln.previous, sys.stdout) + "\n")
         return True
     _emit(ln, c, json_out, exact)
     return False
@@ -464,7 +475,7 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = N
         out = " ".join(c.text.split()) if c is not None and not ln.error else ""
     if problem(out) is not None:  # a lone surrogate an error quotes (a key's name): shown escaped, not a crash
         out = out.encode("utf-8", "backslashreplace").decode("utf-8")
-    sys.stdout.write(out + "\n")
+    sys.stdout.write(for_terminal(out, sys.stdout) + "\n")  # on a terminal, a model's ESC or C1 shows escaped
     sys.stdout.flush()
 
 

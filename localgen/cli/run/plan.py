@@ -96,7 +96,7 @@ def check(f: RunArgs) -> RunPlan:
     media = prompt.attachments(f.media, [
         ("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
         ("--draft/--lookup", bool(d.draft or d.lookup)), ("--endpoint", bool(f.remote.endpoint)),
-        ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)])
+        ("--prompt-cache", f.given("prompt_cache") and f.prompt_cache)], f.in_order("image", "video", "attach"))
     stdin_taken = any(a == "-" for a in f.media.attach or ())
     parts = () if many else tuple(prompt.prompt_parts(f.prompt if f.prompt is not None else f.prompt_arg,
                                                          f.document, no_stdin=f.no_stdin or stdin_taken,
@@ -116,6 +116,9 @@ def _check_combinations(f: RunArgs, many: bool) -> None:
         raise UsageError("give the prompt once: as an argument or with -p, not both")
     if f.many.file is not None and f.many.each_line:
         raise UsageError("--file and --each-line cannot be combined")
+    if f.many.each_line and f.no_stdin:  # the prompts are stdin's lines: there would be none
+        raise UsageError("--each-line reads its prompts from stdin: it cannot be combined with --no-stdin",
+                         hint="give the prompts with --file FILE instead")
     if not many and (f.many.parallel > 1 or f.many.exact is not None):
         raise UsageError(f"{'--parallel' if f.many.parallel > 1 else '--exact/--no-exact'} applies to many prompts: "
                          "add --file FILE or --each-line")

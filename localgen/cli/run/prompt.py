@@ -13,9 +13,10 @@ from localgen.errors import UsageError
 from localgen.text import checked
 
 
-def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tuple[Any, ...]:
-    """--image, --video and -a/--attach, read and checked (format, size, pixels) before anything loads;
-    `others`: the flags given (flag, given) that they cannot go with."""
+def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]], order: Sequence[str] = ()) -> tuple[Any, ...]:
+    """--image, --video and -a/--attach, read and checked (format, size, pixels) before anything loads, in the
+    order the command line gave them (`order`: "image", "video" or "attach" for each, as given; what it leaves out
+    follows, images, videos, then -a); `others`: the flags given (flag, given) that they cannot go with."""
     images, attach, videos = list(media.image or ()), list(media.attach or ()), list(media.video or ())
     fps = media.video_fps
     if fps is not None and not (0 < fps <= 60):
@@ -42,22 +43,26 @@ def attachments(media: MediaOptions, others: Sequence[tuple[str, bool]]) -> tupl
         if name.strip() and name != "-" and not re.match(r"(data:|https?://)", name, re.I):
             check_input("-a/--attach", name)
     out = []
-    for spec in images:
-        m = readers.read(str(spec))
-        if m.kind != "image":
+    for kind, spec in _as_given(order, {"image": images, "video": videos, "attach": attach}):
+        m = readers.read(str(spec), fps=None if kind == "image" else fps)
+        if kind == "image" and m.kind != "image":
             raise UsageError(f"--image {spec} is {m.format} {m.kind}: attach it with "
                              f"{'--video' if m.kind == 'video' else '-a'}")
-        out.append(m)
-    for spec in videos:
-        m = readers.read(str(spec), fps=fps)
-        if m.kind != "video":
+        if kind == "video" and m.kind != "video":
             raise UsageError(f"--video {spec} is not a video ({m.format} {m.kind}): attach it with "
                              f"{'--image' if m.kind == 'image' else '-a'}")
         out.append(m)
-    out += [readers.read(spec, fps=fps) for spec in attach]
     if fps is not None and not any(m.kind == "video" for m in out):
         raise UsageError("--video-fps applies to a video: none of the attachments is one")
     return tuple(out)
+
+
+def _as_given(order: Sequence[str], given: dict[str, list[Any]]) -> list[tuple[str, Any]]:
+    """Each flag's values, (flag, value), in the command line's order: the n-th time `order` names a flag is its
+    n-th value."""
+    left = {kind: list(values) for kind, values in given.items()}
+    ordered = [(kind, left[kind].pop(0)) for kind in order if left.get(kind)]
+    return ordered + [(kind, value) for kind, values in left.items() for value in values]
 
 
 def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdin: bool,
@@ -106,10 +111,10 @@ def _read_stdin() -> str:
     stdin = sys.stdin
     if stdin is None or stdin.closed or stdin.isatty():
         return ""
-    try:
+    try:  # a byte that is not UTF-8 is kept (main.utf8_stdin): checked() says which and where
         text = stdin.read(MAX_PROMPT_TEXT + 1)  # characters, read only one past the bound (a huge file, /dev/zero)
-    except UnicodeDecodeError:
-        raise UsageError("stdin is not UTF-8 text") from None
+    except UnicodeDecodeError as e:  # a stdin that could not be set so (strict): the byte, if not where
+        raise UsageError(f"stdin is not valid UTF-8 text: byte 0x{e.object[e.start]:02x} is not UTF-8") from None
     except (OSError, ValueError):
         return ""
     if len(text) > MAX_PROMPT_TEXT:
