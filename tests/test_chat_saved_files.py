@@ -4,6 +4,7 @@ it is; one without a model is named when it cannot be resumed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,215 @@ def test_a_huge_saved_file_without_the_listed_fields_first_is_one_warning_line(s
         f"warning: the saved conversation {big} cannot be read (it is larger than 1 MiB and does not begin with "
         "the fields `chat --list` shows; its next save writes them): it is left as it is"], r.stderr
     assert big.read_bytes() == kept
+
+
+# ---- files written by hand or by another tool: what localgen does not use is kept; a bad value is reported ----------
+
+@pytest.fixture
+def chats(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The chats folder of a LOCALGEN_HOME, for tests that call the session code in this process (no model)."""
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    d = tmp_path / "home" / "data" / "chats"
+    d.mkdir(parents=True)
+    return d
+
+
+def test_a_loaded_file_keeps_the_fields_localgen_does_not_use_and_never_sends_them(chats: Path) -> None:
+    """docs/chat.md, Saving: another tool's fields, at the top and in a message (a null tool field too), are written
+    back as they were at each save; the messages the model is sent hold localgen's fields only."""
+    from localgen.chat.session import ChatSession
+
+    theirs = {"model": "smollm2:135m", "tags": ["work"], "pinned": {"by": "me", "at": [1, 2]},
+              "messages": [{"role": "user", "content": "hi", "note": "keep me"},
+                           {"role": "assistant", "content": "yo", "tool_calls": None, "rating": 5}]}
+    (chats / "extra.json").write_text(json.dumps(theirs))
+    session = ChatSession.load("extra")
+    assert session.conversation() == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    session.add("user", "Hello")
+    session.add("assistant", "Hi.")
+    session.save()
+    saved = json.loads((chats / "extra.json").read_text())
+    assert saved["tags"] == ["work"] and saved["pinned"] == {"by": "me", "at": [1, 2]}
+    assert saved["messages"] == [*theirs["messages"], {"role": "user", "content": "Hello"},
+                                 {"role": "assistant", "content": "Hi."}]
+    assert ChatSession.load("extra").to_dict()["messages"] == saved["messages"]  # and again, as they were
+
+
+@pytest.mark.parametrize(("where", "key", "value", "why"), [
+    (2, "tool_calls", "bogus", 'entry 2 of "messages" has "tool_calls" that are not a list of calls'),
+    (2, "tool_calls", [{"name": "f"}], 'entry 2 of "messages" has "tool_calls" that are not a list of calls'),
+    (2, "reasoning_content", {"a": 1}, 'entry 2 of "messages" has a "reasoning_content" of type dict, not text'),
+    (1, "name", 5, 'entry 1 of "messages" has a "name" of type int, not text'),
+    (None, "model", 5, 'is not in localgen\'s format: its "model" is not text'),
+    (None, "log_id", {"id": 1}, 'is not in localgen\'s format: its "log_id" is not text'),
+    (None, "settings", [["temperature", 0]], 'is not in localgen\'s format: its "settings" are not an object'),
+    (None, "created", 1e20, 'is not in localgen\'s format: its "created" is not a time'),
+    (None, "updated", "yesterday", 'is not in localgen\'s format: its "updated" is not a time'),
+])
+def test_a_field_of_localgen_s_with_a_bad_value_is_reported_and_the_file_left_as_it_is(
+        chats: Path, where: int | None, key: str, value: Any, why: str) -> None:
+    """A value a save never writes in one of localgen's fields is not dropped (the next save would lose it): the
+    file and the entry are named, and the file is left byte for byte."""
+    from localgen.chat.session import ChatSession
+    from localgen.errors import LocalgenError
+
+    data: dict[str, Any] = {"model": "smollm2:135m", "messages": [dict(m) for m in ADA]}
+    (data["messages"][where - 1] if where else data)[key] = value
+    f = chats / "bad.json"
+    f.write_text(json.dumps(data))
+    before = f.read_bytes()
+    with pytest.raises(LocalgenError) as e:
+        ChatSession.load("bad")
+    assert e.value.message.startswith(f"the saved conversation {f} "), e.value.message
+    assert why in e.value.message, e.value.message
+    assert f.read_bytes() == before
+
+
+def _unblock(fifo: Path) -> None:
+    """Ends an open the old code left waiting on the FIFO: a writer's open and close ends a read (end of file),
+    a reader's ends a write."""
+    import os
+
+    for flag in (os.O_WRONLY, os.O_RDONLY):
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, flag | os.O_NONBLOCK))
+
+
+def _in_time(call: Any, fifo: Path) -> Any:
+    """call(), which must end within a minute (a FIFO read would wait for a writer forever)."""
+    import threading
+
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    worker.start()
+    worker.join(60)
+    hung = worker.is_alive()
+    _unblock(fifo)
+    worker.join(10)
+    assert not hung, "it hung on the FIFO"
+    return out[0] if out else None
+
+
+def _damaged(chats: Path) -> dict[str, str]:
+    """Saved files `chat --list` cannot list, made in `chats`, and why each is skipped."""
+    import os
+
+    for name, text in (("inf", '{"model": "m", "updated": 1e400, "messages": []}'),
+                       ("nan", '{"model": "m", "updated": NaN, "messages": []}'),
+                       ("far", '{"model": "m", "updated": 1e20, "messages": []}'),
+                       ("deep", '{"model": "m", "messages": ' + "[" * 50000 + "]" * 50000 + "}")):
+        (chats / f"{name}.json").write_text(text)
+    os.mkfifo(chats / "fifo.json")
+    (chats / "null.json").symlink_to("/dev/null")  # as /dev/zero is, where a read never ends
+    (chats / "dir.json").mkdir()
+    return {"inf": 'its "updated" is not a time', "nan": 'its "updated" is not a time',
+            "far": 'its "updated" is not a time', "deep": "it nests more than 200 levels deep",
+            "fifo": "it is a FIFO", "null": "it is a device", "dir": "it is a folder"}
+
+
+def test_chat_list_warns_of_each_file_it_cannot_list_and_lists_the_others(
+        chats: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/chat.md: one bad file in the chats folder is a warning line naming it (a time no date can be written of,
+    a nesting too deep, a FIFO, a device, a folder), never a traceback or a hang, and the others are listed."""
+    import time
+
+    from localgen.cli.chat.loop import print_list
+
+    whys = _damaged(chats)
+    (chats / "ada.json").write_text(json.dumps({"model": "smollm2:135m", "updated": 1.7e9, "messages": ADA}))
+    _in_time(print_list, chats / "fifo.json")
+    out, err = capsys.readouterr()
+    assert [line.split()[:2] for line in out.splitlines()] == [["ada", time.strftime("%Y-%m-%d",
+                                                                                     time.localtime(1.7e9))]], out
+    assert sorted(err.splitlines()) == sorted(
+        f"warning: the saved conversation {chats / name}.json cannot be read ({why}): it is left as it is"
+        for name, why in whys.items()), err
+
+
+def test_loading_a_file_that_cannot_be_read_is_one_error_never_a_hang(chats: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resume and /load of a FIFO, a device, a folder, a file nested too deeply or over 1 GiB: one error naming
+    it (nothing read of a FIFO, a device or a file too large), the file left as it is."""
+    from localgen.chat import session as sessions
+    from localgen.chat.session import ChatSession
+    from localgen.errors import LocalgenError
+
+    assert sessions.LOAD_READ == 1 << 30  # docs/chat.md's figure; a test of it at 1 MiB reads less if it fails
+    monkeypatch.setattr(sessions, "LOAD_READ", 1 << 20)
+    whys = {**_damaged(chats), "huge": "it is 1,048,577 bytes, more than the 1 MiB a conversation is read to"}
+    (chats / "huge.json").write_text(json.dumps({"model": "m", "messages": ADA, "pad": "x" * (1 << 20)}))
+    (chats / "huge.json").write_bytes((chats / "huge.json").read_bytes()[:(1 << 20) + 1])
+    for name, why in whys.items():
+        def load(name: str = name) -> Any:
+            try:
+                ChatSession.load(name)
+            except LocalgenError as e:
+                return e.message
+            return None
+        said = _in_time(load, chats / "fifo.json")
+        if name in ("inf", "nan", "far"):  # read, and refused as not localgen's format
+            assert said == f"the saved conversation {chats / name}.json is not in localgen's format: {why}"
+        else:
+            assert said == f"the saved conversation {chats / name}.json is unreadable: {why}"
+
+
+def test_the_input_history_where_a_folder_or_a_fifo_is_is_kept_for_the_session_only(tmp_path: Path) -> None:
+    """docs/chat.md: a history that cannot be read or written is this chat's only: reading it gives nothing and
+    writing it does nothing, without an error (prompt_toolkit's thread would print a traceback) or a hang; a file
+    that can be is read and written as before."""
+    import os
+
+    from prompt_toolkit.history import FileHistory
+
+    from localgen.cli.chat.repl import _history
+
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("dir", "fifo"):
+        history = _history(FileHistory, tmp_path / name)
+        assert _in_time(lambda h=history: list(h.load_history_strings()), tmp_path / "fifo") == []
+        _in_time(lambda h=history: h.store_string("Hi"), tmp_path / "fifo")
+    assert (tmp_path / "dir").is_dir() and not list((tmp_path / "dir").iterdir())
+    history = _history(FileHistory, tmp_path / "file")
+    history.store_string("Hi")
+    history.store_string("two\nlines")
+    assert list(_history(FileHistory, tmp_path / "file").load_history_strings()) == ["two\nlines", "Hi"]
+
+
+def test_resuming_another_tool_s_file_keeps_its_fields_and_a_bad_one_is_left_as_it_is(scli: CLI) -> None:
+    """The red team's case: `chat --resume` of a file with fields localgen does not use writes them back with the
+    new turn; one whose "tool_calls" are not calls is one error, and the file stays byte for byte."""
+    d = _chats(scli)
+    theirs = {"model": "smollm2:135m", "tags": ["work"], "messages": [
+        {"role": "user", "content": "hi", "note": "keep me"}, {"role": "assistant", "content": "yo"}]}
+    (d / "extra.json").write_text(json.dumps(theirs))
+    r = scli("chat", "--resume", "extra", *N, input="Hello\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    saved = json.loads((d / "extra.json").read_text())
+    assert saved["tags"] == ["work"] and saved["messages"][:2] == theirs["messages"]
+    assert [m["role"] for m in saved["messages"][2:]] == ["user", "assistant"]
+    theirs["messages"][1].update(tool_calls="bogus", reasoning_content={"a": 1})
+    (d / "bad.json").write_text(json.dumps(theirs))
+    before = (d / "bad.json").read_bytes()
+    r = scli("chat", "--resume", "bad", *N, input="Hello\n")
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"localgen: error: the saved conversation {d / 'bad.json'} has a malformed message: entry 2 of \"messages\" "
+        "has \"tool_calls\" that are not a list of calls"), r.stderr
+    assert (d / "bad.json").read_bytes() == before
+
+
+def test_a_new_chat_is_written_at_its_first_exchange_not_by_a_set_before_it(scli: CLI) -> None:
+    """docs/chat.md, Saving: a /set, /system or /model before the first exchange leaves no file, and the name free;
+    the first exchange saves them with it; /save NAME writes an empty chat at once."""
+    d = _chats(scli)
+    r = scli("chat", "setonly", *N, input="/set temperature 0.5\n/system Be brief.\n/model smollm2:135m\n/undo\n")
+    assert r.returncode == 0, r.stderr
+    assert not (d / "setonly.json").exists() and not list(d.iterdir())
+    r = scli("chat", "setonly", *N, input="/set temperature 0.5\nHi\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    saved = json.loads((d / "setonly.json").read_text())
+    assert saved["settings"] == {"temperature": 0.5} and len(saved["messages"]) == 2
+    r = scli("chat", *N, input="/save named\n")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((d / "named.json").read_text())["messages"] == []

@@ -337,10 +337,14 @@ class ChatRunner:
         if self.on_answer is not None and self.last_request is not None and gen is not None:
             self.on_answer(self.last_request, gen, turn.text)
 
-    def save(self, warn: bool = True) -> Path | None:
+    def save(self, warn: bool = True, empty: bool = False) -> Path | None:
         """Save the conversation; its path, or None where the file cannot be written (a read-only or full disk).
         That never stops the chat: the answer is already shown and kept in memory, the first failure is a
-        warning, each later save tries again, and `unsaved` says why until one succeeds."""
+        warning, each later save tries again, and `unsaved` says why until one succeeds. A new conversation
+        with no message yet is not written (a /set before the first exchange would leave an empty file that
+        takes the name), unless `empty` (/save NAME asks for the file): its first exchange writes it all."""
+        if self.session.fresh and not self.session.messages and not empty:
+            return None
         try:
             path = self.session.save()
         except OSError as e:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
 from localgen.media import text_of
 from localgen.types import Message
+from localgen.units import format_bytes
 
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -105,6 +107,8 @@ class ChatSession:
     # the file as this chat last read or wrote it (path, mtime_ns, size): another chat's save since is seen
     seen: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
     forked: str | None = None  # the name this chat left, its file saved by another chat since (said once)
+    # what a loaded file holds that localgen does not use (another tool's fields): written back as it was
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def conversation(self) -> list[Message]:
         """Messages as the template sees them, system prompt first."""
@@ -156,12 +160,14 @@ class ChatSession:
     def to_dict(self) -> dict[str, Any]:
         """The saved form."""
         # what `chat --list` shows comes first (its turns counted here), so it reads a file's head, not all of it
-        return {
+        out = {
             "format": FORMAT, "name": self.name, "model": self.model, "created": self.created,
             "updated": self.updated, "turns": sum(1 for m in self.messages if m.get("role") == "user"),
-            "messages": self.messages, "system": self.system, "settings": self.settings, "log_id": self.log_id,
-            "summary": self.summary.to_dict() if self.summary is not None else None, "compact": self.compact,
+            "messages": [_saved_form(m) for m in self.messages], "system": self.system, "settings": self.settings,
+            "log_id": self.log_id, "summary": self.summary.to_dict() if self.summary is not None else None,
+            "compact": self.compact,
         }
+        return {**out, **{k: v for k, v in self.extra.items() if k not in out}}
 
     def save(self) -> Path:
         """Write atomically: a temporary file (0600, in a 0700 folder), fsync, rename, fsync the folder. A
@@ -222,30 +228,46 @@ class ChatSession:
 
     @classmethod
     def load(cls, name: str) -> ChatSession:
-        """Read a saved conversation by name."""
+        """Read a saved conversation by name. What localgen does not use of it (another tool's fields, at the top
+        or in a message) is kept and written back as it was; a field of localgen's that holds what it never
+        saves there is an error naming the file (and the entry), and the file is left as it is."""
         check_name(name)
         path = chats_dir() / f"{name}.json"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_file(path, LOAD_READ, whole=True).decode("utf-8"))
+            _check_depth(data)
         except FileNotFoundError:
             raise LocalgenError(f"no saved conversation named {name!r}", hint="see `localgen chat --list`") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise LocalgenError(f"the saved conversation {path} is unreadable: {e}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, Unreadable, RecursionError) as e:
+            raise LocalgenError(f"the saved conversation {path} is unreadable: {_unreadable(e)}",
+                                hint="the file was left as it is") from None
         try:
+            if not isinstance(data, dict):
+                raise BadField("it is not a JSON object")
             messages = _messages(data["messages"], path)
-            saved = dict(data.get("settings") or {})
+            saved = data.get("settings") or {}
+            if not isinstance(saved, dict):
+                raise BadField('its "settings" are not an object')
             system = data.get("system")
             if system is not None and not isinstance(system, str):
-                raise ValueError("system")
+                raise BadField('its "system" is not text')
+            for key in ("model", "log_id"):
+                if data.get(key) is not None and not isinstance(data[key], str):
+                    raise BadField(f'its "{key}" is not text')
             session = cls(
-                name=name, model=str(data.get("model") or ""), system=system, messages=messages,
-                settings=saved, created=float(data.get("created", 0)), updated=float(data.get("updated", 0)),
-                log_id=str(data["log_id"]) if data.get("log_id") else None,
+                name=name, model=data.get("model") or "", system=system, messages=messages,
+                settings=dict(saved), created=saved_time(data, "created", 0),
+                updated=saved_time(data, "updated", 0), log_id=data.get("log_id") or None,
                 summary=Summary.from_dict(data["summary"], len(messages)) if data.get("summary") else None,
                 compact=_flag(data.get("compact")),
+                extra={k: v for k, v in data.items() if k not in SAVED_KEYS},
             )
+        except BadField as e:
+            raise LocalgenError(f"the saved conversation {path} is not in localgen's format: {e}",
+                                hint="fix or remove it in the file; the file was left as it is") from None
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise LocalgenError(f"the saved conversation {path} is not in localgen's format") from None
+            raise LocalgenError(f"the saved conversation {path} is not in localgen's format",
+                                hint="fix or remove it in the file; the file was left as it is") from None
         with contextlib.suppress(OSError):  # removed this instant: nothing to compare a save with
             session.seen = _stamp(path)
         try:
@@ -254,6 +276,70 @@ class ChatSession:
             raise LocalgenError(f"the saved conversation {path} has a bad setting: {e.message}",
                                 hint="fix or remove it in the file; the file was left as it is") from None
         return session
+
+
+# the fields a save writes (localgen's own); a loaded file's others are kept as they were
+SAVED_KEYS = ("format", "name", "model", "created", "updated", "turns", "messages", "system", "settings", "log_id",
+              "summary", "compact")
+LOAD_READ = 1 << 30  # the bytes a saved conversation may take to be loaded (a chat's file is far smaller)
+DEPTH = 200  # how deep a loaded file may nest: a save writes it again, and Python's JSON writer recurses
+
+
+class Unreadable(Exception):
+    """A saved conversation's path that is not read, and why in words: not a regular file (a FIFO, a device, a
+    folder: never opened), or too large to load."""
+
+
+class BadField(ValueError):
+    """A field of localgen's in a saved file that holds what a save never writes there, in words."""
+
+
+def read_file(path: Path, limit: int, whole: bool = False) -> bytes:
+    """At most `limit` + 1 bytes of a regular file (`whole`: all of it, Unreadable when it is larger than `limit`,
+    before a byte is read). Anything but a regular file is Unreadable before it is opened (a FIFO would block the
+    read, /dev/zero never end it); the open does not block either, and what it opened is checked again."""
+    if not stat.S_ISREG(mode := os.stat(path).st_mode):
+        raise Unreadable(_kind(mode))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced since the stat
+            raise Unreadable(_kind(st.st_mode))
+        if whole and st.st_size > limit:
+            raise Unreadable(f"it is {st.st_size:,} bytes, more than the {format_bytes(limit)} a conversation "
+                             "is read to")
+        return f.read(limit + 1)
+
+
+def _kind(mode: int) -> str:
+    return ("it is a folder" if stat.S_ISDIR(mode) else "it is a FIFO" if stat.S_ISFIFO(mode) else
+            "it is a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "it is not a regular file")
+
+
+def _check_depth(data: Any) -> None:
+    """Unreadable when `data` nests deeper than DEPTH (a save could not write it again)."""
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > DEPTH:
+            raise Unreadable(f"it nests more than {DEPTH} levels deep")
+        if isinstance(value, dict):
+            todo.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            todo.extend((v, depth + 1) for v in value)
+
+
+def saved_time(data: dict[str, Any], key: str, default: float) -> float:
+    """A saved time (seconds since the epoch) that a date can be written of; BadField for anything else (text,
+    NaN, 1e400, a year past 9999)."""
+    value = data.get(key, default)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            time.strftime("%Y", time.localtime(value))
+            return float(value)
+        except (OverflowError, OSError, ValueError):
+            pass
+    raise BadField(f'its "{key}" is not a time')
 
 
 def _stamp(path: Path) -> tuple[str, int, int]:
@@ -268,7 +354,7 @@ def _messages(saved: Any, path: Path) -> list[Message]:
     """A saved file's messages; a LocalgenError naming the file and the first entry that is not a message (a
     conversation loaded without it would be saved without it: the file is reported, and left as it is)."""
     if not isinstance(saved, list):
-        raise TypeError("messages")
+        raise BadField('its "messages" are not a list')
     out = []
     for i, m in enumerate(saved, 1):
         why = _malformed(m)
@@ -280,12 +366,22 @@ def _messages(saved: Any, path: Path) -> list[Message]:
 
 
 def _malformed(m: Any) -> str | None:
-    """What keeps a saved entry from being a message (None when it is one)."""
+    """What keeps a saved entry from being a message (None when it is one): its role and content, and a tool field
+    that holds what localgen never saves there (a message loaded without it would be saved without it)."""
     if not isinstance(m, dict):
         return f"is {type(m).__name__}, not an object"
     role = m.get("role")
     if role not in ROLES:
         return f"has the role {json.dumps(role, ensure_ascii=False)[:40]} (user, assistant or tool)"
+    for key in TOOL_KEYS:
+        value = m.get(key)
+        if value is None:
+            continue
+        if key == "tool_calls":
+            if not (isinstance(value, list) and all(_is_call(c) for c in value)):
+                return 'has "tool_calls" that are not a list of calls (each with a "function" and its "name")'
+        elif not isinstance(value, str):
+            return f'has a "{key}" of type {type(value).__name__}, not text'
     content = m.get("content")
     if isinstance(content, str) or (isinstance(content, list) and all(isinstance(p, dict) and
                                                                          isinstance(p.get("type"), str)
@@ -296,20 +392,36 @@ def _malformed(m: Any) -> str | None:
     return "has no text content" if content is None else f"has a content of type {type(content).__name__}"
 
 
+class Loaded(dict[str, Any]):
+    """A loaded message that held fields localgen does not use: they are kept apart in `extra` (never sent to a
+    model or a server) and written back at each save as they were."""
+
+    __slots__ = ("extra",)
+
+    def __init__(self, fields: dict[str, Any], extra: dict[str, Any]) -> None:
+        super().__init__(fields)
+        self.extra = extra
+
+
 def _message(m: dict[str, Any]) -> Message:
     """A saved message (checked by _malformed): role and content, and the tool fields it has (calls, a result's
-    call id and name, the reasoning)."""
+    call id and name, the reasoning); the others, kept beside it."""
     content = m.get("content")
     kept: Any = content if content is not None else ""  # parts: text with images or audio (checked when sent)
     out: Message = {"role": str(m["role"]), "content": kept}
     for key in TOOL_KEYS:
-        value = m.get(key)
-        if key == "tool_calls":
-            if isinstance(value, list) and all(_is_call(c) for c in value):
-                out[key] = value
-        elif isinstance(value, str):
-            out[key] = value
-    return out
+        if m.get(key) is not None:
+            out[key] = m[key]
+    extra = {k: v for k, v in m.items() if k not in out}
+    return Loaded(out, extra) if extra else out
+
+
+def _saved_form(m: Message) -> Message:
+    """A message as a save writes it: a loaded one with the fields localgen did not use, as they were."""
+    extra = getattr(m, "extra", None)
+    if not extra:
+        return m
+    return {**m, **{k: v for k, v in extra.items() if k not in m}}
 
 
 def _flag(value: Any) -> bool | None:
@@ -348,8 +460,7 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
         return []
     for p in d.glob("*.json"):
         try:
-            with p.open("rb") as f:
-                raw = f.read(LIST_READ + 1)
+            raw = read_file(p, LIST_READ)  # a FIFO, a device or a folder of that name: skipped, never opened
             if len(raw) <= LIST_READ:
                 data = json.loads(raw.decode("utf-8"))
                 if not isinstance(data, dict):
@@ -364,14 +475,14 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
                     raise TypeError
             out.append(SessionInfo(
                 name=p.stem, model=str(data.get("model", "")), turns=turns,
-                updated=float(data.get("updated", p.stat().st_mtime)),
+                updated=saved_time(data, "updated", p.stat().st_mtime),  # a time `chat --list` can write
                 preview=" ".join(str(asked(text_of(first))).split())[:60],
             ))
         except _TooBig:
             if skipped is not None:
                 skipped.append((p, f"it is larger than {LIST_READ >> 20} MiB and does not begin with the fields "
                                    "`chat --list` shows; its next save writes them"))
-        except (OSError, ValueError, AttributeError, TypeError) as e:
+        except (OSError, ValueError, AttributeError, TypeError, Unreadable, RecursionError) as e:
             if skipped is not None:
                 skipped.append((p, _unreadable(e)))
             continue
@@ -430,7 +541,11 @@ def _head(raw: bytes) -> tuple[dict[str, Any], Any]:
 
 
 def _unreadable(e: Exception) -> str:
-    """Why a saved conversation's file could not be listed, in words."""
+    """Why a saved conversation's file could not be read, in words."""
+    if isinstance(e, (Unreadable, BadField)):
+        return str(e)
+    if isinstance(e, RecursionError):  # JSON's reader: far deeper than DEPTH
+        return f"it nests more than {DEPTH} levels deep"
     if isinstance(e, UnicodeDecodeError):
         return "it is not UTF-8 text"
     if isinstance(e, json.JSONDecodeError):

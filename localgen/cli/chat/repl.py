@@ -4,6 +4,8 @@ Tab completion of slash commands and their arguments, Ctrl-G to write the messag
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -188,13 +190,32 @@ class LineInput:
 
 
 def _history(base: Any, path: Path) -> Any:
-    """The input history kept across runs in `path`; where it cannot be written (a read-only or full disk) it
-    still works for this chat: it is state that may be lost without harm, and never stops the chat."""
+    """The input history kept across runs in `path`; where it cannot be read or written (a read-only or full disk,
+    a folder or a FIFO of that name) it still works for this chat: it is state that may be lost without harm, and
+    never stops the chat (prompt_toolkit reads it in a thread of its own, where an error is a traceback on screen).
+    Only a regular file is opened: a FIFO would block the read (or the write), /dev/zero never end it."""
+
+    def usable() -> bool:
+        try:
+            return stat.S_ISREG(os.stat(path).st_mode)
+        except FileNotFoundError:
+            return True  # the first line typed creates it
+        except OSError:
+            return False
 
     class History(base):  # type: ignore[misc,valid-type]
+        def load_history_strings(self) -> list[str]:
+            if not usable():
+                return []
+            try:
+                return list(super().load_history_strings())
+            except OSError:
+                return []
+
         def store_string(self, string: str) -> None:
-            with contextlib.suppress(OSError):
-                super().store_string(string)
+            if usable():
+                with contextlib.suppress(OSError):
+                    super().store_string(string)
 
     return History(str(path))
 

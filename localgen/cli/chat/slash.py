@@ -167,7 +167,7 @@ def _clear(runner: Any, view: Any, arg: str) -> None:
     now = time.time()
     runner.adopt(dataclasses.replace(old, name=sessions.new_name(), messages=[], settings=dict(old.settings),
                                      summary=None, created=now, updated=now, log_id=new_id(), fresh=True,
-                                     auto_named=True),
+                                     auto_named=True, extra={}),
                  runner.sampling)
     view.info(f"conversation cleared: this chat goes on as {runner.session.name} ({old.name} is kept as it was)")
 
@@ -255,7 +255,7 @@ def _save(runner: Any, view: Any, arg: str) -> None:
     if name != runner.session.name:  # a new file is claimed; one the user agreed to overwrite is not
         runner.session.fresh, runner.session.auto_named = not target.exists(), False
     runner.session.name = name
-    saved = runner.save(warn=False)
+    saved = runner.save(warn=False, empty=True)
     view.info(f"saved to {saved}" if saved is not None else f"not saved: {runner.unsaved}")
 
 
