@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_mmproj import png, wav, write_mmproj
+from make_mmproj import png, wav, write_audio_mmproj, write_mmproj
 
 MiB = 2**20
 
@@ -217,6 +217,14 @@ def _id3(size: int) -> bytes:
     return b"ID3\x04\x00\x00" + bytes((size >> s) & 0x7F for s in (21, 14, 7, 0)) + bytes(size)
 
 
+def _xing_crc(frames: int) -> bytes:
+    """MPEG-2.5 layer III frames with a CRC (64 kbit/s, 8 kHz, stereo: 576 bytes, 576 samples each), the first
+    holding a Xing tag after its header, its 2-byte CRC and 17 bytes of side information."""
+    head = b"\xff\xe2\x88\x00"
+    first = head + bytes(19) + b"Xing" + struct.pack(">II", 1, frames)
+    return first + bytes(576 - len(first)) + (head + bytes(572)) * 12
+
+
 REFUSED_SOUNDS = {
     "IMA ADPCM WAV (its blocks hold 505 samples each)": (_ima_adpcm(700), "clip is 11.7 minutes of audio; at most "
                                                                           "10 minutes are taken"),
@@ -234,6 +242,30 @@ REFUSED_SOUNDS = {
     "MP3 behind an ID3 tag": (_id3(3000) + FRAME * 8400, "is more than 10.0 minutes"),
     "MP3 whose Xing header claims hours": (_xing(2**20) + FRAME * 10, "clip is 1258.3 minutes of audio"),
     "MP3 whose Xing header claims a second but holds more": (_xing(14) + FRAME * 8400, "is more than 10.0 minutes"),
+    # miniaudio reads the Xing tag past a frame's CRC: 2**32 samples (its buffer's size) from 7 kB
+    "MP3 with a CRC whose Xing header claims 2**32 samples": (_xing_crc(2**32 // 576),
+                                                              "clip is 8947.8 minutes of audio"),
+    "MP3 with a CRC whose Xing header claims an hour": (_xing_crc(8000 * 3600 // 576), "clip is 60.0 minutes"),
+    "MP3 whose Xing frame follows a false one": (FRAME[:20] + _xing(2**20) + FRAME * 10, "is 1258.3 minutes"),
+    "FLAC behind an ID3 tag (miniaudio's FLAC reader skips it)": (_id3(100) + _flac(8000 * 700),
+                                                                  "clip is 11.7 minutes of audio"),
+    # miniaudio counts an ADPCM clip's frames from its data's size less 6 (MS) or 4 (IMA) bytes a block and
+    # channel, unsigned: blocks smaller than that wrap around to 1.8e19 frames (std::length_error: an abort)
+    "MS ADPCM WAV whose blocks are smaller than their headers": (_wav(2, 16000, 1, 4, bytes(3200)),
+                                                                 "clip is a corrupt MS ADPCM WAV: its blocks are 1 "
+                                                                 "bytes, where their headers take 7"),
+    "IMA ADPCM WAV whose blocks are smaller than their headers": (_wav(0x11, 16000, 3, 4, bytes(3201), channels=2),
+                                                                  "clip is a corrupt IMA ADPCM WAV: its blocks are 3"),
+    "ADPCM WAV whose data is shorter than one block's header": (_wav(2, 16000, 256, 4, bytes(5)),
+                                                                "its data (5 bytes) is shorter than its blocks' "
+                                                                "headers"),
+    "ADPCM WAV of 3 channels (miniaudio reads 1 or 2)": (_wav(2, 16000, 256 * 3, 4, bytes(768), channels=3),
+                                                        "clip is a corrupt MS ADPCM WAV"),
+    # what miniaudio's WAV reader refuses it would try as FLAC and MP3, which this WAV's check does not bound
+    "WAV at a sample rate miniaudio refuses": (_wav(1, 2**31 - 1, 1, 8, bytes(3200)),
+                                               "clip is a corrupt PCM WAV: 1 channel of 8 bits at 2,147,483,647 Hz"),
+    "WAV of 300 channels": (_wav(1, 16000, 600, 16, bytes(6000), channels=300), "300 channels of 16 bits"),
+    "µ-law WAV of 16 bits a sample": (_wav(7, 8000, 2, 16, bytes(800)), "clip is a corrupt µ-law WAV"),
 }
 
 
@@ -323,6 +355,22 @@ def test_run_refuses_a_png_bomb_within_100_mib(cli: CLI, tmp_path: Path) -> None
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and f"{bomb} is a corrupt PNG: its pixel data inflates" in lines[0], err
     assert peak - base < 100, (peak, base)
+
+
+def test_run_refuses_a_clip_that_would_abort_the_decoder(cli: CLI, tmp_path: Path) -> None:
+    """Files whose length miniaudio computes as some 1.8e19 frames (an ADPCM WAV whose blocks are smaller than
+    their headers) or 2**32 samples (an MP3's Xing tag behind a CRC) once aborted the process in libmtmd
+    (std::length_error, std::bad_alloc): one line naming the file, exit 2, nothing on stdout."""
+    proj = write_audio_mmproj(tmp_path / "audio.gguf")
+    files = {"tiny.wav": (_wav(2, 16000, 1, 4, bytes(3200)), "is a corrupt MS ADPCM WAV"),
+             "odd.wav": (_wav(0x11, 16000, 3, 4, bytes(3201), channels=2), "is a corrupt IMA ADPCM WAV"),
+             "crc.mp3": (_xing_crc(2**32 // 576), "is 8947.8 minutes of audio")}
+    for name, (data, words) in files.items():
+        (tmp_path / name).write_bytes(data)
+        r = cli("run", "--mmproj", str(proj), "-a", str(tmp_path / name), "-p", "hi", "-n", "2")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and f"{tmp_path / name} {words}" in lines[0], r.stderr
+        assert r.stdout == ""
 
 
 def test_a_literal_media_marker_in_the_text_is_text(cli: CLI, tmp_path: Path) -> None:
