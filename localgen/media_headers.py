@@ -167,9 +167,16 @@ _JPEG_KINDS = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical", 0xC
 
 
 def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
-    """Width and height from the first start-of-frame marker, of a kind stb_image decodes, in a file that holds
-    an end-of-image marker after it (a thumbnail's, in the EXIF block before the frame, does not count)."""
+    """Width and height from the first start-of-frame marker, of a kind stb_image decodes, in a file whose
+    first scan follows with the tables it needs, and an end-of-image marker after that (a thumbnail's, in the
+    EXIF block before the frame, does not count). stb_image decodes a file without a scan, or one whose tables
+    are missing, to a grey or garbled picture without a word."""
     i, n = 2, len(data)
+    size: tuple[int, int] | None = None
+    quant: set[int] = set()
+    huffman: set[tuple[int, int]] = set()  # (0: DC or 1: AC, table)
+    parts: dict[int, int] = {}  # the frame's components: id -> quantization table
+    progressive = False
     for _ in range(MAX_STEPS):
         if i + 4 > n or data[i] != 0xFF:
             break
@@ -180,23 +187,64 @@ def jpeg_size(data: bytes, source: str) -> tuple[int, int]:
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
             i += 2
             continue
+        if marker == 0xD9:  # end of image
+            break
         (length,) = struct.unpack(">H", data[i + 2:i + 4])
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+        body = data[i + 4:i + 2 + length]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and size is None:
             if i + 10 > n:
                 break
-            bits, h, w, parts = struct.unpack(">BHHB", data[i + 4:i + 10])
-            if marker in _JPEG_KINDS or bits != 8 or parts not in (1, 3, 4):
-                kind = _JPEG_KINDS.get(marker) or (f"{bits}-bit" if bits != 8 else f"{parts}-component")
+            bits, h, w, count = struct.unpack(">BHHB", data[i + 4:i + 10])
+            if marker in _JPEG_KINDS or bits != 8 or count not in (1, 3, 4):
+                kind = _JPEG_KINDS.get(marker) or (f"{bits}-bit" if bits != 8 else f"{count}-component")
                 raise MediaError(f"{source} is a JPEG of a kind localgen cannot read ({kind})",
                                  hint="save it as a baseline or progressive 8-bit JPEG, or a PNG")
             check_size("JPEG", source, w, h)
-            if data.rfind(b"\xff\xd9") < i:  # no end-of-image after the frame: stb_image would grey the rest
+            size, progressive = (w, h), marker == 0xC2
+            parts = {body[6 + 3 * k]: body[8 + 3 * k] for k in range(count) if 8 + 3 * k < len(body)}
+        elif marker == 0xDB:  # quantization tables: each a byte of precision and id, then 64 values of 1 or 2 bytes
+            at = 0
+            while at < len(body):
+                quant.add(body[at] & 0x0F)
+                at += 1 + 64 * (2 if body[at] >> 4 else 1)
+        elif marker == 0xC4:  # Huffman tables: each a byte of class and id, 16 counts, then that many values
+            at = 0
+            while at + 17 <= len(body):
+                huffman.add((body[at] >> 4, body[at] & 0x0F))
+                at += 17 + sum(body[at + 1:at + 17])
+        elif marker == 0xDA and size is not None:
+            _jpeg_scan_tables(body, parts, quant, huffman, progressive, source)
+            if data.rfind(b"\xff\xd9") < i:  # no end-of-image after the scan: stb_image would grey the rest
                 raise MediaError(f"{source} is a truncated JPEG: it ends before its end-of-image marker")
-            return w, h
+            return size
         if length < 2:
             break
         i += 2 + length
+    if size is not None:
+        raise MediaError(f"{source} is a truncated or corrupt JPEG: no image data (scan) follows its frame header")
     raise MediaError(f"{source} is a truncated or corrupt JPEG (no frame header)")
+
+
+def _jpeg_scan_tables(body: bytes, parts: dict[int, int], quant: set[int], huffman: set[tuple[int, int]],
+                      progressive: bool, source: str) -> None:
+    """A MediaError where the first scan names a component the frame lacks, or a table the file has not
+    defined before it (a progressive scan's DC-only or refining passes need fewer)."""
+    count = body[0] if body else 0
+    if not count or len(body) < 1 + 2 * count + 3:
+        raise MediaError(f"{source} is a corrupt JPEG: its scan header is cut short")
+    ss, se, ah = body[1 + 2 * count], body[2 + 2 * count], body[3 + 2 * count] >> 4
+    for k in range(count):
+        cid, tables = body[1 + 2 * k], body[2 + 2 * k]
+        if cid not in parts:
+            raise MediaError(f"{source} is a corrupt JPEG: its scan names component {cid}, which its frame lacks")
+        need = [f"quantization table {parts[cid]}"] if parts[cid] not in quant else []
+        if (not progressive or (ss == 0 and ah == 0)) and (0, tables >> 4) not in huffman:
+            need.append(f"DC Huffman table {tables >> 4}")
+        if (not progressive or se > 0) and (1, tables & 0x0F) not in huffman:
+            need.append(f"AC Huffman table {tables & 0x0F}")
+        if need:
+            raise MediaError(f"{source} is a corrupt JPEG: its scan uses {' and '.join(need)}, which it does not "
+                             "define")
 
 
 def gif_size(data: bytes, source: str) -> tuple[int, int]:

@@ -64,10 +64,23 @@ def _bmp(w: int, h: int, bpp: int = 24, header: int = 40, compression: int = 0, 
     return b"BM" + struct.pack("<IHHI", 14 + len(info) + len(pixels), 0, 0, 14 + len(info)) + info + pixels
 
 
-def _jpeg(w: int, h: int, sof: int = 0xC0, bits: int = 8) -> bytes:
+def _segment(marker: int, body: bytes) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", 2 + len(body)) + body
+
+
+def _jpeg(w: int, h: int, sof: int = 0xC0, bits: int = 8, tables: bool = True, scan: bool = True) -> bytes:
+    """A JPEG's structure: JFIF, two quantization tables, four one-code Huffman tables, a frame of three
+    components, a scan of them, a few bytes of its data."""
     frame = struct.pack(">BHHB", bits, h, w, 3) + b"\x01\x22\x00\x02\x11\x01\x03\x11\x01"
-    return b"\xff\xd8\xff\xe0\x00\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0" + bytes([0xFF, sof]) + \
-        struct.pack(">H", 2 + len(frame)) + frame + b"\xff\xd9"
+    dqt = _segment(0xDB, b"\x00" + bytes(range(1, 65)) + b"\x01" + bytes(range(1, 65)))
+    dht = _segment(0xC4, b"".join(bytes([t]) + b"\x01" + bytes(15) + b"\x00" for t in (0x00, 0x10, 0x01, 0x11)))
+    sos = _segment(0xDA, b"\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00") + bytes(40)
+    return b"\xff\xd8\xff\xe0\x00\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0" + (dqt + dht if tables else b"") + \
+        _segment(sof, frame) + (sos if scan else b"") + b"\xff\xd9"
+
+
+# ffmpeg's: `ffmpeg -f lavfi -i testsrc=size=16x8:rate=1 -frames:v 1 -pix_fmt yuvj420p -q:v 20 a.jpg`
+_FFMPEG_JPEG = base64.b64decode("/9j/4AAQSkZJRgABAgAAAQABAAD//gAPTGF2YzYwLjMuMTAwAP/bAEMACCgoLygvNzc3Nzc3QTxBQ0NDQUFBQUNDQ0hISFVVVUhISENDSEhQUFVVXF9cV1dVV19fZGRkeHhzc4yMkaysz//EAGoAAQEBAAAAAAAAAAAAAAAAAAcCBgEBAQAAAAAAAAAAAAAAAAAAAgMQAAECBAcBAQAAAAAAAAAAAAEAAjMTESFhUVIE0SIDMUERAAECBQUBAQAAAAAAAAAAAAExERIAUQIDIxPBYQQhIv/AABEIAAgAEAMBIgACEQADEQD/2gAMAwEAAhEDEQA/AMu3xfIHW5J/RmMUjTmDcg1sK1+6eVbITEePivRw64/XzaihbtlWk2Bf0jGUtBAqlw5n/9k=")
 
 
 def _webp_lossless(w: int, h: int) -> bytes:
@@ -113,6 +126,13 @@ REFUSED_PICTURES = {
     "lossless JPEG": (_jpeg(64, 64, sof=0xC3), "is a JPEG of a kind localgen cannot read (lossless)"),
     "JPEG cut short": (_jpeg(64, 64)[:-2] + bytes(40), "bomb.png is a truncated JPEG: it ends before its "
                                                         "end-of-image marker"),
+    # stb_image decodes these to a grey or garbled picture without a word
+    "JPEG with no scan after its frame": (_jpeg(64, 64, scan=False), "bomb.png is a truncated or corrupt JPEG: no "
+                                                                     "image data (scan) follows its frame header"),
+    "JPEG whose scan uses tables it does not define": (_jpeg(64, 64, tables=False),
+                                                       "bomb.png is a corrupt JPEG: its scan uses quantization table 0 "
+                                                       "and DC Huffman table 0 and AC Huffman table 0, which it does "
+                                                       "not define"),
     "arithmetic-coded JPEG": (_jpeg(64, 64, sof=0xC9), "is a JPEG of a kind localgen cannot read (arithmetic-coded)"),
     "12-bit JPEG": (_jpeg(64, 64, bits=12), "is a JPEG of a kind localgen cannot read (12-bit)"),
     "huge WebP": (_webp_lossless(9000, 7000), "bomb.png is 9000×7000 pixels; an image may have at most 50 megapixels"),
@@ -182,6 +202,7 @@ def test_real_pictures_pass() -> None:
     assert media.sniff(_bmp(5, 5, bpp=1), "a.bmp").format == "BMP"
     assert media.sniff(_bmp(5, 5, bpp=32, compression=3, header=124), "a.bmp").format == "BMP"
     assert media.sniff(_jpeg(640, 480, sof=0xC2), "a.jpg").width == 640
+    assert (media.sniff(_FFMPEG_JPEG, "a.jpg").width, media.sniff(_FFMPEG_JPEG, "a.jpg").height) == (16, 8)
     assert media.sniff(_GIF, "a.gif").width == media.sniff(_GIF[:-1], "a.gif").width == 1  # no trailer: all there
 
 
