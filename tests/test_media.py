@@ -68,6 +68,8 @@ BAD = {
     "HEIF picture": (b"\0\0\0\x18ftypheic" + b"\0" * 20, "is HEIF, which localgen cannot read"),
     "M4A audio": (b"\0\0\0\x18ftypM4A " + b"\0" * 20, "is M4A audio, which localgen cannot read"),
     "eleven minutes of WAV": (_wav(660), "11.0 minutes of audio"),
+    # `ftyp` at byte 4 of text is no ISO-BMFF box: it was called MP4 video
+    "text holding ftyp at byte 4": (b"abcdftypXYZWhello" * 4, "is not an image, audio or video file"),
 }
 
 
@@ -95,6 +97,10 @@ def test_media_sources_and_parts(tmp_path: Path) -> None:
         media.from_url("http://127.0.0.1:9/x.png", allow_http=False)
     with pytest.raises(media.MediaError, match="not valid base64"):
         media.from_url("data:image/png;base64,@@@@", allow_http=False)
+    shouted = "DATA:image/png;base64," + base64.b64encode(pic).decode()  # a scheme in capitals is one still
+    assert media.read(shouted).data == pic
+    with pytest.raises(media.MediaError, match=r"^cannot read x{60}\.\.\. \(5,004 characters\): "):
+        media.read("x" * 5000 + ".png")  # a blob pasted as a name is not repeated whole in the error
     wav = media.sniff(_wav(2.5), "clip.wav")
     assert (wav.kind, wav.seconds) == ("audio", 2.5)
     with pytest.raises(media.MediaError, match=r"is WAV audio, where an image goes$"):
