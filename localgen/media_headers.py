@@ -13,6 +13,7 @@ from localgen.errors import UsageError
 
 MAX_PIXELS = 50_000_000  # width × height, read from the header before any decode (a 50-megapixel photo)
 MAX_SIDE = 16_384
+MAX_DECODED = MAX_PIXELS * 4  # a PNG's samples, decoded: 50 megapixels of 8-bit RGBA (16-bit ones: half that)
 MAX_AUDIO_S = 600.0  # ten minutes
 _PNG_END = b"IEND\xaeB`\x82"  # the last chunk's type and CRC (the same in every PNG)
 
@@ -45,6 +46,7 @@ def check_seconds(seconds: float, source: str, more: bool = False) -> None:
 # capped, so no input costs more than a few hundred thousand steps here.
 MAX_STEPS = 100_000
 _PNG_KINDS = {0: (1, (1, 2, 4, 8, 16)), 2: (3, (8, 16)), 3: (1, (1, 2, 4, 8)), 4: (2, (8, 16)), 6: (4, (8, 16))}
+_PNG_NAMES = {0: "grey", 2: "RGB", 3: "palette", 4: "grey and alpha", 6: "RGBA"}
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 PNG_SLACK = 1 << 20  # past the header's size: stb_image ignores what follows it, as some encoders write more
 _INFLATE_IN, _INFLATE_OUT = 1 << 16, 1 << 20  # per zlib call: 64 KiB read, 1 MiB written (then dropped)
@@ -61,6 +63,10 @@ def png_size(data: bytes, source: str) -> tuple[int, int]:
         raise MediaError(f"{source} is a corrupt PNG: colour type {kind} at {depth} bits (compression {method}, "
                          f"filter {filt}, interlace {interlace}) is not one the PNG standard has")
     bits = _PNG_KINDS[kind][0] * depth
+    if w * h * bits // 8 > MAX_DECODED:  # 16 bits a sample: stb_image holds them all, then the 8-bit copy
+        raise MediaError(f"{source} is a {w}×{h} PNG of 16-bit {_PNG_NAMES[kind]}: {w * h * bits // 8 / 1e6:.0f} MB "
+                         f"of samples decoded, where a picture may take at most {MAX_DECODED / 1e6:.0f} MB (50 "
+                         "megapixels of 8-bit RGBA)", hint="scale it down, or save it at 8 bits a sample")
     if interlace:  # Adam7: seven sub-images, each row with its filter byte; an empty pass has no rows
         size = sum(((h - y0 + dy - 1) // dy) * (1 + (((w - x0 + dx - 1) // dx) * bits + 7) // 8)
                    for x0, y0, dx, dy in _ADAM7 if w > x0 and h > y0)

@@ -107,6 +107,10 @@ REFUSED_PICTURES = {
                                         "bomb.png is a corrupt PNG: its pixel data is not valid deflate data"),
     "PNG of a colour type and depth that do not exist": (_png(4, 4, zlib.compress(bytes(20)), depth=16, kind=3),
                                                          "colour type 3 at 16 bits"),
+    # stb_image holds a 16-bit PNG's samples, then an 8-bit copy: 7000×7000 RGBA took a gigabyte
+    "16-bit RGBA PNG of 49 megapixels": (_png(7000, 7000, zlib.compress(bytes(100)), depth=16, kind=6),
+                                         "bomb.png is a 7000×7000 PNG of 16-bit RGBA: 392 MB of samples decoded, "
+                                         "where a picture may take at most 200 MB (50 megapixels of 8-bit RGBA)"),
     "BMP with no pixel rows": (_bmp(7000, 7000, rows=False),
                                "bomb.png is a truncated BMP: its 7000×7000 pixels at 24 bits need 147,000,054 bytes "
                                "and it has 54"),
