@@ -345,7 +345,9 @@ def wav_seconds(data: bytes, source: str) -> float:
                 raise MediaError(f"{source} is a truncated WAV: its data chunk promises {size:,} bytes and "
                                  f"{there:,} are there")
             size = size if size != 0xFFFFFFFF else there  # a streamed WAV's unknown length: to the end
-            return _wav_frames(codec, channels, rate, block, bits, size, source) / rate
+            seconds = _wav_frames(codec, channels, rate, block, bits, size, source) / rate
+            _mp3_tags_within(data, source)
+            return seconds
         i += 8 + size + (size & 1)
     raise MediaError(f"{source} is a truncated or corrupt WAV (no fmt or data chunk)")
 
@@ -375,7 +377,7 @@ def _wav_frames(codec: int, channels: int, rate: int, block: int, bits: int, siz
 
 def flac_seconds(data: bytes, source: str) -> float:
     """The length from FLAC's STREAMINFO block, which miniaudio decodes that many samples of."""
-    if len(data) < 8 + 34 or data[4] & 0x7F != 0:
+    if len(data) < 8 + 34 or data[4] & 0x7F != 0 or data[5:8] != b"\x00\x00\x22":  # dr_flac: 34 bytes, no other
         raise MediaError(f"{source} is a truncated or corrupt FLAC (no STREAMINFO block)")
     info = int.from_bytes(data[18:26], "big")  # after 10 bytes of block and frame sizes
     rate = info >> 44
@@ -385,7 +387,16 @@ def flac_seconds(data: bytes, source: str) -> float:
     if not total:
         raise MediaError(f"{source} is a FLAC that does not give its length (its STREAMINFO says 0 samples), "
                          "which localgen cannot read", hint="re-encode it, e.g. `ffmpeg -i IN -c:a flac OUT.flac`")
+    _mp3_tags_within(data, source)
     return total / rate
+
+
+def _mp3_tags_within(data: bytes, source: str) -> None:
+    """A MediaError for a WAV or FLAC file holding an MP3 frame whose Xing tag claims more than MAX_AUDIO_S:
+    libmtmd's decoder tries bytes its WAV or FLAC reader refuses as MP3, and believes the tag."""
+    claimed = _mp3_claimed(data)
+    if claimed is not None:
+        check_seconds(claimed, source)
 
 
 # MPEG audio: a frame header's second byte (sync, version not 01, layer not 00) and third (bitrate not 1111,

@@ -80,7 +80,11 @@ def _jpeg(w: int, h: int, sof: int = 0xC0, bits: int = 8, tables: bool = True, s
 
 
 # ffmpeg's: `ffmpeg -f lavfi -i testsrc=size=16x8:rate=1 -frames:v 1 -pix_fmt yuvj420p -q:v 20 a.jpg`
-_FFMPEG_JPEG = base64.b64decode("/9j/4AAQSkZJRgABAgAAAQABAAD//gAPTGF2YzYwLjMuMTAwAP/bAEMACCgoLygvNzc3Nzc3QTxBQ0NDQUFBQUNDQ0hISFVVVUhISENDSEhQUFVVXF9cV1dVV19fZGRkeHhzc4yMkaysz//EAGoAAQEBAAAAAAAAAAAAAAAAAAcCBgEBAQAAAAAAAAAAAAAAAAAAAgMQAAECBAcBAQAAAAAAAAAAAAEAAjMTESFhUVIE0SIDMUERAAECBQUBAQAAAAAAAAAAAAExERIAUQIDIxPBYQQhIv/AABEIAAgAEAMBIgACEQADEQD/2gAMAwEAAhEDEQA/AMu3xfIHW5J/RmMUjTmDcg1sK1+6eVbITEePivRw64/XzaihbtlWk2Bf0jGUtBAqlw5n/9k=")
+_FFMPEG_JPEG = base64.b64decode(
+    "/9j/4AAQSkZJRgABAgAAAQABAAD//gAPTGF2YzYwLjMuMTAwAP/bAEMACCgoLygvNzc3Nzc3QTxBQ0NDQUFBQUNDQ0hISFVVVUhI"
+    "SENDSEhQUFVVXF9cV1dVV19fZGRkeHhzc4yMkaysz//EAGoAAQEBAAAAAAAAAAAAAAAAAAcCBgEBAQAAAAAAAAAAAAAAAAAAAgMQ"
+    "AAECBAcBAQAAAAAAAAAAAAEAAjMTESFhUVIE0SIDMUERAAECBQUBAQAAAAAAAAAAAAExERIAUQIDIxPBYQQhIv/AABEIAAgAEAMB"
+    "IgACEQADEQD/2gAMAwEAAhEDEQA/AMu3xfIHW5J/RmMUjTmDcg1sK1+6eVbITEePivRw64/XzaihbtlWk2Bf0jGUtBAqlw5n/9k=")
 
 
 def _webp_lossless(w: int, h: int) -> bytes:
@@ -272,6 +276,11 @@ REFUSED_SOUNDS = {
                                                               "clip is 8947.8 minutes of audio"),
     "MP3 with a CRC whose Xing header claims an hour": (_xing_crc(8000 * 3600 // 576), "clip is 60.0 minutes"),
     "MP3 whose Xing frame follows a false one": (FRAME[:20] + _xing(2**20) + FRAME * 10, "is 1258.3 minutes"),
+    # what miniaudio's WAV or FLAC reader refuses its decoder reads as MP3, believing a Xing tag
+    "WAV holding an MP3 frame whose Xing header claims hours": (_wav(1, 8000, 1, 8, _xing(2**20) + bytes(100)),
+                                                                "clip is 1258.3 minutes of audio"),
+    "FLAC whose STREAMINFO block is not 34 bytes": (_flac(8000)[:5] + b"\x00\x00\x23" + _flac(8000)[8:] + bytes(1),
+                                                    "clip is a truncated or corrupt FLAC (no STREAMINFO block)"),
     "FLAC behind an ID3 tag (miniaudio's FLAC reader skips it)": (_id3(100) + _flac(8000 * 700),
                                                                   "clip is 11.7 minutes of audio"),
     # miniaudio counts an ADPCM clip's frames from its data's size less 6 (MS) or 4 (IMA) bytes a block and
