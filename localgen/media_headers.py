@@ -423,7 +423,9 @@ def mp3_seconds(data: bytes, source: str) -> float | None:
     i = _id3_end(data, 0)  # dr_mp3 skips one ID3 tag; dr_flac, tried before it, all of them
     flac = _id3_end(data, i, tags=MAX_STEPS)
     if data[flac:flac + 4] == b"fLaC":
-        return flac_seconds(data[flac:flac + 64], source)
+        seconds = flac_seconds(data[flac:flac + 64], source)
+        _mp3_tags_within(data, source)
+        return seconds
     if data[flac:flac + 4] == b"OggS":
         raise MediaError(f"{source} is Ogg behind an ID3 tag, which localgen cannot read",
                          hint="convert it to WAV, MP3 or FLAC")
