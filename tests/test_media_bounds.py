@@ -16,6 +16,7 @@ import sys
 import tracemalloc
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -405,6 +406,32 @@ def test_run_refuses_a_clip_that_would_abort_the_decoder(cli: CLI, tmp_path: Pat
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and f"{tmp_path / name} {words}" in lines[0], r.stderr
         assert r.stdout == ""
+
+
+def test_libmtmd_gets_no_clip_whose_length_its_header_did_not_bound(smollm2_engine: Any, tmp_path: Path) -> None:
+    """libmtmd's helper allocates whatever length miniaudio computes: a clip reaches it only with the length its
+    header gave, within the bound (here 10.8 minutes of MP3 frames, made without media.sniff: refused as
+    unread, where the helper decoded it all before the length was checked)."""
+    import dataclasses
+
+    from localgen import media
+    from localgen.engine.local import LocalBackend
+
+    eng = smollm2_engine
+    eng.model = dataclasses.replace(eng.model, mmproj=str(write_audio_mmproj(tmp_path / "audio.gguf")))
+    backend = LocalBackend(eng)
+    try:
+        projector = backend.projector()
+        unread = media.Media("audio", "MP3", FRAME * 9000, "x.mp3")
+        with pytest.raises(media.MediaError, match=r"^x\.mp3 is a corrupt or unreadable MP3 audio$"):
+            projector.tokenize(projector.marker, [unread], add_special=True)
+        too_long = dataclasses.replace(unread, seconds=648.0)
+        with pytest.raises(media.MediaError, match=r"^x\.mp3 is 10\.8 minutes of audio"):
+            projector.tokenize(projector.marker, [too_long], add_special=True)
+    finally:
+        if backend._projector is not None:
+            backend._projector.close()
+        eng.model = dataclasses.replace(eng.model, mmproj=None)
 
 
 def test_a_literal_media_marker_in_the_text_is_text(cli: CLI, tmp_path: Path) -> None:
