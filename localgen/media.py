@@ -233,7 +233,7 @@ def sniff(data: bytes, source: str) -> Media:
 def _video_format(head: bytes) -> str:
     """MP4, MOV, WebM, MKV or AVI by the container's header (or the name of an ISO-BMFF file that is not video);
     "" for anything else."""
-    if head[4:8] == b"ftyp":
+    if _ftyp_box(head):
         brand = head[8:12]
         return _FTYP_OTHER.get(brand, "MOV" if brand == b"qt  " else "MP4")
     if head.startswith(b"\x1aE\xdf\xa3"):  # EBML: its DocType says which
@@ -241,6 +241,15 @@ def _video_format(head: bytes) -> str:
     if head.startswith(b"RIFF") and head[8:12] == b"AVI ":
         return "AVI"
     return ""
+
+
+def _ftyp_box(head: bytes) -> bool:
+    """Whether the bytes start with an ISO-BMFF `ftyp` box: its size (16 bytes and 4 a compatible brand), its
+    type, and a major brand of printable ASCII (text that happens to hold `ftyp` at byte 4 is not one)."""
+    if len(head) < 16 or head[4:8] != b"ftyp":
+        return False
+    size = int.from_bytes(head[:4], "big")
+    return 16 <= size <= 4096 and size % 4 == 0 and all(32 <= b < 127 for b in head[8:12])
 
 
 def too_large(source: str, size: int | None) -> MediaError:
@@ -277,7 +286,7 @@ def _read(spec: str, stdin: Any) -> Media:
             stdin = sys.stdin.buffer
         data = stdin.read(MAX_BYTES + 1)
         return sniff(data, "stdin")
-    if spec.startswith("data:"):
+    if spec[:5].lower() == "data:":  # a URI's scheme is case-insensitive (RFC 3986), as from_url reads it
         return from_url(spec, allow_http=False)
     if re.match(r"https?://", spec, re.I):
         return fetch(spec)
@@ -295,7 +304,8 @@ def _read(spec: str, stdin: Any) -> Media:
     except PermissionError:
         raise MediaError(f"cannot read {spec}: permission denied") from None
     except OSError as e:
-        raise MediaError(f"cannot read {spec}: {e.strerror or e}") from None
+        name = spec if len(spec) <= 200 else f"{spec[:60]}... ({len(spec):,} characters)"  # a pasted blob
+        raise MediaError(f"cannot read {name}: {e.strerror or e}") from None
     return sniff(data, spec)
 
 

@@ -68,6 +68,8 @@ BAD = {
     "HEIF picture": (b"\0\0\0\x18ftypheic" + b"\0" * 20, "is HEIF, which localgen cannot read"),
     "M4A audio": (b"\0\0\0\x18ftypM4A " + b"\0" * 20, "is M4A audio, which localgen cannot read"),
     "eleven minutes of WAV": (_wav(660), "11.0 minutes of audio"),
+    # `ftyp` at byte 4 of text is no ISO-BMFF box: it was called MP4 video
+    "text holding ftyp at byte 4": (b"abcdftypXYZWhello" * 4, "is not an image, audio or video file"),
 }
 
 
@@ -95,6 +97,10 @@ def test_media_sources_and_parts(tmp_path: Path) -> None:
         media.from_url("http://127.0.0.1:9/x.png", allow_http=False)
     with pytest.raises(media.MediaError, match="not valid base64"):
         media.from_url("data:image/png;base64,@@@@", allow_http=False)
+    shouted = "DATA:image/png;base64," + base64.b64encode(pic).decode()  # a scheme in capitals is one still
+    assert media.read(shouted).data == pic
+    with pytest.raises(media.MediaError, match=r"^cannot read x{60}\.\.\. \(5,004 characters\): "):
+        media.read("x" * 5000 + ".png")  # a blob pasted as a name is not repeated whole in the error
     wav = media.sniff(_wav(2.5), "clip.wav")
     assert (wav.kind, wav.seconds) == ("audio", 2.5)
     with pytest.raises(media.MediaError, match=r"is WAV audio, where an image goes$"):
@@ -451,6 +457,39 @@ def test_audio_through_serve_and_chat(cli_env: dict[str, str], home: Path, mm: d
     child.expect(pexpect_eof())
     saved = json.loads((home / "data" / "chats" / "soundchat.json").read_text())
     assert [p["type"] for p in saved["messages"][0]["content"]] == ["input_audio", "text"]
+
+
+def test_chat_drops_a_picture_the_decoder_cannot_read(cli_env: dict[str, str], home: Path, mm: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    """A PNG whose header is sound and whose rows carry a filter byte PNG lacks fails its message when it goes:
+    it is dropped (said, with what stays attached), so the next message is not refused for it again."""
+    from tests.test_chat import send, spawn
+
+    bad = tmp_path / "badfilter.png"
+    bad.write_bytes(_png_header(96, 64, zlib.compress((b"\x09" + bytes(288)) * 64)))
+    child = spawn(cli_env, "badpic", "--mmproj", str(mm["proj"]), "-n", "4", "--temp", "0")
+    send(child, f"/image {mm['64x64']}", "will be sent with your next message")
+    send(child, f"/image {bad}", "will be sent with your next message")
+    out = send(child, "What is in it?", wrappable("1 other attachment stays attached"))
+    assert "is a corrupt or unreadable PNG image" in out and re.search(r"dropped\s+badfilter\.png", out), out
+    send(child, "And now?", r"tok/s")  # the good picture went with it
+    out = send(child, "/stats", r"stop: ")
+    assert "media 16 tokens" in out, out
+    child.sendline("/exit")
+    child.expect(pexpect_eof())
+
+
+def test_piped_chat_attaches_a_dropped_path_and_refuses_image_from_stdin(cli: CLI, mm: dict[str, Path]) -> None:
+    """A piped script's line that is only a picture's path attaches it, as a terminal's does (it was an unknown
+    command); `/image -` is one line saying why (it read the rest of the script as the picture's bytes)."""
+    r = cli("chat", "--mmproj", str(mm["proj"]), "-n", "2", "--temp", "0",
+            input=f"{mm['64x64']}\nWhat is it?\n/stats\n")
+    assert r.returncode == 0 and "attached pic-64x64.png (image, 64×64)" in r.stderr, r.stderr
+    assert "media 16 tokens" in r.stderr
+    r = cli("chat", "--mmproj", str(mm["proj"]), "-n", "2", input="/image -\nhello there\n")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "localgen: error: /image takes a file path or an http(s) URL, not - (stdin): the chat reads your messages "
+        "from there (save it to a file and give /image its path)"], r.stderr
 
 
 def pexpect_eof() -> Any:

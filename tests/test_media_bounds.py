@@ -16,13 +16,14 @@ import sys
 import tracemalloc
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_mmproj import png, wav, write_mmproj
+from make_mmproj import png, wav, write_audio_mmproj, write_mmproj
 
 MiB = 2**20
 
@@ -64,10 +65,27 @@ def _bmp(w: int, h: int, bpp: int = 24, header: int = 40, compression: int = 0, 
     return b"BM" + struct.pack("<IHHI", 14 + len(info) + len(pixels), 0, 0, 14 + len(info)) + info + pixels
 
 
-def _jpeg(w: int, h: int, sof: int = 0xC0, bits: int = 8) -> bytes:
+def _segment(marker: int, body: bytes) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", 2 + len(body)) + body
+
+
+def _jpeg(w: int, h: int, sof: int = 0xC0, bits: int = 8, tables: bool = True, scan: bool = True) -> bytes:
+    """A JPEG's structure: JFIF, two quantization tables, four one-code Huffman tables, a frame of three
+    components, a scan of them, a few bytes of its data."""
     frame = struct.pack(">BHHB", bits, h, w, 3) + b"\x01\x22\x00\x02\x11\x01\x03\x11\x01"
-    return b"\xff\xd8\xff\xe0\x00\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0" + bytes([0xFF, sof]) + \
-        struct.pack(">H", 2 + len(frame)) + frame + b"\xff\xd9"
+    dqt = _segment(0xDB, b"\x00" + bytes(range(1, 65)) + b"\x01" + bytes(range(1, 65)))
+    dht = _segment(0xC4, b"".join(bytes([t]) + b"\x01" + bytes(15) + b"\x00" for t in (0x00, 0x10, 0x01, 0x11)))
+    sos = _segment(0xDA, b"\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00") + bytes(40)
+    return b"\xff\xd8\xff\xe0\x00\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0" + (dqt + dht if tables else b"") + \
+        _segment(sof, frame) + (sos if scan else b"") + b"\xff\xd9"
+
+
+# ffmpeg's: `ffmpeg -f lavfi -i testsrc=size=16x8:rate=1 -frames:v 1 -pix_fmt yuvj420p -q:v 20 a.jpg`
+_FFMPEG_JPEG = base64.b64decode(
+    "/9j/4AAQSkZJRgABAgAAAQABAAD//gAPTGF2YzYwLjMuMTAwAP/bAEMACCgoLygvNzc3Nzc3QTxBQ0NDQUFBQUNDQ0hISFVVVUhI"
+    "SENDSEhQUFVVXF9cV1dVV19fZGRkeHhzc4yMkaysz//EAGoAAQEBAAAAAAAAAAAAAAAAAAcCBgEBAQAAAAAAAAAAAAAAAAAAAgMQ"
+    "AAECBAcBAQAAAAAAAAAAAAEAAjMTESFhUVIE0SIDMUERAAECBQUBAQAAAAAAAAAAAAExERIAUQIDIxPBYQQhIv/AABEIAAgAEAMB"
+    "IgACEQADEQD/2gAMAwEAAhEDEQA/AMu3xfIHW5J/RmMUjTmDcg1sK1+6eVbITEePivRw64/XzaihbtlWk2Bf0jGUtBAqlw5n/9k=")
 
 
 def _webp_lossless(w: int, h: int) -> bytes:
@@ -94,6 +112,10 @@ REFUSED_PICTURES = {
                                         "bomb.png is a corrupt PNG: its pixel data is not valid deflate data"),
     "PNG of a colour type and depth that do not exist": (_png(4, 4, zlib.compress(bytes(20)), depth=16, kind=3),
                                                          "colour type 3 at 16 bits"),
+    # stb_image holds a 16-bit PNG's samples, then an 8-bit copy: 7000×7000 RGBA took a gigabyte
+    "16-bit RGBA PNG of 49 megapixels": (_png(7000, 7000, zlib.compress(bytes(100)), depth=16, kind=6),
+                                         "bomb.png is a 7000×7000 PNG of 16-bit RGBA: 392 MB of samples decoded, "
+                                         "where a picture may take at most 200 MB (50 megapixels of 8-bit RGBA)"),
     "BMP with no pixel rows": (_bmp(7000, 7000, rows=False),
                                "bomb.png is a truncated BMP: its 7000×7000 pixels at 24 bits need 147,000,054 bytes "
                                "and it has 54"),
@@ -113,6 +135,13 @@ REFUSED_PICTURES = {
     "lossless JPEG": (_jpeg(64, 64, sof=0xC3), "is a JPEG of a kind localgen cannot read (lossless)"),
     "JPEG cut short": (_jpeg(64, 64)[:-2] + bytes(40), "bomb.png is a truncated JPEG: it ends before its "
                                                         "end-of-image marker"),
+    # stb_image decodes these to a grey or garbled picture without a word
+    "JPEG with no scan after its frame": (_jpeg(64, 64, scan=False), "bomb.png is a truncated or corrupt JPEG: no "
+                                                                     "image data (scan) follows its frame header"),
+    "JPEG whose scan uses tables it does not define": (_jpeg(64, 64, tables=False),
+                                                       "bomb.png is a corrupt JPEG: its scan uses quantization table 0 "
+                                                       "and DC Huffman table 0 and AC Huffman table 0, which it does "
+                                                       "not define"),
     "arithmetic-coded JPEG": (_jpeg(64, 64, sof=0xC9), "is a JPEG of a kind localgen cannot read (arithmetic-coded)"),
     "12-bit JPEG": (_jpeg(64, 64, bits=12), "is a JPEG of a kind localgen cannot read (12-bit)"),
     "huge WebP": (_webp_lossless(9000, 7000), "bomb.png is 9000×7000 pixels; an image may have at most 50 megapixels"),
@@ -182,6 +211,7 @@ def test_real_pictures_pass() -> None:
     assert media.sniff(_bmp(5, 5, bpp=1), "a.bmp").format == "BMP"
     assert media.sniff(_bmp(5, 5, bpp=32, compression=3, header=124), "a.bmp").format == "BMP"
     assert media.sniff(_jpeg(640, 480, sof=0xC2), "a.jpg").width == 640
+    assert (media.sniff(_FFMPEG_JPEG, "a.jpg").width, media.sniff(_FFMPEG_JPEG, "a.jpg").height) == (16, 8)
     assert media.sniff(_GIF, "a.gif").width == media.sniff(_GIF[:-1], "a.gif").width == 1  # no trailer: all there
 
 
@@ -217,6 +247,14 @@ def _id3(size: int) -> bytes:
     return b"ID3\x04\x00\x00" + bytes((size >> s) & 0x7F for s in (21, 14, 7, 0)) + bytes(size)
 
 
+def _xing_crc(frames: int) -> bytes:
+    """MPEG-2.5 layer III frames with a CRC (64 kbit/s, 8 kHz, stereo: 576 bytes, 576 samples each), the first
+    holding a Xing tag after its header, its 2-byte CRC and 17 bytes of side information."""
+    head = b"\xff\xe2\x88\x00"
+    first = head + bytes(19) + b"Xing" + struct.pack(">II", 1, frames)
+    return first + bytes(576 - len(first)) + (head + bytes(572)) * 12
+
+
 REFUSED_SOUNDS = {
     "IMA ADPCM WAV (its blocks hold 505 samples each)": (_ima_adpcm(700), "clip is 11.7 minutes of audio; at most "
                                                                           "10 minutes are taken"),
@@ -234,6 +272,35 @@ REFUSED_SOUNDS = {
     "MP3 behind an ID3 tag": (_id3(3000) + FRAME * 8400, "is more than 10.0 minutes"),
     "MP3 whose Xing header claims hours": (_xing(2**20) + FRAME * 10, "clip is 1258.3 minutes of audio"),
     "MP3 whose Xing header claims a second but holds more": (_xing(14) + FRAME * 8400, "is more than 10.0 minutes"),
+    # miniaudio reads the Xing tag past a frame's CRC: 2**32 samples (its buffer's size) from 7 kB
+    "MP3 with a CRC whose Xing header claims 2**32 samples": (_xing_crc(2**32 // 576),
+                                                              "clip is 8947.8 minutes of audio"),
+    "MP3 with a CRC whose Xing header claims an hour": (_xing_crc(8000 * 3600 // 576), "clip is 60.0 minutes"),
+    "MP3 whose Xing frame follows a false one": (FRAME[:20] + _xing(2**20) + FRAME * 10, "is 1258.3 minutes"),
+    # what miniaudio's WAV or FLAC reader refuses its decoder reads as MP3, believing a Xing tag
+    "WAV holding an MP3 frame whose Xing header claims hours": (_wav(1, 8000, 1, 8, _xing(2**20) + bytes(100)),
+                                                                "clip is 1258.3 minutes of audio"),
+    "FLAC whose STREAMINFO block is not 34 bytes": (_flac(8000)[:5] + b"\x00\x00\x23" + _flac(8000)[8:] + bytes(1),
+                                                    "clip is a truncated or corrupt FLAC (no STREAMINFO block)"),
+    "FLAC behind an ID3 tag (miniaudio's FLAC reader skips it)": (_id3(100) + _flac(8000 * 700),
+                                                                  "clip is 11.7 minutes of audio"),
+    # miniaudio counts an ADPCM clip's frames from its data's size less 6 (MS) or 4 (IMA) bytes a block and
+    # channel, unsigned: blocks smaller than that wrap around to 1.8e19 frames (std::length_error: an abort)
+    "MS ADPCM WAV whose blocks are smaller than their headers": (_wav(2, 16000, 1, 4, bytes(3200)),
+                                                                 "clip is a corrupt MS ADPCM WAV: its blocks are 1 "
+                                                                 "bytes, where their headers take 7"),
+    "IMA ADPCM WAV whose blocks are smaller than their headers": (_wav(0x11, 16000, 3, 4, bytes(3201), channels=2),
+                                                                  "clip is a corrupt IMA ADPCM WAV: its blocks are 3"),
+    "ADPCM WAV whose data is shorter than one block's header": (_wav(2, 16000, 256, 4, bytes(5)),
+                                                                "its data (5 bytes) is shorter than its blocks' "
+                                                                "headers"),
+    "ADPCM WAV of 3 channels (miniaudio reads 1 or 2)": (_wav(2, 16000, 256 * 3, 4, bytes(768), channels=3),
+                                                        "clip is a corrupt MS ADPCM WAV"),
+    # what miniaudio's WAV reader refuses it would try as FLAC and MP3, which this WAV's check does not bound
+    "WAV at a sample rate miniaudio refuses": (_wav(1, 2**31 - 1, 1, 8, bytes(3200)),
+                                               "clip is a corrupt PCM WAV: 1 channel of 8 bits at 2,147,483,647 Hz"),
+    "WAV of 300 channels": (_wav(1, 16000, 600, 16, bytes(6000), channels=300), "300 channels of 16 bits"),
+    "µ-law WAV of 16 bits a sample": (_wav(7, 8000, 2, 16, bytes(800)), "clip is a corrupt µ-law WAV"),
 }
 
 
@@ -323,6 +390,48 @@ def test_run_refuses_a_png_bomb_within_100_mib(cli: CLI, tmp_path: Path) -> None
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and f"{bomb} is a corrupt PNG: its pixel data inflates" in lines[0], err
     assert peak - base < 100, (peak, base)
+
+
+def test_run_refuses_a_clip_that_would_abort_the_decoder(cli: CLI, tmp_path: Path) -> None:
+    """Files whose length miniaudio computes as some 1.8e19 frames (an ADPCM WAV whose blocks are smaller than
+    their headers) or 2**32 samples (an MP3's Xing tag behind a CRC) once aborted the process in libmtmd
+    (std::length_error, std::bad_alloc): one line naming the file, exit 2, nothing on stdout."""
+    proj = write_audio_mmproj(tmp_path / "audio.gguf")
+    files = {"tiny.wav": (_wav(2, 16000, 1, 4, bytes(3200)), "is a corrupt MS ADPCM WAV"),
+             "odd.wav": (_wav(0x11, 16000, 3, 4, bytes(3201), channels=2), "is a corrupt IMA ADPCM WAV"),
+             "crc.mp3": (_xing_crc(2**32 // 576), "is 8947.8 minutes of audio")}
+    for name, (data, words) in files.items():
+        (tmp_path / name).write_bytes(data)
+        r = cli("run", "--mmproj", str(proj), "-a", str(tmp_path / name), "-p", "hi", "-n", "2")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and f"{tmp_path / name} {words}" in lines[0], r.stderr
+        assert r.stdout == ""
+
+
+def test_libmtmd_gets_no_clip_whose_length_its_header_did_not_bound(smollm2_engine: Any, tmp_path: Path) -> None:
+    """libmtmd's helper allocates whatever length miniaudio computes: a clip reaches it only with the length its
+    header gave, within the bound (here 10.8 minutes of MP3 frames, made without media.sniff: refused as
+    unread, where the helper decoded it all before the length was checked)."""
+    import dataclasses
+
+    from localgen import media
+    from localgen.engine.local import LocalBackend
+
+    eng = smollm2_engine
+    eng.model = dataclasses.replace(eng.model, mmproj=str(write_audio_mmproj(tmp_path / "audio.gguf")))
+    backend = LocalBackend(eng)
+    try:
+        projector = backend.projector()
+        unread = media.Media("audio", "MP3", FRAME * 9000, "x.mp3")
+        with pytest.raises(media.MediaError, match=r"^x\.mp3 is a corrupt or unreadable MP3 audio$"):
+            projector.tokenize(projector.marker, [unread], add_special=True)
+        too_long = dataclasses.replace(unread, seconds=648.0)
+        with pytest.raises(media.MediaError, match=r"^x\.mp3 is 10\.8 minutes of audio"):
+            projector.tokenize(projector.marker, [too_long], add_special=True)
+    finally:
+        if backend._projector is not None:
+            backend._projector.close()
+        eng.model = dataclasses.replace(eng.model, mmproj=None)
 
 
 def test_a_literal_media_marker_in_the_text_is_text(cli: CLI, tmp_path: Path) -> None:

@@ -233,6 +233,11 @@ class Projector:
                 raise no_ffmpeg(f"{m.source} is {m.format} {m.kind}: reading it")
             opt.video_params.ffmpeg_bin_dir = os.fsencode(folder)
             opt.video_params.fps_target = m.fps or VIDEO_FPS
+        if m.kind == "audio":  # libmtmd's helper allocates the length miniaudio computes, unchecked (an abort
+            # past the machine's memory): only a clip whose header bounded that length goes in
+            if m.seconds is None:
+                raise MediaError(f"{m.source} is a corrupt or unreadable {m.format} {m.kind}")
+            check_seconds(m.seconds, m.source)
         buf = (ctypes.c_uint8 * len(m.data)).from_buffer_copy(m.data)
         out = mt.mtmd_helper_bitmap_init_from_buf_wrapper(self.ctx, buf, len(m.data), False, opt)
         bmp = out.bitmap

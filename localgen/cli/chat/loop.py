@@ -397,8 +397,10 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True,
 
 
 def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Callable[[], None]) -> bool:
+    before: list[str] = []
+    media: list[Any] = []
     try:
-        if view.interactive and attach_dropped(text, runner, view):  # before commands: a path starts with /
+        if attach_dropped(text, runner, view):  # before commands: a path starts with /
             return True
         if command_ok and text.startswith("/"):
             return _command(text, runner, view, press)
@@ -423,6 +425,7 @@ def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Cal
         if not view.interactive:
             raise
         view.error(e.message, e.hint)
+        _drop_unreadable(view, media, e)
         return True
     if stream(runner, view, first):  # taken back (Ctrl-C before the answer began, a tool's or endpoint's failure)
         _attach_again(view, before, media)
@@ -443,6 +446,21 @@ def _attach_again(view: ChatView, attachments: list[str], media: list[Any]) -> N
     if n:
         view.info(f"(its {plural(n, 'attachment')} stay{'s' if n == 1 else ''} attached for your next message; "
                   f"/detach drops {'it' if n == 1 else 'them'})")
+
+
+def _drop_unreadable(view: ChatView, media: list[Any], e: LocalgenError) -> None:
+    """A message that failed on an attachment (one the decoder could not read: its header was sound) drops
+    it, and says so: attached, it would fail every message after. The other attachments stay, said too."""
+    from localgen.media import MediaError
+
+    if not isinstance(e, MediaError) or not media:
+        return
+    bad = [m for m in media if m.source in e.message] or media
+    view.media[:] = [m for m in view.media if m not in bad]
+    n = len(view.media) + len(view.attachments)
+    kept = (f"; {plural(n, 'other attachment')} stay{'s' if n == 1 else ''} attached (/detach drops "
+            f"{'it' if n == 1 else 'them'})" if n else "")
+    view.info(f"(dropped {', '.join(m.label() for m in bad)}{kept})")
 
 
 def _with_excerpts(question: str, before: list[str], runner: Any, view: ChatView) -> str:

@@ -211,7 +211,11 @@ def _media(kind: str) -> Handler:
 
         if not arg:
             raise UsageError(f"usage: /{kind} FILE (or an http(s) URL)")
-        found = media.read(media.typed_path(arg))
+        spec = media.typed_path(arg)
+        if spec == "-":  # media.read's stdin: the chat's own input (a script's next lines, the terminal)
+            raise UsageError(f"/{kind} takes a file path or an http(s) URL, not - (stdin): the chat reads your "
+                             "messages from there", hint=f"save it to a file and give /{kind} its path")
+        found = media.read(spec)
         if found.kind != kind:
             what = {"audio": "audio", "image": "an image", "video": "a video"}[found.kind]
             raise UsageError(f"{arg} is {what}: use /{found.kind}")
