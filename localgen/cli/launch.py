@@ -109,9 +109,9 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
                             typed_by_user(ctx, "host"))
     check_host(host)
     check_host_name(host)
-    if print_env and api_key_file is not None:
-        api_key_file = _lasting(api_key_file)
     key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
+    if print_env and api_key_file is not None:  # read first: a file past its bound is said so, as everywhere
+        api_key_file = _lasting(api_key_file)
     fault = key_fault(key) if key else None
     if fault:  # as ps: no HTTP header carries it as given
         raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} {fault}: no HTTP header "
