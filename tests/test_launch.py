@@ -637,3 +637,29 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
             assert f"--host {host!r} is not a host name or address" in r.stderr, r.stderr
     r = found("launch", "claude", "--print-env", "--host", "[::1]", "--port", str(_free_port()))
     assert r.returncode == 1 and "no localgen serve is running at http://[::1]:" in r.stderr, r.stderr
+
+
+def test_print_env_takes_a_key_kept_in_memory_but_not_a_pipes_name(tmp_path: Path) -> None:
+    """agents.md: --print-env refuses a key file no later shell can open (a pipe, /dev/fd/N, a <(...)). A regular
+    file under /dev/shm (a secret kept in memory) lasts, and is taken (a review found all of /dev refused)."""
+    import os
+    import tempfile
+
+    from localgen.cli.launch import _lasting
+    from localgen.errors import UsageError
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    with tempfile.NamedTemporaryFile(dir="/dev/shm") as f:
+        assert _lasting(Path(f.name)) == Path(f.name)
+    read, write = os.pipe()
+    try:
+        for fleeting in (f"/dev/fd/{read}", f"/proc/self/fd/{read}"):
+            with pytest.raises(UsageError, match="not a file that the shell running the lines can open later"):
+                _lasting(Path(fleeting))
+    finally:
+        os.close(read)
+        os.close(write)
+    key = tmp_path / "k.txt"
+    key.write_text("k\n")
+    assert _lasting(Path(os.path.relpath(key))) == key

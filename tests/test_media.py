@@ -491,6 +491,13 @@ def test_piped_chat_attaches_a_dropped_path_and_refuses_image_from_stdin(cli: CL
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "localgen: error: /image takes a file path or an http(s) URL, not - (stdin): the chat reads your messages "
         "from there (save it to a file and give /image its path)"], r.stderr
+    # a script's line that names no file is its text, and so is a path in a """ block (a review found both ended
+    # the chat with "no such file")
+    r = cli("chat", "notpaths", "-n", "2", input=f'./build made out.png\n"""\n{mm["64x64"]}\n"""\nhi\n')
+    assert r.returncode == 0 and "attached" not in r.stderr, r.stderr
+    saved = Path(cli.env["LOCALGEN_HOME"]) / "data" / "chats" / "notpaths.json"
+    sent = [m["content"] for m in json.loads(saved.read_text())["messages"] if m["role"] == "user"]
+    assert sent == ["./build made out.png", str(mm["64x64"]), "hi"], sent
 
 
 def pexpect_eof() -> Any:

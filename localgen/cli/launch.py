@@ -216,7 +216,9 @@ def _lasting(path: Path) -> Path:
         regular = stat.S_ISREG(full.stat().st_mode)
     except OSError:
         return full  # key_file says why it cannot be read
-    if not regular or full.parts[1:2] in (("dev",), ("proc",)):
+    fleeting = full.parts[1:3] in (("dev", "fd"), ("dev", "stdin")) or (full.parts[1:2] == ("proc",)
+                                                                       and "fd" in full.parts)
+    if not regular or fleeting:  # (a regular file under /dev/shm, a secret kept in memory, lasts)
         raise UsageError(f"--print-env: the API key file {str(path)[:100]} is not a file that the shell running the "
                          "lines can open later (a pipe, /dev/fd/N, a <(...))", hint="give a file that holds the key")
     return full

@@ -400,7 +400,8 @@ def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Cal
     before: list[str] = []
     media: list[Any] = []
     try:
-        if attach_dropped(text, runner, view):  # before commands: a path starts with /
+        if command_ok and attach_dropped(text, runner, view):  # before commands: a path starts with /; a """ block
+            # is sent as it is
             return True
         if command_ok and text.startswith("/"):
             return _command(text, runner, view, press)
@@ -487,7 +488,8 @@ def attach_dropped(text: str, runner: Any, view: ChatView) -> bool:
     if path is None:
         return False
     if not path.is_file():
-        if re.match(r"/[a-z]+(\s|$)", text.strip()):  # /image a.png: a command, for the commands
+        if re.match(r"/[a-z]+(\s|$)", text.strip()) or not view.interactive:  # /image a.png: a command, for the
+            # commands; a script's line naming no file is its text (./out.png made), as it was before a path attached
             return False
         raise media.MediaError(f"no such file: {path}")  # a dropped file gone: not an unknown /command, nor text
     found = media.read(str(path))
