@@ -16,19 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from localgen.media_headers import (
-    BMP_HEADERS,
-    MP3_FRAME,
-    bmp_size,
-    check_size,
-    flac_seconds,
-    gif_size,
-    jpeg_size,
-    mp3_seconds,
-    png_size,
-    wav_seconds,
-    webp_size,
-)
+from localgen.audio_headers import MP3_FRAME, flac_seconds, mp3_seconds, wav_seconds
+from localgen.media_headers import BMP_HEADERS, bmp_size, check_size, gif_size, jpeg_size, png_size, webp_size
 
 # the bounds, the error and the audio check live with the header readers; callers keep importing them from here
 from localgen.media_headers import MAX_AUDIO_S as MAX_AUDIO_S

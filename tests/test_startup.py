@@ -23,7 +23,8 @@ main(sys.argv[2:])
 NOT_LOADED = (
     "localgen.tools.loop", "localgen.tools.plan", "localgen.tools.formats", "localgen.tools.spec",
     "localgen.tools.functions", "localgen.tools.mcp", "localgen.cli.run.tools", "localgen.remote",
-    "localgen.media", "localgen.media_headers", "localgen.fetch", "localgen.serve", "localgen.chat",
+    "localgen.media", "localgen.media_headers", "localgen.audio_headers", "localgen.fetch", "localgen.serve",
+    "localgen.chat",
     "localgen.bench", "localgen.embeddings", "localgen.engine.speculative", "localgen.native.mtmd",
     "localgen.engine.embed", "localgen.engine.batch", "localgen.engine.stepcosts", "localgen.engine.scheduler",
     "localgen.engine.beams",

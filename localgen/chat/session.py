@@ -234,7 +234,7 @@ class ChatSession:
         check_name(name)
         path = chats_dir() / f"{name}.json"
         try:
-            data = json.loads(read_file(path, LOAD_READ, whole=True).decode("utf-8"))
+            data = json.loads(_read_regular(path, LOAD_READ, whole=True).decode("utf-8"))
             _check_depth(data)
         except FileNotFoundError:
             raise LocalgenError(f"no saved conversation named {name!r}", hint="see `localgen chat --list`") from None
@@ -294,7 +294,7 @@ class BadField(ValueError):
     """A field of localgen's in a saved file that holds what a save never writes there, in words."""
 
 
-def read_file(path: Path, limit: int, whole: bool = False) -> bytes:
+def _read_regular(path: Path, limit: int, whole: bool = False) -> bytes:
     """At most `limit` + 1 bytes of a regular file (`whole`: all of it, Unreadable when it is larger than `limit`,
     before a byte is read). Anything but a regular file is Unreadable before it is opened (a FIFO would block the
     read, /dev/zero never end it); the open does not block either, and what it opened is checked again."""
@@ -460,7 +460,7 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
         return []
     for p in d.glob("*.json"):
         try:
-            raw = read_file(p, LIST_READ)  # a FIFO, a device or a folder of that name: skipped, never opened
+            raw = _read_regular(p, LIST_READ)  # a FIFO, a device or a folder of that name: skipped, never opened
             if len(raw) <= LIST_READ:
                 data = json.loads(raw.decode("utf-8"))
                 if not isinstance(data, dict):

@@ -99,30 +99,12 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
          gpu_layers: int | None, offline: bool, host: str, port: int, api_key_file: Path | None, own_server: bool,
          print_env: bool) -> None:
     from localgen.agents import Endpoint
-    from localgen.childserver import ChildServer, ServeExited, default_model, running_at, url_of
+    from localgen.childserver import ChildServer, ServeExited, default_model, running_at
     from localgen.cli.options.knobs import typed_by_user
     from localgen.cli.output import ErrWriter
-    from localgen.cli.serve.options import check_host, check_host_name, host_and_port, key_fault, key_file
 
     err = ErrWriter()
-    host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
-                            typed_by_user(ctx, "host"))
-    check_host(host)
-    check_host_name(host)
-    key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
-    if print_env and api_key_file is not None:  # read first: a file past its bound is said so, as everywhere
-        api_key_file = _lasting(api_key_file)
-    fault = key_fault(key) if key else None
-    if fault:  # as ps: no HTTP header carries it as given
-        raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} {fault}: no HTTP header "
-                         "carries it as given")
-    url = url_of(host, port)
-    try:
-        import httpx
-
-        httpx.URL(url)
-    except httpx.InvalidURL as e:  # as ps says it
-        raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
+    url, key, api_key_file = _target(ctx, host, port, api_key_file, print_env)
     found = False if own_server else running_at(url)
     reuse = found is True
     other = f"something other than localgen serve answers at {url}"
@@ -136,21 +118,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
             raise LocalgenError(other if found is None else f"no localgen serve is running at {url}",
                                 hint="start one (docs/agents.md), or run localgen launch without --print-env, which "
                                 "starts one for the agent")
-        import shlex
-
-        from localgen.agents import OPENCODE_KEY_CHARS, shell_lines
-
-        if a.name == "opencode" and key and any(c in key for c in OPENCODE_KEY_CHARS):
-            raise UsageError("the API key has \" or \\ inside, which the shell would put into OpenCode's JSON as it "
-                             "is", hint="run localgen launch opencode, which passes it on itself")
-        name = _model_there(a, url, key, model)
-        # the file's key with the spaces, tabs, CRs and newlines around it removed, as serve reads it (a key
-        # with any inside is refused above)
-        expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
-                else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
-        print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra)))
-        if a.path() is None:  # the lines are for a shell where it may be (another PATH): said, not refused
-            err.warn(f"{a.program} is not on PATH (install {a.title.split(',')[0]}: {a.install})")
+        _print_env(a, url, key, api_key_file, model, extra)
         return
     if found is None:
         err.warn(f"{other}: launch starts one for the agent on another port")
@@ -182,6 +150,56 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         finally:
             _unblock_signals(blocked)
     raise typer.Exit(rc)
+
+
+def _target(ctx: typer.Context, host: str, port: int, api_key_file: Path | None,
+            print_env: bool) -> tuple[str, str | None, Path | None]:
+    """The server's URL, the API key (its file's, or LOCALGEN_API_KEY) and the key file as --print-env's lines
+    name it, each checked: usage errors for a host that is no host, a key no HTTP header carries as given, and a
+    key file no later shell can open."""
+    from localgen.childserver import url_of
+    from localgen.cli.options.knobs import typed_by_user
+    from localgen.cli.serve.options import check_host, check_host_name, host_and_port, key_fault, key_file
+
+    host, port = host_and_port(host, port, typed_by_user(ctx, "port"), typed_by_user(ctx, "host"))
+    check_host(host)
+    check_host_name(host)
+    key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
+    if print_env and api_key_file is not None:  # read first: a file past its bound is said so, as everywhere
+        api_key_file = _lasting(api_key_file)
+    fault = key_fault(key) if key else None
+    if fault:  # as ps: no HTTP header carries it as given
+        raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} {fault}: no HTTP header "
+                         "carries it as given")
+    url = url_of(host, port)
+    try:
+        import httpx
+
+        httpx.URL(url)
+    except httpx.InvalidURL as e:  # as ps says it
+        raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
+    return url, key, api_key_file
+
+
+def _print_env(a: Agent, url: str, key: str | None, api_key_file: Path | None, model: str | None,
+               extra: list[str]) -> None:
+    """--print-env: the shell lines that start the agent on the server running at url."""
+    import shlex
+
+    from localgen.agents import OPENCODE_KEY_CHARS, Endpoint, shell_lines
+    from localgen.cli.output import ErrWriter
+
+    if a.name == "opencode" and key and any(c in key for c in OPENCODE_KEY_CHARS):
+        raise UsageError("the API key has \" or \\ inside, which the shell would put into OpenCode's JSON as it "
+                         "is", hint="run localgen launch opencode, which passes it on itself")
+    name = _model_there(a, url, key, model)
+    # the file's key with the spaces, tabs, CRs and newlines around it removed, as serve reads it (a key
+    # with any inside is refused by _target)
+    expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
+            else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
+    print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra)))
+    if a.path() is None:  # the lines are for a shell where it may be (another PATH): said, not refused
+        ErrWriter().warn(f"{a.program} is not on PATH (install {a.title.split(',')[0]}: {a.install})")
 
 
 def _exit_signalled(signum: int, frame: Any) -> None:

@@ -71,7 +71,7 @@ class LocalBackend:
                                                       **template_extra(request))
             prompt: Prompt = proj.tokenize(text, found, add_special)
             return prompt
-        return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), request.continue_final,
+        return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), request.prefill is not None,
                                                    **template_extra(request)))
 
     def check_size(self, request: GenerationRequest) -> None:
