@@ -76,6 +76,24 @@ def test_a_port_out_of_range_names_where_it_came_from(cli_in_process: InProcessC
         cli_in_process.env.pop("LOCALGEN_HOST", None)
 
 
+@pytest.mark.parametrize(("command", "value", "words"), [
+    ("serve", "  ", "LOCALGEN_HOST is empty"),
+    ("ps", "a b", "LOCALGEN_HOST 'a b' is not a host name or address: it has spaces"),
+    ("ps", "gpu/box", "LOCALGEN_HOST 'gpu/box' is not a host name or address"),
+    ("launch", "gpu/box", "LOCALGEN_HOST 'gpu/box' is not a host name or address"),
+])
+def test_a_bad_host_from_the_environment_is_named_as_that_variable(
+        cli_in_process: InProcessCLI, command: str, value: str, words: str) -> None:
+    """A host that is no host, set by LOCALGEN_HOST, is that variable's usage error: --host was not typed."""
+    cli_in_process.env.update(LOCALGEN_HOST=value)
+    try:
+        r = cli_in_process(command, *(["claude", "--print-env"] if command == "launch" else []))
+        one_line_usage_error(r, words)
+        assert "--host" not in r.stderr.split(":", 2)[1], r.stderr
+    finally:
+        cli_in_process.env.pop("LOCALGEN_HOST", None)
+
+
 def test_localgen_host_takes_host_port_and_v6_forms_as_ollama_host_does(cli_in_process: InProcessCLI) -> None:
     """docs/configuration.md: LOCALGEN_HOST in OLLAMA_HOST's forms, `HOST:PORT` and `[V6]:PORT` too (the `HOST`
     and `http://HOST:PORT` forms: the test above); the port there wins over LOCALGEN_PORT."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import termios
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pexpect
+import pytest
 
 from tests.conftest import CLI, ROOT, default_sigint
 
@@ -60,3 +62,46 @@ def test_ctrl_c_that_takes_a_message_back_keeps_its_attachment(cli_env: dict[str
     assert child.exitstatus == 0
     chats = Path(lcli.env["LOCALGEN_HOME"]) / "data" / "chats" / "att.json"
     assert not chats.exists() or json.loads(chats.read_text())["messages"] == [], "the message was taken back"
+
+
+def test_a_message_that_fails_keeps_its_attachment(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
+    """A message refused before its answer (here, too long for the window) keeps what /read attached to it, as
+    one taken back does, and says so: the next message goes with the file. (It was taken off and lost.)"""
+    from tests.test_chat import leaves, send, spawn
+    from tests.test_media import wrappable
+
+    note = tmp_path / "note.txt"
+    note.write_text("The launch code is PELICAN-42.\n")
+    child = spawn(cli_env, "failkeeps", "-n", "4", "--temperature", "0", "--ctx", "512")
+    send(child, f"/read {note}", "will be sent with your next message")
+    out = send(child, "word " * 700, wrappable("its 1 attachment stays attached for your next message"))
+    assert re.search(wrappable("the context window is 512"), out), out[-2000:]
+    send(child, "What is the launch code?", r"tok/s")
+    leaves(child)
+    saved = json.loads((home / "data" / "chats" / "failkeeps.json").read_text())
+    users = [m["content"] for m in saved["messages"] if m["role"] == "user"]
+    assert len(users) == 1 and "PELICAN-42" in users[0] and users[0].endswith("What is the launch code?"), users
+
+
+def test_a_picture_that_fails_is_told_from_one_whose_name_holds_its_name(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The picture an error names is the one dropped: not also one whose name is part of its (a.png beside
+    aa.png), which used to go too; the other attachments stay, said."""
+    from dataclasses import dataclass
+
+    from localgen.cli.chat.loop import _kept_after_failure
+    from localgen.cli.chat.view import ChatView
+    from localgen.media import MediaError
+
+    @dataclass
+    class Picture:  # what the chat keeps of an attached image: its source and label
+        source: str
+
+        def label(self) -> str:
+            return Path(self.source).name
+
+    short, long_ = Picture("/pics/a.png"), Picture("/pics/aa.png")
+    view = ChatView(interactive=False, plain=True, stats=False, media=[short, long_])
+    _kept_after_failure(view, ["a note"], [short, long_], MediaError("/pics/aa.png is a corrupt or unreadable PNG"))
+    assert view.media == [short] and view.attachments == ["a note"]
+    assert capsys.readouterr().err == "(dropped aa.png; 2 other attachments stay attached (/detach drops them))\n"

@@ -321,6 +321,30 @@ def test_the_input_history_where_a_folder_or_a_fifo_is_is_kept_for_the_session_o
     assert list(_history(FileHistory, tmp_path / "file").load_history_strings()) == ["two\nlines", "Hi"]
 
 
+def test_the_input_history_reads_its_newest_entries_only(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The input history grows by every message ever sent: of a file past MAX_HISTORY_READ only the newest
+    entries are read (whole ones: the first, cut, is left out), in FileHistory's order; the file is left as it is.
+    (A 2 GB history was read whole into memory, in prompt_toolkit's thread.)"""
+    from prompt_toolkit.history import FileHistory
+
+    from localgen.cli.chat import repl
+
+    path = tmp_path / "history"
+    writer = FileHistory(str(path))
+    for i in range(400):
+        writer.store_string(f"message {i}\nits second line {'x' * (i % 7)}")
+    everything = list(FileHistory(str(path)).load_history_strings())
+    assert list(repl._history(FileHistory, path).load_history_strings()) == everything  # under the bound: all
+    before = path.read_bytes()
+    monkeypatch.setattr(repl, "MAX_HISTORY_READ", 2000)
+    newest = list(repl._history(FileHistory, path).load_history_strings())
+    assert 20 < len(newest) < 60 and newest == everything[:len(newest)], newest[-3:]
+    assert path.read_bytes() == before
+    path.write_bytes(b"+" + b"y" * 5000)  # one line past the bound, no entry begins in what is read: nothing
+    assert list(repl._history(FileHistory, path).load_history_strings()) == []
+
+
 def test_resuming_another_tool_s_file_keeps_its_fields_and_a_bad_one_is_left_as_it_is(scli: CLI) -> None:
     """The red team's case: `chat --resume` of a file with fields localgen does not use writes them back with the
     new turn; one whose "tool_calls" are not calls is one error, and the file stays byte for byte."""

@@ -162,8 +162,9 @@ def _target(ctx: typer.Context, host: str, port: int, api_key_file: Path | None,
     from localgen.cli.serve.options import check_host, check_host_name, host_and_port, key_fault, key_file
 
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"), typed_by_user(ctx, "host"))
-    check_host(host)
-    check_host_name(host)
+    source = "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST"
+    check_host(host, source)
+    check_host_name(host, source)
     key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
     if print_env and api_key_file is not None:  # read first: a file past its bound is said so, as everywhere
         api_key_file = _lasting(api_key_file)
@@ -177,7 +178,7 @@ def _target(ctx: typer.Context, host: str, port: int, api_key_file: Path | None,
 
         httpx.URL(url)
     except httpx.InvalidURL as e:  # as ps says it
-        raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
+        raise UsageError(f"{source} {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
     return url, key, api_key_file
 
 

@@ -426,7 +426,7 @@ def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Cal
         if not view.interactive:
             raise
         view.error(e.message, e.hint)
-        _drop_unreadable(view, media, e)
+        _kept_after_failure(view, before, media, e)
         return True
     if stream(runner, view, first):  # taken back (Ctrl-C before the answer began, a tool's or endpoint's failure)
         _attach_again(view, before, media)
@@ -449,19 +449,27 @@ def _attach_again(view: ChatView, attachments: list[str], media: list[Any]) -> N
                   f"/detach drops {'it' if n == 1 else 'them'})")
 
 
-def _drop_unreadable(view: ChatView, media: list[Any], e: LocalgenError) -> None:
-    """A message that failed on an attachment (one the decoder could not read: its header was sound) drops
-    it, and says so: attached, it would fail every message after. The other attachments stay, said too."""
+def _kept_after_failure(view: ChatView, before: list[str], media: list[Any], e: LocalgenError) -> None:
+    """A message that failed keeps what was attached to it, as one taken back does (its /read files too, which
+    were taken off to be sent), and says so; but an attachment the decoder could not read (its header was
+    sound) is dropped, and said: attached, it would fail every message after."""
     from localgen.media import MediaError
 
-    if not isinstance(e, MediaError) or not media:
-        return
-    bad = [m for m in media if m.source in e.message] or media
-    view.media[:] = [m for m in view.media if m not in bad]
+    view.attachments[:0] = [a for a in before if a not in view.attachments]
+    bad: list[Any] = []
+    if isinstance(e, MediaError) and media:
+        named = [m for m in media if m.source in e.message]
+        # the one named, not another whose name is part of its (a.png beside aa.png); none named: all of them
+        bad = [m for m in named if not any(m.source != o.source and m.source in o.source for o in named)] or media
+        view.media[:] = [m for m in view.media if m not in bad]
     n = len(view.media) + len(view.attachments)
-    kept = (f"; {plural(n, 'other attachment')} stay{'s' if n == 1 else ''} attached (/detach drops "
-            f"{'it' if n == 1 else 'them'})" if n else "")
-    view.info(f"(dropped {', '.join(m.label() for m in bad)}{kept})")
+    them = f"stay{'s' if n == 1 else ''} attached"
+    if bad:
+        kept = f"; {plural(n, 'other attachment')} {them} (/detach drops {'it' if n == 1 else 'them'})" if n else ""
+        view.info(f"(dropped {', '.join(m.label() for m in bad)}{kept})")
+    elif n and (before or media):
+        view.info(f"(its {plural(n, 'attachment')} {them} for your next message; /detach drops "
+                  f"{'it' if n == 1 else 'them'})")
 
 
 def _with_excerpts(question: str, before: list[str], runner: Any, view: ChatView) -> str:

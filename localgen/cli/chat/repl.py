@@ -208,7 +208,7 @@ def _history(base: Any, path: Path) -> Any:
             if not usable():
                 return []
             try:
-                return list(super().load_history_strings())
+                return newest_entries(path)
             except OSError:
                 return []
 
@@ -218,6 +218,34 @@ def _history(base: Any, path: Path) -> Any:
                     super().store_string(string)
 
     return History(str(path))
+
+
+MAX_HISTORY_READ = 8 << 20  # the newest 8 MiB of the input history (thousands of messages) is what Up walks
+
+
+def newest_entries(path: Path) -> list[str]:
+    """The entries of prompt_toolkit's history file (`# time` then `+line` lines), newest first, as FileHistory
+    reads them, but of its newest MAX_HISTORY_READ bytes only: it grows by every message ever sent, and a file of
+    gigabytes (or one long line) would be read whole into memory. The file itself is left as it is."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_HISTORY_READ:
+            f.seek(size - MAX_HISTORY_READ)
+        data = f.read(MAX_HISTORY_READ)
+    if size > MAX_HISTORY_READ:  # cut inside an entry: begin at the next one's `#` line (none: nothing whole)
+        start = data.find(b"\n#")
+        data = data[start + 1:] if start >= 0 else b""
+    entries: list[str] = []
+    lines: list[str] = []
+    for line in data.decode("utf-8", errors="replace").split("\n"):
+        if line.startswith("+"):
+            lines.append(line[1:])
+        elif lines:
+            entries.append("\n".join(lines))
+            lines = []
+    if lines:
+        entries.append("\n".join(lines))
+    return entries[::-1]
 
 
 def open_block(text: str) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localgen.cli import options as o
+from localgen.cli.options.knobs import typed_by_user
 from localgen.cli.serve.options import ModelSettings, ResidencyOptions, ServeArgs, check_host, key_file, model_settings
 from localgen.errors import LocalgenError, UsageError
 from localgen.units import parse_bytes
@@ -39,7 +40,7 @@ def checked(f: ServeArgs, log: ServeLog) -> Checked:
     from localgen.serve.jobs import parse_duration
 
     listen = f.listen
-    check_host(listen.host)
+    check_host(listen.host, "--host" if typed_by_user(f.context, "host") else "LOCALGEN_HOST")
     o.refuse_empty(*(("--cors", origin) for origin in listen.cors or ()))
     if f.given("draft_max") and not (f.batching.lookup or f.batching.draft):
         raise UsageError("--draft-max sets how many tokens --lookup or --draft drafts: add --lookup or --draft")

@@ -106,20 +106,22 @@ def key_file(path: Path, typed: str | None) -> str:
     return key
 
 
-def check_host(host: str) -> None:
+def check_host(host: str, source: str = "--host") -> None:
     """An empty --host (serve's or ps's) is a usage error: serve would take it for every interface, IPv4 and IPv6;
-    so is one with spaces or control characters, which no host name has."""
+    so is one with spaces or control characters, which no host name has. `source` names where the value came
+    from in the error (--host, or LOCALGEN_HOST where it was not typed)."""
     if not host.strip():
-        raise UsageError("--host is empty", hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for "
+        raise UsageError(f"{source} is empty", hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for "
                          "every interface")
     if not host.isprintable() or any(c.isspace() for c in host):  # no host name has them; bind() says TypeError
-        raise UsageError(f"--host {host[:100]!r} is not a host name or address: it has spaces or control characters",
+        raise UsageError(f"{source} {host[:100]!r} is not a host name or address: it has spaces or control characters",
                          hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for every interface")
 
 
-def check_host_name(host: str) -> None:
+def check_host_name(host: str, source: str = "--host") -> None:
     """A client's --host (ps's, launch's), once host_and_port has taken its scheme and port away: an IP address or
-    a host name (dot-separated labels), else a usage error; `x/y` would otherwise become a URL's host and path."""
+    a host name (dot-separated labels), else a usage error naming `source`; `x/y` would otherwise become a URL's
+    host and path."""
     import ipaddress
     import re
 
@@ -129,7 +131,7 @@ def check_host_name(host: str) -> None:
     except ValueError:
         pass
     if re.fullmatch(r"[\w-]+(?:\.[\w-]+)*\.?", host) is None:
-        raise UsageError(f"--host {host[:100]!r} is not a host name or address",
+        raise UsageError(f"{source} {host[:100]!r} is not a host name or address",
                          hint="give a name or an address, with a port if you like: 127.0.0.1, localhost:11435, "
                               "[::1]:11435, http://gpu-box:11435")
 

@@ -40,8 +40,9 @@ def ps(
 
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
                             typed_by_user(ctx, "host"))
-    check_host(host)
-    check_host_name(host)
+    source = "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST"
+    check_host(host, source)
+    check_host_name(host, source)
     if api_key_file is not None:
         api_key = key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
     fault = key_fault(api_key) if api_key else None
@@ -54,7 +55,7 @@ def ps(
         auth = {b"Authorization": f"Bearer {api_key}".encode()} if api_key else {}
         r = httpx.get(f"{url}/api/ps", headers=auth, timeout=10)
     except httpx.InvalidURL as e:
-        raise UsageError(f"--host {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
+        raise UsageError(f"{source} {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
     except httpx.HTTPError:
         raise LocalgenError(f"no localgen serve is running at {url}", hint="start one with localgen serve, or give "
                             "--host and --port") from None
