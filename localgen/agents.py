@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 # The name of the provider Codex and OpenCode are given (Codex reserves openai, ollama and lmstudio).
 PROVIDER = "localgen"
@@ -113,14 +114,33 @@ AGENTS: dict[str, Agent] = {a.name: a for a in (
 )}
 
 
-def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str, extra: list[str] | None = None) -> list[str]:
-    """The POSIX shell lines that set the agent up and start it by hand, with `extra` (the user's arguments) after
-    its flags: `key_expr` (a shell expression such as "$(cat key.txt)") stands wherever the key goes, so the
-    lines never show the key itself."""
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+def set_up(agent: Agent, endpoint: Endpoint, environ: Mapping[str, str]) -> Setup:
+    """The agent's setup for this environment: where a proxy variable is set, the server's host is added to
+    NO_PROXY (and no_proxy), so that the agent's requests reach the local server, not a proxy that cannot."""
+    setup = agent.setup(endpoint)
+    if not any(environ.get(name) for name in PROXY_VARIABLES):
+        return setup
+    host = urlsplit(endpoint.url).hostname or ""
+    env = dict(setup.env)
+    for name in ("NO_PROXY", "no_proxy"):
+        listed = environ.get(name, "")
+        if host.lower() not in (h.strip().strip("[]").lower() for h in listed.split(",")):
+            env[name] = f"{listed},{host}" if listed.strip() else host
+    return Setup(env=env, unset=setup.unset, argv=setup.argv)
+
+
+def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str, extra: list[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> list[str]:
+    """The POSIX shell lines that set the agent up (for `environ`, set_up) and start it by hand, with `extra` (the
+    user's arguments) after its flags: `key_expr` (a shell expression such as "$(cat key.txt)") stands wherever
+    the key goes, so the lines never show the key itself."""
     import shlex
 
     marker = "__LOCALGEN_KEY__"  # text JSON keeps as it is (a NUL would become \u0000)
-    setup = agent.setup(Endpoint(endpoint.url, marker, endpoint.model))
+    setup = set_up(agent, Endpoint(endpoint.url, marker, endpoint.model), environ or {})
     lines = [f"unset {' '.join(setup.unset)}"] if setup.unset else []
     for name, value in setup.env.items():
         quoted = '"' + "".join("\\" + c if c in '"\\$`' else c for c in value) + '"'

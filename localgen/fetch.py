@@ -183,10 +183,12 @@ def _client(clock: _Clock, private: bool, proxies: bool) -> httpx.Client:
 
     headers = {"User-Agent": f"localgen/{localgen.__version__}", "Accept-Encoding": "identity"}
     if proxies and private and urllib.request.getproxies():
-        # the environment's proxy (HTTP_PROXY, ...), as any tool uses it: nothing is checked, and the deadline
-        # is kept between reads
+        # the environment's proxy (HTTP_PROXY, ...), as any tool uses it (but for this machine: proxies.py):
+        # nothing is checked, and the deadline is kept between reads
+        from localgen.proxies import direct_mounts
+
         return httpx.Client(trust_env=True, follow_redirects=False, timeout=httpx.Timeout(clock.timeout),
-                            headers=headers)
+                            headers=headers, mounts=direct_mounts(httpx.HTTPTransport))
     from localgen._compat import httpx_transport
 
     transport = httpx_transport(_tls(), _backend(clock, private))  # httpx takes no network backend itself

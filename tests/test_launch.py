@@ -95,7 +95,8 @@ import anthropic
 m = anthropic.Anthropic().messages.create(model=os.environ["ANTHROPIC_MODEL"], max_tokens=8,
                                           messages=[{"role": "user", "content": "Say hi."}])
 report(os.environ["ANTHROPIC_BASE_URL"], os.environ["ANTHROPIC_AUTH_TOKEN"], m.model, m.content[0].text,
-       env={k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "CLAUDE_", "AWS_"))})
+       env={k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "CLAUDE_", "AWS_"))
+            or k.lower() == "no_proxy"})
 '''
 
 CODEX = COMMON + r'''
@@ -354,6 +355,36 @@ def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], run
     p.send_signal(signal.SIGTERM)
     p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGKILL
+
+
+def test_a_proxy_in_the_environment_is_not_asked_for_this_machine(env: dict[str, str],
+                                                                  running: tuple[Server, Path]) -> None:
+    """docs/configuration.md: with HTTP_PROXY and the rest set (here to a port nothing listens on), requests to
+    this machine go direct (launch's, ps's, run --endpoint's), as Ollama's clients send them; launch adds the
+    server's host to the agent's NO_PROXY and no_proxy, keeping the user's list. (They all went to the proxy.)"""
+    server, _ = running
+    dead = f"http://127.0.0.1:{_free_port()}"
+    proxied = dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"), dead)
+    base = {k: v for k, v in env.items() if k.lower() != "no_proxy"}
+    r = _launch(base, "claude", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server", **proxied)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["text"].strip() and got["env"]["NO_PROXY"] == got["env"]["no_proxy"] == "127.0.0.1", got["env"]
+    r = _launch(base, "codex", "--print-env", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server",
+                NO_PROXY="corp.example", **proxied)
+    assert r.returncode == 0 and 'export NO_PROXY="corp.example,127.0.0.1"' in r.stdout.splitlines(), r.stdout
+    run = subprocess.run(["bash", "-c", r.stdout], env={**base, **proxied, "NO_PROXY": "corp.example",
+                                                        "LOCALGEN_API_KEY": "sk-running-server"},
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0 and json.loads(run.stdout)["text"].strip(), run.stderr
+    r = _launch(base, "codex", "--print-env", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server")
+    assert r.returncode == 0 and "PROXY" not in r.stdout.upper(), r.stdout  # no proxy set: no line for it
+    for args in (("ps", "--port", str(server.port), "--json"),
+                 ("run", "--endpoint", f"{server.url}/v1", "--api-key-env", "LOCALGEN_API_KEY", "-p", "Hi", "-n", "2")):
+        r = subprocess.run([sys.executable, "-m", "localgen", *args], capture_output=True, text=True, timeout=300,
+                           env={**base, **proxied, "LOCALGEN_API_KEY": "sk-running-server"}, cwd=ROOT,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and r.stdout.strip(), (args, r.stderr)
 
 
 def test_print_env_lines_start_the_agent_by_hand(env: dict[str, str], running: tuple[Server, Path],

@@ -198,7 +198,7 @@ def _print_env(a: Agent, url: str, key: str | None, api_key_file: Path | None, m
     # with any inside is refused by _target)
     expr = (f"$(tr -d '[:space:]' < {shlex.quote(str(api_key_file))})" if api_key_file is not None
             else "$LOCALGEN_API_KEY" if key else "localgen")  # the clients insist on some key
-    print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra)))
+    print("\n".join(shell_lines(a, Endpoint(url, "", name), expr, extra, os.environ)))
     if a.path() is None:  # the lines are for a shell where it may be (another PATH): said, not refused
         ErrWriter().warn(f"{a.program} is not on PATH (install {a.title.split(',')[0]}: {a.install})")
 
@@ -283,7 +283,9 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
     import subprocess
     import time
 
-    setup = a.setup(endpoint)
+    from localgen.agents import set_up
+
+    setup = set_up(a, endpoint, os.environ)
     env = {k: v for k, v in os.environ.items() if k not in setup.unset}
     env.update(setup.env)
     argv = [a.path() or a.program, *setup.argv, *extra]

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from localgen.proxies import direct_mounts
 from localgen.remote.errortext import error_text
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.http10 import STREAM_HEADERS
@@ -112,9 +113,10 @@ class Upstreams(RemoteModels):
         import httpx
 
         if self._client is None:  # made on the app's loop, at the first remote request
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
             self._client = httpx.AsyncClient(follow_redirects=False,
-                                             timeout=httpx.Timeout(self.timeout, connect=CONNECT_S),
-                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
+                                             timeout=httpx.Timeout(self.timeout, connect=CONNECT_S), limits=limits,
+                                             mounts=direct_mounts(httpx.AsyncHTTPTransport, limits=limits))
         return self._client
 
     async def send(self, request: Request, remote: Remote, model: str, suffix: str, content: bytes,
