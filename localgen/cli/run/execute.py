@@ -56,6 +56,8 @@ def execute(plan: RunPlan) -> None:
             raise typer.Exit(run_many(plan.many, plan, backend, err))
         assert plan.thread is not None  # one prompt belongs to a conversation
         thread = plan.thread
+        if thread.turns and not load.remote:
+            thread = dataclasses.replace(thread, turns=_fitted_turns(plan, backend, thread.turns, err))
         sources = None
         if hits is not None:
             plan, sources = _with_excerpts(plan, backend, thread.turns, hits, err)
@@ -138,6 +140,34 @@ def _needs_template(backend: Backend) -> None:
     if not template_of(backend):
         raise UsageError(f"{backend.name} has no chat template (it may be a base model): --rag needs one, as it puts "
                          "the excerpts into a chat message", hint="use a chat model, or give --chat-template-file")
+
+
+def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: ErrWriter) -> list[Message]:
+    """A continued conversation's logged turns that fit the window with the prompt and room for the answer (as
+    chat's window: whole exchanges, the oldest left out first, said in one line); all of them where they fit.
+    The log keeps every turn. A prompt too long even alone is left to the model's own error."""
+    from localgen.cli.options.rag import answer_room
+
+    n_ctx = int(backend.n_ctx)
+    limit = n_ctx - answer_room(n_ctx, plan.send.sampling.params(backend.defaults).max_tokens)
+
+    def fits(start: int) -> bool:
+        return int(backend.count(single_request(plan, backend, turns[start:]))) <= limit
+
+    if fits(0):
+        return turns
+    starts = [i for i, m in enumerate(turns) if m["role"] == "user" and i > 0] + [len(turns)]
+    lo, hi = 0, len(starts) - 1  # the first start that fits (the last, every turn left out, is taken at worst)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(starts[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    start = starts[lo]
+    err.line(f"the conversation's first {start:,} of {len(turns):,} logged messages are left out to fit the "
+             f"{n_ctx:,}-token context window (the log keeps them; a larger --ctx sends more)")
+    return turns[start:]
 
 
 def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None, hits: list[Any],
