@@ -430,6 +430,21 @@ def test_run_uses_the_presets_settings_and_flags_win(cli_env: dict[str, str], tm
     assert "Be kind." in r.stderr and "You are terse." not in r.stderr and "Hello." in r.stderr
 
 
+def test_a_modelfile_named_as_its_preset_does_not_hide_it(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/models.md: a name known here (a preset) wins over a file of that name in the current folder, found by
+    its name alone, for run and show as for show --modelfile and rm; ./NAME is the file. (`create terse -f terse`
+    then `run -m terse` said "terse is not a GGUF file".)"""
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    (tmp_path / "terse").write_text(TERSE)
+    assert cli("create", "terse", "-f", "terse", cwd=tmp_path).returncode == 0
+    r = cli("run", "-m", "terse", "-p", "Sky?", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["model"]["name"] == "terse", r.stderr
+    r = cli("show", "terse", cwd=tmp_path)
+    assert r.returncode == 0 and "preset" in r.stdout.lower(), (r.stdout, r.stderr)
+    r = cli("run", "-m", "./terse", "-p", "Sky?", cwd=tmp_path)  # the file itself, named as a path
+    assert r.returncode == 1 and "not a GGUF file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
 def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:
     cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"

@@ -38,6 +38,13 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     (its path is where a run makes them)."""
     text = embedded.DEFAULT_MODEL if name is None else name  # an empty name is a mistake (names.parse), not "none"
     spec = names.parse(text)
+    if isinstance(spec, names.PathSpec) and not names.looks_like_path(text):
+        # a file of that name in the current folder, found by its name alone: a model known here by that name (a
+        # preset, a model quantized here, a catalogue entry) wins, as show --modelfile and rm take it; ./NAME is
+        # the file (a Modelfile named as the preset made from it used to hide the preset)
+        named = names.parse(text, local=False)
+        if isinstance(named, names.CatalogueSpec) and _known(_latest(named)):
+            spec = named
     if isinstance(spec, names.StoreSpec):  # Ollama's or LM Studio's store, used in place; Ollama's registry
         return other_store(spec, offline, progress, pull_missing, assemble)
     if isinstance(spec, names.PathSpec):
