@@ -370,7 +370,7 @@ def test_the_new_commands_on_a_damaged_database_are_one_line(hcli: CLI, bert: st
 def test_a_collection_name_with_control_characters_is_refused(hcli: CLI, bert: str) -> None:
     """A collection is one line wherever it is listed: a name with a newline or a tab is a usage error,
     before anything is embedded or stored."""
-    for name in ("a\nb", "a\tb"):
+    for name in ("a\nb", "a\tb", "a\x85b"):  # C1 controls too (U+0085, NEL)
         r = hcli("embed", "-m", bert, "--store", name, "the cat")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", r.stderr
         assert "cannot hold control characters" in r.stderr
@@ -401,7 +401,7 @@ def test_embed_of_an_empty_file_or_dev_zero_is_one_line_and_keeps_the_collection
 def test_a_json_line_s_id_is_a_string_on_one_line_or_a_whole_number(hcli: CLI, bert: str) -> None:
     """docs/embed.md, "Ids": null, true, an object or a multi-line string are a usage error naming the line,
     never stored as the words None, True or {...}; a number is its digits."""
-    for bad in ("null", "true", '{"a": 1}', '"x\\ny"', '""'):
+    for bad in ("null", "true", '{"a": 1}', '"x\\ny"', '""', '"x\\u0085y"'):
         r = hcli("embed", "-m", bert, "--store", "notes", input=f'{{"id": 1, "text": "the cat"}}\n'
                                                             f'{{"id": {bad}, "text": "the dog"}}\n')
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (bad, r.stderr)
@@ -548,3 +548,80 @@ def test_a_first_store_that_fails_for_a_full_disk_leaves_no_collection(hcli: CLI
     assert failed.endswith("cannot be written: no space is left on its disk (the collections in it can still be "
                            "read: similar, collections, run --rag)\n"), failed
     assert r.stdout.split("store rc=1\n", 1)[1] == "[]\n", (r.stdout, (tmp_path / "list.err").read_text())
+
+
+NOT_UTF8 = "a\udcffb"  # the argument a\xffb as Python keeps it (surrogateescape): no UTF-8 holds it
+
+
+def test_a_collection_name_that_is_not_utf8_is_a_usage_error(hcli: CLI, bert: str) -> None:
+    """Every command that takes a collection's name says, as `run --cid` does, that it is not UTF-8: one line
+    and exit 2, never a traceback, before anything is embedded or loaded."""
+    _store(hcli, bert, "notes", *LINES)
+    for args, flag in ((["collections", "show", NOT_UTF8], "the collection"),
+                       (["collections", "rm", NOT_UTF8, "--yes"], "the collection"),
+                       (["collections", "rm", "notes", "--id", NOT_UTF8], "--id"),
+                       (["similar", NOT_UTF8, "cat"], "the collection"),
+                       (["embed", "-m", bert, "--store", NOT_UTF8, "hello"], "--store"),
+                       (["run", "-n", "4", "--rag", NOT_UTF8, "hi"], "--rag"),
+                       (["chat", "--rag", NOT_UTF8], "--rag"),
+                       (["serve", "--collection", NOT_UTF8], "--collection")):
+        r = hcli(*args, input="hi\n")
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr == f"localgen: error: {flag} is not valid UTF-8 text: byte 0xff at character 2 is not " \
+                           "UTF-8\n", (args, r.stderr)
+    assert sorted(_held(hcli, "notes").values()) == sorted(LINES)
+
+
+def test_a_json_id_that_is_not_valid_unicode_is_a_usage_error(hcli: CLI, bert: str, tmp_path: Path) -> None:
+    """A JSON line's "id" with a lone surrogate escape would be a traceback storing it or printing it, or a raw
+    byte in the NDJSON: a usage error naming the line, for embed (stored or printed) and rerank alike."""
+    for escape, why in (("\\udc80", "byte 0x80 at character 1 is not UTF-8"),
+                        ("\\ud83d", "a lone surrogate (\\ud83d) at character 1")):
+        line = f'{{"id": "{escape}", "text": "a"}}\n'
+        f = tmp_path / "sur.jsonl"
+        f.write_text(line)
+        for args in (["embed", "-m", bert, "--store", "s"], ["embed", "-m", bert],
+                     ["rerank", "-m", bert, "q", "--file", str(f)]):
+            r = hcli(*args, input=line)
+            assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
+            assert r.stderr.startswith(f'localgen: error: line 1: bad JSON line: its "id" is not valid UTF-8 text: '
+                                       f"{why}"), (args, r.stderr)
+    assert not _db(hcli).exists()
+
+
+def test_an_id_repeated_in_one_store_run_is_a_usage_error_naming_its_lines(hcli: CLI, bert: str) -> None:
+    """docs/embed.md, "Ids": a collection holds one text an id, so two lines with one id (7 and "7" are one) are
+    refused before anything is embedded, not stored as one with a wrong count; the same text given twice as an
+    argument (one id, its content's) is stored once, and counted once."""
+    dup = ('{"id": "x", "text": "the cat sat"}\n{"id": "x", "text": "the dog ran"}\n{"id": 7, "text": "seven"}\n'
+           '{"id": "7", "text": "seven str"}\n')
+    r = hcli("embed", "-m", bert, "--store", "dup", input=dup)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr == "localgen: error: the id 'x' is on lines 1 and 2 (and 1 other id repeated): a collection " \
+                       "holds one text an id (give each text its own id)\n", r.stderr
+    r = hcli("embed", "-m", bert, "--store", "dup", input='{"id": 3, "text": "three"}\nplain\nthird line\n')
+    assert r.returncode == 2 and "the id '3' is on lines 1 and 3:" in r.stderr, r.stderr
+    assert not _db(hcli).exists()
+    err = _store(hcli, bert, "same", "the cat", "the cat", "the dog")
+    assert err == "same: 2 embedded and stored, 0 unchanged\n", err
+    assert sorted(_held(hcli, "same").values()) == ["the cat", "the dog"]
+    # printed, not stored: one vector a text, as given
+    r = hcli("embed", "-m", bert, "the cat", "the cat")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+
+
+def test_show_measures_a_text_holding_a_nul_whole(hcli: CLI, bert: str) -> None:
+    """SQLite's length() and substr() stop at a NUL: show's start and length are the whole text's."""
+    text = "ab\0cdé and more " + "é" * 100
+    _store(hcli, bert, "nul", input=json.dumps({"id": "n", "text": text}) + "\n")
+    doc = json.loads(hcli("collections", "show", "nul", "--json").stdout)
+    assert doc["items"] == [{"id": "n", "start": text[:80], "chars": len(text)}], doc["items"]
+
+
+def test_an_unknown_collection_s_error_lists_the_others_sorted(hcli: CLI, bert: str) -> None:
+    for name in ("zeta", "alpha", "mid"):
+        _store(hcli, bert, name, "the cat")
+    for args in (["similar", "nope", "cat"], ["run", "--rag", "nope", "hi"], ["collections", "show", "nope"]):
+        r = hcli(*args)
+        assert r.returncode in (1, 2) and "no collection named 'nope' (there are: alpha, mid, zeta)" in r.stderr, \
+            (args, r.stderr)

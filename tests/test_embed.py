@@ -298,7 +298,8 @@ def test_rerank_scores_match_llama_cpps(cli: CLI, tiny: dict[str, Path], tmp_pat
     # its errors speak of reranking: a document too long for the window with the query, nothing to rerank
     r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], "the cat sat " * 300)
     assert r.returncode == 2 and re.search(r"a document is [\d,]+ tokens with the query; the reranker's window is "
-                                           r"512 \(raise --ctx, or --truncate to score the pair's first tokens\)",
+                                           r"512, the most this model was trained on \(--truncate to score the "
+                                           r"pair's first tokens\)",
                                            r.stderr), r.stderr
     assert "embed" not in r.stderr
     r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], input="\n \n")
@@ -353,3 +354,50 @@ def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], t
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
     finally:
         assert s.stop() == 0
+
+
+def test_lines_end_at_newlines_alone_and_a_blank_argument_is_a_usage_error(cli: CLI, tiny: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """docs/embed.md, "Input": one text a line, lines ending at "\\n" (or "\\r\\n"), not at the other characters
+    str.splitlines() takes (a form feed, U+0085, U+2028), which a JSON line written with ensure_ascii=False holds
+    as they are; an empty or blank argument (an empty variable in a script) is exit 2, for embed and rerank."""
+    bert, reranker = str(tiny["bert"]), str(tiny["reranker"])
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"id": "a", "text": "one\u2028two\x0cthree\x1c\x85"}, ensure_ascii=False) + "\n"
+                 + json.dumps({"id": "b", "text": "next"}) + "\n", encoding="utf-8")
+    r = cli("embed", "-m", bert, "--file", str(f))
+    assert r.returncode == 0 and [d["id"] for d in map(json.loads, r.stdout.splitlines())] == ["a", "b"], r.stderr
+    r = cli("embed", "-m", bert, input="a\x0cb\r\nc\u2028d\u0085e\n")
+    assert r.returncode == 0 and [d["id"] for d in map(json.loads, r.stdout.splitlines())] == ["1", "2"], r.stderr
+    r = cli("rerank", "-m", reranker, "q", input="a\u2028b\nc\n")
+    lines = r.stdout.split("\n")  # (not splitlines: the document holds U+2028 as it is)
+    assert r.returncode == 0 and sorted(json.loads(x)["document"] for x in lines if x) == ["a\u2028b", "c"], r.stderr
+    for args, error in ((["embed", "-m", bert, "--store", "emp", ""], "text 1 is empty (give the text"),
+                        (["embed", "-m", bert, "cat", "   "], "text 2 is empty or only whitespace"),
+                        (["rerank", "-m", reranker, "cat", ""], "document 1 is empty (give the document")):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert error in r.stderr and "loading" not in r.stderr, (args, r.stderr)
+
+
+def test_a_window_at_the_models_trained_limit_does_not_suggest_a_larger_ctx(cli: CLI, tiny: dict[str, Path]) -> None:
+    """The tiny BERT was trained on 512 tokens: a --ctx past it is capped, and said so once (as run says it);
+    a text longer than that window is refused naming the trained limit, with no "raise --ctx" that cannot help.
+    Below the limit, a larger --ctx is still the advice."""
+    bert, reranker = str(tiny["bert"]), str(tiny["reranker"])
+    long = "word " * 600
+    r = cli("embed", "-m", bert, long, "--ctx", "4096")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == ("warning: --ctx 4,096 is past the 512 tokens tiny-bert.gguf was trained on: the window is "
+                        "512\n"
+                        f"localgen: error: a text is {r.stderr.split('a text is ')[1].split(' ')[0]} tokens; the "
+                        "embeddings window is 512, the most this model was trained on (--truncate to embed its "
+                        "first tokens)\n"), r.stderr
+    r = cli("embed", "-m", bert, long)  # the default --ctx, capped: no warning, the same error
+    assert r.returncode == 2 and "window is 512, the most this model was trained on (--truncate" in r.stderr
+    assert "warning" not in r.stderr and "--ctx" not in r.stderr, r.stderr
+    r = cli("rerank", "-m", reranker, "q", long)
+    assert r.returncode == 2 and "the reranker's window is 512, the most this model was trained on (--truncate to " \
+                                 "score the pair's first tokens)" in r.stderr, r.stderr
+    r = cli("embed", "-m", bert, long, "--ctx", "256")
+    assert r.returncode == 2 and "window is 256 (raise --ctx, or --truncate" in r.stderr, r.stderr

@@ -237,6 +237,12 @@ def test_chunks_hold_at_most_chunk_tokens_of_the_models_own(dcli: CLI, bert: str
     r = dcli("embed", "-m", bert, "--store", "w", "--docs", "long.md", "--ctx", "256", "--chunk-tokens", "300",
              cwd=tmp_path)
     assert r.returncode == 2 and "--chunk-tokens 300 is more than the embeddings window (256 tokens)" in r.stderr
+    # the model's trained window (the tiny BERT's 512) is the limit: no larger --ctx is suggested
+    r = dcli("embed", "-m", bert, "--store", "w", "--docs", "long.md", "--ctx", "4096", "--chunk-tokens", "600",
+             cwd=tmp_path)
+    assert r.returncode == 2 and "localgen: error: --chunk-tokens 600 is more than the embeddings window (512 " \
+                                 "tokens, the most this model was trained on) (give at most 512)\n" in r.stderr, \
+        r.stderr
 
 
 def test_storing_a_file_again_replaces_its_chunks(dcli: CLI, bert: str, tmp_path: Path) -> None:
@@ -385,8 +391,8 @@ def test_a_path_with_control_characters_is_skipped_in_a_folder_and_refused_when_
     (notes / "two\nlines.md").write_text("A dog ran.\n")
     r = dcli("embed", "-m", bert, "--store", "c", "--docs", "notes", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "skipped 1 file whose path holds control characters (a newline, a tab), which an id cannot: " \
-           "'notes/two\\nlines.md'\n" in r.stderr, r.stderr
+    assert "skipped 1 file whose path holds control characters (a newline, a tab) or bytes that are not UTF-8, " \
+           "which an id cannot: 'notes/two\\nlines.md'\n" in r.stderr, r.stderr
     assert _ids(dcli, "c", tmp_path) == ["notes/ok.md#1"]
     r = dcli("embed", "-m", bert, "--store", "c", "--docs", "notes/two\nlines.md", cwd=tmp_path)
     assert r.returncode == 2 and "the file 'notes/two\\nlines.md': a path with control characters" in r.stderr
@@ -443,3 +449,26 @@ def test_documents_that_are_all_empty_are_refused_and_nothing_is_created(dcli: C
     (blank / "c.md").write_text("\n")
     r = dcli("embed", "-m", bert, "--store", "e", "--docs", "blank", cwd=tmp_path)
     assert r.returncode == 0 and "1 removed" in r.stderr and _ids(dcli, "e", tmp_path) == [], r.stderr
+
+
+def test_a_path_that_is_not_utf8_is_skipped_in_a_folder_and_refused_when_named(
+        dcli: CLI, bert: str, tmp_path: Path) -> None:
+    """A file name whose bytes are not UTF-8 cannot be an id (no database or JSON holds it): in a folder it is
+    skipped with a line on stderr and the rest is stored; named, or an empty argument, is exit 2 before the model
+    loads."""
+    notes = tmp_path / "lat"
+    notes.mkdir()
+    (notes / "ok.md").write_text("the dog\n")
+    with open(os.path.join(os.fsencode(notes), b"caf\xe9.md"), "w") as fh:
+        fh.write("the cat\n")
+    r = dcli("embed", "-m", bert, "--store", "lat", "--docs", "lat/", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 file whose path holds control characters (a newline, a tab) or bytes that are not UTF-8, " \
+           "which an id cannot: 'lat/caf\\udce9.md'\n" in r.stderr, r.stderr
+    assert _ids(dcli, "lat", tmp_path) == ["lat/ok.md#1"]
+    for arg, error in (("lat/caf\udce9.md", "the file 'lat/caf\\udce9.md': a path with control characters (a "
+                                            "newline, a tab) or bytes that are not UTF-8 cannot be an id"),
+                       ("", "--docs: argument 1 is empty: give a file or a folder (. for this one)")):
+        r = dcli("embed", "-m", bert, "--store", "lat", "--docs", arg, cwd=tmp_path)
+        assert r.returncode == 2 and error in r.stderr, (arg, r.stderr)
+        assert r.stderr.count("\n") == 1 and "loading" not in r.stderr, r.stderr

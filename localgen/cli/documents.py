@@ -63,8 +63,10 @@ def chunked(f: Any, backend: Any, docs: list[tuple[str, str]]) -> list[tuple[str
     emb = backend.embedder(f.pooling)
     window = emb.n_ctx
     if f.chunk_tokens is not None and f.chunk_tokens > window:
+        trained = ", the most this model was trained on" if emb.at_trained else ""  # no --ctx raises it
         raise UsageError(f"--chunk-tokens {f.chunk_tokens:,} is more than the embeddings window ({window:,} "
-                         "tokens)", hint=f"give at most {window:,}, or a larger --ctx")
+                         f"tokens{trained})",
+                         hint=f"give at most {window:,}" + ("" if trained else ", or a larger --ctx"))
     limit = f.chunk_tokens or min(CHUNK_TOKENS, window)
     overlap = f.chunk_overlap if f.chunk_overlap is not None else min(CHUNK_OVERLAP, limit // 4)
     if overlap >= limit:
@@ -87,7 +89,7 @@ def read(args: list[str]) -> list[tuple[str, str]]:
     found, unnamable = _files(args)
     if unnamable:
         err.line(f"skipped {plural(len(unnamable), 'file')} whose path holds control characters (a newline, a "
-                 f"tab), which an id cannot: {_some(repr(i) for i in unnamable)}")
+                 f"tab) or bytes that are not UTF-8, which an id cannot: {_some(repr(i) for i in unnamable)}")
     docs, skipped = _read(found)
     if skipped:
         err.line(f"skipped {plural(len(skipped), 'file')} that {'is' if len(skipped) == 1 else 'are'} not UTF-8 "
@@ -108,28 +110,31 @@ def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
     """(id, path, named) of each file the arguments give: a file as typed (normalised), a folder's regular files
     walked in sorted order (hidden files and folders skipped, linked folders not followed) as joined under it;
     each id once. `named`: typed as a file (one that is not text is an error, not skipped). And the folders'
-    files whose paths hold control characters (skipped: an id is one line); a file so named is an error."""
+    files whose paths hold control characters or bytes that are not UTF-8 (skipped: an id is one line of text);
+    a file or folder so named is an error."""
     import os
 
     out: dict[str, tuple[str, Path, bool]] = {}
     unnamable: list[str] = []
-    for arg in args:
+    for k, arg in enumerate(args, 1):
+        if not arg.strip():  # an empty variable in a script: Path("") is the current folder
+            raise UsageError(f"--docs: argument {k} is empty: give a file or a folder (. for this one)")
         p = Path(arg)
         if p.is_dir():
-            if controls(arg):
-                raise UsageError(f"the folder {arg!r}: a path with control characters (a newline, a tab) cannot be "
-                                 "an id")
+            if unnamable_path(arg):
+                raise UsageError(f"the folder {arg!r}: a path with control characters (a newline, a tab) or bytes "
+                                 "that are not UTF-8 cannot be an id")
             for rel in _walk(p):
                 ident = os.path.normpath(os.path.join(arg, rel))
-                if controls(ident):
+                if unnamable_path(ident):
                     unnamable.append(ident)
                 else:
                     out.setdefault(ident, (ident, p / rel, False))
         elif p.is_file():
             ident = os.path.normpath(arg)
-            if controls(ident):
-                raise UsageError(f"the file {arg!r}: a path with control characters (a newline, a tab) cannot be "
-                                 "an id", hint="rename it, or store its text with --file")
+            if unnamable_path(ident):
+                raise UsageError(f"the file {arg!r}: a path with control characters (a newline, a tab) or bytes "
+                                 "that are not UTF-8 cannot be an id", hint="rename it, or store its text with --file")
             out.setdefault(ident, (ident, p, True))
         elif p.exists():
             raise UsageError(f"--docs {arg}: not a file or a folder")
@@ -139,8 +144,16 @@ def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
 
 
 def controls(text: str) -> bool:
-    """Whether a text holds control characters (as JSON ids may not)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+    """Whether a text holds control characters, C0, DEL or C1 (as JSON ids may not)."""
+    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
+
+
+def unnamable_path(path: str) -> bool:
+    """Whether a path cannot be an id: control characters, or bytes that are not UTF-8 (which Python keeps as
+    lone surrogates, and no database or JSON holds)."""
+    from localgen.text import problem
+
+    return controls(path) or problem(path) is not None
 
 
 def _walk(top: Path) -> list[str]:

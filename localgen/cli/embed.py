@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 EMBED = "Embeddings"
 DOCS = "Documents"
 MIN_CHUNK = 8  # chunk.MIN_LIMIT: room for the special tokens and some text
+NAMED_LINES = 5  # of a repeated id's lines, named in its error
 Pooling = Annotated[
     str | None,
     typer.Option("--pooling", rich_help_panel=EMBED, show_default=False,
@@ -262,10 +263,12 @@ def _ndjson(docs: Iterable[dict[str, Any]]) -> None:
 
 
 def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False,
-            verb: str = "embed") -> list[tuple[str, str]]:
+            verb: str = "embed", unique: bool = False) -> list[tuple[str, str]]:
     """(id, text) pairs: the arguments (numbered, or with `by_content` each its content's id), else --file,
-    else stdin lines (the line number, or a JSON line's "id"); blank lines are skipped. `verb`: what the
-    command does with them, for its errors (embed, rerank)."""
+    else stdin lines (the line number, or a JSON line's "id"); blank lines are skipped, a blank argument is a
+    usage error. Lines end at "\n" alone (a JSON line's text may hold U+2028 or a form feed). `verb`: what the
+    command does with them, for its errors (embed, rerank). `unique` (--store, one text an id): an id on two
+    lines is a usage error naming them; a text given twice as an argument is taken once."""
     import json
 
     from localgen.embeddings.store import text_id
@@ -274,24 +277,32 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
     if texts:
         if file:
             raise UsageError("give texts as arguments or with --file, not both")
+        what = "document" if verb == "rerank" else "text"
+        for i, t in enumerate(texts, 1):
+            if not t.strip():  # an empty variable in a script, not a text
+                raise UsageError(f"{what} {i} is empty{'' if not t else ' or only whitespace'}",
+                                 hint=f"give the {what}, or leave the argument out")
         given = [checked(t, f"text {i}") for i, t in enumerate(texts, 1)]
-        return [(text_id(t) if by_content else str(i), t) for i, t in enumerate(given, 1)]
+        pairs = [(text_id(t) if by_content else str(i), t) for i, t in enumerate(given, 1)]
+        return list(dict(pairs).items()) if unique and by_content else pairs
     if file:
         from localgen.text import decode
 
         with file.open("rb") as stream:
             data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
         _bounded(len(data), str(file), verb)
-        lines = decode(data, str(file)).removeprefix(BOM).splitlines()
+        lines = decode(data, str(file)).removeprefix(BOM).split("\n")
     elif sys.stdin is not None and not sys.stdin.isatty():
         text = sys.stdin.read(MAX_INPUT + 1)
         _bounded(len(text), "stdin", verb)
-        lines = text.removeprefix(BOM).splitlines()
+        lines = text.removeprefix(BOM).split("\n")
     else:
         what = "documents" if verb == "rerank" else "texts"
         raise UsageError(f"nothing to {verb}: give {what} as arguments, --file, or lines on stdin")
     out = []
+    seen: dict[str, list[int]] = {}  # each id's lines
     for n, line in enumerate(lines, 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         ident, text = str(n), line
@@ -305,18 +316,40 @@ def _inputs(texts: list[str] | None, file: Path | None, by_content: bool = False
             except (ValueError, AttributeError) as e:
                 raise UsageError(f"line {n}: bad JSON line: {e}") from None
         out.append((ident, checked(text, f"line {n}")))
+        seen.setdefault(ident, []).append(n)
     if not out:
         raise UsageError(f"nothing to {verb}: every line is blank")
+    if unique:
+        _unique_ids(seen)
     return out
 
 
+def _unique_ids(seen: dict[str, list[int]]) -> None:
+    """A usage error naming the first id that more than one line gives (with --store, the later text would replace
+    the earlier)."""
+    repeated = [(ident, lines) for ident, lines in seen.items() if len(lines) > 1]
+    if not repeated:
+        return
+    ident, lines = repeated[0]
+    named = [f"{n:,}" for n in lines[:NAMED_LINES]]
+    where = (", ".join(named[:-1]) + " and " + named[-1]) if len(lines) <= NAMED_LINES else ", ".join(named) + " ..."
+    more = f" (and {plural(len(repeated) - 1, 'other id')} repeated)" if len(repeated) > 1 else ""
+    raise UsageError(f"the id {ident!r} is on lines {where}{more}: a collection holds one text an id",
+                     hint="give each text its own id")
+
+
 def _id(value: Any) -> str:
-    """A JSON line's "id" as its entry's id: a string (one line, not empty) or a whole number; a ValueError
-    otherwise (null, true, an object would be stored as the words None, True, {...})."""
+    """A JSON line's "id" as its entry's id: a string (one line, not empty, valid Unicode) or a whole number; a
+    ValueError otherwise (null, true, an object would be stored as the words None, True, {...})."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, str) or not value or controls(value):
         raise ValueError('its "id" must be a string on one line, or a whole number')
+    from localgen.text import problem
+
+    why = problem(value)  # a lone surrogate escape (\udc80): no UTF-8 holds it, to print or to store
+    if why is not None:
+        raise ValueError(f'its "id" is not valid UTF-8 text: {why}')
     return value
 
 
@@ -345,6 +378,11 @@ def _backend(f: _LoadArgs, model: str | None) -> Any:
     # Embedding is prompt processing only, where llama.cpp's repacked CPU layouts pay (and are its default);
     # generation's reason to leave them off (exact batching) does not apply.
     load = f.knobs().load(**({} if f.repack is not None else {"repack": True}))
+    trained = ref.summary.context_length
+    if isinstance(f, _InputArgs) and f.given("ctx_size") and trained and load.n_ctx > trained and not (
+            load.rope_scaling or load.rope_freq_scale):  # as run warns: the load caps it (engine/defaults.py)
+        err.warn(f"--ctx {load.n_ctx:,} is past the {trained:,} tokens {ref.name} was trained on: the window is "
+                 f"{trained:,}")
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)
     from localgen.cli.hints import record_note
 
@@ -364,7 +402,7 @@ def run_embed(f: EmbedArgs) -> None:
         docs = documents.checked(f)  # every check and read before the model loads
         items = []
     else:
-        items = _inputs(f.texts, f.file, by_content=True)
+        items = _inputs(f.texts, f.file, by_content=True, unique=bool(f.store))
     backend = _backend(f, _typed(f.model))
     reused: dict[str, bytes] = {}
     try:
@@ -434,6 +472,7 @@ def run_embed(f: EmbedArgs) -> None:
 def _check_flags(f: EmbedArgs) -> None:
     """The usage errors of embed's flags and their combinations, before anything is read or loaded."""
     from localgen.engine.embed import POOLING
+    from localgen.text import checked
 
     if f.fmt not in ("float", "base64"):
         raise UsageError(f"--format takes float or base64, not {f.fmt!r}")
@@ -443,6 +482,8 @@ def _check_flags(f: EmbedArgs) -> None:
         raise UsageError("--pooling rank needs a reranker model and gives relevance scores, not embeddings: "
                          "`localgen rerank -m RERANKER` scores documents", hint="choose --pooling mean, cls or last")
     o.refuse_empty(("--store", f.store))
+    if f.store:
+        checked(f.store, "--store")  # a byte that is not UTF-8 cannot be a name SQLite stores
     if f.store and controls(f.store):  # one line a collection, wherever listed
         raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
     if f.replace and not f.store:
@@ -510,6 +551,7 @@ def run_similar(f: SimilarArgs) -> None:
     from localgen.embeddings.retrieve import Retriever
     from localgen.text import checked
 
+    checked(f.collection, "the collection")
     query = checked(_asked(f.query), "the query")
     with Retriever(f.collection, lambda spec: _backend(f, spec)) as retriever:
         vector = retriever.embed_query(query, truncate=f.truncate)

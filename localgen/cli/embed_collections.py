@@ -84,8 +84,9 @@ def show(
 
     from localgen.cli.output import TextWriter
     from localgen.embeddings import store
+    from localgen.text import checked
 
-    c = store.described(name)
+    c = store.described(checked(name, "the collection"))
     out = TextWriter(sys.stdout)
     if json_out:  # written as it is read: a large collection is never held whole
         head = json.dumps(_as_json(c), ensure_ascii=False)[:-1]
@@ -144,7 +145,12 @@ def rm(
     from localgen.cli.output import ErrWriter
     from localgen.embeddings import store
     from localgen.errors import UsageError
+    from localgen.text import checked
 
+    for name in names:
+        checked(name, "the collection")
+    for ident in ids or ():
+        checked(ident, "--id")
     err = ErrWriter()
     if ids:
         if len(names) != 1:

@@ -64,7 +64,7 @@ def get(name: str) -> Collection:
     """A collection by name; an error naming the ones there are."""
     with storedb.db(create=False) as db:
         rows = list(db.table("collections").rows_where("name = ?", [name]))
-        names = [r["name"] for r in db["collections"].rows] if not rows else []
+        names = sorted(r["name"] for r in db["collections"].rows) if not rows else []
     if not rows:
         raise UsageError(f"no collection named {name!r}" + (f" (there are: {', '.join(names)})" if names else ""))
     r = rows[0]
@@ -343,10 +343,19 @@ def described(name: str) -> Listed:
 
 def entries(name: str, chars: int) -> Iterator[tuple[str, str, int]]:
     """Each entry of a collection in the order stored: its id, the first `chars` characters of its text and the
-    text's length (the texts and vectors are never read whole)."""
+    text's length (the texts and vectors are never read whole, but for the length of one holding a NUL)."""
+    import codecs
+
+    # SQLite's substr() and length() on TEXT stop at a NUL: the start is cut from the bytes (a character is at most
+    # 4), and a text holding a NUL is measured here
     with storedb.db(create=False) as db:
-        yield from db.conn.execute("SELECT id, substr(content, 1, ?), length(content) FROM embeddings "
-                                   "WHERE collection = ? ORDER BY rowid", (chars, name))
+        for rowid, ident, head, length in db.conn.execute(
+                "SELECT rowid, id, substr(CAST(content AS BLOB), 1, ?), CASE WHEN instr(CAST(content AS BLOB), "
+                "x'00') THEN NULL ELSE length(content) END FROM embeddings WHERE collection = ? ORDER BY rowid",
+                (chars * 4, name)):
+            if length is None:
+                length = len(db.conn.execute("SELECT content FROM embeddings WHERE rowid = ?", (rowid,)).fetchone()[0])
+            yield ident, codecs.getincrementaldecoder("utf-8")().decode(head, final=False)[:chars], length
 
 
 def _missing(conn: sqlite3.Connection, names: list[str]) -> LocalgenError | None:

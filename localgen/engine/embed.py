@@ -55,6 +55,9 @@ class Embedder:
             flash_attn_type=(1 if engine.flash_attn else 0) if given else -1, no_perf=True)
         self.ctx = _context(engine, p)
         self.n_ctx = n_ctx
+        trained = engine.model.summary.context_length
+        # the window is the model's trained one (a larger --ctx was capped to it): a larger --ctx cannot help
+        self.at_trained = trained is not None and 0 < trained <= n_ctx and not (prm.rope_scaling or prm.rope_freq_scale)
         self.pooling = POOLING_NAMES.get(context.pooling_type(self.ctx), "none")
         if scores:
             if self.pooling != "rank":
@@ -103,7 +106,7 @@ class Embedder:
         toks = self.engine.tokenize(text, add_special=True)
         if len(toks) > self.n_ctx:
             if not truncate:
-                raise ContextTooSmall(len(toks), self.n_ctx, pair, more=cut)
+                raise ContextTooSmall(len(toks), self.n_ctx, pair, more=cut, trained=self.at_trained)
             toks = toks[:self.n_ctx]
         return toks
 
@@ -125,7 +128,7 @@ class Embedder:
         if query != self._query:
             whole = self.engine.tokenize(self._pair_text(query, ""), add_special=True)
             if len(whole) >= self.n_ctx:  # cut to the window, every pair would be the query alone: equal scores
-                raise QueryTooLong(len(whole), self.n_ctx)
+                raise QueryTooLong(len(whole), self.n_ctx, self.at_trained)
             self._splice = _Splice.make(self, query)
             self._query = query
         if self._splice is None:
@@ -134,7 +137,7 @@ class Embedder:
         toks = self._splice.join(self.engine.tokenize(document, add_special=False))
         if len(toks) > self.n_ctx:
             if not truncate:
-                raise ContextTooSmall(len(toks), self.n_ctx, pair=True, more=cut)
+                raise ContextTooSmall(len(toks), self.n_ctx, pair=True, more=cut, trained=self.at_trained)
             toks = toks[:self.n_ctx]
         return toks
 
@@ -296,17 +299,20 @@ class EmbedTask:
 
 
 class ContextTooSmall(UsageError, PromptTooLong):
-    """A text longer than the embeddings window (`pair`: a rerank document with its query, the reranker's)."""
+    """A text longer than the embeddings window (`pair`: a rerank document with its query, the reranker's;
+    `trained`: the window is the model's trained one, which no --ctx raises)."""
 
-    def __init__(self, n: int, n_ctx: int, pair: bool = False, more: bool = False) -> None:
+    def __init__(self, n: int, n_ctx: int, pair: bool = False, more: bool = False, trained: bool = False) -> None:
         self.tokens, self.window = n, n_ctx
         count = f"more than {n:,}" if more else f"{n:,}"  # `more`: its beginning alone was tokenized
+        limit = ", the most this model was trained on" if trained else ""
+        raise_ctx = "" if trained else "raise --ctx, or "
         if pair:
-            super().__init__(f"a document is {count} tokens with the query; the reranker's window is {n_ctx:,}",
-                             hint="raise --ctx, or --truncate to score the pair's first tokens")
+            super().__init__(f"a document is {count} tokens with the query; the reranker's window is {n_ctx:,}"
+                             f"{limit}", hint=f"{raise_ctx}--truncate to score the pair's first tokens")
         else:
-            super().__init__(f"a text is {count} tokens; the embeddings window is {n_ctx:,}",
-                             hint="raise --ctx, or --truncate to embed its first tokens")
+            super().__init__(f"a text is {count} tokens; the embeddings window is {n_ctx:,}{limit}",
+                             hint=f"{raise_ctx}--truncate to embed its first tokens")
         self.n, self.more = n, more
 
 
@@ -315,9 +321,10 @@ class QueryTooLong(UsageError, BadRequest):
 
     param = "query"
 
-    def __init__(self, n: int, n_ctx: int) -> None:
+    def __init__(self, n: int, n_ctx: int, trained: bool = False) -> None:
         super().__init__(f"the query is {n:,} tokens with the model's separators; the reranker's window of "
-                         f"{n_ctx:,} must hold it and some of each document", hint="shorten the query, or raise --ctx")
+                         f"{n_ctx:,}{', the most this model was trained on,' if trained else ''} must hold it and "
+                         "some of each document", hint="shorten the query" + ("" if trained else ", or raise --ctx"))
 
 
 class DimensionsOutOfRange(UsageError, BadRequest):

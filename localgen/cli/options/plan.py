@@ -149,7 +149,7 @@ def _check_rag(args: ModelArgs) -> RagPlan | None:
         return None
     from localgen.embeddings import store
 
-    store.get(rag.rag)  # an unknown name: an error naming the collections there are
+    store.get(checked(rag.rag, "--rag"))  # an unknown name: an error naming the collections there are
     if store.described(rag.rag).entries == 0:
         raise UsageError(f"the collection {rag.rag!r} is empty: there is nothing to answer from",
                          hint=f"store texts in it with `localgen embed --file FILE --store {rag.rag}`")

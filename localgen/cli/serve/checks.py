@@ -102,7 +102,9 @@ def _check_tools(f: ServeArgs, key: str | None) -> None:
 def _collection(name: str) -> Any:
     """A --collection by name (a usage error naming those there are), with entries to search (as run --rag's)."""
     from localgen.embeddings import store as collections
+    from localgen.text import checked
 
+    checked(name, "--collection")
     if not collections.path().exists():
         raise UsageError(f"--collection {name!r}: there are no collections yet",
                          hint="make one with localgen embed --store NAME")
