@@ -170,9 +170,11 @@ def test_a_body_not_sent_as_json_is_a_415_outside_ollamas_routes(path: str) -> N
     body = b'{"model": "smollm2:135m"}'
     for kind in ("text/plain", "application/x-www-form-urlencoded"):
         assert client.post(path, content=body, headers={"Content-Type": kind}).status_code == 415, (path, kind)
-    # Ollama's routes read a form type (or none) as JSON, as Ollama does: past the body, to the model (none here)
-    r = client.post("/api/show", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert r.status_code != 415, r.text
+    # Ollama's routes read a form type, text/plain (a page's fetch) or none as JSON, as Ollama does: past the body,
+    # to the model (none here)
+    for kind in ("application/x-www-form-urlencoded", "text/plain;charset=UTF-8"):
+        r = client.post("/api/show", content=body, headers={"Content-Type": kind})
+        assert r.status_code != 415, r.text
 
 
 def test_ollamas_embed_says_its_load_and_takes_keep_alive(child: Server) -> None:
