@@ -13,12 +13,12 @@ from localgen.types import ModelRef
 
 def show_doc(name: str, ref: ModelRef) -> dict[str, Any]:
     """Ollama's /api/show for a model, from its GGUF header and preset (nothing loaded)."""
-    from localgen.serve.listings import details
+    from localgen.serve.listings import details, modified_at
 
     s = ref.summary
     doc: dict[str, Any] = {"modelfile": modelfile_of(name, ref), "parameters": parameters_text(ref),
                            "template": s.chat_template or "", "details": details(ref), "model_info": model_info(s),
-                           "capabilities": capabilities(ref)}
+                           "capabilities": capabilities(ref), "modified_at": modified_at(ref)}
     if ref.system:
         doc["system"] = ref.system
     if s.license:
