@@ -168,6 +168,13 @@ def test_parameter_size_is_written_as_ollama_writes_it(n: int, said: str) -> Non
     assert human_number(n) == said
 
 
+@pytest.mark.parametrize("body", [{}, {"messages": None}, {"messages": []}])
+def test_ollama_chat_without_messages_loads_the_model(child: Server, body: dict[str, Any]) -> None:
+    r = _post(child, "/api/chat", body)
+    assert r.status_code == 200 and r.json()["done_reason"] == "load", r.text
+    assert r.json()["message"] == {"role": "assistant", "content": ""}
+
+
 def test_ollamas_older_embeddings_route_takes_one_prompt(child: Server) -> None:
     one = _post(child, "/api/embeddings", {"prompt": "the cat"})
     assert one.status_code == 200 and len(one.json()["embedding"]) == 576, one.text  # SmolLM2-135M's width
