@@ -145,10 +145,34 @@ def test_load_time_options_are_ignored_and_any_other_is_a_400(child: Server) -> 
 
 
 def test_tags_gives_the_fields_the_table_names(child: Server) -> None:
+    from localgen.models.embedded import EMBEDDED
+
     models = httpx.get(f"{child.url}/api/tags", timeout=30).json()["models"]
     mine = next(m for m in models if m["name"] == MODEL)
     assert {"name", "model", "modified_at", "size", "digest", "details"} <= set(mine)
     assert mine["size"] > 0 and datetime.fromisoformat(mine["modified_at"]).year >= 2024
+    assert mine["details"]["parameter_size"] == "134.52M", "Ollama's HumanNumber: two places below a billion"
+    assert mine["digest"] == "", "no SHA-256 is known for it without reading the file"
+    gemma = next(m for m in models if m["name"] == "gemma3:270m")
+    assert gemma["digest"] == EMBEDDED["gemma3:270m"].sha256, "the embedded model's published SHA-256"
+    shown = _post(child, "/api/show", {})
+    assert shown.json()["modified_at"] == mine["modified_at"], shown.text
+
+
+@pytest.mark.parametrize("n, said", [(0, "0"), (999, "999"), (115_584, "116K"), (1_000_000, "1M"),
+                                     (125_000_000, "125M"), (134_515_008, "134.52M"), (500_500_000, "500.50M"),
+                                     (1_000_000_000, "1B"), (2_800_000_000, "2.8B"), (2_850_000_000, "2.9B")])
+def test_parameter_size_is_written_as_ollama_writes_it(n: int, said: str) -> None:
+    from localgen.serve.listings import human_number
+
+    assert human_number(n) == said
+
+
+@pytest.mark.parametrize("body", [{}, {"messages": None}, {"messages": []}])
+def test_ollama_chat_without_messages_loads_the_model(child: Server, body: dict[str, Any]) -> None:
+    r = _post(child, "/api/chat", body)
+    assert r.status_code == 200 and r.json()["done_reason"] == "load", r.text
+    assert r.json()["message"] == {"role": "assistant", "content": ""}
 
 
 def test_ollamas_older_embeddings_route_takes_one_prompt(child: Server) -> None:
@@ -170,9 +194,11 @@ def test_a_body_not_sent_as_json_is_a_415_outside_ollamas_routes(path: str) -> N
     body = b'{"model": "smollm2:135m"}'
     for kind in ("text/plain", "application/x-www-form-urlencoded"):
         assert client.post(path, content=body, headers={"Content-Type": kind}).status_code == 415, (path, kind)
-    # Ollama's routes read a form type (or none) as JSON, as Ollama does: past the body, to the model (none here)
-    r = client.post("/api/show", content=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert r.status_code != 415, r.text
+    # Ollama's routes read a form type, text/plain (a page's fetch) or none as JSON, as Ollama does: past the body,
+    # to the model (none here)
+    for kind in ("application/x-www-form-urlencoded", "text/plain;charset=UTF-8"):
+        r = client.post("/api/show", content=body, headers={"Content-Type": kind})
+        assert r.status_code != 415, r.text
 
 
 def test_ollamas_embed_says_its_load_and_takes_keep_alive(child: Server) -> None:

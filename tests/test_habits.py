@@ -70,8 +70,18 @@ def test_openai_s_api_and_other_types_still_want_json(gated: Any) -> None:
     r = gated.post("/v1/completions", content=BODY, headers=form)
     assert r.status_code == 415 and "application/x-www-form-urlencoded" in r.text
     assert gated.post("/v1/completions", content=BODY.encode()).status_code == 415
-    assert gated.post("/api/generate", content=BODY, headers={"Content-Type": "text/plain"}).status_code == 415
+    assert gated.post("/v1/completions", content=BODY, headers={"Content-Type": "text/plain"}).status_code == 415
+    assert gated.post("/api/generate", content=BODY, headers={"Content-Type": "image/png"}).status_code == 415
     assert gated.post("/v1/completions", json=json.loads(BODY)).status_code == 200
+
+
+def test_a_page_s_fetch_with_a_string_body_reaches_ollama_s_api(gated: Any) -> None:
+    plain = {"Content-Type": "text/plain;charset=UTF-8"}  # fetch(url, {method: "POST", body: JSON.stringify(x)})
+    r = gated.post("/api/generate", content=BODY, headers={**plain, "Origin": "http://localhost:3000"})
+    assert r.status_code == 200 and r.json() == json.loads(BODY), r.text
+    foreign = gated.post("/api/generate", content=BODY, headers={**plain, "Origin": "http://evil.test"})
+    assert foreign.status_code == 403, "a cross-site text/plain post (no preflight) still meets the Origin check"
+    assert gated.post("/api/generate", content=BODY, headers={**plain, "Origin": "null"}).status_code == 403
 
 
 # ---- 2: pull and rm of the embedded models ---------------------------------------------------------------

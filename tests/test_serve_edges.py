@@ -400,6 +400,14 @@ WORDS = [  # (route, body, words the message holds, the param, or None for APIs 
     ("/api/embed", {"input": "hi", "dimensions": 10**9}, "dimensions must be within 1 to", None),
     ("/api/generate", {"prompt": "hi", "stream": "no"}, "`stream` must be true or false", None),
     ("/api/generate", {"prompt": "hi", "suffix": "end", "stream": False}, "`suffix` is not supported", None),
+    ("/api/generate", {"prompt": "hi", "context": [1, 2, 3], "stream": False}, "`context` is not supported", None),
+    ("/api/generate", {"prompt": "hi", "context": "x", "stream": False}, "`context` must be a list", None),
+    ("/api/generate", {"prompt": "hi", "template": "{{ .Prompt }}", "stream": False}, "`template` is not supported",
+     None),
+    ("/api/generate", {"prompt": "hi", "template": 5, "stream": False}, "`template` must be a string", None),
+    ("/api/generate", {"prompt": "hi", "think": True, "stream": False}, '"smollm2:135m" does not support thinking',
+     None),
+    ("/api/chat", {"messages": HI, "think": "low", "stream": False}, '"smollm2:135m" does not support thinking', None),
     ("/api/chat", {"messages": [*HI, {"role": "tool", "content": "x", "tool_name": 5}], "stream": False},
      "`tool_name` must be a string", None),
     ("/api/pull", {"model": "x/y:", "stream": False}, "empty parts", None),
@@ -419,6 +427,17 @@ def test_an_error_names_what_the_client_sent(child: Server, path: str, body: dic
     assert len(r.text) < 2_000, "a long value is cut, not echoed whole"
     if param is not None:
         assert err["param"] == param
+
+
+def test_ollama_generate_takes_what_asks_nothing_of_it(child: Server) -> None:
+    """`context: []` continues nothing, `template: ""` overrides nothing, `think: false` asks no thinking: each is
+    answered as the request without it is (docs/api.md), and no answer carries a `context` to send back."""
+    body = {"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 3, "temperature": 0}}
+    plain = httpx.post(f"{child.url}/api/generate", json=body, timeout=60).json()
+    assert "context" not in plain
+    for extra in ({"context": []}, {"template": ""}, {"think": False}, {"context": None, "template": None}):
+        r = httpx.post(f"{child.url}/api/generate", json={**body, **extra}, timeout=60)
+        assert r.status_code == 200 and r.json()["response"] == plain["response"], (extra, r.text)
 
 
 def test_anthropic_allows_an_empty_final_assistant_message(child: Server) -> None:

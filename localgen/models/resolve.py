@@ -73,7 +73,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
             else:  # a listing: described as `localgen list` describes it, nothing written
                 path, summary = embedded.peek(model)
             return ModelRef(name=entry.name, path=str(path), source="embedded", summary=summary,
-                            sampling_defaults=entry.sampling)
+                            sha256=model.sha256, sampling_defaults=entry.sampling)  # a chunked one's, checked
         target = _catalogue_target(entry, spec.quant)
     else:
         target = Target(spec, spec.display, {})

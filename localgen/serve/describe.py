@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from localgen.engine.budget import THINK_TAGS
 from localgen.errors import LocalgenError
 from localgen.serve.apierror import HTTPError
 from localgen.types import ModelRef
@@ -13,12 +14,12 @@ from localgen.types import ModelRef
 
 def show_doc(name: str, ref: ModelRef) -> dict[str, Any]:
     """Ollama's /api/show for a model, from its GGUF header and preset (nothing loaded)."""
-    from localgen.serve.listings import details
+    from localgen.serve.listings import details, modified_at
 
     s = ref.summary
     doc: dict[str, Any] = {"modelfile": modelfile_of(name, ref), "parameters": parameters_text(ref),
                            "template": s.chat_template or "", "details": details(ref), "model_info": model_info(s),
-                           "capabilities": capabilities(ref)}
+                           "capabilities": capabilities(ref), "modified_at": modified_at(ref)}
     if ref.system:
         doc["system"] = ref.system
     if s.license:
@@ -78,11 +79,18 @@ def capabilities(ref: ModelRef) -> list[str]:
     template = s.chat_template or ""
     if not encoder and "tools" in template:
         out.append("tools")
-    if not encoder and ("enable_thinking" in template or "<think>" in template):
+    if not encoder and thinks(template):
         out.append("thinking")
     with contextlib.suppress(LocalgenError):  # a projector that cannot be read says so when the model loads
         out += ["vision" if m == "image" else m for m in mmproj.modalities(ref)]  # Ollama's name for images
     return out
+
+
+def thinks(template: str | None) -> bool:
+    """Whether a chat template lets the model think: it has a thinking switch (`enable_thinking`) or writes a
+    reasoning block the answer stage reads apart (`<think>`, `[THINK]`, ...)."""
+    text = template or ""
+    return "enable_thinking" in text or any(tag in text for tag, _ in THINK_TAGS)
 
 
 def modelfile_text(body: dict[str, Any]) -> str:

@@ -3,8 +3,9 @@ serving on loopback), the Origin allow-list (a web page may use the server only 
 CORS headers for those), the API key, and for a request with a body to a route that takes it (another is the
 router's 404 or 405, whatever its body): JSON's content type and a size bound.
 Clients that are not browsers send no Origin and pass the origin check as they are. Ollama's API (/api/*)
-also reads a body sent as a form or with no type as JSON, as Ollama does (`curl -d '{...}'`): a browser's
-form post, the cross-site request a JSON-only rule would stop, carries an Origin, which is checked above."""
+also reads a body sent as a form, as text/plain or with no type as JSON, as Ollama does (`curl -d '{...}'`, a
+page's fetch with a string body): a browser's form post or fetch, the cross-site request a JSON-only rule would
+stop, carries an Origin, which is checked above."""
 
 from __future__ import annotations
 
@@ -33,8 +34,11 @@ LOOPBACK_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "1
 APP_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
 DEFAULT_ORIGINS = LOOPBACK_ORIGINS + APP_ORIGINS
 # What Ollama's documented `curl http://localhost:11434/api/generate -d '{...}'` sends (curl's -d is a form
-# type), or a client that names no type; either body is read as JSON on /api/*.
-OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "")
+# type), what a page's fetch(url, {method: "POST", body: JSON.stringify(x)}) sends (text/plain;charset=UTF-8),
+# or a client that names no type; each body is read as JSON on /api/*, as Ollama reads any. A cross-site page
+# can send these without a preflight, as it can a form type: its request carries an Origin (a browser sends one
+# with every POST; `null` where it hides it), which the Origin check refuses unless allowed.
+OLLAMA_BODY_TYPES = ("application/x-www-form-urlencoded", "text/plain", "")
 
 
 # Headers a request may carry once: two Hosts would let the DNS-rebinding check read one while a proxy or

@@ -90,17 +90,30 @@ def routes(state: ServeState) -> list[Route]:
 def details(ref: ModelRef) -> dict[str, Any]:
     """Ollama's `details` of a model (its listings and /api/show)."""
     s = ref.summary
-    size = f"{s.n_params / 1e9:.1f}B" if s.n_params >= 1e9 else f"{s.n_params / 1e6:.0f}M"
-    return {"format": "gguf", "family": s.architecture, "families": [s.architecture], "parameter_size": size,
-            "quantization_level": s.quantization or "", "parent_model": ""}
+    return {"format": "gguf", "family": s.architecture, "families": [s.architecture],
+            "parameter_size": human_number(s.n_params), "quantization_level": s.quantization or "", "parent_model": ""}
 
 
-def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
+def human_number(n: int) -> str:
+    """A count as Ollama writes a parameter size (its format.HumanNumber): 116K, 134.52M, 125M, 2.8B, 7B."""
+    for unit, scale, places in (("B", 10**9, 1), ("M", 10**6, 2)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.{places}f}{unit}"
+    return f"{n / 1000:.0f}K" if n >= 1000 else str(n)
+
+
+def modified_at(ref: ModelRef) -> str:
+    """When the model's file was last written, as Ollama's listings and /api/show give it."""
     try:
         stamp = os.path.getmtime(ref.path)
     except OSError:  # not written yet: an embedded model in chunks, assembled when a request first uses it
         stamp = time.time()
-    return {"name": name, "model": name, "modified_at": _iso(stamp), "size": ref.summary.file_size,
+    return _iso(stamp)
+
+
+def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
+    return {"name": name, "model": name, "modified_at": modified_at(ref), "size": ref.summary.file_size,
             "digest": _digest(ref), "details": details(ref)}
 
 

@@ -19,6 +19,7 @@ from localgen import loadsettings, settings
 from localgen.backend import Completion
 from localgen.serve.apierror import OLLAMA, HTTPError, error_body
 from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, split_reasoning
+from localgen.serve.describe import thinks
 from localgen.serve.jobs import Event, Job
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_now
@@ -34,10 +35,10 @@ def routes(state: ServeState) -> list[Route]:
     """/api/chat and /api/generate (the listings: serve/listings.py; embeddings: serve/embeds.py)."""
 
     async def chat(request: Request) -> Response:
-        return await load(state, request, chat=True) or await handle(state, request, CHAT)
+        return await load(state, request, chat=True) or await _answer(state, request, CHAT)
 
     async def generate(request: Request) -> Response:
-        return await load(state, request, chat=False) or await handle(state, request, GENERATE)
+        return await load(state, request, chat=False) or await _answer(state, request, GENERATE)
 
     return [Route("/api/chat", chat, methods=["POST"]), Route("/api/generate", generate, methods=["POST"])]
 
@@ -75,6 +76,14 @@ class Generate:
         if body.get("suffix"):  # Ollama's fill-in-the-middle ("insert"): no model here is run that way
             raise HTTPError(400, "`suffix` is not supported by this model: it does not support insert "
                                  "(fill-in-the-middle)", param="suffix")
+        _refuse_context(body.get("context"))
+        template = body.get("template")
+        if template is not None and not isinstance(template, str):
+            raise HTTPError(400, "`template` must be a string", param="template")
+        if template:  # Ollama's Go template for this request: never run here, and never dropped unsaid
+            raise HTTPError(400, "`template` is not supported: it is an Ollama Go template, which localgen cannot "
+                                 "run; the model's own chat template renders the prompt (send `raw` with the prompt "
+                                 "written out, or make a preset with a Jinja TEMPLATE)", param="template")
         prompt, system, images = body.get("prompt"), body.get("system"), body.get("images")
         if not isinstance(prompt, str):
             raise HTTPError(400, "`prompt` must be a string", param="prompt")
@@ -99,9 +108,10 @@ CHAT, GENERATE = Generate(chat=True), Generate(chat=False)
 
 async def load(state: ServeState, request: Request, chat: bool) -> Response | None:
     """Ollama's way to load (or, with keep_alive 0, unload) a model without generating: /api/chat with no
-    messages, /api/generate with no prompt. None for any other request."""
+    messages (none sent, null or []), /api/generate with no prompt. None for any other request."""
     body = await read_json(request)  # cached by Starlette: the pipeline reads it again
-    if (chat and body.get("messages") != []) or (not chat and body.get("prompt") not in (None, "")):
+    nothing = (None, []) if chat else (None, "")  # Ollama's zero values: a field not sent is one
+    if body.get("messages" if chat else "prompt") not in nothing:
         return None
     worker = state.worker(body.get("model"))
     ttl = keep_alive(body.get("keep_alive"), "keep_alive")
@@ -115,6 +125,31 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
         await load_now(worker, request)
     said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return JSONResponse({**_head(worker.name), **said, "done": True, "done_reason": "unload" if ttl == 0 else "load"})
+
+
+async def _answer(state: ServeState, request: Request, api: Generate) -> Response:
+    """A generation, refused first where it asks a model that cannot think to think (`think` true or a level), as
+    Ollama refuses it: the thinking would never come."""
+    body = await read_json(request)
+    think = body.get("think")
+    if think is True or think in ("low", "medium", "high"):
+        worker = state.worker(body.get("model"))
+        if not thinks(worker.ref.summary.chat_template):
+            raise HTTPError(400, f'"{worker.name}" does not support thinking', param="think")
+    return await handle(state, request, api)
+
+
+def _refuse_context(context: Any) -> None:
+    """Ollama's `context` (an earlier /api/generate's token ids, to continue it): a 400 for a wrong type, and for
+    any ids, since no answer here gives them (the conversation goes to /api/chat as `messages`); `[]` continues
+    nothing."""
+    if context is None:
+        return
+    if not isinstance(context, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
+        raise HTTPError(400, "`context` must be a list of token ids (integers)", param="context")
+    if context:
+        raise HTTPError(400, "`context` is not supported: this server gives no token ids to continue an answer "
+                             "from; send the conversation as `messages` to /api/chat", param="context")
 
 
 def _message(pieces: list[Said]) -> dict[str, Any]:
