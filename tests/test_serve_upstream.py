@@ -26,7 +26,8 @@ from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the cha
 KEY = "sk-front-own-key"  # the front's own key (serve --api-key)
 UPSTREAM_KEY = "sk-upstream-secret-9f8e7d"  # the key the front sends the fake (endpoints.toml's api_key_env)
 FAKE_MODELS = ("plain", "usage", "gated", "held", "busy", "busy-once", "broken", "html", "redirect",
-               "unauthorized", "missing", "counted", "lingering", "echoing", "garbled")
+               "unauthorized", "missing", "counted", "lingering", "echoing", "garbled",
+               "garbled-whole")
 HOLD_S = 0.3  # what `counted` waits after its role chunk before its first content
 LINGER_S = 2.0  # what `lingering` waits after its [DONE] before its body ends
 WAIT_S = 60.0  # a safety net for what the tests wait for, never a timing asserted
@@ -47,7 +48,7 @@ class Upstream(FakeServer):
     - echoing: repeats the key it was sent, whole and its first and last 8 characters: streamed, "x", then an
       error event saying so, and the connection closed with no finish_reason and no [DONE]; whole, in its text
     - garbled: streamed, "Hello ", then an event that is not JSON, and the connection closed with no finish_reason
-      and no [DONE]
+      and no [DONE]; garbled-whole: the same, then the end (finish_reason, [DONE])
     Its /v1/models answers 401, repeating the key it was sent, to any key but UPSTREAM_KEY.
     """
 
@@ -66,7 +67,8 @@ class Upstream(FakeServer):
     async def chat(self, request: Request) -> Response:
         body = await request.json()  # Starlette keeps it: FakeServer.chat reads it again
         model = body.get("model")
-        if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering", "echoing", "garbled"):
+        if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering", "echoing", "garbled",
+                         "garbled-whole"):
             return await super().chat(request)
         self.requests.append({"headers": dict(request.headers), "body": body})
         if model in ("counted", "lingering"):
@@ -84,11 +86,14 @@ class Upstream(FakeServer):
                 yield "data: " + json.dumps({"error": {"message": said}}) + "\n\n"
 
             return StreamingResponse(echoed(), media_type="text/event-stream")
-        if model == "garbled":
+        if model.startswith("garbled"):
             async def garbled() -> AsyncIterator[str]:
                 yield _chunk(role="assistant")
                 yield _chunk("Hello ")
                 yield "data: this is not json\n\n"
+                if model == "garbled-whole":
+                    yield _chunk(finish="stop")
+                    yield "data: [DONE]\n\n"
 
             return StreamingResponse(garbled(), media_type="text/event-stream")
         if model == "unauthorized":
@@ -665,6 +670,11 @@ def test_the_chat_page_chats_with_a_remote_model(browser: Any, front_env: dict[s
         assert article.locator(".body").inner_text().strip() == "Hello"
         assert article.locator(".note").inner_text() == (
             "the answer from fakebox ended before the answer did (no finish_reason, no [DONE]): it is partial")
+        page.select_option("#model", "garbled-whole")  # no error event: the page says it
+        article = ask(page, "hi")
+        assert article.locator(".body").inner_text().strip() == "Hello"
+        assert article.locator(".note").inner_text() == (
+            "The server sent a part of the answer that could not be read (not JSON): what is shown may lack words.")
     finally:
         tab.close()
         assert s.stop() == 0
