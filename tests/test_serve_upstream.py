@@ -26,7 +26,8 @@ from tests.test_webui import Tab, ask, browser  # noqa: F401  # browser: the cha
 KEY = "sk-front-own-key"  # the front's own key (serve --api-key)
 UPSTREAM_KEY = "sk-upstream-secret-9f8e7d"  # the key the front sends the fake (endpoints.toml's api_key_env)
 FAKE_MODELS = ("plain", "usage", "gated", "held", "busy", "busy-once", "broken", "html", "redirect",
-               "unauthorized", "missing", "counted", "lingering", "echoing")
+               "unauthorized", "missing", "counted", "lingering", "echoing", "garbled",
+               "garbled-whole")
 HOLD_S = 0.3  # what `counted` waits after its role chunk before its first content
 LINGER_S = 2.0  # what `lingering` waits after its [DONE] before its body ends
 WAIT_S = 60.0  # a safety net for what the tests wait for, never a timing asserted
@@ -46,6 +47,8 @@ class Upstream(FakeServer):
     - lingering: as counted, its body ending LINGER_S after its `data: [DONE]`
     - echoing: repeats the key it was sent, whole and its first and last 8 characters: streamed, "x", then an
       error event saying so, and the connection closed with no finish_reason and no [DONE]; whole, in its text
+    - garbled: streamed, "Hello ", then an event that is not JSON, and the connection closed with no finish_reason
+      and no [DONE]; garbled-whole: the same, then the end (finish_reason, [DONE])
     Its /v1/models answers 401, repeating the key it was sent, to any key but UPSTREAM_KEY.
     """
 
@@ -64,7 +67,8 @@ class Upstream(FakeServer):
     async def chat(self, request: Request) -> Response:
         body = await request.json()  # Starlette keeps it: FakeServer.chat reads it again
         model = body.get("model")
-        if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering", "echoing"):
+        if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering", "echoing", "garbled",
+                         "garbled-whole"):
             return await super().chat(request)
         self.requests.append({"headers": dict(request.headers), "body": body})
         if model in ("counted", "lingering"):
@@ -82,6 +86,16 @@ class Upstream(FakeServer):
                 yield "data: " + json.dumps({"error": {"message": said}}) + "\n\n"
 
             return StreamingResponse(echoed(), media_type="text/event-stream")
+        if model.startswith("garbled"):
+            async def garbled() -> AsyncIterator[str]:
+                yield _chunk(role="assistant")
+                yield _chunk("Hello ")
+                yield "data: this is not json\n\n"
+                if model == "garbled-whole":
+                    yield _chunk(finish="stop")
+                    yield "data: [DONE]\n\n"
+
+            return StreamingResponse(garbled(), media_type="text/event-stream")
         if model == "unauthorized":
             sent = request.headers.get("authorization", "").removeprefix("Bearer ")
             return JSONResponse({"error": {"message": f"Incorrect API key provided: {sent}",
@@ -636,7 +650,8 @@ def test_with_endpoint_and_no_model_named_nothing_loads_at_start(front_env: dict
 def test_the_chat_page_chats_with_a_remote_model(browser: Any, front_env: dict[str, str],  # noqa: F811
                                                  upstream: Upstream) -> None:
     """The chat page (serve --endpoint without -m) lists the remote models, says where one runs instead of
-    "not loaded yet", and streams its answer with the upstream's count."""
+    "not loaded yet", and streams its answer with the upstream's count. An event of the upstream's that is not JSON
+    is skipped: the answer says serve's reason for its end, never a parser's message."""
     s = Server(front_env, "--endpoint", "fakebox")
     tab = Tab(browser, s)
     try:
@@ -650,6 +665,16 @@ def test_the_chat_page_chats_with_a_remote_model(browser: Any, front_env: dict[s
         assert stats.startswith("3 tokens"), stats  # the upstream's usage
         assert upstream.requests[-1]["body"]["model"] == "counted"
         assert page.text_content("#model-note") == "on fakebox"
+        page.select_option("#model", "garbled")
+        article = ask(page, "hi")
+        assert article.locator(".body").inner_text().strip() == "Hello"
+        assert article.locator(".note").inner_text() == (
+            "the answer from fakebox ended before the answer did (no finish_reason, no [DONE]): it is partial")
+        page.select_option("#model", "garbled-whole")  # no error event: the page says it
+        article = ask(page, "hi")
+        assert article.locator(".body").inner_text().strip() == "Hello"
+        assert article.locator(".note").inner_text() == (
+            "The server sent a part of the answer that could not be read (not JSON): what is shown may lack words.")
     finally:
         tab.close()
         assert s.stop() == 0

@@ -918,6 +918,66 @@ def test_a_message_sent_under_an_unfinished_answer_goes_beside_its_question(tab:
     assert "const under = tree.askUnder(conv);" in app.read_text(), "send() files a message where askUnder says"
 
 
+@pytest.mark.parametrize("locks", [True, False], ids=["web-locks", "no-web-locks"])
+def test_a_tab_opened_while_another_answers_leaves_that_answer_coming(tab: Tab, locks: bool) -> None:
+    """docs/webui.md: a tab opened on a conversation whose answer another tab is still writing (here before its first
+    word, as while the model loads: that tab has written nothing since) shows it still coming, not interrupted;
+    a message sent there goes as a new branch beside the question being answered, the page says so, and the model
+    is not sent the unfinished answer. Once it ends, both are kept. An answer whose tab was closed while it came
+    says it was interrupted. So too in a page without Web Locks (over plain http from another machine)."""
+    script = "" if locks else "delete Navigator.prototype.locks"
+    if script:
+        tab.page.add_init_script(script)
+    page = tab.open()
+    assert page.evaluate("() => Boolean(navigator.locks)") == locks
+    settings(page, max_tokens=8)
+    held: list[Any] = []
+    page.route("**/v1/chat/completions", lambda r: held.append(r))  # held: that tab writes nothing meanwhile
+    page.fill("#input", "Tell me about dogs.")
+    page.press("#input", "Enter")
+    while not held:
+        page.wait_for_timeout(50)
+    other = another_tab(tab, page.url, script)
+    other.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    coming = other.locator("article.assistant")
+    assert "pending" in (coming.get_attribute("class") or "")
+    assert coming.locator(".note").inner_text() == "", "not said to be interrupted"
+    sent = chat_requests(other)
+    before = answer_ids(other)
+    other.fill("#input", "And cats?")
+    other.press("#input", "Enter")
+    other.wait_for_function(BANNER_SAYS, arg="The answer at the end of this branch is unfinished (another tab is "
+                            "writing it, or was closed while it did): your message went as a new branch beside its "
+                            "question (‹ › steps between them).")
+    assert wait_answer(other, before).locator(".note").inner_text() in ("", "The answer was cut at max_tokens (8).")
+    assert [m["content"] for m in sent[0]["messages"]] == ["And cats?"], "the unfinished answer is never sent"
+    held.pop().continue_()
+    wait_answer(page, [])
+    stored = page.evaluate("""async (id) => {
+        const c = await (await import('./webui/store.js')).get(id);
+        return Object.values(c.messages).filter(m => m.role !== 'root').map(m => [m.role,
+            m.role === 'user' ? m.content : c.messages[m.parent].content, c.messages[m.parent].role,
+            Boolean(m.pending), m.error ? m.error.kind : null, m.content.length > 0]).sort();
+    }""", urlsplit(page.url).fragment)
+    assert stored == [["assistant", "And cats?", "user", False, None, True],
+                      ["assistant", "Tell me about dogs.", "user", False, None, True],
+                      ["user", "And cats?", "root", False, None, True],
+                      ["user", "Tell me about dogs.", "root", False, None, True]], stored
+    # the answering tab closed while its answer came: a tab opened then says it was interrupted
+    other.close()
+    page.fill("#input", "And horses?")
+    page.press("#input", "Enter")
+    while not held:
+        page.wait_for_timeout(50)
+    address = page.url
+    page.close()
+    last = another_tab(tab, address, script)
+    last.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert last.locator("article.user .text").last.inner_text() == "And horses?"
+    assert last.locator("article.assistant .note").last.inner_text() == (
+        "The answer was interrupted: the page was closed or reloaded while it came. Press Regenerate to ask again.")
+
+
 def test_an_imported_conversation_reads_as_it_did(tab: Tab, tmp_path: Path) -> None:
     """Export then Import JSON brings back each answer's note (stopped, cut at max_tokens, the error it met),
     a conversation of thousands of messages, and an answer a closed page left unfinished says so on opening."""

@@ -154,7 +154,9 @@ export async function callTool(name, args, signal) {
   return { content, is_error: doc.is_error === true };
 }
 
-/** The chunks of a streamed chat completion, as parsed JSON objects, until `data: [DONE]`. */
+/** The chunks of a streamed chat completion, as parsed JSON objects, until `data: [DONE]`. An event that is not a
+ * JSON object (an upstream's, passed on by serve --endpoint) is skipped, so that the server's error event after it
+ * is what the answer says; when none comes, the answer says that part of it could not be read. */
 export async function* chat(body, signal) {
   const response = await call("v1/chat/completions", {
     method: "POST",
@@ -165,6 +167,9 @@ export async function* chat(body, signal) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
+  let unreadable = 0; // events skipped: not a JSON object
+  const lost = () => new ApiError(`The server sent ${unreadable === 1 ? "a part" : `${unreadable} parts`} of the `
+    + "answer that could not be read (not JSON): what is shown may lack words.", "refused");
   for (;;) {
     let part;
     try {
@@ -182,8 +187,20 @@ export async function* chat(body, signal) {
       for (const line of event.split("\n")) {
         if (!line.startsWith("data:")) continue;
         const data = line.slice(5).trim();
-        if (data === "[DONE]") return;
-        const doc = JSON.parse(data);
+        if (data === "[DONE]") {
+          if (unreadable) throw lost();
+          return;
+        }
+        let doc;
+        try {
+          doc = JSON.parse(data);
+        } catch {
+          doc = null;
+        }
+        if (!doc || typeof doc !== "object" || Array.isArray(doc)) {
+          unreadable += 1;
+          continue;
+        }
         if (doc.error) {
           const e = doc.error;
           const message = typeof e === "string" ? e : e.message || "the server stopped the answer";
@@ -194,5 +211,6 @@ export async function* chat(body, signal) {
       }
     }
   }
+  if (unreadable) throw lost();
   throw new ApiError("The answer ended before the server finished it.", "network");
 }

@@ -433,7 +433,7 @@ async function openConversation(id) {
     show(state.running.conv);
   } else {
     for (const m of Object.values(conv.messages)) {
-      if (m.pending) {
+      if (m.pending && !(await answering(m.id))) { // another tab still writing it: it stays unfinished
         m.pending = false;
         m.error = interrupted();
       }
@@ -441,6 +441,63 @@ async function openConversation(id) {
     show(conv);
   }
   closeSidebar();
+}
+
+// The tab writing an answer holds a lock named for it (Web Locks, across this page's tabs) until the answer ends;
+// the browser lets it go when that tab is closed or reloaded. So an unfinished answer whose lock is free was cut
+// short, and one whose lock is held is still coming in another tab. A page without Web Locks (over plain http from
+// another machine) asks the other tabs instead (BroadcastChannel): one no tab claims within ASK_MS was cut short.
+const ANSWERING = "localgen-answering:";
+const ASK_MS = 500;
+let answers = null; // the channel the tabs without Web Locks ask on (listenForAsks sets it)
+const writing = new Set(); // the answers this tab is writing, until each is kept as ended
+
+/** Holds the lock of answer `id` until `ended` settles (without Web Locks, the tab claims it when asked). */
+async function holdAnswer(id, ended) {
+  writing.add(id);
+  ended.then(() => writing.delete(id));
+  if (!navigator.locks) return;
+  await new Promise((held) => {
+    navigator.locks.request(ANSWERING + id, () => {
+      held();
+      return ended;
+    }).catch(() => held());
+  });
+}
+
+/** Whether another tab is writing answer `id` now (it holds the answer's lock, or claims it when asked). */
+async function answering(id) {
+  if (navigator.locks) {
+    try {
+      return await navigator.locks.request(ANSWERING + id, { ifAvailable: true }, (lock) => lock === null);
+    } catch {
+      return false;
+    }
+  }
+  if (!answers) return false;
+  return new Promise((resolve) => {
+    const heard = (e) => {
+      if (e.data && e.data.writing === id) done(true);
+    };
+    const done = (yes) => {
+      clearTimeout(timer);
+      answers.removeEventListener("message", heard);
+      resolve(yes);
+    };
+    const timer = setTimeout(() => done(false), ASK_MS);
+    answers.addEventListener("message", heard);
+    answers.postMessage({ asks: id });
+  });
+}
+
+/** This tab claims the answer it is writing when another tab asks. */
+function listenForAsks() {
+  if (typeof BroadcastChannel !== "function") return;
+  answers = new BroadcastChannel(ANSWERING);
+  answers.addEventListener("message", (e) => {
+    const id = e.data && e.data.asks;
+    if (id && writing.has(id)) answers.postMessage({ writing: id });
+  });
 }
 
 /** The note of an answer that was still coming when its page was closed or reloaded. */
@@ -973,6 +1030,10 @@ async function generate(conv, parent) {
   const use = tree.toolSettings(conv);
   const { stores: documents, results } = tree.documentSettings(conv);
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
+  let ended;
+  await holdAnswer(answer.id, new Promise((resolve) => {
+    ended = resolve;
+  })); // held before it is kept unfinished: another tab never finds it so and its lock free
   await persist(conv);
   dropDraft(conv.id); // its settings are kept with it now
   if (conv === state.conv) {
@@ -1090,6 +1151,7 @@ async function generate(conv, parent) {
     conv.updated = Date.now();
     answer.updated = conv.updated;
     await persist(conv);
+    ended(); // kept as ended: its lock goes
     setRunning(false);
     schedule(answer);
     if (first !== null) state.loaded.add(model);
@@ -1535,6 +1597,7 @@ function addressedId() {
 async function start() {
   api.onKeyNeeded(askKey);
   store.onChange(heard);
+  listenForAsks();
   wireEvents();
   const id = addressedId();
   try {
