@@ -118,18 +118,19 @@ PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "http
 
 
 def set_up(agent: Agent, endpoint: Endpoint, environ: Mapping[str, str]) -> Setup:
-    """The agent's setup for this environment: where a proxy variable is set, the server's host is added to
-    NO_PROXY (and no_proxy), so that the agent's requests reach the local server, not a proxy that cannot."""
+    """The agent's setup for this environment: where a proxy variable is set and the server is on this machine
+    (proxies.py: no proxy reaches it), its host is added to NO_PROXY and no_proxy, each holding the names of both
+    (a client reads one or the other), so that the agent's requests reach the server direct, as launch's own do."""
+    from localgen.proxies import this_machine
+
     setup = agent.setup(endpoint)
-    if not any(environ.get(name) for name in PROXY_VARIABLES):
+    if not any(environ.get(name) for name in PROXY_VARIABLES) or not this_machine(endpoint.url):
         return setup
     host = urlsplit(endpoint.url).hostname or ""
-    env = dict(setup.env)
-    for name in ("NO_PROXY", "no_proxy"):
-        listed = environ.get(name, "")
-        if host.lower() not in (h.strip().strip("[]").lower() for h in listed.split(",")):
-            env[name] = f"{listed},{host}" if listed.strip() else host
-    return Setup(env=env, unset=setup.unset, argv=setup.argv)
+    listed = [h.strip() for name in ("NO_PROXY", "no_proxy") for h in environ.get(name, "").split(",") if h.strip()]
+    names = list(dict.fromkeys([*listed, host]))
+    return Setup(env={**setup.env, **dict.fromkeys(("NO_PROXY", "no_proxy"), ",".join(names))}, unset=setup.unset,
+                 argv=setup.argv)
 
 
 def shell_lines(agent: Agent, endpoint: Endpoint, key_expr: str, extra: list[str] | None = None,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localgen import proxies
 from localgen.errors import LocalgenError
-from localgen.proxies import trust_env
 
 STOP_WAIT_S = 30.0  # serve finishes the requests in flight (--drain-timeout, 4 s) and writes its prompt cache
 TAIL_LINES = 15  # of a server's log, shown when it ends before it answers
@@ -44,7 +44,7 @@ def running_at(url: str) -> bool | None:
     import httpx
 
     try:
-        r = httpx.get(f"{url}/health", timeout=2, trust_env=trust_env(url))
+        r = proxies.get(f"{url}/health", timeout=2)
     except httpx.HTTPError:
         return False
     try:
@@ -82,7 +82,7 @@ def _get(url: str, path: str, key: str | None, missing: str | None = None) -> di
 
     headers = {b"Authorization": f"Bearer {key}".encode()} if key else {}
     try:
-        r = httpx.get(f"{url}{path}", headers=headers, timeout=30, trust_env=trust_env(url))
+        r = proxies.get(f"{url}{path}", headers=headers, timeout=30)
     except httpx.HTTPError as e:
         raise LocalgenError(f"the server at {url} did not answer {path}: {e}") from None
     if r.status_code == 401:
@@ -178,7 +178,7 @@ class ChildServer:
                 raise ServeExited(f"localgen serve exited with status {code} before it answered (its last lines "
                                   "are above)", tail=self.tail())
             try:
-                if httpx.get(f"{self.url}/health", timeout=2, trust_env=trust_env(self.url)).status_code == 200:
+                if proxies.get(f"{self.url}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

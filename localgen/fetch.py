@@ -185,10 +185,12 @@ def _client(clock: _Clock, private: bool, proxies: bool) -> httpx.Client:
     if proxies and private and urllib.request.getproxies():
         # the environment's proxy (HTTP_PROXY, ...), as any tool uses it (but for this machine: proxies.py):
         # nothing is checked, and the deadline is kept between reads
+        from localgen._compat import httpx_transport
         from localgen.proxies import direct_mounts
 
         return httpx.Client(trust_env=True, follow_redirects=False, timeout=httpx.Timeout(clock.timeout),
-                            headers=headers, mounts=direct_mounts(httpx.HTTPTransport))
+                            headers=headers,
+                            mounts=direct_mounts(lambda: httpx_transport(_tls(), _backend(clock, private))))
     from localgen._compat import httpx_transport
 
     transport = httpx_transport(_tls(), _backend(clock, private))  # httpx takes no network backend itself

@@ -1,38 +1,41 @@
 """Which requests take the environment's proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY): every one but
 those to this machine. A proxy cannot carry a request to 127.0.0.1 or localhost (it would reach its own), so
 these go direct, as Go's http.ProxyFromEnvironment sends them (Ollama's clients); httpx and curl would send
-them to the proxy, and `localgen ps` behind a company proxy would find no server."""
+them to the proxy, and `localgen ps` behind a company proxy would find no server. The environment's
+certificates (SSL_CERT_FILE, SSL_CERT_DIR) hold for every request, this machine's too."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-# httpx's URL patterns for this machine's names and loopback addresses (127.0.0.1 alone of 127/8: what localgen
+# httpx's URL patterns for this machine's names and loopback address (127.0.0.1 alone of 127/8: what localgen
 # listens on and says)
 THIS_MACHINE = ("localhost", "127.0.0.1", "[::1]")
 
 
 def this_machine(url: str) -> bool:
-    """Whether `url`'s host is this machine's loopback: localhost, 127.0.0.0/8 or ::1."""
-    import ipaddress
-
+    """Whether `url`'s host is one of THIS_MACHINE's."""
     host = (urlsplit(url).hostname or "").lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host in ("localhost", "127.0.0.1", "::1")
 
 
-def trust_env(url: str) -> bool:
-    """httpx's trust_env for a request to `url`: the environment's proxy and certificates, but not for this
-    machine."""
-    return not this_machine(url)
-
-
-def direct_mounts(transport: type[Any], **settings: Any) -> dict[str, Any]:
+def direct_mounts(make: Callable[[], Any]) -> dict[str, Any]:
     """httpx mounts that send a client's requests to this machine direct, whatever proxy the environment names
-    for the rest: one transport (made with `settings`) for each of its names."""
-    return {f"all://{host}": transport(**settings) for host in THIS_MACHINE}
+    for the rest: a transport made by `make` for each of its names (a mount wins over the environment's proxy
+    mounts, being more specific)."""
+    return {f"all://{host}": make() for host in THIS_MACHINE}
+
+
+def client(**settings: Any) -> Any:
+    """An httpx.Client (with `settings`) that takes the environment's proxy for other machines only."""
+    import httpx
+
+    return httpx.Client(mounts=direct_mounts(httpx.HTTPTransport), **settings)
+
+
+def get(url: str, **settings: Any) -> Any:
+    """httpx.get, as `client` sends it: the response, read whole."""
+    with client(timeout=settings.pop("timeout", 5.0), follow_redirects=settings.pop("follow_redirects", False)) as c:
+        return c.get(url, **settings)

@@ -100,8 +100,8 @@ def test_a_picture_that_fails_is_told_from_one_whose_name_holds_its_name(
         def label(self) -> str:
             return Path(self.source).name
 
-    short, long_ = Picture("/pics/a.png"), Picture("/pics/aa.png")
+    short, long_ = Picture("a.png"), Picture("aa.png")  # as typed: /image a.png, /image aa.png
     view = ChatView(interactive=False, plain=True, stats=False, media=[short, long_])
-    _kept_after_failure(view, ["a note"], [short, long_], MediaError("/pics/aa.png is a corrupt or unreadable PNG"))
+    _kept_after_failure(view, ["a note"], [short, long_], MediaError("aa.png is a corrupt or unreadable PNG"))
     assert view.media == [short] and view.attachments == ["a note"]
     assert capsys.readouterr().err == "(dropped aa.png; 2 other attachments stay attached (/detach drops them))\n"

@@ -93,19 +93,28 @@ def test_continue_sends_the_earlier_turns(lcli: CLI) -> None:
 def test_a_continued_conversation_longer_than_the_window_leaves_its_oldest_turns_out(lcli: CLI) -> None:
     """As chat's window: the logged turns that no longer fit with the new prompt are left out, oldest first and
     whole exchanges, said in one line; the log keeps them. (Every later --continue failed: "the prompt is 700
-    tokens", naming the prompt, not the conversation.)"""
+    tokens", naming the prompt, not the conversation.) A prompt too long alone goes without them, to its error."""
     filler = " ".join(["the quick brown fox jumps over the lazy dog."] * 30)
-    first = json.loads(lcli("run", f"The code word is PELICAN. {filler}", *N, "--ctx", "512", "--json").stdout)
+    small = ("--ctx", "512", "--json")
+    first = json.loads(lcli("run", f"The code word is PELICAN. {filler}", *N, *small).stdout)
     cid = str(first["conversation_id"])
-    r = lcli("run", "--cid", cid, f"And now? {filler}", *N, "--ctx", "512", "--json", "--verbose-prompt")
+    for prompt in ("The colour is TEAL.", "The animal is OTTER."):
+        r = lcli("run", "--cid", cid, prompt, *N, *small)
+        assert r.returncode == 0 and "left out" not in r.stderr, r.stderr
+    half = " ".join(["the quick brown fox jumps over the lazy dog."] * 15)
+    r = lcli("run", "--cid", cid, f"And now? {half}", *N, *small, "--verbose-prompt")
     assert r.returncode == 0, r.stderr
-    said = ("the conversation's first 2 of 2 logged messages are left out to fit the 512-token context window "
+    said = ("the conversation's first 2 of 6 logged messages are left out to fit the 512-token context window "
             "(the log keeps them; a larger --ctx sends more)")
     assert said in r.stderr.splitlines() and "PELICAN" not in r.stderr, r.stderr
+    assert "TEAL" in r.stderr and "OTTER" in r.stderr  # the newer exchanges went
     assert json.loads(r.stdout)["conversation_id"] == cid
-    r = lcli("run", "--cid", cid, "And again?", *N, "--ctx", "2048", "--verbose-prompt")  # all fit: all sent, unsaid
+    r = lcli("run", "--cid", cid, "And again?", *N, "--ctx", "4096", "--verbose-prompt")  # all fit: all sent, unsaid
     assert r.returncode == 0 and "PELICAN" in r.stderr and "left out" not in r.stderr, r.stderr
-    assert [x["prompt"][:8] for x in _logged(lcli, "--cid", cid)] == ["The code", "And now?", "And agai"]
+    r = lcli("run", "--cid", cid, " ".join([filler] * 3), *N, *small)
+    assert r.returncode == 1 and "left out" not in r.stderr and "the context window is 512" in r.stderr, r.stderr
+    assert [x["prompt"][:8] for x in _logged(lcli, "--cid", cid)] == [
+        "The code", "The colo", "The anim", "And now?", "And agai"]
 
 
 def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> None:

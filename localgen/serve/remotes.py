@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localgen import redact
+from localgen import proxies, redact
 from localgen.errors import LocalgenError
-from localgen.proxies import trust_env
 from localgen.remote.endpoints import Endpoint
 from localgen.remote.errortext import error_text
 
@@ -41,8 +40,7 @@ def discover(endpoint: Endpoint) -> Remote:
     hint = "name its models in endpoints.toml (models = [...]) to start without asking it" if endpoint.name else \
         "give it a name and its models in endpoints.toml (docs/remote.md) to start without asking it"
     try:
-        r = httpx.get(endpoint.url + "/models", headers=headers, timeout=LIST_S, follow_redirects=False,
-                      trust_env=trust_env(endpoint.url))
+        r = proxies.get(endpoint.url + "/models", headers=headers, timeout=LIST_S)
     except httpx.TimeoutException:
         raise LocalgenError(f"--endpoint {where} did not list its models within {LIST_S:g} s", hint=hint) from None
     except httpx.HTTPError as e:

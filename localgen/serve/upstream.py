@@ -116,7 +116,7 @@ class Upstreams(RemoteModels):
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
             self._client = httpx.AsyncClient(follow_redirects=False,
                                              timeout=httpx.Timeout(self.timeout, connect=CONNECT_S), limits=limits,
-                                             mounts=direct_mounts(httpx.AsyncHTTPTransport, limits=limits))
+                                             mounts=direct_mounts(lambda: httpx.AsyncHTTPTransport(limits=limits)))
         return self._client
 
     async def send(self, request: Request, remote: Remote, model: str, suffix: str, content: bytes,

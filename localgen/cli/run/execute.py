@@ -56,11 +56,11 @@ def execute(plan: RunPlan) -> None:
             raise typer.Exit(run_many(plan.many, plan, backend, err))
         assert plan.thread is not None  # one prompt belongs to a conversation
         thread = plan.thread
+        sources = None
+        if hits is not None:  # the excerpts first: older turns leave the window before excerpts do, as in chat
+            plan, sources = _with_excerpts(plan, backend, None, hits, err)
         if thread.turns and not load.remote:
             thread = dataclasses.replace(thread, turns=_fitted_turns(plan, backend, thread.turns, err))
-        sources = None
-        if hits is not None:
-            plan, sources = _with_excerpts(plan, backend, thread.turns, hits, err)
         request = single_request(plan, backend, thread.turns)
         if plan.report.verbose_prompt:
             err.line("prompt:\n" + backend.render(_as_sent(send.tools, backend, request, toolbox)))
@@ -145,7 +145,7 @@ def _needs_template(backend: Backend) -> None:
 def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: ErrWriter) -> list[Message]:
     """A continued conversation's logged turns that fit the window with the prompt and room for the answer (as
     chat's window: whole exchanges, the oldest left out first, said in one line); all of them where they fit.
-    The log keeps every turn. A prompt too long even alone is left to the model's own error."""
+    The log keeps every turn. A prompt too long even alone goes without them, to the model's own error."""
     from localgen.cli.options.rag import answer_room
 
     n_ctx = int(backend.n_ctx)
@@ -156,8 +156,10 @@ def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: Er
 
     if fits(0):
         return turns
+    if not fits(len(turns)):  # the prompt alone is too long: the model's own error says so, with no turn sent
+        return []
     starts = [i for i, m in enumerate(turns) if m["role"] == "user" and i > 0] + [len(turns)]
-    lo, hi = 0, len(starts) - 1  # the first start that fits (the last, every turn left out, is taken at worst)
+    lo, hi = 0, len(starts) - 1  # the first start that fits (the last, every turn left out, fits)
     while lo < hi:
         mid = (lo + hi) // 2
         if fits(starts[mid]):

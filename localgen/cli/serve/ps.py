@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
+from localgen import proxies
 from localgen.cli.inputfile import input_file
 from localgen.errors import LocalgenError, UsageError
-from localgen.proxies import trust_env
 
 
 def ps(
@@ -54,7 +54,7 @@ def ps(
     try:
         # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
         auth = {b"Authorization": f"Bearer {api_key}".encode()} if api_key else {}
-        r = httpx.get(f"{url}/api/ps", headers=auth, timeout=10, trust_env=trust_env(url))
+        r = proxies.get(f"{url}/api/ps", headers=auth, timeout=10)
     except httpx.InvalidURL as e:
         raise UsageError(f"{source} {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
     except httpx.HTTPError:
