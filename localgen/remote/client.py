@@ -28,6 +28,7 @@ from localgen.types import Chunk, FinishReason, GenerationRequest, Stats
 
 RETRIES = 4  # after the first try, for 429 and 503
 MAX_ERROR_BODY = 2**20  # of an error's body, only this much is read
+GET_S = 10.0  # a GET (/models, /props): each wait, and the whole answer
 BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
 
 
@@ -226,12 +227,12 @@ class RemoteClient:
 
         where = self.endpoint.label
         try:
-            with self.http.stream("GET", path, timeout=10.0) as r:
+            with self.http.stream("GET", path, timeout=GET_S) as r:
                 if refused and r.status_code in (401, 403):
                     raise self.scrubbed(_status_error(self.endpoint, r, _head(r), self.model))
                 if r.status_code != 200:
                     return None
-                body = bounded(r, f"{where}'s answer to GET {path}")
+                body = bounded(r, f"{where}'s answer to GET {path}", within=GET_S)
         except httpx.ConnectError as e:
             raise RemoteError(_connect_message(where, e), down=True) from None
         except httpx.HTTPError:

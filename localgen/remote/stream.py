@@ -188,14 +188,21 @@ def _too_long(where: str, gen: RemoteGeneration) -> RemoteError:
                        down=True, partial=gen.n > 0)
 
 
-def bounded(r: Any, what: str) -> bytes:
-    """A whole body, up to MAX_LINE bytes; a longer one is a RemoteError naming `what`, read no further."""
+def bounded(r: Any, what: str, within: float | None = None) -> bytes:
+    """A whole body, up to MAX_LINE bytes and, given `within`, all of it within that many seconds (a read timeout
+    bounds each wait, not a body that drips): past either, a RemoteError naming `what`, read no further."""
+    import time
+
+    deadline = None if within is None else time.monotonic() + within
     body = bytearray()
     for piece in r.iter_bytes():
         body += piece
         if len(body) > MAX_LINE:
             r.close()
             raise RemoteError(f"{what} is over {MAX_LINE // 2**20} MiB (localgen reads up to that)", down=True)
+        if deadline is not None and time.monotonic() > deadline:
+            r.close()
+            raise RemoteError(f"{what} did not arrive within {within:g} s", down=True)
     return bytes(body)
 
 
