@@ -44,7 +44,8 @@ class FakeServer:
     - multiline: one event's JSON split over many `data:` lines (the SSE spec joins them with newlines)
     - bad-delta-once: a chunk whose delta is a string on the first request, then as plain
     - endless: "tok " chunks without end, whatever max_tokens says
-    - garbage-after: "Hello " and "world", then a data line that is not JSON
+    - garbage-after: "Hel", then a data line that is not JSON
+    - number-after: "Hel", then a chunk whose content is a number
     - echo-key: "your key is <the bearer key> ok", the key cut in two between chunks
     GET /v1/models lists `plain`; with `models_mode` "drip", a space every 50 ms without end; "huge", a 17 MiB list.
     """
@@ -136,9 +137,12 @@ class FakeServer:
                     yield _chunk("tok ")
                     await asyncio.sleep(0.001)
             if model == "garbage-after":
-                yield _chunk("Hello ")
-                yield _chunk("world")
+                yield _chunk("Hel")
                 yield "data: this is not json\n\n"
+                return
+            if model == "number-after":
+                yield _chunk("Hel")
+                yield 'data: {"choices": [{"index": 0, "delta": {"content": 42}}]}\n\n'
                 return
             if model == "echo-key":
                 key = request.headers.get("authorization", "").removeprefix("Bearer ")
