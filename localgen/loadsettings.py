@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localgen.errors import UsageError
+from localgen.hostnames import host_fault
 from localgen.settings import BOOL, FLOAT, INT, INT32, TEXTS, out_of_range
 from localgen.text import checked as checked_text
 from localgen.types import KV_CACHE_TYPES, LoadParams
@@ -242,6 +243,9 @@ def rpc_servers(text: str | None) -> tuple[str, ...]:
                              hint="e.g. 10.0.0.5:50052, where localgen rpc-server listens")
         if not 1 <= int(port) <= 65535:
             raise UsageError(f"--rpc {server}: the port must be 1 to 65535")
+        if fault := host_fault(host):
+            raise UsageError(f"--rpc {server!r} has {fault}",
+                             hint="e.g. 10.0.0.5:50052, where localgen rpc-server listens")
     return servers
 
 

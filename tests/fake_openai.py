@@ -43,6 +43,11 @@ class FakeServer:
     - slow: "tick " every 50 ms, 200 times
     - multiline: one event's JSON split over many `data:` lines (the SSE spec joins them with newlines)
     - bad-delta-once: a chunk whose delta is a string on the first request, then as plain
+    - endless: "tok " chunks without end, whatever max_tokens says
+    - garbage-after: "Hel", then a data line that is not JSON
+    - number-after: "Hel", then a chunk whose content is a number
+    - echo-key: "your key is <the bearer key> ok", the key cut in two between chunks
+    GET /v1/models lists `plain`; with `models_mode` "drip", a space every 50 ms without end; "huge", a 17 MiB list.
     """
 
     def __init__(self, redirect_to: str = "") -> None:
@@ -50,6 +55,7 @@ class FakeServer:
         self.redirect_to = redirect_to
         self.busy_once_seen = 0
         self.bad_delta_seen = 0
+        self.models_mode = ""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -69,6 +75,21 @@ class FakeServer:
         self.thread.join(5)
 
     async def models(self, request: Request) -> Response:
+        if self.models_mode == "drip":
+            async def drip() -> AsyncIterator[bytes]:
+                while True:
+                    yield b" "
+                    await asyncio.sleep(0.05)
+
+            return StreamingResponse(drip(), media_type="application/json")
+        if self.models_mode == "huge":
+            async def huge() -> AsyncIterator[bytes]:
+                yield b'{"object": "list", "data": [{"id": "plain"}], "pad": "'
+                for _ in range(17):
+                    yield b"a" * 2**20
+                yield b'"}'
+
+            return StreamingResponse(huge(), media_type="application/json")
         return JSONResponse({"object": "list", "data": [{"id": "plain", "object": "model"}]})
 
     async def chat(self, request: Request) -> Response:
@@ -111,6 +132,25 @@ class FakeServer:
                 if self.bad_delta_seen == 1:
                     yield "data: " + json.dumps({"choices": [{"index": 0, "delta": "oops"}]}) + "\n\n"
                     return
+            if model == "endless":
+                while True:
+                    yield _chunk("tok ")
+                    await asyncio.sleep(0.001)
+            if model == "garbage-after":
+                yield _chunk("Hel")
+                yield "data: this is not json\n\n"
+                return
+            if model == "number-after":
+                yield _chunk("Hel")
+                yield 'data: {"choices": [{"index": 0, "delta": {"content": 42}}]}\n\n'
+                return
+            if model == "echo-key":
+                key = request.headers.get("authorization", "").removeprefix("Bearer ")
+                yield _chunk("your key is " + key[:5])
+                yield _chunk(key[5:] + " ok")
+                yield _chunk(finish="stop")
+                yield "data: [DONE]\n\n"
+                return
             if model == "garbage":
                 yield "data: <<not json>>\n\n"
                 return

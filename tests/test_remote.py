@@ -152,6 +152,8 @@ def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServ
 @pytest.mark.parametrize(("model", "message"), [
     ("error-mid", "reported an error mid-answer: the GPU fell over"),
     ("broken", "the answer is partial"),
+    ("garbage-after", "sent something that is not JSON: 'this is not json'"),
+    ("number-after", "sent non-text content: 42"),
 ])
 def test_a_stream_that_fails_mid_answer_is_reported_as_partial(cli: CLI, fake: FakeServer, model: str,
                                                                message: str) -> None:
@@ -162,6 +164,30 @@ def test_a_stream_that_fails_mid_answer_is_reported_as_partial(cli: CLI, fake: F
     r = _run(cli, fake, model, "--json")
     assert r.returncode == 1 and json.loads(r.stdout) == {"text": "Hel", "partial": True,
                                                           "error": r.stderr.split("error: ", 1)[1].strip()}
+
+
+def test_n_caps_the_answer_of_a_server_that_ignores_max_tokens(cli: CLI, fake: FakeServer) -> None:
+    """A server that streams without end whatever max_tokens says: -n stops the answer here, as in a local run,
+    with finish_reason "length" (a piece of the stream taken for a token), and bench -n finishes."""
+    r = _run(cli, fake, "endless", "-n", "16")
+    assert r.returncode == 0 and r.stdout == "tok " * 16 + "\n" and r.stderr == "", r.stderr
+    r = _run(cli, fake, "endless", "-n", "16", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["text"] == "tok " * 16 and doc["finish_reason"] == "length" and doc["stats"]["completion_tokens"] == 16
+    r = cli("bench", "--endpoint", fake.url, "-m", "endless", "-n", "4", "-p", "8", "-npl", "1", "--num-prompts", "2",
+            timeout=60)
+    assert r.returncode == 0 and "| endless | 1 | inf | 2 |" in r.stdout, r.stderr
+
+
+def test_a_key_the_server_repeats_in_its_answer_is_scrubbed(cli_env: dict[str, str], fake: FakeServer) -> None:
+    """The key, cut in two between pieces, is *** on stdout and in --json, as serve --endpoint passes it on."""
+    key = "supersecretkey1234567890"
+    for json_out in ((), ("--json",)):
+        r = CLI({**cli_env, "LOCALGEN_TEST_KEY": key})("run", "--endpoint", fake.url, "-m", "echo-key", "-p", "hi",
+                                                      "--api-key-env", "LOCALGEN_TEST_KEY", *json_out, timeout=60)
+        assert r.returncode == 0 and key[:5] not in r.stdout and key[5:] not in r.stdout, r.stdout
+        text = json.loads(r.stdout)["text"] if json_out else r.stdout
+        assert text.rstrip("\n") == "your key is *** ok"
 
 
 def test_ctrl_c_closes_the_stream_with_130(cli: CLI, fake: FakeServer) -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import CLI, InProcessCLI
+from tests.fake_openai import FakeServer
 
 KEY = "sk-verysecret123"
 OK_SSE = (b'data: {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": null}]}\n\n'
@@ -316,3 +317,25 @@ def test_the_log_keeps_what_was_sent_and_a_cut_off_answer(cli: CLI, raw: Callabl
     r = local("chat", "--endpoint", broken.url, "-m", "fake", input="hello\n", timeout=60)
     logged = json.loads(local("logs", "-n", "1", "--json").stdout)[0]
     assert (logged["response"], logged["finish_reason"]) == ("x", "error"), logged
+
+
+@pytest.mark.parametrize("mode", ["drip", "huge"])
+def test_a_model_list_that_drips_or_is_huge_ends_run_bench_and_serves_start(
+        cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """A /models that drips a space every 50 ms has one deadline for the whole list (here 1 s, 10 s by default),
+    not one per read; one past 16 MiB is refused by serve --endpoint as by run, read no further."""
+    from localgen.remote import client
+    from localgen.serve import remotes
+
+    monkeypatch.setattr(client, "GET_S", 1.0, raising=False)
+    monkeypatch.setattr(remotes, "LIST_S", 1.0)
+    server = FakeServer()
+    server.models_mode = mode
+    said = "did not arrive within 1 s" if mode == "drip" else "is over 16 MiB"
+    try:
+        for args in (("run", "-p", "hi", "-n", "4"), ("bench", "-n", "4", "-p", "8"), ("serve", "--port", "18806")):
+            r = cli_in_process(*args, "--endpoint", server.url)
+            assert r.returncode == 1 and r.stderr.startswith("localgen: error: ") and said in r.stderr, (args, r.stderr)
+            assert "GET /models" in r.stderr and r.stdout == "", r.stderr
+    finally:
+        server.stop()

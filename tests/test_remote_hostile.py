@@ -137,6 +137,8 @@ BAD_URLS = [
     ("http://127.0.0.1:99999", "http://127.0.0.1:99999: the port must be 1 to 65535"),
     ("http://127.0.0.1:0/v1", "http://127.0.0.1:0/v1: the port must be 1 to 65535"),
     ("http://a b:80", "'http://a b:80' has no valid host name"),
+    ("http://a..b:1", "'http://a..b:1' has a host name with an empty label or a label over 63 characters"),
+    (f"http://{'a' * 64}.com", "has a host name with an empty label or a label over 63 characters"),
     ("http://user:secret@[::1", "'http://***@[::1' is not a valid URL"),  # the password never shown
 ]
 
@@ -166,3 +168,26 @@ def test_a_bad_url_from_the_variable_the_file_or_serve_is_a_usage_error(cli_in_p
         toml.unlink()
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"{toml}: [box] --endpoint http://127.0.0.1:99999: the port must be 1 to 65535" in r.stderr, r.stderr
+
+
+LONG_LABEL = f"http://{'a' * 64}.com"
+
+
+@pytest.mark.parametrize("args", [("run", "-p", "hi"), ("serve", "--port", "18805"), ("bench", "-n", "4", "-p", "8")])
+def test_a_host_name_that_cannot_be_looked_up_is_a_usage_error_everywhere(cli_in_process: InProcessCLI, home: Path,
+                                                                          args: tuple[str, ...]) -> None:
+    """An empty label or one over 63 characters: exit 2 naming where the URL came from, not the idna codec's
+    traceback at the first connection (run without -m asks the server for its models first)."""
+    r = cli_in_process(*args, "--endpoint", LONG_LABEL)
+    assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: --endpoint: '{LONG_LABEL}' has a host name "
+                                                     "with an empty label"), r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    toml = config / "endpoints.toml"
+    toml.write_text('[box]\nurl = "http://a..b:1"\n')
+    try:
+        r = cli_in_process("run", "-m", "box/m", "-p", "hi")
+    finally:
+        toml.unlink()
+    assert r.returncode == 2 and f"{toml}: [box] --endpoint: 'http://a..b:1' has a host name" in r.stderr, r.stderr

@@ -207,6 +207,9 @@ def test_the_probe_asks_what_llama_cpp_asks_next() -> None:
     ("127.0.0.1:99999", "--rpc 127.0.0.1:99999: the port must be 1 to 65535"),
     ("127.0.0.1:0", "--rpc 127.0.0.1:0: the port must be 1 to 65535"),
     ("a:\u0665", "--rpc takes HOST:PORT[,HOST:PORT...], not 'a:\u0665'"),  # a digit, but not one a port is written in
+    ("a..b:1", "--rpc 'a..b:1' has a host name with an empty label or a label over 63 characters"),
+    (f"{'a' * 64}.com:1", f"--rpc '{'a' * 64}.com:1' has a host name with an empty label"),
+    ("a b:1", "--rpc 'a b:1' has no valid host name"),  # not 'cannot reach' (exit 1) after a lookup
     ("", "--rpc '' names no server"),  # never taken for the flag left out (docs/ci.md's exit 2 for empty text)
     (" , ", "--rpc ' , ' names no server"),
 ])

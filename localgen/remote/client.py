@@ -28,6 +28,10 @@ from localgen.types import Chunk, FinishReason, GenerationRequest, Stats
 
 RETRIES = 4  # after the first try, for 429 and 503
 MAX_ERROR_BODY = 2**20  # of an error's body, only this much is read
+GET_S = 10.0  # a GET (/models, /props): each wait, and the whole answer
+# -n's cap on a server that ignores max_tokens: a piece of the stream is taken for a token (servers send one a
+# piece; one that sends more is stopped, at the latest, once the text is this many characters a token long)
+TOKEN_CHARS = 64
 BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
 
 
@@ -138,19 +142,48 @@ class RemoteGeneration:
             self._response.close()
 
     def __iter__(self) -> Iterator[Chunk]:
+        """The answer's pieces with the endpoint's key, should the server's text repeat it, as *** (as serve
+        --endpoint passes an answer on: localgen/redact.py): the last len(key) - 1 characters are held back until
+        more come or the answer ends, where a key cut between two pieces would pass unseen."""
+        from localgen.redact import scrubbed
+
+        key = self.client.endpoint.key
+        held = len(key) - 1 if key else 0
+        carry = ""
         try:
-            yield from self._pieces()
+            for chunk in self._pieces():
+                text = scrubbed(carry + chunk.text, key)
+                cut = max(0, len(text) - held)
+                carry = text[cut:]
+                if cut:
+                    self.text += text[:cut]
+                    yield Chunk(text[:cut], chunk.n_tokens)
         except RemoteError as e:  # a server's text may repeat the key it was sent
+            if carry:  # the part that came stays, all of it
+                self.text += carry
+                yield Chunk(carry, self.n)
             raise self.client.scrubbed(e) from None
+        if carry:
+            self.text += carry
+            yield Chunk(carry, self.n)
 
     def _pieces(self) -> Iterator[Chunk]:
+        cap = self.request.sampling.max_tokens  # -n: -1 is none
+        size = 0  # of the text so far
         try:
             self._response = self.client.open(self.request, self.seed)
             for piece, finish in events(self._response, self.client.endpoint.label, self):
+                if piece and cap >= 0 and (self.n >= cap or size >= cap * TOKEN_CHARS):
+                    # a server that ignores max_tokens: -n caps the answer, as it does here (the piece past the cap
+                    # is not shown; closing the stream stops the server)
+                    self.finish_reason = "length"
+                    break
                 if piece:
+                    if cap >= 0:
+                        piece = piece[:cap * TOKEN_CHARS - size]
                     now = time.perf_counter()
                     self.arrivals.append(now)
-                    self.text += piece
+                    size += len(piece)
                     self.n += 1
                     yield Chunk(piece, self.n)
                 if finish is not None:
@@ -227,12 +260,12 @@ class RemoteClient:
 
         where = self.endpoint.label
         try:
-            with self.http.stream("GET", path, timeout=10.0) as r:
+            with self.http.stream("GET", path, timeout=GET_S) as r:
                 if refused and r.status_code in (401, 403):
                     raise self.scrubbed(_status_error(self.endpoint, r, _head(r), self.model))
                 if r.status_code != 200:
                     return None
-                body = bounded(r, f"{where}'s answer to GET {path}")
+                body = bounded(r, f"{where}'s answer to GET {path}", within=GET_S)
         except httpx.ConnectError as e:
             raise RemoteError(_connect_message(where, e), down=True) from None
         except httpx.HTTPError:

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from localgen.errors import UsageError
+from localgen.hostnames import host_fault
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ def base_url(url: str, flag: str = "--endpoint") -> str:
                          hint="put the key in an environment variable and name it with --api-key-env NAME")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"{flag} needs an http:// or https:// URL, not {shown!r}")
-    if not parts.hostname or re.search(r"[\s\x00-\x1f\x7f]", parts.hostname):
-        raise UsageError(f"{flag}: {shown!r} has no valid host name", hint="e.g. http://host:8000/v1")
+    if fault := host_fault(parts.hostname or ""):
+        raise UsageError(f"{flag}: {shown!r} has {fault}", hint="e.g. http://host:8000/v1")
     if parts.query or parts.fragment:
         raise UsageError(f"{flag} takes a base URL without ?query or #fragment: {shown!r}",
                          hint="a key goes in an environment variable named with --api-key-env NAME")

@@ -45,7 +45,7 @@ def events(response: Any, where: str, gen: RemoteGeneration) -> Iterator[tuple[s
             text = bounded(response, f"the answer from {where}").decode("utf-8", "replace")
         except httpx.HTTPError as e:
             raise RemoteError(f"the answer from {where} broke ({said(e)})", down=True) from None
-        yield from _whole(_json(text, where), where, gen)
+        yield from _whole(_json(text, where, gen), where, gen)
         return
     finished, seen = False, False  # seen: an SSE field (not a comment) has arrived
     event, data = "message", list[str]()  # one SSE event: its type and its data lines (joined by "\n")
@@ -61,7 +61,7 @@ def events(response: Any, where: str, gen: RemoteGeneration) -> Iterator[tuple[s
                     if text.strip() == "[DONE]":
                         finished = True
                         break
-                    doc = _json(text, where)
+                    doc = _json(text, where, gen)
                     if kind == "error" or "error" in doc:
                         raise RemoteError(f"{where} reported an error mid-answer: {error_text(doc)}"
                                           + (f" (after {pieces(gen.n)}; the answer is partial)" if gen.n else ""),
@@ -104,21 +104,21 @@ def _chunk(doc: dict[str, Any], where: str, gen: RemoteGeneration) -> Iterator[t
     if not isinstance(choices, list):
         if doc.get("usage") or doc.get("timings"):
             return
-        raise RemoteError(f"{where} sent a chunk without choices: {json.dumps(doc)[:200]}", partial=gen.n > 0)
+        raise _bad(f"{where} sent a chunk without choices: {json.dumps(doc)[:200]}", gen)
     for choice in choices[:1]:
         if not isinstance(choice, dict):
-            raise RemoteError(f"{where} sent a malformed choice: {json.dumps(choice)[:200]}", partial=gen.n > 0)
+            raise _bad(f"{where} sent a malformed choice: {json.dumps(choice)[:200]}", gen)
         delta = choice.get("delta") if "delta" in choice else choice.get("message")
         if delta is not None and not isinstance(delta, dict):
-            raise RemoteError(f"{where} sent a malformed delta: {json.dumps(delta)[:200]}", partial=gen.n > 0)
+            raise _bad(f"{where} sent a malformed delta: {json.dumps(delta)[:200]}", gen)
         text = choice.get("text") if "text" in choice else (delta or {}).get("content")
         if text is not None and not isinstance(text, str):
-            raise RemoteError(f"{where} sent non-text content: {json.dumps(text)[:200]}", partial=gen.n > 0)
+            raise _bad(f"{where} sent non-text content: {json.dumps(text)[:200]}", gen)
         try:
             _take_logprobs(choice.get("logprobs"), gen)
         except (TypeError, ValueError):
-            raise RemoteError(f"{where} sent malformed logprobs: {json.dumps(choice.get('logprobs'))[:200]}",
-                              partial=gen.n > 0) from None
+            raise _bad(f"{where} sent malformed logprobs: {json.dumps(choice.get('logprobs'))[:200]}",
+                       gen) from None
         yield text or "", _finish(choice.get("finish_reason"))
 
 
@@ -151,14 +151,22 @@ def _finish(reason: Any) -> FinishReason | None:
     return "length" if reason == "length" else "stop"
 
 
-def _json(text: str, where: str) -> dict[str, Any]:
+def _json(text: str, where: str, gen: RemoteGeneration) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except ValueError:
-        raise RemoteError(f"{where} sent something that is not JSON: {text[:120]!r}") from None
+        raise _bad(f"{where} sent something that is not JSON: {text[:120]!r}", gen) from None
     if not isinstance(doc, dict):
-        raise RemoteError(f"{where} sent JSON that is not an object: {text[:120]!r}")
+        raise _bad(f"{where} sent JSON that is not an object: {text[:120]!r}", gen)
     return doc
+
+
+def _bad(message: str, gen: RemoteGeneration) -> RemoteError:
+    """A malformed part of the answer: the error says, when text had arrived before it, that the answer is
+    partial (run keeps that part on stdout and in --json)."""
+    if gen.n:
+        return RemoteError(f"{message} (after {pieces(gen.n)}; the answer is partial)", partial=True)
+    return RemoteError(message)
 
 
 def _lines(chunks: Iterator[bytes], where: str, gen: RemoteGeneration) -> Iterator[str]:
@@ -188,14 +196,21 @@ def _too_long(where: str, gen: RemoteGeneration) -> RemoteError:
                        down=True, partial=gen.n > 0)
 
 
-def bounded(r: Any, what: str) -> bytes:
-    """A whole body, up to MAX_LINE bytes; a longer one is a RemoteError naming `what`, read no further."""
+def bounded(r: Any, what: str, within: float | None = None) -> bytes:
+    """A whole body, up to MAX_LINE bytes and, given `within`, all of it within that many seconds (a read timeout
+    bounds each wait, not a body that drips): past either, a RemoteError naming `what`, read no further."""
+    import time
+
+    deadline = None if within is None else time.monotonic() + within
     body = bytearray()
     for piece in r.iter_bytes():
         body += piece
         if len(body) > MAX_LINE:
             r.close()
             raise RemoteError(f"{what} is over {MAX_LINE // 2**20} MiB (localgen reads up to that)", down=True)
+        if deadline is not None and time.monotonic() > deadline:
+            r.close()
+            raise RemoteError(f"{what} did not arrive within {within:g} s", down=True)
     return bytes(body)
 
 

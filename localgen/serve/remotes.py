@@ -4,12 +4,14 @@ upstream's error message reads as run's: remote/errortext.py's error_text)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from localgen import proxies, redact
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, RemoteError
 from localgen.remote.endpoints import Endpoint
 from localgen.remote.errortext import error_text
+from localgen.remote.stream import bounded
 
 LIST_S = 10.0  # the start's GET /models
 
@@ -39,21 +41,26 @@ def discover(endpoint: Endpoint) -> Remote:
     headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}
     hint = "name its models in endpoints.toml (models = [...]) to start without asking it" if endpoint.name else \
         "give it a name and its models in endpoints.toml (docs/remote.md) to start without asking it"
-    try:
-        r = proxies.get(endpoint.url + "/models", headers=headers, timeout=LIST_S)
+    try:  # the list bounded as run's is (remote/stream.py): in size, and in time as a whole, not only each wait
+        with proxies.client(headers=headers, timeout=LIST_S, follow_redirects=False) as client, \
+                client.stream("GET", endpoint.url + "/models") as r:
+            status = r.status_code
+            body = bounded(r, f"--endpoint {where}'s answer to GET /models", within=LIST_S)
     except httpx.TimeoutException:
         raise LocalgenError(f"--endpoint {where} did not list its models within {LIST_S:g} s", hint=hint) from None
     except httpx.HTTPError as e:
         raise LocalgenError(f"--endpoint: cannot reach {where}: {scrubbed(str(e) or type(e).__name__, endpoint)}",
                             hint=hint) from None
-    if r.status_code in (401, 403):
-        raise LocalgenError(f"--endpoint {where} refused to list its models ({r.status_code}): "
-                            f"{scrubbed(error_text(r.content), endpoint)}",
+    except RemoteError as e:
+        raise LocalgenError(e.message, hint=hint) from None  # too big, or dripping past LIST_S
+    if status in (401, 403):
+        raise LocalgenError(f"--endpoint {where} refused to list its models ({status}): "
+                            f"{scrubbed(error_text(body), endpoint)}",
                             hint="name the variable holding its key with --api-key-env NAME")
     ids: list[str] = []
-    if r.status_code == 200:
+    if status == 200:
         try:
-            doc = r.json()
+            doc = json.loads(body)
         except ValueError:
             doc = None
         data = doc.get("data") if isinstance(doc, dict) else None
@@ -61,7 +68,7 @@ def discover(endpoint: Endpoint) -> Remote:
             if isinstance(data, list) else []
     if not ids:
         raise LocalgenError(f"--endpoint {where} lists no models at {endpoint.url}/models "
-                            f"({r.status_code if r.status_code != 200 else 'an empty or unreadable list'})",
+                            f"({status if status != 200 else 'an empty or unreadable list'})",
                             hint="check the URL: it is the API base, e.g. http://host:8000/v1; or " + hint)
     return Remote(endpoint, tuple(dict.fromkeys(ids)))
 
