@@ -376,6 +376,8 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
                             options={"temperature": 0, "num_predict": 3})
     assert (bot.prompt_eval_count, bot.response) == (given.prompt_eval_count, given.response)  # its SYSTEM
     assert "SYSTEM" in client.show("mgr-bot").modelfile and "num_predict" in client.show("mgr-bot").parameters
+    bare, tagged = client.show("mgr-bot"), client.show("mgr-bot:latest")  # docs/models.md: NAME:latest is NAME
+    assert (tagged.modelfile, tagged.parameters) == (bare.modelfile, bare.parameters)
     assert client.copy("mgr-bot", "mgr-bot2").status == "success"
     assert client.generate(model="mgr-bot2", prompt="Say hi.").eval_count == 3
     assert client.delete("mgr-bot2").status == "success"

@@ -204,7 +204,7 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
     from localgen.models.resolve import resolve
 
     def lookup(name: str) -> ModelRef:
-        name = state.ollama_name(name)  # an Ollama model's name in any of its spellings
+        name = _meant(state, name)
         if name not in state.workers and name not in state.names():
             raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
         return resolve(name, offline=True, pull_missing=False, assemble=assemble)
@@ -212,9 +212,16 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
     return lookup
 
 
+def _meant(state: ServeState, name: str) -> str:
+    """The model a name means here, as for a generation (ServeState.meant): NAME for Ollama's NAME:latest where
+    no model has that tagged name, an Ollama model's name in any of its spellings."""
+    meant = state.meant(name) if name else name
+    return meant if isinstance(meant, str) else name
+
+
 def _ref(state: ServeState, name: str) -> ModelRef:
     """An offered model's ModelRef, without loading it (a 404 for any other name)."""
-    name = state.ollama_name(name)  # an Ollama model's name in any of its spellings
+    name = _meant(state, name)
     if name in state.workers:
         return state.workers[name].ref
     if state.on_demand is not None and name in state.on_demand.aliases:
