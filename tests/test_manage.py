@@ -85,10 +85,15 @@ def test_a_pinned_or_busy_model_is_not_retired_and_a_file_of_your_own_is_not_del
             self.name, self.pinned, self.busy = name, pinned, busy
             self.ref = resolve(str(smollm2_path))  # a path: source "path"
 
+    async def retire(state: ServeState, stand: Stand) -> None:
+        async with manage._retired(state, [stand], "deleted"):  # type: ignore[list-item]
+            raise AssertionError("retired")
+
     for stand, says in ((Stand("a", True, False), "named by serve -m"), (Stand("b", False, True), "answering")):
+        state = ServeState(workers={stand.name: stand})  # type: ignore[dict-item]
         with pytest.raises(HTTPError, match=says) as e:
-            asyncio.run(manage._retire(ServeState(workers={}), [stand]))  # type: ignore[list-item]
-        assert e.value.status == 409
+            asyncio.run(retire(state, stand))
+        assert e.value.status == 409 and stand.name in state.workers and not state.retiring
     own = Stand("mine.gguf", False, False)
     with pytest.raises(HTTPError, match="did not download") as e:
         asyncio.run(manage._delete(ServeState(workers={"mine.gguf": own}), "mine.gguf"))  # type: ignore[dict-item]
@@ -371,6 +376,8 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
                             options={"temperature": 0, "num_predict": 3})
     assert (bot.prompt_eval_count, bot.response) == (given.prompt_eval_count, given.response)  # its SYSTEM
     assert "SYSTEM" in client.show("mgr-bot").modelfile and "num_predict" in client.show("mgr-bot").parameters
+    bare, tagged = client.show("mgr-bot"), client.show("mgr-bot:latest")  # docs/models.md: NAME:latest is NAME
+    assert (tagged.modelfile, tagged.parameters) == (bare.modelfile, bare.parameters)
     assert client.copy("mgr-bot", "mgr-bot2").status == "success"
     assert client.generate(model="mgr-bot2", prompt="Say hi.").eval_count == 3
     assert client.delete("mgr-bot2").status == "success"
@@ -516,3 +523,52 @@ def test_sigterm_during_a_streamed_pull_ends_it_with_an_error_line(cli_env: dict
     assert code == 0 and "Traceback" not in log, log
     assert "error" in lines[-1] and "shutting down" in lines[-1]["error"], lines[-3:]
     assert stopped and not any(x.get("status") == "success" for x in lines)
+
+
+@pytest.mark.parametrize("taking", ["delete", "create"])
+def test_a_request_while_its_model_is_deleted_or_replaced_is_answered_and_the_next_load_works(
+        cli_env: dict[str, str], tmp_path: Path, taking: str) -> None:
+    """The red team's race under --max-models 1: a preset loaded, then deleted (or replaced with `force`) while
+    requests naming it keep coming. Every request is answered (a 409 while the model is being taken away, a 404
+    once it is gone, or served), none hangs; what /health counts as loaded is what /api/ps shows; another model
+    loads after it; the server stops with 0 and no traceback. Before, a request that came while the worker was
+    unloaded and stopped loaded the model again and was never answered, the model stayed counted, and with
+    --max-models 1 no model could load again."""
+    import threading
+
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path)}, "--max-models", "1", "-np", "1", "--ctx", "512")
+    create = {"model": "mgr-rc", "from": "smollm2:135m", "stream": False, "force": True}
+    take = (("DELETE", "/api/delete", {"model": "mgr-rc"}) if taking == "delete" else
+            ("POST", "/api/create", {**create, "system": "You are new."}))
+    statuses: list[int] = []
+    try:
+        for _ in range(20):  # until the take comes while no request runs (else it is a 409, and goes again), and
+            # one request comes while it is under way
+            assert httpx.post(f"{s.url}/api/create", json=create, timeout=120).status_code == 200
+            assert httpx.post(f"{s.url}/api/generate", json={"model": "mgr-rc"}, timeout=120).status_code == 200
+            taken: list[httpx.Response] = []
+            thread = threading.Thread(target=lambda answers=taken: answers.append(
+                httpx.request(take[0], f"{s.url}{take[1]}", json=take[2], timeout=120)))
+            thread.start()
+            during: list[int] = []
+            while thread.is_alive():  # loads of the model (no prompt) while it is being taken away
+                during.append(httpx.post(f"{s.url}/api/generate", json={"model": "mgr-rc"}, timeout=60).status_code)
+            thread.join()
+            story = httpx.post(f"{s.url}/api/generate", timeout=60, json={
+                "model": "mgr-rc", "prompt": "Tell a story", "stream": False, "options": {"num_predict": 4}})
+            statuses += [*during, story.status_code]
+            assert set(statuses) <= {200, 404, 409} and taken[0].status_code in (200, 409), (taken[0].text, statuses)
+            if taken[0].status_code == 200 and 409 in during:
+                break
+        assert taken[0].status_code == 200 and 409 in during, (taken[0].text, statuses)
+        assert story.status_code == (404 if taking == "delete" else 200), story.text
+        residency = httpx.get(f"{s.url}/health", timeout=30).json()["residency"]
+        shown = [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=30).json()["models"]]
+        assert residency["loaded"] == sorted(shown), (residency, shown)
+        smol = httpx.post(f"{s.url}/api/generate", timeout=120, json={
+            "model": "smollm2:135m", "prompt": "Say hi.", "stream": False, "options": OPTS})
+        assert smol.status_code == 200 and smol.json()["eval_count"] == 4, smol.text
+    finally:
+        code = s.stop()
+    log = s.proc.stderr.read().decode() if s.proc.stderr else ""
+    assert code == 0 and "Traceback" not in log, log

@@ -436,6 +436,41 @@ def test_a_load_abandoned_by_every_client_counts_each_job_as_aborted() -> None:
         loop.close()
 
 
+def test_a_closed_worker_stopped_mid_job_answers_it_and_frees_its_room(smollm2_path: Path) -> None:
+    """A worker closed (its model being deleted or replaced: serve/manage.py) takes no more jobs, and once
+    stopped answers every job it still had (a 409), and frees the model: the residency counts it no more, so
+    under --max-models 1 another model can load. Its thread used to end with the job unanswered (its client
+    hung) and the model counted as loaded for good."""
+    import asyncio
+
+    from localgen.models.resolve import resolve
+    from localgen.serve.jobs import Failed, Job, Retired, Text
+    from localgen.serve.worker import ModelWorker
+    from localgen.types import GenerationRequest, LoadParams, SamplingParams
+
+    r = Residency(budget=1 << 40, max_models=1)
+    w = ModelWorker(resolve(str(smollm2_path)), LoadParams(n_ctx=512), 1, -1, 4, residency=r, pinned=False)
+    w.start()
+    loop = asyncio.new_event_loop()
+    try:
+        story = SamplingParams(max_tokens=400, ignore_eos=True)
+        job = Job(GenerationRequest(prompt="Tell a long story.", sampling=story), loop)
+        w.submit(job)
+        event = loop.run_until_complete(asyncio.wait_for(job.events.get(), 300))
+        assert isinstance(event, Text) and r.status()["loaded"] == [w.name], event  # loaded, and generating
+        w.close(f"{w.name} is being deleted")
+        with pytest.raises(Retired, match="being deleted"):
+            w.submit(Job(GenerationRequest(prompt="Hi"), loop))
+        w.stop(timeout=0)
+        while isinstance(event, Text):
+            event = loop.run_until_complete(asyncio.wait_for(job.events.get(), 60))
+        assert isinstance(event, Failed) and event.status == 409 and "being deleted" in event.message, event
+        assert not w.loaded and r.status()["loaded"] == [] and r.status()["held_bytes"] == 0
+    finally:
+        loop.close()
+        w.stop()
+
+
 # ---- an embeddings context: counted as the rest of a model's memory ------------------------------------------
 
 def test_an_embeddings_context_made_later_makes_room_as_a_load_does() -> None:

@@ -19,7 +19,7 @@ from localgen.serve.ask import flag, keep_alive, one_of
 from localgen.serve.jobs import EmbedJob, Failed
 from localgen.serve.jsonbody import read_json
 from localgen.serve.pipeline import check_prompt_size
-from localgen.serve.running import watch_disconnect
+from localgen.serve.running import refused, watch_disconnect
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
 from localgen.text import CHARS_PER_TOKEN
@@ -142,7 +142,7 @@ async def embed(worker: Served, texts: list[str], dimensions: int | None = None,
     try:
         worker.submit(job)
     except LocalgenError as e:
-        raise HTTPError(503, e.message, "server_error") from None
+        raise refused(e) from None
     watcher = asyncio.ensure_future(watch_disconnect(http, job)) if http is not None else None
     try:
         result = await job.result

@@ -30,6 +30,12 @@ class QueueFull(Overloaded):
     """Every slot is busy and the queue is at its bound."""
 
 
+class Retired(ServeError):
+    """The model is being deleted or replaced (serve/manage.py): its worker takes no more jobs (a 409)."""
+
+    status = 409
+
+
 @dataclass(frozen=True)
 class Text:
     """A piece of the answer, as it is decided, and the prompt's tokens (evaluated before any text comes), of

@@ -10,9 +10,8 @@ import asyncio
 from starlette.requests import Request
 
 from localgen.errors import LocalgenError
-from localgen.serve.apierror import HTTPError
 from localgen.serve.jobs import Job
-from localgen.serve.running import first_event
+from localgen.serve.running import first_event, refused
 from localgen.serve.served import Served
 from localgen.types import GenerationRequest, SamplingParams
 
@@ -25,6 +24,6 @@ async def load_now(worker: Served, http: Request) -> None:
     job.finish.set()
     try:
         worker.submit(job)
-    except LocalgenError as e:  # a full queue, or a worker that has stopped
-        raise HTTPError(503, e.message, "server_error") from None
+    except LocalgenError as e:  # a full queue, a worker that has stopped, a model being deleted
+        raise refused(e) from None
     await first_event(job, http)

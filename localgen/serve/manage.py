@@ -7,6 +7,8 @@ prints: a request never names a file path to read, copy or delete."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -149,13 +151,14 @@ async def _replace(state: ServeState, preset: Any, force: bool) -> None:
     from localgen.models import presets
 
     _refuse_existing(preset.name, force)
-    await _retire(state, [w for w in list(state.workers.values()) if w.name == preset.name])
-    try:  # without `force`, the write itself refuses a name taken meanwhile (a racing create, copy or CLI)
-        await asyncio.to_thread(presets.save, preset, force)
-    except presets.PresetExists:
-        raise _exists(preset.name) from None
-    except LocalgenError as e:
-        raise HTTPError(400, e.message) from None
+    async with _retired(state, [w for w in list(state.workers.values()) if w.name == preset.name], "replaced",
+                        preset.name):
+        try:  # without `force`, the write itself refuses a name taken meanwhile (a racing create, copy or CLI)
+            await asyncio.to_thread(presets.save, preset, force)
+        except presets.PresetExists:
+            raise _exists(preset.name) from None
+        except LocalgenError as e:
+            raise HTTPError(400, e.message) from None
 
 
 def _refuse_existing(name: str, force: bool) -> None:
@@ -201,7 +204,7 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
     from localgen.models.resolve import resolve
 
     def lookup(name: str) -> ModelRef:
-        name = state.ollama_name(name)  # an Ollama model's name in any of its spellings
+        name = _meant(state, name)
         if name not in state.workers and name not in state.names():
             raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
         return resolve(name, offline=True, pull_missing=False, assemble=assemble)
@@ -209,9 +212,16 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
     return lookup
 
 
+def _meant(state: ServeState, name: str) -> str:
+    """The model a name means here, as for a generation (ServeState.meant): NAME for Ollama's NAME:latest where
+    no model has that tagged name, an Ollama model's name in any of its spellings."""
+    meant = state.meant(name) if name else name
+    return meant if isinstance(meant, str) else name
+
+
 def _ref(state: ServeState, name: str) -> ModelRef:
     """An offered model's ModelRef, without loading it (a 404 for any other name)."""
-    name = state.ollama_name(name)  # an Ollama model's name in any of its spellings
+    name = _meant(state, name)
     if name in state.workers:
         return state.workers[name].ref
     if state.on_demand is not None and name in state.on_demand.aliases:
@@ -229,30 +239,47 @@ def _ref(state: ServeState, name: str) -> ModelRef:
 # ---- delete, and a model's workers retired -----------------------------------------------------------------
 
 
-async def _retire(state: ServeState, workers: list[ModelWorker]) -> None:
-    """Unload and stop these workers and stop offering them (a 409 when one is busy or pinned by serve -m)."""
+@contextlib.asynccontextmanager
+async def _retired(state: ServeState, workers: list[ModelWorker], why: str, *names: str) -> AsyncIterator[None]:
+    """These workers' models taken away for the block (a preset replaced or deleted, a model's files deleted): a
+    409 when one is busy or pinned by serve -m. Else, at once, they are no longer offered, and they take no job
+    (a request that already holds one is a 409 too), nor does a request naming them or `names` make a worker
+    for them until the block has ended (a 409 saying they are being `why`); they are unloaded and stopped, then
+    the block runs."""
     for w in workers:
         if w.pinned:
             raise HTTPError(409, f"{w.name} was named by serve -m: it stays for the server's life")
         if w.busy:
             raise HTTPError(409, f"{w.name} is answering requests; try again once they end")
-    for w in workers:
-        await asyncio.to_thread(w.request_unload().wait, UNLOAD_WAIT_S)
-        await asyncio.to_thread(w.stop)
+    taken = [*names, *(w.name for w in workers)]
+    for w in workers:  # no await before this: no request reaches them from here on
+        w.close(f"{w.name} is being {why}")
         state.workers.pop(w.name, None)
         if state.on_demand is not None:
             for alias, held in list(state.on_demand.aliases.items()):
                 if held == w.name:
                     del state.on_demand.aliases[alias]
+                    taken.append(alias)
+    marks = [(name, why) for name in dict.fromkeys(taken)]
+    state.retiring += marks
+    try:
+        for w in workers:
+            await asyncio.to_thread(w.request_unload().wait, UNLOAD_WAIT_S)
+            await asyncio.to_thread(w.stop)
+        yield
+    finally:
+        for mark in marks:
+            state.retiring.remove(mark)
 
 
 async def _delete(state: ServeState, name: str) -> None:
     from localgen.models import presets
 
     if presets.exists(name):  # only the preset goes, never its base model's files (NAME:latest is NAME)
-        await _retire(state, [w for w in list(state.workers.values())
-                              if presets.canonical(w.name) == presets.canonical(name)])
-        presets.remove(name)
+        async with _retired(state, [w for w in list(state.workers.values())
+                                    if presets.canonical(w.name) == presets.canonical(name)], "deleted",
+                            presets.canonical(name)):
+            presets.remove(name)
         return
     ref = await asyncio.to_thread(_ref, state, name)
     if ref.source == "embedded":
@@ -260,20 +287,24 @@ async def _delete(state: ServeState, name: str) -> None:
     if ref.source == "quantized":  # made here by `localgen quantize`: its one file goes
         from localgen.models import quantized
 
-        await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
-        await asyncio.to_thread(quantized.remove, ref.name)
+        async with _retired(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path], "deleted",
+                            ref.name):
+            await asyncio.to_thread(quantized.remove, ref.name)
         return
     if ref.source == "ollama" and await asyncio.to_thread(pulled_here, ref):  # localgen pulled it: it can go
         from localgen.models import ollamastore, registry
 
-        await _retire(state, [w for w in list(state.workers.values()) if w.ref.name == ref.name])  # not by blob
-        await asyncio.to_thread(registry.remove, ollamastore.parse_name(ref.name.removeprefix(ollamastore.PREFIX)))
+        async with _retired(state, [w for w in list(state.workers.values()) if w.ref.name == ref.name],  # not by blob
+                            "deleted", ref.name):
+            await asyncio.to_thread(registry.remove,
+                                    ollamastore.parse_name(ref.name.removeprefix(ollamastore.PREFIX)))
         return
     if ref.source == "oci":  # localgen pulled it from an OCI registry: it can go
         from localgen.models import oci, ocipull
 
-        await _retire(state, [w for w in list(state.workers.values()) if w.ref.name == ref.name])
-        await asyncio.to_thread(ocipull.remove, oci.parse_name(ref.name.removeprefix(oci.PREFIX)))
+        async with _retired(state, [w for w in list(state.workers.values()) if w.ref.name == ref.name], "deleted",
+                            ref.name):
+            await asyncio.to_thread(ocipull.remove, oci.parse_name(ref.name.removeprefix(oci.PREFIX)))
         return
     if ref.source in ("ollama", "lmstudio"):  # another tool's store: never changed here
         from localgen.models import lmstudio, ollamastore
@@ -283,8 +314,9 @@ async def _delete(state: ServeState, name: str) -> None:
     if ref.source != "hf":
         raise HTTPError(400, f"{ref.name} is a file localgen did not download; delete it yourself")
     # every worker on that file goes: the model's own, and its presets'
-    await _retire(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path])
-    await asyncio.to_thread(_remove_files, ref)
+    async with _retired(state, [w for w in list(state.workers.values()) if w.ref.path == ref.path], "deleted",
+                        ref.name):
+        await asyncio.to_thread(_remove_files, ref)
 
 
 def _remove_files(ref: ModelRef) -> None:

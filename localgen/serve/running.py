@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 
 from localgen.backend import Completion
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, ServeError
 from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.jobs import Done, EmbedJob, Event, Failed, Job, Text
 from localgen.serve.served import Served
@@ -85,9 +85,16 @@ def submit(worker: Served, job: Job) -> Job:
     job.request = with_preset(worker.ref, job.request)
     try:
         worker.submit(job)
-    except LocalgenError as e:  # a full queue, or a worker that has stopped
-        raise HTTPError(503, e.message, "server_error") from None
+    except LocalgenError as e:
+        raise refused(e) from None
     return job
+
+
+def refused(e: LocalgenError) -> HTTPError:
+    """A job the worker would not queue: a full queue or a worker that has stopped (a 503), a model being deleted
+    or replaced (Retired: a 409)."""
+    status = e.status if isinstance(e, ServeError) else 503
+    return HTTPError(status, e.message, "server_error" if status >= 500 else "invalid_request_error")
 
 
 def with_preset(ref: ModelRef, request: GenerationRequest) -> GenerationRequest:

@@ -29,7 +29,8 @@ class Served(Protocol):
     def busy(self) -> bool: ...  # a job runs or waits
 
     def submit(self, job: Job | EmbedJob) -> None:
-        """Queue a job on the model's thread (QueueFull, or a LocalgenError when the worker has stopped)."""
+        """Queue a job on the model's thread (QueueFull, Retired while its model is being deleted or replaced, or a
+        LocalgenError when the worker has stopped)."""
 
     def request_unload(self, reason: str = "asked", evicted_for: str | None = None,
                        by_keep_alive: float | None = None) -> threading.Event:

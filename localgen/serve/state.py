@@ -46,6 +46,9 @@ class ServeState:
     tool_timeout: float = 30.0  # serve --tool-timeout: seconds one call may take
     collections: list[str] = field(default_factory=list)  # serve --collection: offered as vector stores
     upstreams: Upstreams | None = None  # serve --endpoint: the models other servers run (serve/upstream.py)
+    # (name, why) of the models /api/delete, /api/create or /api/copy is taking away (serve/manage.py's _retired):
+    # a request naming one is a 409 until that ends (no worker is made meanwhile from the files being changed)
+    retiring: list[tuple[str, str]] = field(default_factory=list)
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its
@@ -105,6 +108,9 @@ class ServeState:
         name = self.meant(name)
         if isinstance(name, str) and name in self.workers:
             return self.workers[name]
+        why = next((why for n, why in self.retiring if n == name), None)
+        if why is not None:
+            raise HTTPError(409, f"model {name!r} is being {why}: try again once that ends", param="model")
         if isinstance(name, str) and self.on_demand is not None:
             w = self.on_demand.worker(name, self.workers)
             if w is not None:

@@ -30,6 +30,7 @@ from localgen.serve.jobs import (
     Failed,
     Job,
     QueueFull,
+    Retired,
     State,
     Text,
     Unload,
@@ -88,6 +89,7 @@ class ModelWorker:
         self.dead: str | None = None  # why the thread stopped, if it stopped other than by stop()
         self.counts: Counts | None = None  # serve/metrics.py's counts of generations and steps
         self._stop = threading.Event()
+        self._closed: str | None = None  # why it takes no more jobs: its model is being taken away (close)
         self.bursts = Bursts()  # a burst's first step waits for the jobs still coming (serve/arrivals.py)
         self.thread = threading.Thread(target=self._serve, name=f"localgen-{self.name}", daemon=True)
 
@@ -104,7 +106,9 @@ class ModelWorker:
             self.residence.ensure(warm=False, patient=False)  # at start nothing would make room: say so now
 
     def submit(self, job: Job | EmbedJob) -> None:
-        """Queue a job; QueueFull when every slot is busy and `max_queue` jobs already wait."""
+        """Queue a job; QueueFull when every slot is busy and `max_queue` jobs already wait, Retired once closed."""
+        if self._closed is not None:
+            raise Retired(f"{self._closed}: try again once that ends")
         if not self.alive:
             raise LocalgenError(f"{self.name}: the model's worker has stopped ({self.dead or 'shutting down'})")
         if job.trace is not None:
@@ -127,6 +131,11 @@ class ModelWorker:
             job.trace.arrived()
         self.bursts.came(others=len(self._live) > 1)
         self.inbox.put(None)
+
+    def close(self, why: str) -> None:
+        """Take no more jobs (Retired, saying `why`): its model is being deleted or replaced (serve/manage.py);
+        once stopped, it frees the model (whatever it holds is no longer counted as loaded)."""
+        self._closed = why
 
     def request_unload(self, reason: str = "asked", evicted_for: str | None = None,
                        by_keep_alive: float | None = None) -> threading.Event:
@@ -292,6 +301,7 @@ class ModelWorker:
                     continue
                 res.idle()
             res.keep_prefixes(final=True)  # a clean stop: what its slots hold is written for the next start
+            self._left()
         except BaseException as e:  # the thread is going: say so, and fail whatever waits
             self.dead = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self.faults.internal(e, "the worker thread stopped")
@@ -299,6 +309,15 @@ class ModelWorker:
             raise
         finally:
             self.prep.close()
+
+    def _left(self) -> None:
+        """At a clean stop, every job not answered yet is (a 409 when the model was being taken away, else the
+        server is stopping: a 503); a model closed is freed, so the residency no longer counts it."""
+        if self._live.of():
+            self._drain(Failed(409, f"{self._closed}: try again once that ends") if self._closed is not None
+                        else Failed(503, f"{self.name}: the server is shutting down"))
+        if self._closed is not None:
+            self.residence.unload()
 
     def _intake(self, wait: bool) -> None:
         """Take the unloads asked for, and move waiting jobs to the scheduler (loading the model first if it is
