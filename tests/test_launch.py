@@ -659,7 +659,8 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
     for given in (("--host", "999.1.1.1"), ()):
         r = InProcessCLI({**env, "PATH": str(agents_dir), "LOCALGEN_HOST": "999.1.1.1"})("launch", "claude", *given)
         assert r.returncode == 2 and r.stderr.count("\n") == 1
-        assert "--host '999.1.1.1' is not a host name or address: Invalid IPv4 address" in r.stderr
+        source = "--host" if given else "LOCALGEN_HOST"  # where the value came from
+        assert f"{source} '999.1.1.1' is not a host name or address: Invalid IPv4 address" in r.stderr, r.stderr
     # a host that a URL would read as a host and a path: refused, as docs/agents.md says, before anything starts
     for args in (("launch", "codex"), ("launch", "codex", "--print-env"), ("ps",)):
         for host in ("x/y", "http://x/y", "a b"):
