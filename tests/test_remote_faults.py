@@ -327,7 +327,7 @@ def test_a_model_list_that_drips_or_is_huge_ends_run_bench_and_serves_start(
     from localgen.remote import client
     from localgen.serve import remotes
 
-    monkeypatch.setattr(client, "GET_S", 1.0, raising=False)
+    monkeypatch.setattr(client, "GET_S", 1.0)
     monkeypatch.setattr(remotes, "LIST_S", 1.0)
     server = FakeServer()
     server.models_mode = mode

@@ -140,7 +140,17 @@ BAD_URLS = [
     ("http://a..b:1", "'http://a..b:1' has a host name with an empty label or a label over 63 characters"),
     (f"http://{'a' * 64}.com", "has a host name with an empty label or a label over 63 characters"),
     ("http://user:secret@[::1", "'http://***@[::1' is not a valid URL"),  # the password never shown
+    ("http://\u2603.net:1", "has a host name IDNA cannot write"),  # as httpx (IDNA 2008) refuses it: a traceback
+    ("http://a\u200b.lan:1", "has a host name IDNA cannot write"),
 ]
+
+
+def test_host_names_that_can_be_looked_up_are_taken() -> None:
+    """The host check refuses no name a resolver takes: underscores, a trailing dot, addresses, IDNA names."""
+    from localgen.remote.endpoints import base_url
+
+    for host in ("my_host.lan", "example.com.", "10.0.0.5", "[::1]", "b\u00fccher.de", f"{'a' * 63}.com"):
+        assert base_url(f"http://{host}:8000") == f"http://{host}:8000/v1"
 
 
 @pytest.mark.parametrize(("url", "said"), BAD_URLS)

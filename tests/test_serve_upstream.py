@@ -27,7 +27,7 @@ KEY = "sk-front-own-key"  # the front's own key (serve --api-key)
 UPSTREAM_KEY = "sk-upstream-secret-9f8e7d"  # the key the front sends the fake (endpoints.toml's api_key_env)
 FAKE_MODELS = ("plain", "usage", "gated", "held", "busy", "busy-once", "broken", "html", "redirect",
                "unauthorized", "missing", "counted", "lingering", "echoing", "garbled",
-               "garbled-whole")
+               "garbled-whole", "spread")
 HOLD_S = 0.3  # what `counted` waits after its role chunk before its first content
 LINGER_S = 2.0  # what `lingering` waits after its [DONE] before its body ends
 WAIT_S = 60.0  # a safety net for what the tests wait for, never a timing asserted
@@ -68,7 +68,7 @@ class Upstream(FakeServer):
         body = await request.json()  # Starlette keeps it: FakeServer.chat reads it again
         model = body.get("model")
         if model not in ("gated", "unauthorized", "missing", "held", "counted", "lingering", "echoing", "garbled",
-                         "garbled-whole"):
+                         "garbled-whole", "spread"):
             return await super().chat(request)
         self.requests.append({"headers": dict(request.headers), "body": body})
         if model in ("counted", "lingering"):
@@ -86,6 +86,15 @@ class Upstream(FakeServer):
                 yield "data: " + json.dumps({"error": {"message": said}}) + "\n\n"
 
             return StreamingResponse(echoed(), media_type="text/event-stream")
+        if model == "spread":  # each event's JSON over several data: lines, CRLF line ends, a CR and its LF apart
+            async def spread() -> AsyncIterator[str]:
+                for piece in (_chunk(role="assistant"), _chunk("Hello "), _chunk("world"), _chunk(finish="stop")):
+                    lines = json.dumps(json.loads(piece.removeprefix("data: ")), indent=1).split("\n")
+                    yield "".join(f"data: {line}\r\n" for line in lines[:-1]) + f"data: {lines[-1]}\r"
+                    yield "\n\r\n"
+                yield "data: [DONE]\r\n\r\n"
+
+            return StreamingResponse(spread(), media_type="text/event-stream")
         if model.startswith("garbled"):
             async def garbled() -> AsyncIterator[str]:
                 yield _chunk(role="assistant")
@@ -675,6 +684,10 @@ def test_the_chat_page_chats_with_a_remote_model(browser: Any, front_env: dict[s
         assert article.locator(".body").inner_text().strip() == "Hello"
         assert article.locator(".note").inner_text() == (
             "The server sent a part of the answer that could not be read (not JSON): what is shown may lack words.")
+        page.select_option("#model", "spread")  # events as the SSE spec writes them: every word read
+        article = ask(page, "hi")
+        assert article.locator(".body").inner_text().strip() == "Hello world"
+        assert article.locator(".note").count() == 0 or not article.locator(".note").inner_text().strip()
     finally:
         tab.close()
         assert s.stop() == 0

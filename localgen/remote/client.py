@@ -177,6 +177,7 @@ class RemoteGeneration:
                     # a server that ignores max_tokens: -n caps the answer, as it does here (the piece past the cap
                     # is not shown; closing the stream stops the server)
                     self.finish_reason = "length"
+                    del self.logprobs[cap:]  # the piece past the cap brought its own
                     break
                 if piece:
                     if cap >= 0:

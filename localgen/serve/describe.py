@@ -88,9 +88,10 @@ def capabilities(ref: ModelRef) -> list[str]:
 
 def thinks(template: str | None) -> bool:
     """Whether a chat template lets the model think: it has a thinking switch (`enable_thinking`) or writes a
-    reasoning block the answer stage reads apart (`<think>`, `[THINK]`, ...)."""
+    reasoning block the answer stage reads apart (`<think>`, `[THINK]`, ...), or only its end (early
+    DeepSeek-R1 distills' templates have `</think>` alone: the model writes the opening)."""
     text = template or ""
-    return "enable_thinking" in text or any(tag in text for tag, _ in THINK_TAGS)
+    return "enable_thinking" in text or any(tag in text for pair in THINK_TAGS for tag in pair)
 
 
 def modelfile_text(body: dict[str, Any]) -> str:

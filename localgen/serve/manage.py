@@ -252,9 +252,13 @@ async def _retired(state: ServeState, workers: list[ModelWorker], why: str, *nam
         if w.busy:
             raise HTTPError(409, f"{w.name} is answering requests; try again once they end")
     taken = [*names, *(w.name for w in workers)]
+    busy = next(((n, was) for n, was in state.retiring if n in taken), None)
+    if busy is not None:  # a second delete, copy or create of the same model while the first one runs
+        raise HTTPError(409, f"model {busy[0]!r} is being {busy[1]}: try again once that ends")
     for w in workers:  # no await before this: no request reaches them from here on
         w.close(f"{w.name} is being {why}")
         state.workers.pop(w.name, None)
+        state.stopping.append(w)
         if state.on_demand is not None:
             for alias, held in list(state.on_demand.aliases.items()):
                 if held == w.name:
@@ -266,6 +270,7 @@ async def _retired(state: ServeState, workers: list[ModelWorker], why: str, *nam
         for w in workers:
             await asyncio.to_thread(w.request_unload().wait, UNLOAD_WAIT_S)
             await asyncio.to_thread(w.stop)
+            state.stopping.remove(w)
         yield
     finally:
         for mark in marks:

@@ -135,7 +135,8 @@ async def _answer(state: ServeState, request: Request, api: Generate) -> Respons
     if think is True or think in ("low", "medium", "high"):
         worker = state.worker(body.get("model"))
         if not thinks(worker.ref.summary.chat_template):
-            raise HTTPError(400, f'"{worker.name}" does not support thinking', param="think")
+            named = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else worker.name
+            raise HTTPError(400, f'"{named}" does not support thinking', param="think")  # the name as sent
     return await handle(state, request, api)
 
 

@@ -49,6 +49,9 @@ class ServeState:
     # (name, why) of the models /api/delete, /api/create or /api/copy is taking away (serve/manage.py's _retired):
     # a request naming one is a 409 until that ends (no worker is made meanwhile from the files being changed)
     retiring: list[tuple[str, str]] = field(default_factory=list)
+    # the workers _retired has taken out of `workers` and not stopped yet: serve's end stops them too (a retire
+    # cancelled at shutdown would leave a llama.cpp thread running as the interpreter ends)
+    stopping: list[Any] = field(default_factory=list)
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its

@@ -199,7 +199,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         server.run()
     finally:
         _sigterm(signal.SIG_IGN)  # on its way out: a repeated one changes nothing while the workers stop
-        for w in list(state.workers.values()) if state is not None else workers:
+        for w in [*state.workers.values(), *state.stopping] if state is not None else workers:
             w.stop(timeout=5)
     if getattr(server, "started", True) is False:
         raise LocalgenError(f"the server could not start on {f.listen.host}:{f.listen.port}")

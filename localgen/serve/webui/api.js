@@ -167,6 +167,7 @@ export async function* chat(body, signal) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
+  let cr = "";
   let unreadable = 0; // events skipped: not a JSON object
   const lost = () => new ApiError(`The server sent ${unreadable === 1 ? "a part" : `${unreadable} parts`} of the `
     + "answer that could not be read (not JSON): what is shown may lack words.", "refused");
@@ -179,36 +180,40 @@ export async function* chat(body, signal) {
       throw new ApiError("The connection to the server was lost in the middle of the answer.", "network");
     }
     if (part.done) break;
-    buffer += decoder.decode(part.value, { stream: true });
+    // line ends as the server-sent events spec takes them (CRLF, CR or LF: an upstream behind serve --endpoint
+    // passes its own through), and an event's data lines joined with newlines before it is read as JSON
+    // (a CR that ends what came is held: an LF may come next, the two one line end)
+    const text = cr + decoder.decode(part.value, { stream: true });
+    cr = text.endsWith("\r") ? "\r" : "";
+    buffer += (cr ? text.slice(0, -1) : text).replace(/\r\n?/g, "\n");
     let end;
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const event = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
-      for (const line of event.split("\n")) {
-        if (!line.startsWith("data:")) continue;
-        const data = line.slice(5).trim();
-        if (data === "[DONE]") {
-          if (unreadable) throw lost();
-          return;
-        }
-        let doc;
-        try {
-          doc = JSON.parse(data);
-        } catch {
-          doc = null;
-        }
-        if (!doc || typeof doc !== "object" || Array.isArray(doc)) {
-          unreadable += 1;
-          continue;
-        }
-        if (doc.error) {
-          const e = doc.error;
-          const message = typeof e === "string" ? e : e.message || "the server stopped the answer";
-          const kind = /context window|slot's window/.test(message) ? "context" : "refused";
-          throw new ApiError(message, kind, typeof e.code === "number" ? e.code : 0);
-        }
-        yield doc;
+      const lines = event.split("\n").filter((line) => line.startsWith("data:"));
+      if (!lines.length) continue;
+      const data = lines.map((line) => line.slice(line.startsWith("data: ") ? 6 : 5)).join("\n").trim();
+      if (data === "[DONE]") {
+        if (unreadable) throw lost();
+        return;
       }
+      let doc;
+      try {
+        doc = JSON.parse(data);
+      } catch {
+        doc = null;
+      }
+      if (!doc || typeof doc !== "object" || Array.isArray(doc)) {
+        unreadable += 1;
+        continue;
+      }
+      if (doc.error) {
+        const e = doc.error;
+        const message = typeof e === "string" ? e : e.message || "the server stopped the answer";
+        const kind = /context window|slot's window/.test(message) ? "context" : "refused";
+        throw new ApiError(message, kind, typeof e.code === "number" ? e.code : 0);
+      }
+      yield doc;
     }
   }
   if (unreadable) throw lost();

@@ -415,7 +415,11 @@ async function deleteConversation(conv) {
   refreshList();
 }
 
+let opening = 0; // the latest openConversation: one overtaken while it asked the other tabs shows nothing
+
 async function openConversation(id) {
+  const ticket = ++opening;
+  const before = state.conv;
   const conv = await store.get(id);
   if (!conv) {
     newChat();
@@ -432,12 +436,15 @@ async function openConversation(id) {
   if (state.running && state.running.conv.id === id) {
     show(state.running.conv);
   } else {
-    for (const m of Object.values(conv.messages)) {
-      if (m.pending && !(await answering(m.id))) { // another tab still writing it: it stays unfinished
+    const pending = Object.values(conv.messages).filter((m) => m.pending);
+    const coming = await Promise.all(pending.map((m) => answering(m.id))); // asked at once, not one after another
+    pending.forEach((m, i) => {
+      if (!coming[i]) { // no tab is writing it: it was cut short (one another tab still writes stays unfinished)
         m.pending = false;
         m.error = interrupted();
       }
-    }
+    });
+    if (ticket !== opening || state.conv !== before) return; // another conversation was opened meanwhile
     show(conv);
   }
   closeSidebar();
@@ -1034,7 +1041,12 @@ async function generate(conv, parent) {
   await holdAnswer(answer.id, new Promise((resolve) => {
     ended = resolve;
   })); // held before it is kept unfinished: another tab never finds it so and its lock free
-  await persist(conv);
+  try {
+    await persist(conv);
+  } catch (e) {
+    ended(); // not kept: nothing to hold
+    throw e;
+  }
   dropDraft(conv.id); // its settings are kept with it now
   if (conv === state.conv) {
     history.replaceState(null, "", `#${conv.id}`);
@@ -1145,13 +1157,16 @@ async function generate(conv, parent) {
     answer.pending = false;
     // an answer refused or stopped before a word came (a search that failed, a Stop while the model loads) has no
     // stats: `0 tokens` would say it ran
-    if ((answer.error || answer.stopped) && first === null) delete answer.stats;
-    else answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
-    state.running = null;
-    conv.updated = Date.now();
-    answer.updated = conv.updated;
-    await persist(conv);
-    ended(); // kept as ended: its lock goes
+    try {
+      if ((answer.error || answer.stopped) && first === null) delete answer.stats;
+      else answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
+      state.running = null;
+      conv.updated = Date.now();
+      answer.updated = conv.updated;
+      await persist(conv);
+    } finally {
+      ended(); // kept as ended (or failing to be): its lock goes
+    }
     setRunning(false);
     schedule(answer);
     if (first !== null) state.loaded.add(model);
