@@ -205,6 +205,9 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
 
     def lookup(name: str) -> ModelRef:
         name = _meant(state, name)
+        why = next((why for n, why in state.retiring if n == name), None)
+        if why is not None:  # /api/show of it, or a preset made FROM it, while its files change
+            raise HTTPError(409, f"model {name!r} is being {why}: try again once that ends", param="model")
         if name not in state.workers and name not in state.names():
             raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
         return resolve(name, offline=True, pull_missing=False, assemble=assemble)
