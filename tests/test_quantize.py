@@ -771,6 +771,34 @@ def test_the_ladder_refuses_before_it_makes_anything(qcli: CLI, smollm2_f16: Pat
     assert _made(qcli) == []
 
 
+def test_the_ladder_refuses_a_model_or_an_imatrix_it_cannot_finish_with(qcli: CLI, smollm2_f16: Path,
+                                                                       tmp_path: Path) -> None:
+    """quantize.md: nothing is made where the ladder would stop later: a model whose vocabulary adds an end token
+    to every text (perplexity cannot measure it), or an importance matrix lacking a tensor a type needs one for
+    (llama.cpp stops there, part-way through that type's file)."""
+    import numpy as np
+
+    from localgen.quant.imatrix import write_legacy
+    from tests.tiny_bert import build
+
+    bert = build(tmp_path / "bert.gguf")
+    r = qcli("quantize", str(bert), "--ladder", "Q8_0,Q4_0", "--ctx", "16", "-p", "0", "-n", "0")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert _one_line(r.stderr).startswith("localgen: error: bert.gguf's vocabulary adds an end token to every text")
+    assert _made(qcli) == []
+    one = tmp_path / "im_one.dat"  # an importance matrix for one tensor only
+    write_legacy(one, {"blk.0.attn_q.weight": np.ones(576, np.float32)})
+    r = qcli("quantize", str(smollm2_f16), "--ladder", "Q4_0,IQ2_XXS", "--imatrix", str(one), "--ctx", "128",
+             "-p", "0", "-n", "0")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert _one_line(r.stderr).startswith("localgen: error: IQ2_XXS needs an importance matrix for "
+                                          "blk.3.ffn_down.weight (and 26 more): the importance matrix given has none")
+    assert _made(qcli) == []
+    r = qcli("quantize", str(smollm2_f16), "IQ3_XXS", "--imatrix", str(one), "-o", str(tmp_path / "iq3.gguf"))
+    assert r.returncode == 2 and "IQ3_XXS needs an importance matrix for blk.0.ffn_down.weight" in r.stderr
+    assert not (tmp_path / "iq3.gguf").exists()
+
+
 def test_the_ladder_checks_room_for_all_its_types_together(qcli: CLI, smollm2_f16: Path, test_text: Path,
                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Room for Q8_0 (138 MiB) alone and for Q4_0 alone, but not for both: refused before the first is made."""
