@@ -506,6 +506,27 @@ def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) 
     assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
 
 
+def test_ctx_below_16_is_one_rule_for_every_window_flag(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """perplexity, the ladder and bench --quality take a window of 16 tokens or more (the least any --ctx takes but
+    0): -c 8 passed the flag's own bound (8) and then failed on the model's ("takes 0 ... or 16 tokens or more"),
+    while -c 0 was refused by the flag's: two rules for one flag."""
+    for args in (["perplexity"], ["quantize", str(tmp_path / "f16.gguf"), "--ladder", "Q8_0"],
+                 ["bench", "--quality", "default", "--reference", "smollm2:135m"]):
+        for ctx in ("8", "0", "15"):
+            r = cli_in_process(*args, "-c", ctx)
+            assert (r.returncode, r.stdout) == (2, ""), (args, ctx, r.stderr)
+            assert f"{ctx} is not in the range 16<=x" in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+
+
+def test_kl_divergence_base_is_always_a_file(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """perplexity.md: with --kl-divergence, --kl-divergence-base FILE is --reference FILE: one not there is `no such
+    file`, exit 2 (a name without .logits or a slash was looked up as a model: "unknown model", exit 1)."""
+    for name in ("nothere.bin", "nothere"):
+        r = cli_in_process("perplexity", "--kl-divergence", "--kl-divergence-base", name)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr == f"localgen: error: --kl-divergence-base {name}: no such file\n"
+
+
 def test_a_model_given_for_the_text_is_refused_before_it_is_read(cli_in_process: InProcessCLI,
                                                                  smollm2_path: Path) -> None:
     """-f/--quality/--measure take a text; a GGUF given there by mistake is named as one (not read whole, gigabytes
