@@ -222,6 +222,17 @@ def test_an_output_ending_in_a_slash_is_a_folder(qcli: CLI, smollm2_f16: Path, t
     assert r.returncode == 2 and "is not a folder" in _one_line(r.stderr)
 
 
+def test_an_output_that_is_a_device_is_refused_with_force_or_without(cli_in_process: InProcessCLI,
+                                                                      smollm2_f16: Path) -> None:
+    """-o /dev/full (or /dev/null) said "exists (--force replaces it)", and --force then refused it: a device is
+    never replaced, said the first time."""
+    for extra in ((), ("--force",)):
+        r = cli_in_process("quantize", str(smollm2_f16), "Q8_0", "-o", "/dev/null", *extra)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr.startswith("localgen: error: /dev/null is not a regular file (a device, a pipe or a socket): "
+                                   "it is not replaced"), r.stderr
+
+
 def test_a_folder_made_for_a_refused_quantization_is_removed(qcli: CLI, tmp_path: Path) -> None:
     """The folder -o DIR/ makes is for the result: a plan refused before a byte is written (here, requantizing
     without --allow-requantize) leaves no empty folders behind, and a folder that was there is kept."""

@@ -159,14 +159,14 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
             raise UsageError("the output would overwrite the source")
     except OSError:
         pass
-    if out.exists() and not opts.force:
-        raise UsageError(f"the quantized model {out_name} exists" if out_name else f"{out} exists",
-                         hint="--force replaces it")
-    if out.exists() and out.is_dir():
+    if out.exists() and out.is_dir():  # before --force's hint: it replaces a file only
         raise UsageError(f"{out} is a directory")
     if out.exists() and not out.is_file():  # /dev/null, a pipe: the result would be renamed over it
         raise UsageError(f"{out} is not a regular file (a device, a pipe or a socket): it is not replaced",
                          hint="give --output a file's path")
+    if out.exists() and not opts.force:
+        raise UsageError(f"the quantized model {out_name} exists" if out_name else f"{out} exists",
+                         hint="--force replaces it")
     if not out.parent.is_dir():
         raise UsageError(f"no such folder: {out.parent}")
     if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, not once llama.cpp has done the work
