@@ -19,11 +19,12 @@ def format_bytes(n: float | None, llama_bench: bool = False) -> str:
 
 
 def parse_bytes(text: str) -> int:
-    """A size as people type it: 16M, 512k, 1G, 1.5MB, or plain bytes (binary multiples); ValueError
+    """A size as people type it: 16M, 512k, 1G, 1.5MB, 2TiB, or plain bytes (binary multiples); ValueError
     otherwise."""
     import re
 
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", text.lower())
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", text.lower())
     if not m:
-        raise ValueError(f"bad size {text!r}: use bytes, or e.g. 512k, 16M, 1G")
-    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)])
+        raise ValueError(f"bad size {text!r}: use bytes, or e.g. 512k, 16M, 1G, 2T")
+    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+                                    "p": 1 << 50}[m.group(2)])

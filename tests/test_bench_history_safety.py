@@ -87,6 +87,27 @@ def test_a_damaged_record_leaves_the_rest_readable(cli: CLI, tmp_path: Path) -> 
     assert "run 1: 1 result" in compared.stderr
 
 
+def test_a_damaged_run_date_leaves_every_run_listed(cli: CLI, tmp_path: Path) -> None:
+    """A run's date edited into text, a blob or a number past any calendar is shown as ? with a warning (null in
+    JSON); that run, and every other, still lists, shows and compares."""
+    c, db = _home(cli, tmp_path)
+    for _ in range(2):
+        assert c("bench", "-p", "8", "-n", "0", "-r", "1", "-t", "1", "--no-e2e").returncode == 0
+    for damage in ("'abc'", "1e300", "x'00'", "-1e18"):
+        with sqlite3.connect(db) as conn:
+            conn.execute(f"UPDATE runs SET created = {damage} WHERE id = 1")
+        listed = c("bench", "history")
+        assert listed.returncode == 0 and "Traceback" not in listed.stderr, (damage, listed.stderr)
+        assert listed.stderr == "warning: run 1: its date in the history no longer reads as one (damaged): shown as ?\n"
+        rows = [line.split()[:2] for line in listed.stdout.splitlines()[1:]]
+        assert rows[0][0] == "2" and rows[0][1] != "?" and rows[1] == ["1", "?"], listed.stdout
+        as_json = c("bench", "history", "-o", "json")
+        assert [(d["id"], d["created"] is None) for d in json.loads(as_json.stdout)] == [(2, False), (1, True)]
+        for args in (("bench", "history", "1"), ("bench", "compare", "1", "2")):
+            r = c(*args)
+            assert r.returncode == 0 and "Traceback" not in r.stderr, (damage, args, r.stderr)
+
+
 def test_a_quality_run_whose_history_fills_up_still_prints_its_rows(cli: CLI, tmp_path: Path,
                                                                      smollm2_path: Path) -> None:
     import shutil

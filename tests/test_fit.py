@@ -575,7 +575,10 @@ def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cl
     (["--gpu-memory", ",".join(["1G"] * 5000)], "--gpu-memory describes at most 16 GPUs (llama.cpp's most devices), "
                                               "not 5,000"),
     (["--ram", "64"], "--ram: '64' is 64 bytes; give a unit, such as 24G"),
-    (["--ram", "2P"], "--ram takes one size, such as 64G, not '2P'"),
+    (["--ram", "2P"], "--ram: '2P' is over 1 PiB, more memory than a machine has"),
+    (["--gpu-memory", "0.0000001G"], "--gpu-memory: '0.0000001G' is 107 bytes, under 1 MiB: less memory than a "
+                                     "machine has"),
+    (["--ram", "0.5k"], "--ram: '0.5k' is 512 bytes, under 1 MiB: less memory than a machine has"),
     (["-ts", "nan,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
     (["-ts", "inf,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
     (["-ts", "1e308,1e308"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
@@ -595,6 +598,16 @@ def test_a_lone_zero_gpu_memory_means_no_gpu(cli_in_process: InProcessCLI, smoll
     assert doc["machine"]["gpus"] == [] and doc["machine"]["gpus_described"] and doc["verdict"] == "CPU only"
     two = json.loads(cli_in_process("fit", "-m", str(smollm2_path), "--gpu-memory", " 24G , 12G ", "--json").stdout)
     assert two["machine"]["gpus"] == [24 * GB, 12 * GB]
+
+
+def test_sizes_take_tebibytes_up_to_a_pebibyte(cli_in_process: InProcessCLI, smollm2_path: Path) -> None:
+    """fit.md: a size is from 1 MiB to 1 PiB, so T (TB, TiB) and P are units too (`--gpu-memory 1T` was refused
+    as no size at all)."""
+    doc = json.loads(cli_in_process("fit", "-m", str(smollm2_path), "--gpu-memory", "1T,2TiB", "--ram", "1.5TB",
+                                    "--json").stdout)
+    assert doc["machine"]["gpus"] == [1 << 40, 2 << 40] and doc["machine"]["ram"] == 3 << 39
+    r = cli_in_process("fit", "-m", str(smollm2_path), "--ram", "1P")
+    assert r.returncode == 0, r.stderr
 
 
 def test_an_unknown_model_is_exit_1_as_for_run_and_show(cli_in_process: InProcessCLI) -> None:

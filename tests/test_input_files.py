@@ -107,6 +107,31 @@ def test_a_model_path_to_nothing_is_one_usage_error_naming_the_flag(cli: CLI, tm
         assert r.stderr == f"localgen: error: {flag} {path}: {why}\n", r.stderr
 
 
+def test_a_pipe_or_a_device_given_as_a_model_is_refused_not_waited_on(cli: CLI, tmp_path: Path) -> None:
+    """models.md: a model is a regular file: a FIFO (which waited forever for a writer), a device (`/dev/zero` was
+    "the file is empty") or a `<(cmd)` pipe is refused in one line, exit 2, by a flag, a command's model argument,
+    LOCALGEN_MODEL and a Modelfile's FROM alike."""
+    import os
+
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    for args, said in ((["run", "-m", str(fifo), "-p", "hi"], f"-m/--model {fifo}: a FIFO (a pipe), not a model file"),
+                       (["serve", "--draft", "/dev/zero"], "-md/--draft /dev/zero: a device, not a model file"),
+                       (["quantize", str(fifo), "Q4_0"], f"SOURCE {fifo}: a FIFO (a pipe), not a model file"),
+                       (["show", str(fifo)], f"{fifo} is a FIFO (a pipe), not a model file"),
+                       (["show", "/dev/zero"], "/dev/zero is a device, not a model file")):
+        r = cli(*args, timeout=120)
+        assert (r.returncode, r.stdout) == (2, ""), (args, r.stderr)
+        assert r.stderr.splitlines()[0] == f"localgen: error: {said}", (args, r.stderr)
+    r = CLI({**cli.env, "LOCALGEN_MODEL": str(fifo)})("run", "-p", "hi", timeout=120)
+    assert (r.returncode, r.stderr) == (2, f"localgen: error: LOCALGEN_MODEL={fifo}: a FIFO (a pipe), not a model "
+                                           "file\n")
+    (tmp_path / "Modelfile").write_text("FROM ./fifo.gguf\n")
+    r = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})("create", "p", "-f", str(tmp_path / "Modelfile"),
+                                                                   timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: {fifo} is a FIFO (a pipe), not a model file")
+
+
 # each command whose -m LOCALGEN_MODEL gives, with what else it needs
 ENV_MODEL = [["run", "-p", "hi"], ["chat"], ["serve"], ["bench", "-p", "8", "-n", "0"], ["embed", "a text"],
              ["rerank", "a query", "a document"], ["perplexity"], ["fit"], ["doctor"], ["tune"]]

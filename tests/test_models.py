@@ -240,6 +240,21 @@ def test_dropped_connection_resumes_within_the_same_pull(env: dict[str, str], hu
     assert blob(env, model_file.sha256).is_file()
 
 
+def test_a_connection_that_drops_every_few_mb_is_retried_while_it_makes_progress(
+        env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> None:
+    """Each try that gets bytes starts the count of tries again: a pull whose connection drops a dozen times, each
+    after some MB, finishes (it gave up after 6 drops in a row, however much each try had brought)."""
+    from localgen.models.download import ATTEMPTS
+
+    cuts = list(range(8_000_000, model_file.size, 8_000_000))
+    assert len(cuts) > ATTEMPTS
+    hub.drop_after[FILE] = cuts.copy()  # (the hub takes each off as it cuts there)
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("retrying") == len(cuts) and "failed after" not in r.stderr, r.stderr
+    assert blob(env, model_file.sha256).is_file()
+
+
 def test_interrupted_pull_resumes_where_it_stopped(env: dict[str, str], hub: hub_server.FakeHub,
                                                    model_file: hub_server.HubFile) -> None:
     hub.delay_per_mb = 0.05

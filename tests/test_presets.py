@@ -67,7 +67,8 @@ def test_a_modelfile_parses_ollamas_syntax() -> None:
 
 @pytest.mark.parametrize("text", [
     'say "hi"', "two\nlines", ' padded ', 'ends with a quote"', 'has """ inside\nand a newline', "# not a comment",
-    "tab\there", "back\\slash", "\n", " ",
+    "tab\there", "back\\slash", "\n", " ", "carriage\rreturn", "both\r\nends\r", "page one\x0cpage two",
+    "a\u2028b\x85c\x1ed\x0be",
 ])
 def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     m = modelfile.Modelfile(base="smollm2:135m", parameters={"stop": (text,), "seed": None, "ignore_eos": True,
@@ -272,6 +273,21 @@ def test_a_modelfile_may_start_with_a_byte_order_mark(pcli: InProcessCLI, tmp_pa
     r = pcli("create", "bom", "-f", str(tmp_path / "Modelfile"))
     assert r.returncode == 0, r.stderr
     assert pcli("show", "bom", "--modelfile").stdout == "FROM smollm2:135m\nSYSTEM Be brief.\n"
+
+
+@pytest.mark.parametrize("brk", ["\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_a_modelfiles_lines_end_at_newlines_only(pcli: InProcessCLI, tmp_path: Path, brk: str) -> None:
+    """A form feed, \\x85 or U+2028 inside a value is text, as Ollama reads it: it was taken for a line break
+    (the text changed, or the line refused), in a file and over HTTP (/api/create's `system`)."""
+    from localgen.serve import describe
+
+    for n, value in enumerate((f'"""page one{brk}page two"""', f'"page one{brk}page two"', f"page one{brk}page two")):
+        (tmp_path / "Modelfile").write_text(f"FROM smollm2:135m\r\nSYSTEM {value}\n", encoding="utf-8")
+        r = pcli("create", f"ff{n}", "-f", str(tmp_path / "Modelfile"))
+        assert r.returncode == 0, (value, r.stderr)
+        assert pcli("show", f"ff{n}", "--modelfile").stdout == f"FROM smollm2:135m\nSYSTEM page one{brk}page two\n"
+    text = describe.modelfile_text({"from": "smollm2:135m", "system": f"page one{brk}page two"})
+    assert modelfile.parse(text).system == f"page one{brk}page two"
 
 
 def test_from_a_preset_layers_on_it(pcli: InProcessCLI, tmp_path: Path) -> None:

@@ -222,6 +222,17 @@ def test_an_output_ending_in_a_slash_is_a_folder(qcli: CLI, smollm2_f16: Path, t
     assert r.returncode == 2 and "is not a folder" in _one_line(r.stderr)
 
 
+def test_an_output_that_is_a_device_is_refused_with_force_or_without(cli_in_process: InProcessCLI,
+                                                                      smollm2_f16: Path) -> None:
+    """-o /dev/full (or /dev/null) said "exists (--force replaces it)", and --force then refused it: a device is
+    never replaced, said the first time."""
+    for extra in ((), ("--force",)):
+        r = cli_in_process("quantize", str(smollm2_f16), "Q8_0", "-o", "/dev/null", *extra)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr.startswith("localgen: error: /dev/null is not a regular file (a device, a pipe or a socket): "
+                                   "it is not replaced"), r.stderr
+
+
 def test_a_folder_made_for_a_refused_quantization_is_removed(qcli: CLI, tmp_path: Path) -> None:
     """The folder -o DIR/ makes is for the result: a plan refused before a byte is written (here, requantizing
     without --allow-requantize) leaves no empty folders behind, and a folder that was there is kept."""
@@ -506,6 +517,27 @@ def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) 
     assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
 
 
+def test_ctx_below_16_is_one_rule_for_every_window_flag(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """perplexity, the ladder and bench --quality take a window of 16 tokens or more (the least any --ctx takes but
+    0): -c 8 passed the flag's own bound (8) and then failed on the model's ("takes 0 ... or 16 tokens or more"),
+    while -c 0 was refused by the flag's: two rules for one flag."""
+    for args in (["perplexity"], ["quantize", str(tmp_path / "f16.gguf"), "--ladder", "Q8_0"],
+                 ["bench", "--quality", "default", "--reference", "smollm2:135m"]):
+        for ctx in ("8", "0", "15"):
+            r = cli_in_process(*args, "-c", ctx)
+            assert (r.returncode, r.stdout) == (2, ""), (args, ctx, r.stderr)
+            assert f"{ctx} is not in the range 16<=x" in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+
+
+def test_kl_divergence_base_is_always_a_file(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """perplexity.md: with --kl-divergence, --kl-divergence-base FILE is --reference FILE: one not there is `no such
+    file`, exit 2 (a name without .logits or a slash was looked up as a model: "unknown model", exit 1)."""
+    for name in ("nothere.bin", "nothere"):
+        r = cli_in_process("perplexity", "--kl-divergence", "--kl-divergence-base", name)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr == f"localgen: error: --kl-divergence-base {name}: no such file\n"
+
+
 def test_a_model_given_for_the_text_is_refused_before_it_is_read(cli_in_process: InProcessCLI,
                                                                  smollm2_path: Path) -> None:
     """-f/--quality/--measure take a text; a GGUF given there by mistake is named as one (not read whole, gigabytes
@@ -769,6 +801,34 @@ def test_the_ladder_refuses_before_it_makes_anything(qcli: CLI, smollm2_f16: Pat
     r = qcli("quantize", str(smollm2_f16), "--ladder", "Q4_0,IQ2_XXS", "--measure", str(test_text), "--ctx", "128")
     assert r.returncode == 2 and "IQ2_XXS needs an importance matrix" in _one_line(r.stderr)
     assert _made(qcli) == []
+
+
+def test_the_ladder_refuses_a_model_or_an_imatrix_it_cannot_finish_with(qcli: CLI, smollm2_f16: Path,
+                                                                       tmp_path: Path) -> None:
+    """quantize.md: nothing is made where the ladder would stop later: a model whose vocabulary adds an end token
+    to every text (perplexity cannot measure it), or an importance matrix lacking a tensor a type needs one for
+    (llama.cpp stops there, part-way through that type's file)."""
+    import numpy as np
+
+    from localgen.quant.imatrix import write_legacy
+    from tests.tiny_bert import build
+
+    bert = build(tmp_path / "bert.gguf")
+    r = qcli("quantize", str(bert), "--ladder", "Q8_0,Q4_0", "--ctx", "16", "-p", "0", "-n", "0")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert _one_line(r.stderr).startswith("localgen: error: bert.gguf's vocabulary adds an end token to every text")
+    assert _made(qcli) == []
+    one = tmp_path / "im_one.dat"  # an importance matrix for one tensor only
+    write_legacy(one, {"blk.0.attn_q.weight": np.ones(576, np.float32)})
+    r = qcli("quantize", str(smollm2_f16), "--ladder", "Q4_0,IQ2_XXS", "--imatrix", str(one), "--ctx", "128",
+             "-p", "0", "-n", "0")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert _one_line(r.stderr).startswith("localgen: error: IQ2_XXS needs an importance matrix for "
+                                          "blk.3.ffn_down.weight (and 26 more): the importance matrix given has none")
+    assert _made(qcli) == []
+    r = qcli("quantize", str(smollm2_f16), "IQ3_XXS", "--imatrix", str(one), "-o", str(tmp_path / "iq3.gguf"))
+    assert r.returncode == 2 and "IQ3_XXS needs an importance matrix for blk.0.ffn_down.weight" in r.stderr
+    assert not (tmp_path / "iq3.gguf").exists()
 
 
 def test_the_ladder_checks_room_for_all_its_types_together(qcli: CLI, smollm2_f16: Path, test_text: Path,

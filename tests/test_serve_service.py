@@ -349,6 +349,32 @@ def test_a_prefix_folder_that_cannot_be_made_is_one_warning_and_serve_answers(cl
     assert "no prompt cache on disk ·" in log and "Traceback" not in log, log
 
 
+def test_a_model_file_removed_while_served_costs_only_its_prefixes(cli_env: dict[str, str], tmp_path: Path,
+                                                                   smollm2_path: Path) -> None:
+    """caches.md: a model whose file was removed while it was loaded keeps no prefixes on disk, said in one
+    warning line (the clean stop wrote a traceback, "internal error while keeping the prompt cache on disk")."""
+    import shutil
+
+    model = tmp_path / "copy.gguf"
+    shutil.copyfile(smollm2_path, model)
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}, "-m", str(model), "-np", "1", "--ctx", "1024")
+    try:
+        name = httpx.get(f"{s.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        r = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
+            "model": name, "max_tokens": 2, "messages": [{"role": "system", "content": FACTS},
+                                                         {"role": "user", "content": "Hello?"}]})
+        assert r.status_code == 200, r.text
+        model.unlink()
+    finally:
+        assert s.stop() == 0
+    log = _log(s)
+    assert "Traceback" not in log and "internal error" not in log, log
+    said = [line for line in log.splitlines() if "model file" in line]
+    assert said == [f"warning: {name}: its model file is gone (or changed) since it loaded: its prefixes are not "
+                    "kept on disk"], log
+    assert list((tmp_path / "home" / "cache" / "serve-prefixes").glob("*/*.prefix")) == []
+
+
 def test_a_pinned_model_is_unloaded_when_a_client_asks_and_loads_again(cli_env: dict[str, str]) -> None:
     """docs/serve.md, Which models: -m pins a model against eviction (and deletion), not against an explicit unload
     (llama-server's router and Ollama honour one): POST /models/unload and Ollama's keep_alive 0 unload it, with

@@ -124,7 +124,7 @@ class Run:
     """A stored run."""
 
     id: int
-    created: float
+    created: float | None  # None: its date no longer reads as one (damaged, edited by hand)
     command: str
     system: dict[str, Any]
     records: list[dict[str, Any]]
@@ -137,7 +137,7 @@ class Listed:
     """A run as `bench history` lists it: its results counted, not read."""
 
     id: int
-    created: float
+    created: float | None  # None: its date no longer reads as one (damaged, edited by hand)
     command: str
     results: int
 
@@ -149,7 +149,19 @@ def runs() -> list[Listed]:
         rows = conn.execute("SELECT runs.id, runs.created, runs.command, COUNT(results.seq) FROM runs "
                             "JOIN results ON results.run_id = runs.id GROUP BY runs.id ORDER BY runs.id DESC"
                             ).fetchall()
-    return [Listed(int(i), float(c), str(cmd), int(n)) for i, c, cmd, n in rows]
+    return [Listed(int(i), _created(c), str(cmd), int(n)) for i, c, cmd, n in rows]
+
+
+def _created(value: Any) -> float | None:
+    """A run's date in seconds since the epoch, or None where it no longer reads as a date this machine can show
+    (damaged or edited by hand: text, a blob, a number past what a calendar holds): that run still lists."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        time.localtime(value)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return float(value)
 
 
 def get(run_id: int) -> Run:
@@ -165,7 +177,7 @@ def get(run_id: int) -> Run:
             raise LocalgenError(f"benchmark run {run_id} kept no result: it was stopped before its first",
                                 hint="localgen bench history lists the runs with results")
         system = _system(row[3])
-        return Run(row[0], row[1], row[2], system or {}, records, damaged, system is None)
+        return Run(row[0], _created(row[1]), row[2], system or {}, records, damaged, system is None)
 
 
 def _records(conn: sqlite3.Connection, run_id: int) -> tuple[list[dict[str, Any]], int]:

@@ -155,6 +155,9 @@ def _ram_size(text: str) -> int:
 
 def _sane_size(flag: str, item: str, size: int) -> None:
     """A memory size a machine can have: from 1 MiB (a bare 24 is 24 bytes: a unit left out) to 1 PiB."""
+    if size < 1 << 20 and any(c.isalpha() for c in item):  # a unit given, and a size no machine has
+        raise UsageError(f"{flag}: {item.strip()!r} is {size:,} byte{'s' if size != 1 else ''}, under 1 MiB: less "
+                         "memory than a machine has")
     if size < 1 << 20:
         raise UsageError(f"{flag}: {item.strip()!r} is {size:,} byte{'s' if size != 1 else ''}; give a unit, such as "
                          "24G")

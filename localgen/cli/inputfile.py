@@ -74,6 +74,12 @@ def check_model(flag: str, name: str | None, env: str | None = None) -> None:
         if why is not None and env is not None:
             raise UsageError(f"{env}={name}: {why}")
         check_input(flag, name.strip())
+        from localgen.models.gguf_meta import not_a_file
+
+        kind = not_a_file(name.strip())
+        if kind is not None:  # a text input may be a pipe; a model is read at offsets, more than once
+            raise UsageError(f"{env}={name}: {kind}, not a model file" if env else f"{flag} {name}: {kind}, not a "
+                             "model file")
 
 
 def origin(flag: str) -> str | None:

@@ -15,11 +15,12 @@ import typer
 from localgen.cli import options as o
 from localgen.cli.inputfile import check_input, check_model
 from localgen.errors import UsageError
+from localgen.types import MIN_CTX_FLAG
 
-CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=8,
+CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=MIN_CTX_FLAG,
                                      help="Tokens per window; the second half of each is scored.")]
 # perplexity's: against a logits file, the window is the file's
-MeasureCtxOpt = Annotated[int | None, typer.Option("--ctx", "--ctx-size", "-c", min=8, show_default=False,
+MeasureCtxOpt = Annotated[int | None, typer.Option("--ctx", "--ctx-size", "-c", min=MIN_CTX_FLAG, show_default=False,
                                                    help="Tokens per window; the second half of each is scored "
                                                         "(default 512; against a logits file, the context it was "
                                                         "saved at).")]
@@ -153,6 +154,8 @@ def _logits_options(kl_divergence: bool, kl_base: str | None, save_logits: Path 
     if save_logits is not None:
         ms.check_logits_target(save_logits, text)
     ref_file = None
+    if kl_divergence and kl_base is not None and not Path(kl_base).exists():  # llama-perplexity's: always a file
+        raise UsageError(f"--kl-divergence-base {kl_base}: no such file")
     if reference is not None:
         if ms.is_logits_file(reference):
             ref_file = Path(reference)

@@ -51,6 +51,7 @@ class Engine:
         try:
             self.adapters = adapters.load(self.model_ptr, self.model, self.params.lora)
             self._adapter_ids = adapters.identity(self.adapters)  # as the files were when they loaded
+            self._file = _file_identity(Path(self.model.path))  # the model file as it loaded (it may go later)
             self._ctx = self._new_context(self.params)
         except BaseException:
             with logs.unbroken():  # a Ctrl-C between the two would leave it for close() (from __del__) to free again
@@ -216,14 +217,21 @@ class Engine:
         """What a saved KV state depends on: the model file, the settings that change the numbers in the
         cache or how they were computed, and the llama.cpp build. States of any other identity are never
         restored into this context."""
-        path = Path(self.model.path).resolve()
-        st = path.stat()
         p = self.params
         return "|".join(str(x) for x in (
-            path, st.st_size, st.st_mtime_ns, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
+            *self._file, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
             p.repack, p.n_gpu_layers if self.offloaded else 0, p.rope_scaling, p.rope_freq_base, p.rope_freq_scale,
             version(), *self._adapter_ids,
         ))
+
+    @property
+    def file_gone(self) -> bool:
+        """Whether the model file is no longer there as it loaded (removed, or replaced by another): what it
+        computed is then kept for no file."""
+        try:
+            return _file_identity(Path(self.model.path)) != self._file
+        except OSError:
+            return True
 
     # ---- sampling (as ParallelContext.sampler and .logits do for its slots) --------------------------
 
@@ -318,3 +326,10 @@ def _context_of(engine: Engine) -> Callable[[], Any]:
 
 
 __all__ = ["Engine"]
+
+
+def _file_identity(path: Path) -> tuple[Path, int, int]:
+    """A model file as a saved KV state depends on it: its real path, size and modification time."""
+    real = path.resolve()
+    st = real.stat()
+    return real, st.st_size, st.st_mtime_ns

@@ -99,14 +99,19 @@ def check_length(n_tokens: int, n_ctx: int) -> None:
                          f"{2 * n_ctx:,} (two windows)", hint="give a longer text, or a smaller --ctx")
 
 
+def check_predicts_text(vocab: Any, name: str) -> None:
+    """A UsageError for a model whose vocabulary adds an end token to every text (an embedding model's)."""
+    if native_vocab.adds_eos(vocab):
+        raise UsageError(f"{name}'s vocabulary adds an end token to every text: perplexity needs a model that "
+                         "predicts text (llama-perplexity refuses it too)")
+
+
 def windows(engine: Engine, text: Text | str, n_ctx: int, chunks: int | None = None) -> Windows:
     """The text's windows as llama-perplexity cuts them (with `chunks`, only the first ones, the text read and
     tokenized as far as they take); a text shorter than two windows is a UsageError."""
     import numpy as np
 
-    if native_vocab.adds_eos(engine.vocab):
-        raise UsageError(f"{engine.model.name}'s vocabulary adds an end token to every text: perplexity needs a "
-                         "model that predicts text (llama-perplexity refuses it too)")
+    check_predicts_text(engine.vocab, engine.model.name)
     need = max(chunks, 2) * n_ctx if chunks else None  # two windows at least: the shortest text measured
     tokens = leading_tokens(functools.partial(engine.tokenize, add_special=True, parse_special=False), text, need)
     check_length(len(tokens), n_ctx)

@@ -260,6 +260,7 @@ def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, bl
     failures = 0
     with _open_partial(partial) as out:
         while have < f.size:
+            before = have
             try:
                 # headers() for each try: a registry's token that ran out while a try was streaming is renewed
                 have, restarted = _stream(url, headers(), have, f.size, out, digest, progress, source,
@@ -272,7 +273,7 @@ def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, bl
             except _Transient as e:
                 _flush(out, f.size)
                 have = out.tell()  # what arrived before the error is kept and hashed
-                failures += 1
+                failures = 1 if have > before else failures + 1  # a try that got bytes starts the count again
                 if failures >= ATTEMPTS:
                     progress.finish()
                     raise DownloadError(

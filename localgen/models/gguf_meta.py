@@ -16,7 +16,7 @@ import os
 import struct
 from typing import Any, BinaryIO
 
-from localgen.errors import ModelFormatError
+from localgen.errors import ModelFormatError, UsageError
 from localgen.types import GGUFSummary
 
 MAGIC = b"GGUF"
@@ -152,8 +152,29 @@ def _count(value: Any) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def not_a_file(path: str | os.PathLike[str]) -> str | None:
+    """What `path` is where it is no regular file a model can be read from ("a FIFO", "a device", "a socket"), else
+    None (a regular file, a folder, nothing there: the caller says those). Nothing is opened: a FIFO would wait."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (a pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return None
+
+
 def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
     """Read the metadata and tensor table; returns (metadata, tensors, data_offset). Bounded on any input."""
+    kind = not_a_file(path)
+    if kind is not None:  # a FIFO's open would wait for a writer; a device reads as empty or endless
+        raise UsageError(f"{path} is {kind}, not a model file")
     try:
         size = os.path.getsize(path)
         f = open(path, "rb")  # noqa: SIM115 (closed by the `with f:` below)

@@ -3,7 +3,7 @@ MESSAGE and ADAPTER (a LoRA adapter GGUF, by path: relative to the Modelfile's f
 has no folder, as over HTTP). A relative FROM path starts at the Modelfile's folder too, as Ollama's.
 
 Syntax as Ollama's: one instruction per line, its name in any case; `#` starts a comment line; a value is
-bare text, a "quoted string" (with \\" \\\\ and \\n escapes) or a \"\"\"multi-line string\"\"\". PARAMETER takes
+bare text, a "quoted string" (with \\" \\\\, \\n and \\r escapes) or a \"\"\"multi-line string\"\"\". PARAMETER takes
 Ollama's names (num_predict, mirostat_tau, ...) or localgen's; num_ctx, the context size to load with; and the
 load settings of the table (loadsettings.py's LOAD_KNOBS) by Ollama's names where it has one (num_gpu, num_thread,
 use_mmap, ...), else llama.cpp's (n_cpu_moe, cpu_moe, override_tensor, flash_attn, ...). `PARAMETER stop` and
@@ -12,6 +12,7 @@ the machine that loads), so a preset never fails for its settings at use."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ class _Lines:
     """The file's lines and a cursor; errors name the line where the instruction starts."""
 
     def __init__(self, text: str, where: str) -> None:
-        self.lines = text.splitlines()
+        # lines end at \n (and \r\n, \r) only, as Ollama's parser reads them: a form feed, \x85 or U+2028 is text
+        self.lines = re.split(r"\r\n|\r|\n", text.removesuffix("\n").removesuffix("\r"))
         self.where = where
         self.i = 0
 
@@ -258,7 +260,7 @@ def _quoted(src: _Lines, rest: str, number: int, what: str) -> tuple[str, str]:
         c = rest[i]
         if c == "\\" and i + 1 < len(rest):
             nxt = rest[i + 1]
-            out.append({"n": "\n", "t": "\t"}.get(nxt, nxt))
+            out.append({"n": "\n", "r": "\r", "t": "\t"}.get(nxt, nxt))
             i += 2
             continue
         if c == '"':
@@ -273,11 +275,12 @@ def _quoted(src: _Lines, rest: str, number: int, what: str) -> tuple[str, str]:
 
 def quote(text: str) -> str:
     """A value as a Modelfile writes it: bare when that reads back the same, else quoted."""
-    if text and "\n" not in text and text == text.strip() and not text.startswith(('"', "#")):
+    if text and "\n" not in text and "\r" not in text and text == text.strip() and not text.startswith(('"', "#")):
         return text
-    if "\n" in text and '"""' not in text and not text.endswith('"') and text.strip():
+    if "\n" in text and "\r" not in text and '"""' not in text and not text.endswith('"') and text.strip():
         return f'"""{text}"""'
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    escaped = (text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+               .replace("\t", "\\t"))
     return f'"{escaped}"'
 
 

@@ -7,7 +7,8 @@ import collections
 import ctypes
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # ggml's levels as this llama.cpp sends them (the bindings' comment lists an older order).
@@ -21,6 +22,7 @@ _partial_text = ""
 _echo = False
 _callback: Any = None  # the ctypes thunk; kept referenced so it is not garbage-collected
 _deferred = False  # a Ctrl-C that arrived inside the callback, to raise after llama.cpp returns
+_taken: list[str] | None = None  # every line while taken() is open, past the ring's 1,000
 _unbroken = 0  # how many `unbroken` blocks are open: a Ctrl-C meanwhile is deferred to the end of the outermost
 
 
@@ -43,6 +45,8 @@ def _on_log(level: int, text: bytes, _user: Any) -> None:
                     continue
                 level = INFO  # where a -ot pattern put a tensor: the load's record (native/report.py) reads it
             _ring.append((level, line))
+            if _taken is not None and level >= INFO:
+                _taken.append(line)
             if _echo:
                 print(f"llama.cpp: {line}", file=sys.stderr, flush=True)
 
@@ -140,6 +144,20 @@ def lines(last: int = 40, min_level: int = 0) -> list[str]:
     with _lock:
         items = [line for lvl, line in _ring if lvl >= max(min_level, INFO)]
     return items[-last:]
+
+
+@contextmanager
+def taken() -> Iterator[list[str]]:
+    """Every line llama.cpp logs meanwhile (INFO and above), however many: a quantizer's dry run has one a tensor."""
+    global _taken
+    found: list[str] = []
+    with _lock:
+        _taken = found
+    try:
+        yield found
+    finally:
+        with _lock:
+            _taken = None
 
 
 def first_error() -> str | None:

@@ -93,6 +93,15 @@ QUANTIZABLE = frozenset({
     "iq1_m", "iq4_nl", "iq4_xs"})
 # Those ggml_quantize_requires_imatrix names: without an importance matrix for the tensor, llama.cpp aborts
 NEED_IMATRIX = frozenset({"iq2_xxs", "iq2_xs", "iq1_s"})
+# What llama.cpp's quantizer refuses to write without the tensor's importance matrix (tensor_type_requires_imatrix),
+# part-way through the file: these, and q2_k in a Q2_K_S file (its token embedding excepted)
+_LLAMA_NEEDS_IMATRIX = NEED_IMATRIX | {"iq3_xxs", "iq2_s", "iq1_m"}
+
+
+def requires_imatrix(tensor: str, ggml_name: str, file_type: str) -> bool:
+    """Whether llama.cpp needs an importance matrix for `tensor` written as `ggml_name` in a `file_type` file."""
+    return ggml_name in _LLAMA_NEEDS_IMATRIX or (
+        ggml_name == "q2_k" and file_type.upper() == "Q2_K_S" and tensor != "token_embd.weight")
 
 
 def ggml_types() -> dict[str, int]:

@@ -81,10 +81,11 @@ def open_model(ref: ModelRef, s: Settings) -> Any:
 
 
 def check_text(ref: ModelRef, text: Text | str, ctx: int, chunks: int | None = None) -> int:
-    """Refuse, before anything is made or loaded, a text shorter than two windows of `ctx` in the model's tokens
-    (its vocabulary alone is read, no weights; the text only as far as the windows measured take). The bytes the
-    model's logits on those windows take (a reference's, kept while others are measured against it)."""
-    from localgen.engine.perplexity import Windows, check_length, leading_tokens, size_of_logits
+    """Refuse, before anything is made or loaded, a model that predicts no text (its vocabulary adds an end token to
+    every text) and a text shorter than two windows of `ctx` in the model's tokens (its vocabulary alone is read, no
+    weights; the text only as far as the windows measured take). The bytes the model's logits on those windows take
+    (a reference's, kept while others are measured against it)."""
+    from localgen.engine.perplexity import Windows, check_length, check_predicts_text, leading_tokens, size_of_logits
     from localgen.native import model as native_model
     from localgen.native import vocab as native_vocab
 
@@ -93,6 +94,7 @@ def check_text(ref: ModelRef, text: Text | str, ctx: int, chunks: int | None = N
         raise LocalgenError(f"llama.cpp cannot read {ref.name}'s vocabulary")
     try:
         vocab = native_vocab.of_model(ptr)
+        check_predicts_text(vocab, ref.name)
         n = len(leading_tokens(lambda t: native_vocab.tokenize(vocab, t.encode("utf-8", "replace"), True, False),
                                text, max(chunks or 0, 2) * ctx if chunks else None))
         n_vocab = native_vocab.n_tokens(vocab)

@@ -25,6 +25,8 @@ from localgen.unnamed import drop_stale, name_it, open_unnamed, temp_path
 UNQUANTIZED = frozenset({0, 1, 24, 25, 26, 27, 28, 30})
 SPACE_MARGIN = 16 << 20  # beyond the result's size, for the file system's own needs
 _QUANT_SIZE = re.compile(r"quant size\s*=\s*([0-9.]+) MiB")
+# a tensor's line in a dry run: "[ 269/ 272] blk.29.ffn_down.weight - [1536, 576, 1, 1], type = f16, ... (iq2_xxs)"
+_CONVERTED = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+-.*->.*\((\w+)\)\s*$")
 # llama-quantize's metadata keys for an importance matrix (tools/quantize/quantize.cpp)
 KV_IMATRIX_FILE, KV_IMATRIX_DATASET = "quantize.imatrix.file", "quantize.imatrix.dataset"
 KV_IMATRIX_ENTRIES, KV_IMATRIX_CHUNKS = "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count"
@@ -157,14 +159,14 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
             raise UsageError("the output would overwrite the source")
     except OSError:
         pass
-    if out.exists() and not opts.force:
-        raise UsageError(f"the quantized model {out_name} exists" if out_name else f"{out} exists",
-                         hint="--force replaces it")
-    if out.exists() and out.is_dir():
+    if out.exists() and out.is_dir():  # before --force's hint: it replaces a file only
         raise UsageError(f"{out} is a directory")
     if out.exists() and not out.is_file():  # /dev/null, a pipe: the result would be renamed over it
         raise UsageError(f"{out} is not a regular file (a device, a pipe or a socket): it is not replaced",
                          hint="give --output a file's path")
+    if out.exists() and not opts.force:
+        raise UsageError(f"the quantized model {out_name} exists" if out_name else f"{out} exists",
+                         hint="--force replaces it")
     if not out.parent.is_dir():
         raise UsageError(f"no such folder: {out.parent}")
     if not os.access(out.parent, os.W_OK | os.X_OK):  # found now, not once llama.cpp has done the work
@@ -275,7 +277,8 @@ def _dry_run(source: Path, out: Path, params: Any, type_name: str, for_create: b
     from localgen.native.quantize import quantize
 
     logs.clear()
-    ok = quantize(source, out, dataclasses.replace(params, dry_run=True))
+    with logs.taken() as every:
+        ok = quantize(source, out, dataclasses.replace(params, dry_run=True))
     lines = logs.lines(last=60)
     if not ok:
         raise LocalgenError(f"llama.cpp cannot quantize {source} to {type_name}: {_reason(lines)}")
@@ -284,12 +287,28 @@ def _dry_run(source: Path, out: Path, params: Any, type_name: str, for_create: b
             "-q takes none: pick a type that needs none (Q4_K_M, IQ4_XS, ...), or make this one with "
             f"`localgen quantize MODEL {type_name} --imatrix FILE` and FROM the result") if for_create else
             "give one with --imatrix FILE (llama-imatrix makes it)")
+    if params.imatrix:
+        _check_imatrix_covers(every, params.imatrix, type_name)
     sizes = [float(m.group(1)) for line in lines if (m := _QUANT_SIZE.search(line))]
     from localgen.models.gguf_meta import read_gguf
 
     _, _, data_offset = read_gguf(str(source))
     tensor_bytes = int(sizes[-1] * (1 << 20)) if sizes else source.stat().st_size
     return tensor_bytes + data_offset
+
+
+def _check_imatrix_covers(lines: list[str], imatrix: dict[str, Any], type_name: str) -> None:
+    """An importance matrix that lacks a tensor the dry run writes as a type needing one: llama.cpp would stop
+    there, part-way through the file (a ladder's earlier types made by then)."""
+    from localgen.native.quantize import requires_imatrix
+
+    lacking = [m.group(1) for line in lines if (m := _CONVERTED.match(line))
+               and requires_imatrix(m.group(1), m.group(2), type_name) and m.group(1) not in imatrix]
+    if lacking:
+        more = f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
+        raise UsageError(f"{type_name} needs an importance matrix for {lacking[0]}{more}: the importance matrix "
+                         "given has none for it", hint="give one made on this model with llama-imatrix, or "
+                                                       "pick a type that needs none: Q4_K_M, IQ4_XS, Q8_0, ...")
 
 
 def _reason(lines: list[str]) -> str:

@@ -52,6 +52,7 @@ class Residence:
         self._residency = residency  # serve/residency.py: asked for room before each load (None: no limits)
         self._store = store  # its prompt cache on disk (None: --cache-disk 0)
         self._log = log
+        self._told_gone: object = None  # the backend whose model file was found gone (said once)
         self.lock = threading.Lock()  # guards what is loaded for readers on other threads (/api/ps)
         self.backend: LocalBackend | None = None
         self.pc: ParallelContext | None = None
@@ -184,6 +185,12 @@ class Residence:
         """`act(store, key, identity)` on this model's part of the prefix store (--cache-disk): None when the
         store is off or nothing is loaded; a failure is told to `fault` and costs only the prefixes."""
         if self._store is None or self.backend is None:
+            return None
+        if self.backend.engine.file_gone:  # removed (localgen rm) or replaced while loaded: said once a load
+            if self._told_gone is not self.backend:
+                self._told_gone = self.backend
+                self._log.warning(f"{self.name}: its model file is gone (or changed) since it loaded: its prefixes "
+                                  "are not kept on disk")
             return None
         import hashlib
 

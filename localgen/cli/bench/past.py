@@ -48,6 +48,11 @@ def _list_runs(rows: list[Any], output: str | None) -> None:
     import json
 
     docs = [{"id": r.id, "created": r.created, "results": r.results, "command": r.command} for r in rows]
+    for r in rows:
+        if r.created is None:
+            from localgen.cli.output import ErrWriter
+
+            ErrWriter().warn(f"run {r.id}: its date in the history no longer reads as one (damaged): shown as ?")
     if output == "json":
         print(json.dumps(docs, indent=2))
     elif output == "jsonl":
@@ -86,8 +91,8 @@ def _say_damaged(run: Any) -> None:
                          f"{'reads' if run.damaged == 1 else 'read'} as a record (damaged): left out")
 
 
-def _when(created: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
+def _when(created: float | None) -> str:
+    return "?" if created is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
 
 
 def compare_cmd(
