@@ -459,6 +459,10 @@ def test_a_modelfile_named_as_its_preset_does_not_hide_it(cli_env: dict[str, str
     assert r.returncode == 0 and "preset" in r.stdout.lower(), (r.stdout, r.stderr)
     r = cli("run", "-m", "./terse", "-p", "Sky?", cwd=tmp_path)  # the file itself, named as a path
     assert r.returncode == 1 and "not a GGUF file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    (tmp_path / "terse").unlink()
+    (tmp_path / "terse").mkdir()  # a folder of that name: the flag's own check takes the preset too
+    r = cli("run", "-m", "terse", "-p", "Sky?", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["model"]["name"] == "terse", r.stderr
 
 
 def test_a_presets_template_and_a_chat_on_a_preset(cli_env: dict[str, str], tmp_path: Path) -> None:

@@ -61,11 +61,12 @@ def check_model(flag: str, name: str | None, env: str | None = None) -> None:
     model a conversation or a collection recorded (its file gone since is no mistake on this command line)."""
     from localgen.errors import LocalgenError, UsageError
     from localgen.models import names
+    from localgen.models.resolve import spec_of
 
     if not name:
         return
     try:
-        spec = names.parse(name)
+        spec = spec_of(name)  # a preset's name wins over a file (or folder) of that name here, as the resolver takes it
     except LocalgenError:  # not a name at all (empty, too long): the resolver says why
         return
     if isinstance(spec, names.PathSpec):

@@ -37,14 +37,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     where its first use will assemble it; an OCI split whose links are missing is read through links of its own
     (its path is where a run makes them)."""
     text = embedded.DEFAULT_MODEL if name is None else name  # an empty name is a mistake (names.parse), not "none"
-    spec = names.parse(text)
-    if isinstance(spec, names.PathSpec) and not names.looks_like_path(text):
-        # a file of that name in the current folder, found by its name alone: a model known here by that name (a
-        # preset, a model quantized here, a catalogue entry) wins, as show --modelfile and rm take it; ./NAME is
-        # the file (a Modelfile named as the preset made from it used to hide the preset)
-        named = names.parse(text, local=False)
-        if isinstance(named, names.CatalogueSpec) and _known(_latest(named)):
-            spec = named
+    spec = spec_of(text)
     if isinstance(spec, names.StoreSpec):  # Ollama's or LM Studio's store, used in place; Ollama's registry
         return other_store(spec, offline, progress, pull_missing, assemble)
     if isinstance(spec, names.PathSpec):
@@ -82,6 +75,18 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
 
         progress = Quiet()
     return _hub_model(target, offline, progress, pull_missing)
+
+
+def spec_of(text: str) -> names.Spec:
+    """What a model name is (names.parse), but for a file in the current folder found by its name alone: a model
+    known here by that name (a preset, a model quantized here, a catalogue entry) wins, as show --modelfile and rm
+    take it; ./NAME is the file (a Modelfile named as the preset made from it used to hide the preset)."""
+    spec = names.parse(text)
+    if isinstance(spec, names.PathSpec) and not names.looks_like_path(text):
+        named = names.parse(text, local=False)
+        if isinstance(named, names.CatalogueSpec) and _known(_latest(named)):
+            return named
+    return spec
 
 
 def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.Progress | None = None,
