@@ -11,7 +11,6 @@ from localgen import proxies, redact
 from localgen.errors import LocalgenError, RemoteError
 from localgen.remote.endpoints import Endpoint
 from localgen.remote.errortext import error_text
-from localgen.remote.stream import bounded
 
 LIST_S = 10.0  # the start's GET /models
 
@@ -41,6 +40,8 @@ def discover(endpoint: Endpoint) -> Remote:
     headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}
     hint = "name its models in endpoints.toml (models = [...]) to start without asking it" if endpoint.name else \
         "give it a name and its models in endpoints.toml (docs/remote.md) to start without asking it"
+    from localgen.remote.stream import bounded  # (here: a serve without --endpoint never imports run's reader)
+
     try:  # the list bounded as run's is (remote/stream.py): in size, and in time as a whole, not only each wait
         with proxies.client(headers=headers, timeout=LIST_S, follow_redirects=False) as client, \
                 client.stream("GET", endpoint.url + "/models") as r:
