@@ -133,7 +133,9 @@ def test_a_cut_connection_resumes_and_a_partial_blob_never_takes_its_digest_s_na
     """docs/models.md: a pull that stops keeps its bytes in sha256-HEX.incomplete, lists nothing, and the next
     pull continues from there with a Range request."""
     digest = "sha256:" + gguf.sha256
-    reg.drop_after[digest] = [i * 10_000_000 for i in range(1, 7)]  # six cuts: the pull gives up after six tries
+    # six cuts that each bring bytes, then five that bring none: the pull gives up after six tries in a row with
+    # no progress but the first's (a try that brings bytes starts the count again)
+    reg.drop_after[digest] = [i * 10_000_000 for i in range(1, 7)] + [60_000_000] * 5
     r = lg("pull", name(reg, "smollm2:plain"))
     one_line(r, 1, "failed after 6 tries", progress=True)
     blob = lg.pulled / "blobs" / f"sha256-{gguf.sha256}"
@@ -150,8 +152,8 @@ def test_rm_of_a_pull_that_gave_up_removes_what_it_left(lg: Lg, reg: FakeRegistr
     """docs/models.md: `rm ollama:NAME` of a name whose pull gave up (no manifest) removes the blobs it left,
     whole (the config) or partial (.incomplete), and keeps those another unfinished pull names."""
     reg.add("library/smollm2:again", [("model", gguf), ("params", HubFile(PARAMS))])
-    reg.drop_after["sha256:" + gguf.sha256] = [i * 10_000_000 for i in range(1, 7)] + [
-        60_000_000 + i * 1_000_000 for i in range(1, 7)]  # each pull gives up after six cuts
+    reg.drop_after["sha256:" + gguf.sha256] = [i * 10_000_000 for i in range(1, 7)] + [60_000_000] * 5 + [
+        60_000_000 + i * 1_000_000 for i in range(1, 7)] + [66_000_000] * 5  # each pull gives up: cuts with no bytes
     for tag in ("plain", "again"):
         one_line(lg("pull", name(reg, f"smollm2:{tag}")), 1, "failed after 6 tries", progress=True)
     partial = lg.pulled / "blobs" / f"sha256-{gguf.sha256}.incomplete"

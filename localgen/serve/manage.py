@@ -151,7 +151,10 @@ async def _replace(state: ServeState, preset: Any, force: bool) -> None:
     from localgen.models import presets
 
     _refuse_existing(preset.name, force)
-    async with _retired(state, [w for w in list(state.workers.values()) if w.name == preset.name], "replaced",
+    if not force and any(n == preset.name for n, _ in state.retiring):  # another request is writing it: it exists
+        raise _exists(preset.name)
+    why = "replaced" if presets.exists(preset.name) else "created"
+    async with _retired(state, [w for w in list(state.workers.values()) if w.name == preset.name], why,
                         preset.name):
         try:  # without `force`, the write itself refuses a name taken meanwhile (a racing create, copy or CLI)
             await asyncio.to_thread(presets.save, preset, force)
