@@ -650,7 +650,7 @@ def test_a_full_disk_is_a_507_and_a_pause_never_a_lost_answer(own_env: dict[str,
             assert httpx.delete(f"{url}/v1/files/{ident}", headers=headers).status_code == 200
         assert create(given).status_code == 200  # space again: a new batch, which wakes the runner
         while (doc := httpx.get(f"{url}/v1/batches/{batch}", headers=headers).json())["status"] != "completed":
-            assert time.monotonic() < deadline and doc["status"] == "in_progress", doc
+            assert time.monotonic() < deadline and doc["status"] in ("in_progress", "finalizing"), doc
             time.sleep(0.2)
         output = httpx.get(f"{url}/v1/files/{doc['output_file_id']}/content", headers=headers).text.splitlines()
         assert sorted(json.loads(line)["custom_id"] for line in output) == ["d0", "d1", "d2"]
@@ -823,7 +823,7 @@ def test_a_batch_does_not_swap_out_the_model_a_client_keeps_using(own_env: dict[
         deadline = time.monotonic() + 600  # a safety net for busy cores, not a timing
         while (doc := httpx.get(f"{s.url}/v1/batches/{batch['id']}", headers=headers).json())["status"] != \
                 "completed":
-            assert time.monotonic() < deadline and doc["status"] == "in_progress", doc
+            assert time.monotonic() < deadline and doc["status"] in ("in_progress", "finalizing"), doc
             time.sleep(0.2)
         errors = httpx.get(f"{s.url}/v1/files/{doc['error_file_id']}/content", headers=headers).text \
             if doc.get("error_file_id") else ""
