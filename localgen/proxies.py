@@ -18,7 +18,7 @@ THIS_MACHINE = ("localhost", "127.0.0.1", "[::1]")
 def this_machine(url: str) -> bool:
     """Whether `url`'s host is one of THIS_MACHINE's."""
     host = (urlsplit(url).hostname or "").lower().rstrip(".")
-    return host in ("localhost", "127.0.0.1", "::1")
+    return host in {name.strip("[]") for name in THIS_MACHINE}
 
 
 def direct_mounts(make: Callable[[], Any]) -> dict[str, Any]:

@@ -161,6 +161,18 @@ def test_an_endpoint_url_that_cannot_be_parsed_is_a_usage_error(cli_in_process: 
     assert r.stderr.count("\n") == 1 and "secret" not in r.stderr
 
 
+def _run_with_endpoints(cli: InProcessCLI, home: Path, url: str) -> tuple[Path, Any]:
+    """`run -m box/m` with an endpoints.toml whose [box] has this url (removed after): its path and the result."""
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    toml = config / "endpoints.toml"
+    toml.write_text(f'[box]\nurl = "{url}"\n')
+    try:
+        return toml, cli("run", "-m", "box/m", "-p", "hi")
+    finally:
+        toml.unlink()
+
+
 def test_a_bad_url_from_the_variable_the_file_or_serve_is_a_usage_error(cli_in_process: InProcessCLI,
                                                                        home: Path) -> None:
     r = InProcessCLI({**cli_in_process.env, "LOCALGEN_ENDPOINT": "http://h:abc"})("run", "-m", "m", "-p", "hi")
@@ -168,14 +180,7 @@ def test_a_bad_url_from_the_variable_the_file_or_serve_is_a_usage_error(cli_in_p
         "65535\n", r.stderr
     r = cli_in_process("serve", "--endpoint", "http://[::1")
     assert r.returncode == 2 and "'http://[::1' is not a valid URL" in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    config = home / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    toml = config / "endpoints.toml"
-    toml.write_text('[box]\nurl = "http://127.0.0.1:99999"\n')
-    try:
-        r = cli_in_process("run", "-m", "box/m", "-p", "hi")
-    finally:
-        toml.unlink()
+    toml, r = _run_with_endpoints(cli_in_process, home, "http://127.0.0.1:99999")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"{toml}: [box] --endpoint http://127.0.0.1:99999: the port must be 1 to 65535" in r.stderr, r.stderr
 
@@ -192,12 +197,5 @@ def test_a_host_name_that_cannot_be_looked_up_is_a_usage_error_everywhere(cli_in
     assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: --endpoint: '{LONG_LABEL}' has a host name "
                                                      "with an empty label"), r.stderr
     assert r.stderr.count("\n") == 1 and r.stdout == ""
-    config = home / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    toml = config / "endpoints.toml"
-    toml.write_text('[box]\nurl = "http://a..b:1"\n')
-    try:
-        r = cli_in_process("run", "-m", "box/m", "-p", "hi")
-    finally:
-        toml.unlink()
+    toml, r = _run_with_endpoints(cli_in_process, home, "http://a..b:1")
     assert r.returncode == 2 and f"{toml}: [box] --endpoint: 'http://a..b:1' has a host name" in r.stderr, r.stderr

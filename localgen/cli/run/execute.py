@@ -158,15 +158,11 @@ def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: Er
         return turns
     if not fits(len(turns)):  # the prompt alone is too long: the model's own error says so, with no turn sent
         return []
+    import bisect
+
     starts = [i for i, m in enumerate(turns) if m["role"] == "user" and i > 0] + [len(turns)]
-    lo, hi = 0, len(starts) - 1  # the first start that fits (the last, every turn left out, fits)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(starts[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    start = starts[lo]
+    # the first start that fits (the last, every turn left out, does): fewer turns never fit worse
+    start = starts[bisect.bisect_left(starts, True, hi=len(starts) - 1, key=fits)]
     err.line(f"the conversation's first {start:,} of {len(turns):,} logged messages are left out to fit the "
              f"{n_ctx:,}-token context window (the log keeps them; a larger --ctx sends more)")
     return turns[start:]
