@@ -114,14 +114,14 @@ def test_chat_list_reads_a_huge_saved_file_s_head_only(monkeypatch: pytest.Monke
     """docs/chat.md: `chat --list` reads at most 1 MiB of each file; a save writes what it lists first."""
     import tracemalloc
 
-    from localgen.chat import session as sessions
+    from localgen.chat import saved
 
     monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
     path = _long("big", 8000).save()
     assert path.stat().st_size > 8 << 20
     tracemalloc.start()
     try:
-        listed = sessions.list_sessions()
+        listed = saved.list_sessions()
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -134,6 +134,7 @@ def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, mon
     import errno
     import os
 
+    from localgen.chat import saved
     from localgen.chat import session as sessions
 
     monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
@@ -147,8 +148,8 @@ def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, mon
         m.setattr(sessions.os, "fsync", full)
         with pytest.raises(OSError):
             chat.save()
-    assert list(sessions.chats_dir().iterdir()) == [], "nothing is left in the folder"
-    assert chat.save() == sessions.chats_dir() / "full.json", "the next save claims the file again"
+    assert list(saved.chats_dir().iterdir()) == [], "nothing is left in the folder"
+    assert chat.save() == saved.chats_dir() / "full.json", "the next save claims the file again"
     assert sessions.ChatSession.load("full").messages == [{"role": "user", "content": "Hi"}]
 
 

@@ -123,6 +123,7 @@ def test_the_per_line_seed_of_a_batch_stays_in_range(cli: CLI, tmp_path: Path) -
 
 
 def test_chats_started_in_the_same_second_never_overwrite_each_other(home: Path) -> None:
+    from localgen.chat import saved
     from localgen.chat import session as sessions
     from localgen.errors import LocalgenError
 
@@ -143,13 +144,13 @@ def test_chats_started_in_the_same_second_never_overwrite_each_other(home: Path)
     theirs.save()
     with pytest.raises(LocalgenError, match="saved by another chat meanwhile"):
         mine.save()
-    assert "theirs" in (sessions.chats_dir() / "chosen-name.json").read_text()
+    assert "theirs" in (saved.chats_dir() / "chosen-name.json").read_text()
 
 
 def test_saved_chats_and_prompt_states_are_private(cli: CLI, home: Path, smollm2_engine: object) -> None:
     r = cli("chat", "private-one", "-n", "2", "--temperature", "0", input="hello\n")
     assert r.returncode == 0, r.stderr
-    from localgen.chat.session import chats_dir
+    from localgen.chat.saved import chats_dir
 
     saved = chats_dir() / "private-one.json"
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600 and stat.S_IMODE(chats_dir().stat().st_mode) == 0o700

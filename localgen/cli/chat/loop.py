@@ -135,20 +135,21 @@ def _check(runner: Any, view: ChatView, toolbox: Any, plan: ChatPlan) -> None:
 def _open_session(name: str | None, resume: bool, model: str | None, system: str | None) -> Any:
     """The conversation: a saved chat or a logged one to go on with (resume), else a new one; with -m's model
     and --system's prompt (already checked) where given."""
+    from localgen.chat import saved
     from localgen.chat import session as sessions
 
     if resume:
-        chosen = name or sessions.latest()
+        chosen = name or saved.latest()
         if chosen is None:
             raise LocalgenError("there is no saved conversation to resume", hint="start one with `localgen chat`")
-        if name and not (sessions.chats_dir() / f"{sessions.check_name(name)}.json").exists():
+        if name and not (saved.chats_dir() / f"{sessions.check_name(name)}.json").exists():
             from localgen.cli.log.conversation import chat_from_log
 
             session = chat_from_log(name, model)  # a conversation id from `localgen logs`
         else:
             session = sessions.ChatSession.load(chosen)
     else:
-        if name and (sessions.chats_dir() / f"{sessions.check_name(name)}.json").exists():
+        if name and (saved.chats_dir() / f"{sessions.check_name(name)}.json").exists():
             raise UsageError(f"a conversation named {name!r} exists", hint=f"continue it with --resume {name}")
         from localgen.models.embedded import DEFAULT_MODEL
 
@@ -257,11 +258,11 @@ def remote_backend(endpoints: list[Any], name: str, assumed_ctx: int | None, vie
 
 def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     from localgen import paths
-    from localgen.chat import session as sessions
+    from localgen.chat import saved
     from localgen.chat.runner import SETTABLE
     from localgen.cli.chat.repl import LineInput, make_completer
 
-    completer = make_completer(SETTABLE, lambda: [s.name for s in sessions.list_sessions()],
+    completer = make_completer(SETTABLE, lambda: [s.name for s in saved.list_sessions()],
                                _model_names(endpoints))
     line_input = LineInput(paths.state_dir() / "chat_history", completer)
     # what a first message would import between Enter and its answer, where Ctrl-C would end the chat instead of
@@ -510,12 +511,12 @@ def print_list() -> None:
     """`chat --list`: the saved conversations, newest first."""
     import time
 
-    from localgen.chat import session as sessions
+    from localgen.chat import saved
     from localgen.cli.output import for_terminal
     from localgen.embeddings.retrieve import asked
 
     skipped: list[tuple[Path, str]] = []
-    items = sessions.list_sessions(asked, skipped)  # a --rag chat by its question, not the excerpts it begins with
+    items = saved.list_sessions(asked, skipped)  # a --rag chat by its question, not the excerpts it begins with
     if skipped:
         from localgen.cli.output import ErrWriter
 

@@ -242,12 +242,13 @@ def _detach(runner: Any, view: Any, arg: str) -> None:
 
 
 def _save(runner: Any, view: Any, arg: str) -> None:
+    from localgen.chat import saved
     from localgen.chat import session as sessions
 
     if not arg:
         raise UsageError("usage: /save NAME")
     name = sessions.check_name(arg, model_hint=False)
-    target = sessions.chats_dir() / f"{name}.json"
+    target = saved.chats_dir() / f"{name}.json"
     if name != runner.session.name and target.exists():
         if not view.interactive:
             raise UsageError(f"a conversation named {name!r} exists; /save does not overwrite it",
