@@ -51,7 +51,7 @@ PRELOAD = (
     # and on `serve`'s and `chat`'s, the next most started (some 60 ms a server start), and the MCP SDK's client
     # (some 0.45 s a `run` or `chat` with --mcp)
     "anyio.to_thread", "uvicorn", "uvicorn.protocols.http.httptools_impl", "localgen.cli.serve.command",
-    "localgen.serve.app", "localgen.cli.chat.command", "localgen.cli.chat.loop",
+    "localgen.serve.app", "localgen.cli.chat.command", "localgen.cli.chat.loop", "localgen.cli.chat.message",
     "mcp", "mcp.client.stdio", "mcp.client.streamable_http",
 )
 

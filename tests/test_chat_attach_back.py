@@ -89,7 +89,7 @@ def test_a_picture_that_fails_is_told_from_one_whose_name_holds_its_name(
     aa.png), which used to go too; the other attachments stay, said."""
     from dataclasses import dataclass
 
-    from localgen.cli.chat.loop import _kept_after_failure
+    from localgen.cli.chat.message import _kept_after_failure
     from localgen.cli.chat.view import ChatView
     from localgen.media import MediaError
 
