@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, InProcessCLI
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 N = ["-n", "6", "--temperature", "0"]
 
@@ -115,6 +115,19 @@ def test_a_continued_conversation_longer_than_the_window_leaves_its_oldest_turns
     assert r.returncode == 1 and "left out" not in r.stderr and "the context window is 512" in r.stderr, r.stderr
     assert [x["prompt"][:8] for x in _logged(lcli, "--cid", cid)] == [
         "The code", "The colo", "The anim", "And now?", "And agai"]
+
+
+def test_a_continued_conversation_with_tools_counts_the_tools_in_its_window(lcli: CLI) -> None:
+    """The tools are sent with the prompt (some 320 tokens of smollm2's template for tests/tool_functions.py): the
+    turns that fit are those that fit beside them. (Counted without them, every turn was kept and the prompt was
+    "581 tokens; the context window is 512".)"""
+    filler = " ".join(["the quick brown fox jumps over the lazy dog."] * 20)
+    first = json.loads(lcli("run", f"The code word is PELICAN. {filler}", *N, "--json").stdout)
+    r = lcli("run", "--cid", str(first["conversation_id"]), "And now?", *N, "--ctx", "512",
+             "--functions", str(ROOT / "tests" / "tool_functions.py"), "--yes")
+    assert r.returncode == 0, r.stderr
+    assert ("the conversation's first 2 of 2 logged messages are left out to fit the 512-token context window "
+            "(the log keeps them; a larger --ctx sends more)") in r.stderr.splitlines(), r.stderr
 
 
 def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> None:

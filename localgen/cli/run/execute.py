@@ -58,9 +58,9 @@ def execute(plan: RunPlan) -> None:
         thread = plan.thread
         sources = None
         if hits is not None:  # the excerpts first: older turns leave the window before excerpts do, as in chat
-            plan, sources = _with_excerpts(plan, backend, None, hits, err)
+            plan, sources = _with_excerpts(plan, backend, None, hits, err, toolbox)
         if thread.turns and not load.remote:
-            thread = dataclasses.replace(thread, turns=_fitted_turns(plan, backend, thread.turns, err))
+            thread = dataclasses.replace(thread, turns=_fitted_turns(plan, backend, thread.turns, err, toolbox))
         request = single_request(plan, backend, thread.turns)
         if plan.report.verbose_prompt:
             err.line("prompt:\n" + backend.render(_as_sent(send.tools, backend, request, toolbox)))
@@ -142,17 +142,20 @@ def _needs_template(backend: Backend) -> None:
                          "the excerpts into a chat message", hint="use a chat model, or give --chat-template-file")
 
 
-def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: ErrWriter) -> list[Message]:
-    """A continued conversation's logged turns that fit the window with the prompt and room for the answer (as
-    chat's window: whole exchanges, the oldest left out first, said in one line); all of them where they fit.
-    The log keeps every turn. A prompt too long even alone goes without them, to the model's own error."""
+def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: ErrWriter,
+                  toolbox: Any = None) -> list[Message]:
+    """A continued conversation's logged turns that fit the window with the prompt, the tools as sent, and room
+    for the answer (as chat's window: whole exchanges, the oldest left out first, said in one line); all of them
+    where they fit. The log keeps every turn. A prompt too long even alone goes without them, to the model's own
+    error."""
     from localgen.cli.options.rag import answer_room
 
     n_ctx = int(backend.n_ctx)
     limit = n_ctx - answer_room(n_ctx, plan.send.sampling.params(backend.defaults).max_tokens)
 
     def fits(start: int) -> bool:
-        return int(backend.count(single_request(plan, backend, turns[start:]))) <= limit
+        return int(backend.count(_as_sent(plan.send.tools, backend, single_request(plan, backend, turns[start:]),
+                                          toolbox))) <= limit
 
     if fits(0):
         return turns
@@ -169,9 +172,9 @@ def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: Er
 
 
 def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None, hits: list[Any],
-                   err: ErrWriter) -> tuple[RunPlan, list[Any]]:
-    """The plan whose question carries the excerpts that fit the window with room for the answer (the
-    lowest-scoring left out first, said in one line); and those excerpts, the sources."""
+                   err: ErrWriter, toolbox: Any = None) -> tuple[RunPlan, list[Any]]:
+    """The plan whose question carries the excerpts that fit the window with the tools as sent and room for the
+    answer (the lowest-scoring left out first, said in one line); and those excerpts, the sources."""
     from localgen.cli.options.rag import answer_room, fitted
 
     *before, question = plan.parts
@@ -181,7 +184,8 @@ def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None,
         return dataclasses.replace(plan, parts=(*before, message))
 
     def fits(message: str) -> bool:
-        return int(backend.count(single_request(with_message(message), backend, turns))) + room <= backend.n_ctx
+        request = single_request(with_message(message), backend, turns)
+        return int(backend.count(_as_sent(plan.send.tools, backend, request, toolbox))) + room <= backend.n_ctx
 
     message, kept = fitted(question, hits, fits, err.line)
     return with_message(message), kept
