@@ -355,6 +355,26 @@ def test_a_relative_from_starts_at_the_modelfiles_folder(pcli: InProcessCLI, tmp
     assert "Modelfile line 1: " in line
 
 
+def test_a_from_name_beside_that_presets_own_modelfile_is_the_preset(pcli: InProcessCLI, tmp_path: Path,
+                                                                       smollm2_path: Path) -> None:
+    """docs/models.md: a bare FROM name that is both a file in the Modelfile's folder and a model here is the model
+    (as `run -m NAME`), and ./NAME the file. (A folder holding the Modelfiles `base` and `derived`, FROM base: the
+    Modelfile text was taken for the base model's file.)"""
+    folder = tmp_path / "presets-src"
+    folder.mkdir()
+    (folder / "base").write_text("FROM smollm2:135m\nSYSTEM Be brief.\n")
+    assert pcli("create", "base", "-f", str(folder / "base")).returncode == 0
+    (folder / "derived").write_text("FROM base\nPARAMETER temperature 0.3\n")
+    r = pcli("create", "derived", "-f", str(folder / "derived"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["base"] == "smollm2:135m"  # the preset's base: it was made over the preset
+    assert "Be brief." in pcli("show", "derived", "--modelfile").stdout  # the preset's settings under its own
+    (folder / "mine").symlink_to(smollm2_path)  # a name no model here answers to: the file beside it
+    (folder / "other").write_text("FROM mine\n")
+    r = pcli("create", "other", "-f", str(folder / "other"), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["base"] == str((folder / "mine").resolve()), r.stderr
+
+
 def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:
     one_error(pcli("create", "bot", "-f", str(tmp_path / "missing")), f"-f/--file {tmp_path / 'missing'}: no such file")
     assert pcli("create", "bot", "-f", "-", input="FROM smollm2:135m\nSYSTEM one\n").returncode == 0

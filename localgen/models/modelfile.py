@@ -174,15 +174,17 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
 
 def _from(src: _Lines, number: int, value: str, folder: Path | None) -> str:
     """FROM's model; a relative file path starts at the Modelfile's folder, as Ollama's (kept absolute). A path is
-    a name that looks like one (./m.gguf, m.gguf: models/names.py) or a file there; anything else is a model name.
-    Without a folder (stdin) a path is left to the current directory."""
+    a name that looks like one (./m.gguf, m.gguf: models/names.py) or a file there that is not also the name of a
+    model known here (a preset's own Modelfile beside this one: the preset, as `run -m NAME` takes it; ./NAME is
+    the file); anything else is a model name. Without a folder (stdin) a path is left to the current directory."""
     from localgen.models.names import looks_like_path
+    from localgen.models.resolve import known_name
 
     path = Path(value).expanduser()
     if folder is None or path.is_absolute():
         return value
     there = folder / path
-    if not looks_like_path(value) and not there.exists():
+    if not looks_like_path(value) and (not there.exists() or known_name(value)):
         return value
     if not there.exists():
         raise src.error(number, f"FROM {value}: no such model file: {there} (a relative FROM starts at the "

@@ -89,6 +89,16 @@ def spec_of(text: str) -> names.Spec:
     return spec
 
 
+def known_name(text: str) -> bool:
+    """Whether `text`, read as a name (never as a file), is a model known here: a preset, a model quantized here, a
+    catalogue entry (NAME and NAME:latest as one)."""
+    try:
+        named = names.parse(text, local=False)
+    except LocalgenError:
+        return False
+    return isinstance(named, names.CatalogueSpec) and _known(_latest(named))
+
+
 def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.Progress | None = None,
                 pull_missing: bool = False, assemble: bool = True) -> ModelRef:
     """A model Ollama or LM Studio downloaded, from its own store. Where the store has no such model but a preset
