@@ -343,6 +343,9 @@ def test_the_input_history_reads_its_newest_entries_only(tmp_path: Path,
     assert path.read_bytes() == before
     path.write_bytes(b"+" + b"y" * 5000)  # one line past the bound, no entry begins in what is read: nothing
     assert list(repl._history(FileHistory, path).load_history_strings()) == []
+    newest = b"# 2026-12-01 10:00:00\n+" + b"w" * 1976 + b"\n"  # 2,000 bytes: its `#` line begins at the cut
+    path.write_bytes(b"# 2026-11-30 09:00:00\n+" + b"z" * 3000 + b"\n" + newest)
+    assert list(repl._history(FileHistory, path).load_history_strings()) == ["w" * 1976]  # whole: kept
 
 
 def test_resuming_another_tool_s_file_keeps_its_fields_and_a_bad_one_is_left_as_it_is(scli: CLI) -> None:

@@ -229,9 +229,9 @@ def newest_entries(path: Path) -> list[str]:
     gigabytes (or one long line) would be read whole into memory. The file itself is left as it is."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size > MAX_HISTORY_READ:
-            f.seek(size - MAX_HISTORY_READ)
-        data = f.read(MAX_HISTORY_READ)
+        if size > MAX_HISTORY_READ:  # and the byte before: an entry whose `#` line begins the bytes read is whole
+            f.seek(size - MAX_HISTORY_READ - 1)
+        data = f.read(MAX_HISTORY_READ + 1)
     if size > MAX_HISTORY_READ:  # cut inside an entry: begin at the next one's `#` line (none: nothing whole)
         start = data.find(b"\n#")
         data = data[start + 1:] if start >= 0 else b""
