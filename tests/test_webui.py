@@ -970,7 +970,14 @@ def test_a_tab_opened_while_another_answers_leaves_that_answer_coming(tab: Tab, 
     while not held:
         page.wait_for_timeout(50)
     address = page.url
+    watching = another_tab(tab, address, script)  # open while it comes: shows it coming, then that it was cut
+    watching.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    assert watching.locator("article.assistant .note").last.inner_text() == ""
     page.close()
+    watching.wait_for_function("() => [...document.querySelectorAll('article.assistant .note')].pop().textContent"
+                               ".startsWith('The answer was interrupted')", timeout=15000)
+    assert "pending" not in (watching.locator("article.assistant").last.get_attribute("class") or "")
+    watching.close()
     last = another_tab(tab, address, script)
     last.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
     assert last.locator("article.user .text").last.inner_text() == "And horses?"

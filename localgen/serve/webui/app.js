@@ -442,6 +442,8 @@ async function openConversation(id) {
       if (!coming[i]) { // no tab is writing it: it was cut short (one another tab still writes stays unfinished)
         m.pending = false;
         m.error = interrupted();
+      } else {
+        watchAnswer(id, m.id); // until that tab ends it, or is closed first
       }
     });
     if (ticket !== opening || state.conv !== before) return; // another conversation was opened meanwhile
@@ -496,6 +498,33 @@ async function answering(id) {
     answers.postMessage({ asks: id });
   });
 }
+
+/** Once no tab writes answer `id` of conversation `convId` (the writing tab ended it, or was closed, reloaded or
+ * crashed first), one still unfinished in the store was cut short: shown so, if it is on screen. Without Web Locks
+ * the tabs are asked every WATCH_MS while the conversation is on screen. */
+async function watchAnswer(convId, id) {
+  if (navigator.locks) {
+    try {
+      await navigator.locks.request(ANSWERING + id, () => {}); // granted once the writing tab lets it go
+    } catch {
+      return;
+    }
+  } else {
+    do {
+      await new Promise((wait) => setTimeout(wait, WATCH_MS));
+      if (state.conv.id !== convId) return;
+    } while (await answering(id));
+  }
+  const stored = await store.get(convId).catch(() => null);
+  const kept = stored && stored.messages && stored.messages[id];
+  if (kept && !kept.pending) return; // it ended and was kept: the tab that wrote it said so (heard)
+  const shown = state.conv.id === convId && state.conv.messages[id];
+  if (!shown || !shown.pending) return;
+  shown.pending = false;
+  shown.error = interrupted();
+  if (!editing() && !state.running) renderConversation(); // (an answer this tab writes draws it when it ends)
+}
+const WATCH_MS = 2000;
 
 /** This tab claims the answer it is writing when another tab asks. */
 function listenForAsks() {
