@@ -13,6 +13,7 @@ the machine that loads), so a preset never fails for its settings at use."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,12 @@ class _Lines:
         return UsageError(f"{self.where} line {number}: {message}")
 
 
-def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Modelfile:
+def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
+          known: Callable[[str], bool] | None = None) -> Modelfile:
     """Parse and check a Modelfile; a UsageError names the line of the first problem. `folder`: where a
     relative FROM or ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only,
-    and a relative FROM path is left as it is (the current directory's)."""
+    and a relative FROM path is left as it is (the current directory's). `known`: whether a name is a model here
+    (models/resolve.py's known_name), which a bare FROM name beside a file of that name means."""
     # a byte order mark before the first line (Windows' editors write one): not part of FROM, as in Ollama
     src = _Lines(checked(text.removeprefix("\ufeff"), where), where)
     got = _Found()
@@ -95,7 +98,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None) -> Mo
             got.adapters.append(_adapter(src, number, value, folder))
             continue
         if instr == "FROM":
-            value = _from(src, number, value, folder)
+            value = _from(src, number, value, folder, known)
         if instr in got.single:
             raise src.error(number, "a second FROM: a Modelfile has one base model" if instr == "FROM"
                             else f"a second {instr}")
@@ -172,19 +175,18 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
         raise src.error(number, f"PARAMETER {key}: {e.message}") from None
 
 
-def _from(src: _Lines, number: int, value: str, folder: Path | None) -> str:
+def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Callable[[str], bool] | None) -> str:
     """FROM's model; a relative file path starts at the Modelfile's folder, as Ollama's (kept absolute). A path is
     a name that looks like one (./m.gguf, m.gguf: models/names.py) or a file there that is not also the name of a
     model known here (a preset's own Modelfile beside this one: the preset, as `run -m NAME` takes it; ./NAME is
     the file); anything else is a model name. Without a folder (stdin) a path is left to the current directory."""
     from localgen.models.names import looks_like_path
-    from localgen.models.resolve import known_name
 
     path = Path(value).expanduser()
     if folder is None or path.is_absolute():
         return value
     there = folder / path
-    if not looks_like_path(value) and (not there.exists() or known_name(value)):
+    if not looks_like_path(value) and (not there.exists() or (known is not None and known(value))):
         return value
     if not there.exists():
         raise src.error(number, f"FROM {value}: no such model file: {there} (a relative FROM starts at the "

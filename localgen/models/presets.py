@@ -278,20 +278,21 @@ BaseLookup = Callable[[str], ModelRef]
 
 
 def create_preset(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", force: bool = False,
-                  folder: Path | None = None) -> Preset:
+                  folder: Path | None = None, known: Callable[[str], bool] | None = None) -> Preset:
     """Parse a Modelfile, check its base is on this machine (without the network) and its adapters are made for
     that base, and save it as `name` (`--force`: replacing a preset of that name). `folder`: the Modelfile's,
-    where relative ADAPTER paths start. The function `localgen create` calls."""
-    preset = made(name, text, lookup, where, folder)
+    where relative ADAPTER paths start; `known`: modelfile.parse's. The function `localgen create` calls."""
+    preset = made(name, text, lookup, where, folder, known)
     save(preset, force)
     return preset
 
 
-def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", folder: Path | None = None) -> Preset:
+def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", folder: Path | None = None,
+         known: Callable[[str], bool] | None = None) -> Preset:
     """The preset a Modelfile makes, every check done (create_preset's), not saved yet: /api/create checks all
     before it unloads a model of that name."""
     check_name(name)
-    spec = modelfile.parse(text, where, folder)
+    spec = modelfile.parse(text, where, folder, known)
     _check_new_name(name, using=spec.base)
     spec = _on_base(spec, where, lookup)
     if spec.adapters:

@@ -12,6 +12,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -453,12 +454,13 @@ def abandon(job: QuantizeJob) -> None:
 
 def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "Modelfile",
                opts: Options | None = None, progress: Progress | None = None, force: bool = False,
-               folder: Path | None = None) -> tuple[str, str]:
+               folder: Path | None = None, known: Callable[[str], bool] | None = None) -> tuple[str, str]:
     """`create NAME -q TYPE` (and /api/create's `quantize`), as Ollama's: the Modelfile's FROM (an F16, BF16 or F32
     model here, through `lookup`) quantized into localgen's models as BASE:TYPE (BASE from NAME), and the Modelfile
     given back FROM that. Returns (the quantized model's name, the Modelfile text). Every refusal comes before the
     quantization: the type, the preset's checks (against the source), a preset of that name and a quantized model of
-    that name (both replaced only with `force`), the source and the disk (plan's). `folder`: the Modelfile's."""
+    that name (both replaced only with `force`), the source and the disk (plan's). `folder`: the Modelfile's;
+    `known`: modelfile.parse's."""
     import dataclasses
 
     from localgen.models import modelfile, presets, quantized
@@ -466,8 +468,8 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     presets.check_name(name)
     type_name, _ = parse_type(type_text)
     presets.refuse_existing(name, force)
-    presets.made(name, text, lookup, where, folder)  # the preset's own checks, on the source: it takes its place
-    spec = modelfile.parse(text, where, folder)
+    presets.made(name, text, lookup, where, folder, known)  # the preset's own checks, on the source: its place
+    spec = modelfile.parse(text, where, folder, known)
     base = quantized.base_for(name)
     made = quantized.name_of(base, type_name)
     if made == name.lower():

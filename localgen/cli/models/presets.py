@@ -35,6 +35,7 @@ def create(
     machine; every value is checked now."""
     from localgen.models.modelfile import MAX_MODELFILE
     from localgen.models.presets import create_preset
+    from localgen.models.resolve import known_name
 
     folder = None  # stdin: ADAPTER paths must be absolute
     if file == "-":
@@ -61,13 +62,14 @@ def create(
 
         try:
             made, text = q.for_preset(name, text, quantize, _on_disk, where,
-                                      q.Options(threads=hardware.usable_cores()), make_progress(), force, folder)
+                                      q.Options(threads=hardware.usable_cores()), make_progress(), force, folder,
+                                      known_name)
         except KeyboardInterrupt:
             from localgen.cli.quantize import exit_now
 
             exit_now("interrupted: nothing was written (llama.cpp's call cannot be stopped, so localgen exits at once)")
         print(f"{made}  quantized to {made.partition(':')[2].upper()}", file=sys.stderr)
-    preset = create_preset(name, text, _on_disk, where=where, force=force, folder=folder)
+    preset = create_preset(name, text, _on_disk, where=where, force=force, folder=folder, known=known_name)
     _done(preset, json_out)
 
 
