@@ -45,7 +45,7 @@ def test_what_is_written_is_read_back_whole(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["identity", "build", "torn", "torn header", "checksum", "a token",
-                                    "prompt length", "a token past int64", "not ours"])
+                                    "prompt length", "a token past int64", "nested too deep", "not ours"])
 def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage: str) -> None:
     store, _ = _store(tmp_path)
     good, bad = _entry(list(range(100)), seed=1), _entry(list(range(200, 300)), seed=2)
@@ -72,6 +72,10 @@ def test_a_bad_file_is_skipped_with_one_line_and_removed(tmp_path: Path, damage:
     elif damage == "prompt length":
         assert raw.count(b'"prompt_len": 98') == 1
         path.write_bytes(raw.replace(b'"prompt_len": 98', b'"prompt_len": 97'))
+    elif damage == "nested too deep":  # past JSON's reader (a RecursionError): a traceback, and no prefix loaded
+        head = b'{"tokens": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        path.write_bytes(raw[:4] + raw[4:8] + len(head).to_bytes(4, "little") + head)
+        assert store.has(KEY, good[0])  # the write side's count of it (the folder's headers read) holds too
     else:
         path.write_bytes(b"GGUF" + raw[4:])
     reader, said = _store(tmp_path, build=build)

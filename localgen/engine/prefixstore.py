@@ -204,7 +204,7 @@ class PrefixStore:
                                                          for t in tokens) and type(size) is int
                         and type(prompt_len) is int and 0 <= prompt_len <= len(tokens)):
                     raise ValueError  # (a token past int32 would not even pack into the checksum)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # (RecursionError: nested past JSON's reader)
                 raise _Bad("its header is damaged") from None
             if head.get("identity") != _digest(identity):
                 raise _Bad("it was made by another model or other settings")
@@ -328,7 +328,7 @@ def _token_count(path: Path) -> int | None:
                 return None
             tokens = json.loads(f.read(n))["tokens"]
         return len(tokens) if isinstance(tokens, list) else None
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
+    except (OSError, ValueError, KeyError, TypeError, struct.error, RecursionError):
         return None
 
 
