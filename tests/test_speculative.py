@@ -83,3 +83,10 @@ def test_bad_speculative_flags(cli: CLI, cli_in_process: InProcessCLI) -> None:
     assert r.returncode == 0 and "with --flash-attn, speculative output can differ slightly" in r.stderr
     r = cli("run", "-p", "hi", "--lookup", "--repack", "-n", "4")
     assert r.returncode == 0 and "with --repack" in r.stderr
+    r = cli("run", "-p", "hi", "--lookup", "-ctv", "q8_0", "-n", "4")  # a quantized V cache needs flash attention
+    assert r.returncode == 0 and "a quantized V cache (q8_0) keeps flash attention on, so speculative output can " \
+        "differ slightly" in r.stderr, r.stderr
+    for flags, words in ((("--draft-max", "3"), "--draft-max sets how many tokens --lookup or --draft drafts"),
+                         (("--length-penalty", "2"), "--length-penalty scores beam search's hypotheses")):
+        r = cli_in_process("run", "-p", "hi", *flags)  # without its feature: a usage error, as serve's, not ignored
+        assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -141,6 +141,10 @@ def _check_combinations(f: RunArgs, many: bool) -> None:
         raise UsageError("--system needs the chat template; it cannot be combined with --raw")
     if d.draft and d.lookup:
         raise UsageError("--draft and --lookup cannot be combined")
+    if f.given("draft_max") and not (d.draft or d.lookup):  # as serve refuses it: never silently without effect
+        raise UsageError("--draft-max sets how many tokens --lookup or --draft drafts: add --lookup or --draft")
+    if f.given("length_penalty") and not d.beams:
+        raise UsageError("--length-penalty scores beam search's hypotheses: add --beams N")
     if d.beams and (d.draft or d.lookup or f.output.any):
         raise UsageError("--beams cannot be combined with --draft, --lookup, a grammar or a JSON schema")
     if f.knobs.sampling_flags().alone.reasoning_budget >= 0 and (d.draft or d.lookup or d.beams):
@@ -160,7 +164,11 @@ def _speculative(load: LoadPlan, f: RunArgs) -> tuple[LoadPlan, tuple[str, ...]]
     warnings = [f"with --{name}, speculative output can differ slightly from plain decoding" for name, on in (
         ("flash-attn", f.given("flash_attn") and params.flash_attn is not False),
         ("repack", repack_given and bool(params.repack))) if on]
-    if not fa_given:
+    quantized_v = params.cache_type_v not in ("f16", "f32", "bf16")
+    if not fa_given and quantized_v:  # a quantized V cache needs flash attention: it stays on, said
+        warnings.append(f"a quantized V cache ({params.cache_type_v}) keeps flash attention on, so speculative output "
+                        "can differ slightly from plain decoding")
+    elif not fa_given:
         params = dataclasses.replace(params, flash_attn=False)
     if not repack_given:
         params = dataclasses.replace(params, repack=False)
