@@ -56,6 +56,16 @@ def test_json_reports_text_model_settings_and_stats(cli: CLI) -> None:
     assert doc["text"]
 
 
+def test_without_flash_attention_the_thread_count_leaves_a_greedy_answer_as_it_is(cli: CLI) -> None:
+    """docs/exactness.md: under CPU flash attention -t can change a greedy answer; with --no-flash-attn, -t 1, 2 and
+    3 give the same text (each row of a product is one thread's)."""
+    args = ["run", "-p", "Write two sentences about the sea.", "-n", "48", "--temperature", "0", "--no-flash-attn",
+            "--no-prompt-cache"]
+    runs = [cli(*args, "-t", t) for t in ("1", "2", "3")]
+    assert all(r.returncode == 0 and r.stdout.strip() for r in runs), [r.stderr for r in runs]
+    assert len({r.stdout for r in runs}) == 1, [r.stdout for r in runs]
+
+
 def test_same_seed_same_text_and_no_seed_differs(cli: CLI) -> None:
     args = ["run", "-p", "Write one sentence about a dog.", *QUICK, "--temperature", "1.0"]
     a = cli(*args, "--seed", "42")
