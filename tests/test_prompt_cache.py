@@ -474,3 +474,26 @@ def test_a_file_where_the_cache_folder_goes_is_said_so(tmp_path: Path) -> None:
             raise AssertionError("mkdir made a folder where a file is")
     full = OSError(28, "No space left on device", str(tmp_path))
     assert _reason(full, tmp_path) == f"{tmp_path}: No space left on device"
+
+
+def test_a_state_that_fills_its_disk_is_said_to_have_filled_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's failed write says no cause: the disk is looked at while the part written still fills it (after
+    it was removed, the disk looked free again, and `unwritable` never said the disk was full)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from localgen.engine import promptcache
+
+    def save_state(path: Path) -> None:
+        path.write_bytes(b"x" * 100)
+        raise OSError(f"llama.cpp could not write {path}")
+
+    def disk_usage(path: Any) -> Any:  # full while a part written is there
+        return SimpleNamespace(free=0 if list(tmp_path.glob(".*.tmp")) else 10 << 30)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    engine = SimpleNamespace(kv=SimpleNamespace(save_state=save_state))
+    with pytest.raises(OSError) as caught:
+        promptcache._save(engine, tmp_path, "stem")  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir()), "the part written is removed"
+    assert promptcache._reason(caught.value, tmp_path).endswith("; no space is left on its disk")
