@@ -102,6 +102,16 @@ def test_the_store_stays_within_its_limit_least_recently_used_first(tmp_path: Pa
     assert store.write(KEY, IDENT, [_entry([7] * 99, size=5000)]) == 0  # larger than the whole store: not kept
 
 
+def test_what_a_write_says_it_kept_leaves_out_what_the_limit_took_back_at_once(tmp_path: Path) -> None:
+    """serve's stop line (`kept N MiB of prefixes for the next start`) counts what the next start gets: three
+    written at once where one fits are one's bytes (it said all three's, beside the line that two were dropped)."""
+    store, _ = _store(tmp_path, limit=1500)
+    entries = [_entry([i] * 80 + list(range(i)), seed=i) for i in range(1, 4)]
+    kept = store.write(KEY, IDENT, entries)
+    assert len(list((tmp_path / KEY).glob(f"*{SUFFIX}"))) == 1 and kept == 1000, kept
+    assert store.status()["written"] == 3  # the metrics count every write
+
+
 def test_a_prefix_that_a_longer_one_extends_goes(tmp_path: Path) -> None:
     store, _ = _store(tmp_path)
     short = _entry(list(range(100)))

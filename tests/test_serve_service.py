@@ -243,7 +243,7 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     answer = answered[0]
     assert prompt > 1000, prompt
     log = _log(first)
-    assert "of prefixes for the next start" in log, log
+    assert re.search(r"smollm2:135m: kept [0-9.]+ [KMG]iB of prefixes for the next start", log), log  # serve.md
     store = tmp_path / "home" / "cache" / "serve-prefixes"
     assert list(store.glob("*/*.prefix"))
     history = [{"role": "user", "content": "Which day does the gold door open?"},

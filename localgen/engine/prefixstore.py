@@ -88,10 +88,11 @@ class PrefixStore:
 
     def write(self, key: str, identity: str, entries: Iterable[tuple[list[int], int, Any, int]]) -> int:
         """Store (tokens, prompt_len, data, size) prefixes not stored yet, dropping stored ones each new one
-        extends, then keep within the limit; the bytes written. An OSError (a full disk) ends the writing: the
-        prefixes are only a cache."""
+        extends, then keep within the limit; the bytes written and kept (not those the limit took back at once).
+        An OSError (a full disk) ends the writing: the prefixes are only a cache."""
         folder = self._folder(key)
         total = 0
+        mine: dict[Path, int] = {}  # what this call wrote, and each file's size
         if folder is None:
             return 0
         for tokens, prompt_len, data, size in entries:
@@ -119,26 +120,29 @@ class PrefixStore:
                 self.written += 1
                 self.written_bytes += size
             total += size
+            mine[folder / name] = size
             for other, n in list(files.items()):  # a stored prefix this one extends is of no more use
                 if n < len(tokens) and other != name and tokens_name(tokens[:n]) == other:
                     self._remove(folder / other, key)
         if total:  # only a server that has just written makes room (the module's docstring says why)
-            self.trim()
+            total -= sum(mine.get(path, 0) for path in self.trim())
         return total
 
-    def trim(self) -> None:
+    def trim(self) -> list[Path]:
         """Remove the least recently used files until those this server could keep (each within its limit) are
         within it together; a larger file (another server's, with a larger limit) neither counts nor goes. One
-        line says what went."""
+        line says what went; the files removed."""
         if self.limit <= 0:
-            return
+            return []
         found = [(st.st_mtime_ns, st.st_size, path) for path, st in self._all() if st.st_size <= self.limit]
         total = sum(size for _, size, _ in found)
         gone = freed = 0
+        removed: list[Path] = []
         for _, size, path in sorted(found):
             if total <= self.limit:
                 break
             self._remove(path, path.parent.name)
+            removed.append(path)
             self.evicted += 1
             gone, freed, total = gone + 1, freed + size, total - size
         if gone:
@@ -146,6 +150,7 @@ class PrefixStore:
 
             self.dropped(f"dropped {gone} least recently used stored prefix{'es' if gone != 1 else ''} "
                          f"({format_bytes(freed)}) to keep the store within {format_bytes(self.limit)}")
+        return removed
 
     # ---- reading ----------------------------------------------------------------------------------------
 

@@ -216,7 +216,7 @@ class Residence:
         with self.lock:
             written = self._with_store(lambda store, key, ident: pc.slots.keep(store, key, ident)) or 0
         if final and written:
-            self._log.event("prefixes", self.name, f"{self.name}: wrote {format_bytes(written)} of prefixes for "
+            self._log.event("prefixes", self.name, f"{self.name}: kept {format_bytes(written)} of prefixes for "
                             "the next start", bytes=written)
 
     def expires(self, busy: bool) -> float | None:
