@@ -161,6 +161,19 @@ def test_serve_refuses_a_host_with_control_characters(cli_in_process: InProcessC
     assert "not a host name or address" in line, line
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (("--cache-disk", "99999999999T"), "--cache-disk: '99999999999T' is over 1 EiB, more than a disk holds"),
+    (("--cache-ram", "99999999T"), "--cache-ram: '99999999T' is over 1 PiB, more memory than a machine has"),
+    (("--max-memory", "2000P"), "--max-memory '2000P' is over 1 PiB, more memory than a machine has"),
+])
+def test_serve_refuses_a_size_past_any_machine(cli_in_process: InProcessCLI, flags: tuple[str, str],
+                                                words: str) -> None:
+    """Taken, /health showed a limit past 64 bits (109951162776500490000000), which readers of JSON and /metrics in
+    other languages cannot hold."""
+    line = one_line_usage_error(cli_in_process("serve", *flags, "--port", "1"), flags[0])
+    assert words in line, line
+
+
 def test_quantize_to_a_folder_it_cannot_write_is_refused_before_the_work() -> None:
     # llama.cpp was asked to write there, and the error blamed the disk: "the disk is full or the file too large"
     top = Path(tempfile.mkdtemp(prefix="localgen-ro-", dir="/tmp"))

@@ -186,6 +186,9 @@ def _residency(options: ResidencyOptions, offload_given: bool, log: Any = None) 
         if budget < 1 << 20:
             raise UsageError(f"--max-memory {max_memory!r} leaves no room for any model: give a size such as 12G "
                              "or 800M")
+        if budget > 1 << 50:
+            raise UsageError(f"--max-memory {max_memory!r} is over 1 PiB, more memory than a machine has: give a size "
+                             "such as 12G")
     else:
         budget = default_budget(offload)
     from localgen.serve.servelog import STDERR_LOG
@@ -204,10 +207,14 @@ def _cache_ram(text: str) -> int:
     if value == "-1":
         return -1
     try:
-        return _mib_or_size(value)
+        size = _mib_or_size(value)
     except ValueError:
         raise UsageError(f"--cache-ram: {text!r} is not a size: use MiB (as llama-server), 512M, 4G, 0 (off), "
                          "-1 (no limit) or auto") from None
+    if size > 1 << 50:  # (/health's and /metrics' readers take 64-bit numbers)
+        raise UsageError(f"--cache-ram: {text!r} is over 1 PiB, more memory than a machine has: give a size such as "
+                         "8G, or -1 for no limit")
+    return size
 
 
 def _cache_disk(text: str) -> int:
@@ -227,9 +234,12 @@ def _cache_disk(text: str) -> int:
             free = 32 << 30
         return min(8 << 30, free // 4)
     try:
-        return _mib_or_size(value)
+        size = _mib_or_size(value)
     except ValueError:
         raise UsageError(f"--cache-disk: {text!r} is not a size: use 512M, 8G, 0 (off) or auto") from None
+    if size > 1 << 60:
+        raise UsageError(f"--cache-disk: {text!r} is over 1 EiB, more than a disk holds: give a size such as 64G")
+    return size
 
 
 def _mib_or_size(value: str) -> int:
