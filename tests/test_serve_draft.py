@@ -329,7 +329,7 @@ def test_a_draft_as_costly_as_the_model_drafts_nothing(cli_env: dict[str, str], 
     assert f"smollm2:135m: throughput batching: --draft {smollm2_path.name}" in startup
     assert_same_greedy_text([d["choices"][0]["message"]["content"] for d in docs], plain_answers,
                             "a draft model's drafts never change greedy text")
-    assert [d["timings"].get("draft_n", 0) for d in docs] == [0, 0]
+    assert [sorted(set(d["timings"]) & {"draft_n", "draft_n_accepted"}) for d in docs] == [[], []]  # none drafted
     assert (health["drafted"], health["accepted"]) == (0, 0)
     assert health["draft_model_cost"] > 0.2 and health["draft_row_cost"] >= 0, "measured at the warm-up"
     assert health["drafting"] is True and health["drafting_off"] is None
