@@ -109,3 +109,13 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def no_room(path: Path) -> bool:
+    """Whether the disk holding `path` has less than 1 MiB free (a failed write that says no cause: llama.cpp's)."""
+    import shutil
+
+    try:
+        return shutil.disk_usage(path).free < 1 << 20
+    except OSError:
+        return False

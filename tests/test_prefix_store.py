@@ -110,6 +110,9 @@ def test_what_a_write_says_it_kept_leaves_out_what_the_limit_took_back_at_once(t
     kept = store.write(KEY, IDENT, entries)
     assert len(list((tmp_path / KEY).glob(f"*{SUFFIX}"))) == 1 and kept == 1000, kept
     assert store.status()["written"] == 3  # the metrics count every write
+    again, _ = _store(tmp_path / "again")
+    short, longer = _entry(list(range(100)), seed=4), _entry(list(range(150)), seed=5)  # a slot's state extends
+    assert again.write(KEY, IDENT, [short, longer]) == 1000  # a host-cache entry written in the same call
 
 
 def test_a_prefix_that_a_longer_one_extends_goes(tmp_path: Path) -> None:

@@ -356,7 +356,8 @@ def test_a_relative_from_starts_at_the_modelfiles_folder(pcli: InProcessCLI, tmp
 
 
 def test_a_from_name_beside_that_presets_own_modelfile_is_the_preset(pcli: InProcessCLI, tmp_path: Path,
-                                                                       smollm2_path: Path) -> None:
+                                                                       smollm2_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/models.md: a bare FROM name that is both a file in the Modelfile's folder and a model here is the model
     (as `run -m NAME`), and ./NAME the file. (A folder holding the Modelfiles `base` and `derived`, FROM base: the
     Modelfile text was taken for the base model's file.)"""
@@ -373,6 +374,11 @@ def test_a_from_name_beside_that_presets_own_modelfile_is_the_preset(pcli: InPro
     (folder / "other").write_text("FROM mine\n")
     r = pcli("create", "other", "-f", str(folder / "other"), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["base"] == str((folder / "mine").resolve()), r.stderr
+    (folder / "smollm2:135m").write_text("not a model")  # a catalogue name beside it, created from that folder:
+    (folder / "cat").write_text("FROM smollm2:135m\n")  # the preset keeps the name (its catalogue settings), not
+    monkeypatch.chdir(folder)  # the model's file path
+    r = pcli("create", "cat", "-f", "cat", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["base"] == "smollm2:135m", r.stdout + r.stderr
 
 
 def test_create_keeps_what_exists(pcli: InProcessCLI, tmp_path: Path) -> None:

@@ -482,18 +482,19 @@ def test_a_state_that_fills_its_disk_is_said_to_have_filled_it(tmp_path: Path, m
     import shutil
     from types import SimpleNamespace
 
-    from localgen.engine import promptcache
+    from localgen.engine import kvcache, promptcache
 
-    def save_state(path: Path) -> None:
-        path.write_bytes(b"x" * 100)
-        raise OSError(f"llama.cpp could not write {path}")
+    def save_file(ctx: Any, path: Path, tokens: list[int]) -> bool:  # llama.cpp's write, cut short by a full disk
+        Path(path).write_bytes(b"x" * 100)
+        return False
 
     def disk_usage(path: Any) -> Any:  # full while a part written is there
-        return SimpleNamespace(free=0 if list(tmp_path.glob(".*.tmp")) else 10 << 30)
+        return SimpleNamespace(free=0 if list(tmp_path.rglob(".*.tmp")) else 10 << 30)
 
     monkeypatch.setattr(shutil, "disk_usage", disk_usage)
-    engine = SimpleNamespace(kv=SimpleNamespace(save_state=save_state))
+    monkeypatch.setattr(kvcache.context, "save_file", save_file)
+    kv = kvcache.KVCache(lambda: None, 512, 512)
     with pytest.raises(OSError) as caught:
-        promptcache._save(engine, tmp_path, "stem")  # type: ignore[arg-type]
-    assert not list(tmp_path.iterdir()), "the part written is removed"
-    assert promptcache._reason(caught.value, tmp_path).endswith("; no space is left on its disk")
+        promptcache._save(SimpleNamespace(kv=kv), tmp_path, "stem")  # type: ignore[arg-type]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], "the part written is removed"
+    assert promptcache._reason(caught.value, tmp_path) == f"{tmp_path}: No space left on device"

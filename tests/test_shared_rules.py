@@ -118,8 +118,8 @@ CLI = ROOT / "localgen" / "cli"
 ENTRY = {"run/command.py", "chat/command.py", "run/plan.py", "chat/plan.py", "options/plan.py"}
 WHOLE = {"RunArgs", "ChatArgs", "ModelArgs"}
 ON_THE_WAY = ("run/execute.py", "run/prompt.py", "run/many.py", "run/tools.py", "options/tools.py",
-              "options/preset.py", "options/files.py", "log/conversation.py", "chat/loop.py", "chat/view.py",
-              "chat/turn.py", "chat/slash.py", "chat/repl.py", "chat/render.py", "output.py")
+              "options/preset.py", "options/files.py", "log/conversation.py", "chat/loop.py", "chat/message.py",
+              "chat/view.py", "chat/turn.py", "chat/slash.py", "chat/repl.py", "chat/render.py", "output.py")
 
 
 def _names(node: ast.AST | None) -> set[str]:

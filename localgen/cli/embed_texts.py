@@ -15,7 +15,7 @@ NAMED_LINES = 5  # of a repeated id's lines, named in its error
 
 
 def read_texts(texts: list[str] | None, file: Path | None, by_content: bool = False,
-            verb: str = "embed", unique: bool = False) -> list[tuple[str, str]]:
+               verb: str = "embed", unique: bool = False) -> list[tuple[str, str]]:
     """(id, text) pairs: the arguments (numbered, or with `by_content` each its content's id), else --file,
     else stdin lines (the line number, or a JSON line's "id"); blank lines are skipped, a blank argument is a
     usage error. Lines end at "\n" alone (a JSON line's text may hold U+2028 or a form feed). `verb`: what the
@@ -42,11 +42,11 @@ def read_texts(texts: list[str] | None, file: Path | None, by_content: bool = Fa
 
         with file.open("rb") as stream:
             data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
-        bounded(len(data), str(file), verb)
+        _bounded(len(data), str(file), verb)
         lines = decode(data, str(file)).removeprefix(BOM).split("\n")
     elif sys.stdin is not None and not sys.stdin.isatty():
         text = sys.stdin.read(MAX_INPUT + 1)
-        bounded(len(text), "stdin", verb)
+        _bounded(len(text), "stdin", verb)
         lines = text.removeprefix(BOM).split("\n")
     else:
         what = "documents" if verb == "rerank" else "texts"
@@ -105,6 +105,6 @@ def _id(value: Any) -> str:
     return value
 
 
-def bounded(size: int, what: str, verb: str) -> None:
+def _bounded(size: int, what: str, verb: str) -> None:
     if size > MAX_INPUT:
         raise UsageError(f"{what} is larger than {MAX_INPUT >> 20} MiB: {verb} it in parts")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -229,6 +230,8 @@ class KVCache:
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))  # llama.cpp keeps the mode
             if not context.save_file(self._ctx(), tmp, tokens):
+                if paths.no_room(tmp.parent):  # looked at while the part written still fills the disk (llama.cpp
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))  # says no cause)
                 raise OSError(f"llama.cpp could not write {path}")  # the file asked for, not this step's own
             os.chmod(tmp, 0o600)
             os.replace(tmp, path)

@@ -124,6 +124,7 @@ class PrefixStore:
             for other, n in list(files.items()):  # a stored prefix this one extends is of no more use
                 if n < len(tokens) and other != name and tokens_name(tokens[:n]) == other:
                     self._remove(folder / other, key)
+                    total -= mine.pop(folder / other, 0)  # (one this call wrote is not kept either)
         if total:  # only a server that has just written makes room (the module's docstring says why)
             total -= sum(mine.get(path, 0) for path in self.trim())
         return total

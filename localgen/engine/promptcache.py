@@ -139,12 +139,7 @@ def _save(engine: Engine, folder: Path, stem: str) -> Path:
     """Write the engine's state as `stem.<its SHA-256>.state`, atomically, and remove other states of `stem`."""
     tmp = folder / f".{stem}.{os.getpid()}.tmp"  # not a *.state: never looked up nor counted
     try:
-        try:
-            engine.kv.save_state(tmp)
-        except OSError as e:  # the disk looked at while the part written still fills it (then it is removed)
-            if e.errno is None and _no_room(folder):
-                raise DiskFull(*e.args) from None
-            raise
+        engine.kv.save_state(tmp)  # a disk it filled: ENOSPC, looked at before the part written is removed
         with open(tmp, "rb") as f:
             path = folder / f"{stem}.{hashlib.file_digest(f, 'sha256').hexdigest()}.state"
         os.replace(tmp, path)
@@ -222,28 +217,15 @@ def evict() -> None:
             p.unlink(missing_ok=True)
 
 
-class DiskFull(OSError):
-    """llama.cpp's write of a state failed while its disk had no room left (its own error says no cause)."""
-
-
-def _no_room(path: Path) -> bool:
-    import shutil
-
-    try:
-        return shutil.disk_usage(path).free < 1 << 20
-    except OSError:
-        return False
-
-
 def _reason(e: OSError, path: Path) -> str:
     """Why the cache could not be written, in words: llama.cpp's failed write says no cause, so a disk with no
     room left is said."""
-    where = e.filename or path
+    where = path if e.errno == errno.ENOSPC else e.filename or path  # a full disk: the cache's folder, not a temp
     why = f"{where}: {e.strerror or e}"
     if e.errno in (errno.EEXIST, errno.ENOTDIR):  # mkdir's "File exists" does not say what is in the way
         blocking = next((p for p in (Path(where), *Path(where).parents) if p.exists() and not p.is_dir()), None)
         if blocking is not None:
             why = f"{blocking} is a file, where a folder goes"
-    if isinstance(e, DiskFull) or (e.errno is None and _no_room(path)):
+    if e.errno is None and paths.no_room(path):
         why += "; no space is left on its disk"
     return why

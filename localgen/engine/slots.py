@@ -96,7 +96,7 @@ class Slots:
     def keep(self, store: Any, key: str, identity: str) -> int:
         """Write to the prefix store (engine/prefixstore.py) what the host cache holds and what each slot
         holds (64 tokens or more, not stored yet, not a prefix of another slot's), copied straight from the
-        slot: serve's prompt cache kept across unloads and restarts. The bytes written (nothing without a
+        slot: serve's prompt cache kept across unloads and restarts. The bytes written and kept (nothing without a
         host cache, which is where they come back to)."""
         if self.host is None:
             return 0

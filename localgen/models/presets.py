@@ -294,7 +294,7 @@ def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", fol
     check_name(name)
     spec = modelfile.parse(text, where, folder, known)
     _check_new_name(name, using=spec.base)
-    spec = _on_base(spec, where, lookup)
+    spec = _on_base(spec, where, lookup, known)
     if spec.adapters:
         from localgen.models import lora
 
@@ -356,9 +356,11 @@ def remove(name: str) -> bool:
     return removed
 
 
-def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> modelfile.Modelfile:
+def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
+             known: Callable[[str], bool] | None = None) -> modelfile.Modelfile:
     """FROM another preset: that preset's settings under this one's. FROM a model: it must be on this machine
-    (checked offline); a path is kept absolute."""
+    (checked offline); a path is kept absolute, a name known here (`known`) as its name, whatever file of that
+    name the current folder holds."""
     parent = find(spec.base)
     if parent is not None:
         up = parent.spec
@@ -381,7 +383,8 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup) -> model
     if ref.summary.chat_template is None and spec.template is None and (spec.system or spec.messages):
         raise UsageError(f"{where}: {spec.base} has no chat template, so SYSTEM and MESSAGE cannot apply; "
                          "give a TEMPLATE")
-    if isinstance(names.parse(spec.base), names.PathSpec):
+    named = known is not None and not names.looks_like_path(spec.base) and known(spec.base)
+    if isinstance(names.parse(spec.base), names.PathSpec) and not named:
         return dataclasses.replace(spec, base=str(Path(ref.path).resolve()))
     return spec
 

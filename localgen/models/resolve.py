@@ -94,9 +94,9 @@ def known_name(text: str) -> bool:
     catalogue entry (NAME and NAME:latest as one)."""
     try:
         named = names.parse(text, local=False)
-    except LocalgenError:
+        return isinstance(named, names.CatalogueSpec) and _known(_latest(named))
+    except LocalgenError:  # (a preset named with an @QUANT, say: resolving it says why)
         return False
-    return isinstance(named, names.CatalogueSpec) and _known(_latest(named))
 
 
 def other_store(spec: names.StoreSpec, offline: bool = True, progress: download.Progress | None = None,

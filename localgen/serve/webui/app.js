@@ -510,10 +510,16 @@ async function watchAnswer(convId, id) {
       return;
     }
   } else {
-    do {
-      await new Promise((wait) => setTimeout(wait, WATCH_MS));
-      if (state.conv.id !== convId) return;
-    } while (await answering(id));
+    if (watching.has(id)) return; // opened again meanwhile: one loop asks
+    watching.add(id);
+    try {
+      do {
+        await new Promise((wait) => setTimeout(wait, WATCH_MS));
+        if (state.conv.id !== convId) return;
+      } while (await answering(id));
+    } finally {
+      watching.delete(id);
+    }
   }
   const stored = await store.get(convId).catch(() => null);
   const kept = stored && stored.messages && stored.messages[id];
@@ -522,9 +528,10 @@ async function watchAnswer(convId, id) {
   if (!shown || !shown.pending) return;
   shown.pending = false;
   shown.error = interrupted();
-  if (!editing() && !state.running) renderConversation(); // (an answer this tab writes draws it when it ends)
+  schedule(shown); // its own redraw: during an answer this tab writes, and beside an edit open on another message
 }
 const WATCH_MS = 2000;
+const watching = new Set(); // the answers asked about every WATCH_MS (without Web Locks)
 
 /** This tab claims the answer it is writing when another tab asks. */
 function listenForAsks() {
