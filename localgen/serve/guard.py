@@ -245,6 +245,9 @@ class Gate:
                     408, f"the request body stalled: no byte came for {self.policy.read_timeout:g} s "
                          "(serve --read-timeout)"), {"Connection": "close"})
                 return
+            except HTTPError as e:  # the server is stopping (serve/app.py's FrontDoor): a 503 before uvicorn's cancel
+                await _refuse(scope, receive, send, e, {"Connection": "close"})
+                return
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
