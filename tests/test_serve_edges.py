@@ -6,6 +6,7 @@ engine's own refusal and the decode fault run in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -261,6 +262,59 @@ def test_a_stalled_body_is_a_408_and_closed(child: Server) -> None:
     out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                                         b"application/json\r\nContent-Length: 100\r\n\r\n{")
     assert out.startswith(b"HTTP/1.1 408") and b"--read-timeout" in out, out
+
+
+def _trickled(port: int, head: bytes) -> bytes:
+    """What the server answers a body sent a byte at a time, each well within --read-timeout (2 s) of the one
+    before, until it closes the connection (a safety net of 60 s: a connection held that long fails the test)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head)
+        sock.settimeout(0.5)
+        out = b""
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                chunk = sock.recv(4096)
+            except TimeoutError:
+                with contextlib.suppress(OSError):
+                    sock.sendall(b" ")
+                continue
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+UPLOAD_HEAD = (b"POST /v1/files HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
+               b"Content-Length: 100000\r\n\r\n--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n")
+
+
+@pytest.mark.parametrize(("head", "what"), [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+     b"Content-Length: 100000\r\n\r\n{", b"the request body"),
+    (UPLOAD_HEAD, b"the upload")], ids=["json", "upload"])
+def test_a_trickled_body_is_a_408_and_closed(child: Server, head: bytes, what: bytes) -> None:
+    # serve.md: a body has --read-timeout seconds and one more per 500 bytes; one byte every 0.5 s never
+    # stalled for --read-timeout, and ~300 such connections locked every client out
+    out = _trickled(child.port, head)
+    assert out.startswith(b"HTTP/1.1 408") and what + b" came too slowly" in out, out[:400]
+    assert b"--read-timeout" in out and b'"error"' in out, out
+
+
+def test_a_body_on_a_slow_link_is_read_past_the_read_timeout(child: Server) -> None:
+    # a body that keeps coming at a few KB/s is never cut, however long it takes (here 3 s, past --read-timeout 2)
+    body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}' + b" " * (30 << 10)
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), 3 << 10):
+            sock.sendall(body[i:i + (3 << 10)])
+            time.sleep(0.3)
+        sock.settimeout(60)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 200") and b'"completion_tokens":1' in out.replace(b" ", b""), out[:300]
 
 
 # serve.md: a request's line and headers are at most 64 KiB together (httptools bounds neither, and builds
