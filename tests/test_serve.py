@@ -1012,6 +1012,41 @@ def test_an_http_1_0_client_gets_a_stream_whole_with_its_length_not_in_chunks(se
     assert b" 304 " in head.split(b"\r\n")[0] and b"content-length" not in head and got == b"", head
 
 
+def test_an_http_1_0_stream_its_error_event_ends_is_that_error_not_a_200(cli_env: dict[str, str]) -> None:
+    """serve.md: a 1.0 client's stream that fails before its end reaches it as that failure, with its request_id
+    and its status in the access line; one ended by the server's stop (its 503 error event) came as a 200 whose
+    body ended in the error event."""
+    s = Server(cli_env, "-np", "1", "--ctx", "4096", "--drain-timeout", "0")
+    body = json.dumps({"model": "smollm2:135m", "messages": [{"role": "user", "content": "story"}],
+                       "max_tokens": 4000, "ignore_eos": True, "stream": True}).encode()
+    got: dict[str, Any] = {}
+    ask = (b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nX-Request-Id: old-client\r\n"
+           b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    asking = threading.Thread(target=lambda: got.update(answer=_raw(s.port, ask)))
+    try:
+        asking.start()
+        deadline = time.monotonic() + 120
+        while s.health()["running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.health()["running"] == 1, "the stream is in its slot"
+        began = s.health()["decode_calls"]
+        while s.health()["decode_calls"] < began + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.health()["decode_calls"] >= began + 5, "the stream has begun: its tokens come"
+        s.proc.send_signal(signal.SIGTERM)
+        asking.join(60)
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    head, answer = got["answer"]
+    assert head.split(b"\r\n")[0].endswith(b" 503 service unavailable"), head
+    assert b"content-type: application/json" in head and f"content-length: {len(answer)}".encode() in head, head
+    error = json.loads(answer)
+    assert "shutting down" in error["error"]["message"] and error["request_id"] == "old-client", error
+    assert " 503 " in s.access("old-client"), s.log()
+
+
 def test_a_ctx_past_the_trained_window_is_said_at_start(cli_env: dict[str, str]) -> None:
     """As run says it: the load caps --ctx at what the model was trained on (SmolLM2: 8,192), and serve says so."""
     s = Server(cli_env, "-np", "1", "--ctx", "16384")
