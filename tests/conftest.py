@@ -264,7 +264,8 @@ class InProcessCLI:
 
         from localgen.cli.main import main
 
-        handler = signal.getsignal(signal.SIGINT)  # main() installs its own; the test session keeps pytest's
+        # main() installs its own (serve: SIGTERM's and SIGHUP's too); the test session keeps pytest's
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             with CliRunner().isolation(input=input or "", env=self.env) as (out, err, _):
                 try:
@@ -276,7 +277,8 @@ class InProcessCLI:
                 sys.stderr.flush()
                 stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
         finally:
-            signal.signal(signal.SIGINT, handler)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
         return subprocess.CompletedProcess(["localgen", *args], rc, stdout, stderr)
 
 

@@ -364,3 +364,58 @@ def test_requests_ended_by_sigterm_have_their_tokens_in_their_access_lines(cli_e
     assert logged["whole"]["status"] == 503 and logged["whole"]["completion_tokens"] >= 1
     for e in logged.values():
         assert e["prompt_tokens"] >= 1 and e["cached_tokens"] is not None and e["ttft_ms"] > 0, e
+
+
+def _answer_of(sock: Any) -> bytes:
+    """All the server sends on a connection until it closes it (a safety net of 60 s)."""
+    sock.settimeout(60)
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+BODY_PENDING = {  # requests whose body has not all arrived when the server is told to stop, by the API that answers
+    "chat": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"X-Request-Id: pending-chat\r\nContent-Length: 100000\r\n\r\n{",
+    "ollama": b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+              b"X-Request-Id: pending-ollama\r\nContent-Length: 100000\r\n\r\n{",
+    "upload": b"POST /v1/files HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
+              b"X-Request-Id: pending-upload\r\nContent-Length: 100000\r\n\r\n--XyZ\r\nContent-Disposition: "
+              b"form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; "
+              b"filename=\"a.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"custom_id\"",
+}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_request_whose_body_is_still_arriving_at_shutdown_is_a_503_in_its_apis_shape(
+        cli_env: dict[str, str], sig: int) -> None:
+    """serve.md, Stopping: a request still running when the drain ends is a 503 in its API's shape, and the exit
+    is 0 with no traceback; one still waiting for its body was cancelled by uvicorn a second later (a traceback, a
+    plain-text 500 and `-` in the access line)."""
+    import socket
+
+    s = Server(cli_env, "-np", "2", "--read-timeout", "60", "--drain-timeout", "1")
+    socks = {}
+    try:
+        for name, head in BODY_PENDING.items():
+            socks[name] = socket.create_connection(("127.0.0.1", s.port))
+            socks[name].sendall(head)
+        time.sleep(0.5)  # their headers read: each waits for the rest of its body
+        s.proc.send_signal(sig)
+        got = {name: _answer_of(sock) for name, sock in socks.items()}
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        for sock in socks.values():
+            sock.close()
+        if s.proc.poll() is None:
+            s.proc.kill()
+    log = s.log()
+    assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log, log
+    for name, out in got.items():
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"application/json" in head, out[:300]
+        error = json.loads(body)["error"]
+        message = error if name == "ollama" else error["message"]  # Ollama's error is a string
+        assert "shutting down" in message, body
+        assert " 503 " in s.access(f"pending-{name}"), log

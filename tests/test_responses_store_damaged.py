@@ -188,3 +188,101 @@ def test_a_store_sqlite_cannot_open_is_not_called_damaged(tmp_path: Path) -> Non
     with pytest.raises(HTTPError) as caught:
         damaged.check()
     assert "is damaged" in caught.value.message and "move it aside" in caught.value.message
+
+
+LOCKER = ("import sqlite3, sys, time\n"
+          "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+          "db.execute('BEGIN EXCLUSIVE')\n"
+          "print('locked', flush=True)\n"
+          "sys.stdin.read()\n")
+
+
+def _locked_by_another_process(path: Path) -> Any:
+    """A process that holds the store's write lock until its stdin is closed."""
+    import subprocess
+    import sys
+
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert locker.stdout is not None and locker.stdout.readline() == "locked\n"
+    return locker
+
+
+def test_a_store_another_process_has_locked_is_waited_for_without_holding_up_this_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While another process holds the store's lock, a save waits for it (and stores, once it is let go) without
+    holding this process's lock all along: a read meanwhile is answered while the save still waits (it waited
+    behind the save's whole wait, 30 s); past the wait, the save is a 503 naming the other process (it was a 500
+    blaming permissions, free space or open files)."""
+    import threading
+
+    from localgen.serve import responsestore
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.responsestore import ResponseStore
+
+    path = tmp_path / "responses.db"
+    store = ResponseStore(path)
+    store.save("resp_before", {"id": "resp_before"}, [{"role": "user", "content": "Hi"}])
+    monkeypatch.setattr(responsestore, "BUSY_TIMEOUT_S", 120.0)  # a safety net: the lock is let go well before
+    locker = _locked_by_another_process(path)
+    try:
+        saved: list[BaseException | None] = []
+
+        def save() -> None:
+            try:
+                store.save("resp_after", {"id": "resp_after"}, [{"role": "user", "content": "Hello"}])
+                saved.append(None)
+            except BaseException as e:
+                saved.append(e)
+
+        saver = threading.Thread(target=save)
+        saver.start()
+        found = store.load("resp_before")
+        assert found is not None and found.response == {"id": "resp_before"}
+        assert saver.is_alive() and not saved, "the read was answered while the save still waited for the lock"
+    finally:
+        assert locker.stdin is not None
+        locker.stdin.close()
+        locker.wait(30)
+    saver.join(60)
+    assert saved == [None] and store.load("resp_after") is not None, saved
+    monkeypatch.setattr(responsestore, "BUSY_TIMEOUT_S", 0.3)
+    locker = _locked_by_another_process(path)
+    try:
+        with pytest.raises(HTTPError) as caught:
+            store.save("resp_late", {"id": "resp_late"}, [])
+    finally:
+        assert locker.stdin is not None
+        locker.stdin.close()
+        locker.wait(30)
+    e = caught.value
+    assert e.status == 503 and e.kind == "server_error" and e.logged is not None, e.message
+    assert "is locked by another process" in e.message and "\"store\": false" in e.message, e.message
+    assert "ulimit" not in e.message and "permissions" not in e.message
+
+
+def test_a_server_whose_store_another_process_has_locked_answers_503(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Over HTTP: a response that would be stored while another process holds the store's lock is a 503 in
+    OpenAI's shape saying so; "store": false still answers."""
+    home = tmp_path / "home"
+    store = home / "data" / "responses" / "responses.db"
+    s = Server({**cli_env, "LOCALGEN_HOME": str(home)}, "--ctx", "512")
+    ask = {"model": "smollm2:135m", "input": "Hi", "max_output_tokens": 2, "temperature": 0}
+    try:
+        assert httpx.post(f"{s.url}/v1/responses", json=ask, timeout=120).status_code == 200  # the store is made
+        locker = _locked_by_another_process(store)
+        try:
+            r = httpx.post(f"{s.url}/v1/responses", json=ask, timeout=120)
+            unstored = httpx.post(f"{s.url}/v1/responses", json={**ask, "store": False}, timeout=120)
+        finally:
+            assert locker.stdin is not None
+            locker.stdin.close()
+            locker.wait(30)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
+        message = r.json()["error"]["message"]
+        assert "the Responses store responses.db is locked by another process" in message, message
+        assert str(home) not in message
+        assert unstored.status_code == 200, unstored.text
+    finally:
+        assert s.stop() == 0
+    assert "Traceback" not in s.log(), s.log()

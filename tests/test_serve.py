@@ -308,7 +308,11 @@ def test_keep_alive_unloads_and_the_next_request_loads_again(cli_env: dict[str, 
         assert s.stop() == 0
 
 
-def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, str], tmp_path: Path,
+                                                            sig: int) -> None:
+    """serve.md, Stopping: SIGHUP (the terminal closed) is SIGTERM: the request in flight finishes, exit 0 (SIGHUP
+    killed it at once with 129, its stream cut and its prefixes not written)."""
     s = Server(cli_env, "-np", "2", "--drain-timeout", "120")  # room for 48 tokens however busy the cores are
     lines: list[str] = []
     first_token = threading.Event()
@@ -328,10 +332,10 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, s
     t = threading.Thread(target=stream)
     t.start()
     assert first_token.wait(600) and lines, "the request is running (its first token came back)"
-    s.proc.send_signal(signal.SIGTERM)
+    s.proc.send_signal(sig)
     assert "data: [DONE]" not in lines, "the request was still in flight when the signal came"
     time.sleep(0.05)
-    s.proc.send_signal(signal.SIGTERM)  # a service manager's repeat changes nothing (serve.md): it still finishes
+    s.proc.send_signal(sig)  # a service manager's repeat changes nothing (serve.md): it still finishes
     assert "data: [DONE]" not in lines, "the request was still in flight when the second signal came"
     t.join(600)
     assert s.proc.wait(timeout=600) == 0
@@ -339,6 +343,44 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, s
     last = json.loads(lines[-2].removeprefix("data:"))
     assert "error" not in last, "the stream in flight was finished, not cut"
     assert last["choices"][0]["finish_reason"] == "length" and last["timings"]["predicted_n"] == 48
+
+
+@pytest.mark.parametrize(("sig", "json_lines"),
+                         [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGTERM, True)],
+                         ids=["SIGTERM", "SIGHUP", "SIGTERM-json"])
+def test_sigterm_before_the_server_listens_says_so_and_exits_128_plus_its_number(
+        cli_env: dict[str, str], tmp_path: Path, sig: int, json_lines: bool) -> None:
+    """A SIGTERM or SIGHUP while serve starts (here while its --functions file is imported, before any model loads
+    or the port is taken) stops it with one line and the signal's conventional status, as Ctrl-C there says
+    `interrupted` and exits 130; it ended silently, killed by the signal (-15)."""
+    mark = tmp_path / "importing"
+    tools = tmp_path / "slowtools.py"
+    tools.write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).write_text('x')\ntime.sleep(600)\n\n\n"
+                     "def add(a: int, b: int) -> int:\n    \"\"\"Add two numbers.\"\"\"\n    return a + b\n")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    args = ["--port", str(port), "--functions", str(tools), *(["--log-format", "json"] if json_lines else [])]
+    proc = serve_process(cli_env, args, subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300  # a safety net
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists(), "serve is importing its tools"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = err.decode()
+    name = signal.Signals(sig).name
+    assert proc.returncode == 128 + sig, said
+    if json_lines:
+        doc = json.loads(said)
+        assert doc["event"] == "stopped" and doc["exit_code"] == 128 + sig, said
+        assert doc["message"] == f"stopped by {name} before the server was listening"
+    else:
+        assert said == f"localgen serve: stopped by {name} before the server was listening\n", said
 
 
 def test_sigterm_again_and_again_while_the_server_stops_still_exits_0(cli_env: dict[str, str]) -> None:
@@ -1010,6 +1052,41 @@ def test_an_http_1_0_client_gets_a_stream_whole_with_its_length_not_in_chunks(se
     etag = next(line for line in head.split(b"\r\n") if line.startswith(b"etag:")).split(b":", 1)[1].strip()
     head, got = _raw(server.port, ask + b"If-None-Match: " + etag + b"\r\n\r\n")
     assert b" 304 " in head.split(b"\r\n")[0] and b"content-length" not in head and got == b"", head
+
+
+def test_an_http_1_0_stream_its_error_event_ends_is_that_error_not_a_200(cli_env: dict[str, str]) -> None:
+    """serve.md: a 1.0 client's stream that fails before its end reaches it as that failure, with its request_id
+    and its status in the access line; one ended by the server's stop (its 503 error event) came as a 200 whose
+    body ended in the error event."""
+    s = Server(cli_env, "-np", "1", "--ctx", "4096", "--drain-timeout", "0")
+    body = json.dumps({"model": "smollm2:135m", "messages": [{"role": "user", "content": "story"}],
+                       "max_tokens": 4000, "ignore_eos": True, "stream": True}).encode()
+    got: dict[str, Any] = {}
+    ask = (b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nX-Request-Id: old-client\r\n"
+           b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    asking = threading.Thread(target=lambda: got.update(answer=_raw(s.port, ask)))
+    try:
+        asking.start()
+        deadline = time.monotonic() + 120
+        while s.health()["running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.health()["running"] == 1, "the stream is in its slot"
+        began = s.health()["decode_calls"]
+        while s.health()["decode_calls"] < began + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.health()["decode_calls"] >= began + 5, "the stream has begun: its tokens come"
+        s.proc.send_signal(signal.SIGTERM)
+        asking.join(60)
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    head, answer = got["answer"]
+    assert head.split(b"\r\n")[0].endswith(b" 503 service unavailable"), head
+    assert b"content-type: application/json" in head and f"content-length: {len(answer)}".encode() in head, head
+    error = json.loads(answer)
+    assert "shutting down" in error["error"]["message"] and error["request_id"] == "old-client", error
+    assert " 503 " in s.access("old-client"), s.log()
 
 
 def test_a_ctx_past_the_trained_window_is_said_at_start(cli_env: dict[str, str]) -> None:

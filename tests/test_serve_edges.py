@@ -6,6 +6,7 @@ engine's own refusal and the decode fault run in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -209,6 +210,69 @@ def test_a_client_that_leaves_mid_body_is_a_499(child: Server) -> None:
     assert 'status="none"' not in metrics
 
 
+def test_clients_that_leave_the_queue_give_up_their_places_at_once(smollm2_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queued client that leaves frees its place in the queue (its bound, /health's queued and /metrics'
+    queue_depth) when it leaves, not at the model's next step: here the worker is held inside its first decode
+    all along (a long step), and the queue was full (a 503 "all 2 slots are busy and 4 requests wait") until it
+    returned."""
+    s = InProcess(smollm2_path)  # 2 slots, 4 in the queue
+    ask = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(ask)) + ask
+    socks: list[socket.socket] = []
+    gate = threading.Event()
+    try:
+        _still_answers(s.url)  # warmed up before the worker is held
+        pc = s.worker.residence.pc
+        real = pc.decode
+
+        def decode(n: int, cancelled: Any = None) -> bool:
+            gate.wait(120)
+            return bool(real(n, cancelled))
+
+        monkeypatch.setattr(pc, "decode", decode)
+        socks.append(socket.create_connection(("127.0.0.1", s.port)))
+        socks[0].sendall(head)
+        health = _until(s.url, lambda h: h["running"] == 1)
+        assert health["running"] == 1, "the first request is in its slot, its decode held"
+        for _ in range(5):  # one more slot and the queue: each waits, as the worker is held
+            socks.append(socket.create_connection(("127.0.0.1", s.port)))
+            socks[-1].sendall(head)
+        assert _until(s.url, lambda h: h["queued"] == 5)["queued"] == 5
+        full = httpx.post(f"{s.url}/v1/completions", content=ask, headers={"Content-Type": "application/json"},
+                          timeout=30)
+        assert full.status_code == 503 and "requests wait" in full.json()["error"]["message"], full.text
+        for sock in socks[2:]:  # four queued clients leave
+            sock.close()
+        assert _until(s.url, lambda h: h["queued"] == 1)["queued"] == 1, "their places are free"
+        metrics = httpx.get(f"{s.url}/metrics", timeout=10).text
+        assert re.search(r'localgen_queue_depth\{model="smollm2:135m"\} 1\.0', metrics), metrics
+        got: dict[str, httpx.Response] = {}
+        later = threading.Thread(target=lambda: got.update(r=httpx.post(
+            f"{s.url}/v1/completions", content=ask, headers={"Content-Type": "application/json"}, timeout=120)))
+        later.start()
+        assert _until(s.url, lambda h: h["queued"] == 2)["queued"] == 2, "the next client took a place"
+        gate.set()
+        later.join(120)
+        assert got["r"].status_code == 200, got["r"].text
+    finally:
+        gate.set()
+        for sock in socks:
+            sock.close()
+        s.close()
+
+
+def _until(url: str, done: Any) -> dict[str, Any]:
+    """/health's entry for the model once `done` says so of it (or after 30 s, a safety net: the caller asserts)."""
+    deadline = time.monotonic() + 30
+    while True:
+        health = dict(httpx.get(f"{url}/health", timeout=10).json()["models"][MODEL])
+        if done(health) or time.monotonic() > deadline:
+            return health
+        time.sleep(0.05)
+
+
 # ---- 4. stalled connections ---------------------------------------------------------------------------
 
 def _closed_by_server(port: int, data: bytes) -> bytes:
@@ -261,6 +325,59 @@ def test_a_stalled_body_is_a_408_and_closed(child: Server) -> None:
     out = _closed_by_server(child.port, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
                                         b"application/json\r\nContent-Length: 100\r\n\r\n{")
     assert out.startswith(b"HTTP/1.1 408") and b"--read-timeout" in out, out
+
+
+def _trickled(port: int, head: bytes) -> bytes:
+    """What the server answers a body sent a byte at a time, each well within --read-timeout (2 s) of the one
+    before, until it closes the connection (a safety net of 60 s: a connection held that long fails the test)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head)
+        sock.settimeout(0.5)
+        out = b""
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                chunk = sock.recv(4096)
+            except TimeoutError:
+                with contextlib.suppress(OSError):
+                    sock.sendall(b" ")
+                continue
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+UPLOAD_HEAD = (b"POST /v1/files HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
+               b"Content-Length: 100000\r\n\r\n--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n")
+
+
+@pytest.mark.parametrize(("head", "what"), [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+     b"Content-Length: 100000\r\n\r\n{", b"the request body"),
+    (UPLOAD_HEAD, b"the upload")], ids=["json", "upload"])
+def test_a_trickled_body_is_a_408_and_closed(child: Server, head: bytes, what: bytes) -> None:
+    # serve.md: a body has --read-timeout seconds and one more per 500 bytes; one byte every 0.5 s never
+    # stalled for --read-timeout, and ~300 such connections locked every client out
+    out = _trickled(child.port, head)
+    assert out.startswith(b"HTTP/1.1 408") and what + b" came too slowly" in out, out[:400]
+    assert b"--read-timeout" in out and b'"error"' in out, out
+
+
+def test_a_body_on_a_slow_link_is_read_past_the_read_timeout(child: Server) -> None:
+    # a body that keeps coming at a few KB/s is never cut, however long it takes (here 3 s, past --read-timeout 2)
+    body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}' + b" " * (30 << 10)
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), 3 << 10):
+            sock.sendall(body[i:i + (3 << 10)])
+            time.sleep(0.3)
+        sock.settimeout(60)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 200") and b'"completion_tokens":1' in out.replace(b" ", b""), out[:300]
 
 
 # serve.md: a request's line and headers are at most 64 KiB together (httptools bounds neither, and builds

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     moment, even while the command's modules are imported, is one "interrupted" line and exit 130."""
     try:
         keep_ctrl_c()
+        stop_serve_on_term(sys.argv[1:] if argv is None else argv)
         closed_stdio_to_devnull()
         utf8_stdin()
         _main(argv)
@@ -108,14 +109,70 @@ def keep_ctrl_c() -> None:
 REDELIVER_AFTER = 0.005  # seconds: far longer than the rest of the hook, far shorter than a person notices
 
 
+_term = {"signal": 0}  # the SIGTERM or SIGHUP that stopped serve before it listened (stop_serve_on_term)
+
+
+def stop_serve_on_term(args: list[str]) -> None:
+    """serve: a SIGTERM or SIGHUP (the terminal closed) before it listens, while its modules are imported and its
+    models load, stops it as Ctrl-C does there, said in one line (term_line), with 128 + the signal's number (their
+    default action ended it silently). Once it listens, serve's own handling takes over: a drain, exit 0. A SIGHUP
+    ignored (`nohup`) stays so."""
+    import signal
+
+    _term["signal"] = 0  # none yet (also where a test runs several commands in one process)
+    if next((a for a in args if not a.startswith("-")), None) != "serve":
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        if _term["signal"]:
+            return  # a repeated one while it stops changes nothing
+        _term["signal"] = signum
+        logs = sys.modules.get("localgen.native.logs")
+        defer = getattr(logs, "defer_interrupt", None)
+        if defer is not None and defer(frame):
+            return  # raised once llama.cpp returns, as Ctrl-C's: an exception cannot cross its C frames
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        with contextlib.suppress(ValueError, TypeError, OSError):  # not the main thread; no SIGHUP (Windows)
+            if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, on_term)
+
+
+def stopped_by_term() -> int:
+    """The SIGTERM or SIGHUP that stopped serve before it listened (0: none did)."""
+    return _term["signal"]
+
+
+def term_line(signum: int) -> str:
+    """What serve says when a SIGTERM or SIGHUP stopped it before it listened."""
+    import signal
+
+    return f"stopped by {signal.Signals(signum).name} before the server was listening"
+
+
+def _said_term() -> int | None:
+    """Where a SIGTERM or SIGHUP stopped serve before it listened: its line said on stderr, and the exit status."""
+    if not _term["signal"]:
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(f"localgen serve: {term_line(_term['signal'])}\n")
+        sys.stderr.flush()
+    return 128 + _term["signal"]
+
+
 def interrupted_early() -> None:
     """Ctrl-C outside the command's own handling (while Typer, Rich or the command's module is imported): one
     "interrupted" line on stderr, unless it was said already, and exit 130. A second Ctrl-C meanwhile is ignored,
-    so no traceback can follow the line."""
+    so no traceback can follow the line. serve's SIGTERM or SIGHUP there: its own line and status."""
     import signal
 
     with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = _said_term()
+    if code is not None:
+        eval("0")
+        sys.exit(code)
     output = sys.modules.get("localgen.cli.output")
     said = output is not None and getattr(output, "_said", {}).get("interrupted")
     if not said:
@@ -167,8 +224,9 @@ def _main(argv: list[str] | None) -> None:
     except typer.Exit as e:
         rc = e.exit_code
     except typer.Abort:
-        err.interrupted()
-        rc = 130
+        rc = _said_term() or 130
+        if rc == 130:
+            err.interrupted()
     except typer.TyperException as e:  # usage errors: bad flag, value out of range, missing file
         message = _usage_line(args, e)
         if message.strip():  # empty for "no arguments": the help was already printed
@@ -184,8 +242,9 @@ def _main(argv: list[str] | None) -> None:
                   foreign[1] if foreign else e.hint)  # `embed -mg 0 hi`: "unknown model 'g'", and why
         rc = e.exit_code
     except KeyboardInterrupt:
-        err.interrupted()
-        rc = 130
+        rc = _said_term() or 130
+        if rc == 130:
+            err.interrupted()
     except (ReaderGone, BrokenPipeError):  # the reader went away (`| head -1`): a normal end
         silence_stdout()
         rc = 0

@@ -184,6 +184,7 @@ class Front:
     log: ServeLog = STDERR_LOG
     metrics: Metrics | None = None
     usage_paths: frozenset[str] = frozenset()  # POST routes whose response's usage is their access line's tokens
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)  # the drain has ended (Drain.fail_all)
 
 
 # a response's token counts, from the usage it ends with (OpenAI's usage, Ollama's eval counts), for the
@@ -230,13 +231,15 @@ class FrontDoor:
         start = time.perf_counter()
         status = 0
         ended = left = False  # the response's last byte was sent; the client left before it
+        whole = False  # the request's body has all arrived (or its client left)
         counts: dict[str, int] = {}
         scraped = log.access_on and scope["method"] == "POST" and scope["path"] in self.front.usage_paths
         header = (b"x-request-id", trace.id.encode("latin-1"))
 
         async def receiving() -> dict[str, Any]:
-            nonlocal left
-            message: dict[str, Any] = await receive()
+            nonlocal left, whole
+            message: dict[str, Any] = await receive() if whole else await _unless_stopped(receive, self.front.stopped)
+            whole = whole or message["type"] != "http.request" or not message.get("more_body", False)
             left = left or (message["type"] == "http.disconnect" and not ended)
             return message
 
@@ -269,6 +272,21 @@ class FrontDoor:
             if metrics is not None:
                 metrics.request(scope, status, seconds, route)
             log.access(scope["method"], scope["path"], route, status, seconds, trace, counts)
+
+
+async def _unless_stopped(receive: Any, stopped: asyncio.Event) -> dict[str, Any]:
+    """The next part of a body still arriving, or, once the drain has ended, the 503 the reader answers with: a
+    wait left to uvicorn's cancel (a second later) was a traceback in the log and a plain-text 500."""
+    part, stop = asyncio.ensure_future(receive()), asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait((part, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not part.done():
+            part.cancel()
+    if part.done() and not part.cancelled():  # preferred: a part already here (a GET's empty body) is read
+        return dict(part.result())
+    raise HTTPError(503, STOPPING, "server_error")
 
 
 async def _settled(trace: Trace) -> None:
@@ -313,7 +331,9 @@ class Drain:
             self._timer = self.loop.call_later(self.seconds, self.fail_all)
 
     def fail_all(self) -> None:
-        """Every job of every model ends now, as its API's 503, and every pull, with its error line."""
+        """Every job of every model ends now, as its API's 503, and every pull, with its error line; so does every
+        request whose body is still arriving (FrontDoor's receive)."""
+        self.front.stopped.set()
         for w in self.state.workers.values():
             w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
         for pull in list(self.state.pulls):

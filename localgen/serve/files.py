@@ -31,6 +31,7 @@ from starlette.routing import Route
 from localgen import paths
 from localgen.serve.apierror import HTTPError
 from localgen.serve.routing import by_method
+from localgen.serve.stalls import BodyClock
 
 MAX_BYTES = 200 * 1024 * 1024  # OpenAI's bound on a batch input file (209,715,200 bytes)
 FORM_SLACK = 64 * 1024  # what a multipart body may hold besides the file: its boundaries, headers and `purpose`
@@ -371,20 +372,19 @@ async def bounded_body(request: Request, timeout: float, limit: int | None = Non
                        over: HTTPError | None = None) -> AsyncGenerator[bytes, None]:
     """The request's body as it arrives, `over` (a 413) once it passes `limit` (nothing past it is read; by
     default a file of MAX_BYTES and its form), a 408 when a part stalls for `timeout` seconds (serve
-    --read-timeout)."""
+    --read-timeout) or the whole comes too slowly (serve/stalls.py's BodyClock)."""
     bound = MAX_BYTES + FORM_SLACK if limit is None else limit
-    seen = 0
+    clock = BodyClock(timeout)
     chunks = request.stream().__aiter__()
     while True:
         try:
-            chunk = await asyncio.wait_for(chunks.__anext__(), timeout)
+            chunk = await asyncio.wait_for(chunks.__anext__(), clock.wait())
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise HTTPError(408, f"the upload stalled: no byte came for {timeout:g} s (serve --read-timeout)") \
-                from None
-        seen += len(chunk)
-        if seen > bound:
+            raise clock.late("the upload") from None
+        clock.took(chunk)
+        if clock.got > bound:
             raise over or too_big()
         yield chunk
 

@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Match
 
 from localgen.errors import UsageError
 from localgen.serve.apierror import HTTPError, error_response
-from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S
+from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S, BodyClock
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
@@ -237,17 +237,20 @@ class Gate:
             await _refuse(scope, receive, send, too_big)
             return
         body = bytearray()
+        clock = BodyClock(self.policy.read_timeout)
         while True:  # read it all here (Starlette would too), counting, so no route sees a body over the limit
             try:
-                message = await asyncio.wait_for(receive(), self.policy.read_timeout)
-            except TimeoutError:  # a stalled body (slow-loris) holds a connection and a task: closed
-                await _refuse(scope, receive, send, HTTPError(
-                    408, f"the request body stalled: no byte came for {self.policy.read_timeout:g} s "
-                         "(serve --read-timeout)"), {"Connection": "close"})
+                message = await asyncio.wait_for(receive(), clock.wait())
+            except TimeoutError:  # a stalled or trickled body (slow-loris) holds a connection and a task: closed
+                await _refuse(scope, receive, send, clock.late("the request body"), {"Connection": "close"})
+                return
+            except HTTPError as e:  # the server is stopping (serve/app.py's FrontDoor): a 503 before uvicorn's cancel
+                await _refuse(scope, receive, send, e, {"Connection": "close"})
                 return
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")
+            clock.took(message.get("body", b""))
             if len(body) > limit:
                 await _refuse(scope, receive, send, too_big)
                 return

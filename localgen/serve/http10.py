@@ -3,11 +3,17 @@ sends none to such a client), yet uvicorn frames every response without a Conten
 request's version; a 1.0 client (nginx's proxy_pass by default, ApacheBench, old tools) reads the chunks' sizes as
 part of the body. So a response without a length, to a 1.0 request, is gathered and sent with its length: a stream
 reaches that client whole, at its end; one that fails before its end has sent that client nothing yet, so it is
-answered as a failure before any stream is (serve/app.py's Unhandled)."""
+answered as a failure before any stream is: an exception as serve/app.py's Unhandled answers one, an error event
+(a 503 at shutdown) as that error, in the API's shape with its status."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from starlette.requests import Request
+
+from localgen.serve.apierror import error_response
+from localgen.serve.servelog import TRACE
 
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # a stream's: no cache, no proxy buffer
 BODILESS = (*range(100, 200), 204, 304)  # statuses that carry no body, and so no length (RFC 9110, section 8.6)
@@ -37,6 +43,10 @@ class Http10:
             if start is not None and message["type"] == "http.response.body":
                 held.append(message.get("body", b""))
                 if message.get("more_body", False):
+                    return
+                trace = TRACE.get()
+                if trace is not None and trace.error is not None:  # an error event ended the stream: it, not a 200
+                    await error_response(Request(scope), trace.error)(scope, receive, send)
                     return
                 body = b"".join(held)
                 await send({**start, "headers": [*start.get("headers", ()),

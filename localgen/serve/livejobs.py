@@ -9,7 +9,13 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from localgen.serve.jobs import EmbedJob, Job, State
+from localgen.serve.jobs import WAITING, EmbedJob, Job, State
+
+
+def left(job: Job | EmbedJob) -> bool:
+    """A job whose client left while it waited for a slot: its worker ends it at its next step (a 499), but it no
+    longer holds a place in the queue (the bound on it, its depth in /metrics and /health)."""
+    return job.state in WAITING and job.cancelled.is_set()
 
 
 class LiveJobs:
@@ -23,7 +29,7 @@ class LiveJobs:
     def add(self, job: Job | EmbedJob, bound: int) -> bool:
         """Number the job and take it in, unless `bound` jobs are live already (False, and no number)."""
         with self._lock:
-            if len(self._jobs) >= bound:
+            if len(self._jobs) >= bound and sum(not left(j) for j in self._jobs.values()) >= bound:
                 return False
             job.id = next(self._ids)
             self._jobs[job.id] = job
@@ -49,3 +55,8 @@ class LiveJobs:
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+    def holding(self) -> int:
+        """The live jobs that hold a place: running, or waiting for a client still there (not `left`)."""
+        with self._lock:
+            return sum(not left(j) for j in self._jobs.values())

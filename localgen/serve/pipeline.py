@@ -260,10 +260,11 @@ async def _stream(job: Job, first: Event, answer: AnswerStream | None, encoder: 
         if isinstance(event, Text):
             out = encoder.said(watch_repeats(job, answer, event.text) if answer else [Piece("content", event.text)])
         elif isinstance(event, Failed):
-            out = encoder.failed(http_error(event))
+            error = http_error(event)
+            out = encoder.failed(error)
             trace = getattr(job, "trace", None)
             if trace is not None:  # the stream said 200 at its start: its access line says how it ended
-                trace.failed = event.status
+                trace.fail(error)
         else:
             out = encoder.said(answer.finish() if answer else []) + await encoder.done(event.completion, job)
         for chunk in out:

@@ -28,6 +28,7 @@ from localgen.serve.mcprequest import Approval, McpTool
 from localgen.serve.pipeline import Made, generation, parts
 from localgen.serve.responseitems import DECLINED, Encoder, new_id, without_userinfo
 from localgen.serve.running import run_whole
+from localgen.serve.servelog import TRACE
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.spec import ToolCall
@@ -111,6 +112,9 @@ class _Rounds:
             async for chunk in self.events():
                 yield chunk
         except HTTPError as e:
+            trace = TRACE.get()
+            if trace is not None:  # the stream said 200 at its start: its access line says how it ended
+                trace.fail(e)
             for chunk in self.encoder.failed(e):
                 yield chunk
             return

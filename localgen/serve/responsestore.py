@@ -7,7 +7,9 @@ conversation is bounded as OpenAI bounds it (check_metadata): `metadata` at most
 each a string of at most 512, and `user` at most MAX_USER characters. The standard library's sqlite3, as the
 log's writer (log/store.py): one table, no full-text index, so sqlite-utils would add only its import time.
 Every call opens its own connection under one lock: the server calls these from worker threads
-(asyncio.to_thread). GET and DELETE /v1/responses/{id} are this store over HTTP."""
+(asyncio.to_thread). A store another process has locked is waited for with the lock let go between tries (this
+process's other requests go on meanwhile), then a 503 that says so. GET and DELETE /v1/responses/{id} are this
+store over HTTP."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,11 +35,13 @@ from localgen.serve.routing import by_method
 MAX_RESPONSES = 1000
 MAX_BYTES = 1 << 30  # the stored responses' JSON together (UTF-8): the oldest go first past it
 MAX_AGE_S = 30 * 24 * 3600.0
-BUSY_TIMEOUT_S = 30.0
+BUSY_TIMEOUT_S = 10.0  # how long a request waits for a store another process has locked, before its 503
+TRY_S = 0.1  # each try's wait for SQLite's lock, under this process's lock, which is then let go for as long
 # a stored conversation's JSON, at most (serve's default body limit): a follow-up cannot grow one past it
 MAX_CONVERSATION_CHARS = 16 << 20
 # OpenAI's bounds on `metadata`; `user` (an end user's id) as long as any id is
 MAX_METADATA_KEYS, MAX_METADATA_KEY, MAX_METADATA_VALUE, MAX_USER = 16, 64, 512, 256
+T = TypeVar("T")
 
 
 def check_metadata(metadata: Any, user: Any) -> None:
@@ -102,17 +106,32 @@ class ResponseStore:
         self._lock = threading.Lock()
         self._made = False
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        """A connection, in one transaction; a store SQLite cannot use (a damaged file, a lock held past the
-        timeout, a folder it cannot make) is a 500 that says so and what to do, and one line in the server's log
-        (as the bench history, the log and collections say it), never a traceback."""
-        try:
-            with self._open() as db:
-                yield db
-        except (sqlite3.DatabaseError, OSError) as e:
-            self._made = False  # moved aside: the next request makes a new one
-            raise self._unusable(e) from None
+    def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """`work` done on a connection, in one transaction (tried again, whole, while another process holds the
+        store's lock, for up to BUSY_TIMEOUT_S: then a 503 saying so); a store SQLite cannot use (a damaged file, a
+        folder it cannot make) is a 500 that says so and what to do, and one line in the server's log (as the bench
+        history, the log and collections say it), never a traceback."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                with self._open() as db:
+                    return work(db)
+            except sqlite3.OperationalError as e:
+                if not _locked(e):
+                    self._made = False
+                    raise self._unusable(e) from None
+                if time.monotonic() >= deadline:
+                    raise self._locked() from None
+            except (sqlite3.DatabaseError, OSError) as e:
+                self._made = False  # moved aside: the next request makes a new one
+                raise self._unusable(e) from None
+            time.sleep(TRY_S)  # this process's lock let go: its other requests use the store meanwhile
+
+    def _locked(self) -> HTTPError:
+        what = (f"the Responses store {self.path} is locked by another process (another localgen serve with the "
+                f"same data folder, or a program that has it open) and stayed so for {BUSY_TIMEOUT_S:g} s: try "
+                "again, or send \"store\": false")
+        return HTTPError(503, what, "server_error", logged=f"localgen serve: {what}")
 
     def _unusable(self, e: sqlite3.DatabaseError | OSError) -> HTTPError:
         if isinstance(e, sqlite3.OperationalError | OSError):  # the file may be fine: what is around it is not
@@ -125,15 +144,14 @@ class ResponseStore:
 
     def check(self) -> None:
         """A store that cannot be used is a 500 now (HTTPError), before a request that would store is answered."""
-        with self._db() as db:
-            db.execute("SELECT 1 FROM responses LIMIT 1").fetchall()
+        self._run(lambda db: db.execute("SELECT 1 FROM responses LIMIT 1").fetchall())
 
     @contextmanager
     def _open(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             if not self._made:
                 paths.private_file(self.path)
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
+            db = sqlite3.connect(self.path, timeout=TRY_S)
             try:
                 if not self._made:
                     db.execute("PRAGMA journal_mode=WAL")
@@ -167,7 +185,7 @@ class ResponseStore:
         doc, said = json.dumps(response, ensure_ascii=False), json.dumps(conversation, ensure_ascii=False)
         sent = None if given is None else json.dumps(given, ensure_ascii=False)
         size = len(doc.encode()) + len(said.encode()) + (len(sent.encode()) if sent is not None else 0)
-        with self._db() as db:
+        def work(db: sqlite3.Connection) -> None:
             db.execute("INSERT OR REPLACE INTO responses (id, created, response, conversation, bytes, inputs, given) "
                        "VALUES (?, ?, ?, ?, ?, ?, ?)", (ident, now, doc, said, size, inputs, sent))
             db.execute("DELETE FROM responses WHERE created < ?", (now - self.max_age_s,))
@@ -176,20 +194,26 @@ class ResponseStore:
             db.execute("DELETE FROM responses WHERE id IN (SELECT id FROM (SELECT id, SUM(bytes) OVER (ORDER BY "
                        "created DESC, rowid DESC) AS upto FROM responses) WHERE upto > ?)", (self.max_bytes,))
 
+        self._run(work)
+
     def load(self, ident: str) -> Stored | None:
         """The stored response, or None when it is unknown, deleted or expired."""
-        with self._db() as db:
-            row = db.execute("SELECT response, conversation, inputs, given FROM responses WHERE id = ? AND "
-                             "created >= ?", (ident, self.clock() - self.max_age_s)).fetchone()
+        row = self._run(lambda db: db.execute("SELECT response, conversation, inputs, given FROM responses WHERE id = "
+                                              "? AND created >= ?", (ident, self.clock() - self.max_age_s)).fetchone())
         return None if row is None else Stored(json.loads(row[0]), json.loads(row[1]), row[2],
                                                None if row[3] is None else json.loads(row[3]))
 
     def delete(self, ident: str) -> bool:
         """Forget a response; whether there was one to forget."""
-        with self._db() as db:
-            gone = db.execute("DELETE FROM responses WHERE id = ? AND created >= ?",
-                              (ident, self.clock() - self.max_age_s)).rowcount
+        gone: int = self._run(lambda db: db.execute("DELETE FROM responses WHERE id = ? AND created >= ?",
+                                                    (ident, self.clock() - self.max_age_s)).rowcount)
         return gone > 0
+
+
+def _locked(e: sqlite3.OperationalError) -> bool:
+    """Whether SQLite could not take the store's lock (another connection holds it: here, another process)."""
+    return getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) \
+        or "locked" in str(e)
 
 
 def routes(store: ResponseStore) -> list[Route]:

@@ -65,6 +65,7 @@ class Trace:
     model: str | None = None
     jobs: list[Any] = field(default_factory=list)  # its generation jobs (a client that left waits for their counts)
     failed: int | None = None  # the status of an error that ended its stream after the stream began
+    error: Any = None  # that error (an HTTPError): an HTTP/1.0 client, sent the stream whole, gets it instead
     upstream: str | None = None  # the endpoint a remote model's request was sent on to (serve/upstream.py)
     usage: Tally | None = None  # that request's tokens, from the usage its answer ended with
     arrival: Arrival | None = None  # its place among the requests being read (serve/arrivals.py): a POST's
@@ -73,6 +74,11 @@ class Trace:
     def batch(self) -> bool:
         """Whether a batch sent it (serve/batchrun.py: its client is the batch's id), not a client."""
         return self.client.startswith(BATCH_CLIENT)
+
+    def fail(self, error: Any) -> None:
+        """An error event ended its stream (an HTTPError): its access line says its status, not the 200 it began
+        with."""
+        self.failed, self.error = error.status, error
 
     def arrived(self) -> None:
         """The request is no longer being read: handed to a model, or answering (serve/arrivals.py)."""

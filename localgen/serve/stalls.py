@@ -10,12 +10,48 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from localgen.serve.apierror import HTTPError
 
 DEFAULT_READ_TIMEOUT_S = 30.0  # serve --read-timeout: headers, and each part of a body, within this
+# bytes a second a body must average past its first --read-timeout seconds (Apache's mod_reqtimeout MinRate):
+# a body trickled a byte every few seconds is never idle for --read-timeout, yet holds its connection for ever
+MIN_BODY_RATE = 500
 MAX_HEAD = 64 << 10  # bytes of a request's line and headers together (llama-server's and nginx's are of this order)
 TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+
+
+class BodyClock:
+    """A request body's deadlines: each part within `seconds` of the one before (a stall), and the whole within
+    `seconds` plus one second for each MIN_BODY_RATE bytes that came (a trickle). A body on a slow link of a few
+    KB/s is never cut, whatever its size within --max-body; one a slow-loris trickles is a 408."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.start = time.monotonic()
+        self.got = 0  # bytes received so far
+
+    def wait(self) -> float:
+        """Seconds the next part may take."""
+        return max(0.0, min(self.seconds, self.start + self.seconds + self.got / MIN_BODY_RATE - time.monotonic()))
+
+    def took(self, part: bytes) -> None:
+        """A part came."""
+        self.got += len(part)
+
+    def late(self, what: str) -> HTTPError:
+        """The 408 of a body that missed its deadline: `what` ("the request body") stalled or came too slowly."""
+        from localgen.serve.apierror import HTTPError  # starlette's: not for `serve --help` (cli/serve/options.py)
+
+        taken = time.monotonic() - self.start
+        if taken < self.seconds + self.got / MIN_BODY_RATE:
+            return HTTPError(408, f"{what} stalled: no byte came for {self.seconds:g} s (serve --read-timeout)")
+        return HTTPError(408, f"{what} came too slowly: {self.got:,} bytes in {taken:.0f} s (a body has "
+                              f"--read-timeout seconds, {self.seconds:g}, and one more for each {MIN_BODY_RATE} "
+                              "bytes that come)")
 
 
 def with_header_deadline(base: type[asyncio.Protocol], seconds: float) -> type[asyncio.Protocol]:

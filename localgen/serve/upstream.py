@@ -314,10 +314,10 @@ class Upstreams(RemoteModels):
     def _broken(self, remote: Remote, status: int, why: str) -> bytes:
         """An answer that said 200 at its start and broke: its access line gets `status`; a stream's client gets an
         error event, then the stream's end, as for a local model's failure mid-stream (returned)."""
+        error = HTTPError(status, f"the answer from {remote.label} {why}: it is partial", "server_error")
         trace = TRACE.get()
         if trace is not None:
-            trace.failed = status
-        error = HTTPError(status, f"the answer from {remote.label} {why}: it is partial", "server_error")
+            trace.fail(error)
         return _error_event(error) + b"data: [DONE]\n\n"
 
     def _observe(self, model: str, answer: RemoteAnswer) -> None:

@@ -38,7 +38,7 @@ from localgen.serve.jobs import (
     failed,
     finishing,
 )
-from localgen.serve.livejobs import LiveJobs
+from localgen.serve.livejobs import LiveJobs, left
 from localgen.serve.model import warm_template
 from localgen.serve.prepare import MediaPrep, has_media, request, task
 from localgen.serve.residence import Residence
@@ -154,8 +154,9 @@ class ModelWorker:
         return req.done
 
     @property
-    def outstanding(self) -> int:  # jobs queued or running
-        return len(self._live)
+    def outstanding(self) -> int:
+        """Jobs queued or running (not those whose client left while they waited: serve/livejobs.py's `left`)."""
+        return self._live.holding()
 
     @property
     def running(self) -> int:
@@ -255,7 +256,7 @@ class ModelWorker:
         # serve --lookup or --draft, on a model that drafts (or did, until its draft model failed)
         drafting = pc if pc is not None and (pc.draft_max or pc.draft_off) else None
         calls, rows = res.steps()
-        states = [j.state for j in self._live.of()]
+        states = [j.state for j in self._live.of() if not left(j)]
         running = self.running
         return {"alive": self.alive, "loaded": self.loaded, "slots": self.parallel, "running": running,
                 "queued": states.count(State.QUEUED) + sum(s in IN_SLOTS for s in states) - running,

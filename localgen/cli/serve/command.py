@@ -94,8 +94,8 @@ def serve(
     """Serve models over HTTP: OpenAI's API (chat completions, Responses) under /v1, Anthropic's Messages API
     at /v1/messages and Ollama's API under /api, from one process.
 
-    Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM finish the requests in
-    flight (for a few seconds) and exit 0. --endpoint URL also serves the models of another OpenAI-compatible
+    Sampling flags set the defaults that requests override. Ctrl-C or SIGTERM (or SIGHUP) finish the requests
+    in flight (for a few seconds) and exit 0. --endpoint URL also serves the models of another OpenAI-compatible
     server, sending their requests on to it.
     """
     start(ServeArgs(context=ctx_, models=models, offline=offline, chat_template_file=chat_template_file,
@@ -125,6 +125,14 @@ def start(f: ServeArgs) -> None:
         abort_line(fatal_line)
     try:
         _start(f, log)
+    except KeyboardInterrupt:
+        from localgen.cli.main import stopped_by_term, term_line
+
+        signum = stopped_by_term()  # a SIGTERM or SIGHUP before it listened (cli/main.py's stop_serve_on_term)
+        if not signum:
+            raise
+        log.event("stopped", None, term_line(signum), exit_code=128 + signum)
+        raise typer.Exit(128 + signum) from None
     except LocalgenError as e:
         from localgen.cli.main import switch_on
 
@@ -205,14 +213,16 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         raise LocalgenError(f"the server could not start on {f.listen.host}:{f.listen.port}")
 
 
-def _sigterm(handler: Any) -> Any:
-    """SIGTERM's handler set (not from the main thread, a test's server: left as it is). serve keeps SIGTERM as
-    "stop" outside uvicorn's own handling (installed while it serves, and given back to what was there when it
-    returns), and ignores it while the workers stop: a repeated one (a service manager's, a script's) that came in
-    between killed the process half-way through its stopping (-15), the prefixes not yet written."""
-    with contextlib.suppress(ValueError, TypeError):
-        return signal.signal(signal.SIGTERM, handler)
-    return None
+def _sigterm(handler: Any) -> None:
+    """SIGTERM's and SIGHUP's handler set (not from the main thread, a test's server: left as they are; a SIGHUP
+    ignored, `nohup`, stays so). serve keeps SIGTERM as "stop" outside uvicorn's own handling (installed while it
+    serves), and SIGHUP (the terminal closed) as SIGTERM, and ignores both while the workers stop: a repeated one (a
+    service manager's, a script's) that came in between killed the process half-way through its stopping (-15),
+    the prefixes not yet written."""
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        with contextlib.suppress(ValueError, TypeError):
+            if sig is not None and (sig == signal.SIGTERM or signal.getsignal(sig) is not signal.SIG_IGN):
+                signal.signal(sig, handler)
 
 
 def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:

@@ -58,7 +58,8 @@ class ListenOptions(OptionGroup):
     read_timeout: Annotated[
         float, typer.Option("--read-timeout", min=1, max=3600, rich_help_panel=SERVE, metavar="SECONDS",
                             help="A client must send a request's headers, and each part of its body, within "
-                                 "this time: a stalled connection is closed (a stalled body gets 408).")
+                                 "this time, and a whole body within it plus a second per 500 bytes: a stalled "
+                                 "connection is closed (a stalled or trickled body gets 408).")
     ] = DEFAULT_READ_TIMEOUT_S
     webui: Annotated[
         bool, typer.Option("--webui/--no-webui", rich_help_panel=SERVE,
