@@ -4,6 +4,7 @@ from a file or LOCALGEN_API_KEY, and LOCALGEN_DEBUG=0."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -251,3 +252,43 @@ def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> 
     r = own("list", "--catalogue", "--json")
     entry = next(e for e in json.loads(r.stdout) if e["name"] == "smollm2:135m")
     assert (entry["repo"], entry["context"]) == ("someone/Other-GGUF", 8192), entry
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
+def test_a_models_toml_that_is_no_regular_file_or_too_large_is_one_warning_never_opened(own: CLI, kind: str) -> None:
+    """A FIFO where models.toml belongs hung `list`, `run` and `doctor` (it was opened and read); it is said, like a
+    folder, in one warning and left out, and a file past the bound is refused by its size, before it is read."""
+    path = Path(own.env["LOCALGEN_HOME"]) / "config" / "models.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        with path.open("wb") as f:
+            f.truncate((4 << 20) + 1)  # sparse: nothing is written
+    said = {"fifo": "it is a FIFO", "folder": "it is a folder",
+            "huge": f"it is {(4 << 20) + 1:,} bytes, more than the 4 MiB a catalogue is read to"}[kind]
+    for args in (["list"], ["run", "-p", "hi", "-n", "1"]):
+        r = own(*args, timeout=60)
+        assert r.returncode == 0 and r.stdout, r.stderr
+        assert _lines(r) == [f"warning: cannot read the model catalogue {path}: {said}: its models are not used"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_a_preset_file_that_is_no_regular_file_or_too_large_is_named_never_opened(own: CLI, kind: str) -> None:
+    """A FIFO where a preset file belongs hung `list` and `run -m`; a 1 GB one was read whole (2 GB of memory)
+    before it was called not JSON. Either is left out of `list` with one warning saying why, and is `run`'s error."""
+    presets = Path(own.env["LOCALGEN_HOME"]) / "data" / "presets"
+    presets.mkdir(parents=True)
+    path = presets / "p6.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with path.open("wb") as f:
+            f.truncate(1 << 30)  # sparse: nothing is written
+    said = "it is a FIFO" if kind == "fifo" else "it is 1,073,741,824 bytes, more than the 16 MiB a preset is read to"
+    r = own("list", timeout=60)
+    assert r.returncode == 0 and "smollm2:135m" in r.stdout, r.stderr
+    assert _lines(r) == [f"warning: cannot read the preset {path}: {said} (left out)"]
+    r = own("run", "-m", "p6", "-p", "hi", "-n", "1", timeout=60)
+    assert r.returncode == 1 and _lines(r) == [f"localgen: error: cannot read the preset {path}: {said}"]

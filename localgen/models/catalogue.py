@@ -11,8 +11,10 @@ from typing import Any
 
 from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
+from localgen.regular import Unreadable, read_regular
 
 SHIPPED = Path(__file__).with_name("models.toml")  # package data; the repo's top-level models.toml links here
+MAX_FILE = 4 << 20  # the most of a models.toml read: the shipped one, of every model localgen names, is 9 KB
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def _say(text: str) -> None:
 def _read(path: Path, required: bool = False) -> dict[str, Any]:
     """The [models] table of a file ({} where an optional one is missing); UsageError where it cannot be read."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_regular(path, MAX_FILE, whole=True, what="a catalogue").decode("utf-8")
         data = tomllib.loads(text)
     except FileNotFoundError:
         if required:
@@ -73,7 +75,7 @@ def _read(path: Path, required: bool = False) -> dict[str, Any]:
         return {}
     except UnicodeDecodeError:
         raise UsageError(f"the model catalogue {path} is not UTF-8 text") from None
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, tomllib.TOMLDecodeError, Unreadable) as e:  # Unreadable: a FIFO there is never opened
         raise UsageError(f"cannot read the model catalogue {path}: {e}") from None
     models = data.get("models", {})
     if not isinstance(models, dict):
