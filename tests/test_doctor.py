@@ -79,3 +79,18 @@ def test_doctor_m_loads_a_presets_placement_and_a_flag_wins(cli: CLI, tmp_path: 
     r = lg("doctor", "-m", "moe-ram", "--n-cpu-moe", "1")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "3 tensors (3 of experts, 6.0 MiB) moved to CPU" in _lines(r.stdout)["placement"], r.stdout
+
+
+@pytest.mark.parametrize("variable", ["LOCALGEN_MODEL=smollm2:135m", "LLAMA_ARG_N_CPU_MOE=2", "LLAMA_ARG_CPU_MOE=1",
+                                      "LLAMA_ARG_OVERRIDE_TENSOR=exps=CPU"])
+def test_no_check_under_an_exported_model_or_placement_variable_is_no_usage_error(cli_env: dict[str, str],
+                                                                                  variable: str) -> None:
+    """doctor.md: -m or a placement flag *typed* with --no-check is a usage error; LOCALGEN_MODEL and llama.cpp's
+    LLAMA_ARG_* are defaults exported for every command (configuration.md), and were refused the same (exit 2)."""
+    name, _, value = variable.partition("=")
+    r = CLI({**cli_env, name: value})("doctor", "--no-check")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert list(_lines(r.stdout)) == ["localgen", "CPU", "RAM", "GPU", "build", "features", "media"], r.stdout
+    r = CLI({**cli_env, name: value})("doctor", "--no-check", "-m", "smollm2:135m")
+    assert r.returncode == 2 and r.stderr == (
+        "localgen: error: -m says what --check loads; it means nothing with --no-check\n"), r.stderr

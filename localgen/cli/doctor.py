@@ -11,7 +11,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.inputfile import check_model
-from localgen.cli.options.knobs import Knobs
+from localgen.cli.options.knobs import Knobs, typed_by_user
 from localgen.loadsettings import LOAD_KNOBS, rpc_servers
 
 PLACEMENT = ("gpu_layers", "n_cpu_moe", "cpu_moe", "override_tensor")  # where the checked load puts the weights
@@ -40,9 +40,10 @@ def doctor(
     check that model's load: what went where, experts in RAM included."""
     from localgen.errors import UsageError
 
-    given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.given(n)]
-    if not check and (model is not None or given):
-        named = ["-m", *given] if model is not None else given
+    # typed flags only: LOCALGEN_MODEL and LLAMA_ARG_* are defaults, exported for every command
+    given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.typed(n)]
+    if not check and (typed_by_user(ctx, "model") or given):
+        named = ["-m", *given] if typed_by_user(ctx, "model") else given
         one = len(named) == 1
         raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
                          f"{'it means' if one else 'they mean'} nothing with --no-check")
