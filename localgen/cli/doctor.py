@@ -49,7 +49,16 @@ def doctor(
                          f"{'it means' if one else 'they mean'} nothing with --no-check")
     servers = rpc_servers(rpc)
     check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
-    planned = _planned(model, knobs, servers) if check else None  # a bad flag or name: one error, before anything
+    from localgen.models import catalogue
+    from localgen.models.embedded import DEFAULT_MODEL
+
+    found: list[str] = []  # what of the user's models.toml cannot be used: findings of doctor's, not warnings
+    catalogue.warn_with(found.append)
+    checked = model if model is not None else DEFAULT_MODEL
+    # the model to check broken by the user's catalogue, not named by a typed -m: a finding, and no check
+    unusable = check and not typed_by_user(ctx, "model") and checked in catalogue.read().broken
+    planned = _planned(model, knobs, servers) if check and not unusable else None  # a bad flag or name: one
+    # error, before anything
     import localgen
     from localgen import hardware
     from localgen.native.devices import backend_info
@@ -89,6 +98,13 @@ def doctor(
     else:
         print("media     images and audio: yes (libmtmd; a model reads them with its projector: --mmproj, or a "
               "vision or audio model from the catalogue)")
+    from localgen import tuning
+
+    for problem in [*found, *filter(None, [tuning.problem()])]:  # the user's files that need fixing
+        print(f"PROBLEM   {problem}")
+        problems += 1
+    if unusable:
+        print(f"check     not run: {checked} cannot be used until the catalogue is fixed")
     if gpus and not offload:
         kind = "metal" if gpus[0].unified else "cuda"
         print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")
