@@ -202,15 +202,21 @@ def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
 @pytest.mark.parametrize(("given", "said"), [
     ("relative/home", "LOCALGEN_HOME must be an absolute path, not 'relative/home'"),
     ("FILE", "which is not a directory (give a folder, or unset it)"),
+    ("LOOP", "which cannot be reached: too many levels of symbolic links (give a folder, or unset it)"),
+    ("DANGLING", "a symbolic link to nothing (make the folder it names, give another, or unset it)"),
 ])
 @pytest.mark.parametrize("args", [["list"], ["run", "-p", "hi", "-n", "1"], ["create", "x", "-f", "-"]])
 def test_a_localgen_home_that_cannot_hold_its_folders_is_one_usage_line(own: CLI, tmp_path: Path, given: str,
                                                                        said: str, args: list[str]) -> None:
     """A relative LOCALGEN_HOME would put chats, presets and the log under whichever folder a command starts in; a
-    file can hold none of them: either is refused before anything is written, exit 2."""
+    file, a symbolic link loop or a link to nothing can hold none of them (a loop and a dangling link were taken,
+    every save then failing): each is refused before anything is written, exit 2."""
     file = tmp_path / "a-file"
     file.write_text("mine\n")
-    value = str(file) if given == "FILE" else given
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "home")
+    value = {"FILE": str(file), "LOOP": str(tmp_path / "loop"),
+             "DANGLING": str(tmp_path / "dangling")}.get(given, given)
     r = CLI({**own.env, "LOCALGEN_HOME": value})(*args, input="FROM smollm2:135m\n", cwd=tmp_path)
     assert r.returncode == 2 and len(_lines(r)) == 1 and said in r.stderr and r.stdout == "", r.stderr
     assert file.read_text() == "mine\n" and not (tmp_path / "relative").exists()
