@@ -298,3 +298,23 @@ def test_a_preset_file_that_is_no_regular_file_or_too_large_is_named_never_opene
     assert _lines(r) == [f"warning: cannot read the preset {path}: {said} (left out)"]
     r = own("run", "-m", "p6", "-p", "hi", "-n", "1", timeout=60)
     assert r.returncode == 1 and _lines(r) == [f"localgen: error: cannot read the preset {path}: {said}"]
+
+
+def test_a_context_past_a_modelfiles_bound_and_a_table_beside_models_are_warnings(own: CLI) -> None:
+    """configuration.md: an entry's `context` is held to a Modelfile's num_ctx bound (16 to 2147483647: one past it
+    was listed by `list --catalogue`), a warning as other bad entries; a top-level table or key other than
+    [models] (a typo such as [model.mine]) was ignored in silence, and is a warning as an unknown key is."""
+    path = _models(own, b'[other]\nx = 1\n\n[model.typo]\nrepo = "a/b"\n\n[models.big]\nrepo = "a/b"\n'
+                        b'context = 99999999999999999999999\n\n[models.small]\nrepo = "a/b"\ncontext = 8\n\n'
+                        b'[models.fine]\nrepo = "a/b"\ncontext = 16\n')
+    r = own("list", "--catalogue")
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines()[1:]]
+    assert "fine" in names and "big" not in names and "small" not in names, r.stdout
+    assert _lines(r) == [
+        f"warning: {path}: 'other' at the top level is ignored (localgen reads only [models.NAME] tables)",
+        f"warning: {path}: 'model' at the top level is ignored (localgen reads only [models.NAME] tables)",
+        f"warning: {path}: [models.big] context must be a whole number of tokens within 16 to 2147483647, not "
+        "99999999999999999999999 (big cannot be used until this is fixed)",
+        f"warning: {path}: [models.small] context must be a whole number of tokens within 16 to 2147483647, not 8 "
+        "(small cannot be used until this is fixed)"], r.stderr
