@@ -16,8 +16,9 @@ def _home() -> Path | None:
 
 def check_home() -> None:
     """A LOCALGEN_HOME that cannot hold localgen's folders is a usage error, said before anything is written:
-    a file (every save would fail, or be skipped with a warning) or a relative path (chats, presets and the
-    log would land under whatever folder each command starts in, and seem lost from any other)."""
+    a file, a symbolic link loop or a link to nothing (every save would fail, or be skipped with a warning) or a
+    relative path (chats, presets and the log would land under whatever folder each command starts in, and seem
+    lost from any other)."""
     value = os.environ.get("LOCALGEN_HOME")
     if not value:
         return
@@ -27,7 +28,19 @@ def check_home() -> None:
     if not home.is_absolute():
         raise UsageError(f"LOCALGEN_HOME must be an absolute path, not {value!r}: a relative one would move with "
                          f"the current directory (try {str(Path.cwd() / home)!r})")
-    if home.exists() and not home.is_dir():
+    import stat
+
+    try:
+        mode = os.stat(home).st_mode
+    except FileNotFoundError:  # made when first needed, unless it is a link to nothing (no folder can be made there)
+        if home.is_symlink():
+            raise UsageError(f"LOCALGEN_HOME is {value!r}, a symbolic link to nothing (make the folder it names, "
+                             "give another, or unset it)") from None
+        return
+    except OSError as e:  # a symbolic link loop (exists() says False), a folder above it that cannot be entered
+        raise UsageError(f"LOCALGEN_HOME is {value!r}, which cannot be reached: {(e.strerror or str(e)).lower()} "
+                         "(give a folder, or unset it)") from None
+    if not stat.S_ISDIR(mode):
         raise UsageError(f"LOCALGEN_HOME is {value!r}, which is not a directory (give a folder, or unset it)")
 
 

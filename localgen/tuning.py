@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen import paths
+from localgen import paths, regular
 from localgen.errors import LocalgenError
 
 # the load settings a record holds, in the order they are shown
 TUNABLE = ("flash_attn", "repack", "n_threads", "n_threads_batch", "n_ubatch")
 FORMAT = 1
 _MAX_HASHES = 64  # remembered file hashes (path, size, mtime → SHA-256), newest kept
+MAX_FILE = 16 << 20  # the most of the records' file read: a record is some 500 bytes
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,13 @@ def _load() -> tuple[dict[str, Any], str | None]:
     """The records' file as stored, and why it cannot be read (None: it can, or there is none): unreadable as a
     whole, it holds no record for a load, and is never overwritten (_writable)."""
     try:
-        raw = store_path().read_bytes()
+        raw = regular.read_regular(store_path(), MAX_FILE, whole=True, what="the tuning records' file")
     except FileNotFoundError:
         return _empty(), None
     except OSError as e:
         return _empty(), f"it cannot be opened ({(e.strerror or str(e)).lower()})"
+    except regular.Unreadable as e:  # a FIFO there is never opened
+        return _empty(), str(e)
     if not raw.strip():  # made empty by a write that failed (a full disk): nothing was kept in it
         return _empty(), None
     try:

@@ -293,3 +293,16 @@ def test_the_history_checks_every_field_of_a_ladder_row() -> None:
     from localgen.quant.ladder import Row
 
     assert set(history._QUALITY) | {"reference"} == {f.name for f in dataclasses.fields(Row)}
+
+
+def test_a_fifo_where_the_tuning_records_belong_is_said_never_opened(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """tune.md's records that cannot be read, said in one warning line: a FIFO there hung every `run` (the file was
+    opened and read); it is never opened, and `run` answers with the rule's settings."""
+    home = tmp_path / "home"
+    (home / "state").mkdir(parents=True)
+    path = home / "state" / "tuning.json"
+    os.mkfifo(path)
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(home)})("run", "-p", "hi", "-n", "1", timeout=60)
+    assert r.returncode == 0 and r.stdout, r.stderr
+    assert r.stderr == (f"warning: the tuning records {path} cannot be read: it is a FIFO; none is used, and the file "
+                        "is never overwritten (move it aside to start anew)\n"), r.stderr

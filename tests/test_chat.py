@@ -476,6 +476,24 @@ def test_switch_model_keeps_conversation(cli: CLI, gemma_path: Path) -> None:
     assert saved.messages[2]["content"] == "Again" and saved.messages[3]["content"], "Gemma answered"
 
 
+def test_localgen_model_never_replaces_a_resumed_or_loaded_conversations_own_model(cli: CLI, gemma_path: Path) -> None:
+    """chat.md: --resume and /load take the conversation's own model unless -m is typed; LOCALGEN_MODEL is a default
+    (configuration.md), and it replaced that model (a chat saved on Gemma went on on SmolLM2)."""
+    r = cli("chat", "own-gemma", "-m", "gemma3:270m", "-n", "4", input="The sky is\n")
+    assert r.returncode == 0, r.stderr
+    under = CLI({**cli.env, "LOCALGEN_MODEL": "smollm2:135m"})
+    r = under("chat", "--resume", "own-gemma", "-n", "4", input="Again\n")
+    assert r.returncode == 0 and NO_TEMPLATE in r.stderr, r.stderr
+    assert ChatSession.load("own-gemma").model == "gemma3:270m"
+    r = under("chat", "-n", "4", input="/load own-gemma\nAnd\n")  # a new chat on SmolLM2, then /load
+    assert r.returncode == 0 and r.stderr.count(NO_TEMPLATE) == 1, r.stderr
+    saved = ChatSession.load("own-gemma")
+    assert saved.model == "gemma3:270m" and len(saved.messages) == 6, saved.messages
+    r = under("chat", "--resume", "own-gemma", "-m", "smollm2:135m", "-n", "4", input="Once more\n")  # typed
+    assert r.returncode == 0 and NO_TEMPLATE not in r.stderr, r.stderr
+    assert ChatSession.load("own-gemma").model == "smollm2:135m"
+
+
 def test_settings_and_the_system_prompt_are_shown_as_a_user_writes_them(cli: CLI) -> None:
     """/set's answer and /show's settings read as /set takes them (`a|b`, `random`, `15+1.5`, on/off), not as
     Python writes them (('a', 'b'), None, [(15, 1.5)], True); every setting /show lists goes back into /set."""

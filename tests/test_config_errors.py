@@ -4,6 +4,7 @@ from a file or LOCALGEN_API_KEY, and LOCALGEN_DEBUG=0."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -201,15 +202,21 @@ def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
 @pytest.mark.parametrize(("given", "said"), [
     ("relative/home", "LOCALGEN_HOME must be an absolute path, not 'relative/home'"),
     ("FILE", "which is not a directory (give a folder, or unset it)"),
+    ("LOOP", "which cannot be reached: too many levels of symbolic links (give a folder, or unset it)"),
+    ("DANGLING", "a symbolic link to nothing (make the folder it names, give another, or unset it)"),
 ])
 @pytest.mark.parametrize("args", [["list"], ["run", "-p", "hi", "-n", "1"], ["create", "x", "-f", "-"]])
 def test_a_localgen_home_that_cannot_hold_its_folders_is_one_usage_line(own: CLI, tmp_path: Path, given: str,
                                                                        said: str, args: list[str]) -> None:
     """A relative LOCALGEN_HOME would put chats, presets and the log under whichever folder a command starts in; a
-    file can hold none of them: either is refused before anything is written, exit 2."""
+    file, a symbolic link loop or a link to nothing can hold none of them (a loop and a dangling link were taken,
+    every save then failing): each is refused before anything is written, exit 2."""
     file = tmp_path / "a-file"
     file.write_text("mine\n")
-    value = str(file) if given == "FILE" else given
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "home")
+    value = {"FILE": str(file), "LOOP": str(tmp_path / "loop"),
+             "DANGLING": str(tmp_path / "dangling")}.get(given, given)
     r = CLI({**own.env, "LOCALGEN_HOME": value})(*args, input="FROM smollm2:135m\n", cwd=tmp_path)
     assert r.returncode == 2 and len(_lines(r)) == 1 and said in r.stderr and r.stdout == "", r.stderr
     assert file.read_text() == "mine\n" and not (tmp_path / "relative").exists()
@@ -251,3 +258,75 @@ def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> 
     r = own("list", "--catalogue", "--json")
     entry = next(e for e in json.loads(r.stdout) if e["name"] == "smollm2:135m")
     assert (entry["repo"], entry["context"]) == ("someone/Other-GGUF", 8192), entry
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
+def test_a_models_toml_that_is_no_regular_file_or_too_large_is_one_warning_never_opened(own: CLI, kind: str) -> None:
+    """A FIFO where models.toml belongs hung `list`, `run` and `doctor` (it was opened and read); it is said, like a
+    folder, in one warning and left out, and a file past the bound is refused by its size, before it is read."""
+    path = Path(own.env["LOCALGEN_HOME"]) / "config" / "models.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        with path.open("wb") as f:
+            f.truncate((4 << 20) + 1)  # sparse: nothing is written
+    said = {"fifo": "it is a FIFO", "folder": "it is a folder",
+            "huge": f"it is {(4 << 20) + 1:,} bytes, more than the 4 MiB a catalogue is read to"}[kind]
+    for args in (["list"], ["run", "-p", "hi", "-n", "1"]):
+        r = own(*args, timeout=60)
+        assert r.returncode == 0 and r.stdout, r.stderr
+        assert _lines(r) == [f"warning: cannot read the model catalogue {path}: {said}: its models are not used"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_a_preset_file_that_is_no_regular_file_or_too_large_is_named_never_opened(own: CLI, kind: str) -> None:
+    """A FIFO where a preset file belongs hung `list` and `run -m`; a 1 GB one was read whole (2 GB of memory)
+    before it was called not JSON. Either is left out of `list` with one warning saying why, and is `run`'s error."""
+    presets = Path(own.env["LOCALGEN_HOME"]) / "data" / "presets"
+    presets.mkdir(parents=True)
+    path = presets / "p6.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with path.open("wb") as f:
+            f.truncate(1 << 30)  # sparse: nothing is written
+    said = "it is a FIFO" if kind == "fifo" else "it is 1,073,741,824 bytes, more than the 16 MiB a preset is read to"
+    r = own("list", timeout=60)
+    assert r.returncode == 0 and "smollm2:135m" in r.stdout, r.stderr
+    assert _lines(r) == [f"warning: cannot read the preset {path}: {said} (left out)"]
+    r = own("run", "-m", "p6", "-p", "hi", "-n", "1", timeout=60)
+    assert r.returncode == 1 and _lines(r) == [f"localgen: error: cannot read the preset {path}: {said}"]
+
+
+def test_a_context_past_a_modelfiles_bound_and_a_table_beside_models_are_warnings(own: CLI) -> None:
+    """configuration.md: an entry's `context` is held to a Modelfile's num_ctx bound (16 to 2147483647: one past it
+    was listed by `list --catalogue`), a warning as other bad entries; a top-level table or key other than
+    [models] (a typo such as [model.mine]) was ignored in silence, and is a warning as an unknown key is."""
+    path = _models(own, b'[other]\nx = 1\n\n[model.typo]\nrepo = "a/b"\n\n[models.big]\nrepo = "a/b"\n'
+                        b'context = 99999999999999999999999\n\n[models.small]\nrepo = "a/b"\ncontext = 8\n\n'
+                        b'[models.fine]\nrepo = "a/b"\ncontext = 16\n')
+    r = own("list", "--catalogue")
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.splitlines()[1:]]
+    assert "fine" in names and "big" not in names and "small" not in names, r.stdout
+    assert _lines(r) == [
+        f"warning: {path}: 'other' at the top level is ignored (localgen reads only [models.NAME] tables)",
+        f"warning: {path}: 'model' at the top level is ignored (localgen reads only [models.NAME] tables)",
+        f"warning: {path}: [models.big] context must be a whole number of tokens within 16 to 2147483647, not "
+        "99999999999999999999999 (big cannot be used until this is fixed)",
+        f"warning: {path}: [models.small] context must be a whole number of tokens within 16 to 2147483647, not 8 "
+        "(small cannot be used until this is fixed)"], r.stderr
+
+
+def test_the_largest_preset_create_makes_is_read_under_the_bound(own: CLI) -> None:
+    """A preset file is read to 16 MiB: the largest `create` makes (a Modelfile of 1 MiB of characters, each a
+    4-byte one JSON writes as two \\u escapes, 12 bytes) is listed and used, never called too large."""
+    text = 'FROM smollm2:135m\nSYSTEM """' + "\U0001F600" * ((1 << 20) - 40) + '"""\n'
+    r = own("create", "bigsys", "-f", "-", input=text)
+    assert r.returncode == 0, r.stderr
+    path = Path(own.env["LOCALGEN_HOME"]) / "data" / "presets" / "bigsys.json"
+    assert 11 << 20 < path.stat().st_size < 16 << 20
+    r = own("list")
+    assert r.returncode == 0 and "bigsys" in r.stdout and r.stderr == "", r.stderr

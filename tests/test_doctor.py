@@ -79,3 +79,51 @@ def test_doctor_m_loads_a_presets_placement_and_a_flag_wins(cli: CLI, tmp_path: 
     r = lg("doctor", "-m", "moe-ram", "--n-cpu-moe", "1")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     assert "3 tensors (3 of experts, 6.0 MiB) moved to CPU" in _lines(r.stdout)["placement"], r.stdout
+
+
+@pytest.mark.parametrize("variable", ["LOCALGEN_MODEL=smollm2:135m", "LLAMA_ARG_N_CPU_MOE=2", "LLAMA_ARG_CPU_MOE=1",
+                                      "LLAMA_ARG_OVERRIDE_TENSOR=exps=CPU"])
+def test_no_check_under_an_exported_model_or_placement_variable_is_no_usage_error(cli_env: dict[str, str],
+                                                                                  variable: str) -> None:
+    """doctor.md: -m or a placement flag *typed* with --no-check is a usage error; LOCALGEN_MODEL and llama.cpp's
+    LLAMA_ARG_* are defaults exported for every command (configuration.md), and were refused the same (exit 2)."""
+    name, _, value = variable.partition("=")
+    r = CLI({**cli_env, name: value})("doctor", "--no-check")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert list(_lines(r.stdout)) == ["localgen", "CPU", "RAM", "GPU", "build", "features", "media"], r.stdout
+    r = CLI({**cli_env, name: value})("doctor", "--no-check", "-m", "smollm2:135m")
+    assert r.returncode == 2 and r.stderr == (
+        "localgen: error: -m says what --check loads; it means nothing with --no-check\n"), r.stderr
+
+
+def test_doctor_reports_a_broken_catalogue_entry_and_goes_on(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """doctor.md: it reports everything, and "Exits 1 if anything needs fixing": a user models.toml whose entry of
+    the model to check is not right is a PROBLEM line among the others, and the check is not run (it was one
+    error, exit 2, and no CPU, RAM or build line). A typed -m of that name is its error still."""
+    (tmp_path / "config").mkdir()
+    path = tmp_path / "config" / "models.toml"
+    path.write_text('[models."smollm2:135m"]\ncontext = "big"\n')
+    lg = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
+    r = lg("doctor")
+    assert r.returncode == 1 and r.stderr == "", r.stderr
+    said = _lines(r.stdout)
+    assert list(said) == ["localgen", "CPU", "RAM", "GPU", "build", "features", "media", "PROBLEM", "check"], r.stdout
+    assert said["PROBLEM"] == (f"{path}: [models.\"smollm2:135m\"] context must be a whole number of tokens, not "
+                               "'big' (smollm2:135m cannot be used until this is fixed)"), r.stdout
+    assert said["check"] == "not run: smollm2:135m cannot be used until the catalogue is fixed", r.stdout
+    r = lg("doctor", "-m", "smollm2:135m")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith(f"localgen: error: {path}: "), r.stderr
+
+
+def test_doctor_reports_tuning_records_that_cannot_be_read(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """doctor.md: damaged tuning records (which `run` warns of, and none of which is used) are a PROBLEM line, exit
+    1; doctor said nothing and exited 0, its settings line saying "rule" with no word why."""
+    (tmp_path / "state").mkdir()
+    path = tmp_path / "state" / "tuning.json"
+    path.write_text("{bad")
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})("doctor", "--no-check")
+    assert r.returncode == 1 and r.stderr == "", r.stderr
+    assert _lines(r.stdout)["PROBLEM"] == (
+        f"the tuning records {path} cannot be read: it is not JSON (Expecting property name enclosed in double "
+        "quotes); none is used, and the file is never overwritten (move it aside to start anew)"), r.stdout
+    assert path.read_text() == "{bad"

@@ -446,3 +446,16 @@ def test_a_log_whose_writes_meet_damage_is_called_damaged_by_logs_and_status(lcl
     assert lcli("run", "-m", "smollm2:135m", "A third question.", *N).returncode == 0
     status = lcli("logs", "status")
     assert (status.stdout, status.stderr) == (f"logging is on · {db} · 1 exchange\n", ""), status
+
+
+def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) -> None:
+    """logs.md: --continue goes on with the conversation's model "unless -m" says otherwise; LOCALGEN_MODEL is a
+    default (configuration.md), not -m typed, and replaced it (here with a model that has no chat template)."""
+    first = lcli("run", "-m", "smollm2:135m", "My name is Ada.", *N, "--json")
+    assert first.returncode == 0, first.stderr
+    under = CLI({**lcli.env, "LOCALGEN_MODEL": "gemma3:270m"})
+    r = under("run", "--continue", "What is my name?", *N, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["name"] == "smollm2:135m"
+    r = under("run", "--continue", "-m", "gemma3:270m", "What is my name?", *N)  # -m typed: that model
+    assert r.returncode == 1 and "gemma3:270m has no chat template" in r.stderr, r.stderr

@@ -4,9 +4,7 @@ FIFO, a huge file, deep nesting, another tool's fields) and listing the saved on
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,8 +14,8 @@ from typing import Any
 from localgen import paths
 from localgen.errors import LocalgenError
 from localgen.media import text_of
+from localgen.regular import Unreadable, read_regular
 from localgen.types import Message
-from localgen.units import format_bytes
 
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 FORMAT = 1
@@ -35,35 +33,8 @@ LOAD_READ = 1 << 30  # the bytes a saved conversation may take to be loaded (a c
 DEPTH = 200  # how deep a loaded file may nest: a save writes it again, and Python's JSON writer recurses
 
 
-class Unreadable(Exception):
-    """A saved conversation's path that is not read, and why in words: not a regular file (a FIFO, a device, a
-    folder: never opened), or too large to load."""
-
-
 class BadField(ValueError):
     """A field of localgen's in a saved file that holds what a save never writes there, in words."""
-
-
-def read_regular(path: Path, limit: int, whole: bool = False) -> bytes:
-    """At most `limit` + 1 bytes of a regular file (`whole`: all of it, Unreadable when it is larger than `limit`,
-    before a byte is read). Anything but a regular file is Unreadable before it is opened (a FIFO would block the
-    read, /dev/zero never end it); the open does not block either, and what it opened is checked again."""
-    if not stat.S_ISREG(mode := os.stat(path).st_mode):
-        raise Unreadable(_kind(mode))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    with open(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # replaced since the stat
-            raise Unreadable(_kind(st.st_mode))
-        if whole and st.st_size > limit:
-            raise Unreadable(f"it is {st.st_size:,} bytes, more than the {format_bytes(limit)} a conversation "
-                             "is read to")
-        return f.read(limit + 1)
-
-
-def _kind(mode: int) -> str:
-    return ("it is a folder" if stat.S_ISDIR(mode) else "it is a FIFO" if stat.S_ISFIFO(mode) else
-            "it is a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "it is not a regular file")
 
 
 def check_depth(data: Any) -> None:

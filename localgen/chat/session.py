@@ -19,11 +19,9 @@ from localgen.chat.saved import (
     LOAD_READ,
     SAVED_KEYS,
     BadField,
-    Unreadable,
     chats_dir,
     check_depth,
     checked_messages,
-    read_regular,
     saved_flag,
     saved_form,
     saved_time,
@@ -32,6 +30,7 @@ from localgen.chat.saved import (
 )
 from localgen.errors import LocalgenError, UsageError
 from localgen.media import text_of
+from localgen.regular import Unreadable, read_regular
 from localgen.types import Message
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -241,7 +240,7 @@ class ChatSession:
         check_name(name)
         path = chats_dir() / f"{name}.json"
         try:
-            data = json.loads(read_regular(path, LOAD_READ, whole=True).decode("utf-8"))
+            data = json.loads(read_regular(path, LOAD_READ, whole=True, what="a conversation").decode("utf-8"))
             check_depth(data)
         except FileNotFoundError:
             raise LocalgenError(f"no saved conversation named {name!r}", hint="see `localgen chat --list`") from None

@@ -11,7 +11,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.inputfile import check_model
-from localgen.cli.options.knobs import Knobs
+from localgen.cli.options.knobs import Knobs, typed_by_user
 from localgen.loadsettings import LOAD_KNOBS, rpc_servers
 
 PLACEMENT = ("gpu_layers", "n_cpu_moe", "cpu_moe", "override_tensor")  # where the checked load puts the weights
@@ -40,15 +40,25 @@ def doctor(
     check that model's load: what went where, experts in RAM included."""
     from localgen.errors import UsageError
 
-    given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.given(n)]
-    if not check and (model is not None or given):
-        named = ["-m", *given] if model is not None else given
+    # typed flags only: LOCALGEN_MODEL and LLAMA_ARG_* are defaults, exported for every command
+    given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.typed(n)]
+    if not check and (typed_by_user(ctx, "model") or given):
+        named = ["-m", *given] if typed_by_user(ctx, "model") else given
         one = len(named) == 1
         raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
                          f"{'it means' if one else 'they mean'} nothing with --no-check")
     servers = rpc_servers(rpc)
     check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
-    planned = _planned(model, knobs, servers) if check else None  # a bad flag or name: one error, before anything
+    from localgen.models import catalogue
+    from localgen.models.embedded import DEFAULT_MODEL
+
+    found: list[str] = []  # what of the user's models.toml cannot be used: findings of doctor's, not warnings
+    catalogue.warn_with(found.append)
+    checked = model if model is not None else DEFAULT_MODEL
+    # the model to check broken by the user's catalogue, not named by a typed -m: a finding, and no check
+    unusable = check and not typed_by_user(ctx, "model") and checked in catalogue.read().broken
+    planned = _planned(model, knobs, servers) if check and not unusable else None  # a bad flag or name: one
+    # error, before anything
     import localgen
     from localgen import hardware
     from localgen.native.devices import backend_info
@@ -88,6 +98,13 @@ def doctor(
     else:
         print("media     images and audio: yes (libmtmd; a model reads them with its projector: --mmproj, or a "
               "vision or audio model from the catalogue)")
+    from localgen import tuning
+
+    for problem in [*found, *filter(None, [tuning.problem()])]:  # the user's files that need fixing
+        print(f"PROBLEM   {problem}")
+        problems += 1
+    if unusable:
+        print(f"check     not run: {checked} cannot be used until the catalogue is fixed")
     if gpus and not offload:
         kind = "metal" if gpus[0].unified else "cuda"
         print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")

@@ -11,8 +11,11 @@ from typing import Any
 
 from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
+from localgen.regular import Unreadable, read_regular
+from localgen.types import MIN_CTX_FLAG
 
 SHIPPED = Path(__file__).with_name("models.toml")  # package data; the repo's top-level models.toml links here
+MAX_FILE = 4 << 20  # the most of a models.toml read: the shipped one, of every model localgen names, is 9 KB
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def _say(text: str) -> None:
 def _read(path: Path, required: bool = False) -> dict[str, Any]:
     """The [models] table of a file ({} where an optional one is missing); UsageError where it cannot be read."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_regular(path, MAX_FILE, whole=True, what="a catalogue").decode("utf-8")
         data = tomllib.loads(text)
     except FileNotFoundError:
         if required:
@@ -73,8 +76,10 @@ def _read(path: Path, required: bool = False) -> dict[str, Any]:
         return {}
     except UnicodeDecodeError:
         raise UsageError(f"the model catalogue {path} is not UTF-8 text") from None
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, tomllib.TOMLDecodeError, Unreadable) as e:  # Unreadable: a FIFO there is never opened
         raise UsageError(f"cannot read the model catalogue {path}: {e}") from None
+    for key in (str(k) for k in data if k != "models"):  # a typo of [models.NAME] is never ignored in silence
+        _say(f"{path}: {_shown(key)} at the top level is ignored (localgen reads only [models.NAME] tables)")
     models = data.get("models", {})
     if not isinstance(models, dict):
         raise UsageError(f"{path}: [models] must be a table of model entries")
@@ -137,8 +142,9 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
         raise UsageError(f"{where} repo is empty")
     if not default_quant.strip():
         raise UsageError(f"{where} default_quant is empty")
-    if context is not None and context < 1:
-        raise UsageError(f"{where} context must be a whole number of tokens, not {context}")
+    if context is not None and not MIN_CTX_FLAG <= context <= settings.INT32:  # as a Modelfile's num_ctx
+        raise UsageError(f"{where} context must be a whole number of tokens within {MIN_CTX_FLAG} to "
+                         f"{settings.INT32}, not {_shown(context)}")
     for quant, file in files.items():
         if not isinstance(file, str) or not file.strip():
             raise UsageError(f"{where} files.{quant} must be a file name, not {_shown(file)}")

@@ -23,12 +23,16 @@ from typing import Any
 from localgen import loadsettings, paths, settings
 from localgen.errors import LocalgenError, ModelNotFoundError, NotDownloadedError, UsageError
 from localgen.models import modelfile
+from localgen.regular import Unreadable, read_regular
 from localgen.types import ModelRef
 
 # matched whole (fullmatch): `$` would also match before a final newline, and "bot\n" would be a file name
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0,39})?")
 FORMAT = 1
 LATEST = ":latest"  # Ollama's tag for a name given without one
+# the most of a preset file read: `create` makes one from a Modelfile of at most modelfile.MAX_MODELFILE characters,
+# which JSON's escapes make at most 12 bytes each (two \\u escapes); save() writes none larger (serve's /api/create)
+MAX_FILE = 16 * modelfile.MAX_MODELFILE
 
 
 class PresetExists(UsageError):
@@ -110,10 +114,10 @@ def find(name: str) -> Preset | None:
         return None
     for path in _files(name):
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path, MAX_FILE, whole=True, what="a preset")
         except FileNotFoundError:
             continue
-        except OSError as e:
+        except (OSError, Unreadable) as e:  # Unreadable: a FIFO or a device there is never opened
             raise LocalgenError(f"cannot read the preset {path}: {e}") from None
         try:
             return _from_json(canonical(name), _document(raw))
@@ -214,6 +218,9 @@ def _write(p: Preset, replace: bool, path: Path) -> None:
     if not replace and any(f.exists() for f in _files(p.name)):
         raise exists
     text = json.dumps(_to_json(p), indent=2) + "\n"
+    if len(text) > MAX_FILE:  # ASCII (JSON's escapes): a character is a byte
+        raise UsageError(f"the preset {p.name} would be {len(text):,} bytes, more than the "
+                         f"{MAX_FILE >> 20} MiB a preset is read to")
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # one per writer
     tmp = Path(name)
     try:

@@ -5,6 +5,7 @@ saving after each turn."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +34,13 @@ def start(plan: ChatPlan) -> None:
         from localgen.remote.backend import pick_model
 
         model = pick_model(endpoints)
-    session = _open_session(plan.name, plan.resume, model, send.system)
+    session = _open_session(plan.name, plan.resume, model, send.system, load.model_typed)
+    if plan.resume and session.model != model:  # its own model, not LOCALGEN_MODEL's: gone, it is model_gone's error
+        load = dataclasses.replace(load, model_given=False)
+        plan = dataclasses.replace(plan, load=load)
     tools = send.tools
     view = ChatView(interactive=plan.interactive, plain=plan.plain, stats=plan.stats, sampling=send.sampling,
-                    model_given=load.model_given, yes=tools is not None and tools.yes, compact=plan.compact)
+                    model_given=load.model_typed, yes=tools is not None and tools.yes, compact=plan.compact)
     view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
         lambda name: load_backend(name, load, view))
     with contextlib.ExitStack() as opened:
@@ -129,9 +133,10 @@ def _check(runner: Any, view: ChatView, toolbox: Any, plan: ChatPlan) -> None:
                                                                       "--chat-template-file")
 
 
-def _open_session(name: str | None, resume: bool, model: str | None, system: str | None) -> Any:
+def _open_session(name: str | None, resume: bool, model: str | None, system: str | None, typed: bool) -> Any:
     """The conversation: a saved chat or a logged one to go on with (resume), else a new one; with -m's model
-    and --system's prompt (already checked) where given."""
+    and --system's prompt (already checked) where given. A resumed one keeps its own model unless -m is `typed`
+    (LOCALGEN_MODEL is a default: it serves only one that names none)."""
     from localgen.chat import saved
     from localgen.chat import session as sessions
 
@@ -152,7 +157,7 @@ def _open_session(name: str | None, resume: bool, model: str | None, system: str
 
         session = sessions.ChatSession(name=name or sessions.new_name(), model=model or DEFAULT_MODEL,
                                        fresh=True, auto_named=not name)
-    if model:
+    if model and (typed or not resume or not session.model):
         session.model = model
     if not session.model:  # a saved file without "model", and no -m
         raise LocalgenError(f"the saved conversation {session.path} names no model",

@@ -25,7 +25,7 @@ class ChatView:
     console: Any = None
     loader: Any = None  # name -> backend, for /model and /load
     sampling: SamplingFlags = field(default_factory=SamplingFlags)  # the flags given, over a loaded chat's /set values
-    model_given: bool = False  # -m was given: /load keeps this model instead of the loaded chat's
+    model_given: bool = False  # -m was typed: /load keeps this model instead of the loaded chat's
     attachments: list[str] = field(default_factory=list)
     media: list[Any] = field(default_factory=list)  # images and audio for the next message (/image, /audio)
     err: ErrWriter = field(default_factory=ErrWriter)

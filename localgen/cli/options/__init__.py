@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli.inputfile import input_file
-from localgen.cli.options.knobs import Knobs, given_by_user
+from localgen.cli.options.knobs import Knobs, given_by_user, typed_by_user
 from localgen.loadsettings import GPU, LOAD_KNOBS, SWITCH, TEXT, LoadKnob
 from localgen.settings import BIAS, BOOL, FLOAT, INT, KNOBS, TEXTS, Knob
 from localgen.types import LoadParams, SamplingParams
@@ -345,6 +345,10 @@ class CommandArgs:
     def given(self, name: str) -> bool:
         """Whether the user set this parameter (command line, env var), as opposed to its default."""
         return given_by_user(self.context, name)
+
+    def typed(self, name: str) -> bool:
+        """Whether the user typed this parameter on the command line (not an env var, which is a default)."""
+        return typed_by_user(self.context, name)
 
     def in_order(self, *names: str) -> list[str]:
         """Of these parameters, the names of those given on the command line, once per time each was given, in

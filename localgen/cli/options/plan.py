@@ -39,6 +39,8 @@ class LoadPlan:
     ctx_given: bool  # --ctx given: it wins over a preset's num_ctx, and is the window a remote server is assumed
     load_given: frozenset[str] = frozenset()  # the load settings given (flags, env vars): each wins over a preset's
     endpoints: tuple[Endpoint, ...] = ()  # remote endpoints; empty: the model loads here
+    # -m typed: it replaces a resumed or loaded conversation's own model, which LOCALGEN_MODEL, a default, does not
+    model_typed: bool = False
 
     @property
     def remote(self) -> bool:
@@ -129,7 +131,7 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     from localgen.cli.options.files import output_grammar
 
     grammar, schema = output_grammar(out)
-    load = LoadPlan(model=model, model_given=args.given("model"), offline=args.offline,
+    load = LoadPlan(model=model, model_given=args.given("model"), model_typed=args.typed("model"), offline=args.offline,
                     template_file=args.chat_template_file, mmproj=args.mmproj, verbose=args.verbose,
                     params=args.knobs.load(), ctx_given=args.given("ctx"),
                     load_given=frozenset(n for n in LOAD_KNOBS if args.knobs.given(n)), endpoints=tuple(endpoints))

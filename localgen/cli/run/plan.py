@@ -66,9 +66,11 @@ def check(f: RunArgs) -> RunPlan:
         raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "
                          f"with {'--file/--each-line' if many else '--raw'}")
     thread = None if many else conversation.thread_for(f.log)
+    own_model = False
     if thread is not None:  # the conversation's model and system prompt, where the flags do not say otherwise
-        if thread.model_spec and not f.given("model"):
+        if thread.model_spec and not f.typed("model"):  # LOCALGEN_MODEL, a default, does not replace it
             f = dataclasses.replace(f, model=thread.model_spec)
+            own_model = True
         if thread.system and not f.given("system"):
             f = dataclasses.replace(f, system=thread.system)
     _check_combinations(f, many)
@@ -81,6 +83,8 @@ def check(f: RunArgs) -> RunPlan:
             ("verbose_prompt", "--verbose-prompt", f.report.verbose_prompt),
             ("exact", "--exact/--no-exact", f.many.exact is not None))],
         cannot_ask="run", ask_hint="or use `localgen chat`, which asks before each call"))
+    if own_model:  # the conversation's, not the user's: gone, it is model_gone's error
+        model = dataclasses.replace(model, load=dataclasses.replace(model.load, model_given=False))
     if f.many.resume_from is not None and (f.many.file is None or not f.report.json_out):
         raise UsageError("--resume-from goes with --file and --json (it reads the line numbers of JSONL output)")
     if f.many.resume_from is not None:  # before the model loads: a FIFO or a file of something else is one line
