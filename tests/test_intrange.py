@@ -1,5 +1,7 @@
 """Integer ranges in JSON schemas as grammars (native/intrange.py): llama.cpp's expected grammars, every number
-near each bound checked against the rule, empty ranges refused, and SmolLM2 at temperature 1 held in range."""
+near each bound checked against the rule, empty ranges refused, and SmolLM2 at temperature 1 held in range; the
+other bounds (repetition counts and patterns, native/pattern.py) up to the documented 4,096, the escapes
+pydantic writes in patterns."""
 
 from __future__ import annotations
 
@@ -198,3 +200,34 @@ def test_the_keywords_docs_say_the_grammar_holds_are_the_ones_it_holds() -> None
             ({**_S, "format": "date", "maxLength": 5}, {**_S, "format": "date"}),
             ({**_S, "format": "email", "maxLength": 5}, {**_S, "maxLength": 5})]
     assert all(grammar_from_json_schema(json.dumps(a)) == grammar_from_json_schema(json.dumps(b)) for a, b in same)
+
+
+# ---- repetition counts and patterns (native/pattern.py) --------------------------------------------------------
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": 1001}, {"type": "string", "maxLength": 4096}, {"type": "string", "minLength": 4096},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 4096},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4096},
+    {"type": "string", "pattern": "^a{0,1001}$"}, {"type": "string", "pattern": "^a{4096}$"},
+    {"type": "string", "pattern": "^(ab|[0-9]c?){100,4096}$"},
+])
+def test_repetition_counts_up_to_4096_make_grammars_llama_cpp_takes(schema: dict[str, Any]) -> None:
+    """Counts past 1,000 were n nested optionals, which llama.cpp refuses past 1,000 levels (and past about
+    17,000 overflows its stack on): they are flat `x{m,n}` now, parsed natively inside the conversion."""
+    grammar = grammar_from_json_schema(json.dumps(schema))
+    assert ")?)?" not in grammar.split("schema0 ::= ", 1)[1], grammar[:300]
+
+
+@pytest.mark.parametrize(("pattern", "rules"), [
+    (r"^\d{5}$", [r'schema0 ::= "\"" [0-9]{5} "\"" space']),  # pydantic's constr(pattern=r"^\d{5}$")
+    (r"^[\w.-]+@\S+$", [r'schema0 ::= "\"" [A-Za-z0-9_.\x2D]+ "@" [^ \t\n\r\x0C\x0B]+ "\"" space']),
+    (r"^[^\d\s]{2,}$", [r'schema0 ::= "\"" [^0-9 \t\n\r\x0C\x0B]{2,} "\"" space']),
+    (r"^\$\.\D[\W]$", [r'schema0 ::= "\"" "$." [^0-9] [^A-Za-z0-9_] "\"" space']),
+    (r"^(?:ab|\s)*?x$", [r'schema0 ::= "\"" (schema0-1* "x") "\"" space',
+                         r'schema0-1 ::= "ab" | [ \t\n\r\x0C\x0B]']),
+    (r"^([a-z]\d?){3}|none$", [r'schema0 ::= "\"" (schema0-1{3} | "none") "\"" space',
+                               r'schema0-1 ::= [a-z] [0-9]?']),
+])
+def test_patterns_take_the_escapes_pydantic_writes(pattern: str, rules: list[str]) -> None:
+    grammar = grammar_from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
+    assert [ln for ln in grammar.splitlines() if ln.startswith("schema0")] == rules

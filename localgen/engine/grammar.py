@@ -21,7 +21,9 @@ from localgen.errors import GrammarError
 
 MAX_SCHEMA_CHARS = 64 * 1024  # a JSON schema, as text
 MAX_GRAMMAR_CHARS = 128 * 1024  # a GBNF grammar, given or made from a schema
-MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties/minContains/maxContains
+MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties/minContains/maxContains,
+# and a pattern's {m,n}
+MAX_GRAMMAR_DEPTH = 1000  # groups in groups: llama.cpp's parser recurses on each, and overflows near 20,000
 REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
                "maxContains")
 REF_DEPTH = 3  # how often one $ref may be expanded inside itself before the rest is any JSON
@@ -168,14 +170,48 @@ def grammar_from_json_schema(schema_text: str) -> str:
 
 
 def check_grammar_size(grammar: str, what: str = "the grammar") -> None:
-    """A GrammarError for a GBNF grammar past MAX_GRAMMAR_CHARS (llama.cpp would parse it where Ctrl-C cannot
-    reach)."""
+    """A GrammarError for a GBNF grammar past MAX_GRAMMAR_CHARS or nested past MAX_GRAMMAR_DEPTH (llama.cpp would
+    parse it where Ctrl-C cannot reach, and recurses on each group: 20,000 overflow its stack)."""
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"{what} is {len(grammar):,} characters; at most {MAX_GRAMMAR_CHARS:,}")
+    check_grammar_depth(grammar, what)
+
+
+def check_grammar_depth(grammar: str, what: str = "the grammar") -> None:
+    """A GrammarError for a GBNF grammar nested past MAX_GRAMMAR_DEPTH, before llama.cpp parses it."""
+    depth = grammar_depth(grammar)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise GrammarError(f"{what} nests groups {depth:,} deep; at most {MAX_GRAMMAR_DEPTH:,}")
+
+
+def grammar_depth(grammar: str) -> int:
+    """How deep a GBNF grammar's parentheses nest (those in literals, classes and comments left out)."""
+    deepest = depth = 0
+    i, n = 0, len(grammar)
+    while i < n:
+        c = grammar[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and grammar[i] != close:
+                i += 2 if grammar[i] == "\\" else 1
+        elif c == "#":
+            while i < n and grammar[i] not in "\r\n":
+                i += 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
 
 
 def big_repeat(schema: Any) -> tuple[str, int] | None:
-    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value)."""
+    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value); a `pattern`'s `{m,n}` counts
+    (as "pattern repeat {m,n}")."""
+    from localgen.native.pattern import pattern_repeats
+
     todo = [schema]
     while todo:
         node = todo.pop()
@@ -184,6 +220,11 @@ def big_repeat(schema: Any) -> tuple[str, int] | None:
                 v = node.get(k)
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
                     return k, int(v) if v < float("inf") else MAX_REPEAT + 1
+            if isinstance(node.get("pattern"), str):
+                big = next(((f"pattern repeat {text}", n) for text, n in pattern_repeats(node["pattern"])
+                            if n > MAX_REPEAT), None)
+                if big:
+                    return big
             todo.extend(node.values())
         elif isinstance(node, list):
             todo.extend(node)
@@ -219,11 +260,17 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
     try:
         for i, schema in enumerate(schemas):
             try:
-                names.append(str(converter.visit(resolve_schema(schema), f"{prefix}{i}")))
+                big = big_repeat(schema)  # before any of it is converted: tools come here unchecked
+                if big:
+                    raise GrammarError(f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,}")
+                resolved = resolve_schema(schema)
+                names.append(str(converter.visit(resolved, f"{prefix}{i}")))
             except GrammarError as e:
                 raise GrammarError(e.message, e.hint, part=i) from None
         rules = str(converter.format_grammar())
-        if not _parses(f"root ::= {' | '.join(names)}\n{rules}"):
+        grammar = f"root ::= {' | '.join(names)}\n{rules}"
+        check_grammar_depth(grammar, "the grammar made from the JSON schema")
+        if not _parses(grammar):
             raise _unconvertible(schemas)
         return rules, names
     except GrammarError:
@@ -274,12 +321,9 @@ def _unconvertible(schemas: Sequence[Any]) -> GrammarError:
             path, node = inner
         shown = json.dumps(node)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        why = (" (its `pattern` uses regular-expression syntax the converter does not take, such as \\d, \\w, \\s "
-               "or an escaped mark like \\.: write [0-9], [a-zA-Z0-9_], [ \\t\\n], [.] instead)") \
-            if "pattern" in node else ""
         at = path.lstrip("/") or "the top"
         return GrammarError(f"cannot turn the JSON schema into a grammar: its part at {at}, {shown}, cannot be "
-                            f"expressed as one{why}", part=i)
+                            "expressed as one", part=i)
     return GrammarError("cannot turn the JSON schema into a grammar: its parts together cannot be expressed as one")
 
 
