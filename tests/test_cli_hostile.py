@@ -99,6 +99,7 @@ def _big_gbnf(path: Path) -> str:
     (lambda p: ["-j", '{"type": "string", "minLength": 1000000000}'], "minLength is 1,000,000,000; at most 4,096"),
     (lambda p: ["-j", '{"type": "array", "minItems": 1e8, "items": {"type": "integer"}}'],
      "minItems is 100,000,000; at most 4,096"),
+    (lambda p: ["-j", '{"type": "array", "minItems": 3, "maxItems": 1}'], "minItems 3 above its maxItems 1"),
     (lambda p: ["-jf", _big_enum(p / "enum.json")], "characters; at most 65,536"),
     (lambda p: ["--grammar", _big_gbnf(p / "big.gbnf")], "characters; at most 131,072"),
     (lambda p: ["--grammar", "root ::= " + "|".join(['"a"'] * 50_000)], "--grammar is 200,008 characters"),

@@ -468,6 +468,24 @@ def test_a_pattern_repeated_past_the_bound_is_a_400_and_the_server_keeps_serving
     _still_answers(child.url)
 
 
+def test_bounds_no_value_meets_are_a_400_naming_the_field(child: Server) -> None:
+    """minLength 4 with maxLength 2 was answered 200 with {"code":"1.1."}, and as a tool a call that broke it."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    schema = {"type": "object", "properties": {"code": {"type": "string", "minLength": 4, "maxLength": 2}},
+              "required": ["code"]}
+    said = "the JSON schema's part at properties/code has minLength 4 above its maxLength 2: no string meets both"
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=60, json={**chat, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert r.json()["error"]["message"] == said
+    tools = [{"type": "function", "function": {"name": n, "parameters": p}}
+             for n, p in (("ok", {"type": "object"}), ("code", schema))]
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=60, json={**chat, "tools": tools})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
+    assert r.json()["error"]["message"] == said
+    _still_answers(child.url)
+
+
 def test_a_schema_the_converter_cannot_take_is_a_400_naming_the_field(inproc: InProcess) -> None:
     """A schema that cannot become a grammar is a 400 in the schema's words, naming the request's field; it was
     a 400 quoting the grammar's parser (`expecting newline or end at ...`) with `param: null`. A property name

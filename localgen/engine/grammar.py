@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import unquote
 
 from localgen.errors import GrammarError
@@ -231,6 +231,51 @@ def big_repeat(schema: Any) -> tuple[str, int] | None:
     return None
 
 
+# a lower and an upper bound no value can meet, with the kind of value they bound
+_PAIRS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"),
+          ("minProperties", "maxProperties", "object"), ("minContains", "maxContains", "array"))
+
+
+def check_bounds(schema: Any, path: str = "") -> None:
+    """A GrammarError naming the part of a resolved schema whose bounds no value meets (minLength above
+    maxLength, an empty number or integer range): a grammar for it would admit values that break it."""
+    from localgen.native.intrange import integer_bounds
+
+    if not isinstance(schema, dict):
+        return
+    kinds = schema.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else None
+    at = f"the JSON schema's part at {path.lstrip('/')}" if path else "the JSON schema"
+
+    def applies(kind: str) -> bool:
+        return kinds is None or kind in kinds or (kind == "number" and "integer" in kinds)
+
+    for low, high, kind in _PAIRS:
+        lo, hi = schema.get(low), schema.get(high)
+        if _num(lo) and _num(hi) and lo > hi and applies(kind):
+            raise GrammarError(f"{at} has {low} {lo} above its {high} {hi}: no {kind} meets "
+                               "both")
+    if kinds == ["integer"]:
+        try:
+            integer_bounds(schema)
+        except GrammarError as e:
+            raise GrammarError(e.message.replace("the JSON schema", at, 1)) from None
+    elif applies("number"):
+        lows = [(schema[k], k.startswith("excl")) for k in ("minimum", "exclusiveMinimum") if _num(schema.get(k))]
+        highs = [(schema[k], k.startswith("excl")) for k in ("maximum", "exclusiveMaximum") if _num(schema.get(k))]
+        if any(lo > hi or (lo == hi and (ex1 or ex2)) for lo, ex1 in lows for hi, ex2 in highs):
+            given = ", ".join(f"{k} {schema[k]}" for k in ("minimum", "exclusiveMinimum", "maximum",
+                                                           "exclusiveMaximum") if _num(schema.get(k)))
+            raise GrammarError(f"{at} has {given}: no number is in that range")
+    for key, child in _parts(schema):
+        if not key.startswith("not"):  # a part no value meets is what `not` wants
+            check_bounds(child, f"{path}/{key}")
+
+
+def _num(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
 def check_json_schema(schema: Any) -> None:
     """A GrammarError unless `schema` is valid against the JSON Schema metaschema it names (2020-12 when it
     names none): the converter takes `{"type": "objekt"}` or a nested `"strng"` for "anything"."""
@@ -264,6 +309,7 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
                 if big:
                     raise GrammarError(f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,}")
                 resolved = resolve_schema(schema)
+                check_bounds(resolved)
                 names.append(str(converter.visit(resolved, f"{prefix}{i}")))
             except GrammarError as e:
                 raise GrammarError(e.message, e.hint, part=i) from None
