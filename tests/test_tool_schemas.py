@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -348,6 +349,46 @@ def test_mcp_tools_with_refs_work(cli: CLI, tmp_path: Path) -> None:
     calls = json.loads(r.stdout)["tool_calls"]
     assert calls[0]["name"] == "locate"
     assert calls[0]["result"] == f"found {calls[0]['arguments']['address']['city']}"
+
+
+PATTERN_SERVER = '''
+    import sys
+    from typing import Annotated
+    from pydantic import Field
+    from mcp.server.mcpserver import MCPServer
+
+    app = MCPServer("zips")
+
+    @app.tool()
+    def zip_lookup(zip: Annotated[str, Field(pattern=r"^\\d{5}$")]) -> str:
+        """Look up a US zip code."""
+        return f"zip {zip} is in Springfield"
+
+    if sys.argv[1:] == ["--boundary"]:
+        @app.tool()
+        def odd(code: Annotated[str, Field(pattern=r"^\\bA\\w*$")]) -> str:
+            """A tool whose pattern no grammar holds."""
+            return code
+
+    app.run()
+'''
+
+
+def test_an_mcp_tool_with_pydantic_s_d_pattern_is_called_in_its_pattern(cli: CLI, tmp_path: Path) -> None:
+    """pydantic writes constr(pattern=r"^\\d{5}$") with \\d, which the converter did not take: every tool of the run
+    was refused over one. The call's zip is five digits now; a pattern no grammar holds names its server's tool."""
+    server = tmp_path / "zips.py"
+    server.write_text(textwrap.dedent(PATTERN_SERVER))
+    r = _run(cli, "--mcp", f"{sys.executable} {server}", "--yes", "--tool-choice", "zip_lookup", "-n", "48",
+             "--json", "Look up the zip code 12345.")
+    assert r.returncode == 0, r.stderr
+    call = json.loads(r.stdout)["tool_calls"][0]
+    assert call["name"] == "zip_lookup" and re.fullmatch(r"[0-9]{5}", call["arguments"]["zip"]), call
+    r = _run(cli, "--mcp", f"{sys.executable} {server} --boundary", "--yes", "-n", "8", "hi")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("localgen: error: the MCP server ") and r.stderr.endswith(
+        "'s tool odd: the JSON schema's pattern /^\\bA\\w*$/ uses \\b, which a grammar cannot hold: it cannot become "
+        "a grammar\n"), r.stderr
 
 
 # ---- serve --------------------------------------------------------------------------------------------------
