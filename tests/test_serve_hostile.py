@@ -516,6 +516,10 @@ def test_a_schema_the_converter_cannot_take_is_a_400_naming_the_field(inproc: In
              for n, p in (("ok", {}), ("bad", {"x": {"enum": []}}))]
     r = httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "tools": tools}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
+    choice = {"type": "function", "function": {"name": "bad"}}  # the named tool alone is converted: still tools[1]
+    r = httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "tools": tools, "tool_choice": choice},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
     r = httpx.post(f"{inproc.url}/api/generate", json={"model": MODEL, "prompt": "x", "format": {"enum": []}},
                    timeout=60)
     assert r.status_code == 400 and "`enum` with no values" in r.json()["error"]

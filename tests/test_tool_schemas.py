@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import CLI, ScriptedGen
+from tests.conftest import CLI, ROOT, ScriptedGen
 from tests.test_serve import Server
 
 
@@ -90,6 +90,20 @@ def test_pydantic_and_mcp_style_schemas_make_grammars_in_every_format(smollm2_en
     assert plain["unit"]["enum"] == ["C", "F"]
     assert plain["note"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
     assert {"type": "null"} in plain["count"]["anyOf"]
+
+
+def test_a_schema_error_under_a_named_tool_choice_counts_every_tool() -> None:
+    """With tool_choice naming one tool only it is converted: its schema's error said tools[0] for tools[1]."""
+    from localgen.errors import GrammarError
+    from localgen.tools.plan import make_plan
+    from localgen.tools.spec import parse_tools
+
+    tools = parse_tools([_tool("ok", {"type": "object"}),
+                         _tool("bad", {"type": "object", "properties": {"x": {"enum": []}}})])
+    template = (ROOT / "tests" / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    with pytest.raises(GrammarError) as e:
+        make_plan(template, tools, {"type": "function", "function": {"name": "bad"}})
+    assert e.value.part == 1
 
 
 def test_recursive_references_are_bounded_not_a_recursion_error() -> None:
