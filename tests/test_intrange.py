@@ -259,5 +259,6 @@ def test_bounds_no_value_meets_are_an_error_naming_the_part(schema: dict[str, An
 
 def test_bounds_a_value_can_meet_or_that_do_not_apply_are_taken() -> None:
     for schema in ({"not": {"minLength": 4, "maxLength": 2}}, {"type": "integer", "minLength": 4, "maxLength": 2},
+                   {"if": {"minItems": 3, "maxItems": 1}, "then": {"type": "array"}},
                    {"type": "string", "minLength": 2, "maxLength": 2}, {"type": "number", "minimum": 1, "maximum": 1}):
         grammar_from_json_schema(json.dumps(schema))

@@ -268,7 +268,7 @@ def check_bounds(schema: Any, path: str = "") -> None:
                                                            "exclusiveMaximum") if _num(schema.get(k)))
             raise GrammarError(f"{at} has {given}: no number is in that range")
     for key, child in _parts(schema):
-        if not key.startswith("not"):  # a part no value meets is what `not` wants
+        if key not in ("not", "if"):  # a part no value meets is what `not` wants, and an `if` may be false
             check_bounds(child, f"{path}/{key}")
 
 

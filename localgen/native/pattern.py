@@ -175,7 +175,7 @@ class _Pattern:
             if e.lower() in _CLASSES:
                 self.i += 2
                 return f"[{'^' if e.isupper() else ''}{_CLASSES[e.lower()]}]", False
-            ch, self.i = self.escaped(self.i)
+            ch, self.i = self.escaped(t, self.i)
             return _literal(ch), True
         if c in "*+?":
             raise self.fail(f"has a {c} with nothing before it")
@@ -184,9 +184,8 @@ class _Pattern:
         self.i += 1
         return _literal(c), True
 
-    def escaped(self, i: int) -> tuple[str, int]:
-        """The character an escape at t[i] (a backslash) stands for, and where the text goes on."""
-        t = self.text
+    def escaped(self, t: str, i: int) -> tuple[str, int]:
+        """The character an escape at t[i] (a backslash) stands for, and where t goes on."""
         e = t[i + 1]
         if e in _CHAR_ESCAPES and not (e == "0" and i + 2 < len(t) and t[i + 2].isdigit()):
             return _CHAR_ESCAPES[e], i + 2
@@ -219,13 +218,13 @@ class _Pattern:
             if c == "\\":
                 if j + 1 >= len(body):
                     raise self.fail("ends a class in a lone backslash")
-                first, j = self._class_escape(body, j)
+                first, j = self.escaped(body, j)
             else:
                 first, j = c, j + 1
             if j + 1 < len(body) and body[j] == "-" and \
                     not (body[j + 1] == "\\" and j + 2 < len(body) and body[j + 2].lower() in _CLASSES):
                 if body[j + 1] == "\\":
-                    last, j = self._class_escape(body, j + 1)
+                    last, j = self.escaped(body, j + 1)
                 else:
                     last, j = body[j + 1], j + 2
                 if ord(last) < ord(first):
@@ -239,14 +238,6 @@ class _Pattern:
         if not others or (not own and len(others) == 1):
             return own or others[0]
         return "(" + " | ".join([own, *others] if own else others) + ")"
-
-    def _class_escape(self, body: str, j: int) -> tuple[str, int]:
-        saved = self.text
-        self.text = body
-        try:
-            return self.escaped(j)
-        finally:
-            self.text = saved
 
 
 def _class_end(pattern: str, i: int) -> int:
