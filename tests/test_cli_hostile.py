@@ -67,6 +67,21 @@ def test_a_json_schema_that_is_no_object_is_one_line(cli_in_process: InProcessCL
     assert line.startswith("localgen: error: the JSON schema is not valid: ") and len(line) < 200, line
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (["-j", '{"type": "string", "pattern": "^a{1,20000}$"}'], "pattern repeat {1,20000} is 20,000; at most 4,096"),
+    (["-j", '{"type": "string", "pattern": "^' + "(" * 150 + "a" + ")" * 150 + '$"}'],
+     "nests groups more than 100 deep"),
+    (["-j", '{"type": "string", "pattern": "^' + "(" * 20_000 + ")" * 20_000 + '$"}'], "nests too deeply"),
+    (["--grammar", "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000], "nests groups 20,000 deep; at most 1,000"),
+])
+def test_a_grammar_nested_past_llama_cpp_s_stack_is_one_line_not_a_crash(cli: CLI, args: list[str],
+                                                                         said: str) -> None:
+    # a pattern's {1,20000} became 20,000 nested optionals, and llama.cpp's parser, recursing on each, overflowed
+    # its stack: exit 139 and nothing printed (a real process: a crash is not an exception)
+    r = cli("run", "-m", "smollm2:135m", "-n", "8", *args, "hi")
+    assert said in one_line_usage_error(r) and r.stdout == ""
+
+
 def _big_enum(path: Path) -> str:
     import json
 
@@ -84,6 +99,7 @@ def _big_gbnf(path: Path) -> str:
     (lambda p: ["-j", '{"type": "string", "minLength": 1000000000}'], "minLength is 1,000,000,000; at most 4,096"),
     (lambda p: ["-j", '{"type": "array", "minItems": 1e8, "items": {"type": "integer"}}'],
      "minItems is 100,000,000; at most 4,096"),
+    (lambda p: ["-j", '{"type": "array", "minItems": 3, "maxItems": 1}'], "minItems 3 above its maxItems 1"),
     (lambda p: ["-jf", _big_enum(p / "enum.json")], "characters; at most 65,536"),
     (lambda p: ["--grammar", _big_gbnf(p / "big.gbnf")], "characters; at most 131,072"),
     (lambda p: ["--grammar", "root ::= " + "|".join(['"a"'] * 50_000)], "--grammar is 200,008 characters"),

@@ -1,5 +1,7 @@
 """Integer ranges in JSON schemas as grammars (native/intrange.py): llama.cpp's expected grammars, every number
-near each bound checked against the rule, empty ranges refused, and SmolLM2 at temperature 1 held in range."""
+near each bound checked against the rule, empty ranges refused, and SmolLM2 at temperature 1 held in range; the
+other bounds (repetition counts and patterns, native/pattern.py) up to the documented 4,096, the escapes
+pydantic writes in patterns, and bounds no value meets refused naming the part."""
 
 from __future__ import annotations
 
@@ -111,7 +113,8 @@ def test_bounds_are_rounded_inwards_and_exclusive_ones_folded_in() -> None:
                                     {"minimum": 2.2, "maximum": 2.8}, {"minimum": 1e300}, {"maximum": -1e300}])
 def test_a_range_without_integers_is_an_error(bounds: dict[str, float]) -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer", **bounds}}}
-    with pytest.raises(GrammarError, match=r"^the JSON schema has an integer with .*: no integer is in that range$"):
+    with pytest.raises(GrammarError, match=r"^the JSON schema's part at properties/n has an integer with .*: "
+                                          r"no integer is in that range$"):
         grammar_from_json_schema(json.dumps(schema))
 
 
@@ -149,8 +152,8 @@ def test_smollm2_at_temperature_1_answers_in_range(range_server: Server) -> None
     schema["properties"]["n"] = {"type": "integer", "minimum": 10, "maximum": 5}
     r = httpx.post(f"{range_server.url}/v1/chat/completions", timeout=120, json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
-    assert r.json()["error"]["message"] == ("the JSON schema has an integer with minimum 10, maximum 5: no integer "
-                                            "is in that range")
+    assert r.json()["error"]["message"] == ("the JSON schema's part at properties/n has an integer with minimum 10, "
+                                            "maximum 5: no integer is in that range")
 
 
 _S, _I, _A = {"type": "string"}, {"type": "integer"}, {"type": "array", "items": {"type": "integer"}}
@@ -198,3 +201,64 @@ def test_the_keywords_docs_say_the_grammar_holds_are_the_ones_it_holds() -> None
             ({**_S, "format": "date", "maxLength": 5}, {**_S, "format": "date"}),
             ({**_S, "format": "email", "maxLength": 5}, {**_S, "maxLength": 5})]
     assert all(grammar_from_json_schema(json.dumps(a)) == grammar_from_json_schema(json.dumps(b)) for a, b in same)
+
+
+# ---- repetition counts and patterns (native/pattern.py) --------------------------------------------------------
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": 1001}, {"type": "string", "maxLength": 4096}, {"type": "string", "minLength": 4096},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 4096},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4096},
+    {"type": "string", "pattern": "^a{0,1001}$"}, {"type": "string", "pattern": "^a{4096}$"},
+    {"type": "string", "pattern": "^(ab|[0-9]c?){100,4096}$"},
+])
+def test_repetition_counts_up_to_4096_make_grammars_llama_cpp_takes(schema: dict[str, Any]) -> None:
+    """Counts past 1,000 were n nested optionals, which llama.cpp refuses past 1,000 levels (and past about
+    17,000 overflows its stack on): they are flat `x{m,n}` now, parsed natively inside the conversion."""
+    grammar = grammar_from_json_schema(json.dumps(schema))
+    assert ")?)?" not in grammar.split("schema0 ::= ", 1)[1], grammar[:300]
+
+
+@pytest.mark.parametrize(("pattern", "rules"), [
+    (r"^\d{5}$", [r'schema0 ::= "\"" [0-9]{5} "\"" space']),  # pydantic's constr(pattern=r"^\d{5}$")
+    (r"^[\w.-]+@\S+$", [r'schema0 ::= "\"" [A-Za-z0-9_.\x2D]+ "@" [^ \t\n\r\x0C\x0B]+ "\"" space']),
+    (r"^[^\d\s]{2,}$", [r'schema0 ::= "\"" [^0-9 \t\n\r\x0C\x0B]{2,} "\"" space']),
+    (r"^\$\.\D[\W]$", [r'schema0 ::= "\"" "$." [^0-9] [^A-Za-z0-9_] "\"" space']),
+    (r"^(?:ab|\s)*?x$", [r'schema0 ::= "\"" (schema0-1* "x") "\"" space',
+                         r'schema0-1 ::= "ab" | [ \t\n\r\x0C\x0B]']),
+    (r"^([a-z]\d?){3}|none$", [r'schema0 ::= "\"" (schema0-1{3} | "none") "\"" space',
+                               r'schema0-1 ::= [a-z] [0-9]?']),
+])
+def test_patterns_take_the_escapes_pydantic_writes(pattern: str, rules: list[str]) -> None:
+    grammar = grammar_from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
+    assert [ln for ln in grammar.splitlines() if ln.startswith("schema0")] == rules
+
+
+@pytest.mark.parametrize(("schema", "said"), [
+    ({"type": "object", "properties": {"code": {"type": "string", "minLength": 4, "maxLength": 2}},
+      "required": ["code"]},
+     "the JSON schema's part at properties/code has minLength 4 above its maxLength 2: no string meets both"),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1},
+     "the JSON schema has minItems 3 above its maxItems 1: no array meets both"),
+    ({"type": "object", "minProperties": 3, "maxProperties": 1},
+     "the JSON schema has minProperties 3 above its maxProperties 1: no object meets both"),
+    ({"type": "object", "properties": {"x": {"anyOf": [{"type": "number", "minimum": 3, "exclusiveMaximum": 3}]}}},
+     "the JSON schema's part at properties/x/anyOf/0 has minimum 3, exclusiveMaximum 3: no number is in that range"),
+    ({"type": "string", "pattern": "^a{1,20000}$"},
+     "the JSON schema's pattern repeat {1,20000} is 20,000; at most 4,096"),
+])
+def test_bounds_no_value_meets_are_an_error_naming_the_part(schema: dict[str, Any], said: str) -> None:
+    """minLength 4 with maxLength 2 made a grammar that wrote {"code":"1.1."}, which breaks the schema."""
+    with pytest.raises(GrammarError) as e:
+        grammar_from_json_schema(json.dumps(schema))
+    assert e.value.message == said
+    with pytest.raises(GrammarError) as e:  # as a tool's schema too (run's tools get no earlier check)
+        schema_rules([{"type": "object"}, schema], "t")
+    assert e.value.message == said and e.value.part == 1
+
+
+def test_bounds_a_value_can_meet_or_that_do_not_apply_are_taken() -> None:
+    for schema in ({"not": {"minLength": 4, "maxLength": 2}}, {"type": "integer", "minLength": 4, "maxLength": 2},
+                   {"if": {"minItems": 3, "maxItems": 1}, "then": {"type": "array"}},
+                   {"type": "string", "minLength": 2, "maxLength": 2}, {"type": "number", "minimum": 1, "maximum": 1}):
+        grammar_from_json_schema(json.dumps(schema))

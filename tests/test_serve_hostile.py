@@ -452,6 +452,40 @@ def test_grammar_bounds_and_deep_nesting_are_400s_without_internals(child: Serve
     _still_answers(child.url)
 
 
+def test_a_pattern_repeated_past_the_bound_is_a_400_and_the_server_keeps_serving(child: Server) -> None:
+    """A pattern's {1,20000} became 20,000 nested optionals, on whose parse llama.cpp's stack overflowed: the
+    whole server died (a response_format or a tool's parameter alike). It is refused as minLength 20000 is."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    schema = {"type": "object", "properties": {"c": {"type": "string", "pattern": "^[a-z]{1,20000}$"}}}
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=60, json={**chat, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert "pattern repeat {1,20000} is 20,000; at most 4,096" in r.json()["error"]["message"]
+    tools = [{"type": "function", "function": {"name": "code", "parameters": schema}}]
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=60, json={**chat, "tools": tools})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "pattern repeat {1,20000} is 20,000" in r.json()["error"]["message"]
+    _still_answers(child.url)
+
+
+def test_bounds_no_value_meets_are_a_400_naming_the_field(child: Server) -> None:
+    """minLength 4 with maxLength 2 was answered 200 with {"code":"1.1."}, and as a tool a call that broke it."""
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    schema = {"type": "object", "properties": {"code": {"type": "string", "minLength": 4, "maxLength": 2}},
+              "required": ["code"]}
+    said = "the JSON schema's part at properties/code has minLength 4 above its maxLength 2: no string meets both"
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=60, json={**chat, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert r.json()["error"]["message"] == said
+    tools = [{"type": "function", "function": {"name": n, "parameters": p}}
+             for n, p in (("ok", {"type": "object"}), ("code", schema))]
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=60, json={**chat, "tools": tools})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
+    assert r.json()["error"]["message"] == said
+    _still_answers(child.url)
+
+
 def test_a_schema_the_converter_cannot_take_is_a_400_naming_the_field(inproc: InProcess) -> None:
     """A schema that cannot become a grammar is a 400 in the schema's words, naming the request's field; it was
     a 400 quoting the grammar's parser (`expecting newline or end at ...`) with `param: null`. A property name
@@ -472,15 +506,19 @@ def test_a_schema_the_converter_cannot_take_is_a_400_naming_the_field(inproc: In
     r = ask({"enum": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
     assert r.json()["error"]["message"] == "the JSON schema has an `enum` with no values: no value could match it"
-    r = ask({"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\d+$"}}})
+    r = ask({"type": "object", "properties": {"n": {"type": "string", "pattern": "^(?=1)\\d+$"}}})
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "response_format", r.text
-    assert error["message"].startswith('cannot turn the JSON schema into a grammar: its part at properties/n, '
-                                       '{"type": "string", "pattern": "^\\\\d+$"}, cannot be expressed as one')
+    assert error["message"] == ("the JSON schema's pattern /^(?=1)\\d+$/ uses a group of the form (?...) other than "
+                                "(?:...), such as a lookahead: it cannot become a grammar")
     assert "expecting" not in error["message"] and "::=" not in error["message"]
     tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
              for n, p in (("ok", {}), ("bad", {"x": {"enum": []}}))]
     r = httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "tools": tools}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
+    choice = {"type": "function", "function": {"name": "bad"}}  # the named tool alone is converted: still tools[1]
+    r = httpx.post(f"{inproc.url}/v1/chat/completions", json={**chat, "tools": tools, "tool_choice": choice},
+                   timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
     r = httpx.post(f"{inproc.url}/api/generate", json={"model": MODEL, "prompt": "x", "format": {"enum": []}},
                    timeout=60)

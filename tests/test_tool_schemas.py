@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from tests.conftest import CLI, ScriptedGen
+from tests.conftest import CLI, ROOT, ScriptedGen
 from tests.test_serve import Server
 
 
@@ -89,6 +90,20 @@ def test_pydantic_and_mcp_style_schemas_make_grammars_in_every_format(smollm2_en
     assert plain["unit"]["enum"] == ["C", "F"]
     assert plain["note"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
     assert {"type": "null"} in plain["count"]["anyOf"]
+
+
+def test_a_schema_error_under_a_named_tool_choice_counts_every_tool() -> None:
+    """With tool_choice naming one tool only it is converted: its schema's error said tools[0] for tools[1]."""
+    from localgen.errors import GrammarError
+    from localgen.tools.plan import make_plan
+    from localgen.tools.spec import parse_tools
+
+    tools = parse_tools([_tool("ok", {"type": "object"}),
+                         _tool("bad", {"type": "object", "properties": {"x": {"enum": []}}})])
+    template = (ROOT / "tests" / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    with pytest.raises(GrammarError) as e:
+        make_plan(template, tools, {"type": "function", "function": {"name": "bad"}})
+    assert e.value.part == 1
 
 
 def test_recursive_references_are_bounded_not_a_recursion_error() -> None:
@@ -348,6 +363,46 @@ def test_mcp_tools_with_refs_work(cli: CLI, tmp_path: Path) -> None:
     calls = json.loads(r.stdout)["tool_calls"]
     assert calls[0]["name"] == "locate"
     assert calls[0]["result"] == f"found {calls[0]['arguments']['address']['city']}"
+
+
+PATTERN_SERVER = '''
+    import sys
+    from typing import Annotated
+    from pydantic import Field
+    from mcp.server.mcpserver import MCPServer
+
+    app = MCPServer("zips")
+
+    @app.tool()
+    def zip_lookup(zip: Annotated[str, Field(pattern=r"^\\d{5}$")]) -> str:
+        """Look up a US zip code."""
+        return f"zip {zip} is in Springfield"
+
+    if sys.argv[1:] == ["--boundary"]:
+        @app.tool()
+        def odd(code: Annotated[str, Field(pattern=r"^\\bA\\w*$")]) -> str:
+            """A tool whose pattern no grammar holds."""
+            return code
+
+    app.run()
+'''
+
+
+def test_an_mcp_tool_with_pydantic_s_d_pattern_is_called_in_its_pattern(cli: CLI, tmp_path: Path) -> None:
+    """pydantic writes constr(pattern=r"^\\d{5}$") with \\d, which the converter did not take: every tool of the run
+    was refused over one. The call's zip is five digits now; a pattern no grammar holds names its server's tool."""
+    server = tmp_path / "zips.py"
+    server.write_text(textwrap.dedent(PATTERN_SERVER))
+    r = _run(cli, "--mcp", f"{sys.executable} {server}", "--yes", "--tool-choice", "zip_lookup", "-n", "48",
+             "--json", "Look up the zip code 12345.")
+    assert r.returncode == 0, r.stderr
+    call = json.loads(r.stdout)["tool_calls"][0]
+    assert call["name"] == "zip_lookup" and re.fullmatch(r"[0-9]{5}", call["arguments"]["zip"]), call
+    r = _run(cli, "--mcp", f"{sys.executable} {server} --boundary", "--yes", "-n", "8", "hi")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("localgen: error: the MCP server ") and r.stderr.endswith(
+        "'s tool odd: the JSON schema's pattern /^\\bA\\w*$/ uses \\b, which a grammar cannot hold: it cannot become "
+        "a grammar\n"), r.stderr
 
 
 # ---- serve --------------------------------------------------------------------------------------------------

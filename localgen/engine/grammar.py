@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import unquote
 
 from localgen.errors import GrammarError
 
 MAX_SCHEMA_CHARS = 64 * 1024  # a JSON schema, as text
 MAX_GRAMMAR_CHARS = 128 * 1024  # a GBNF grammar, given or made from a schema
-MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties/minContains/maxContains
+MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties/minContains/maxContains,
+# and a pattern's {m,n}
+MAX_GRAMMAR_DEPTH = 1000  # groups in groups: llama.cpp's parser recurses on each, and overflows near 20,000
 REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
                "maxContains")
 REF_DEPTH = 3  # how often one $ref may be expanded inside itself before the rest is any JSON
@@ -168,14 +170,48 @@ def grammar_from_json_schema(schema_text: str) -> str:
 
 
 def check_grammar_size(grammar: str, what: str = "the grammar") -> None:
-    """A GrammarError for a GBNF grammar past MAX_GRAMMAR_CHARS (llama.cpp would parse it where Ctrl-C cannot
-    reach)."""
+    """A GrammarError for a GBNF grammar past MAX_GRAMMAR_CHARS or nested past MAX_GRAMMAR_DEPTH (llama.cpp would
+    parse it where Ctrl-C cannot reach, and recurses on each group: 20,000 overflow its stack)."""
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"{what} is {len(grammar):,} characters; at most {MAX_GRAMMAR_CHARS:,}")
+    check_grammar_depth(grammar, what)
+
+
+def check_grammar_depth(grammar: str, what: str = "the grammar") -> None:
+    """A GrammarError for a GBNF grammar nested past MAX_GRAMMAR_DEPTH, before llama.cpp parses it."""
+    depth = grammar_depth(grammar)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise GrammarError(f"{what} nests groups {depth:,} deep; at most {MAX_GRAMMAR_DEPTH:,}")
+
+
+def grammar_depth(grammar: str) -> int:
+    """How deep a GBNF grammar's parentheses nest (those in literals, classes and comments left out)."""
+    deepest = depth = 0
+    i, n = 0, len(grammar)
+    while i < n:
+        c = grammar[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and grammar[i] != close:
+                i += 2 if grammar[i] == "\\" else 1
+        elif c == "#":
+            while i < n and grammar[i] not in "\r\n":
+                i += 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
 
 
 def big_repeat(schema: Any) -> tuple[str, int] | None:
-    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value)."""
+    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value); a `pattern`'s `{m,n}` counts
+    (as "pattern repeat {m,n}")."""
+    from localgen.native.pattern import pattern_repeats
+
     todo = [schema]
     while todo:
         node = todo.pop()
@@ -184,10 +220,60 @@ def big_repeat(schema: Any) -> tuple[str, int] | None:
                 v = node.get(k)
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT:
                     return k, int(v) if v < float("inf") else MAX_REPEAT + 1
+            if isinstance(node.get("pattern"), str):
+                big = next(((f"pattern repeat {text}", n) for text, n in pattern_repeats(node["pattern"])
+                            if n > MAX_REPEAT), None)
+                if big:
+                    return big
             todo.extend(node.values())
         elif isinstance(node, list):
             todo.extend(node)
     return None
+
+
+# a lower and an upper bound no value can meet, with the kind of value they bound
+_PAIRS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"),
+          ("minProperties", "maxProperties", "object"), ("minContains", "maxContains", "array"))
+
+
+def check_bounds(schema: Any, path: str = "") -> None:
+    """A GrammarError naming the part of a resolved schema whose bounds no value meets (minLength above
+    maxLength, an empty number or integer range): a grammar for it would admit values that break it."""
+    from localgen.native.intrange import integer_bounds
+
+    if not isinstance(schema, dict):
+        return
+    kinds = schema.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else None
+    at = f"the JSON schema's part at {path.lstrip('/')}" if path else "the JSON schema"
+
+    def applies(kind: str) -> bool:
+        return kinds is None or kind in kinds or (kind == "number" and "integer" in kinds)
+
+    for low, high, kind in _PAIRS:
+        lo, hi = schema.get(low), schema.get(high)
+        if _num(lo) and _num(hi) and lo > hi and applies(kind):
+            raise GrammarError(f"{at} has {low} {lo} above its {high} {hi}: no {kind} meets "
+                               "both")
+    if kinds == ["integer"]:
+        try:
+            integer_bounds(schema)
+        except GrammarError as e:
+            raise GrammarError(e.message.replace("the JSON schema", at, 1)) from None
+    elif applies("number"):
+        lows = [(schema[k], k.startswith("excl")) for k in ("minimum", "exclusiveMinimum") if _num(schema.get(k))]
+        highs = [(schema[k], k.startswith("excl")) for k in ("maximum", "exclusiveMaximum") if _num(schema.get(k))]
+        if any(lo > hi or (lo == hi and (ex1 or ex2)) for lo, ex1 in lows for hi, ex2 in highs):
+            given = ", ".join(f"{k} {schema[k]}" for k in ("minimum", "exclusiveMinimum", "maximum",
+                                                           "exclusiveMaximum") if _num(schema.get(k)))
+            raise GrammarError(f"{at} has {given}: no number is in that range")
+    for key, child in _parts(schema):
+        if key not in ("not", "if"):  # a part no value meets is what `not` wants, and an `if` may be false
+            check_bounds(child, f"{path}/{key}")
+
+
+def _num(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def check_json_schema(schema: Any) -> None:
@@ -219,11 +305,18 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
     try:
         for i, schema in enumerate(schemas):
             try:
-                names.append(str(converter.visit(resolve_schema(schema), f"{prefix}{i}")))
+                big = big_repeat(schema)  # before any of it is converted: tools come here unchecked
+                if big:
+                    raise GrammarError(f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,}")
+                resolved = resolve_schema(schema)
+                check_bounds(resolved)
+                names.append(str(converter.visit(resolved, f"{prefix}{i}")))
             except GrammarError as e:
                 raise GrammarError(e.message, e.hint, part=i) from None
         rules = str(converter.format_grammar())
-        if not _parses(f"root ::= {' | '.join(names)}\n{rules}"):
+        grammar = f"root ::= {' | '.join(names)}\n{rules}"
+        check_grammar_depth(grammar, "the grammar made from the JSON schema")
+        if not _parses(grammar):
             raise _unconvertible(schemas)
         return rules, names
     except GrammarError:
@@ -274,12 +367,9 @@ def _unconvertible(schemas: Sequence[Any]) -> GrammarError:
             path, node = inner
         shown = json.dumps(node)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        why = (" (its `pattern` uses regular-expression syntax the converter does not take, such as \\d, \\w, \\s "
-               "or an escaped mark like \\.: write [0-9], [a-zA-Z0-9_], [ \\t\\n], [.] instead)") \
-            if "pattern" in node else ""
         at = path.lstrip("/") or "the top"
         return GrammarError(f"cannot turn the JSON schema into a grammar: its part at {at}, {shown}, cannot be "
-                            f"expressed as one{why}", part=i)
+                            "expressed as one", part=i)
     return GrammarError("cannot turn the JSON schema into a grammar: its parts together cannot be expressed as one")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,23 +16,57 @@ from localgen.errors import GrammarError
 def schema_converter() -> Any:
     """The bindings' SchemaConverter (llama_cpp.llama_grammar), set as localgen uses it (_compat: its strings
     escaped as GBNF reads them), with integer ranges (minimum, maximum, ...) made rules as llama.cpp's own
-    converter makes them (native/intrange.py)."""
+    converter makes them (native/intrange.py), and patterns and repetition counts written flat
+    (native/pattern.py)."""
     from localgen import _compat
     from localgen.native.lib import lib
 
     lib()
-    from llama_cpp.llama_grammar import RESERVED_NAMES
+    from llama_cpp.llama_grammar import PRIMITIVE_RULES, RESERVED_NAMES, STRING_FORMAT_RULES
 
     from localgen.native.intrange import integer_rule
+    from localgen.native.pattern import pattern_rule, repetition
 
     class Converter(_compat.schema_converter_class()):  # type: ignore[misc]
         def visit(self, schema: Any, name: str) -> Any:
             rule = integer_rule(schema)
             if rule is None:
+                rule = self._repeated(schema, name)
+            if rule is None:
                 return super().visit(schema, name)
             return self._add_rule(name + "-" if name in RESERVED_NAMES else name or "root", rule)
 
+        def _repeated(self, schema: Any, name: str) -> str | None:
+            """A string's minLength/maxLength and an array's minItems/maxItems as flat repetitions
+            (native/pattern.py), where the bindings would nest optionals; None for any other schema."""
+            if not isinstance(schema, dict) or any(k in schema for k in ("$ref", "oneOf", "anyOf", "const", "enum")):
+                return None
+            kind = schema.get("type")
+            if kind == "string" and "pattern" not in schema and ("minLength" in schema or "maxLength" in schema):
+                fmt = str(schema.get("format") or "")
+                if re.match(r"^uuid[1-5]?$", fmt) or f"{fmt}-string" in STRING_FORMAT_RULES:
+                    return None
+                char = self._add_primitive("char", PRIMITIVE_RULES["char"])
+                lo, hi = _count(schema.get("minLength"), 0) or 0, _count(schema.get("maxLength"), None)
+                return '"\\"" ' + repetition(char, lo, hi) + ' "\\"" space'
+            items = schema.get("items")
+            if kind == "array" and isinstance(items, dict) and "prefixItems" not in schema:
+                item = self.visit(items, f"{name}{'-' if name else ''}item")
+                lo, hi = _count(schema.get("minItems"), 0) or 0, _count(schema.get("maxItems"), None)
+                return '"[" space ' + repetition(item, lo, hi, sep='"," space') + ' "]" space'
+            return None
+
+        def _visit_pattern(self, pattern: str, name: str) -> Any:
+            return self._add_rule(name, pattern_rule(pattern, name, self._add_rule))
+
     return Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+def _count(value: Any, default: int | None) -> int | None:
+    """A repetition bound as a whole number (a schema may write 3.0), or `default` where it has none."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return default
+    return max(0, int(value)) if value != float("inf") else default
 
 
 def check_grammar(vocab: Any, gbnf: str) -> None:

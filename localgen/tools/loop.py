@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen.errors import ToolError
+from localgen.errors import GrammarError, ToolError
 from localgen.tools.plan import ToolPlan, answer_plan, answer_stream, make_plan, with_tools
 from localgen.tools.spec import ToolCall, ToolSpec, check_call
 from localgen.types import GenerationRequest, Message, Stats, turn_stats
@@ -314,7 +314,17 @@ def plan_for(template: str | None, toolbox: Toolbox | None, choice: str = "auto"
     auto, required, none, or a tool's name."""
     if toolbox is None or not toolbox.specs:
         return None
-    return make_plan(template, toolbox.specs, named_choice(choice), True)
+    specs = toolbox.specs
+    try:
+        return make_plan(template, specs, named_choice(choice), True)
+    except GrammarError as e:  # a tool's schema that cannot become a grammar: the tool and where it is from named
+        if e.part is None or e.part >= len(specs):
+            raise
+        name = specs[e.part].name
+        source = toolbox.source(name) or ""
+        who = f"the MCP server {source[5:]}'s tool {name}" if source.startswith("mcp: ") else \
+            f"the tool {name} ({source.removeprefix('functions: ')})" if source else f"the tool {name}"
+        raise GrammarError(f"{who}: {e.message}", e.hint) from None
 
 
 def named_choice(choice: str) -> Any:

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from localgen.errors import ToolError
+from localgen.errors import GrammarError, ToolError
 from localgen.tools.formats import Constraint, Format, constraint, detect, generic_system_prompt
 from localgen.tools.spec import ToolSpec
 
@@ -45,7 +45,13 @@ def make_plan(template: str | None, tools: tuple[ToolSpec, ...], choice: Any = "
     fmt = detect(template)
     allowed = tuple(t for t in tools if t.name == name) or tools
     forced = name != "auto"
-    return ToolPlan(tools, fmt, name, parallel, constraint(fmt, allowed, forced, parallel))
+    try:
+        made = constraint(fmt, allowed, forced, parallel)
+    except GrammarError as e:  # `part` counts the allowed tools: made to count all of them
+        if e.part is None or e.part >= len(allowed):
+            raise
+        raise GrammarError(e.message, e.hint, part=tools.index(allowed[e.part])) from None
+    return ToolPlan(tools, fmt, name, parallel, made)
 
 
 def check_choice(tools: tuple[ToolSpec, ...], choice: Any = "auto") -> str:
