@@ -1,6 +1,6 @@
 """Reading a file localgen keeps (a saved conversation, a preset, the user's models.toml) without trusting what is at
 its path: anything but a regular file is refused before it is opened (a FIFO would block the read, /dev/zero never
-end it), and the read is bounded. Stdlib only: every layer may import it."""
+end it), and the read is bounded. The stdlib and units.py only: every layer may import it."""
 
 from __future__ import annotations
 

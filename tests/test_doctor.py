@@ -81,7 +81,8 @@ def test_doctor_m_loads_a_presets_placement_and_a_flag_wins(cli: CLI, tmp_path: 
     assert "3 tensors (3 of experts, 6.0 MiB) moved to CPU" in _lines(r.stdout)["placement"], r.stdout
 
 
-@pytest.mark.parametrize("variable", ["LOCALGEN_MODEL=smollm2:135m", "LLAMA_ARG_N_CPU_MOE=2", "LLAMA_ARG_CPU_MOE=1",
+@pytest.mark.parametrize("variable", ["LOCALGEN_MODEL=smollm2:135m", "LOCALGEN_MODEL=/nowhere/gone.gguf",
+                                      "LLAMA_ARG_N_CPU_MOE=2", "LLAMA_ARG_CPU_MOE=1",
                                       "LLAMA_ARG_OVERRIDE_TENSOR=exps=CPU"])
 def test_no_check_under_an_exported_model_or_placement_variable_is_no_usage_error(cli_env: dict[str, str],
                                                                                   variable: str) -> None:
@@ -113,6 +114,10 @@ def test_doctor_reports_a_broken_catalogue_entry_and_goes_on(cli_env: dict[str, 
     assert said["check"] == "not run: smollm2:135m cannot be used until the catalogue is fixed", r.stdout
     r = lg("doctor", "-m", "smollm2:135m")
     assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith(f"localgen: error: {path}: "), r.stderr
+    r = lg("doctor", "--no-check")  # nothing loaded: the file needs fixing all the same (it said nothing, exit 0)
+    assert r.returncode == 1 and list(_lines(r.stdout))[-1] == "PROBLEM", r.stdout
+    r = CLI({**lg.env, "LOCALGEN_MODEL": "smollm2:135m@Q8_0"})("doctor")  # with its quantization: that entry still
+    assert r.returncode == 1 and _lines(r.stdout)["check"].startswith("not run: smollm2:135m@Q8_0"), r.stdout
 
 
 def test_doctor_reports_tuning_records_that_cannot_be_read(cli_env: dict[str, str], tmp_path: Path) -> None:

@@ -48,15 +48,17 @@ def doctor(
         raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
                          f"{'it means' if one else 'they mean'} nothing with --no-check")
     servers = rpc_servers(rpc)
-    check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
+    if check:  # a path to nothing: a usage error, as run's -m (--no-check loads nothing: LOCALGEN_MODEL's is unused)
+        check_model("-m/--model", model)
     from localgen.models import catalogue
     from localgen.models.embedded import DEFAULT_MODEL
 
     found: list[str] = []  # what of the user's models.toml cannot be used: findings of doctor's, not warnings
     catalogue.warn_with(found.append)
+    broken = catalogue.read().broken  # read whatever is checked: its findings are doctor's on every path
     checked = model if model is not None else DEFAULT_MODEL
     # the model to check broken by the user's catalogue, not named by a typed -m: a finding, and no check
-    unusable = check and not typed_by_user(ctx, "model") and checked in catalogue.read().broken
+    unusable = check and not typed_by_user(ctx, "model") and checked.partition("@")[0] in broken
     planned = _planned(model, knobs, servers) if check and not unusable else None  # a bad flag or name: one
     # error, before anything
     import localgen

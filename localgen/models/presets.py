@@ -31,7 +31,8 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0
 FORMAT = 1
 LATEST = ":latest"  # Ollama's tag for a name given without one
 # the most of a preset file read: `create` makes one from a Modelfile of at most modelfile.MAX_MODELFILE characters,
-# which JSON's escapes make at most 12 bytes each (two \\u escapes); save() writes none larger (serve's /api/create)
+# some 12 bytes each in JSON's escapes (two \\u escapes; paths made absolute and a parent's adapters add more):
+# what holds it is that save() writes none larger (serve's /api/create is refused)
 MAX_FILE = 16 * modelfile.MAX_MODELFILE
 
 
