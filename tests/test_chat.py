@@ -321,6 +321,18 @@ def test_a_resumed_chat_says_how_much_of_the_history_its_next_turn_evaluates_aga
     assert prompt - cached > again, (prompt, cached, again)  # ... and it was, with the new message
 
 
+def test_a_resumed_small_state_is_said_to_be_evaluated_again_at_most_whole(cli: CLI) -> None:
+    """The restore notice's "at most N tokens before it" is never more than the state holds (it said 71 of a
+    32-token state)."""
+    r = cli("chat", "kv-small", "-n", "2", "--temp", "0", input="hi\n")
+    assert r.returncode == 0, r.stderr
+    r = cli("chat", "--resume", "kv-small", "-n", "2", input="/context\n")
+    told = re.search(r"restored the KV state of ([\d,]+) tokens: .* and at most ([\d,]+) tokens before it", r.stderr)
+    assert r.returncode == 0 and told is not None, r.stderr
+    restored, before = (int(n.replace(",", "")) for n in told.groups())
+    assert before <= min(restored, 71), r.stderr
+
+
 def test_resume_last_without_a_name(cli: CLI) -> None:
     cli("chat", "latest-one", "-n", "4", input="Remember the number 7.\n")
     r = cli("chat", "--resume", "-n", "4", input="/show\n")
@@ -481,6 +493,16 @@ def test_keys_typed_during_an_answer_a_sigterm_stops_never_reach_the_shell(cli_e
     assert left == b"", left
     messages = ChatSession.load("typed").messages
     assert messages[-1]["role"] == "assistant" and messages[-1]["content"], "the partial answer is kept"
+
+
+def test_ctrl_g_with_an_editor_that_is_not_there_says_so(cli_env: dict[str, str], home: Path) -> None:
+    """Ctrl-G with $EDITOR naming no program says so at the prompt (prompt_toolkit opened vi without a word)."""
+    env = {k: v for k, v in cli_env.items() if k != "VISUAL"}
+    child = spawn({**env, "EDITOR": "/nonexistent/ed"}, "-n", "2")
+    child.sendcontrol("g")
+    child.expect_exact("the editor $EDITOR names is not found: /nonexistent/ed")
+    child.expect_exact(PROMPT)
+    leaves(child)
 
 
 def test_two_chats_resumed_on_one_conversation_both_keep_their_turns(cli: CLI, cli_env: dict[str, str],
@@ -944,4 +966,5 @@ def test_help_in_a_scripted_chat_lists_the_commands_and_no_keys(cli: CLI) -> Non
     r = cli("chat", "-n", "1", input="/help\n")
     assert r.returncode == 0, r.stderr
     assert "/exit" in r.stderr and "/compact" in r.stderr
+    assert all(alias in r.stderr for alias in ("/bye", "/quit", "/?")), r.stderr  # each name it takes
     assert "Alt-Enter" not in r.stderr and "Ctrl-G" not in r.stderr, r.stderr

@@ -68,6 +68,11 @@ def test_resuming_a_file_without_a_model_names_the_file_and_takes_m(scli: CLI) -
     ("/save ../x", "bad conversation name '../x'", "chat -m"),
     ("/set nosuch 1", "unknown setting 'nosuch'; /set takes: ", None),
     ("/undo extra", "/undo takes no argument", None),
+    ("/retry 3", "/retry takes no argument: '3' was not understood", None),  # each was run, its word dropped
+    ("/clear now", "/clear takes no argument: 'now' was not understood", None),
+    ("/stats x", "/stats takes no argument: 'x' was not understood", None),
+    ("/load ../x", "bad conversation name '../x'", "with the model"),  # a path: no hint (it said `chat -m ../x`)
+    ("/load smollm2:135m", "(to chat with the model smollm2:135m: /model smollm2:135m)", "chat -m"),
 ])
 def test_slash_command_words_it_cannot_take_are_one_line_refusals(scli: CLI, line: str, said: str,
                                                                    not_said: str | None) -> None:

@@ -21,6 +21,9 @@ def run_command(text: str, runner: Any, view: Any) -> bool:
     handler = COMMANDS.get(cmd)
     if handler is None:
         raise UsageError(f"unknown command {cmd}; /help lists them")
+    if arg.strip() and cmd in NO_ARGUMENT:  # `/retry 3` is not three retries, nor `/clear now` a question
+        raise UsageError(f"{cmd} takes no argument: {arg.strip()!r} was not understood",
+                         hint="/help lists the commands")
     return handler(runner, view, arg.strip()) is not False
 
 
@@ -255,7 +258,7 @@ def _save(runner: Any, view: Any, arg: str) -> None:
 
     if not arg:
         raise UsageError("usage: /save NAME")
-    name = sessions.check_name(arg, model_hint=False)
+    name = sessions.check_name(arg, model_hint=None)  # a name, never a model
     target = saved.chats_dir() / f"{name}.json"
     session = runner.session
     if name != session.name and (kind := saved.not_a_file(target)) is not None:  # never offered to overwrite
@@ -297,6 +300,7 @@ def _load(runner: Any, view: Any, arg: str) -> None:
 
     if not arg:
         raise UsageError("usage: /load NAME")
+    sessions.check_name(arg, model_hint="/model")  # a model's name typed here: /model takes it
     loaded = sessions.ChatSession.load(arg)
     if loaded.log_id is None:  # a file written by hand or by another tool: its answers are logged from now on
         from localgen.log.store import new_id
@@ -410,3 +414,5 @@ COMMANDS: dict[str, Handler] = {
     "/think": _think, "/sources": _sources, "/image": _media("image"), "/audio": _media("audio"),
     "/video": _media("video"), "/detach": _detach,
 }
+NO_ARGUMENT = ("/help", "/?", "/show", "/clear", "/retry", "/detach", "/stats", "/context", "/tools", "/think",
+               "/sources")  # /undo says what it does in its own refusal

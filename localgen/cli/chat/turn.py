@@ -34,8 +34,9 @@ def restore_state(runner: Any, view: Any) -> None:
         view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
         return
     what = "the last answer" if conv[-1]["role"] == "assistant" else "the rest of the history"
+    again = min(EXACT_SLACK, reused)  # a small state is evaluated again whole, never more than it holds
     view.info(f"restored the KV state of {reused:,} tokens: the next message evaluates again {what} ({rest:,} "
-              f"tokens) and at most {EXACT_SLACK} tokens before it (see Caches and exactness in docs/caches.md)")
+              f"tokens) and at most {again:,} tokens before it (see Caches and exactness in docs/caches.md)")
 
 
 def save_state(runner: Any) -> None:
