@@ -36,6 +36,15 @@ def read_regular(path: Path, limit: int, whole: bool = False, what: str = "such 
     return data
 
 
+def not_a_file(path: Path) -> str | None:
+    """What is at `path`, in words ("is a folder"), where something other than a regular file is; else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _kind(mode).removeprefix("it ")
+
+
 def _kind(mode: int) -> str:
     return ("it is a folder" if stat.S_ISDIR(mode) else "it is a FIFO" if stat.S_ISFIFO(mode) else
             "it is a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "it is not a regular file")

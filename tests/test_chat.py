@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import signal
 import sqlite3
 import sys
 import time
@@ -320,6 +321,18 @@ def test_a_resumed_chat_says_how_much_of_the_history_its_next_turn_evaluates_aga
     assert prompt - cached > again, (prompt, cached, again)  # ... and it was, with the new message
 
 
+def test_a_resumed_small_state_is_said_to_be_evaluated_again_at_most_whole(cli: CLI) -> None:
+    """The restore notice's "at most N tokens before it" is never more than the state holds (it said 71 of a
+    32-token state)."""
+    r = cli("chat", "kv-small", "-n", "2", "--temp", "0", input="hi\n")
+    assert r.returncode == 0, r.stderr
+    r = cli("chat", "--resume", "kv-small", "-n", "2", input="/context\n")
+    told = re.search(r"restored the KV state of ([\d,]+) tokens: .* and at most ([\d,]+) tokens before it", r.stderr)
+    assert r.returncode == 0 and told is not None, r.stderr
+    restored, before = (int(n.replace(",", "")) for n in told.groups())
+    assert before <= min(restored, 71), r.stderr
+
+
 def test_resume_last_without_a_name(cli: CLI) -> None:
     cli("chat", "latest-one", "-n", "4", input="Remember the number 7.\n")
     r = cli("chat", "--resume", "-n", "4", input="/show\n")
@@ -395,6 +408,101 @@ def test_save_never_overwrites_another_conversation(cli: CLI, home: Path) -> Non
     r = cli("chat", "other", "-n", "4", input="Hi\n/save keepme\n")
     assert r.returncode == 2 and "a conversation named 'keepme' exists" in r.stderr
     assert (home / "data" / "chats" / "keepme.json").read_text() == before
+
+
+def test_save_s_overwrite_question_shows_y_n_takes_ctrl_d_as_no_and_a_sigterm_ends_the_chat(
+        cli: CLI, cli_env: dict[str, str], home: Path) -> None:
+    """/save NAME over another conversation asks `[y/N]` (Rich took it for markup and showed none); Ctrl-D there is
+    no, and the chat goes on (it ended the chat as interrupted, 130); a SIGTERM while it asks ends the chat at once
+    with 143, as at the prompt (nothing happened until the user answered)."""
+    cli("chat", "kept", "-n", "2", input="Remember the number 7.\n")
+    before = (home / "data" / "chats" / "kept.json").read_text()
+    child = spawn(cli_env, "asked", "-n", "2", "--temp", "0")
+    send(child, "Hi", r"tok/s")
+    child.sendline("/save kept")
+    child.expect_exact("A conversation named 'kept' exists. Overwrite it? [y/N] ")
+    child.sendcontrol("d")
+    send(child, "", r"not saved")
+    send(child, "/show", r"conversation asked · 2 messages")
+    child.sendline("/save kept")
+    child.expect_exact("Overwrite it? [y/N] ")
+    child.kill(signal.SIGTERM)
+    child.expect(pexpect.EOF, timeout=30)
+    child.close()
+    assert child.exitstatus == 143, (child.exitstatus, child.signalstatus)
+    assert (home / "data" / "chats" / "kept.json").read_text() == before
+    assert ChatSession.load("asked").messages[0]["content"] == "Hi"
+
+
+def test_a_save_that_fails_leaves_the_chat_saving_under_its_name(cli_env: dict[str, str], home: Path) -> None:
+    """A /save NAME that fails leaves the conversation its name: later turns are saved there (the name was taken
+    all the same, and they were saved nowhere). A folder of that name is refused, never offered to be overwritten."""
+    chats = home / "data" / "chats"
+    chats.mkdir(parents=True, exist_ok=True)
+    (chats / "dd.json").mkdir()
+    (chats / "gone.json").symlink_to(home / "nowhere" / "x.json")  # an exclusive create of it fails
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "going-on", "-n", "2", "--temp", "0", log=screen)
+    send(child, "Hi", r"tok/s")
+    send(child, "/save dd", r"cannot save as 'dd'")
+    shown = " ".join(screen.rows())  # the line wraps
+    assert f"{chats / 'dd.json'} is a folder, not a saved conversation" in shown, shown
+    send(child, "/save gone", r"a conversation named 'gone' was saved by another chat meanwhile")
+    send(child, "/show", r"conversation going-on · 2 messages · saved at")
+    send(child, "Hello again", r"tok/s")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    said = [m["content"] for m in ChatSession.load("going-on").messages if m["role"] == "user"]
+    assert said == ["Hi", "Hello again"]
+    assert (chats / "dd.json").is_dir() and not list((chats / "dd.json").iterdir())
+
+
+def test_keys_typed_during_an_answer_a_sigterm_stops_never_reach_the_shell(cli_env: dict[str, str],
+                                                                           home: Path) -> None:
+    """A SIGTERM stops an answer as Ctrl-C does, and drops the keys typed during it: they stayed in the terminal,
+    and the shell the chat returned to ran them (`/save keep`)."""
+    import os
+    import termios
+
+    child = spawn(cli_env, "typed", "-n", "3000", "--ignore-eos", "--temp", "0")
+    child.sendline("Write a very long essay about the history of rivers.")
+    child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
+    child.expect(r"(?<![\x1b\[?0-9;])[A-Za-z]{3}", timeout=300)  # its first word: it streams
+    child.send("/save keep\r")
+    tty = os.open(f"/proc/{child.pid}/fd/0", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)  # the terminal, kept open
+    try:
+        child.kill(signal.SIGTERM)
+        deadline = time.monotonic() + SAFETY_NET_S
+        while child.isalive():
+            assert time.monotonic() < deadline, "the chat did not end"
+            time.sleep(0.05)
+        attrs = termios.tcgetattr(tty)
+        attrs[3] &= ~termios.ICANON  # what is left there, line or not, is readable
+        attrs[6][termios.VMIN], attrs[6][termios.VTIME] = 0, 0
+        termios.tcsetattr(tty, termios.TCSANOW, attrs)
+        try:
+            left = os.read(tty, 1024)
+        except BlockingIOError:
+            left = b""
+    finally:
+        os.close(tty)
+    child.close()
+    assert child.exitstatus == 143, (child.exitstatus, child.signalstatus)
+    assert left == b"", left
+    messages = ChatSession.load("typed").messages
+    assert messages[-1]["role"] == "assistant" and messages[-1]["content"], "the partial answer is kept"
+
+
+def test_ctrl_g_with_an_editor_that_is_not_there_says_so(cli_env: dict[str, str], home: Path) -> None:
+    """Ctrl-G with $EDITOR naming no program says so at the prompt (prompt_toolkit opened vi without a word)."""
+    env = {k: v for k, v in cli_env.items() if k != "VISUAL"}
+    child = spawn({**env, "EDITOR": "/nonexistent/ed"}, "-n", "2")
+    child.sendcontrol("g")
+    child.expect_exact("the editor $EDITOR names is not found: /nonexistent/ed")
+    child.expect_exact(PROMPT)
+    leaves(child)
 
 
 def test_two_chats_resumed_on_one_conversation_both_keep_their_turns(cli: CLI, cli_env: dict[str, str],
@@ -693,7 +801,7 @@ def test_ctrl_c_in_a_scripted_chat_keeps_the_answer_and_ends_the_script(cli_env:
 
 def test_read_checks_the_size_before_reading_and_names_a_bad_byte_line(cli_env: dict[str, str],
                                                                         tmp_path: Path) -> None:
-    """/read reads at most one byte past its 1 MiB bound: /dev/zero is refused at once (it was read whole: a
+    """/read reads at most one byte past its 1 MiB bound: an 8 GiB file is refused at once (it was read whole: a
     MemoryError traceback, or the machine's memory); a file that is not UTF-8 is named with its line, as -f's is."""
     import resource
     import subprocess
@@ -703,15 +811,33 @@ def test_read_checks_the_size_before_reading_and_names_a_bad_byte_line(cli_env: 
     def limited() -> None:  # the old reader stops at this bound instead of at the machine's memory
         resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
-    r = subprocess.run(CLI(env).argv("chat", "-n", "4"), input="/read /dev/zero\nHi\n", capture_output=True,
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as f:
+        f.truncate(8 << 30)  # sparse: no disk spent
+    r = subprocess.run(CLI(env).argv("chat", "-n", "4"), input=f"/read {huge}\nHi\n", capture_output=True,
                        text=True, env=env, cwd=ROOT, timeout=SAFETY_NET_S, preexec_fn=limited)
     assert r.returncode == 1 and r.stdout == "", r.stderr
-    assert r.stderr == "localgen: error: /dev/zero is larger than 1 MiB\n", r.stderr
+    assert r.stderr == f"localgen: error: {huge} is larger than 1 MiB\n", r.stderr
     bad = tmp_path / "notes.txt"
     bad.write_bytes(b"first line\ncaf\xe9\n")
     r = CLI(env)("chat", "-n", "4", input=f"/read {bad}\nHi\n")
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr == f"localgen: error: {bad} is not UTF-8 text: byte 0xe9 on line 2 is not UTF-8\n", r.stderr
+
+
+@pytest.mark.parametrize("what", ["FIFO", "device", "folder"])
+def test_read_refuses_what_is_not_a_file_without_opening_it(cli_env: dict[str, str], tmp_path: Path,
+                                                             what: str) -> None:
+    """/read of a FIFO is one error line, never a hang (it was opened, and the open waited for a writer forever, deaf
+    to SIGTERM); a device (/dev/zero) or a folder is refused the same way, before it is opened."""
+    import os
+
+    path = {"FIFO": tmp_path / "f", "device": Path("/dev/zero"), "folder": tmp_path}[what]
+    if what == "FIFO":
+        os.mkfifo(path)
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})("chat", "-n", "2", input=f"/read {path}\nhi\n")
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr == f"localgen: error: cannot read {path}: it is a {what} (/read takes a regular file)\n", r.stderr
 
 
 def test_a_scripted_message_past_64_mib_is_refused_without_reading_it_whole(cli_env: dict[str, str],
@@ -858,4 +984,5 @@ def test_help_in_a_scripted_chat_lists_the_commands_and_no_keys(cli: CLI) -> Non
     r = cli("chat", "-n", "1", input="/help\n")
     assert r.returncode == 0, r.stderr
     assert "/exit" in r.stderr and "/compact" in r.stderr
+    assert all(alias in r.stderr for alias in ("/bye", "/quit", "/?")), r.stderr  # each name it takes
     assert "Alt-Enter" not in r.stderr and "Ctrl-G" not in r.stderr, r.stderr

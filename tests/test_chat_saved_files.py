@@ -68,6 +68,11 @@ def test_resuming_a_file_without_a_model_names_the_file_and_takes_m(scli: CLI) -
     ("/save ../x", "bad conversation name '../x'", "chat -m"),
     ("/set nosuch 1", "unknown setting 'nosuch'; /set takes: ", None),
     ("/undo extra", "/undo takes no argument", None),
+    ("/retry 3", "/retry takes no argument: '3' was not understood", None),  # each was run, its word dropped
+    ("/clear now", "/clear takes no argument: 'now' was not understood", None),
+    ("/stats x", "/stats takes no argument: 'x' was not understood", None),
+    ("/load ../x", "bad conversation name '../x'", "with the model"),  # a path: no hint (it said `chat -m ../x`)
+    ("/load smollm2:135m", "(to chat with the model smollm2:135m: /model smollm2:135m)", "chat -m"),
 ])
 def test_slash_command_words_it_cannot_take_are_one_line_refusals(scli: CLI, line: str, said: str,
                                                                    not_said: str | None) -> None:
@@ -85,7 +90,8 @@ def test_a_damaged_saved_file_is_listed_as_a_warning_and_left_as_it_is(scli: CLI
     """`chat --list` names each saved file it cannot read, and why, in a warning line, beside the ones it lists;
     the files stay byte for byte."""
     d = _chats(scli)
-    damaged = {"list.json": b"[]", "latin.json": b"\xff", "cut.json": b"{"}
+    damaged = {"list.json": b"[]", "latin.json": b"\xff", "cut.json": b"{",  # a message --resume refuses too:
+               "bad.json": b'{"model":"smollm2:135m","messages":[{"role":5,"content":"x"}]}'}  # it was listed
     for name, raw in damaged.items():
         (d / name).write_bytes(raw)
     (d / "ada.json").write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
@@ -95,8 +101,12 @@ def test_a_damaged_saved_file_is_listed_as_a_warning_and_left_as_it_is(scli: CLI
     assert sorted(r.stderr.splitlines()) == sorted(
         f"warning: the saved conversation {d / name} cannot be read ({why}): it is left as it is"
         for name, why in (("cut.json", "it is not JSON"), ("latin.json", "it is not UTF-8 text"),
-                          ("list.json", "it is not a saved conversation"))), r.stderr
+                          ("list.json", "it is not a saved conversation"),
+                          ("bad.json", 'it has a malformed message: entry 1 of "messages" has the role 5 (user, '
+                                       'assistant or tool)'))), r.stderr
     assert {name: (d / name).read_bytes() for name in damaged} == damaged
+    r = scli("chat", "--resume", "bad", *N, input="hi\n")
+    assert r.returncode == 1 and 'entry 1 of "messages" has the role 5' in r.stderr, r.stderr
 
 
 def _long(name: str, n: int) -> Any:

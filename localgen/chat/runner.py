@@ -9,7 +9,6 @@ after the system prompt; a summary that fails leaves them out as before."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -348,8 +347,8 @@ class ChatRunner:
         try:
             path = self.session.save()
         except OSError as e:
-            where = os.fsdecode(e.filename) if e.filename is not None else str(self.session.path)
-            why = f"cannot write {where}: {e.strerror or e}"
+            # the conversation's file, not the temporary one it is written through, nor its folder
+            why = f"cannot write {self.session.path}: {e.strerror or e}"
             if warn and self.unsaved is None:
                 self.warn(f"{why}; the chat goes on, but the conversation is not saved")
             self.unsaved = why

@@ -74,16 +74,23 @@ ROLES = ("user", "assistant", "tool")  # what `messages` holds (the system promp
 def checked_messages(saved: Any, path: Path) -> list[Message]:
     """A saved file's messages; a LocalgenError naming the file and the first entry that is not a message (a
     conversation loaded without it would be saved without it: the file is reported, and left as it is)."""
+    why = malformed(saved)
+    if why is not None:
+        raise LocalgenError(f"the saved conversation {path} has a malformed message: {why}",
+                            hint="fix or remove it in the file; the file was left as it is")
+    return [_message(m) for m in saved]
+
+
+def malformed(saved: Any) -> str | None:
+    """The first entry of a saved file's messages that is not a message, in words (None when all are); BadField
+    when they are not a list."""
     if not isinstance(saved, list):
         raise BadField('its "messages" are not a list')
-    out = []
     for i, m in enumerate(saved, 1):
         why = _malformed(m)
         if why is not None:
-            raise LocalgenError(f"the saved conversation {path} has a malformed message: entry {i} of "
-                                f"\"messages\" {why}", hint="fix or remove it in the file; the file was left as it is")
-        out.append(_message(m))
-    return out
+            return f'entry {i} of "messages" {why}'
+    return None
 
 
 def _malformed(m: Any) -> str | None:
@@ -186,7 +193,10 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
                 data = json.loads(raw.decode("utf-8"))
                 if not isinstance(data, dict):
                     raise TypeError
-                msgs = data.get("messages") or []
+                check_depth(data)
+                msgs = data["messages"]  # checked as a load checks them: what --resume refuses is not listed
+                if (why := malformed(msgs)) is not None:
+                    raise BadField(f"it has a malformed message: {why}")
                 first = next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")
                 turns = sum(1 for m in msgs if m.get("role") == "user")
             else:
@@ -203,7 +213,7 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
             if skipped is not None:
                 skipped.append((p, f"it is larger than {LIST_READ >> 20} MiB and does not begin with the fields "
                                    "`chat --list` shows; its next save writes them"))
-        except (OSError, ValueError, AttributeError, TypeError, Unreadable, RecursionError) as e:
+        except (OSError, ValueError, AttributeError, TypeError, KeyError, Unreadable, RecursionError) as e:
             if skipped is not None:
                 skipped.append((p, why_unreadable(e)))
             continue

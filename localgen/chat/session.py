@@ -36,15 +36,21 @@ from localgen.types import Message
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-def check_name(name: str, model_hint: bool = True) -> str:
-    """A conversation name is a plain file-name-safe word; anything else is a usage error (with `model_hint`, one
-    that looks like a model's name says how to chat with that model: not for /save, whose word is a name)."""
+def check_name(name: str, model_hint: str | None = "localgen chat -m") -> str:
+    """A conversation name is a plain file-name-safe word; anything else is a usage error. With `model_hint` (how
+    a model is chosen where the name was given: `/model` for /load), a word that looks like a model's name
+    (NAME:TAG, OWNER/REPO) says how to chat with that model; a path (../x) never does, nor /save's word."""
     if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
-        model = model_hint and (":" in name or "/" in name)  # `ollama run MODEL`: the model where the name goes
+        model = model_hint is not None and _MODEL.fullmatch(name) and ".." not in name.split("/") and \
+            not name.lower().endswith(".gguf")  # a path (models/x.gguf) is not said to be a model's name
         raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
                          "beginning with a letter or digit",
-                         hint=f"to chat with the model {name}: localgen chat -m {name}" if model else None)
+                         hint=f"to chat with the model {name}: {model_hint} {name}" if model else None)
     return name
+
+
+# `ollama run MODEL` typed where the name goes: NAME:TAG, OWNER/REPO or OWNER/REPO:QUANT, not a path (./x, /x, ~/x)
+_MODEL = re.compile(r"[A-Za-z0-9][\w.-]*(:[\w.-]+|/[\w.-]+(:[\w.-]+)?)")
 
 
 def new_name() -> str:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from localgen.cli.chat.turn import Hangup, stream, summary_interrupts
+from localgen.cli.chat.turn import Hangup, answering, stream, summary_interrupts
 from localgen.cli.chat.view import ChatView
 from localgen.cli.echo import EchoOff
 from localgen.cli.output import plural
@@ -30,6 +30,8 @@ def _command(text: str, runner: Any, view: ChatView, press: Callable[[], None] =
         press()
         return run_command(text, runner, view)
     except KeyboardInterrupt:
+        if Hangup.current is not None:  # a SIGTERM or SIGHUP that stopped it inside llama.cpp: the chat ends so
+            Hangup.current.check()
         if not view.interactive:
             raise
         view.info(f"(Ctrl-C stopped {text.split()[0]} before it finished)")
@@ -40,20 +42,20 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True,
            press: Callable[[], None] = _no_press) -> bool:
     """One input: a /command or a message. False to leave. Scripted, an error ends the script. `press` raises a
     Ctrl-C that came as Enter was taken (LineInput.give_press): it stops the command, or takes the message back.
-    A SIGTERM or SIGHUP meanwhile stops it as Ctrl-C would, then ends the chat (Hangup)."""
+    A SIGTERM or SIGHUP meanwhile stops a message's answer as Ctrl-C would, then ends the chat (Hangup); a command
+    it ends at once, unless the command is answering (/retry, /compact): a command may wait on the user or a file,
+    which no stop would end."""
     if not text.strip():
         return True
     hangup = Hangup.current
     if hangup is None:
         return _handle(text, runner, view, command_ok, press)
-    hangup.answering = True
     try:
-        going = _handle(text, runner, view, command_ok, press)
+        with contextlib.nullcontext() if command_ok and text.startswith("/") else answering():
+            going = _handle(text, runner, view, command_ok, press)
     except Exception:  # what the stop left (a summary stopped, the terminal closed under the answer, which was
         hangup.check()  # kept): the chat ends as the signal
         raise
-    finally:
-        hangup.answering = False
     hangup.check()
     return going
 

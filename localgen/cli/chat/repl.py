@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 COMMANDS = {
-    "/help": "show the commands",
+    "/help": "show the commands (also /?)",
     "/set": "PARAM VALUE: change a sampling setting, or system / think / verbose / markdown / reasoning / compact",
     "/show": "current model and settings",
     "/system": "[TEXT]: show or set the system prompt",
@@ -32,7 +32,7 @@ COMMANDS = {
     "/tools": "the tools the model may call (--functions, --mcp)",
     "/think": "the last answer's thinking, whole (it is folded to one line)",
     "/sources": "the excerpts --rag sent with the last message, in full",
-    "/exit": "leave (also Ctrl-D)",
+    "/exit": "leave (also /bye, /quit, Ctrl-D)",
 }
 KEYS_HELP = (
     "Enter sends · Alt-Enter (or Esc Enter) adds a line · a message starting with \"\"\" continues until "
@@ -119,6 +119,12 @@ class LineInput:
 
         @kb.add("c-g")
         def _editor(event: Any) -> None:
+            missing = missing_editor()
+            if missing is not None:  # prompt_toolkit would open the next editor it finds (vi) without a word
+                from prompt_toolkit.application import run_in_terminal
+
+                run_in_terminal(lambda: print(missing, flush=True))
+                return
             event.current_buffer.open_in_editor(validate_and_handle=False)
 
         self.session: Any = PromptSession(
@@ -187,6 +193,26 @@ class LineInput:
             signal.signal(signal.SIGINT, previous[0])
         if not keep:
             self._pressed = False
+
+
+def missing_editor() -> str | None:
+    """Why Ctrl-G cannot open the editor $VISUAL (else $EDITOR) names, where its program is not found; None where it
+    is there or neither is set (prompt_toolkit then opens the first of editor, nano, pico, vi, emacs it finds)."""
+    import shlex
+    import shutil
+
+    for var in ("VISUAL", "EDITOR"):
+        value = os.environ.get(var)
+        if not value:
+            continue
+        try:
+            words = shlex.split(value)
+        except ValueError:  # an unclosed quote
+            words = []
+        if not words or shutil.which(words[0]) is None:
+            return f"error: the editor ${var} names is not found: {value} (set ${var} to an editor here)"
+        return None
+    return None
 
 
 def _history(base: Any, path: Path) -> Any:

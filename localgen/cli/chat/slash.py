@@ -21,6 +21,9 @@ def run_command(text: str, runner: Any, view: Any) -> bool:
     handler = COMMANDS.get(cmd)
     if handler is None:
         raise UsageError(f"unknown command {cmd}; /help lists them")
+    if arg.strip() and cmd in NO_ARGUMENT:  # `/retry 3` is not three retries, nor `/clear now` a question
+        raise UsageError(f"{cmd} takes no argument: {arg.strip()!r} was not understood",
+                         hint="/help lists the commands")
     return handler(runner, view, arg.strip()) is not False
 
 
@@ -110,10 +113,11 @@ def _compact(runner: Any, view: Any, arg: str) -> None:
     if arg and not (arg.isdigit() and len(arg) < 6):
         raise UsageError("usage: /compact [N] (keep the last N exchanges as they are; 1 unless given)")
     keep = int(arg) if arg else 1
+    from localgen.cli.chat.turn import answering
     from localgen.compact import NotSmaller
 
     try:
-        with summary_interrupts(runner):
+        with summary_interrupts(runner), answering():  # a SIGTERM stops the summary, then ends the chat
             done = runner.compact_now(keep)
     except NotSmaller as e:  # short turns: their summary is as long
         view.info(f"nothing compacted: {e.message}")
@@ -181,6 +185,13 @@ def _undo(runner: Any, view: Any, arg: str) -> None:
 
 
 def _retry(runner: Any, view: Any, arg: str) -> None:
+    from localgen.cli.chat.turn import answering
+
+    with answering():  # a SIGTERM stops the new answer as it stops a message's, and keeps what was said
+        _answer_again(runner, view)
+
+
+def _answer_again(runner: Any, view: Any) -> None:
     from localgen.cli.chat.turn import stream, summary_interrupts
 
     messages = runner.session.messages
@@ -244,24 +255,43 @@ def _detach(runner: Any, view: Any, arg: str) -> None:
 def _save(runner: Any, view: Any, arg: str) -> None:
     from localgen.chat import saved
     from localgen.chat import session as sessions
+    from localgen.regular import not_a_file
 
     if not arg:
         raise UsageError("usage: /save NAME")
-    name = sessions.check_name(arg, model_hint=False)
+    name = sessions.check_name(arg, model_hint=None)  # a name, never a model
     target = saved.chats_dir() / f"{name}.json"
-    if name != runner.session.name and target.exists():
+    session = runner.session
+    if name != session.name and (kind := not_a_file(target)) is not None:  # never offered to overwrite
+        raise LocalgenError(f"cannot save as {name!r}: {target} {kind}, not a saved conversation",
+                            hint="pick another name")
+    if name != session.name and target.exists():
         if not view.interactive:
             raise UsageError(f"a conversation named {name!r} exists; /save does not overwrite it",
                              hint="pick another name")
-        answer = view.console.input(f"A conversation named {name!r} exists. Overwrite it? [y/N] ")
+        try:
+            answer = view.ask(f"A conversation named {name!r} exists. Overwrite it? [y/N] ")
+        except EOFError:  # Ctrl-D: no, as Enter is
+            answer = ""
         if answer.strip().lower() not in ("y", "yes"):
             view.info("not saved")
             return
-    if name != runner.session.name:  # a new file is claimed; one the user agreed to overwrite is not
-        runner.session.fresh, runner.session.auto_named = not target.exists(), False
-    runner.session.name = name
-    saved = runner.save(warn=False, empty=True)
-    view.info(f"saved to {saved}" if saved is not None else f"not saved: {runner.unsaved}")
+    # the conversation as it was saved until now, for a save that fails: it goes on saving there
+    before = (session.name, session.fresh, session.auto_named, runner.unsaved)
+    if name != session.name:  # a new file is claimed; one the user agreed to overwrite is not
+        session.fresh, session.auto_named = not target.exists(), False
+    session.name = name
+    try:
+        written = runner.save(warn=False, empty=True)
+    except BaseException:
+        session.name, session.fresh, session.auto_named, runner.unsaved = before
+        raise
+    if written is None:  # the file it was saved to until now stays its file: later turns are saved there
+        why = runner.unsaved
+        session.name, session.fresh, session.auto_named, runner.unsaved = before
+        view.info(f"not saved: {why}; the chat goes on as {session.name}")
+        return
+    view.info(f"saved to {written}")
 
 
 def _load(runner: Any, view: Any, arg: str) -> None:
@@ -271,6 +301,7 @@ def _load(runner: Any, view: Any, arg: str) -> None:
 
     if not arg:
         raise UsageError("usage: /load NAME")
+    sessions.check_name(arg, model_hint="/model")  # a model's name typed here: /model takes it
     loaded = sessions.ChatSession.load(arg)
     if loaded.log_id is None:  # a file written by hand or by another tool: its answers are logged from now on
         from localgen.log.store import new_id
@@ -324,13 +355,16 @@ def _context(runner: Any, view: Any, arg: str) -> None:
 
 
 def _read_attachment(path: Path) -> str:
-    """The file as the next message's attachment: read only up to one byte past the bound (a huge file or
-    /dev/zero is refused without reading it whole), UTF-8 as -f reads a file (the line of a bad byte named)."""
+    """The file as the next message's attachment: read only up to one byte past the bound (a huge file is refused
+    without reading it whole), UTF-8 as -f reads a file (the line of a bad byte named). Only a regular file is
+    opened: a FIFO would block the chat until a writer came, /dev/zero never end."""
+    from localgen.regular import Unreadable, read_regular
     from localgen.text import decode
 
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_ATTACHMENT + 1)
+        data = read_regular(path, MAX_ATTACHMENT)
+    except Unreadable as e:
+        raise LocalgenError(f"cannot read {path}: {e} (/read takes a regular file)") from None
     except OSError as e:
         raise LocalgenError(f"cannot read {path}: {e.strerror}") from None
     if len(data) > MAX_ATTACHMENT:
@@ -381,3 +415,5 @@ COMMANDS: dict[str, Handler] = {
     "/think": _think, "/sources": _sources, "/image": _media("image"), "/audio": _media("audio"),
     "/video": _media("video"), "/detach": _detach,
 }
+NO_ARGUMENT = ("/help", "/?", "/show", "/clear", "/retry", "/detach", "/stats", "/context", "/tools", "/think",
+               "/sources")  # /undo says what it does in its own refusal

@@ -6,6 +6,7 @@ saved KV state. Used by the chat loops (loop.py) and the slash commands (slash.p
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -33,8 +34,9 @@ def restore_state(runner: Any, view: Any) -> None:
         view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
         return
     what = "the last answer" if conv[-1]["role"] == "assistant" else "the rest of the history"
+    again = min(EXACT_SLACK, reused)  # a small state is evaluated again whole, never more than it holds
     view.info(f"restored the KV state of {reused:,} tokens: the next message evaluates again {what} ({rest:,} "
-              f"tokens) and at most {EXACT_SLACK} tokens before it (see Caches and exactness in docs/caches.md)")
+              f"tokens) and at most {again:,} tokens before it (see Caches and exactness in docs/caches.md)")
 
 
 def save_state(runner: Any) -> None:
@@ -195,7 +197,10 @@ class Hangup:
             if self.asking:  # a tool call's question: declined as at Ctrl-C there (_approve)
                 raise KeyboardInterrupt
             return
-        self._exit()
+        logs = sys.modules.get("localgen.native.logs")
+        if logs is not None and logs.defer_interrupt(frame):  # inside llama.cpp (a /model loading): stopped as at
+            return  # Ctrl-C once it returns, and handle() then ends the chat (an exception cannot cross its frames)
+        self._exit()  # at the prompt, or a command waiting (a question, a file): the chat ends now
 
     def check(self) -> None:
         """End the chat where a signal came while it answered (the turn is saved by now)."""
@@ -207,7 +212,36 @@ class Hangup:
             from localgen.cli.output import silence_stdout
 
             silence_stdout()
+        _drop_typed()
         raise SystemExit(128 + self.signum)
+
+
+def _drop_typed() -> None:
+    """The keys typed into the chat and not read (during an answer the signal stopped) are dropped, as at Ctrl-C:
+    they would reach the shell after the chat ends, and run there. On a terminal in the foreground only."""
+    try:
+        import termios
+    except ImportError:  # no termios (Windows)
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError, termios.error):  # no stdin, the terminal gone
+        fd = sys.stdin.fileno()
+        if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():  # from the background, tcflush would stop us
+            termios.tcflush(fd, termios.TCIFLUSH)
+
+
+@contextlib.contextmanager
+def answering() -> Iterator[None]:
+    """While an answer (or a summary) is made: a SIGTERM or SIGHUP stops it between two tokens, and the chat ends
+    once its turn is saved (Hangup); elsewhere (a command waiting for a file or an answer) it ends the chat at once."""
+    hangup = Hangup.current
+    if hangup is None:
+        yield
+        return
+    was, hangup.answering = hangup.answering, True
+    try:
+        yield
+    finally:
+        hangup.answering = was
 
 
 def _show_footer(s: Any, turn: Any, runner: Any, view: Any) -> None:
