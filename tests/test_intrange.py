@@ -221,17 +221,44 @@ def test_repetition_counts_up_to_4096_make_grammars_llama_cpp_takes(schema: dict
 
 @pytest.mark.parametrize(("pattern", "rules"), [
     (r"^\d{5}$", [r'schema0 ::= "\"" [0-9]{5} "\"" space']),  # pydantic's constr(pattern=r"^\d{5}$")
-    (r"^[\w.-]+@\S+$", [r'schema0 ::= "\"" [A-Za-z0-9_.\x2D]+ "@" [^ \t\n\r\x0C\x0B]+ "\"" space']),
-    (r"^[^\d\s]{2,}$", [r'schema0 ::= "\"" [^0-9 \t\n\r\x0C\x0B]{2,} "\"" space']),
-    (r"^\$\.\D[\W]$", [r'schema0 ::= "\"" "$." [^0-9] [^A-Za-z0-9_] "\"" space']),
-    (r"^(?:ab|\s)*?x$", [r'schema0 ::= "\"" (schema0-1* "x") "\"" space',
-                         r'schema0-1 ::= "ab" | [ \t\n\r\x0C\x0B]']),
+    (r"^[\w.-]+@[a-z]+$", [r'schema0 ::= "\"" [\x2D-.0-9A-Z_a-z]+ "@" [a-z]+ "\"" space']),
+    (r"^(?:ab|\s)*?x$", [r'schema0 ::= "\"" (schema0-1* "x") "\"" space',  # \s's control characters as JSON
+                         r'schema0-1 ::= "ab" | ([ ] | "\\t" | "\\n" | "\\u000b" | "\\f" | "\\r")']),  # escapes
     (r"^([a-z]\d?){3}|none$", [r'schema0 ::= "\"" (schema0-1{3} | "none") "\"" space',
                                r'schema0-1 ::= [a-z] [0-9]?']),
+    (r'^a\\b"$', [r'schema0 ::= "\"" "a\\\\b\\\"" "\"" space']),  # the string a\b" as JSON writes it
 ])
 def test_patterns_take_the_escapes_pydantic_writes(pattern: str, rules: list[str]) -> None:
     grammar = grammar_from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
     assert [ln for ln in grammar.splitlines() if ln.startswith("schema0")] == rules
+
+
+@pytest.mark.parametrize("pattern", [r"^.*$", r"^\S+$", r"^[^\d\s]{2,}$", r"^\$\.\D[\W]$", r"^[ -~]+$",
+                                     r"^[\x00-\x7f]$"])
+def test_a_pattern_never_writes_a_quote_a_backslash_or_a_control_character_raw(pattern: str) -> None:
+    r"""Inside a JSON string a quote, a backslash and the control characters are escaped: `.`, \S, \D, \W, a negated
+    class or a range over them wrote them raw (`^.*$` took `"ab"cd`, `^\s*$` a raw newline): they are their JSON
+    escapes now, the rest a class."""
+    import re
+
+    grammar = grammar_from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
+    rules = "\n".join(ln for ln in grammar.splitlines() if ln.startswith("schema0"))
+    for cls in re.findall(r"\[(\^?)((?:\\x[0-9A-F]{2}|[^\]])*)\]", rules):
+        negated, body = cls
+        if negated:  # every one of them excluded
+            assert body.startswith(("\\x00-\\x1F", "\\x00- ")) and "\\x22" in body and "\\x5C" in body, rules
+        else:  # none of them in it, alone or within a range
+            chars = re.sub(r"\\x([0-9A-F]{2})", lambda m: chr(int(m.group(1), 16)), body)
+            k, members = 0, []
+            while k < len(chars):
+                if k + 2 < len(chars) and chars[k + 1] == "-":
+                    members.append((chars[k], chars[k + 2]))
+                    k += 3
+                else:
+                    members.append((chars[k], chars[k]))
+                    k += 1
+            assert not any(lo <= c <= hi for lo, hi in members for c in '"\\' + "".join(map(chr, range(32)))), rules
+    assert r'"\\\""' in rules and r'"\\\\"' in rules, rules  # a quote and a backslash, escaped
 
 
 @pytest.mark.parametrize(("schema", "said"), [

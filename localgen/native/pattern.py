@@ -7,7 +7,8 @@ own converter (common/json-schema-to-grammar.cpp) writes the flat `x{m,n}`, whic
 chain of rules; so does this. The parser refuses a minimum past 2,000 (`x{2001}`), so a larger one is written
 in pieces. Patterns take what pydantic and the MCP SDK write: the escapes \\d \\w \\s and their negations
 \\D \\W \\S in their ASCII meanings (as llama.cpp's converter reads them), inside and outside classes,
-`(?:...)`, lazy quantifiers (the same strings match), and escaped marks (`\\.`)."""
+`(?:...)`, lazy quantifiers (the same strings match), and escaped marks (`\\.`). What a pattern matches is
+written as JSON's text holds it: a quote, a backslash and the control characters as their escapes, never raw."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ from localgen.errors import GrammarError
 
 MAX_DEPTH = 100  # groups inside groups in one pattern: llama.cpp's parser recurses on each
 NATIVE_MIN = 2000  # the largest minimum llama.cpp's parser takes in one `x{m,n}`
-_DOT = r"[^\x0A\x0D]"  # `.`: any character but a line break, as the converter's DOT
-_CLASSES = {"d": "0-9", "w": "A-Za-z0-9_", "s": r" \t\n\r\x0C\x0B"}
+# character sets as (negated, [(first, last) code points]); each is written as what a JSON string holds for them
+# (a quote, a backslash and the control characters escaped: JSON's text never holds them raw)
+Ranges = list[tuple[int, int]]
+_DOT: tuple[bool, Ranges] = (True, [(0x0A, 0x0A), (0x0D, 0x0D)])  # `.`: any character but a line break
+_CLASSES: dict[str, Ranges] = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
+                               "s": [(0x09, 0x0D), (0x20, 0x20)]}
+_ESCAPED: Ranges = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]  # what JSON's text holds only escaped
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0"}
 
 
@@ -167,14 +173,14 @@ class _Pattern:
             return self.char_class(body), False
         if c == ".":
             self.i += 1
-            return _DOT, False
+            return self.chars(*_DOT), False
         if c == "\\":
             if self.i + 1 >= len(t):
                 raise self.fail("ends in a lone backslash")
             e = t[self.i + 1]
             if e.lower() in _CLASSES:
                 self.i += 2
-                return f"[{'^' if e.isupper() else ''}{_CLASSES[e.lower()]}]", False
+                return self.chars(e.isupper(), _CLASSES[e.lower()]), False
             ch, self.i = self.escaped(t, self.i)
             return _literal(ch), True
         if c in "*+?":
@@ -202,17 +208,13 @@ class _Pattern:
     def char_class(self, body: str) -> str:
         negated = body.startswith("^")
         body = body[1:] if negated else body
-        ranges: list[str] = []
-        others: list[str] = []  # \D \W \S inside: their own classes, joined as alternatives
+        members: list[tuple[bool, Ranges]] = []  # each as (negated, ranges): \D \W \S are complements
         j = 0
         while j < len(body):
             c = body[j]
             if c == "\\" and j + 1 < len(body) and body[j + 1].lower() in _CLASSES:
                 e = body[j + 1]
-                if e.isupper():
-                    others.append(f"[^{_CLASSES[e.lower()]}]")
-                else:
-                    ranges.append(_CLASSES[e])
+                members.append((e.isupper(), _CLASSES[e.lower()]))
                 j += 2
                 continue
             if c == "\\":
@@ -229,15 +231,82 @@ class _Pattern:
                     last, j = body[j + 1], j + 2
                 if ord(last) < ord(first):
                     raise self.fail(f"has the class range {first}-{last}, which runs backwards")
-                ranges.append(f"{_class_char(first)}-{_class_char(last)}")
+                members.append((False, [(ord(first), ord(last))]))
             else:
-                ranges.append(_class_char(first))
-        if others and negated:
-            raise self.fail("negates a class holding \\D, \\W or \\S")
-        own = f"[{'^' if negated else ''}{''.join(ranges)}]" if ranges or negated else ""
-        if not others or (not own and len(others) == 1):
-            return own or others[0]
-        return "(" + " | ".join([own, *others] if own else others) + ")"
+                members.append((False, [(ord(first), ord(first))]))
+        # the union of the members: positive ones P, complements of Q1, Q2...: not (Q1 and Q2 ...) minus P
+        plus = _union([r for neg, ranges in members if not neg for r in ranges])
+        minus = [ranges for neg, ranges in members if neg]
+        if minus:
+            left = minus[0]
+            for ranges in minus[1:]:
+                left = _intersect(left, ranges)
+            union: tuple[bool, Ranges] = (True, _subtract(left, plus))
+        else:
+            union = (False, plus)
+        return self.chars(union[0] != negated, union[1])
+
+    def chars(self, negated: bool, ranges: Ranges) -> str:
+        """GBNF for one character of a set (`negated`: all but `ranges`), as JSON's text holds it: the plain ones
+        as a class, and a quote, a backslash or a control character in the set as its escape (raw, it would end
+        the string early or make it invalid JSON)."""
+        ranges = _union(ranges)
+        if negated:
+            own = f"[^{_written(_union(ranges + _ESCAPED))}]"
+            escaped = _subtract(_ESCAPED, ranges)
+        else:
+            plain = _subtract(ranges, _ESCAPED)
+            own = f"[{_written(plain)}]" if plain else ""
+            escaped = _intersect(ranges, _ESCAPED)
+        alts = [own] if own else []
+        for first, last in escaped:
+            alts += [f'"{_json_text(chr(c))}"' for c in range(first, last + 1)]
+        if not alts:
+            raise self.fail("has a class no character is in")
+        return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
+
+
+def _union(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for first, last in sorted(ranges):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
+
+
+def _intersect(a: Ranges, b: Ranges) -> Ranges:
+    return _union([(max(f1, f2), min(l1, l2)) for f1, l1 in a for f2, l2 in b if max(f1, f2) <= min(l1, l2)])
+
+
+def _subtract(a: Ranges, b: Ranges) -> Ranges:
+    out: Ranges = []
+    for first, last in _union(a):
+        for f2, l2 in _union(b):
+            if l2 < first or f2 > last:
+                continue
+            if f2 > first:
+                out.append((first, f2 - 1))
+            first = l2 + 1
+            if first > last:
+                break
+        if first <= last:
+            out.append((first, last))
+    return out
+
+
+def _written(ranges: Ranges) -> str:
+    return "".join(_class_char(chr(f)) if f == last else f"{_class_char(chr(f))}-{_class_char(chr(last))}"
+                   for f, last in ranges)
+
+
+def _json_text(c: str) -> str:
+    """A character as JSON's text writes it inside a string (a quote, a backslash, a control character escaped),
+    as it goes inside a GBNF literal."""
+    import json
+
+    return "".join(f"\\{ch}" if ch in '"\\' else ch for ch in json.dumps(c, ensure_ascii=False)[1:-1])
 
 
 def _class_end(pattern: str, i: int) -> int:
@@ -269,12 +338,10 @@ def _quantifier(pattern: str, i: int) -> tuple[int, int | None, int] | None:
 
 
 def _literal(c: str) -> str:
-    """A character as it goes inside a GBNF literal."""
-    if c in '"\\':
-        return "\\" + c
-    if ord(c) < 0x20 or ord(c) == 0x7F:
-        return f"\\x{ord(c):02X}"
-    return c
+    """A character as JSON's text holds it, inside a GBNF literal."""
+    if ord(c) == 0x7F:
+        return "\\x7F"
+    return _json_text(c)
 
 
 def _class_char(c: str) -> str:
