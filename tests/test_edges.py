@@ -377,11 +377,12 @@ def _answer_of(sock: Any) -> bytes:
 
 BODY_PENDING = {  # requests whose body has not all arrived when the server is told to stop, by the API that answers
     "chat": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            b"X-Request-Id: pending-chat\r\nContent-Length: 100000\r\n\r\n{",
+            b"X-Request-Id: pending-chat\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n{",
     "ollama": b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-              b"X-Request-Id: pending-ollama\r\nContent-Length: 100000\r\n\r\n{",
+              b"X-Request-Id: pending-ollama\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n{",
     "upload": b"POST /v1/files HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
-              b"X-Request-Id: pending-upload\r\nContent-Length: 100000\r\n\r\n--XyZ\r\nContent-Disposition: "
+              b"X-Request-Id: pending-upload\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n"
+              b"--XyZ\r\nContent-Disposition: "
               b"form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; "
               b"filename=\"a.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"custom_id\"",
 }
@@ -400,8 +401,16 @@ def test_a_request_whose_body_is_still_arriving_at_shutdown_is_a_503_in_its_apis
     try:
         for name, head in BODY_PENDING.items():
             socks[name] = socket.create_connection(("127.0.0.1", s.port))
-            socks[name].sendall(head)
-        time.sleep(0.5)  # their headers read: each waits for the rest of its body
+            headers, _, body_start = head.partition(b"\r\n\r\n")
+            socks[name].sendall(headers + b"\r\n\r\n")
+            # uvicorn answers `Expect: 100-continue` on the app's first receive(): the request has been read and
+            # waits for its body
+            socks[name].settimeout(60)
+            seen = b""
+            while b"\r\n\r\n" not in seen and (chunk := socks[name].recv(1)):
+                seen += chunk
+            assert seen.startswith(b"HTTP/1.1 100 "), seen
+            socks[name].sendall(body_start)
         s.proc.send_signal(sig)
         got = {name: _answer_of(sock) for name, sock in socks.items()}
         assert s.proc.wait(timeout=60) == 0
