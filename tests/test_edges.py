@@ -388,6 +388,43 @@ BODY_PENDING = {  # requests whose body has not all arrived when the server is t
 }
 
 
+def test_an_app_run_on_a_second_event_loop_still_reads_bodies() -> None:
+    """The app run on one event loop and then on another (a TestClient without `with`, an app reused) reads a
+    body that arrives in parts on both: the second was a false 503 "shutting down" (the stop event was bound to
+    the first loop)."""
+    import asyncio
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    app = build(ServeState(workers={}), Policy(check_host=False), webui=False)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+
+    async def once() -> int:
+        parts = [b'{"model": "nope", ', b'"messages": [{"role": "user", "content": "Hi"}]}']
+        statuses: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            for _ in range(10):  # each part comes a few turns of the loop later
+                await asyncio.sleep(0)
+            body = parts.pop(0)
+            return {"type": "http.request", "body": body, "more_body": bool(parts)}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        await app(dict(scope), receive, send)
+        return statuses[0]
+
+    assert asyncio.run(once()) == 404  # no such model: its body was read
+    assert asyncio.run(once()) == 404
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_request_whose_body_is_still_arriving_at_shutdown_is_a_503_in_its_apis_shape(
         cli_env: dict[str, str], sig: int) -> None:
