@@ -386,6 +386,31 @@ def test_sigterm_before_the_server_listens_says_so_and_exits_128_plus_its_number
         assert said == f"localgen serve: stopped by {name} before the server was listening\n", said
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_after_serve_takes_it_but_before_it_listens_says_so_and_exits_128_plus_its_number(
+        cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
+    """A SIGTERM or SIGHUP that lands once serve's own handler has taken over but before uvicorn listens (here as
+    uvicorn loads its config) stops it as one before does: its line and 128 + its number (uvicorn listened, skipped
+    its loop and ended with exit 0, saying nothing)."""
+    import uvicorn
+
+    real = uvicorn.Config.load
+
+    def load(self: Any) -> None:
+        signal.raise_signal(sig)
+        real(self)
+
+    monkeypatch.setattr(uvicorn.Config, "load", load)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    r = cli_in_process("serve", "-m", "smollm2:135m", "--ctx", "512", "-np", "1", "--port", str(port))
+    name = signal.Signals(sig).name
+    assert r.returncode == 128 + sig, r.stderr
+    assert f"localgen serve: stopped by {name} before the server was listening\n" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
 def test_sigterm_again_and_again_while_the_server_stops_still_exits_0(cli_env: dict[str, str]) -> None:
     """A service manager or a script that repeats SIGTERM while the server finishes (its workers stopping, its
     prefixes written) does not kill it half-way: exit 0, as after one (serve.md, Stopping). It was killed by the

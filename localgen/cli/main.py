@@ -139,6 +139,12 @@ def stop_serve_on_term(args: list[str]) -> None:
                 signal.signal(sig, on_term)
 
 
+def term_came(signum: int) -> None:
+    """serve: a SIGTERM or SIGHUP that came after its own handler took over but before it listened (a
+    KeyboardInterrupt follows) stops it as one before (stop_serve_on_term)."""
+    _term["signal"] = _term["signal"] or signum
+
+
 def stopped_by_term() -> int:
     """The SIGTERM or SIGHUP that stopped serve before it listened (0: none did)."""
     return _term["signal"]
