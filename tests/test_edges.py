@@ -377,14 +377,52 @@ def _answer_of(sock: Any) -> bytes:
 
 BODY_PENDING = {  # requests whose body has not all arrived when the server is told to stop, by the API that answers
     "chat": b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            b"X-Request-Id: pending-chat\r\nContent-Length: 100000\r\n\r\n{",
+            b"X-Request-Id: pending-chat\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n{",
     "ollama": b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-              b"X-Request-Id: pending-ollama\r\nContent-Length: 100000\r\n\r\n{",
+              b"X-Request-Id: pending-ollama\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n{",
     "upload": b"POST /v1/files HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=XyZ\r\n"
-              b"X-Request-Id: pending-upload\r\nContent-Length: 100000\r\n\r\n--XyZ\r\nContent-Disposition: "
+              b"X-Request-Id: pending-upload\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n"
+              b"--XyZ\r\nContent-Disposition: "
               b"form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; "
               b"filename=\"a.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"custom_id\"",
 }
+
+
+def test_an_app_run_on_a_second_event_loop_still_reads_bodies() -> None:
+    """The app run on one event loop and then on another (a TestClient without `with`, an app reused) reads a
+    body that arrives in parts on both: the second was a false 503 "shutting down" (the stop event was bound to
+    the first loop)."""
+    import asyncio
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    app = build(ServeState(workers={}), Policy(check_host=False), webui=False)
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+
+    async def once() -> int:
+        parts = [b'{"model": "nope", ', b'"messages": [{"role": "user", "content": "Hi"}]}']
+        statuses: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            for _ in range(10):  # each part comes a few turns of the loop later
+                await asyncio.sleep(0)
+            body = parts.pop(0)
+            return {"type": "http.request", "body": body, "more_body": bool(parts)}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        await app(dict(scope), receive, send)
+        return statuses[0]
+
+    assert asyncio.run(once()) == 404  # no such model: its body was read
+    assert asyncio.run(once()) == 404
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -400,8 +438,16 @@ def test_a_request_whose_body_is_still_arriving_at_shutdown_is_a_503_in_its_apis
     try:
         for name, head in BODY_PENDING.items():
             socks[name] = socket.create_connection(("127.0.0.1", s.port))
-            socks[name].sendall(head)
-        time.sleep(0.5)  # their headers read: each waits for the rest of its body
+            headers, _, body_start = head.partition(b"\r\n\r\n")
+            socks[name].sendall(headers + b"\r\n\r\n")
+            # uvicorn answers `Expect: 100-continue` on the app's first receive(): the request has been read and
+            # waits for its body
+            socks[name].settimeout(60)
+            seen = b""
+            while b"\r\n\r\n" not in seen and (chunk := socks[name].recv(1)):
+                seen += chunk
+            assert seen.startswith(b"HTTP/1.1 100 "), seen
+            socks[name].sendall(body_start)
         s.proc.send_signal(sig)
         got = {name: _answer_of(sock) for name, sock in socks.items()}
         assert s.proc.wait(timeout=60) == 0

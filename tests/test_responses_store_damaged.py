@@ -235,10 +235,25 @@ def test_a_store_another_process_has_locked_is_waited_for_without_holding_up_thi
             except BaseException as e:
                 saved.append(e)
 
+        waited = threading.Event()  # the save has met the other process's lock at least once
+        real_locked = responsestore._locked
+
+        def locked(e: Any) -> bool:
+            met = real_locked(e)
+            if met and threading.current_thread() is saver:
+                waited.set()
+            return met
+
+        monkeypatch.setattr(responsestore, "_locked", locked)
         saver = threading.Thread(target=save)
         saver.start()
-        found = store.load("resp_before")
-        assert found is not None and found.response == {"id": "resp_before"}
+        assert waited.wait(60), "the save is waiting for the other process's lock"
+        found: list[Any] = []
+        loader = threading.Thread(target=lambda: found.append(store.load("resp_before")), daemon=True)
+        loader.start()
+        loader.join(30)  # a safety net: the read would otherwise wait behind the save's whole wait (120 s here)
+        assert not loader.is_alive(), "the read waited behind the save"
+        assert found[0] is not None and found[0].response == {"id": "resp_before"}
         assert saver.is_alive() and not saved, "the read was answered while the save still waited for the lock"
     finally:
         assert locker.stdin is not None

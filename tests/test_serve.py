@@ -345,17 +345,20 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(cli_env: dict[str, s
     assert last["choices"][0]["finish_reason"] == "length" and last["timings"]["predicted_n"] == 48
 
 
-@pytest.mark.parametrize(("sig", "json_lines"),
-                         [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGTERM, True)],
-                         ids=["SIGTERM", "SIGHUP", "SIGTERM-json"])
+@pytest.mark.parametrize(("sig", "json_lines", "in_exec"),
+                         [(signal.SIGTERM, False, False), (signal.SIGHUP, False, False),
+                          (signal.SIGTERM, True, False), (signal.SIGTERM, False, True)],
+                         ids=["SIGTERM", "SIGHUP", "SIGTERM-json", "SIGTERM-in-exec"])
 def test_sigterm_before_the_server_listens_says_so_and_exits_128_plus_its_number(
-        cli_env: dict[str, str], tmp_path: Path, sig: int, json_lines: bool) -> None:
+        cli_env: dict[str, str], tmp_path: Path, sig: int, json_lines: bool, in_exec: bool) -> None:
     """A SIGTERM or SIGHUP while serve starts (here while its --functions file is imported, before any model loads
     or the port is taken) stops it with one line and the signal's conventional status, as Ctrl-C there says
-    `interrupted` and exits 130; it ended silently, killed by the signal (-15)."""
+    `interrupted` and exits 130; it ended silently, killed by the signal (-15). One that lands inside exec() of a
+    string (as a dataclass is made) exits 143 too (CPython killed itself with SIGINT, -2)."""
     mark = tmp_path / "importing"
     tools = tmp_path / "slowtools.py"
-    tools.write_text(f"import pathlib, time\npathlib.Path({str(mark)!r}).write_text('x')\ntime.sleep(600)\n\n\n"
+    wait = f"pathlib.Path({str(mark)!r}).write_text('x')\ntime.sleep(600)"
+    tools.write_text("import pathlib, time\n" + (f"exec({wait!r})" if in_exec else wait) + "\n\n\n"
                      "def add(a: int, b: int) -> int:\n    \"\"\"Add two numbers.\"\"\"\n    return a + b\n")
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -381,6 +384,31 @@ def test_sigterm_before_the_server_listens_says_so_and_exits_128_plus_its_number
         assert doc["message"] == f"stopped by {name} before the server was listening"
     else:
         assert said == f"localgen serve: stopped by {name} before the server was listening\n", said
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_after_serve_takes_it_but_before_it_listens_says_so_and_exits_128_plus_its_number(
+        cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
+    """A SIGTERM or SIGHUP that lands once serve's own handler has taken over but before uvicorn listens (here as
+    uvicorn loads its config) stops it as one before does: its line and 128 + its number (uvicorn listened, skipped
+    its loop and ended with exit 0, saying nothing)."""
+    import uvicorn
+
+    real = uvicorn.Config.load
+
+    def load(self: Any) -> None:
+        signal.raise_signal(sig)
+        real(self)
+
+    monkeypatch.setattr(uvicorn.Config, "load", load)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    r = cli_in_process("serve", "-m", "smollm2:135m", "--ctx", "512", "-np", "1", "--port", str(port))
+    name = signal.Signals(sig).name
+    assert r.returncode == 128 + sig, r.stderr
+    assert f"localgen serve: stopped by {name} before the server was listening\n" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
 
 
 def test_sigterm_again_and_again_while_the_server_stops_still_exits_0(cli_env: dict[str, str]) -> None:

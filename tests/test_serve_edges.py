@@ -263,6 +263,56 @@ def test_clients_that_leave_the_queue_give_up_their_places_at_once(smollm2_path:
         s.close()
 
 
+def test_clients_that_send_and_leave_while_the_model_is_busy_do_not_pile_up(smollm2_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that leaves gives up its place at once, but its request waits for the model's next step: past
+    twice the bound (2 slots + 4 in the queue) of them held there, a new request is a 503, so clients that send
+    and leave while the worker is held (a long step) cannot pile up requests without limit."""
+    s = InProcess(smollm2_path)  # 2 slots, 4 in the queue
+    ask = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(ask)) + ask
+    gate = threading.Event()
+    first = socket.create_connection(("127.0.0.1", s.port))
+    try:
+        _still_answers(s.url)
+        pc = s.worker.residence.pc
+        real = pc.decode
+
+        def decode(n: int, cancelled: Any = None) -> bool:
+            gate.wait(120)
+            return bool(real(n, cancelled))
+
+        monkeypatch.setattr(pc, "decode", decode)
+        first.sendall(head)
+        assert _until(s.url, lambda h: h["running"] == 1)["running"] == 1, "the worker is held in a decode"
+        live = s.worker._live
+        refused = 0
+        for _ in range(16):
+            before = len(live)
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.sendall(head)
+            sock.settimeout(0.05)
+            answer = b""
+            deadline = time.monotonic() + 30  # a safety net: either its job is taken in or it is answered
+            while len(live) == before and not answer and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    answer = sock.recv(65536)
+            if answer.startswith(b"HTTP/1.1 503"):
+                refused += 1
+                while b"step" not in answer and time.monotonic() < deadline:  # its body, if it came apart
+                    with contextlib.suppress(TimeoutError):
+                        answer += sock.recv(65536)
+                assert b"clients that left wait for the model's next step" in answer, answer
+            sock.close()
+        assert len(live) <= 12, f"{len(live)} jobs held for clients that left"
+        assert refused >= 5, refused
+    finally:
+        gate.set()
+        first.close()
+        s.close()
+
+
 def _until(url: str, done: Any) -> dict[str, Any]:
     """/health's entry for the model once `done` says so of it (or after 30 s, a safety net: the caller asserts)."""
     deadline = time.monotonic() + 30

@@ -139,6 +139,12 @@ def stop_serve_on_term(args: list[str]) -> None:
                 signal.signal(sig, on_term)
 
 
+def term_came(signum: int) -> None:
+    """serve: a SIGTERM or SIGHUP that came after its own handler took over but before it listened (a
+    KeyboardInterrupt follows) stops it as one before (stop_serve_on_term)."""
+    _term["signal"] = _term["signal"] or signum
+
+
 def stopped_by_term() -> int:
     """The SIGTERM or SIGHUP that stopped serve before it listened (0: none did)."""
     return _term["signal"]
@@ -254,13 +260,13 @@ def _main(argv: list[str] | None) -> None:
         err.error(describe_os_error(e))
         rc = 1
     rc = flush_stdout(err, rc if isinstance(rc, int) else 0)
-    if rc == 130:
-        if _sigint["seen"]:
-            err.interrupted()  # typer turns a KeyboardInterrupt into a silent 130
-        # A Ctrl-C that landed inside exec() of a string (a dataclass being made while a module is imported)
-        # leaves CPython's "unhandled KeyboardInterrupt" mark set although it was handled here, and the
-        # interpreter would then end by killing itself with SIGINT instead of exiting 130. Evaluating a string
-        # clears that mark (pythonrun.c, run_eval_code_obj).
+    if rc == 130 and _sigint["seen"]:
+        err.interrupted()  # typer turns a KeyboardInterrupt into a silent 130
+    if rc in (130, 143, 129):  # SIGINT, SIGTERM, SIGHUP: 128 + the number
+        # A Ctrl-C (or serve's early SIGTERM or SIGHUP, raised as one) that landed inside exec() of a string (a
+        # dataclass being made while a module is imported) leaves CPython's "unhandled KeyboardInterrupt" mark
+        # set although it was handled here, and the interpreter would then end by killing itself with SIGINT
+        # instead of exiting with rc. Evaluating a string clears that mark (pythonrun.c, run_eval_code_obj).
         eval("0")
     sys.exit(rc)
 

@@ -123,6 +123,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         async with anyio.create_task_group():
             pass
         drain.loop = asyncio.get_running_loop()
+        front.stopped = asyncio.Event()  # this loop's: an app started again on another loop gets its own
         async with batchrun.running(desk, state, app, policy.api_key, lambda: drain.stopping, front.log.error):
             yield
         if state.upstreams is not None:
@@ -280,6 +281,8 @@ async def _unless_stopped(receive: Any, stopped: asyncio.Event) -> dict[str, Any
     part, stop = asyncio.ensure_future(receive()), asyncio.ensure_future(stopped.wait())
     try:
         await asyncio.wait((part, stop), return_when=asyncio.FIRST_COMPLETED)
+        if stop.done() and stop.exception() is not None:  # the event is another loop's (an app run again on a new
+            return dict(await part)  # loop without its lifespan, as a TestClient without `with`): no drain here
     finally:
         stop.cancel()
         if not part.done():

@@ -27,9 +27,12 @@ class LiveJobs:
         self._ids = itertools.count(1)
 
     def add(self, job: Job | EmbedJob, bound: int) -> bool:
-        """Number the job and take it in, unless `bound` jobs are live already (False, and no number)."""
+        """Number the job and take it in, unless `bound` jobs hold a place already, or twice `bound` are live
+        (jobs whose client left stay here until the worker's next step, each holding its request: False, and no
+        number)."""
         with self._lock:
-            if len(self._jobs) >= bound and sum(not left(j) for j in self._jobs.values()) >= bound:
+            if len(self._jobs) >= 2 * bound or (
+                    len(self._jobs) >= bound and sum(not left(j) for j in self._jobs.values()) >= bound):
                 return False
             job.id = next(self._ids)
             self._jobs[job.id] = job

@@ -123,6 +123,9 @@ class ModelWorker:
 
         job.on_end = ended
         if not self._live.add(job, self.parallel + self.max_queue):
+            if self._live.holding() < self.parallel + self.max_queue:  # the hard cap (LiveJobs.add)
+                raise QueueFull(f"{self.name}: busy: the requests of clients that left wait for the model's next "
+                                "step")
             raise QueueFull(f"{self.name}: all {self.parallel} slots are busy and {self.max_queue} requests wait")
         self.last_used = time.monotonic()
         if client:

@@ -205,6 +205,12 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         server.on_listening = listening
         _sigterm(server.handle_exit)  # also outside uvicorn's own handling: see _sigterm
         server.run()
+        if server.stopped_early:  # a signal before it listened: as cli/main.py's stop_serve_on_term, or Ctrl-C
+            from localgen.cli.main import term_came
+
+            if server.stopped_early != signal.SIGINT:
+                term_came(server.stopped_early)
+            raise KeyboardInterrupt
     finally:
         _sigterm(signal.SIG_IGN)  # on its way out: a repeated one changes nothing while the workers stop
         for w in [*state.workers.values(), *state.stopping] if state is not None else workers:
@@ -320,13 +326,19 @@ def _server_class() -> Any:
 
         on_exit: Any = None  # serve/app.py's Drain.signal: our jobs end as 503s before uvicorn cancels them
         on_listening: Any = None  # the start line: said once the port takes connections
+        first_signal = 0  # the first exit signal that came
+        stopped_early = 0  # that signal, where it came before the server started to listen: it never does
 
         async def startup(self, sockets: Any = None) -> None:
+            if self.should_exit:  # uvicorn would listen, skip its loop and end with exit 0, saying nothing
+                self.stopped_early = self.first_signal
+                return
             await super().startup(sockets)
             if self.started and not self.should_exit and self.on_listening is not None:
                 self.on_listening()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
+            self.first_signal = self.first_signal or sig
             force = self.should_exit and sig == signal.SIGINT  # a second Ctrl-C: stop waiting for requests
             if force:
                 self.force_exit = True
