@@ -44,6 +44,7 @@ class Toolbox:
         self._source: dict[str, str] = {}  # where each tool comes from: "mcp: LABEL" or "functions: FILE"
         self._secrets: dict[str, str] = {}  # what MCP config files give their servers (env, headers), redacted too
         self.running: set[threading.Thread] = set()  # Python tools' calls still running (one past its timeout too)
+        self.left_out: list[str] = []  # warnings: the MCP tools not offered (a name a request could not carry)
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -72,6 +73,7 @@ class Toolbox:
                         box._secrets[f"{key} token"] = token
                 server = McpServer(target)
                 box._servers.append(server)
+                box.left_out += server.left_out
                 for spec in server.tools:
                     runner = _mcp_runner(server, spec.name)
                     if spec.name in box._runners and target.named:  # two servers of a config file: as Claude
