@@ -120,6 +120,9 @@ class Toolbox:
 
 def _python_runner(name: str, fn: Callable[..., Any],
                    running: set[threading.Thread]) -> Callable[[dict[str, Any], float], str]:
+    import asyncio
+    import inspect
+
     from localgen.tools.functions import abandon, call_args, stdout_to_stderr
 
     def run(args: dict[str, Any], timeout: float) -> str:
@@ -129,7 +132,10 @@ def _python_runner(name: str, fn: Callable[..., Any],
         def target() -> None:
             try:
                 try:
-                    box["value"] = fn(**args)
+                    value = fn(**args)
+                    if inspect.iscoroutine(value):  # an async def: its body runs here, on a loop of this thread
+                        value = asyncio.run(value)
+                    box["value"] = value
                 except BaseException as e:  # the tool's own failure, reported as one line
                     box["error"] = e
             except BaseException:  # the stop of a call past its timeout, come as it ended: nobody waits for it
