@@ -581,3 +581,13 @@ def test_an_mcp_tool_whose_name_a_request_cannot_carry_is_left_out_of_run_with_a
     r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --bad-names", "--yes", "--tool-choice", "a b", "Go.")
     assert r.returncode != 0 and "not among the tools" in r.stderr, r.stderr
 
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+@pytest.mark.parametrize("choice", ["", "  "])
+def test_an_empty_tool_choice_is_a_usage_error(cli_in_process: InProcessCLI, command: str, choice: str) -> None:
+    """docs/ci.md's exit 2: an empty name is never taken for a flag left out (`--tool-choice ''` ran as auto)."""
+    fns = str(ROOT / "tests" / "tool_functions.py")
+    r = cli_in_process(command, "--functions", fns, "--yes", "--tool-choice", choice,
+                       *(["Go."] if command == "run" else []), input="Go.\n")
+    assert r.returncode == 2 and "--tool-choice is empty: give a value, or leave it out" in r.stderr, r.stderr
+    assert not r.stdout
