@@ -308,8 +308,8 @@ class _Encoder:
 
     def _stop(self, c: Completion) -> dict[str, str | None]:
         """stop_reason and stop_sequence (which one is known when only one was given)."""
-        if any(b["type"] == "tool_use" for b in self.blocks):
-            return {"stop_reason": "tool_use", "stop_sequence": None}
+        if any(b["type"] == "tool_use" for b in self.blocks) and c.finish_reason not in ("length", "context"):
+            return {"stop_reason": "tool_use", "stop_sequence": None}  # (cut by max_tokens: max_tokens, calls or not)
         if c.finish_reason == "stop" and self.stops:
             return {"stop_reason": "stop_sequence", "stop_sequence": self.stops[0] if len(self.stops) == 1 else None}
         return {"stop_reason": "max_tokens" if c.finish_reason in ("length", "context") else "end_turn",
