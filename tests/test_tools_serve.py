@@ -403,3 +403,33 @@ def test_a_call_cut_by_max_tokens_ends_as_length_in_every_api(tool_server: Serve
                                                                   for t in (WEATHER, TIME)])
     assert resp.status == "incomplete" and resp.incomplete_details is not None
     assert len([i for i in resp.output if i.type == "function_call"]) < len(calls), resp
+
+
+def test_a_tool_result_for_a_call_never_made_is_a_400_in_every_api(tool_server: Server) -> None:
+    """OpenAI's, Anthropic's and the Responses API answer a tool result whose id no call of the conversation has
+    with a 400 (it was a 200, the result read as if some call had made it), naming the id and the field."""
+    url = tool_server.url
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={"max_tokens": 1, "messages": [
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_wrong", "content": "sunny"}]})
+    assert r.status_code == 400, r.text
+    assert "'call_wrong'" in r.json()["error"]["message"] and r.json()["error"]["param"] == "messages.[2].tool_call_id"
+    r = httpx.post(f"{url}/v1/messages", timeout=60, json={"model": "smollm2:135m", "max_tokens": 1, "messages": [
+        *ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                 "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_WRONG", "content": "sunny"}]}]})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert "tool_use_id" in r.json()["error"]["message"] and "'toolu_WRONG'" in r.json()["error"]["message"]
+    first = httpx.post(f"{url}/v1/responses", timeout=300, json={"input": "Hi", "max_output_tokens": 1})
+    assert first.status_code == 200, first.text
+    r = httpx.post(f"{url}/v1/responses", timeout=60, json={
+        "previous_response_id": first.json()["id"], "max_output_tokens": 1,
+        "input": [{"type": "function_call_output", "call_id": "call_wrong", "output": "sunny"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    assert "'call_wrong'" in r.json()["error"]["message"]
+    # the same results with their calls' ids are answered
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={"max_tokens": 1, "messages": [
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+    assert r.status_code == 200, r.text

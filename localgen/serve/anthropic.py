@@ -26,6 +26,7 @@ from localgen.serve.ask import (
     sampling_values,
     split_reasoning,
 )
+from localgen.serve.incoming import unanswered
 from localgen.serve.jobs import Done, Event, Job, Text
 from localgen.serve.pipeline import Made, parts, route
 from localgen.serve.state import ServeState
@@ -81,8 +82,14 @@ class Messages:
                                      "thinking is part of the answer's tokens)", param="thinking.budget_tokens")
             values.setdefault("reasoning_budget", body["thinking"].get("budget_tokens"))
         choice, parallel = _choice(body.get("tool_choice"))
+        messages = _chat_messages(body.get("system"), body.get("messages"))
+        orphan = unanswered(messages)
+        if orphan is not None:  # as Anthropic answers it
+            raise HTTPError(400, f"unexpected `tool_use_id` found in `tool_result` blocks: {orphan[1][:100]!r}. Each "
+                                 "`tool_result` block must have a corresponding `tool_use` block in the previous "
+                                 "message.", param="messages")
         return Ask(values=values,
-                   messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
+                   messages=messages, schema=schema,
                    tools=_tools(body.get("tools")), tool_choice=choice, parallel_tool_calls=parallel, effort=effort,
                    thinking=thinking if thinking is not None else (None if effort is None else True),
                    split_reasoning=split_reasoning(body), stream=flag(body, "stream") and not self.counting,

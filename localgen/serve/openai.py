@@ -27,6 +27,7 @@ from localgen.serve.ask import (
     sampling_values,
     split_reasoning,
 )
+from localgen.serve.incoming import unanswered
 from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import Made, route
 from localgen.serve.responsestore import check_metadata
@@ -96,6 +97,11 @@ class Completions:
             logprobs=logprobs, exact=flag(body, "exact"), stream=flag(body, "stream"),
             keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort)
         if self.chat:
+            orphan = unanswered(body.get("messages"))
+            if orphan is not None:  # as OpenAI answers it
+                raise HTTPError(400, f"Invalid parameter: tool_call_id {orphan[1][:100]!r} of messages[{orphan[0]}] is "
+                                     "not the id of a tool call made before it ('tool_calls' of an assistant message)",
+                                param=f"messages.[{orphan[0]}].tool_call_id")
             return Ask(messages=body.get("messages"), excerpts=self._searched(body),
                        template_vars=_template_vars(body.get("chat_template_kwargs")),
                        thinking=None if effort is None else effort not in ("none", "minimal"),
