@@ -11,7 +11,9 @@ three requests (initialize, its notification, the listing) and then none (a serv
 `--steps` adds `step`, whose result asks for the next step (a model that follows it calls it round after round);
 `--pages N` lists its tools N a page, each page's nextCursor the next one's start, over stdio or HTTP (`--pages
 same`: one tool and the same cursor every time; `--pages endless`: no tools and a new cursor every time;
-`--pages bigcursor`: a cursor of 5,000 characters; `--pages emptycursor`: every tool and an empty cursor)."""
+`--pages bigcursor`: a cursor of 5,000 characters; `--pages emptycursor`: every tool and an empty cursor);
+`--bad-names` adds two tools whose names MCP allows and a request's `tools` cannot carry: one of 80 characters,
+and `a b\\n"c`."""
 
 from __future__ import annotations
 
@@ -65,6 +67,14 @@ def _paged(how: str) -> None:
 
 if __name__ == "__main__":
     import sys
+
+    if "--bad-names" in sys.argv:
+        def echo(q: str) -> str:
+            """Say it back."""
+            return q
+
+        for name in ("search_" + "x" * 73, 'a b\n"c'):
+            app.add_tool(echo, name=name)
 
     if "--pages" in sys.argv:  # (after every tool is added: the handler lists them when asked)
         _paged(sys.argv[sys.argv.index("--pages") + 1])

@@ -702,3 +702,45 @@ def test_requests_with_the_mcp_tool_leave_no_open_files_behind(server: Server, u
             time.sleep(0.1)
             after = fds()
     assert after <= before, (before, after)  # one loop (and its two sockets) a request were left before
+
+
+def test_an_mcp_call_running_at_shutdown_ends_as_a_503_and_does_not_hold_the_exit(cli_env: dict[str, str]) -> None:
+    """serve.md's Stopping: a Responses request whose mcp tool call is still running after --drain-timeout ends
+    with a 503 in the API's shape, no traceback; the call's thread is abandoned (one log line), and serve exits 0
+    without waiting for it (a pool's thread was joined at exit)."""
+    import signal
+    import threading
+
+    s = Server(cli_env, "-np", "1", "--ctx", "2048", "--chat-template-file", str(QWEN), "--allow-mcp-urls",
+               "--allow-private-urls", "--tool-timeout", "600", "--drain-timeout", "0.5")
+    got: dict[str, Any] = {}
+    try:
+        with mcp_server() as url:
+            tool = {"type": "mcp", "server_label": "slow", "server_url": url, "require_approval": "never"}
+
+            def ask() -> None:
+                got["r"] = httpx.post(f"{s.url}/v1/responses", timeout=600, json={
+                    "model": "smollm2:135m", "input": "Sleep.", "tools": [tool], "temperature": 0,
+                    "tool_choice": {"type": "mcp", "server_label": "slow", "name": "stall"}, "max_output_tokens": 160})
+
+            caller = threading.Thread(target=ask)
+            caller.start()
+            seen, deadline = False, time.monotonic() + 600  # a safety net: the round's generation, then its call
+            while time.monotonic() < deadline and caller.is_alive():
+                running = s.health()["running"]
+                if seen and not running:
+                    break
+                seen = seen or bool(running)
+                time.sleep(0.05)
+            assert seen and caller.is_alive(), got
+            s.proc.send_signal(signal.SIGTERM)
+            assert s.proc.wait(timeout=60) == 0  # (`stall` sleeps far longer)
+            caller.join(60)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    r = got["r"]
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
+    assert "shutting down: the tool call stall was" in r.json()["error"]["message"]
+    log = s.log()
+    assert "the tool call stall is abandoned" in log and "Traceback" not in log, log

@@ -148,3 +148,76 @@ def test_flags_that_cannot_work_are_refused_before_anything_starts(cli_in_proces
     assert r.returncode == 1 and "two tools are named 'get_weather'" in r.stderr, r.stderr
     r = cli_in_process("serve", "--mcp", "'unclosed", "--port", "1")
     assert r.returncode == 2 and "is not a command line" in r.stderr, r.stderr
+
+
+LINGER = '''import time
+
+
+def linger() -> str:
+    """Say so, then sleep for two minutes."""
+    print("lingering", flush=True)
+    time.sleep(120)
+    return "done"
+'''
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["sigterm", "ctrl-c-twice"])
+def test_a_tool_call_running_at_shutdown_ends_as_a_503_and_does_not_hold_the_exit(
+        cli_env: dict[str, str], tmp_path: Any, force: bool) -> None:
+    """serve.md's Stopping: a call still running after --drain-timeout (at once on a second Ctrl-C) ends with a
+    503 in the API's shape, no traceback; its thread is abandoned (one log line) and the process exits 0 without
+    waiting for the tool (it held the exit for the tool's whole sleep: 38 s of a 40 s call)."""
+    import signal
+    import threading
+    import time
+
+    fns = tmp_path / "linger.py"
+    fns.write_text(LINGER)
+    s = Server(cli_env, "-np", "1", "--ctx", "2048", "--functions", str(fns), "--tool-timeout", "600",
+               "--drain-timeout", "0.5")
+    got: dict[str, httpx.Response] = {}
+    caller = threading.Thread(target=lambda: got.update(r=httpx.post(f"{s.url}/tools/call",
+                                                                     json={"name": "linger"}, timeout=600)))
+    try:
+        caller.start()
+        deadline = time.monotonic() + 60  # a safety net: the tool says when it runs
+        while "lingering" not in s.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "lingering" in s.log()
+        for sig in [signal.SIGINT, signal.SIGINT] if force else [signal.SIGTERM]:
+            s.proc.send_signal(sig)
+        assert s.proc.wait(timeout=60) == 0  # (the tool sleeps 120 s)
+        caller.join(60)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    r = got["r"]
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json", r.text
+    error = r.json()["error"]
+    assert error["type"] == "server_error" and "shutting down" in error["message"] and "linger" in error["message"]
+    log = s.log()
+    assert "the tool call linger is abandoned" in log, log
+    assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log, log
+
+
+def test_an_mcp_tool_whose_name_a_request_cannot_carry_is_left_out_with_a_warning(cli_env: dict[str, str]) -> None:
+    """MCP allows a name of 128 characters of any kind; a request's `tools` takes 1-64 of [A-Za-z0-9_.-]. GET /tools
+    lists each tool as a request takes it, so the server's tools with other names are left out, each with one
+    warning at start, and its other tools are offered: the listing, sent back as a request's tools, is a 200 (it
+    was a 400 naming tools[0].function.name)."""
+    s = Server(cli_env, "-np", "1", "--ctx", "2048", "--chat-template-file", str(QWEN), "--mcp", f"{MCP} --bad-names")
+    try:
+        listed = httpx.get(f"{s.url}/tools", timeout=10).json()["data"]
+        assert [t["function"]["name"] for t in listed] == ["add", "leak", "crash"]
+        tools = [{k: v for k, v in t.items() if k != "source"} for t in listed]
+        r = httpx.post(f"{s.url}/v1/chat/completions", timeout=300, json={
+            "messages": [{"role": "user", "content": "Hi"}], "tools": tools, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    finally:
+        assert s.stop() == 0
+    from localgen.tools.mcpconfig import one
+
+    log, label = s.log(), one(f"{MCP} --bad-names").label
+    for shown in ("'search_" + "x" * 73 + "'", "'a b\\n\"c'"):
+        assert f"warning: the MCP server {label}'s tool {shown} is left out: a tool's name must be 1-64 " \
+               "letters, digits, _ . or -" in log, log

@@ -306,6 +306,50 @@ def test_functions_with_pydantic_parameters_and_results_json_cannot_hold(tmp_pat
         box.close()
 
 
+def test_functions_that_are_async_take_null_or_have_defaults_json_cannot_hold(tmp_path: Path) -> None:
+    """An `async def` runs (its result was `<coroutine object ...>` and its body never ran); `int | None` takes
+    null (its schema said integer, so null failed the call); a default JSON cannot hold is given in its JSON form
+    where pydantic has one (a date's ISO text, an enum's value) and left out where none is (it was said to be
+    null)."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.plan import make_plan
+    from localgen.tools.spec import ToolCall
+
+    path = _functions(tmp_path, '''
+        import asyncio
+        import datetime
+        import enum
+
+        class Color(enum.Enum):
+            RED = "red"
+
+        async def fetch(url: str) -> str:
+            """Fetch a URL."""
+            await asyncio.sleep(0)
+            return "fetched " + url
+
+        def dflt(when: datetime.date = datetime.date(2020, 1, 1), n: int | None = None, c: Color = Color.RED,
+                 o: object = object(), s: str | int | None = None) -> str:
+            """Defaults."""
+            return f"{when!r} {n!r} {c!r} {s!r}"
+    ''')
+    box = Toolbox.open([path], [])
+    try:
+        assert box.call(ToolCall("fetch", '{"url": "x"}'), 5) == "fetched x"
+        props = next(t for t in box.specs if t.name == "dflt").parameters["properties"]
+        assert props["n"] == {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None}
+        assert props["s"]["anyOf"][-1] == {"type": "null"}
+        assert props["when"]["default"] == "2020-01-01" and props["c"]["default"] == "red"
+        assert "default" not in props["o"]
+        make_plan(None, box.specs)  # (a grammar is made from them)
+        assert box.call(ToolCall("dflt", '{"n": null, "s": null}'), 5) == \
+            "datetime.date(2020, 1, 1) None <Color.RED: 'red'> None"
+        assert box.call(ToolCall("dflt", '{"n": 3, "when": "2021-02-03"}'), 5) == \
+            "datetime.date(2021, 2, 3) 3 <Color.RED: 'red'> None"
+    finally:
+        box.close()
+
+
 # ---- run ----------------------------------------------------------------------------------------------------
 
 def _run(cli: CLI, *args: str) -> Any:

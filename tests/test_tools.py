@@ -566,3 +566,28 @@ def test_run_with_a_streamable_http_mcp_server(cli: CLI, cli_in_process: InProce
     r = _run(cli_in_process, "--mcp", f"http://127.0.0.1:{port}/mcp", "--yes", "What is 2 + 3?")
     url = f"http://127.0.0.1:{port}/mcp"
     assert (r.returncode, r.stderr) == (1, f"localgen: error: cannot reach the MCP server {url}: Connection refused\n")
+
+
+def test_an_mcp_tool_whose_name_a_request_cannot_carry_is_left_out_of_run_with_a_warning(
+        cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """run and chat offer an MCP server's tools as a request's `tools` carries them (1-64 of [A-Za-z0-9_.-]): one
+    named otherwise (MCP allows 128 characters of any kind) is left out with one warning, the server's other tools
+    kept (a name holding a space, a newline and a quote was offered to the model as it was)."""
+    missing = str(tmp_path / "missing.gguf")
+    r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --bad-names", "--yes", "--tool-choice", "add", "Go.")
+    assert r.returncode != 0 and "missing.gguf" in r.stderr and "not among the tools" not in r.stderr, r.stderr
+    assert "is left out: a tool's name must be 1-64 letters, digits, _ . or -" in r.stderr
+    assert "tool 'a b\\n\"c' is left out" in r.stderr and "tool 'search_" + "x" * 73 + "' is left out" in r.stderr
+    r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --bad-names", "--yes", "--tool-choice", "a b", "Go.")
+    assert r.returncode != 0 and "not among the tools" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+@pytest.mark.parametrize("choice", ["", "  "])
+def test_an_empty_tool_choice_is_a_usage_error(cli_in_process: InProcessCLI, command: str, choice: str) -> None:
+    """docs/ci.md's exit 2: an empty name is never taken for a flag left out (`--tool-choice ''` ran as auto)."""
+    fns = str(ROOT / "tests" / "tool_functions.py")
+    r = cli_in_process(command, "--functions", fns, "--yes", "--tool-choice", choice,
+                       *(["Go."] if command == "run" else []), input="Go.\n")
+    assert r.returncode == 2 and "--tool-choice is empty: give a value, or leave it out" in r.stderr, r.stderr
+    assert not r.stdout

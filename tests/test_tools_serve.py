@@ -370,3 +370,66 @@ def test_a_reasoning_budget_closes_the_thinking_in_serve(reasoning_server: Serve
     kinds = [b.type for b in r.content]
     assert kinds == ["thinking", "text"] and r.content[0].thinking.strip() == \
         bounded.model_extra["reasoning_content"].strip() and r.content[1].text.strip() == bounded.content.strip()
+
+
+def test_a_call_cut_by_max_tokens_ends_as_length_in_every_api(tool_server: Server) -> None:
+    """OpenAI says `length` when the token budget ends the answer, a complete call before it or not (it said
+    `tool_calls`); so Anthropic's max_tokens and the Responses API's incomplete. The cut call is not given."""
+    import anthropic
+
+    client = _client(tool_server)
+    kw: dict[str, Any] = {"model": "smollm2:135m", "messages": ASK, "tools": [WEATHER, TIME], "temperature": 0,
+                          "tool_choice": "required"}
+    whole = client.chat.completions.create(**kw, max_tokens=200)
+    calls = whole.choices[0].message.tool_calls or []
+    assert len(calls) >= 2 and whole.choices[0].finish_reason == "tool_calls", whole
+    assert whole.usage is not None
+    budget = whole.usage.completion_tokens - 8  # inside the last call's arguments
+    kept = [(c.function.name, c.function.arguments) for c in calls[:-1]]
+    r = client.chat.completions.create(**kw, max_tokens=budget)
+    assert r.choices[0].finish_reason == "length", r
+    assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls or []] == kept
+    names, finish = [], None
+    for chunk in client.chat.completions.create(**kw, max_tokens=budget, stream=True):
+        names += [tc.function.name for tc in chunk.choices[0].delta.tool_calls or [] if tc.function.name]
+        finish = chunk.choices[0].finish_reason or finish
+    assert (names, finish) == ([name for name, _ in kept], "length")
+    m = anthropic.Anthropic(base_url=tool_server.url, api_key="none").messages.create(
+        model="smollm2:135m", max_tokens=budget, messages=ASK, tools=[_anthropic_tool(WEATHER), _anthropic_tool(TIME)],
+        tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    assert m.stop_reason == "max_tokens" and len([b for b in m.content if b.type == "tool_use"]) < len(calls), m
+    resp = client.responses.create(model="smollm2:135m", input=ASK, temperature=0, max_output_tokens=budget,
+                                   tool_choice="required", tools=[{"type": "function", **t["function"]}
+                                                                  for t in (WEATHER, TIME)])
+    assert resp.status == "incomplete" and resp.incomplete_details is not None
+    assert len([i for i in resp.output if i.type == "function_call"]) < len(calls), resp
+
+
+def test_a_tool_result_for_a_call_never_made_is_a_400_in_every_api(tool_server: Server) -> None:
+    """OpenAI's, Anthropic's and the Responses API answer a tool result whose id no call of the conversation has
+    with a 400 (it was a 200, the result read as if some call had made it), naming the id and the field."""
+    url = tool_server.url
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={"max_tokens": 1, "messages": [
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_wrong", "content": "sunny"}]})
+    assert r.status_code == 400, r.text
+    assert "'call_wrong'" in r.json()["error"]["message"] and r.json()["error"]["param"] == "messages.[2].tool_call_id"
+    r = httpx.post(f"{url}/v1/messages", timeout=60, json={"model": "smollm2:135m", "max_tokens": 1, "messages": [
+        *ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                 "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_WRONG", "content": "sunny"}]}]})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert "tool_use_id" in r.json()["error"]["message"] and "'toolu_WRONG'" in r.json()["error"]["message"]
+    first = httpx.post(f"{url}/v1/responses", timeout=300, json={"input": "Hi", "max_output_tokens": 1})
+    assert first.status_code == 200, first.text
+    r = httpx.post(f"{url}/v1/responses", timeout=60, json={
+        "previous_response_id": first.json()["id"], "max_output_tokens": 1,
+        "input": [{"type": "function_call_output", "call_id": "call_wrong", "output": "sunny"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    assert "'call_wrong'" in r.json()["error"]["message"]
+    # the same results with their calls' ids are answered
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={"max_tokens": 1, "messages": [
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+    assert r.status_code == 200, r.text

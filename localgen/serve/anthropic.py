@@ -26,6 +26,7 @@ from localgen.serve.ask import (
     sampling_values,
     split_reasoning,
 )
+from localgen.serve.incoming import unanswered
 from localgen.serve.jobs import Done, Event, Job, Text
 from localgen.serve.pipeline import Made, parts, route
 from localgen.serve.state import ServeState
@@ -81,8 +82,14 @@ class Messages:
                                      "thinking is part of the answer's tokens)", param="thinking.budget_tokens")
             values.setdefault("reasoning_budget", body["thinking"].get("budget_tokens"))
         choice, parallel = _choice(body.get("tool_choice"))
+        messages = _chat_messages(body.get("system"), body.get("messages"))
+        orphan = unanswered(messages)
+        if orphan is not None:  # as Anthropic answers it
+            raise HTTPError(400, f"unexpected `tool_use_id` found in `tool_result` blocks: {orphan[1][:100]!r}. Each "
+                                 "`tool_result` block must have a corresponding `tool_use` block in the previous "
+                                 "message.", param="messages")
         return Ask(values=values,
-                   messages=_chat_messages(body.get("system"), body.get("messages")), schema=schema,
+                   messages=messages, schema=schema,
                    tools=_tools(body.get("tools")), tool_choice=choice, parallel_tool_calls=parallel, effort=effort,
                    thinking=thinking if thinking is not None else (None if effort is None else True),
                    split_reasoning=split_reasoning(body), stream=flag(body, "stream") and not self.counting,
@@ -308,8 +315,8 @@ class _Encoder:
 
     def _stop(self, c: Completion) -> dict[str, str | None]:
         """stop_reason and stop_sequence (which one is known when only one was given)."""
-        if any(b["type"] == "tool_use" for b in self.blocks):
-            return {"stop_reason": "tool_use", "stop_sequence": None}
+        if any(b["type"] == "tool_use" for b in self.blocks) and c.finish_reason not in ("length", "context"):
+            return {"stop_reason": "tool_use", "stop_sequence": None}  # (cut by max_tokens: max_tokens, calls or not)
         if c.finish_reason == "stop" and self.stops:
             return {"stop_reason": "stop_sequence", "stop_sequence": self.stops[0] if len(self.stops) == 1 else None}
         return {"stop_reason": "max_tokens" if c.finish_reason in ("length", "context") else "end_turn",

@@ -76,12 +76,14 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     """The app: every API behind the gate (host, origin, key, body), errors in each API's shape; with `webui`,
     the chat page at `/` for browsers (serve/page.py), its files open without the key as `/` is."""
     desk = batches.Desk()  # the Batch and Files APIs (serve/batches.py; its runner: serve/batchrun.py)
+    if state.tool_threads is None:
+        state.tool_threads = servertools.ToolThreads()
     gate = dataclasses.replace(policy or Policy(api_key=state.api_key), uploads=batches.UPLOADS + transcribe.PATHS,
                                bodiless=batches.BODILESS)
     routes = [Route("/health", _health(state)), *listings.routes(state), *openai.routes(state),
               *anthropic.routes(state), *responses.routes(state), *ollama.routes(state), *embeds.routes(state),
               *manage.routes(state),
-              *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout),
+              *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout, state.tool_threads),
               *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout)), *vectorstores.routes(state)]
     if state.upstreams is not None:  # serve --endpoint: a remote model's requests go to its server
         routes = state.upstreams.wrap(routes)
@@ -124,6 +126,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
             pass
         drain.loop = asyncio.get_running_loop()
         front.stopped = asyncio.Event()  # this loop's: an app started again on another loop gets its own
+        for text in getattr(state.toolbox, "left_out", ()):  # (the log is the flags' by now: JSON or text)
+            front.log.warning(text)
         async with batchrun.running(desk, state, app, policy.api_key, lambda: drain.stopping, front.log.error):
             yield
         if state.upstreams is not None:
@@ -341,6 +345,9 @@ class Drain:
             w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
         for pull in list(self.state.pulls):
             pull.end(f"{STOPPING}: the download stops here, and the next pull of this model resumes it")
+        if self.state.tool_threads is not None:  # its thread runs on, abandoned: it does not hold up the exit
+            for name in self.state.tool_threads.end_all():
+                self.front.log.warning(f"the tool call {name} is abandoned, still running: {STOPPING}")
 
 
 def _meant(path: str, routes: list[Any]) -> str:

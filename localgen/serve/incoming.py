@@ -178,6 +178,24 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
     return tuple(out)
 
 
+def unanswered(raw: Any) -> tuple[int, str] | None:
+    """The first tool result (its index and id) whose tool_call_id is the id of no tool call made before it in
+    the conversation (chat messages, unchecked: what is not a message here is messages()'s to refuse). OpenAI's,
+    Anthropic's and the Responses API answer such a result with a 400; a result with no id is left to the
+    template (llama-server and Ollama send none)."""
+    made: set[str] = set()
+    for i, m in enumerate(raw if isinstance(raw, list) else ()):
+        if not isinstance(m, dict):
+            continue
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if isinstance(calls, list):
+            made.update(c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str))
+        ident = m.get("tool_call_id") if m.get("role") == "tool" else None
+        if isinstance(ident, str) and ident not in made:
+            return i, ident
+    return None
+
+
 def _tool_calls(raw: Any) -> list[dict[str, Any]]:
     """An assistant message's earlier calls, as OpenAI writes them (Ollama's arguments are an object)."""
     if not isinstance(raw, list):

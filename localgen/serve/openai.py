@@ -27,6 +27,7 @@ from localgen.serve.ask import (
     sampling_values,
     split_reasoning,
 )
+from localgen.serve.incoming import unanswered
 from localgen.serve.jobs import Event, Job
 from localgen.serve.pipeline import Made, route
 from localgen.serve.responsestore import check_metadata
@@ -42,6 +43,7 @@ TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "continue_final", 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 TEMPLATE_BOOLS = ("enable_thinking", "thinking")  # chat_template_kwargs that templates test for truth
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+CUT = ("length", "context")  # the finish reasons of an answer the token budget (max_tokens, the window) ended
 DONE = b"data: [DONE]\n\n"  # a stream's last event, after its end or an error
 
 
@@ -95,6 +97,11 @@ class Completions:
             logprobs=logprobs, exact=flag(body, "exact"), stream=flag(body, "stream"),
             keep_alive=keep_alive(body.get("ttl"), "ttl"), effort=effort)
         if self.chat:
+            orphan = unanswered(body.get("messages"))
+            if orphan is not None:  # as OpenAI answers it
+                raise HTTPError(400, f"Invalid parameter: tool_call_id {orphan[1][:100]!r} of messages[{orphan[0]}] is "
+                                     "not the id of a tool call made before it ('tool_calls' of an assistant message)",
+                                param=f"messages.[{orphan[0]}].tool_call_id")
             return Ask(messages=body.get("messages"), excerpts=self._searched(body),
                        template_vars=_template_vars(body.get("chat_template_kwargs")),
                        thinking=None if effort is None else effort not in ("none", "minimal"),
@@ -268,8 +275,9 @@ class _Encoder:
         return [_data(error_body(OPENAI, e)), DONE]
 
     async def done(self, c: Completion, job: Job) -> list[bytes]:
-        last = self.chunk({} if self.chat else "", "tool_calls" if self.calls else FINISH.get(c.finish_reason, "stop"),
-                          c)
+        cut = c.finish_reason in CUT  # the token budget ended it: `length`, as OpenAI says, whatever came before
+        last = self.chunk({} if self.chat else "", "tool_calls" if self.calls and not cut else
+                          FINISH.get(c.finish_reason, "stop"), c)
         out = [_data({**last, "timings": timings(c)})]
         if self.usage:
             out.append(_data({**self.head(), "choices": [], "usage": _usage(c)}))
@@ -286,7 +294,8 @@ class _Encoder:
                 message["reasoning_content"] = answer.reasoning
             if answer.calls:
                 message["tool_calls"] = [call.to_openai() for call in answer.calls]
-                choice["finish_reason"] = "tool_calls"
+                if c.finish_reason not in CUT:  # (cut by the token budget: `length`, a call before it or not)
+                    choice["finish_reason"] = "tool_calls"
             elif message["content"] is None:
                 message["content"] = ""
             choice["message"] = message

@@ -245,7 +245,7 @@ class Encoder:
 
     def _end(self, c: Completion) -> tuple[list[bytes], dict[str, Any]]:
         """The last item closed (an empty answer is one empty message), and the response."""
-        status = "incomplete" if c.finish_reason in ("length", "context") and not self.calls else "completed"
+        status = "incomplete" if c.finish_reason in ("length", "context") else "completed"  # (calls before it too)
         answered = len(self.output) > (self.searched is not None)
         out = [*(self.open("message") if self.kind is None and not answered else []), *self.close(status)]
         return out, self.response(status, self.output, usage(c))

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -33,23 +33,10 @@ from localgen.serve.state import ServeState
 from localgen.serve.tooling import apply_plan, stream_for, tool_plan
 from localgen.tools.spec import ToolCall
 
+if TYPE_CHECKING:
+    from localgen.serve.servertools import ToolThreads
+
 MAX_ROUNDS = 8  # rounds of calls in one response, as run's --tool-steps: the round after them must answer
-
-
-_POOLS: list[Any] = []  # the one pool of threads that connect to and call MCP servers, made on first use
-
-
-def _pool() -> Any:
-    """Threads of their own for connecting and calling (each may wait up to --tool-timeout), as servertools'
-    calls have: the event loop's default pool parses, plans and stores for every route; past
-    servertools.MAX_CALLS at once, the rest wait."""
-    if not _POOLS:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from localgen.serve.servertools import MAX_CALLS
-
-        _POOLS.append(ThreadPoolExecutor(MAX_CALLS, thread_name_prefix="mcp tool"))
-    return _POOLS[0]
 
 
 def wanted(body: dict[str, Any]) -> bool:
@@ -303,7 +290,7 @@ class _Rounds:
         return choice
 
     async def _connect(self, tool: McpTool) -> Remote:
-        return await asyncio.get_running_loop().run_in_executor(_pool(), self._open, tool)
+        return await self._threads().run(f"mcp {tool.label} (connecting)", self._open, tool)
 
     def _open(self, tool: McpTool) -> Remote:
         """The tool's server connected and listed (in a thread), or the reason it is not, its secrets left out."""
@@ -329,7 +316,17 @@ class _Rounds:
 
     async def _call(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
         """A call run in a thread: its output or its error (in OpenAI's shape), and the text the model reads."""
-        return await asyncio.get_running_loop().run_in_executor(_pool(), self._run, remote, name, arguments)
+        return await self._threads().run(name, self._run, remote, name, arguments)
+
+    def _threads(self) -> ToolThreads:
+        """Threads of their own for connecting and calling (each may wait up to --tool-timeout), as
+        servertools' calls have, and ended as theirs are at shutdown."""
+        if self.state.tool_threads is None:
+            from localgen.serve.servertools import ToolThreads
+
+            self.state.tool_threads = ToolThreads()
+        threads: ToolThreads = self.state.tool_threads
+        return threads
 
     def _run(self, remote: Remote, name: str, arguments: str) -> tuple[str | None, dict[str, Any] | None, str]:
         from localgen.tools.loop import MAX_RESULT_CHARS, redact

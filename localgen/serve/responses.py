@@ -260,8 +260,10 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
                 output = "".join(_text(p) for p in output)
             if not isinstance(call_id, str) or not isinstance(output, str):
                 raise HTTPError(400, "a function_call_output item needs call_id and output (a string)", param="input")
-            out.append({"role": "tool", "tool_call_id": call_id, "content": output,
-                        **({"name": names[call_id]} if call_id in names else {})})
+            if call_id not in names:  # as OpenAI answers it: no call of this conversation has that id
+                raise HTTPError(400, f"No tool call found for function call output with call_id {call_id[:100]!r}",
+                                param="input")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": output, "name": names[call_id]})
         elif kind in ("mcp_call", "mcp_approval_request"):  # an mcp tool's call, answered or waiting
             _mcp_call(item, out, names)
         elif kind in ("mcp_approval_response", "mcp_list_tools"):  # read by serve/responsemcp.py

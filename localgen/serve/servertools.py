@@ -7,8 +7,11 @@ so may any client behind the same key and origin gate."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -19,16 +22,90 @@ from localgen.serve.apierror import HTTPError
 from localgen.serve.jsonbody import read_json
 
 MAX_CALLS = 8  # tool calls running at once, in threads of their own; more wait
+STOPPING = "the server is shutting down"
+
+T = TypeVar("T")
 
 
-def routes(toolbox: Any, timeout: float) -> list[Route]:
+class ToolThreads:
+    """The tool calls serve runs (POST /tools/call, a Responses request's mcp tools), each in a daemon thread of
+    its own, at most MAX_CALLS at once (the loop's default pool parses, plans and stores for every route). At
+    shutdown `end_all` ends every call still waiting as a 503; its thread is abandoned, and never holds up the
+    process's exit (a pool's threads are joined at exit: a tool sleeping 40 s held the exit that long)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[asyncio.Future[Any], str] = {}
+        self._slots: asyncio.Semaphore | None = None
+        self._stopped = False
+
+    async def run(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) in a thread of its own, its result; a 503 HTTPError once the server stops."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        if self._stopped:
+            raise HTTPError(503, f"{STOPPING}: the tool call {name} was not run", "server_error")
+        self._waiting[done] = name
+        try:
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(MAX_CALLS)
+            slots = self._slots
+            if await _acquired(slots, done) and done.done():  # ended while it waited for a slot
+                slots.release()
+            if done.done():
+                return done.result()  # type: ignore[no-any-return]  # (raises the 503)
+
+            def settle(result: Any, error: BaseException | None) -> None:
+                slots.release()
+                if not done.done():
+                    if error is not None:
+                        done.set_exception(error)
+                    else:
+                        done.set_result(result)
+
+            def target() -> None:
+                result, error = None, None
+                try:
+                    result = fn(*args)
+                except BaseException as e:  # (a ToolError, the call's own answer): handed to the request
+                    error = e
+                with contextlib.suppress(RuntimeError):  # the loop has closed: the server is gone
+                    loop.call_soon_threadsafe(settle, result, error)
+
+            threading.Thread(target=target, name=f"tool call {name}", daemon=True).start()
+            return await done  # type: ignore[no-any-return]
+        finally:
+            self._waiting.pop(done, None)
+
+    def end_all(self) -> list[str]:
+        """Every call still waiting ends now as a 503 (the server is stopping): the names of those abandoned."""
+        self._stopped = True
+        ended = []
+        for done, name in list(self._waiting.items()):
+            if not done.done():
+                done.set_exception(HTTPError(503, f"{STOPPING}: the tool call {name} was abandoned",
+                                             "server_error"))
+                ended.append(name)
+        return ended
+
+
+async def _acquired(slots: asyncio.Semaphore, done: asyncio.Future[Any]) -> bool:
+    """Wait for a slot, or for `done` (ended at shutdown) if it comes first: whether a slot was taken."""
+    task = asyncio.ensure_future(slots.acquire())
+    try:
+        await asyncio.wait([task, done], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return not task.cancelled()
+
+
+def routes(toolbox: Any, timeout: float, threads: ToolThreads | None = None) -> list[Route]:
     """`GET /tools` and `POST /tools/call` over a Toolbox (tools/loop.py), or over none: an empty list, and
-    every call a 404. Calls run in a pool of their own (the loop's default pool parses, plans and stores for
-    every route); while MAX_CALLS Python tools are still running, some past their timeout (a thread cannot be
-    stopped), a call is a 503."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(MAX_CALLS, thread_name_prefix="tool call")
+    every call a 404. Calls run in threads of their own (ToolThreads); while MAX_CALLS Python tools are still
+    running, some past their timeout (a thread cannot be stopped), a call is a 503."""
+    threads = threads or ToolThreads()
 
     async def listing(request: Request) -> Response:
         data = [] if toolbox is None else [{**spec.to_openai(), "source": toolbox.source(spec.name)}
@@ -53,8 +130,7 @@ def routes(toolbox: Any, timeout: float) -> list[Route]:
             raise HTTPError(503, f"{stuck} tool calls are still running, some past --tool-timeout: try again later",
                             "server_error")
         try:
-            text, failed = await asyncio.get_running_loop().run_in_executor(pool, toolbox.call, tool_call,
-                                                                            timeout), False
+            text, failed = await threads.run(name, toolbox.call, tool_call, timeout), False
         except ToolError as e:
             text, failed = e.message, True
         return JSONResponse({"object": "tool.result", "name": name, "content": text, "is_error": failed})

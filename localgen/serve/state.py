@@ -44,6 +44,7 @@ class ServeState:
     pulls: set[Any] = field(default_factory=set)  # serve/manage.py's pulls under way (stopped at shutdown)
     toolbox: Any = None  # serve --mcp / --functions: the tools /tools lists and /tools/call runs (a Toolbox)
     tool_timeout: float = 30.0  # serve --tool-timeout: seconds one call may take
+    tool_threads: Any = None  # serve/servertools.py's ToolThreads: the tool calls running (ended at shutdown)
     collections: list[str] = field(default_factory=list)  # serve --collection: offered as vector stores
     upstreams: Upstreams | None = None  # serve --endpoint: the models other servers run (serve/upstream.py)
     # (name, why) of the models /api/delete, /api/create or /api/copy is taking away (serve/manage.py's _retired):

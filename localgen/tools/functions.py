@@ -159,7 +159,9 @@ def describe(fn: Callable[..., Any], where: Path | str = "") -> ToolSpec:
         if p.default is inspect.Parameter.empty:
             required.append(p.name)
         else:
-            schema["default"] = p.default if _jsonable(p.default) else None
+            default = _json_default(p.default)
+            if default is not _NO_JSON:  # a default JSON has no word for is left out, not said to be null
+                schema["default"] = default
         props[p.name] = schema
     params: dict[str, Any] = {"type": "object", "properties": props}
     if required:
@@ -195,12 +197,23 @@ def call_args(fn: Callable[..., Any], args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _jsonable(v: Any) -> bool:
+_NO_JSON = object()
+
+
+def _json_default(v: Any) -> Any:
+    """A parameter's default as JSON: as it is, or its JSON form where pydantic has one (a date's ISO text, an
+    enum's value, a set's list), the same that a model's argument is read back from; else _NO_JSON."""
     try:
         json.dumps(v)
+        return v
     except (TypeError, ValueError):
-        return False
-    return True
+        pass
+    from pydantic_core import to_jsonable_python
+
+    try:
+        return to_jsonable_python(v)
+    except Exception:  # an object pydantic has no JSON for
+        return _NO_JSON
 
 
 def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
@@ -215,7 +228,10 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {"enum": list(args)}
     if origin in (typing.Union, types.UnionType):
         kinds = [a for a in args if a is not type(None)]
-        return _schema(kinds[0], defs) if len(kinds) == 1 else {"anyOf": [_schema(a, defs) for a in kinds]}
+        nulls = [{"type": "null"}] if len(kinds) < len(args) else []  # `int | None` takes null, as pydantic says
+        if len(kinds) == 1 and not nulls:
+            return _schema(kinds[0], defs)
+        return {"anyOf": [*(_schema(a, defs) for a in kinds), *nulls]}
     if origin in (list, tuple, set, frozenset):
         return {"type": "array", **({"items": _schema(args[0], defs)} if args else {})}
     if origin is dict:

@@ -44,6 +44,7 @@ class Toolbox:
         self._source: dict[str, str] = {}  # where each tool comes from: "mcp: LABEL" or "functions: FILE"
         self._secrets: dict[str, str] = {}  # what MCP config files give their servers (env, headers), redacted too
         self.running: set[threading.Thread] = set()  # Python tools' calls still running (one past its timeout too)
+        self.left_out: list[str] = []  # warnings: the MCP tools not offered (a name a request could not carry)
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
@@ -72,6 +73,7 @@ class Toolbox:
                         box._secrets[f"{key} token"] = token
                 server = McpServer(target)
                 box._servers.append(server)
+                box.left_out += server.left_out
                 for spec in server.tools:
                     runner = _mcp_runner(server, spec.name)
                     if spec.name in box._runners and target.named:  # two servers of a config file: as Claude
@@ -118,6 +120,9 @@ class Toolbox:
 
 def _python_runner(name: str, fn: Callable[..., Any],
                    running: set[threading.Thread]) -> Callable[[dict[str, Any], float], str]:
+    import asyncio
+    import inspect
+
     from localgen.tools.functions import abandon, call_args, stdout_to_stderr
 
     def run(args: dict[str, Any], timeout: float) -> str:
@@ -127,7 +132,10 @@ def _python_runner(name: str, fn: Callable[..., Any],
         def target() -> None:
             try:
                 try:
-                    box["value"] = fn(**args)
+                    value = fn(**args)
+                    if inspect.iscoroutine(value):  # an async def: its body runs here, on a loop of this thread
+                        value = asyncio.run(value)
+                    box["value"] = value
                 except BaseException as e:  # the tool's own failure, reported as one line
                     box["error"] = e
             except BaseException:  # the stop of a call past its timeout, come as it ended: nobody waits for it

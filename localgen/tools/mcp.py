@@ -17,7 +17,7 @@ from typing import Any
 
 from localgen.errors import ToolError
 from localgen.tools.mcpconfig import McpTarget
-from localgen.tools.spec import ToolSpec, check_schema
+from localgen.tools.spec import ToolSpec, check_name, check_schema
 
 CONNECT_TIMEOUT_S = 30.0
 CLOSE_S = 5.0  # how long closing waits for a session to end as it should, before it is cut
@@ -45,6 +45,7 @@ class McpServer:
         # each tool as the server listed it (name, description, input_schema, annotations: what a Responses
         # API's mcp_list_tools item shows)
         self.listed: tuple[dict[str, Any], ...] = ()
+        self.left_out: list[str] = []  # warnings: its tools whose names a request's `tools` could not carry
         self.gone = False  # the connection was lost (the process died, the HTTP server went away): no more calls
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {self.label}", daemon=True)
@@ -154,7 +155,13 @@ class McpServer:
         for t in await self._list_tools():
             schema = dict(t.input_schema or {"type": "object", "properties": {}})
             check_schema(schema, f"the MCP server {self.label}'s tool {t.name}")
-            out.append(ToolSpec(t.name, t.description or "", schema))
+            try:  # MCP allows 128 characters of any kind; a request's `tools` (OpenAI's), 64 of [A-Za-z0-9_.-]
+                check_name(t.name, "name")
+            except ToolError:  # left out, so that one bad name does not cost the server's other tools
+                self.left_out.append(f"the MCP server {self.label}'s tool {_quoted(t.name)} is left out: a tool's "
+                                     "name must be 1-64 letters, digits, _ . or -")
+            else:
+                out.append(ToolSpec(t.name, t.description or "", schema))
             notes = t.annotations.model_dump(exclude_none=True) if t.annotations is not None else None
             shown.append({"name": t.name, "description": t.description, "input_schema": schema,
                           "annotations": notes or None})
@@ -426,3 +433,8 @@ def _why(e: BaseException) -> str:
         return _why(e.exceptions[0])
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _quoted(name: str) -> str:
+    """A name a server sent, quoted on one line and cut to 80 characters."""
+    return repr(name[:80] + ("..." if len(name) > 80 else ""))

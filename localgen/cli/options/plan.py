@@ -105,7 +105,7 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     if args.system is not None:
         checked(args.system, "--system")
     refuse_empty(("-m", args.model), ("--api-key-env", args.remote.api_key_env),  # not "none given"
-                 *(("--mcp", server) for server in args.tools.mcp or ()))
+                 *(("--mcp", server) for server in args.tools.mcp or ()), ("--tool-choice", args.tools.tool_choice))
     endpoints, model = endpoints_for(args.remote, args.model)
     keep_states = False
     if endpoints:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from localgen.cli.options import ToolOptions
@@ -16,6 +17,8 @@ def open_toolbox(tools: ToolOptions | None) -> Any:
     from localgen.tools.plan import check_choice
 
     box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
+    for text in box.left_out:
+        print(f"warning: {text}", file=sys.stderr)
     try:
         check_choice(box.specs, named_choice(tools.tool_choice or "auto"))
     except BaseException:
