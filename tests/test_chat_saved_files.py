@@ -73,6 +73,8 @@ def test_resuming_a_file_without_a_model_names_the_file_and_takes_m(scli: CLI) -
     ("/stats x", "/stats takes no argument: 'x' was not understood", None),
     ("/load ../x", "bad conversation name '../x'", "with the model"),  # a path: no hint (it said `chat -m ../x`)
     ("/load smollm2:135m", "(to chat with the model smollm2:135m: /model smollm2:135m)", "chat -m"),
+    ("/load hf.co/owner/repo:q4_k_m", "(to chat with the model hf.co/owner/repo:q4_k_m: /model hf.co/", None),
+    ("/load ollama:llama3.2:1b", "(to chat with the model ollama:llama3.2:1b: /model ollama:llama3.2:1b)", None),
 ])
 def test_slash_command_words_it_cannot_take_are_one_line_refusals(scli: CLI, line: str, said: str,
                                                                    not_said: str | None) -> None:

@@ -153,6 +153,18 @@ def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, mon
     assert list(saved.chats_dir().iterdir()) == [], "nothing is left in the folder"
     assert chat.save() == saved.chats_dir() / "full.json", "the next save claims the file again"
     assert sessions.ChatSession.load("full").messages == [{"role": "user", "content": "Hi"}]
+    signalled = sessions.ChatSession(name="cut", model="m", fresh=True, auto_named=False)
+    real_close = os.close
+
+    def sigterm(fd: int) -> None:  # a SIGTERM (SystemExit) the instant after the claim made the file
+        real_close(fd)
+        raise SystemExit(143)
+
+    with monkeypatch.context() as m:
+        m.setattr(sessions.os, "close", sigterm)
+        with pytest.raises(SystemExit):
+            signalled.save()
+    assert not (saved.chats_dir() / "cut.json").exists() and signalled.fresh, "no empty file blocks its name"
 
 
 def test_show_after_a_failed_save_says_the_conversation_is_not_saved_and_why(ucli: CLI) -> None:

@@ -41,16 +41,16 @@ def check_name(name: str, model_hint: str | None = "localgen chat -m") -> str:
     a model is chosen where the name was given: `/model` for /load), a word that looks like a model's name
     (NAME:TAG, OWNER/REPO) says how to chat with that model; a path (../x) never does, nor /save's word."""
     if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
-        model = model_hint is not None and _MODEL.fullmatch(name) and ".." not in name.split("/") and \
-            not name.lower().endswith(".gguf")  # a path (models/x.gguf) is not said to be a model's name
+        model = model_hint is not None and _MODEL.fullmatch(name) and (":" in name or "/" in name) and \
+            ".." not in name.split("/") and not name.lower().endswith(".gguf")  # a path (models/x.gguf) is not
         raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
                          "beginning with a letter or digit",
                          hint=f"to chat with the model {name}: {model_hint} {name}" if model else None)
     return name
 
 
-# `ollama run MODEL` typed where the name goes: NAME:TAG, OWNER/REPO or OWNER/REPO:QUANT, not a path (./x, /x, ~/x)
-_MODEL = re.compile(r"[A-Za-z0-9][\w.-]*(:[\w.-]+|/[\w.-]+(:[\w.-]+)?)")
+# `ollama run MODEL` typed where the name goes: NAME:TAG, OWNER/REPO[:QUANT], hf.co/..., ollama:...; not a path
+_MODEL = re.compile(r"(?:[a-z]+:)?[A-Za-z0-9][\w.-]*(?:/[\w.-]+)*(?::[\w.-]+)?")  # ollama:x:y, hf.co/o/r:q
 
 
 def new_name() -> str:
@@ -190,12 +190,13 @@ class ChatSession:
         if not self.fresh and self._changed_since_seen():  # another chat on the same conversation saved since
             self.forked, self.fresh, self.auto_named = self.name, True, True  # its turns and ours are both kept
             self.name = _next_name(self.name)
-        claimed = self.fresh
-        if claimed:
-            self._claim()
-        target = self.path
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        claimed: list[Path] = []  # the file a new conversation made its own (a signal may come right after)
+        tmp: Path | None = None
         try:
+            if self.fresh:
+                self._claim(claimed)
+            target = self.path
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with open(fd, "w", encoding="utf-8") as f:
                 json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
@@ -205,12 +206,13 @@ class ChatSession:
             paths.fsync_dir(target.parent)
             self.seen = stamp(target)
         except BaseException:
-            if claimed:  # a full disk: the empty file claimed is not left to read as a corrupt conversation
-                target.unlink(missing_ok=True)
+            if claimed:  # a full disk, a SIGTERM: the empty file claimed is not left to read as a corrupt one
+                claimed[0].unlink(missing_ok=True)
                 self.fresh = True
             raise
         finally:
-            tmp.unlink(missing_ok=True)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
         return target
 
     def _changed_since_seen(self) -> bool:
@@ -223,12 +225,14 @@ class ChatSession:
         except OSError:  # gone (removed by hand): this chat's save makes it again
             return False
 
-    def _claim(self) -> None:
-        """Create this conversation's file exclusively, taking the next free name if an automatic one was
-        taken meanwhile; a chosen name that was taken is an error, and nothing is overwritten."""
+    def _claim(self, claimed: list[Path]) -> None:
+        """Create this conversation's file exclusively (added to `claimed`), taking the next free name if an
+        automatic one was taken meanwhile; a chosen name that was taken is an error, and nothing is overwritten."""
         while True:
             try:
-                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                claimed.append(self.path)
+                os.close(fd)
             except FileExistsError:
                 if not self.auto_named:
                     raise LocalgenError(f"a conversation named {self.name!r} was saved by another chat meanwhile",
