@@ -386,28 +386,42 @@ def test_sigterm_before_the_server_listens_says_so_and_exits_128_plus_its_number
         assert said == f"localgen serve: stopped by {name} before the server was listening\n", said
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("where", ["config", "startup"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["SIGTERM", "SIGHUP", "SIGINT"])
 def test_sigterm_after_serve_takes_it_but_before_it_listens_says_so_and_exits_128_plus_its_number(
-        cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
-    """A SIGTERM or SIGHUP that lands once serve's own handler has taken over but before uvicorn listens (here as
-    uvicorn loads its config) stops it as one before does: its line and 128 + its number (uvicorn listened, skipped
-    its loop and ended with exit 0, saying nothing)."""
+        cli_in_process: InProcessCLI, monkeypatch: pytest.MonkeyPatch, sig: int, where: str) -> None:
+    """A SIGTERM or SIGHUP that lands once serve's own handler has taken over but before uvicorn listens (as
+    uvicorn loads its config, or within its own start-up) stops it as one before does: its line and 128 + its
+    number (uvicorn listened, skipped its loop and ended with exit 0, saying nothing); a Ctrl-C there says
+    `interrupted`, exit 130 (it was a silent 130)."""
     import uvicorn
 
-    real = uvicorn.Config.load
+    if where == "config":
+        real_load = uvicorn.Config.load
 
-    def load(self: Any) -> None:
-        signal.raise_signal(sig)
-        real(self)
+        def load(self: Any) -> None:
+            signal.raise_signal(sig)
+            real_load(self)
 
-    monkeypatch.setattr(uvicorn.Config, "load", load)
+        monkeypatch.setattr(uvicorn.Config, "load", load)
+    else:
+        real_startup = uvicorn.Server.startup
+
+        async def startup(self: Any, sockets: Any = None) -> None:
+            signal.raise_signal(sig)
+            await real_startup(self, sockets)
+
+        monkeypatch.setattr(uvicorn.Server, "startup", startup)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     r = cli_in_process("serve", "-m", "smollm2:135m", "--ctx", "512", "-np", "1", "--port", str(port))
-    name = signal.Signals(sig).name
     assert r.returncode == 128 + sig, r.stderr
-    assert f"localgen serve: stopped by {name} before the server was listening\n" in r.stderr, r.stderr
+    if sig == signal.SIGINT:
+        assert r.stderr.endswith("interrupted\n") and "before the server was listening" not in r.stderr, r.stderr
+    else:
+        name = signal.Signals(sig).name
+        assert f"localgen serve: stopped by {name} before the server was listening\n" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
 
 

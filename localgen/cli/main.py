@@ -145,6 +145,12 @@ def term_came(signum: int) -> None:
     _term["signal"] = _term["signal"] or signum
 
 
+def sigint_came() -> None:
+    """serve: a Ctrl-C that uvicorn's own handler took before the server listened (a KeyboardInterrupt follows):
+    the exit says "interrupted", as for one main's handler saw."""
+    _sigint["seen"] = True
+
+
 def stopped_by_term() -> int:
     """The SIGTERM or SIGHUP that stopped serve before it listened (0: none did)."""
     return _term["signal"]

@@ -206,10 +206,12 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         _sigterm(server.handle_exit)  # also outside uvicorn's own handling: see _sigterm
         server.run()
         if server.stopped_early:  # a signal before it listened: as cli/main.py's stop_serve_on_term, or Ctrl-C
-            from localgen.cli.main import term_came
+            from localgen.cli.main import sigint_came, term_came
 
             if server.stopped_early != signal.SIGINT:
                 term_came(server.stopped_early)
+            else:
+                sigint_came()
             raise KeyboardInterrupt
     finally:
         _sigterm(signal.SIG_IGN)  # on its way out: a repeated one changes nothing while the workers stop
@@ -334,7 +336,9 @@ def _server_class() -> Any:
                 self.stopped_early = self.first_signal
                 return
             await super().startup(sockets)
-            if self.started and not self.should_exit and self.on_listening is not None:
+            if self.should_exit:  # the signal came during uvicorn's own start-up: it listened, never served
+                self.stopped_early = self.first_signal
+            elif self.started and self.on_listening is not None:
                 self.on_listening()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
