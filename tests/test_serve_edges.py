@@ -268,6 +268,9 @@ def test_clients_that_send_and_leave_while_the_model_is_busy_do_not_pile_up(smol
     """A client that leaves gives up its place at once, but its request waits for the model's next step: past
     twice the bound (2 slots + 4 in the queue) of them held there, a new request is a 503, so clients that send
     and leave while the worker is held (a long step) cannot pile up requests without limit."""
+    from localgen.serve.jobs import WAITING
+    from localgen.serve.livejobs import left
+
     s = InProcess(smollm2_path)  # 2 slots, 4 in the queue
     ask = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
     head = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
@@ -305,6 +308,9 @@ def test_clients_that_send_and_leave_while_the_model_is_busy_do_not_pile_up(smol
                         answer += sock.recv(65536)
                 assert b"clients that left wait for the model's next step" in answer, answer
             sock.close()
+            deadline = time.monotonic() + 30  # the server sees it leave before the next one comes (loaded,
+            while any(not left(j) for j in live.of(*WAITING)) and time.monotonic() < deadline:  # not at once)
+                time.sleep(0.01)
         assert len(live) <= 12, f"{len(live)} jobs held for clients that left"
         assert refused >= 5, refused
     finally:

@@ -433,3 +433,15 @@ def test_a_tool_result_for_a_call_never_made_is_a_400_in_every_api(tool_server: 
         *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
     assert r.status_code == 200, r.text
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=300, json={"max_tokens": 1, "messages": [  # "": no id,
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},  # left to the template (api.md)
+        {"role": "tool", "tool_call_id": "", "content": "sunny"}]})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{url}/v1/messages", timeout=300, json={"model": "smollm2:135m", "max_tokens": 1, "messages": [
+        *ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                 "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "get_weather",
+                                           "input": {"city": "Rome"}}]},  # a call of an earlier turn answered too
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "rain"}]}]})
+    assert r.status_code == 200, r.text

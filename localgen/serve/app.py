@@ -285,8 +285,8 @@ async def _unless_stopped(receive: Any, stopped: asyncio.Event) -> dict[str, Any
     part, stop = asyncio.ensure_future(receive()), asyncio.ensure_future(stopped.wait())
     try:
         await asyncio.wait((part, stop), return_when=asyncio.FIRST_COMPLETED)
-        if stop.done() and stop.exception() is not None:  # the event is another loop's (an app run again on a new
-            return dict(await part)  # loop without its lifespan, as a TestClient without `with`): no drain here
+        if stop.done() and isinstance(stop.exception(), RuntimeError):  # the event is another loop's (an app
+            return dict(await part)  # run again on a new loop without its lifespan, a TestClient without `with`)
     finally:
         stop.cancel()
         if not part.done():

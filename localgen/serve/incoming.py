@@ -191,7 +191,7 @@ def unanswered(raw: Any) -> tuple[int, str] | None:
         if isinstance(calls, list):
             made.update(c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str))
         ident = m.get("tool_call_id") if m.get("role") == "tool" else None
-        if isinstance(ident, str) and ident not in made:
+        if isinstance(ident, str) and ident and ident not in made:  # "" is no id: left to the template
             return i, ident
     return None
 

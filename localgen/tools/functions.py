@@ -204,15 +204,17 @@ def _json_default(v: Any) -> Any:
     """A parameter's default as JSON: as it is, or its JSON form where pydantic has one (a date's ISO text, an
     enum's value, a set's list), the same that a model's argument is read back from; else _NO_JSON."""
     try:
-        json.dumps(v)
+        json.dumps(v, allow_nan=False)  # (inf and NaN are no JSON: GET /tools would be a 500)
         return v
     except (TypeError, ValueError):
         pass
     from pydantic_core import to_jsonable_python
 
     try:
-        return to_jsonable_python(v)
-    except Exception:  # an object pydantic has no JSON for
+        out = to_jsonable_python(v)
+        json.dumps(out, allow_nan=False)
+        return out
+    except Exception:  # an object pydantic has no JSON for (or inf, NaN)
         return _NO_JSON
 
 
