@@ -93,12 +93,20 @@ async def _acquired(slots: asyncio.Semaphore, done: asyncio.Future[Any]) -> bool
     task = asyncio.ensure_future(slots.acquire())
     try:
         await asyncio.wait([task, done], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    except asyncio.CancelledError:  # the request went away: a slot its acquire took meanwhile goes back
+        await _stop(task)
+        if not task.cancelled():
+            slots.release()
+        raise
+    await _stop(task)
     return not task.cancelled()
+
+
+async def _stop(task: asyncio.Future[Any]) -> None:
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def routes(toolbox: Any, timeout: float, threads: ToolThreads | None = None) -> list[Route]:
