@@ -441,22 +441,26 @@ def test_a_save_that_fails_leaves_the_chat_saving_under_its_name(cli_env: dict[s
     chats.mkdir(parents=True, exist_ok=True)
     (chats / "dd.json").mkdir()
     (chats / "gone.json").symlink_to(home / "nowhere" / "x.json")  # an exclusive create of it fails
-    screen = terminal.Screen(SCREEN)
-    child = spawn(cli_env, "going-on", "-n", "2", "--temp", "0", log=screen)
-    send(child, "Hi", r"tok/s")
-    send(child, "/save dd", r"cannot save as 'dd'")
-    shown = " ".join(screen.rows())  # the line wraps
-    assert f"{chats / 'dd.json'} is a folder, not a saved conversation" in shown, shown
-    send(child, "/save gone", r"a conversation named 'gone' was saved by another chat meanwhile")
-    send(child, "/show", r"conversation going-on · 2 messages · saved at")
-    send(child, "Hello again", r"tok/s")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
-    said = [m["content"] for m in ChatSession.load("going-on").messages if m["role"] == "user"]
-    assert said == ["Hi", "Hello again"]
-    assert (chats / "dd.json").is_dir() and not list((chats / "dd.json").iterdir())
+    try:
+        screen = terminal.Screen(SCREEN)
+        child = spawn(cli_env, "going-on", "-n", "2", "--temp", "0", log=screen)
+        send(child, "Hi", r"tok/s")
+        send(child, "/save dd", r"cannot save as 'dd'")
+        shown = " ".join(screen.rows())  # the line wraps
+        assert f"{chats / 'dd.json'} is a folder, not a saved conversation" in shown, shown
+        send(child, "/save gone", r"a conversation named 'gone' was saved by another chat meanwhile")
+        send(child, "/show", r"conversation going-on · 2 messages · saved at")
+        send(child, "Hello again", r"tok/s")
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+        said = [m["content"] for m in ChatSession.load("going-on").messages if m["role"] == "user"]
+        assert said == ["Hi", "Hello again"]
+        assert (chats / "dd.json").is_dir() and not list((chats / "dd.json").iterdir())
+    finally:  # the home is the worker's: `chat --list` tests after this one would warn of them
+        (chats / "dd.json").rmdir()
+        (chats / "gone.json").unlink()
 
 
 def test_keys_typed_during_an_answer_a_sigterm_stops_never_reach_the_shell(cli_env: dict[str, str],

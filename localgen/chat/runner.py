@@ -347,8 +347,10 @@ class ChatRunner:
         try:
             path = self.session.save()
         except OSError as e:
-            # the conversation's file, not the temporary one it is written through, nor its folder
-            why = f"cannot write {self.session.path}: {e.strerror or e}"
+            # what could not be written (the folder, where it is in the way), but the conversation's file for the
+            # temporary one it is written through
+            where = e.filename if isinstance(e.filename, str) and not e.filename.endswith(".tmp") else None
+            why = f"cannot write {where or self.session.path}: {e.strerror or e}"
             if warn and self.unsaved is None:
                 self.warn(f"{why}; the chat goes on, but the conversation is not saved")
             self.unsaved = why

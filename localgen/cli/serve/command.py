@@ -205,7 +205,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         server.on_listening = listening
         _sigterm(server.handle_exit)  # also outside uvicorn's own handling: see _sigterm
         server.run()
-        if server.stopped_early:  # a signal before it listened: as cli/main.py's stop_serve_on_term, or Ctrl-C
+        if getattr(server, "stopped_early", 0):  # a signal before it listened: as stop_serve_on_term, or Ctrl-C
             from localgen.cli.main import sigint_came, term_came
 
             if server.stopped_early != signal.SIGINT:
