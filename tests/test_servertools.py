@@ -96,7 +96,7 @@ def test_a_round_trip_with_the_openai_client(server: Server) -> None:
              for t in httpx.get(f"{server.url}/tools", timeout=10).json()["data"] if t["function"]["name"] == "add"]
     messages: list[Any] = [{"role": "user", "content": "What is 17 + 25? Use the add tool."}]
     r = client.chat.completions.create(model="smollm2:135m", messages=messages, tools=tools, temperature=0,
-                                       max_tokens=60, tool_choice="required", parallel_tool_calls=False)
+                                       max_tokens=200, tool_choice="required", parallel_tool_calls=False)
     call = r.choices[0].message.tool_calls[0]
     assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
     result = _call(server, "add", call.function.arguments)
