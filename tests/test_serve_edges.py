@@ -210,6 +210,28 @@ def test_a_client_that_leaves_mid_body_is_a_499(child: Server) -> None:
     assert 'status="none"' not in metrics
 
 
+_ASK = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()  # a completion of two tokens
+
+
+def _completion_request() -> bytes:
+    """_ASK as a raw /v1/completions request, to send on a socket and leave."""
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(_ASK)) + _ASK
+
+
+def _hold_decodes(s: Any, gate: threading.Event, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process server warmed up, then each decode of its worker held until `gate` is set (a long step)."""
+    _still_answers(s.url)
+    pc = s.worker.residence.pc
+    real = pc.decode
+
+    def decode(n: int, cancelled: Any = None) -> bool:
+        gate.wait(120)
+        return bool(real(n, cancelled))
+
+    monkeypatch.setattr(pc, "decode", decode)
+
+
 def test_clients_that_leave_the_queue_give_up_their_places_at_once(smollm2_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A queued client that leaves frees its place in the queue (its bound, /health's queued and /metrics'
@@ -217,21 +239,11 @@ def test_clients_that_leave_the_queue_give_up_their_places_at_once(smollm2_path:
     all along (a long step), and the queue was full (a 503 "all 2 slots are busy and 4 requests wait") until it
     returned."""
     s = InProcess(smollm2_path)  # 2 slots, 4 in the queue
-    ask = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(ask)) + ask
+    head = _completion_request()
     socks: list[socket.socket] = []
     gate = threading.Event()
     try:
-        _still_answers(s.url)  # warmed up before the worker is held
-        pc = s.worker.residence.pc
-        real = pc.decode
-
-        def decode(n: int, cancelled: Any = None) -> bool:
-            gate.wait(120)
-            return bool(real(n, cancelled))
-
-        monkeypatch.setattr(pc, "decode", decode)
+        _hold_decodes(s, gate, monkeypatch)
         socks.append(socket.create_connection(("127.0.0.1", s.port)))
         socks[0].sendall(head)
         health = _until(s.url, lambda h: h["running"] == 1)
@@ -240,7 +252,7 @@ def test_clients_that_leave_the_queue_give_up_their_places_at_once(smollm2_path:
             socks.append(socket.create_connection(("127.0.0.1", s.port)))
             socks[-1].sendall(head)
         assert _until(s.url, lambda h: h["queued"] == 5)["queued"] == 5
-        full = httpx.post(f"{s.url}/v1/completions", content=ask, headers={"Content-Type": "application/json"},
+        full = httpx.post(f"{s.url}/v1/completions", content=_ASK, headers={"Content-Type": "application/json"},
                           timeout=30)
         assert full.status_code == 503 and "requests wait" in full.json()["error"]["message"], full.text
         for sock in socks[2:]:  # four queued clients leave
@@ -250,7 +262,7 @@ def test_clients_that_leave_the_queue_give_up_their_places_at_once(smollm2_path:
         assert re.search(r'localgen_queue_depth\{model="smollm2:135m"\} 1\.0', metrics), metrics
         got: dict[str, httpx.Response] = {}
         later = threading.Thread(target=lambda: got.update(r=httpx.post(
-            f"{s.url}/v1/completions", content=ask, headers={"Content-Type": "application/json"}, timeout=120)))
+            f"{s.url}/v1/completions", content=_ASK, headers={"Content-Type": "application/json"}, timeout=120)))
         later.start()
         assert _until(s.url, lambda h: h["queued"] == 2)["queued"] == 2, "the next client took a place"
         gate.set()
@@ -272,21 +284,11 @@ def test_clients_that_send_and_leave_while_the_model_is_busy_do_not_pile_up(smol
     from localgen.serve.livejobs import left
 
     s = InProcess(smollm2_path)  # 2 slots, 4 in the queue
-    ask = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(ask)) + ask
+    head = _completion_request()
     gate = threading.Event()
     first = socket.create_connection(("127.0.0.1", s.port))
     try:
-        _still_answers(s.url)
-        pc = s.worker.residence.pc
-        real = pc.decode
-
-        def decode(n: int, cancelled: Any = None) -> bool:
-            gate.wait(120)
-            return bool(real(n, cancelled))
-
-        monkeypatch.setattr(pc, "decode", decode)
+        _hold_decodes(s, gate, monkeypatch)
         first.sendall(head)
         assert _until(s.url, lambda h: h["running"] == 1)["running"] == 1, "the worker is held in a decode"
         live = s.worker._live
