@@ -48,6 +48,14 @@ def send(child: Any, line: str, expect: str) -> str:
     return before
 
 
+def exits(child: Any) -> None:
+    """/exit: the chat ends, with exit status 0."""
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def leaves(child: Any) -> None:
     """Ctrl-D at an empty prompt: the chat ends, with exit status 0."""
     child.sendcontrol("d")
@@ -74,10 +82,7 @@ def test_repl_turns_and_slash_commands(cli_env: dict[str, str], home: Path, tmp_
     send(child, "Thanks!", r"tok/s")
     send(child, "/undo", r"last exchange dropped")
     send(child, "/save savedchat", r"saved to")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exits(child)
     saved = json.loads((home / "data" / "chats" / "savedchat.json").read_text())
     assert saved["system"] == "Answer in one short sentence."
     users = [m["content"] for m in saved["messages"] if m["role"] == "user"]
@@ -103,10 +108,7 @@ def test_clear_after_save_starts_a_new_conversation_and_keeps_the_saved_one(cli_
     child.expect_exact(PROMPT)
     send(child, "Hello again.", r"tok/s")
     send(child, "/load mychat", r"continuing mychat: 2 messages")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exits(child)
     kept, fresh = ChatSession.load("mychat"), ChatSession.load(new)
     assert [m["content"] for m in kept.messages if m["role"] == "user"] == ["Remember the word kumquat."]
     assert [m["content"] for m in fresh.messages if m["role"] == "user"] == ["Hello again."]
@@ -291,10 +293,7 @@ def test_resume_and_list(cli: CLI, cli_env: dict[str, str]) -> None:
     child.sendline("/context")
     child.expect(r"2 messages")
     child.expect_exact(PROMPT)
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exits(child)
     again = cli("chat", "resumable", input="hi\n")
     assert again.returncode == 2 and "--resume resumable" in again.stderr
 
@@ -451,10 +450,7 @@ def test_a_save_that_fails_leaves_the_chat_saving_under_its_name(cli_env: dict[s
         send(child, "/save gone", r"a conversation named 'gone' was saved by another chat meanwhile")
         send(child, "/show", r"conversation going-on · 2 messages · saved at")
         send(child, "Hello again", r"tok/s")
-        child.sendline("/exit")
-        child.expect(pexpect.EOF)
-        child.close()
-        assert child.exitstatus == 0
+        exits(child)
         said = [m["content"] for m in ChatSession.load("going-on").messages if m["role"] == "user"]
         assert said == ["Hi", "Hello again"]
         assert (chats / "dd.json").is_dir() and not list((chats / "dd.json").iterdir())
@@ -522,10 +518,7 @@ def test_two_chats_resumed_on_one_conversation_both_keep_their_turns(cli: CLI, c
     assert other.returncode == 0, other.stderr
     said = send(child, "From the terminal.", "shared-2")
     assert "'shared' was saved by another chat since this one read it" in " ".join(said.split()), said
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exits(child)
 
     def users(name: str) -> list[str]:
         data = json.loads((chats / f"{name}.json").read_text())
@@ -771,10 +764,7 @@ def test_set_verbose_off_hides_the_footer_and_on_shows_it_again(cli_env: dict[st
     assert answer.strip() and "tok/s" not in answer and "context " not in answer, answer
     send(child, "/set verbose on", r"verbose on")
     send(child, "Bye.", r"tok/s · first token [\d.]+ s · context [\d,]+/")
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    exits(child)
 
 
 def test_ctrl_c_in_a_scripted_chat_keeps_the_answer_and_ends_the_script(cli_env: dict[str, str],
