@@ -38,15 +38,8 @@ def doctor(
 ) -> None:
     """Check this machine and this build; exit 1 if something needs fixing. With -m (and the placement flags),
     check that model's load: what went where, experts in RAM included."""
-    from localgen.errors import UsageError
-
-    # typed flags only: LOCALGEN_MODEL and LLAMA_ARG_* are defaults, exported for every command
-    given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.typed(n)]
-    if not check and (typed_by_user(ctx, "model") or given):
-        named = ["-m", *given] if typed_by_user(ctx, "model") else given
-        one = len(named) == 1
-        raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
-                         f"{'it means' if one else 'they mean'} nothing with --no-check")
+    if not check:
+        _refuse_typed_load_flags(ctx, knobs)
     servers = rpc_servers(rpc)
     if check:  # a path to nothing: a usage error, as run's -m (--no-check loads nothing: LOCALGEN_MODEL's is unused)
         check_model("-m/--model", model)
@@ -117,6 +110,19 @@ def doctor(
         problems += _smoke_test(offload and bool(gpus), servers, *planned)
     if problems:
         raise typer.Exit(1)
+
+
+def _refuse_typed_load_flags(ctx: typer.Context, knobs: Knobs) -> None:
+    """--no-check loads nothing: -m or a placement flag typed with it is a usage error. Typed flags only:
+    LOCALGEN_MODEL and LLAMA_ARG_* are defaults, exported for every command."""
+    from localgen.errors import UsageError
+
+    given = [k.flags[0] for n, k in LOAD_KNOBS.items() if n in PLACEMENT and knobs.typed(n)]
+    if typed_by_user(ctx, "model") or given:
+        named = ["-m", *given] if typed_by_user(ctx, "model") else given
+        one = len(named) == 1
+        raise UsageError(f"{', '.join(named)} {'says' if one else 'say'} what --check loads; "
+                         f"{'it means' if one else 'they mean'} nothing with --no-check")
 
 
 def _check_rpc(servers: tuple[str, ...]) -> int:
