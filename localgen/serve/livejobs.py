@@ -31,8 +31,7 @@ class LiveJobs:
         (jobs whose client left stay here until the worker's next step, each holding its request: False, and no
         number)."""
         with self._lock:
-            if len(self._jobs) >= 2 * bound or (
-                    len(self._jobs) >= bound and sum(not left(j) for j in self._jobs.values()) >= bound):
+            if len(self._jobs) >= 2 * bound or (len(self._jobs) >= bound and self._holding() >= bound):
                 return False
             job.id = next(self._ids)
             self._jobs[job.id] = job
@@ -62,4 +61,7 @@ class LiveJobs:
     def holding(self) -> int:
         """The live jobs that hold a place: running, or waiting for a client still there (not `left`)."""
         with self._lock:
-            return sum(not left(j) for j in self._jobs.values())
+            return self._holding()
+
+    def _holding(self) -> int:  # (the lock held)
+        return sum(not left(j) for j in self._jobs.values())
