@@ -422,6 +422,21 @@ def test_a_trickled_body_is_a_408_and_closed(child: Server, head: bytes, what: b
     assert b"--read-timeout" in out and b'"error"' in out, out
 
 
+def test_a_408_names_the_deadline_that_bounded_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # which deadline a timed-out wait had decides the line, not the clock when the 408 is written: on a loaded
+    # machine a trickle's 408 (CI, 2026-12-01) came out as a stall
+    from localgen.serve import stalls
+    now = [100.0]
+    monkeypatch.setattr(stalls.time, "monotonic", lambda: now[0])
+    clock = stalls.BodyClock(2)
+    assert clock.wait() == 2 and "stalled: no byte came for 2 s" in clock.late("the body").message
+    now[0] += 0.5
+    clock.took(b"x")
+    assert clock.wait() == pytest.approx(1.502)
+    now[0] += 0.001  # the 408 is written before the whole body's deadline has passed by the clock now
+    assert "the body came too slowly: 1 bytes in 1 s" in clock.late("the body").message
+
+
 def test_a_body_on_a_slow_link_is_read_past_the_read_timeout(child: Server) -> None:
     # a body that keeps coming at a few KB/s is never cut, however long it takes (here 3 s, past --read-timeout 2)
     body = b'{"model": "smollm2:135m", "prompt": "Hi", "max_tokens": 1}' + b" " * (30 << 10)

@@ -33,21 +33,25 @@ class BodyClock:
         self.seconds = seconds
         self.start = time.monotonic()
         self.got = 0  # bytes received so far
+        self.whole = False  # whether the last wait was cut short by the whole body's deadline (not a stall's)
 
     def wait(self) -> float:
         """Seconds the next part may take."""
-        return max(0.0, min(self.seconds, self.start + self.seconds + self.got / MIN_BODY_RATE - time.monotonic()))
+        left = self.start + self.seconds + self.got / MIN_BODY_RATE - time.monotonic()
+        self.whole = left < self.seconds
+        return max(0.0, min(self.seconds, left))
 
     def took(self, part: bytes) -> None:
         """A part came."""
         self.got += len(part)
 
     def late(self, what: str) -> HTTPError:
-        """The 408 of a body that missed its deadline: `what` ("the request body") stalled or came too slowly."""
+        """The 408 of a body that missed its deadline: `what` ("the request body") stalled or came too slowly,
+        by the deadline that bounded the last wait (not by the time now, which a loaded machine makes late)."""
         from localgen.serve.apierror import HTTPError  # starlette's: not for `serve --help` (cli/serve/options.py)
 
         taken = time.monotonic() - self.start
-        if taken < self.seconds + self.got / MIN_BODY_RATE:
+        if not self.whole:
             return HTTPError(408, f"{what} stalled: no byte came for {self.seconds:g} s (serve --read-timeout)")
         return HTTPError(408, f"{what} came too slowly: {self.got:,} bytes in {taken:.0f} s (a body has "
                               f"--read-timeout seconds, {self.seconds:g}, and one more for each {MIN_BODY_RATE} "
