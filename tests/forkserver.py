@@ -46,7 +46,8 @@ MAX_REQUEST = 1 << 20
 PRELOAD = (
     "click", "httpx", "huggingface_hub", "jinja2.ext", "jinja2.sandbox", "prompt_toolkit", "rich.console",
     "rich.markdown", "rich.table", "typer", "typer.main",
-    "localgen.cli.main", "localgen.cli.app", "localgen.cli.helpall", "localgen.cli.run.command",
+    "localgen.cli.main", "localgen.cli.signals", "localgen.cli.usage", "localgen.cli.app", "localgen.cli.helpall",
+    "localgen.cli.run.command",
     "localgen.cli.run.execute", "localgen.cli.output", "localgen.engine.local", "localgen.log.store",
     # and on `serve`'s and `chat`'s, the next most started (some 60 ms a server start), and the MCP SDK's client
     # (some 0.45 s a `run` or `chat` with --mcp)

@@ -46,7 +46,7 @@ def test_ctrl_c_during_start_is_one_line_and_exit_130(cli_env: dict[str, str], d
 
 # a press whose KeyboardInterrupt is raised inside a weakref callback: as one of importlib's module locks going away
 # while a module is imported (a fresh clone's CI once saw it, at 0.02 s)
-LOST_IN_CALLBACK = ("import os, signal, sys, weakref\nfrom localgen.cli.main import keep_ctrl_c\n"
+LOST_IN_CALLBACK = ("import os, signal, sys, weakref\nfrom localgen.cli.signals import keep_ctrl_c\n"
                     "if sys.argv[1] == 'kept':\n    keep_ctrl_c()\n"
                     "class Box:\n    pass\nbox = Box()\n"
                     "def gone(ref):\n    os.kill(os.getpid(), signal.SIGINT)\n    sum(range(100000))\n"

@@ -241,7 +241,7 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
     an exception cannot cross the C frames (ctypes prints and drops it). It is deferred and raised after."""
     import signal
 
-    from localgen.cli import main
+    from localgen.cli import signals
     from localgen.native import logs
 
     class Interrupting:
@@ -255,7 +255,7 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        main._watch_sigint()
+        signals.watch_sigint()
         monkeypatch.setattr("sys.stderr", Interrupting())
         logs.set_echo(True)
         try:
@@ -280,7 +280,7 @@ def test_ctrl_c_inside_a_llama_cpp_log_callback_is_raised_after_it(smollm2_engin
         assert smollm2_engine.kv.held == tokens[:1] and _memory_end(smollm2_engine) == 0
     finally:
         signal.signal(signal.SIGINT, previous)
-        main._sigint["seen"] = False
+        signals._sigint["seen"] = False
 
 
 def test_a_ctrl_c_during_the_load_frees_the_model_at_once(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

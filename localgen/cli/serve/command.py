@@ -126,9 +126,9 @@ def start(f: ServeArgs) -> None:
     try:
         _start(f, log)
     except KeyboardInterrupt:
-        from localgen.cli.main import stopped_by_term, term_line
+        from localgen.cli.signals import stopped_by_term, term_line
 
-        signum = stopped_by_term()  # a SIGTERM or SIGHUP before it listened (cli/main.py's stop_serve_on_term)
+        signum = stopped_by_term()  # a SIGTERM or SIGHUP before it listened (cli/signals.py's stop_serve_on_term)
         if not signum:
             raise
         log.event("stopped", None, term_line(signum), exit_code=128 + signum)
@@ -206,7 +206,7 @@ def _serve(f: ServeArgs, log: ServeLog, checked: checks.Checked, toolbox: Any, u
         _sigterm(server.handle_exit)  # also outside uvicorn's own handling: see _sigterm
         server.run()
         if getattr(server, "stopped_early", 0):  # a signal before it listened: as stop_serve_on_term, or Ctrl-C
-            from localgen.cli.main import sigint_came, term_came
+            from localgen.cli.signals import sigint_came, term_came
 
             if server.stopped_early != signal.SIGINT:
                 term_came(server.stopped_early)

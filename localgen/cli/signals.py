@@ -1,0 +1,164 @@
+"""How the process takes the signals that stop it: Ctrl-C at any moment (even inside a finaliser or while a
+module is imported) is one "interrupted" line and exit 130; serve's SIGTERM or SIGHUP before it listens is one line
+and 128 + the signal's number (once it listens, serve's own handling drains it)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+TYPE_CHECKING = False  # typing is not imported before main() can catch a Ctrl-C: its import is the widest gap
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def keep_ctrl_c() -> None:
+    """A Ctrl-C whose KeyboardInterrupt is raised inside a finaliser or a weakref callback (one of importlib's module
+    locks going away while a module is imported, an object's __del__) is "ignored" by Python: it prints a traceback
+    and the command goes on as though no key was pressed. Such a press is handed again, silently, to the SIGINT
+    handler in place, which raises it (or counts it) where the command can take it. Once per process."""
+    previous = sys.unraisablehook
+    if getattr(previous, "keeps_ctrl_c", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        try:
+            if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+                previous(unraisable)
+                return
+        except KeyboardInterrupt:  # a press while the hook ran: handed on as the dropped one would be
+            pass
+        import _thread
+        import threading
+
+        # Python calls the handler at its next check, which would still be in this hook, so the handing-on waits
+        # for the hook to return. _thread.interrupt_main does nothing where SIGINT is ignored (the exit is under way).
+        later = threading.Timer(REDELIVER_AFTER, _thread.interrupt_main)
+        later.daemon = True
+        later.start()
+
+    hook.keeps_ctrl_c = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+REDELIVER_AFTER = 0.005  # seconds: far longer than the rest of the hook, far shorter than a person notices
+
+
+_term = {"signal": 0}  # the SIGTERM or SIGHUP that stopped serve before it listened (stop_serve_on_term)
+_sigint = {"seen": False}  # whether Ctrl-C came during the command (watch_sigint)
+
+
+def stop_serve_on_term(args: list[str]) -> None:
+    """serve: a SIGTERM or SIGHUP (the terminal closed) before it listens, while its modules are imported and its
+    models load, stops it as Ctrl-C does there, said in one line (term_line), with 128 + the signal's number (their
+    default action ended it silently). Once it listens, serve's own handling takes over: a drain, exit 0. A SIGHUP
+    ignored (`nohup`) stays so."""
+    import signal
+
+    _term["signal"] = 0  # none yet (also where a test runs several commands in one process)
+    if next((a for a in args if not a.startswith("-")), None) != "serve":
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        if _term["signal"]:
+            return  # a repeated one while it stops changes nothing
+        _term["signal"] = signum
+        logs = sys.modules.get("localgen.native.logs")
+        defer = getattr(logs, "defer_interrupt", None)
+        if defer is not None and defer(frame):
+            return  # raised once llama.cpp returns, as Ctrl-C's: an exception cannot cross its C frames
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        with contextlib.suppress(ValueError, TypeError, OSError):  # not the main thread; no SIGHUP (Windows)
+            if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, on_term)
+
+
+def term_came(signum: int) -> None:
+    """serve: a SIGTERM or SIGHUP that came after its own handler took over but before it listened (a
+    KeyboardInterrupt follows) stops it as one before (stop_serve_on_term)."""
+    _term["signal"] = _term["signal"] or signum
+
+
+def sigint_came() -> None:
+    """serve: a Ctrl-C that uvicorn's own handler took before the server listened (a KeyboardInterrupt follows):
+    the exit says "interrupted", as for one main's handler saw."""
+    _sigint["seen"] = True
+
+
+def sigint_seen() -> bool:
+    """Whether Ctrl-C came during the command (watch_sigint's handler or uvicorn's, sigint_came)."""
+    return _sigint["seen"]
+
+
+def stopped_by_term() -> int:
+    """The SIGTERM or SIGHUP that stopped serve before it listened (0: none did)."""
+    return _term["signal"]
+
+
+def term_line(signum: int) -> str:
+    """What serve says when a SIGTERM or SIGHUP stopped it before it listened."""
+    import signal
+
+    return f"stopped by {signal.Signals(signum).name} before the server was listening"
+
+
+def said_term() -> int | None:
+    """Where a SIGTERM or SIGHUP stopped serve before it listened: its line said on stderr, and the exit status."""
+    if not _term["signal"]:
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(f"localgen serve: {term_line(_term['signal'])}\n")
+        sys.stderr.flush()
+    return 128 + _term["signal"]
+
+
+def interrupted_early() -> None:
+    """Ctrl-C outside the command's own handling (while Typer, Rich or the command's module is imported): one
+    "interrupted" line on stderr, unless it was said already, and exit 130. A second Ctrl-C meanwhile is ignored,
+    so no traceback can follow the line. serve's SIGTERM or SIGHUP there: its own line and status."""
+    import signal
+
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = said_term()
+    if code is not None:
+        eval("0")
+        sys.exit(code)
+    output = sys.modules.get("localgen.cli.output")
+    said = output is not None and getattr(output, "_said", {}).get("interrupted")
+    if not said:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.write("interrupted\n")  # plain: Rich may be the module the press stopped half-imported
+            sys.stderr.flush()
+    eval("0")  # clears CPython's "unhandled KeyboardInterrupt" mark (see _main), so the exit is 130, not SIGINT
+    sys.exit(130)
+
+
+def watch_sigint() -> None:
+    """Note that Ctrl-C came (then raise KeyboardInterrupt as usual), so the exit can say "interrupted". The command
+    starts with none seen (also where a test runs several commands in one process)."""
+    import signal
+
+    from localgen.cli.output import command_starts
+
+    command_starts()
+    _sigint["seen"] = False
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # ignored (a background job) or handled by someone else: leave it so
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        _sigint["seen"] = True
+        output = sys.modules.get("localgen.cli.output")  # loaded by main() before this handler is set
+        if output is not None:
+            output.ctrl_c_pressed()
+        logs = sys.modules.get("localgen.native.logs")  # not loaded: no llama.cpp callback can be running
+        defer = getattr(logs, "defer_interrupt", None)  # None too while the press stops its import half-way
+        if defer is not None and defer(frame):
+            return  # raised once llama.cpp returns: an exception cannot cross its C frames
+        raise KeyboardInterrupt
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, on_sigint)

@@ -1,0 +1,118 @@
+"""Usage errors as localgen says them: Click's message with the help to see, a llama.cpp flag of several letters
+after one dash (`-ngl`) that a command lacks named as the user typed it, a model named by LOCALGEN_MODEL said so,
+and Ollama's `run MODEL PROMPT` order pointed to -m."""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # typing is not imported on main()'s path (cli/main.py)
+if TYPE_CHECKING:
+    from typing import Any
+
+
+# the commands whose -m defaults to LOCALGEN_MODEL (docs/configuration.md)
+_MODEL_ENV_COMMANDS = ("run", "chat", "serve", "bench", "fit", "doctor", "tune", "perplexity", "embed", "rerank",
+                       "launch")
+
+
+def named_where(args: list[str], message: str) -> str:
+    """The error of a model that is not there, named by LOCALGEN_MODEL rather than -m: it says so
+    (`LOCALGEN_MODEL=NAME: unknown model ...`), or a name the user never typed would seem to come from nowhere."""
+    name = os.environ.get("LOCALGEN_MODEL", "")
+    typed = any(a in ("-m", "--model") or a.startswith("--model=") for a in args)
+    bare = name.partition(":")[2] if name.startswith(("ollama:", "lmstudio:")) else name  # as their errors name it
+    if not name or typed or not args or args[0] not in _MODEL_ENV_COMMANDS or bare not in message:
+        return message
+    return f"LOCALGEN_MODEL={name}: {message}"
+
+
+def usage_line(args: list[str], e: Exception) -> str:
+    """Click's usage error as localgen says it: its message and the command's help to see (empty where Click's is,
+    for no arguments); a llama.cpp flag the command lacks (`tune -ngl 99`, read as `-n gl`) named, not the letter
+    Click saw."""
+    message = e.format_message() if hasattr(e, "format_message") else str(e)
+    if not message.strip():
+        return message
+    ctx = getattr(e, "ctx", None)
+    foreign = foreign_flag(args, e)
+    if foreign is not None:
+        return f"{foreign[1]} (see '{foreign[0]} --help')"
+    return message + (f" (see '{ctx.command_path} --help')" if ctx is not None else "")
+
+
+def foreign_flag(args: list[str], error: Exception | None = None) -> tuple[str, str] | None:
+    """The llama.cpp-style flag of several letters after one dash (`-ngl`, `-ctk`, `-np`) that a command was given
+    and lacks while other commands have it: the command and what to say ("localgen tune", "localgen tune has no
+    -ngl option: run, chat, ... have it"). Click reads such a word as a short flag and its value (`-n gl`), so its
+    usage `error` names the wrong flag: the word is named where Click's error is about it, in the command Click was
+    parsing. With no `error` (a command that ran and failed on what Click made of the word: `embed -mg 0 hi` looks
+    for a model called "g"), any such word of the command's own. None where there is none (every command is
+    imported to know: an error's path only)."""
+    import typer
+
+    from localgen.cli import app
+
+    root = typer.main.get_command(app.build())
+
+    def takes_value(command: Any, word: str) -> bool:
+        return any(word in p.opts for p in command.params  # an option (not an argument) that is no switch
+                   if hasattr(p, "is_flag") and not (p.is_flag or getattr(p, "count", False)))
+
+    # each command on the line with the words given to it (not its options' values, not its subcommand's words)
+    segments: list[tuple[Any, list[str], list[str]]] = [(root, ["localgen"], [])]
+    value_next = False
+    for a in args[:args.index("--") if "--" in args else len(args)]:
+        command, path, words = segments[-1]
+        if value_next:  # an option's value, whatever it looks like (`run -p -npl`)
+            value_next = False
+        elif a.startswith("-"):
+            words.append(a)
+            value_next = "=" not in a and takes_value(command, a)
+        elif (sub := getattr(command, "commands", {}).get(a)) is not None:
+            segments.append((sub, [*path, a], []))
+    ctx = getattr(error, "ctx", None)
+    failed = getattr(ctx, "command_path", None) if error is not None else None
+    command, path, words = next((seg for seg in segments if " ".join(seg[1]) == failed), segments[-1])
+    if command is root:
+        return None
+
+    def flags(c: Any) -> set[str]:
+        return {o for p in c.params for o in (*p.opts, *p.secondary_opts)}
+
+    def every(c: Any, name: str) -> list[tuple[str, Any]]:  # a group's own flags (bench's) count too
+        subs = getattr(c, "commands", {})
+        return [(name, c), *(pair for sub, s in subs.items() for pair in every(s, f"{name} {sub}".strip()))]
+
+    message = (error.format_message() if hasattr(error, "format_message") else str(error)) if error else ""
+    own, commands = flags(command), every(root, "")[1:]
+    for k, a in enumerate(words):
+        flag = a.split("=", 1)[0]
+        if a.startswith("--") or len(flag) < 3 or flag in own or flag[:2] in words[:k]:
+            continue  # (`ps -n 3 -ngl 9`: Click's error may be about the -n given first)
+        param = getattr(error, "param", None)  # Click's NoSuchOption has option_name, BadParameter param
+        about = error is None or getattr(error, "option_name", None) in (flag, flag[:2]) or (
+            param is not None and flag[:2] in param.opts and a[2:] in message) or message.startswith(
+            "Got unexpected extra argument")
+        others = [name for name, c in commands if flag in flags(c)] if about else []
+        if others:
+            shown = others if len(others) <= 6 else [*others[:5], f"{len(others) - 5} more"]
+            named = ", ".join(shown[:-1]) + (" and " if len(shown) > 1 else "") + shown[-1]
+            command_path, verb = " ".join(path), "has" if len(others) == 1 else "have"
+            return command_path, f"{command_path} has no {flag} option: {named} {verb} it"
+    return None
+
+
+def model_first(args: list[str], message: str) -> str | None:
+    """A hint for `localgen run MODEL PROMPT` (Ollama's `ollama run MODEL PROMPT`): the model goes after -m."""
+    import re
+    import shlex
+
+    positional = [a for a in args[1:] if not a.startswith("-")]
+    if args[:1] != ["run"] or not message.startswith("Got unexpected extra argument") or len(positional) < 2:
+        return None
+    model = positional[0]
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)*(:[\w.@-]+)?", model) or not (":" in model or "/" in model or
+                                                                      model.endswith(".gguf")):
+        return None
+    return f"the model is named with -m: localgen run -m {shlex.quote(model)} \"PROMPT\""
