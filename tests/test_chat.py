@@ -834,6 +834,22 @@ def test_read_refuses_what_is_not_a_file_without_opening_it(cli_env: dict[str, s
     assert r.stderr == f"localgen: error: cannot read {path}: it is a {what} (/read takes a regular file)\n", r.stderr
 
 
+@pytest.mark.parametrize("what", ["FIFO", "device"])
+def test_image_refuses_what_is_not_a_file_without_opening_it(cli_env: dict[str, str], tmp_path: Path,
+                                                              what: str) -> None:
+    """/image of a FIFO is one error line, never a hang (media.read opened it, and the open waited for a writer
+    forever, deaf to SIGTERM); a device (/dev/zero, 20 MiB read to refuse it) is refused the same way, unopened."""
+    import os
+
+    path = {"FIFO": tmp_path / "f", "device": Path("/dev/zero")}[what]
+    if what == "FIFO":
+        os.mkfifo(path)
+    r = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})("chat", "-n", "2", input=f"/image {path}\nhi\n")
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr == (f"localgen: error: cannot read {path}: it is a {what} (/image takes a regular file or an "
+                        "http(s) URL)\n"), r.stderr
+
+
 def test_a_scripted_message_past_64_mib_is_refused_without_reading_it_whole(cli_env: dict[str, str],
                                                                             tmp_path: Path) -> None:
     """`chat < /dev/zero` (one line that never ends): a message is bounded as run's prompt is, and read only one

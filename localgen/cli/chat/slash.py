@@ -218,7 +218,10 @@ def _read(runner: Any, view: Any, arg: str) -> None:
 
 def _media(kind: str) -> Handler:
     def attach(runner: Any, view: Any, arg: str) -> None:
+        import re
+
         from localgen import media
+        from localgen.regular import not_a_file
 
         if not arg:
             raise UsageError(f"usage: /{kind} FILE (or an http(s) URL)")
@@ -226,6 +229,10 @@ def _media(kind: str) -> Handler:
         if spec == "-":  # media.read's stdin: the chat's own input (a script's next lines, the terminal)
             raise UsageError(f"/{kind} takes a file path or an http(s) URL, not - (stdin): the chat reads your "
                              "messages from there", hint=f"save it to a file and give /{kind} its path")
+        local = not re.match(r"(https?|data):", spec, re.I)
+        if local and (what := not_a_file(path := Path(spec).expanduser())) not in (None, "is a folder"):
+            # a FIFO would hold the chat until a writer came (deaf to SIGTERM, as /read's was), /dev/zero read 20 MiB
+            raise LocalgenError(f"cannot read {path}: it {what} (/{kind} takes a regular file or an http(s) URL)")
         found = media.read(spec)
         if found.kind != kind:
             what = {"audio": "audio", "image": "an image", "video": "a video"}[found.kind]
