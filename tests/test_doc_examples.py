@@ -189,6 +189,20 @@ def test_every_command_has_an_example() -> None:
     assert not wanted - shown, sorted(wanted - shown)
 
 
+def test_every_catalogue_name_an_example_runs_is_in_the_catalogue() -> None:
+    """A name shaped as the catalogue's (`family:SIZE`, `qwen2.5:7b`) that an example loads (-m, --draft) is one the
+    catalogue has: README's and rpc.md's `-m qwen2.5:32b` was `unknown model` before any RPC step, on any machine.
+    A model behind --endpoint is the other server's name, and `ollama:` names Ollama's."""
+    from localgen.models import catalogue
+
+    known = catalogue.shipped_names()
+    unknown = [(e.where, m) for e in EXAMPLES if "--endpoint" not in e.argv
+               for flag in ("-m", "--model", "--draft") for i, w in enumerate(e.argv[:-1]) if w == flag
+               for m in e.argv[i + 1].split(",") if re.fullmatch(r"[a-z0-9.-]+:\d+(\.\d+)?[bm]", m)
+               and m not in known]
+    assert not unknown, unknown
+
+
 def _parse(argv: list[str]) -> list[str]:
     """Parse `localgen ARGV` as main() would, down to the command that would run; its path comes back.
     A usage error (unknown option, missing value, bad choice, extra argument, unknown command) raises."""

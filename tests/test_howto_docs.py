@@ -100,6 +100,12 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
     with pytest.raises(openai.NotFoundError) as found2:
         codex.responses.create(model="smollm2:135m", input="Hi", max_output_tokens=2)
     assert "did you mean /v1/responses?" in str(found2.value) and "an OpenAI client's ends in /v1" in str(found2.value)
+    # clients.md: the one route that answers without /v1 (llama-server's GET /models), then the 404 at the chat
+    assert "`GET /models` without `/v1` is llama-server's model list, served too" in " ".join(
+        _page("clients.md").split())
+    assert "smollm2:135m" in [m.id for m in codex.models.list()]
+    with pytest.raises(openai.NotFoundError):
+        codex.chat.completions.create(model="smollm2:135m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
     r = httpx.post(f"{server.url}/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nothing)", r.text
 
@@ -108,11 +114,13 @@ def test_tools_the_agent_does_not_run_itself_are_a_400_naming_their_type(server:
     """agents.md: hosted tools (web search) and the Responses API's freeform `custom` tools (Codex's apply_patch)
     are refused with a 400 that names the tool's type, on both APIs an agent speaks."""
     page = " ".join(_page("agents.md").split())
-    assert ("Tools that the API's maker runs (web search, file search, code execution) and the Responses API's "
-            "freeform `custom` tools are refused with a `400` that names the tool's type") in page
+    assert ("Tools that the API's maker runs (web search, code execution) and the Responses API's freeform `custom` "
+            "tools are refused with a `400` that names the tool's type") in page
+    assert "File search is the exception: served by a Responses request over a collection" in page
     auth = {"Authorization": f"Bearer {KEY}"}
     function = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
-    for tool in ({"type": "custom", "name": "apply_patch", "description": "Apply a patch"}, {"type": "web_search"}):
+    for tool in ({"type": "custom", "name": "apply_patch", "description": "Apply a patch"}, {"type": "web_search"},
+                 {"type": "code_interpreter", "container": {"type": "auto"}}):
         r = httpx.post(f"{server.url}/v1/responses", headers=auth, timeout=60, json={
             "model": "smollm2:135m", "input": "Hi", "max_output_tokens": 2, "tools": [function, tool]})
         assert r.status_code == 400 and repr(tool["type"]) in r.json()["error"]["message"], r.text

@@ -1111,3 +1111,16 @@ def test_the_ladder_on_a_busy_machine_says_so_as_tune_does(qcli: CLI, smollm2_f1
     assert lines[-1].startswith("warning: measured on a busy machine: other work took "), r.stderr
     assert lines[-1].endswith("so the speeds reflect it; measure again on a quiet machine before choosing a type "
                               "by its speed"), r.stderr
+
+
+def test_a_ladder_that_times_nothing_says_nothing_of_timing_or_load(qcli: CLI, smollm2_path: Path,
+                                                                    tmp_path: Path) -> None:
+    """`-p 0 -n 0` measures no speed: no `timing NAME` step, and no busy-machine warning about speeds that were
+    never measured (both were said; the busy line where other work took the CPUs, as tests running beside do)."""
+    other = tmp_path / "copy.gguf"
+    os.link(smollm2_path, other)
+    r = qcli("bench", "-m", str(other), "--quality", "default", "--reference", str(smollm2_path), "-c", "64",
+             "--chunks", "2", "-t", "1", "-p", "0", "-n", "0")
+    assert r.returncode == 0, r.stderr
+    assert "measuring copy.gguf" in r.stderr and "none was timed (-p 0 -n 0)" in r.stdout, (r.stdout, r.stderr)
+    assert "timing " not in r.stderr and "busy" not in r.stderr, r.stderr

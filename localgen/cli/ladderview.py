@@ -40,12 +40,15 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, tex
 
     from localgen.cli.cpuload import CpuLoad
 
-    load = CpuLoad.before(err, "the speeds will favour whichever type was measured when it was quieter")
+    # what other work takes of the CPUs is said only where a speed is measured (`-p 0 -n 0`: none is)
+    load = CpuLoad.before(err, "the speeds will favour whichever type was measured when it was quieter") \
+        if speed.timed else None
     kept = 0  # rows in the history
     try:
         for row in ladder.rows(reference, files, text, settings, speed, view.chunk, step):
             view.end()
-            load.sample(_Notes(err))
+            if load is not None:
+                load.sample(_Notes(err))
             found.append(row)
             history.add(recording, kept, {**row.record(settings, speed, text_label), "kld_bound": kld_bound})
             kept += 1
@@ -72,7 +75,7 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, tex
     show(found, kld_bound, output, recording.id)
     if recording.id is not None:
         err.line(f"saved as run {recording.id}: localgen bench history {recording.id}")
-    busy = load.busy()
+    busy = load.busy() if load is not None else None
     if busy is not None:
         err.warn(f"measured on a busy machine: other work took {busy}, so the speeds reflect it; measure again "
                  "on a quiet machine before choosing a type by its speed")

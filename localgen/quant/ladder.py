@@ -30,6 +30,11 @@ class Speed:
     reps: int = 3
     threads: int | None = None
 
+    @property
+    def timed(self) -> bool:
+        """Whether any speed is measured (`-p 0 -n 0`: none)."""
+        return self.n_prompt > 0 or self.n_gen > 0
+
 
 @dataclass(frozen=True)
 class Row:
@@ -90,7 +95,7 @@ def speed_of(ref: ModelRef, speed: Speed, settings: ms.Settings) -> tuple[float 
     from localgen.bench import sweep
     from localgen.bench.runner import run
 
-    if speed.n_prompt <= 0 and speed.n_gen <= 0:
+    if not speed.timed:
         return None, None
     plan = sweep.build(models=[ref.path], threads=[speed.threads], ngl=[settings.gpu_layers if settings.gpu_layers
                        is not None else (-1 if _offload() else 0)], batch=[2048], ubatch=[None], fa=[None],
@@ -133,7 +138,8 @@ def rows(reference: ModelRef, files: list[ModelRef], text: Text | str, settings:
                                         "them)")
         finally:
             engine.close()
-        step(f"timing {reference.name}")
+        if speed.timed:
+            step(f"timing {reference.name}")
         pp, tg = speed_of(reference, speed, settings)
         yield Row(reference.name, reference.path, _type_name(reference), reference.summary.file_size,
                   _bpw(reference), pp, tg, base.ppl, base.ppl_err, None, None, None, None, None, None,
@@ -145,7 +151,8 @@ def rows(reference: ModelRef, files: list[ModelRef], text: Text | str, settings:
                 m = ms.against(engine, temp, settings, text, on_chunk)
             finally:
                 engine.close()
-            step(f"timing {f.name}")
+            if speed.timed:
+                step(f"timing {f.name}")
             pp, tg = speed_of(f, speed, settings)
             d = m.divergence
             kp = (d.kld_percentiles or {}) if d else {}
