@@ -846,8 +846,8 @@ def test_image_refuses_what_is_not_a_file_without_opening_it(cli_env: dict[str, 
         os.mkfifo(path)
     r = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})("chat", "-n", "2", input=f"/image {path}\nhi\n")
     assert r.returncode == 1 and r.stdout == "", r.stderr
-    assert r.stderr == (f"localgen: error: cannot read {path}: it is a {what} (/image takes a regular file or an "
-                        "http(s) URL)\n"), r.stderr
+    wanted = f"localgen: error: cannot read {path}: it is a {what} (/image takes a regular file or a URL)\n"
+    assert r.stderr == wanted, r.stderr
 
 
 def test_a_scripted_message_past_64_mib_is_refused_without_reading_it_whole(cli_env: dict[str, str],

@@ -198,7 +198,7 @@ def test_every_catalogue_name_an_example_runs_is_in_the_catalogue() -> None:
     known = catalogue.shipped_names()
     unknown = [(e.where, m) for e in EXAMPLES if "--endpoint" not in e.argv
                for flag in ("-m", "--model", "--draft") for i, w in enumerate(e.argv[:-1]) if w == flag
-               for m in e.argv[i + 1].split(",") if re.fullmatch(r"[a-z0-9.-]+:\d+(\.\d+)?[bm]", m)
+               for m in e.argv[i + 1].split(",") if re.fullmatch(r"[a-z0-9.-]+:\d+(\.\d+)?[bm](-[a-z0-9]+)*", m)
                and m not in known]
     assert not unknown, unknown
 

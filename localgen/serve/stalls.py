@@ -19,6 +19,7 @@ DEFAULT_READ_TIMEOUT_S = 30.0  # serve --read-timeout: headers, and each part of
 # bytes a second a body must average past its first --read-timeout seconds (Apache's mod_reqtimeout MinRate):
 # a body trickled a byte every few seconds is never idle for --read-timeout, yet holds its connection for ever
 MIN_BODY_RATE = 500
+TIE = 0.05  # seconds: a whole body's deadline this close to a stall's is said as a stall
 MAX_HEAD = 64 << 10  # bytes of a request's line and headers together (llama-server's and nginx's are of this order)
 TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
@@ -38,7 +39,9 @@ class BodyClock:
     def wait(self) -> float:
         """Seconds the next part may take."""
         left = self.start + self.seconds + self.got / MIN_BODY_RATE - time.monotonic()
-        self.whole = left < self.seconds
+        # where the two deadlines are within TIE of each other (a body that sent nothing, or its first bytes with
+        # its headers, and no more), no byte came for about --read-timeout: a stall
+        self.whole = left < self.seconds - TIE
         return max(0.0, min(self.seconds, left))
 
     def took(self, part: bytes) -> None:
@@ -47,7 +50,8 @@ class BodyClock:
 
     def late(self, what: str) -> HTTPError:
         """The 408 of a body that missed its deadline: `what` ("the request body") stalled or came too slowly,
-        by the deadline that bounded the last wait (not by the time now, which a loaded machine makes late)."""
+        by the deadline that bounded the last wait, not by the time now (an event loop's timer may fire a little
+        before or after its deadline: uvloop's caches the loop's time)."""
         from localgen.serve.apierror import HTTPError  # starlette's: not for `serve --help` (cli/serve/options.py)
 
         taken = time.monotonic() - self.start

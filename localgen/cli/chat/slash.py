@@ -229,10 +229,10 @@ def _media(kind: str) -> Handler:
         if spec == "-":  # media.read's stdin: the chat's own input (a script's next lines, the terminal)
             raise UsageError(f"/{kind} takes a file path or an http(s) URL, not - (stdin): the chat reads your "
                              "messages from there", hint=f"save it to a file and give /{kind} its path")
-        local = not re.match(r"(https?|data):", spec, re.I)
+        local = not re.match(r"https?://|data:", spec, re.I)  # as media.read tells them apart
         if local and (what := not_a_file(path := Path(spec).expanduser())) not in (None, "is a folder"):
             # a FIFO would hold the chat until a writer came (deaf to SIGTERM, as /read's was), /dev/zero read 20 MiB
-            raise LocalgenError(f"cannot read {path}: it {what} (/{kind} takes a regular file or an http(s) URL)")
+            raise LocalgenError(f"cannot read {path}: it {what} (/{kind} takes a regular file or a URL)")
         found = media.read(spec)
         if found.kind != kind:
             what = {"audio": "audio", "image": "an image", "video": "a video"}[found.kind]
