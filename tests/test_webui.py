@@ -1636,6 +1636,8 @@ def test_screen_readers_hear_who_wrote_each_message_and_each_answer_once(tab: Ta
     page.wait_for_function("() => document.getElementById('announce').textContent !== ''")
     assert page.text_content("#announce") == "smollm2:135m answered: Hi there, friend."
     assert page.get_attribute("#announce", "aria-live") == "polite"
+    # nothing among the messages is a live region: nothing in them is said as it changes, nor said twice
+    assert page.locator("#messages [role=status], #messages [role=alert], #messages [aria-live]").count() == 0
     assert page.get_by_role("article", name="You").locator(".text").inner_text() == "Say hi"
     assert page.get_by_role("heading", name="You", level=2).count() == 1
     for name in ["Copy your message", "Edit your message", "Copy the answer", "Edit the answer",

@@ -666,8 +666,7 @@ function messageView(m) {
   reasoning.append(summary, thought);
   const body = el("div", "body markdown");
   const live = el("div", "tool-calls"); // the calls of the round that streams now
-  const note = el("div", "note");
-  note.setAttribute("role", "status");
+  const note = el("div", "note"); // not a live region: what it says is announced with the answer (announce)
   article.append(sources, rounds, reasoning, body, live, note, tools);
   const drawn = [];
   const draw = streamer(body); // while the answer streams, only its last block is drawn again
@@ -1437,6 +1436,7 @@ function approval(run, call) {
       },
     };
     schedule(run.answer);
+    if (run.conv === state.conv) announce(`Waiting for you: Run or Deny the call to ${call.function.name}.`);
   });
 }
 
