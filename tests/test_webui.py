@@ -1466,6 +1466,299 @@ def test_escape_closes_the_drawer_first_and_a_tab_shown_again_reads_the_models(b
     t.close()
 
 
+# what has the focus: its mark (set by mark()), else its tag and accessible label (or text), else BODY
+FOCUSED = """() => {
+    const a = document.activeElement;
+    if (!a || a === document.body) return 'BODY';
+    return a.dataset.mark || `${a.tagName}:${a.getAttribute('aria-label') || a.id || a.textContent.trim()}`;
+}"""
+THE_NEW_ANSWER = "() => document.activeElement === [...document.querySelectorAll('article.assistant')].pop()"
+
+
+def focused(page: Any) -> str:
+    return str(page.evaluate(FOCUSED))
+
+
+def mark(page: Any, name: str) -> None:
+    """The element with the focus marked: focused() says `name` for it as long as it is that very element."""
+    page.evaluate("(name) => { document.activeElement.dataset.mark = name; }", name)
+
+
+def count_is(page: Any, text: str) -> None:
+    page.wait_for_function("(t) => document.querySelector('article.assistant:last-of-type .count')?.textContent === t",
+                           arg=text)
+
+
+def test_the_focus_stays_where_the_keyboard_left_it(tab: Tab) -> None:
+    """docs/webui.md: a button pressed from the keyboard keeps the focus where it still is, and where it went, the
+    focus goes on: Send to the message box (while the answer comes, in Stop's place), Stop back to it, Regenerate to
+    the new answer, ‹ › to the arrow of the version shown, Edit's Escape back to Edit, an edit saved to the new
+    version's Edit. A button focused while the answer streams and ends stays focused (the very button)."""
+    page = tab.open()
+    page.evaluate(SCRIPTED_STREAM)
+    page.fill("#input", "Hello")
+    page.focus("#send")
+    page.keyboard.press("Enter")  # Send, from the keyboard: it goes while the answer comes
+    feed(page, "Hello there")
+    body_has(page, "Hello there")
+    assert focused(page) == "TEXTAREA:Message"
+    page.locator("article.assistant").get_by_role("button", name="Copy the answer").focus()
+    mark(page, "copy")
+    for piece in [" and", " some more", " words."]:
+        feed(page, piece)
+    body_has(page, "some more words.")
+    assert focused(page) == "copy", "the next words took the focus"
+    page.evaluate("window.finish()")
+    wait_answer(page, [])
+    assert focused(page) == "copy", "the answer's end took the focus"
+    # Stop from the keyboard: the message box has the focus after it
+    ids = answer_ids(page)
+    page.fill("#input", "Again")
+    page.press("#input", "Enter")
+    feed(page, "Some words")
+    body_has(page, "Some words")
+    page.focus("#stop")
+    page.keyboard.press("Enter")
+    assert wait_answer(page, ids).locator(".note").inner_text() == "Stopped."
+    assert focused(page) == "TEXTAREA:Message"
+    # Regenerate: the new answer has the focus, while it comes and after
+    ids = answer_ids(page)
+    page.locator("article.assistant").last.get_by_role("button", name="Regenerate").focus()
+    page.keyboard.press("Enter")
+    feed(page, "A new version")
+    body_has(page, "A new version")
+    assert page.evaluate(THE_NEW_ANSWER)
+    page.evaluate("window.finish()")
+    wait_answer(page, ids)
+    assert page.evaluate(THE_NEW_ANSWER)
+    # ‹ and ›: the arrow of the version shown, or the other one where the end of the versions turned it off
+    last = page.locator("article.assistant").last
+    last.get_by_role("button", name="Previous version").focus()
+    page.keyboard.press("Enter")
+    count_is(page, "1/2")
+    assert focused(page) == "BUTTON:Next version of the answer"
+    page.keyboard.press("Enter")
+    count_is(page, "2/2")
+    assert focused(page) == "BUTTON:Previous version of the answer"
+    # Edit, then Escape: back on Edit; an edit saved: the new version's Edit
+    last.get_by_role("button", name="Edit the answer").focus()
+    page.keyboard.press("Enter")
+    assert focused(page) == "TEXTAREA:Edit the answer"
+    page.keyboard.press("Escape")
+    assert focused(page) == "BUTTON:Edit the answer"
+    page.keyboard.press("Enter")
+    page.keyboard.type(" Edited.")
+    last.get_by_role("button", name="Save").focus()
+    page.keyboard.press("Enter")
+    count_is(page, "3/3")
+    assert focused(page) == "BUTTON:Edit the answer"
+    assert page.evaluate("document.activeElement.closest('article').querySelector('.count').textContent") == "3/3"
+
+
+# three conversations kept in the browser, straight through its store (none sent to a model)
+THREE_CONVERSATIONS = """async () => {
+    const tree = await import('./webui/tree.js');
+    const store = await import('./webui/store.js');
+    for (const name of ['First', 'Second', 'Third']) {
+        const c = tree.conversation();
+        c.name = name;
+        const q = tree.add(c, 'root', {role: 'user', content: `${name}?`});
+        tree.add(c, q.id, {role: 'assistant', content: `Answer to ${name}`, model: 'smollm2:135m'});
+        await store.save(c, tree.merge);
+    }
+}"""
+
+
+def test_the_conversation_list_works_from_the_keyboard(tab: Tab) -> None:
+    """docs/webui.md: Tab reaches each conversation's ✎ and ✕, not only the open one's (shown as the focus comes);
+    a conversation opened with Enter keeps the focus on its name, a rename ended with Enter or Escape puts it on the
+    name, and a delete on the name now in its place."""
+    page = tab.open()
+    page.evaluate(THREE_CONVERSATIONS)
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 3")
+    item = lambda name: page.locator("#conversations .conv", has_text=name)  # noqa: E731
+    item("First").get_by_role("button", name="First", exact=True).focus()
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'First?'")
+    page.wait_for_function("() => document.querySelector('#conversations [aria-current]')?.textContent === 'First'")
+    assert focused(page) == "BUTTON:First"
+    # another conversation's ✎ and ✕ are in the Tab order, and shown when the focus is on them
+    item("Second").get_by_role("button", name="Second", exact=True).focus()
+    page.keyboard.press("Tab")
+    assert focused(page) == "BUTTON:Rename Second"
+    assert page.evaluate("getComputedStyle(document.activeElement).opacity") == "1"
+    page.keyboard.press("Tab")
+    assert focused(page) == "BUTTON:Delete Second"
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")
+    assert focused(page) == "INPUT:New name"
+    page.keyboard.press("Control+A")
+    page.keyboard.type("Renamed")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => [...document.querySelectorAll('#conversations .open')]"
+                           ".some(b => b.textContent === 'Renamed')")
+    assert focused(page) == "BUTTON:Renamed"
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    page.keyboard.type("Not kept")
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => document.activeElement.textContent === 'Renamed'")
+    assert page.locator("#conversations input.rename").count() == 0 and page.locator("article").count() == 2
+    page.once("dialog", lambda d: d.accept())
+    item("Renamed").get_by_role("button", name="Delete Renamed").focus()
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 2")
+    page.wait_for_function("() => document.activeElement.closest('#conversations .conv') !== null")
+    assert focused(page) in ("BUTTON:First", "BUTTON:Third")
+
+
+def test_screen_readers_hear_who_wrote_each_message_and_each_answer_once(tab: Tab) -> None:
+    """docs/webui.md: each message is named by who wrote it (a heading: You, or the model), its buttons say what
+    they act on, the page's heading names the conversation; an answer is marked busy while it streams and said
+    once when it ends (the model, its words, its note), through a polite live region, not word by word."""
+    page = tab.open()
+    settings(page, max_tokens=8)
+    page.evaluate(SCRIPTED_STREAM)
+    page.fill("#input", "Say hi")
+    page.press("#input", "Enter")
+    page.get_by_role("img", name="The answer is coming").wait_for()  # the typing dots, before the first words
+    feed(page, "Hi there")
+    body_has(page, "Hi there")
+    answer = page.get_by_role("article", name="smollm2:135m")
+    assert answer.get_attribute("aria-busy") == "true"
+    feed(page, ", friend.")
+    body_has(page, "friend.")
+    assert page.text_content("#announce") == "", "said while it streamed"
+    page.evaluate("window.finish()")
+    wait_answer(page, [])
+    assert answer.get_attribute("aria-busy") is None
+    page.wait_for_function("() => document.getElementById('announce').textContent !== ''")
+    assert page.text_content("#announce") == "smollm2:135m answered: Hi there, friend."
+    assert page.get_attribute("#announce", "aria-live") == "polite"
+    # nothing among the messages is a live region: nothing in them is said as it changes, nor said twice
+    assert page.locator("#messages [role=status], #messages [role=alert], #messages [aria-live]").count() == 0
+    assert page.get_by_role("article", name="You").locator(".text").inner_text() == "Say hi"
+    assert page.get_by_role("heading", name="You", level=2).count() == 1
+    for name in ["Copy your message", "Edit your message", "Copy the answer", "Edit the answer",
+                 "Regenerate the answer"]:
+        assert page.get_by_role("button", name=name, exact=True).count() == 1, name
+    assert page.get_by_role("heading", level=1).inner_text() == "Say hi"
+    # the real model's answer, said once it has ended: its words and its note
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    ids = answer_ids(page)
+    article = ask(page, "Say hello.")
+    words = article.locator(".body").inner_text().strip()
+    note = article.locator(".note").inner_text()  # cut at max_tokens (8), or none: the model ended first
+    page.wait_for_function("() => document.getElementById('announce').textContent !== ''")
+    said = page.text_content("#announce")
+    assert words and said == " ".join(x for x in ["smollm2:135m answered:", words, note] if x), said
+    assert len(answer_ids(page)) == len(ids) + 1
+
+
+NARROW = {"width": 320, "height": 640}
+
+
+def test_at_320_px_the_open_drawer_keeps_the_focus(browser: Any, server: Server) -> None:
+    """docs/webui.md: on a phone, ☰ says whether the drawer is open, and Tab stays in the open drawer (the page under
+    it out of reach) until it closes."""
+    t = Tab(browser, server, NARROW)
+    page = t.open()
+    assert page.get_attribute("#open-sidebar", "aria-expanded") == "false"
+    page.focus("#open-sidebar")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.activeElement.id === 'new-chat'")
+    assert page.get_attribute("#open-sidebar", "aria-expanded") == "true"
+    where = []
+    for key in ["Tab"] * 6 + ["Shift+Tab"] * 6:
+        page.keyboard.press(key)
+        where.append(page.evaluate("document.activeElement.closest('#sidebar') ? 'in' : document.activeElement.id"))
+    assert set(where) == {"in"}, where
+    page.keyboard.press("Escape")
+    page.wait_for_function("() => document.activeElement.id === 'open-sidebar'")
+    assert page.get_attribute("#open-sidebar", "aria-expanded") == "false"
+    t.close()
+
+
+def test_at_320_px_the_model_picker_and_its_note_are_not_cut(browser: Any, server: Server) -> None:
+    """docs/webui.md: on a phone the model picker shows the model's whole name, and the note under it wraps."""
+    t = Tab(browser, server, NARROW)
+    page = t.open()
+    page.select_option("#model", "gemma3:270m")
+    page.wait_for_function("() => document.getElementById('model-note').textContent"
+                           " === 'not loaded yet: the first message loads it'")
+    shown = page.evaluate("""() => {
+        const picker = document.getElementById('model');
+        const name = document.createElement('span');  // the name in the picker's font, measured
+        name.textContent = picker.value;
+        name.style.cssText = `position: absolute; visibility: hidden; font: ${getComputedStyle(picker).font}`;
+        document.body.append(name);
+        const s = getComputedStyle(picker);
+        const room = picker.getBoundingClientRect().width - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight)
+            - parseFloat(s.borderLeftWidth) - parseFloat(s.borderRightWidth) - 16;  // less the arrow
+        const needs = name.getBoundingClientRect().width;
+        name.remove();
+        const note = document.getElementById('model-note');
+        return {picker: room >= needs,
+                note: note.scrollWidth <= note.clientWidth && note.getBoundingClientRect().right <= 320};
+    }""")
+    assert shown == {"picker": True, "note": True}
+    t.close()
+
+
+def test_at_320_px_a_table_in_an_answer_keeps_its_words_whole(browser: Any, server: Server) -> None:
+    """docs/webui.md: an answer's table keeps its words whole on a phone, scrolling sideways in its box (not a letter
+    a line), and the page does not scroll sideways."""
+    t = Tab(browser, server, NARROW)
+    page = t.open()
+    page.evaluate(SCRIPTED_STREAM)
+    page.fill("#input", "A table, please.")
+    page.press("#input", "Enter")
+    feed(page, "| " + " | ".join(f"column{k}" for k in range(8)) + " |\n|" + "---|" * 8 + "\n| "
+         + " | ".join(f"value{k}" for k in range(8)) + " |\n")
+    page.evaluate("window.finish()")
+    wait_answer(page, [])
+    lines = page.evaluate("""() => [...document.querySelectorAll('article.assistant .body :is(th, td)')].map(cell => {
+        const r = document.createRange();  // the lines its text takes
+        r.selectNodeContents(cell);
+        return r.getClientRects().length;
+    })""")
+    assert lines == [1] * 16, lines
+    assert page.evaluate("(() => { const t = document.querySelector('article.assistant .table');"
+                         " return t.scrollWidth > t.clientWidth; })()")
+    assert page.evaluate("[document.documentElement.scrollWidth, innerWidth]") == [320, 320]
+    t.close()
+
+
+# the contrast of the message box's placeholder on the colour behind it (WCAG's formula)
+PLACEHOLDER_CONTRAST = """() => {
+    const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+    const input = document.getElementById('input');
+    let behind = input;
+    while (rgb(getComputedStyle(behind).backgroundColor)[3] === 0) behind = behind.parentElement;
+    const lum = ([r, g, b]) => [r, g, b].map((v) => {
+        v /= 255;
+        return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    }).reduce((s, v, k) => s + v * [0.2126, 0.7152, 0.0722][k], 0);
+    const style = getComputedStyle(input, '::placeholder');
+    const bg = rgb(getComputedStyle(behind).backgroundColor);
+    const alpha = (rgb(style.color)[3] ?? 1) * Number(style.opacity);
+    const fg = rgb(style.color).slice(0, 3).map((v, k) => v * alpha + bg[k] * (1 - alpha));
+    const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+    return (hi + 0.05) / (lo + 0.05);
+}"""
+
+
+def test_the_message_box_placeholder_reads_in_light_and_dark(tab: Tab) -> None:
+    """The placeholder of the message box has a contrast of at least 4.5:1 in both colour schemes (WCAG AA)."""
+    page = tab.open()
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        ratio = page.evaluate(PLACEHOLDER_CONTRAST)
+        assert ratio >= 4.5, (scheme, ratio)
+
+
 def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:
     """The last test of the module: it stops the server. The page then says the server cannot be reached,
     and keeps the message for a Regenerate."""

@@ -168,6 +168,9 @@ def test_run_gives_the_mcp_servers_result_to_the_model_and_the_rounds_are_kept(t
     assert set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values())
     assert block.locator(".tool-source").inner_text().startswith("mcp: ")
     assert "Waiting for you: Run or Deny the call to add." in page.inner_text("article.assistant .note")
+    # and said to a screen reader, once (docs/webui.md)
+    page.wait_for_function("() => document.getElementById('announce').textContent"
+                           " === 'Waiting for you: Run or Deny the call to add.'")
     page.press("#input", "Enter")  # no shortcut for Run
     assert run.is_visible() and not called
     run.click()

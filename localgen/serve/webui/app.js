@@ -357,18 +357,35 @@ async function refreshList() {
     return;
   }
   clearBanner("read");
+  // the list is drawn again whole: a control of it that had the focus gets it back (a name being edited: the name)
+  const a = document.activeElement;
+  const had = a && ui.list.contains(a) ? a.closest("li") : null;
+  const at = had ? [...ui.list.children].indexOf(had) : -1;
+  const part = had && a.dataset.key ? a.dataset.key : "open";
   ui.list.replaceChildren(...all.map(listItem));
   $("export-all").disabled = all.length === 0;
+  showTitle();
+  if (had) {
+    const items = [...ui.list.children];
+    // the same conversation's control; one deleted: the one now in its place, or the last; none left: the message box
+    const li = items.find((x) => x.dataset.id === had.dataset.id) || items[Math.min(at, items.length - 1)];
+    const to = li && (li.querySelector(`[data-key="${li.dataset.id === had.dataset.id ? part : "open"}"]`));
+    (to || ui.input).focus();
+  }
 }
 
 function listItem(conv) {
   const li = el("li", conv.id === state.conv.id ? "conv active" : "conv");
+  li.dataset.id = conv.id;
   const name = conv.name || "Untitled";
   const open = button(name, "open", () => openConversation(conv.id));
   open.title = name;
+  open.dataset.key = "open";
   if (conv.id === state.conv.id) open.setAttribute("aria-current", "true");
   const rename = button("✎", "icon small", () => renameInline(li, open, conv), `Rename ${name}`);
-  const remove = button("✕", "icon small", () => deleteConversation(conv), `Delete ${name}`);
+  rename.dataset.key = "rename";
+  const remove = button("✕", "icon small", () => deleteConversation(conv, li), `Delete ${name}`);
+  remove.dataset.key = "delete";
   li.append(open, rename, remove);
   return li;
 }
@@ -406,13 +423,21 @@ async function rename(id, name) {
   await persist(conv);
 }
 
-async function deleteConversation(conv) {
+/** Deletes `conv` once confirmed; from the list (its item `from`), the focus goes to the item then in its place. */
+async function deleteConversation(conv, from = null) {
+  const at = from ? [...ui.list.children].indexOf(from) : -1; // before the question: the focus may leave meanwhile
   if (!window.confirm(`Delete “${conv.name || "Untitled"}”? This cannot be undone.`)) return;
   if (state.running && state.running.conv.id === conv.id) stop();
   state.deleted.add(conv.id);
   await store.remove(conv.id);
-  if (conv.id === state.conv.id) newChat();
-  refreshList();
+  const open = conv.id === state.conv.id;
+  if (open) newChat(); // the message box has the focus
+  await refreshList();
+  if (at >= 0 && !open) {
+    const items = [...ui.list.children];
+    const li = items[Math.min(at, items.length - 1)];
+    (li ? li.querySelector('[data-key="open"]') : ui.input).focus();
+  }
 }
 
 let opening = 0; // the latest openConversation: one overtaken while it asked the other tabs shows nothing
@@ -575,15 +600,50 @@ function newChat() {
 // ---- messages on screen
 
 function renderConversation() {
+  const focus = focusInMessages();
   state.views.clear();
   const path = tree.path(state.conv);
   ui.messages.replaceChildren(...(path.length ? path.map(messageView) : [ui.empty]));
+  showTitle();
   scrollToEnd();
+  if (focus) focus();
+}
+
+/** Where the focus is among the messages, as a function that puts it back on the same control once they are drawn
+ * again (the same button of the same message, else the same place among its controls); null when it is not there. */
+function focusInMessages() {
+  const a = document.activeElement;
+  const article = a && ui.messages.contains(a) ? a.closest("article.msg") : null;
+  if (!article) return null;
+  const { id } = article.dataset;
+  const key = a.dataset.key;
+  const index = [...article.querySelectorAll(FOCUSABLE)].indexOf(a);
+  return () => {
+    const again = articleOf(id);
+    if (!again || again.contains(document.activeElement)) return;
+    if (key) focusTool(id, key, "copy");
+    else if (a === article) again.focus();
+    else if (index >= 0) (again.querySelectorAll(FOCUSABLE)[index] || again).focus();
+  };
+}
+const FOCUSABLE = "a[href], button:not(:disabled), summary, textarea, input, [tabindex]:not([tabindex='-1'])";
+
+/** The page's heading names the conversation on screen (read by screen readers; the empty page has its own). */
+function showTitle() {
+  const title = $("conv-title");
+  title.hidden = !hasMessages(state.conv);
+  title.textContent = state.conv.name || "Untitled conversation";
 }
 
 function messageView(m) {
   const article = el("article", `msg ${m.role}`);
   article.dataset.id = m.id;
+  article.tabIndex = -1; // focused where the keyboard's control went (a Regenerate: the new answer)
+  // who wrote it, for screen readers: the article's name, and a heading to jump between messages
+  const who = el("h2", "who visually-hidden", m.role === "user" ? "You" : m.model || "The model");
+  who.id = `who-${m.id}`;
+  article.setAttribute("aria-labelledby", who.id);
+  article.append(who);
   const tools = el("div", "msg-tools");
   if (m.role === "user") {
     const bubble = el("div", "bubble");
@@ -606,8 +666,7 @@ function messageView(m) {
   reasoning.append(summary, thought);
   const body = el("div", "body markdown");
   const live = el("div", "tool-calls"); // the calls of the round that streams now
-  const note = el("div", "note");
-  note.setAttribute("role", "status");
+  const note = el("div", "note"); // not a live region: what it says is announced with the answer (announce)
   article.append(sources, rounds, reasoning, body, live, note, tools);
   const drawn = [];
   const draw = streamer(body); // while the answer streams, only its last block is drawn again
@@ -630,10 +689,12 @@ function messageView(m) {
       if (m.sources && m.sources.length) for (const node of added) cite(node, m.sources, article);
     } else {
       draw("", true);
-      body.replaceChildren(...(m.pending && !waiting ? [el("span", "typing", "…")] : []));
+      body.replaceChildren(...(m.pending && !waiting ? [typing()] : []));
     }
     live.replaceChildren(...calls.map((c) => callBlock(c, null, "writing")));
     article.classList.toggle("pending", Boolean(m.pending));
+    if (m.pending) article.setAttribute("aria-busy", "true"); // screen readers wait for the whole answer
+    else article.removeAttribute("aria-busy");
     note.replaceChildren(...noteOf(m));
     note.className = m.error ? "note error" : "note";
     fillTools(tools, m);
@@ -642,6 +703,33 @@ function messageView(m) {
   redraw();
   return article;
 }
+
+function typing() {
+  const dots = el("span", "typing", "…");
+  dots.setAttribute("role", "img");
+  dots.setAttribute("aria-label", "The answer is coming");
+  return dots;
+}
+
+/** Says `text` once to screen readers (the polite live region): an answer that ended, not each of its words. */
+function announce(text) {
+  const region = $("announce");
+  region.textContent = "";
+  setTimeout(() => {
+    region.textContent = text;
+  }, 50); // emptied first: the same words twice are said twice
+}
+
+/** What is said when an answer ends: the model, its words (up to ANNOUNCED characters) and its note. */
+function answerSaid(m) {
+  const article = articleOf(m.id);
+  const words = article ? article.querySelector(".body").textContent.trim() : m.content.trim();
+  const cut = words.length > ANNOUNCED ? `${words.slice(0, ANNOUNCED)}… (more in the answer)` : words;
+  const note = noteOf(m).map((n) => n.textContent).join(" ");
+  const who = m.model || "The model";
+  return cut ? [`${who} answered:`, cut, note].filter(Boolean).join(" ") : `${who}: ${note || "no answer."}`;
+}
+const ANNOUNCED = 1000;
 
 /** The excerpts of the documents an answer was sent: each its number, id, collection and score, its text folded. */
 function sourcesView(list) {
@@ -849,50 +937,100 @@ function statsText(s) {
   return parts.join(" · ");
 }
 
+const toolParts = new WeakMap(); // a message's tool row → its buttons, made once and updated in place
+
+/** A message's ‹ n/m ›, Copy, Edit and Regenerate, and an answer's stats: made once for the message on screen and
+ * updated in place (never drawn again), so a focused button keeps the focus while the answer streams and ends. */
 function fillTools(tools, m) {
   const busy = state.running !== null;
-  const items = [];
+  let p = toolParts.get(tools);
+  if (!p) {
+    const whose = m.role === "user" ? "your message" : "the answer";
+    const tool = (key, label, onClick, aria) => {
+      const b = button(label, key === "prev" || key === "next" ? "icon small" : "small", onClick, aria);
+      b.dataset.key = key;
+      return b;
+    };
+    p = {
+      nav: el("span", "versions"),
+      prev: tool("prev", "‹", () => stepVersion(m, -1, "prev"), `Previous version of ${whose}`),
+      count: el("span", "count"),
+      next: tool("next", "›", () => stepVersion(m, 1, "next"), `Next version of ${whose}`),
+      copy: tool("copy", "Copy", () => copyText(m.content, p.copy), `Copy ${whose}`),
+      edit: tool("edit", "Edit", () => startEdit(m), `Edit ${whose}`),
+      again: m.role === "assistant"
+        ? tool("regenerate", "Regenerate", () => generate(state.conv, m.parent), "Regenerate the answer") : null,
+      stats: el("span", "stats"),
+    };
+    p.nav.append(p.prev, p.count, p.next);
+    toolParts.set(tools, p);
+  }
   const versions = tree.siblings(state.conv, m.id);
-  if (versions.length > 1) {
-    const at = versions.indexOf(m.id);
-    const nav = el("span", "versions");
-    const prev = button("‹", "icon small", () => pickVersion(versions[at - 1]), "Previous version");
-    const next = button("›", "icon small", () => pickVersion(versions[at + 1]), "Next version");
-    prev.disabled = busy || at === 0;
-    next.disabled = busy || at === versions.length - 1;
-    nav.append(prev, el("span", "count", `${at + 1}/${versions.length}`), next);
-    items.push(nav);
+  const at = versions.indexOf(m.id);
+  p.count.textContent = `${at + 1}/${versions.length}`;
+  switchOff(p.prev, busy || at <= 0, p.next, p.copy);
+  switchOff(p.next, busy || at === versions.length - 1, p.prev, p.copy);
+  switchOff(p.edit, busy, p.copy);
+  if (p.again) switchOff(p.again, busy, p.copy);
+  const items = [...(versions.length > 1 ? [p.nav] : []), p.copy, p.edit, ...(p.again ? [p.again] : [])];
+  if (m.role === "assistant" && m.stats && !m.pending) {
+    const s = m.stats;
+    p.stats.textContent = statsText(s);
+    const detail = [];
+    if (Number.isFinite(s.prompt)) detail.push(`prompt: ${s.prompt} tokens${Number.isFinite(s.cached) ? ` (${s.cached} from the cache)` : ""}`);
+    if (Number.isFinite(s.total_ms)) detail.push(`whole answer: ${(s.total_ms / 1000).toFixed(2)} s`);
+    if (s.counted === "pieces") detail.push("tokens: the pieces streamed before the stop (the server's count never came)");
+    p.stats.title = detail.join(" · ");
+    items.push(p.stats);
   }
-  const copy = button("Copy", "small", () => copyText(m.content, copy));
-  const edit = button("Edit", "small", () => startEdit(m));
-  edit.disabled = busy;
-  items.push(copy, edit);
-  if (m.role === "assistant") {
-    const again = button("Regenerate", "small", () => generate(state.conv, m.parent));
-    again.disabled = busy;
-    items.push(again);
-    if (m.stats && !m.pending) {
-      const stats = el("span", "stats", statsText(m.stats));
-      const s = m.stats;
-      const detail = [];
-      if (Number.isFinite(s.prompt)) detail.push(`prompt: ${s.prompt} tokens${Number.isFinite(s.cached) ? ` (${s.cached} from the cache)` : ""}`);
-      if (Number.isFinite(s.total_ms)) detail.push(`whole answer: ${(s.total_ms / 1000).toFixed(2)} s`);
-      if (s.counted === "pieces") detail.push("tokens: the pieces streamed before the stop (the server's count never came)");
-      stats.title = detail.join(" · ");
-      items.push(stats);
-    }
-  }
-  tools.replaceChildren(...items);
+  // only what changed is added or taken away: a focused button is never moved (moving it would drop the focus)
+  for (const child of [...tools.children]) if (!items.includes(child)) child.remove();
+  items.forEach((x, k) => {
+    if (tools.children[k] !== x) tools.insertBefore(x, tools.children[k] || null);
+  });
 }
 
-function pickVersion(id) {
+/** Turns button `b` off (or on); a focused button turned off hands the focus to the first of `others` still on. */
+function switchOff(b, off, ...others) {
+  if (off && document.activeElement === b) {
+    const to = others.find((o) => !o.disabled && o.isConnected);
+    if (to) to.focus();
+  }
+  b.disabled = off;
+}
+
+/** ‹ or › under message `m`: the version before or after it is shown, the focus on the same arrow (or the other
+ * one, where the end of the versions turned it off). */
+function stepVersion(m, by, key) {
+  const versions = tree.siblings(state.conv, m.id);
+  const id = versions[versions.indexOf(m.id) + by];
+  if (!id) return;
   tree.show(state.conv, id);
   persist(state.conv);
   renderConversation();
+  focusTool(id, key, key === "prev" ? "next" : "prev", "copy");
+}
+
+/** Focuses the first of the buttons `keys` that is on, under message `id`; false when there is none. */
+function focusTool(id, ...keys) {
+  const article = articleOf(id);
+  if (!article) return false;
+  for (const key of keys) {
+    const b = article.querySelector(`.msg-tools [data-key="${key}"]`);
+    if (b && !b.disabled) {
+      b.focus();
+      return true;
+    }
+  }
+  return false;
+}
+
+function articleOf(id) {
+  return ui.messages.querySelector(`article[data-id="${CSS.escape(id)}"]`);
 }
 
 function startEdit(m) {
-  const article = ui.messages.querySelector(`article[data-id="${CSS.escape(m.id)}"]`);
+  const article = articleOf(m.id);
   if (!article) return;
   const box = el("div", "editor");
   const area = el("textarea");
@@ -903,7 +1041,7 @@ function startEdit(m) {
   const row = el("div", "row end");
   row.append(cancel, save);
   box.append(area, row);
-  article.replaceChildren(box);
+  article.replaceChildren(article.querySelector(":scope > .who"), box); // its heading stays: the article's name
   area.focus();
   grow(area);
   area.addEventListener("input", () => grow(area));
@@ -919,6 +1057,7 @@ function startEdit(m) {
   const finish = (keep) => {
     if (!keep) {
       renderConversation();
+      focusTool(m.id, "edit"); // back where the edit began
       return;
     }
     const text = area.value;
@@ -930,9 +1069,10 @@ function startEdit(m) {
       const fields = { role: "assistant", content: text, reasoning: m.reasoning || "", model: m.model, edited: true };
       if (m.rounds) fields.rounds = m.rounds; // the calls it made stay with the edited answer
       if (m.sources) fields.sources = m.sources; // and the excerpts it was sent
-      tree.add(state.conv, m.parent, fields);
+      const version = tree.add(state.conv, m.parent, fields);
       persist(state.conv);
       renderConversation();
+      focusTool(version.id, "edit");
     }
   };
 }
@@ -1018,12 +1158,15 @@ function roundsWire(rounds) {
 }
 
 function setRunning(running) {
+  // the button pressed goes (Send while an answer comes, Stop after it): the focus goes to the message box
+  const hiding = running ? ui.send : ui.stop;
+  if (document.activeElement === hiding) ui.input.focus();
   ui.send.hidden = running;
   ui.stop.hidden = !running;
   ui.model.disabled = running;
   for (const article of ui.messages.querySelectorAll("article.msg")) {
     const m = state.conv.messages[article.dataset.id];
-    const tools = article.querySelector(".msg-tools");
+    const tools = article.querySelector(":scope > .msg-tools");
     if (m && tools) fillTools(tools, m);
   }
 }
@@ -1085,8 +1228,12 @@ async function generate(conv, parent) {
   }
   dropDraft(conv.id); // its settings are kept with it now
   if (conv === state.conv) {
+    // the control that asked (Regenerate, an edited message's Send) is gone with the old answer: the new one has it
+    const asked = ui.messages.contains(document.activeElement);
     history.replaceState(null, "", `#${conv.id}`);
     renderConversation();
+    const article = articleOf(answer.id);
+    if (asked && !ui.messages.contains(document.activeElement) && article) article.focus();
   }
   refreshList();
   const controller = new AbortController();
@@ -1204,7 +1351,11 @@ async function generate(conv, parent) {
       ended(); // kept as ended (or failing to be): its lock goes
     }
     setRunning(false);
-    schedule(answer);
+    const follow = nearEnd();
+    const redraw = state.views.get(answer.id);
+    if (redraw) redraw(); // at once: what is announced is what shows
+    if (follow) scrollToEnd();
+    if (conv === state.conv) announce(answerSaid(answer));
     if (first !== null) state.loaded.add(model);
     state.loading = null;
     showNote();
@@ -1285,6 +1436,7 @@ function approval(run, call) {
       },
     };
     schedule(run.answer);
+    if (run.conv === state.conv) announce(`Waiting for you: Run or Deny the call to ${call.function.name}.`);
   });
 }
 
@@ -1510,6 +1662,9 @@ function grow(area) {
 function openSidebar() {
   ui.app.classList.add("sidebar-open");
   $("scrim").hidden = false;
+  $("open-sidebar").setAttribute("aria-expanded", "true");
+  // the page under the drawer is out of reach (Tab, a screen reader) until it closes
+  document.querySelector("main").inert = true;
   $("new-chat").focus();
 }
 
@@ -1522,7 +1677,27 @@ function closeSidebar() {
   const had = sidebarOpen() && ui.app.querySelector("#sidebar").contains(document.activeElement);
   ui.app.classList.remove("sidebar-open");
   $("scrim").hidden = true;
+  $("open-sidebar").setAttribute("aria-expanded", "false");
+  document.querySelector("main").inert = false;
   if (had) $("open-sidebar").focus(); // the focus does not stay in a list no one sees
+}
+
+/** Tab in the open drawer goes round its controls: past the last, the first again (Shift+Tab: the other way). */
+function tabInDrawer(e) {
+  if (e.key !== "Tab" || !sidebarOpen() || document.querySelector("dialog[open]")) return;
+  const controls = [...$("sidebar").querySelectorAll("button, input:not([type=file])")]
+    .filter((c) => !c.disabled && c.getClientRects().length);
+  if (!controls.length) return;
+  const first = controls[0];
+  const last = controls[controls.length - 1];
+  const inside = $("sidebar").contains(document.activeElement);
+  if (e.shiftKey && (document.activeElement === first || !inside)) {
+    e.preventDefault();
+    last.focus();
+  } else if (!e.shiftKey && (document.activeElement === last || !inside)) {
+    e.preventDefault();
+    first.focus();
+  }
 }
 
 async function exportAll() {
@@ -1598,6 +1773,11 @@ function wireEvents() {
   });
   $("new-chat").addEventListener("click", newChat);
   $("open-sidebar").addEventListener("click", openSidebar);
+  document.addEventListener("keydown", tabInDrawer);
+  // widened past a phone's width with the drawer open: the list is beside the chat again, and the chat in reach
+  matchMedia("(max-width: 760px)").addEventListener("change", (e) => {
+    if (!e.matches) closeSidebar();
+  });
   $("close-sidebar").addEventListener("click", closeSidebar);
   $("scrim").addEventListener("click", closeSidebar);
   $("open-settings").addEventListener("click", openSettings);
@@ -1663,7 +1843,8 @@ async function start() {
     renderConversation();
   }
   await loadModels();
-  ui.input.focus();
+  // the models can take a while: a focus the user has moved meanwhile stays where it is
+  if (document.activeElement === document.body || !document.activeElement) ui.input.focus();
 }
 
 start();
