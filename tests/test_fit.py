@@ -610,6 +610,38 @@ def test_sizes_take_tebibytes_up_to_a_pebibyte(cli_in_process: InProcessCLI, smo
     assert r.returncode == 0, r.stderr
 
 
+def _claims_layers(path: Path, block_count: int | None, tensor: str = "token_embd.weight") -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    if block_count is not None:
+        w.add_uint32("llama.block_count", block_count)
+    w.add_tensor(tensor, np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(("block_count", "tensor", "claim"), [
+    (100_000_000, "token_embd.weight", "its header claims 100,000,000 layers"),
+    (4294967295, "token_embd.weight", "its header claims 4,294,967,295 layers"),
+    (None, "blk.99999999.attn_norm.weight", "its tensors name 100,000,000 layers")])
+def test_a_header_claiming_more_layers_than_llama_cpp_takes_is_refused_at_once(
+        cli: CLI, tmp_path: Path, block_count: int | None, tensor: str, claim: str) -> None:
+    """llama.cpp loads at most 512 layers (LLAMA_MAX_LAYERS); every plan walks the layers, so a hostile count hung
+    fit and run while memory grew."""
+    bad = _claims_layers(tmp_path / "big.gguf", block_count, tensor)
+    bench = [["bench", "-m", str(bad), "-p", "8", "-n", "2", "-r", "1"]] if block_count else []  # plans by the header
+    for args in [["fit", "-m", str(bad)], ["run", "-m", str(bad), "-p", "hi", "-n", "2"], *bench]:
+        r = cli(*args, timeout=120)
+        assert r.returncode == 1 and r.stdout == "", (args, r.stderr)
+        assert r.stderr.startswith(f"localgen: error: {bad} is not a usable GGUF file: {claim}, more than "
+                                   "llama.cpp's 512") and r.stderr.count("\n") == 1, (args, r.stderr)
+
+
 def test_an_unknown_model_is_exit_1_as_for_run_and_show(cli_in_process: InProcessCLI) -> None:
     codes = {}
     for args in (["fit", "-m", "nosuch"], ["run", "-m", "nosuch", "-p", "hi"], ["show", "nosuch"]):

@@ -41,7 +41,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from localgen import placement
-from localgen.models.gguf_meta import GGML_BLOCKS, read_gguf, repackable_types
+from localgen.errors import ModelFormatError
+from localgen.models.gguf_meta import GGML_BLOCKS, MAX_LAYERS, read_gguf, repackable_types
 from localgen.types import GGUFSummary, LoadParams
 
 COMPUTE_TOLERANCE = 0.05  # the compute buffers, relative to what llama.cpp reports
@@ -173,7 +174,11 @@ def layout(path: str) -> WeightLayout:
     tensors: list[tuple[Any, ...]] = []
     for i, part in enumerate(_parts(path)):
         tensors.extend((*row, i) for row in read_gguf(part)[1])
-    return layout_of(tensors)
+    out = layout_of(tensors)
+    if out.n_layer > MAX_LAYERS:  # a tensor named blk.N of a hostile N: every plan walks each layer
+        raise ModelFormatError(f"{path} is not a usable GGUF file: its tensors name {out.n_layer:,} layers, "
+                               f"more than llama.cpp's {MAX_LAYERS}", hint="the file is corrupt or hostile")
+    return out
 
 
 def layout_of(table: Iterable[tuple[Any, ...]]) -> WeightLayout:
