@@ -418,6 +418,27 @@ def test_the_json_has_the_keys_the_page_lists(cli_in_process: InProcessCLI, smol
     assert named - values == set(doc) | set(doc["model"]) | (set(doc["devices"][0]) - {"device"})
 
 
+def test_an_encoders_plan_holds_no_kv_cache_and_its_flags_are_not_for_run(cli: CLI, cli_in_process: InProcessCLI,
+                                                                          tmp_path: Path) -> None:
+    """fit.md: an encoder (BERT) has no KV cache, and the flags are for embed and serve, which load it (run and
+    chat refuse an encoder): fit planned a KV cache (64 MiB at -np 256) and offered the flags as run's."""
+    from tests import tiny_bert
+
+    bert = str(tiny_bert.build(tmp_path / "bert.gguf"))
+    r = cli_in_process("fit", "-m", bert, "-np", "256")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()]
+    cpu = rows[rows.index(["DEVICE", "WEIGHTS", "KV", "CACHE", "COMPUTE", "OUTPUT", "TOTAL", "BUDGET"]) + 1]
+    assert cpu[0] == "CPU" and cpu[3] == "-", r.stdout  # the KV CACHE column
+    assert r.stdout.splitlines()[-1] == "flags     --ctx 512 --parallel 256  (for embed and serve: an encoder does " \
+        "not generate)", r.stdout
+    doc = json.loads(cli_in_process("fit", "-m", bert, "--json").stdout)
+    assert doc["model"]["encoder"] is True and doc["devices"][0]["kv"] == 0
+    embedded = cli("embed", "-m", bert, *doc["flags"].split(), "the cat")  # the flags load it
+    assert embedded.returncode == 0 and embedded.stdout.strip(), embedded.stderr
+    assert cli_in_process("run", "-m", bert, "-p", "hi").returncode != 0  # what the note says
+
+
 # ---- what fit says of the context, the sizes it takes, a model that is not here -------------------------
 
 
