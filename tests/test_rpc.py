@@ -287,6 +287,30 @@ def test_a_server_killed_mid_bench_still_prints_the_rows_measured_and_says_where
     assert "Traceback" not in err
 
 
+def test_rpc_server_prints_llama_cpps_banner_on_stderr_and_nothing_on_stdout(cli: CLI, tmp_path: Path) -> None:
+    """stdout carries only the answer, and rpc-server has none: llama.cpp's start-up banner (`Starting RPC
+    server`, its devices, the transport) and its line per client went to stdout."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    port = _free_port()
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = cli.popen("rpc-server", "--port", str(port), "-t", "1", stdout=o, stderr=e)
+    try:
+        deadline = time.monotonic() + 60
+        said = ""
+        while "Client connection closed" not in said and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            time.sleep(0.2)
+            said = out.read_text() + err.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.read_text() == "", out.read_text()
+    text = err.read_text()
+    assert text.startswith(f"localgen rpc-server on 127.0.0.1:{port}") and "Starting RPC server" in text, text
+    assert "Client connection closed" in text, text
+
+
 def test_an_rpc_server_that_cannot_listen_is_one_line_and_exit_1(cli: CLI) -> None:
     """A taken port or an address this machine lacks: one error line before the start line, exit 1 (llama.cpp's
     own server prints its banner and `Failed to create server socket`, and returns)."""

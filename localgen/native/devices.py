@@ -3,7 +3,9 @@ integrated GPU, RPC servers), and registering llama.cpp RPC servers the way llam
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +85,33 @@ def start_rpc_server(endpoint: str, threads: int, cache_dir: str | None) -> None
     arr = (ctypes.c_void_p * len(chosen))(*[g.ggml_backend_dev_get(i) for i in chosen])
     fn = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
                           ctypes.POINTER(ctypes.c_void_p))(start)
-    fn(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, len(chosen), arr)
+    with _stdout_to_stderr():  # its banner and a line per client: stdout carries only an answer, and this has none
+        fn(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, len(chosen), arr)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 is stderr's while the block runs (what C code prints to stdout goes to stderr, a line at a
+    time), and stdout's again after; Python's sys.stdout is left unused meanwhile."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    libc: Any = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        libc = ctypes.CDLL(None)
+        c_stdout = ctypes.c_void_p.in_dll(libc, "stdout")  # glibc's name (elsewhere: printed when it flushes)
+        libc.setvbuf(c_stdout, None, 1, 0)  # _IOLBF: each line as it is printed
+    try:
+        yield
+    finally:
+        if libc is not None:
+            with contextlib.suppress(AttributeError):
+                libc.fflush(None)  # nothing buffered reaches the real stdout after
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def buffer_types() -> dict[str, int]:
