@@ -602,7 +602,9 @@ def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cl
     (["--ram", "0.5k"], "--ram: '0.5k' is 512 bytes, under 1 MiB: less memory than a machine has"),
     (["-ts", "nan,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
     (["-ts", "inf,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
-    (["-ts", "1e308,1e308"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
+    # each finite, their sum not: said so, not called infinite
+    (["-ts", "1e308,1e308"], "--tensor-split 1e+308,1e+308: the proportions are too large (their sum overflows); "
+                             "give smaller ones, e.g. 3,1"),
     (["-ts", ",".join(["1"] * 17)], "--tensor-split takes at most 16 proportions (llama.cpp's most devices)"),
 ])
 def test_a_bad_size_is_one_line_and_exit_2(cli_in_process: InProcessCLI, smollm2_path: Path, args: list[str],

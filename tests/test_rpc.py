@@ -231,6 +231,7 @@ def test_the_probe_asks_what_llama_cpp_asks_next() -> None:
     ("a b:1", "--rpc 'a b:1' has no valid host name"),  # not 'cannot reach' (exit 1) after a lookup
     ("", "--rpc '' names no server"),  # never taken for the flag left out (docs/ci.md's exit 2 for empty text)
     (" , ", "--rpc ' , ' names no server"),
+    ("127.0.0.1:47111,127.0.0.1:47111", "--rpc names 127.0.0.1:47111 twice"),  # not dropped in silence
 ])
 @pytest.mark.parametrize("command", ["run", "doctor", "bench"])
 def test_a_malformed_rpc_server_is_a_usage_error(cli_in_process: InProcessCLI, command: str, value: str,
