@@ -246,6 +246,9 @@ def rpc_servers(text: str | None) -> tuple[str, ...]:
         if fault := host_fault(host):
             raise UsageError(f"--rpc {server!r} has {fault}",
                              hint="e.g. 10.0.0.5:50052, where localgen rpc-server listens")
+    repeated = next((x for i, x in enumerate(servers) if x in servers[:i]), None)
+    if repeated is not None:  # llama.cpp would add it once: the layers planned for two servers would go to one
+        raise UsageError(f"--rpc names {repeated} twice", hint="give each server once")
     return servers
 
 

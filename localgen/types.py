@@ -155,8 +155,11 @@ class LoadParams:
         if self.n_cpu_moe is not None and self.n_cpu_moe < 0:
             raise UsageError(f"--n-cpu-moe takes a number of layers, 0 or more, not {self.n_cpu_moe}")
         split = self.tensor_split
-        if any(not math.isfinite(x) or x < 0 for x in split) or (split and not 0 < sum(split) < math.inf):
+        if any(not math.isfinite(x) or x < 0 for x in split) or (split and not sum(split) > 0):
             raise UsageError("--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1")
+        if split and not math.isfinite(sum(split)):  # each finite, their sum not: llama.cpp divides by it
+            raise UsageError(f"--tensor-split {','.join(f'{x:g}' for x in split)}: the proportions are too large "
+                             "(their sum overflows); give smaller ones, e.g. 3,1")
         if len(self.tensor_split) > MAX_DEVICES:
             raise UsageError(f"--tensor-split takes at most {MAX_DEVICES} proportions (llama.cpp's most devices)")
 

@@ -340,6 +340,24 @@ def test_compare_leaves_a_missing_figure_empty(own_home: Path) -> None:
     assert "█" in next(line for line in lines if f"pp16 run {ib}" in line)
 
 
+@pytest.mark.slow  # benchmarks SmolLM2 in this process
+def test_compare_of_a_local_run_and_an_endpoint_run_shows_a_setting_it_lacks_as_a_dash(
+        fake: FakeServer, own_home: Path) -> None:
+    """bench.md: compare's labels name the settings that differ between the rows (`threads=2`); an --endpoint run
+    has none of a local run's, and they read `threads=None ngl=None ... fa=None` in its labels and cells."""
+    local = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
+    assert local.exit_code == 0, local.stderr
+    _sweep(fake)
+    text = invoke("bench", "compare", "1", "2")
+    assert text.exit_code == 0, text.stderr
+    assert "None" not in text.stdout, text.stdout
+    lines = text.stdout.splitlines()
+    served = next(line for line in lines if line.startswith("plain ") and "█" not in line and "run" not in line)
+    assert served.split()[4:11] == ["-"] * 7, served  # threads to type_v: a server's own, not known here
+    assert re.search(r"^plain serve c1 rinf run 2 +█", text.stdout, re.M), text.stdout  # its bar names none
+    assert "smollm2:135m pp8 threads=1 ngl=0" in text.stdout, "a setting a row has is still named"
+
+
 def test_bar_chart_fits_its_columns_and_draws_no_bar_for_a_missing_figure() -> None:
     from localgen.cli.bench.view import bar_chart
 

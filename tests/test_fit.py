@@ -418,6 +418,27 @@ def test_the_json_has_the_keys_the_page_lists(cli_in_process: InProcessCLI, smol
     assert named - values == set(doc) | set(doc["model"]) | (set(doc["devices"][0]) - {"device"})
 
 
+def test_an_encoders_plan_holds_no_kv_cache_and_its_flags_are_not_for_run(cli: CLI, cli_in_process: InProcessCLI,
+                                                                          tmp_path: Path) -> None:
+    """fit.md: an encoder (BERT) has no KV cache, and the flags are for embed and serve, which load it (run and
+    chat refuse an encoder): fit planned a KV cache (64 MiB at -np 256) and offered the flags as run's."""
+    from tests import tiny_bert
+
+    bert = str(tiny_bert.build(tmp_path / "bert.gguf"))
+    r = cli_in_process("fit", "-m", bert, "-np", "256")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()]
+    cpu = rows[rows.index(["DEVICE", "WEIGHTS", "KV", "CACHE", "COMPUTE", "OUTPUT", "TOTAL", "BUDGET"]) + 1]
+    assert cpu[0] == "CPU" and cpu[3] == "-", r.stdout  # the KV CACHE column
+    assert r.stdout.splitlines()[-1] == "flags     --ctx 512 --parallel 256  (for embed and serve: an encoder does " \
+        "not generate)", r.stdout
+    doc = json.loads(cli_in_process("fit", "-m", bert, "--json").stdout)
+    assert doc["model"]["encoder"] is True and doc["devices"][0]["kv"] == 0
+    embedded = cli("embed", "-m", bert, *doc["flags"].split(), "the cat")  # the flags load it
+    assert embedded.returncode == 0 and embedded.stdout.strip(), embedded.stderr
+    assert cli_in_process("run", "-m", bert, "-p", "hi").returncode != 0  # what the note says
+
+
 # ---- what fit says of the context, the sizes it takes, a model that is not here -------------------------
 
 
@@ -581,7 +602,9 @@ def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cl
     (["--ram", "0.5k"], "--ram: '0.5k' is 512 bytes, under 1 MiB: less memory than a machine has"),
     (["-ts", "nan,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
     (["-ts", "inf,1"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
-    (["-ts", "1e308,1e308"], "--tensor-split takes finite proportions, 0 or more and not all 0, e.g. 3,1"),
+    # each finite, their sum not: said so, not called infinite
+    (["-ts", "1e308,1e308"], "--tensor-split 1e+308,1e+308: the proportions are too large (their sum overflows); "
+                             "give smaller ones, e.g. 3,1"),
     (["-ts", ",".join(["1"] * 17)], "--tensor-split takes at most 16 proportions (llama.cpp's most devices)"),
 ])
 def test_a_bad_size_is_one_line_and_exit_2(cli_in_process: InProcessCLI, smollm2_path: Path, args: list[str],
@@ -608,6 +631,38 @@ def test_sizes_take_tebibytes_up_to_a_pebibyte(cli_in_process: InProcessCLI, smo
     assert doc["machine"]["gpus"] == [1 << 40, 2 << 40] and doc["machine"]["ram"] == 3 << 39
     r = cli_in_process("fit", "-m", str(smollm2_path), "--ram", "1P")
     assert r.returncode == 0, r.stderr
+
+
+def _claims_layers(path: Path, block_count: int | None, tensor: str = "token_embd.weight") -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    if block_count is not None:
+        w.add_uint32("llama.block_count", block_count)
+    w.add_tensor(tensor, np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(("block_count", "tensor", "claim"), [
+    (100_000_000, "token_embd.weight", "its header claims 100,000,000 layers"),
+    (4294967295, "token_embd.weight", "its header claims 4,294,967,295 layers"),
+    (None, "blk.99999999.attn_norm.weight", "its tensors name 100,000,000 layers")])
+def test_a_header_claiming_more_layers_than_llama_cpp_takes_is_refused_at_once(
+        cli: CLI, tmp_path: Path, block_count: int | None, tensor: str, claim: str) -> None:
+    """llama.cpp loads at most 512 layers (LLAMA_MAX_LAYERS); every plan walks the layers, so a hostile count hung
+    fit and run while memory grew."""
+    bad = _claims_layers(tmp_path / "big.gguf", block_count, tensor)
+    bench = [["bench", "-m", str(bad), "-p", "8", "-n", "2", "-r", "1"]] if block_count else []  # plans by the header
+    for args in [["fit", "-m", str(bad)], ["run", "-m", str(bad), "-p", "hi", "-n", "2"], *bench]:
+        r = cli(*args, timeout=120)
+        assert r.returncode == 1 and r.stdout == "", (args, r.stderr)
+        assert r.stderr.startswith(f"localgen: error: {bad} is not a usable GGUF file: {claim}, more than "
+                                   "llama.cpp's 512") and r.stderr.count("\n") == 1, (args, r.stderr)
 
 
 def test_an_unknown_model_is_exit_1_as_for_run_and_show(cli_in_process: InProcessCLI) -> None:

@@ -242,16 +242,46 @@ def bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
         mp.undo()
 
 
+@pytest.fixture(scope="module")
+def small_bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/tiny_bert.py's BERT as it is: 64 wide, its feed-forward layer only twice that (the attention's
+    activations are the larger)."""
+    from tests import tiny_bert
+
+    return tiny_bert.build(tmp_path_factory.mktemp("bert64") / "bert-64.gguf")
+
+
+@pytest.mark.parametrize(("model", "ctx"), [("bert64", 512), ("bert", 512), ("bert", 2048)])
+def test_an_encoders_plan_has_no_kv_cache_and_the_compute_llama_cpp_reports(
+        cli: CLI, bert_path: Path, small_bert_path: Path, model: str, ctx: int) -> None:
+    """serve.md: an encoder (BERT) has no KV cache; fit planned one (64 MiB at -np 256), and a compute buffer of
+    a causal model's, a third short of llama.cpp's. Checked against the model's own context as embed loads it
+    (the first in its log; the embeddings context follows)."""
+    import json
+
+    name = str(bert_path if model == "bert" else small_bert_path)
+    r = cli("embed", "-m", name, "--ctx", str(ctx), "--verbose", "the cat sat")
+    assert r.returncode == 0, r.stderr[-2000:]
+    first = r.stderr.split("constructing llama_context")[1]
+    assert "KV buffer size" not in first, first
+    got = float(re.findall(r"compute buffer size =\s+([\d.]+) MiB", first)[-1]) * MIB
+    plan = cli("fit", "-m", name, "--ctx", str(ctx), "-np", "256", "--json")
+    assert plan.returncode == 0, plan.stderr
+    (cpu,) = json.loads(plan.stdout)["devices"]
+    assert cpu["kv"] == 0, cpu
+    assert abs(cpu["compute"] - got) <= COMPUTE_TOLERANCE * got, (cpu["compute"], got)
+
+
 @pytest.mark.parametrize(("model", "ctx"), [("smollm2:135m", 512), ("smollm2:135m", 2048), ("bert", 512),
-                                            ("bert", 4096)])
-def test_the_embeddings_context_matches_what_llama_cpp_reports(cli: CLI, bert_path: Path, model: str,
-                                                               ctx: int) -> None:
+                                            ("bert", 4096), ("bert64", 512)])
+def test_the_embeddings_context_matches_what_llama_cpp_reports(cli: CLI, bert_path: Path, small_bert_path: Path,
+                                                               model: str, ctx: int) -> None:
     """An embeddings context (engine/embed.py: the window's tokens in one micro-batch) beside the weights, as
     serve's residency counts it (footprint.embeddings_bytes): llama.cpp's KV, output and compute buffers for it,
     within COMPUTE_TOLERANCE, for a chat model (logits for every token) and an encoder (none)."""
     from localgen.models.resolve import resolve
 
-    name = str(bert_path) if model == "bert" else model
+    name = {"bert": str(bert_path), "bert64": str(small_bert_path)}.get(model, model)
     r = cli("embed", "-m", name, "--ctx", str(ctx), "--verbose", "the cat sat")
     assert r.returncode == 0, r.stderr[-2000:]
     log = r.stderr[r.stderr.rindex("n_ctx "):]  # the last context made: a chat model's is made again, mean-pooled

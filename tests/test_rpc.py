@@ -3,8 +3,10 @@ local one; a dead port is an error before anything loads; a server dying mid-ans
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text
+from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text, knows_the_bandwidth
 
 PROMPT = "The capital of Italy is"
 
@@ -97,10 +99,11 @@ class _Greeter:
     `then`: "silent" (nothing more), or that many devices to the count and every memory question, and nothing more
     (llama.cpp's next question, a buffer's alignment, waits for ever)."""
 
-    def __init__(self, then: str | int) -> None:
+    def __init__(self, then: str | int, once: bool = False) -> None:
         import threading
 
         self.then = then
+        self.once = once  # the first connection only (localgen's probe): then it stops listening, as if killed
         self.listening = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"127.0.0.1:{self.listening.getsockname()[1]}"
         self.seen: list[int] = []  # the commands received
@@ -114,6 +117,10 @@ class _Greeter:
             try:
                 conn, _ = self.listening.accept()
             except OSError:
+                return
+            if self.once:
+                self._answer(conn)
+                self.listening.close()
                 return
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
@@ -156,6 +163,18 @@ def test_a_server_silent_after_the_greeting_is_an_error_before_load(cli: CLI) ->
     assert f"localgen: error: the RPC server {silent.endpoint} answered the greeting but not the question of its " \
         "devices within 5 s" in r.stderr, r.stderr
     assert "load_tensors" not in r.stderr and time.monotonic() - started < 60
+
+
+def test_a_server_gone_after_the_probe_says_the_rpc_server_went_away(cli: CLI) -> None:
+    """A server killed during the load: llama.cpp's `Failed to connect to HOST:PORT` names no RPC, and the hint
+    that says what happened came only with a message that did."""
+    gone = _Greeter(1, once=True)
+    try:
+        r = cli("run", "-p", "hi", "-n", "4", "--rpc", gone.endpoint, timeout=120)
+    finally:
+        gone.close()
+    assert r.returncode == 1 and r.stderr.count("localgen: error:") == 1, r.stderr
+    assert "llama.cpp stopped: " in r.stderr and "(an RPC server went away or failed" in r.stderr, r.stderr
 
 
 def test_ctrl_c_twice_ends_a_run_stuck_inside_llama_cpp(cli: CLI) -> None:
@@ -212,6 +231,7 @@ def test_the_probe_asks_what_llama_cpp_asks_next() -> None:
     ("a b:1", "--rpc 'a b:1' has no valid host name"),  # not 'cannot reach' (exit 1) after a lookup
     ("", "--rpc '' names no server"),  # never taken for the flag left out (docs/ci.md's exit 2 for empty text)
     (" , ", "--rpc ' , ' names no server"),
+    ("127.0.0.1:47111,127.0.0.1:47111", "--rpc names 127.0.0.1:47111 twice"),  # not dropped in silence
 ])
 @pytest.mark.parametrize("command", ["run", "doctor", "bench"])
 def test_a_malformed_rpc_server_is_a_usage_error(cli_in_process: InProcessCLI, command: str, value: str,
@@ -237,6 +257,59 @@ def test_a_server_dying_mid_answer_is_one_line_and_exit_1(cli: CLI) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_server_killed_mid_bench_still_prints_the_rows_measured_and_says_where_they_are_kept(
+        cli: CLI, tmp_path: Path) -> None:
+    """bench.md: a run that fails part-way prints the rows measured and says how many it kept; llama.cpp aborting
+    the process when its RPC server goes away ended it with the one error line alone."""
+    home = knows_the_bandwidth(tmp_path / "home")
+    c, db = CLI({**cli.env, "LOCALGEN_HOME": str(home)}), home / "data" / "bench.sqlite"
+    proc, ep = _start(cli)
+    try:
+        bench = c.popen("bench", "--rpc", ep, "-p", "8", "-n", "8000", "-r", "1", "-t", "1", "--no-e2e",
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        while bench.poll() is None:  # the pp8 row kept, tg8000 under way
+            with contextlib.suppress(sqlite3.Error), \
+                    contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+                if conn.execute("SELECT count(*) FROM results").fetchone()[0]:
+                    break
+            time.sleep(0.1)
+        proc.kill()
+        out, err = (b.decode() for b in bench.communicate(timeout=120))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert bench.returncode == 1, err
+    assert [line.split("|")[7].strip() for line in out.splitlines() if line.startswith("| llama")] == ["pp8"], out
+    lines = err.splitlines()
+    assert lines[-2] == "1 result measured; kept as run 1: localgen bench history 1", err
+    assert lines[-1].startswith("localgen: error: llama.cpp stopped: ") and "RPC server went away" in lines[-1], err
+    assert "Traceback" not in err
+
+
+def test_rpc_server_prints_llama_cpps_banner_on_stderr_and_nothing_on_stdout(cli: CLI, tmp_path: Path) -> None:
+    """stdout carries only the answer, and rpc-server has none: llama.cpp's start-up banner (`Starting RPC
+    server`, its devices, the transport) and its line per client went to stdout."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    port = _free_port()
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = cli.popen("rpc-server", "--port", str(port), "-t", "1", stdout=o, stderr=e)
+    try:
+        deadline = time.monotonic() + 60
+        said = ""
+        while "Client connection closed" not in said and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            time.sleep(0.2)
+            said = out.read_text() + err.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.read_text() == "", out.read_text()
+    text = err.read_text()
+    assert text.startswith(f"localgen rpc-server on 127.0.0.1:{port}") and "Starting RPC server" in text, text
+    assert "Client connection closed" in text, text
 
 
 def test_an_rpc_server_that_cannot_listen_is_one_line_and_exit_1(cli: CLI) -> None:

@@ -189,7 +189,8 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
                         **({"mapped": d.mapped} if d.device == "CPU" else {})})
     return {
         "model": {"name": ref.name, "file": ref.path, "architecture": s.architecture, "layers": plan.n_layer,
-                  "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe},
+                  "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe,
+                  "encoder": s.encoder_only},
         "machine": {"ram": m.ram, "gpus": list(m.gpus), "unified": m.unified, "gpus_described": m.described,
                     "ram_described": ram_given},
         "ctx": plan.ctx, "asked": asked, "asked_by": asked_by, "largest": asked is None, "capped": plan.capped,
@@ -305,4 +306,5 @@ def _print(doc: dict[str, Any], why: str) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    print(f"flags     {doc['flags']}")
+    # an encoder (BERT) embeds and scores: run and chat refuse it
+    print(f"flags     {doc['flags']}{'  (for embed and serve: an encoder does not generate)' if md['encoder'] else ''}")

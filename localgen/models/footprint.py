@@ -26,6 +26,7 @@ How the parts follow llama.cpp (the sizes its load log prints as "model buffer s
   mask. Experts kept in RAM are computed on the GPU all the same (llama.cpp copies their weights over for a
   micro-batch), so they add nothing to the host's buffer.
 - output: one row of logits per sequence, in host memory.
+- an encoder (BERT: attention not causal) has no KV cache, and its compute buffer is _encoder_compute's.
 
 Checked against llama.cpp's load log on the CPU (tests/test_fit.py): weights and KV to the byte, compute
 within COMPUTE_TOLERANCE, for SmolLM2 (llama), Gemma 3 (sliding window) and a random qwen3moe model; on an H200
@@ -41,7 +42,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from localgen import placement
-from localgen.models.gguf_meta import GGML_BLOCKS, read_gguf, repackable_types
+from localgen.errors import ModelFormatError
+from localgen.models.gguf_meta import GGML_BLOCKS, MAX_LAYERS, read_gguf, repackable_types
 from localgen.types import GGUFSummary, LoadParams
 
 COMPUTE_TOLERANCE = 0.05  # the compute buffers, relative to what llama.cpp reports
@@ -173,7 +175,11 @@ def layout(path: str) -> WeightLayout:
     tensors: list[tuple[Any, ...]] = []
     for i, part in enumerate(_parts(path)):
         tensors.extend((*row, i) for row in read_gguf(part)[1])
-    return layout_of(tensors)
+    out = layout_of(tensors)
+    if out.n_layer > MAX_LAYERS:  # a tensor named blk.N of a hostile N: every plan walks each layer
+        raise ModelFormatError(f"{path} is not a usable GGUF file: its tensors name {out.n_layer:,} layers, "
+                               f"more than llama.cpp's {MAX_LAYERS}", hint="the file is corrupt or hostile")
+    return out
 
 
 def layout_of(table: Iterable[tuple[Any, ...]]) -> WeightLayout:
@@ -310,7 +316,8 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
 
     n_cells = cells(load.n_ctx)
     kv = dict.fromkeys(names, 0)
-    per_layer = kv_bytes(s, n_cells * n_seq, load.cache_type_k, load.cache_type_v, layers=1)
+    # an encoder (BERT) attends within its micro-batch alone: llama.cpp makes it no KV cache
+    per_layer = 0 if s.encoder_only else kv_bytes(s, n_cells * n_seq, load.cache_type_k, load.cache_type_v, layers=1)
     for il in range(n_layer):
         kv[_device_name(layer_dev[il], n_gpus)] += per_layer
 
@@ -329,6 +336,9 @@ def _compute(s: GGUFSummary, load: LoadParams, n_cells: int, layer_dev: list[str
     """Each device's compute buffer (its largest micro-batch's activations), by `estimate`'s device names; `layer_dev`:
     the device of each repeating layer, then the output layer's."""
     ub = min(load.n_ubatch or 512, load.n_batch, n_cells)
+    if s.encoder_only:  # no logits, no cache: the micro-batch's own tokens attend to each other
+        enc = _encoder_compute(s, ub, load.flash_attn is not False)
+        return {name: enc if name in layer_dev else 0 for name in names}
     rows = 2 * ub * (s.n_embd or 0) * F32
     logits = ub * (s.vocab_size or 0) * F32 + rows
     flash = load.flash_attn is not False  # None and "auto": localgen's rule and llama.cpp's both turn it on here
@@ -360,20 +370,34 @@ def embeddings_bytes(s: GGUFSummary, n_ctx: int, flash: bool = True) -> int:
     - output: a row of logits and one of embeddings per sequence, f32 (llama.cpp reserves both).
     - compute: the attention mask (f16 with flash attention, which llama.cpp's choice turns on where the device
       has it; without, the scores of every head in f32) and two rows of activations, both alive through the
-      graph, plus the larger of the logits (a causal model computes them for every token; an encoder has no
-      output head) and the feed-forward layer's activations (its up projection and a residual row).
+      graph, plus the larger of the logits (computed for every token) and the feed-forward layer's activations
+      (its up projection and a residual row); an encoder's as _encoder_compute counts it.
     Checked against llama.cpp's sizes (tests/test_footprint.py) for SmolLM2 and BERT models: within
     COMPUTE_TOLERANCE."""
     n_cells = cells(n_ctx)
     ub = n_cells  # a text is encoded in one ubatch: the window's cells
     n_embd, vocab = s.n_embd or 0, s.vocab_size or 0
-    kv = 0 if s.encoder_only else kv_bytes(s, n_cells)
     output = EMBED_SEQS * (vocab + n_embd) * F32
+    if s.encoder_only:
+        return output + _encoder_compute(s, ub, flash)
     mask = ub * n_cells * (2 if flash else ((s.n_head or 1) + 1) * F32)
     rows = 2 * ub * n_embd * F32
-    logits = 0 if s.encoder_only else ub * vocab * F32
     ffn = ub * (_meta_int(s, "feed_forward_length") + n_embd) * F32
-    return kv + output + mask + rows + max(logits, ffn)
+    return kv_bytes(s, n_cells) + output + mask + rows + max(ub * vocab * F32, ffn)
+
+
+def _encoder_compute(s: GGUFSummary, ub: int, flash: bool) -> int:
+    """An encoder's compute buffer for a micro-batch of `ub` tokens (a non-causal graph: no cache, the tokens
+    attend to each other, no output head): the mask (and without flash attention every head's scores), two rows
+    of activations, and the larger of the feed-forward layer's (its up projection and a residual row) and the
+    attention's (its query, key and value rows in f32 and an f16 copy for the kernel: 3.5 rows). llama.cpp's
+    sizes for BERTs from 64 to 384 wide, feed-forward 2 and 4 times that, 256 to 4,096 tokens: within 1 %."""
+    n_embd = s.n_embd or 0
+    mask = ub * ub * (2 if flash else ((s.n_head or 1) + 1) * F32)
+    rows = 2 * ub * n_embd * F32
+    ffn = ub * (_meta_int(s, "feed_forward_length") + n_embd) * F32
+    attention = ub * n_embd * F32 * 7 // 2
+    return mask + rows + max(ffn, attention)
 
 
 def _meta_int(s: GGUFSummary, key: str) -> int:

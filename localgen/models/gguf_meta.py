@@ -25,6 +25,7 @@ MAX_TENSORS = 1_000_000
 MAX_STRING = 32 << 20  # chat templates can be large; nothing legitimate is near this
 MAX_ARRAY_KEEP = 64  # arrays longer than this keep only their length
 MAX_DIMS = 8
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS: a model with more does not load
 DEFAULT_ALIGNMENT = 32
 
 # GGUF value types: struct format for the scalars.
@@ -311,6 +312,10 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
                                    hint="the file is corrupt or hostile; download it again")
         return int(v)
 
+    n_layers = get_int("block_count")
+    if n_layers is not None and n_layers > MAX_LAYERS:  # llama.cpp refuses it; our planner would walk every layer
+        raise ModelFormatError(f"{path} is not a usable GGUF file: its header claims {n_layers:,} layers, "
+                               f"more than llama.cpp's {MAX_LAYERS}", hint="the file is corrupt or hostile")
     parts = meta.get("split.count")
     if isinstance(parts, int) and parts > 1 and file_size is None:
         # A split model: parameters and bytes of every part (each part lists only its own tensors).
@@ -326,7 +331,7 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
         name=meta.get("general.name") if isinstance(meta.get("general.name"), str) else None,
         quantization=FILE_TYPES.get(ftype, f"type {ftype}") if isinstance(ftype, int) else None,
         context_length=get_int("context_length"),
-        n_layers=get_int("block_count"),
+        n_layers=n_layers,
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=get_int("attention.head_count_kv") or n_head,
@@ -345,7 +350,7 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
     )
 
 
-SUMMARY_FORMAT = 4
+SUMMARY_FORMAT = 5
 
 
 def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> GGUFSummary:

@@ -3,7 +3,9 @@ integrated GPU, RPC servers), and registering llama.cpp RPC servers the way llam
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +14,7 @@ from localgen.errors import LocalgenError
 CPU, GPU, IGPU, ACCEL = 0, 1, 2, 3
 _ggml: Any = None
 _registered: set[str] = set()
+_rpc_used: list[bool] = []  # an RPC server is being added or was: llama.cpp's aborts may be one gone away
 
 
 def _lib() -> Any:
@@ -82,7 +85,33 @@ def start_rpc_server(endpoint: str, threads: int, cache_dir: str | None) -> None
     arr = (ctypes.c_void_p * len(chosen))(*[g.ggml_backend_dev_get(i) for i in chosen])
     fn = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
                           ctypes.POINTER(ctypes.c_void_p))(start)
-    fn(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, len(chosen), arr)
+    with _stdout_to_stderr():  # its banner and a line per client: stdout carries only an answer, and this has none
+        fn(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, len(chosen), arr)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 is stderr's while the block runs (what C code prints to stdout goes to stderr, a line at a
+    time), and stdout's again after; Python's sys.stdout is left unused meanwhile."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    libc: Any = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        libc = ctypes.CDLL(None)
+        c_stdout = ctypes.c_void_p.in_dll(libc, "stdout")  # glibc's name (elsewhere: printed when it flushes)
+        libc.setvbuf(c_stdout, None, 1, 0)  # _IOLBF: each line as it is printed
+    try:
+        yield
+    finally:
+        if libc is not None:
+            with contextlib.suppress(AttributeError):
+                libc.fflush(None)  # nothing buffered reaches the real stdout after
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def buffer_types() -> dict[str, int]:
@@ -218,6 +247,7 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     if not add:
         raise LocalgenError("this llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(add)
+    _rpc_used[:] = [True]  # (adding one connects again: a server killed since the probe aborts in there)
     for endpoint in servers:
         if endpoint in _registered:
             continue
@@ -227,6 +257,11 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
         g.ggml_backend_register(server_reg)
         _registered.add(endpoint)
     return [d for d in devices() if d.name.startswith("RPC")]
+
+
+def rpc_in_use() -> bool:
+    """Whether this process adds or added an RPC server (--rpc)."""
+    return bool(_rpc_used)
 
 
 def backend_info() -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from localgen.errors import LocalgenError
@@ -51,6 +51,32 @@ def remove_on_abort(path: str | os.PathLike[str]) -> None:
 def forget_on_abort(path: str | os.PathLike[str]) -> None:
     """`path` is no longer the abort handler's to remove."""
     _on_abort.discard(os.fspath(path))
+
+
+_last_words: list[Callable[[], None]] = []  # what the running commands say before an abort ends the process
+
+
+@contextlib.contextmanager
+def last_words(say: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, `say()` runs when llama.cpp aborts the process (or a second Ctrl-C ends a call stuck
+    inside it), before the one-line error: a command's last words (bench: the rows it measured, and where they
+    are kept). What it raises is dropped; stdout is flushed after it."""
+    _last_words.append(say)
+    try:
+        yield
+    finally:
+        _last_words.remove(say)
+
+
+def _say_last_words() -> None:
+    import sys
+
+    for say in reversed(list(_last_words)):
+        with contextlib.suppress(Exception):
+            say()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 _stuck: list[Any] = []  # exit_when_stuck's pending-call thunk, once it watches (kept referenced)
@@ -137,6 +163,7 @@ def _exit_interrupted() -> None:
     for path in list(_on_abort):
         with contextlib.suppress(OSError):
             os.unlink(path)
+    _say_last_words()
     with contextlib.suppress(OSError):
         os.write(2, b"\ninterrupted\n" if os.isatty(2) else b"interrupted\n")
     os._exit(130)
@@ -184,6 +211,8 @@ def _install_abort_handler() -> None:
     import ctypes
     import sys
 
+    from localgen.native import devices
+
     global _abort_cb
     try:
         setter = libggml().ggml_set_abort_callback
@@ -195,14 +224,18 @@ def _install_abort_handler() -> None:
         text = (message or b"").decode("utf-8", errors="replace").strip()
         why = text.split(": ", 1)[-1] if ": " in text else text
         hint = None
+        rpc = "an RPC server went away or failed: a generation cannot go on without it; run again"
         if "RPC" in text:
-            hint = "an RPC server went away or failed: a generation cannot go on without it; run again"
+            hint = rpc
         elif "CUDA" in text or "out of memory" in text.lower():
             hint = "the GPU ran out of memory: try fewer --gpu-layers, a smaller --ctx, or free GPU memory"
+        elif devices.rpc_in_use():  # `Failed to connect to HOST:PORT`: a server killed during the load
+            hint = rpc
         try:
             for path in list(_on_abort):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+            _say_last_words()
             if _abort_line is not None:
                 sys.stderr.write(_abort_line(f"llama.cpp stopped: {why}", hint) + "\n")
             else:

@@ -267,6 +267,7 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
     from localgen.cli.output import ErrWriter, plural
     from localgen.cli.progress import make_progress
     from localgen.models.resolve import resolve
+    from localgen.native.lib import last_words as last_words_on_abort
 
     refs = {m: resolve(m, offline=offline, progress=make_progress()) for m in {c.model for c in plan.configs}}
     sweep.check_context(plan, {m: ref.summary.context_length for m, ref in refs.items()})
@@ -280,7 +281,16 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
     kept = 0  # of them, in the history
     interrupted = False
     failed: LocalgenError | None = None
-    with stop_on_sigint() as stop:
+    err = ErrWriter()
+
+    def last_words() -> None:  # llama.cpp aborting (an RPC server gone) ends the process: the rows measured first
+        view.end()
+        if results and output != "jsonl":
+            emit(results, system, output)
+        if results:
+            err.line(f"{plural(len(results), 'result')} measured; {kept_where(kept, len(results), recording.id)}")
+
+    with stop_on_sigint() as stop, last_words_on_abort(last_words):
         view = ProgressView.of(plan, stop)
         try:
             for result in run(plan, view, system["bandwidth"], open_model=refs.__getitem__,  # type: ignore[arg-type]
@@ -299,7 +309,6 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
             failed = e
         finally:
             view.end()
-    err = ErrWriter()
     if interrupted and not results:
         err.line("interrupted before the first result: nothing was measured, nothing saved")
         raise typer.Exit(130)

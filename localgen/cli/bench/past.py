@@ -132,7 +132,7 @@ def compare_cmd(
     settings = [k for k in ("n_threads", "n_gpu_layers", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k",
                             "type_v", "tensor_buft_overrides") if len({r[k] for r in rows}) > 1]
     head = ["model", "test", *settings, f"run {a} t/s", f"run {b} t/s", "B/A"]
-    cells = [[r["model_name"], r["test"], *[str(r[k]) for k in settings],
+    cells = [[r["model_name"], r["test"], *["-" if r[k] is None else str(r[k]) for k in settings],  # none: a server's
               f"{r['a_ts']:.2f}" if r["a_ts"] else "", f"{r['b_ts']:.2f}" if r["b_ts"] else "",
               f"{r['ratio']:.2f}x" if r["ratio"] else ""] for r in rows]  # a missing figure stays empty
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
@@ -142,7 +142,8 @@ def compare_cmd(
     def bar(r: dict[str, Any], run: int) -> str:  # the settings that differ between rows tell the bars apart
         from localgen.bench import records
 
-        told = [f"{records.SHORT[k]}={int(r[k]) if isinstance(r[k], bool) else r[k]}" for k in settings]
+        told = [f"{records.SHORT[k]}={int(r[k]) if isinstance(r[k], bool) else r[k]}" for k in settings
+                if r[k] is not None]  # a setting the row has not (an --endpoint run's): not named
         return " ".join([r["model_name"], r["test"], *told, f"run {run}"])
 
     chart = [(bar(r, a), r["a_ts"]) for r in rows]
