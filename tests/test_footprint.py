@@ -251,15 +251,24 @@ def small_bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_bert.build(tmp_path_factory.mktemp("bert64") / "bert-64.gguf")
 
 
-@pytest.mark.parametrize(("model", "ctx"), [("bert64", 512), ("bert", 512), ("bert", 2048)])
+@pytest.fixture(scope="module")
+def nomic_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/tiny_bert.py's nomic-bert: 384 wide, a gated feed-forward layer 1,536 wide, a 2,048-token window."""
+    from tests import tiny_bert
+
+    return tiny_bert.build_nomic(tmp_path_factory.mktemp("nomic") / "nomic-384.gguf")
+
+
+@pytest.mark.parametrize(("model", "ctx"), [("bert64", 512), ("bert", 512), ("bert", 2048), ("nomic", 512),
+                                            ("nomic", 2048)])
 def test_an_encoders_plan_has_no_kv_cache_and_the_compute_llama_cpp_reports(
-        cli: CLI, bert_path: Path, small_bert_path: Path, model: str, ctx: int) -> None:
+        cli: CLI, bert_path: Path, small_bert_path: Path, nomic_path: Path, model: str, ctx: int) -> None:
     """serve.md: an encoder (BERT) has no KV cache; fit planned one (64 MiB at -np 256), and a compute buffer of
-    a causal model's, a third short of llama.cpp's. Checked against the model's own context as embed loads it
-    (the first in its log; the embeddings context follows)."""
+    a causal model's, a third short of llama.cpp's (a nomic-bert's gated feed-forward layer: half). Checked
+    against the model's own context as embed loads it (the first in its log; the embeddings context follows)."""
     import json
 
-    name = str(bert_path if model == "bert" else small_bert_path)
+    name = str({"bert": bert_path, "bert64": small_bert_path, "nomic": nomic_path}[model])
     r = cli("embed", "-m", name, "--ctx", str(ctx), "--verbose", "the cat sat")
     assert r.returncode == 0, r.stderr[-2000:]
     first = r.stderr.split("constructing llama_context")[1]

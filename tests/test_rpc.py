@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CLI, InProcessCLI, assert_same_greedy_text, knows_the_bandwidth
+from tests.conftest import CLI, ROOT, InProcessCLI, assert_same_greedy_text, knows_the_bandwidth
 
 PROMPT = "The capital of Italy is"
 
@@ -451,3 +451,16 @@ def test_the_plans_mapped_span_is_llama_cpps_cpu_mapped_line_with_experts_in_ram
             assert plan.weights < plan.mapped, "the server's tensors between the CPU's are mapped, not the CPU's"
         else:  # the token embedding alone
             assert plan.mapped == plan.weights == w.embedding
+
+
+def test_a_second_ctrl_c_says_the_commands_last_words_once_before_interrupted() -> None:
+    """rpc.md: a second Ctrl-C that ends a call stuck in llama.cpp lets bench print the rows it measured first, as
+    an abort does (the same hook, native/lib.py's last_words), and only once whichever exit comes first."""
+    import sys
+
+    code = ("from localgen.native import lib\n"
+            "with lib.last_words(lambda: print('the rows measured')):\n"
+            "    lib._say_last_words()\n"  # an abort's exit got there first: the second says nothing again
+            "    lib._exit_interrupted()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert (r.returncode, r.stdout, r.stderr) == (130, "the rows measured\n", "interrupted\n"), r

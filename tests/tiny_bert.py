@@ -96,6 +96,64 @@ def build(out: Path, rank: bool = False) -> Path:
     return out
 
 
+
+def build_nomic(out: Path, n_embd: int = 384, n_ff: int = 1536, n_head: int = 12, n_ctx: int = 2048) -> Path:
+    """A nomic-bert (fused QKV, rotary positions, a SwiGLU feed-forward layer) of random weights, two layers, the
+    same vocabulary: the shape of nomic-embed-text, whose gated feed-forward layer sizes llama.cpp's compute
+    buffer (tests/test_footprint.py)."""
+    import gguf
+    import numpy as np
+
+    toks = vocab()
+    types = [gguf.TokenType.CONTROL if t.startswith("[") and t.endswith("]") else gguf.TokenType.NORMAL for t in toks]
+    types[100] = gguf.TokenType.UNKNOWN
+    rng = np.random.default_rng(20261201)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(out), "nomic-bert")
+    w.add_name("tiny-nomic")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(2)
+    w.add_head_count(n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_token_type_count(2)
+    w.add_rope_freq_base(1000.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("bert")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    for add, token in ((w.add_bos_token_id, 101), (w.add_eos_token_id, 102), (w.add_unk_token_id, 100),
+                       (w.add_sep_token_id, 102), (w.add_pad_token_id, 0), (w.add_mask_token_id, 103)):
+        add(token)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    ones, zeros = np.ones(n_embd, dtype=np.float32), np.zeros(n_embd, dtype=np.float32)
+    w.add_tensor("token_embd.weight", rand(len(toks), n_embd))
+    w.add_tensor("token_types.weight", rand(2, n_embd))
+    w.add_tensor("token_embd_norm.weight", ones)
+    w.add_tensor("token_embd_norm.bias", zeros)
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_qkv.weight", rand(3 * n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_output.weight", rand(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.attn_output_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.attn_output_norm.bias", zeros)
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", rand(n_embd, n_ff))
+        w.add_tensor(f"blk.{i}.layer_output_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.layer_output_norm.bias", zeros)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)

@@ -386,16 +386,23 @@ def embeddings_bytes(s: GGUFSummary, n_ctx: int, flash: bool = True) -> int:
     return kv_bytes(s, n_cells) + output + mask + rows + max(ub * vocab * F32, ffn)
 
 
+# encoders whose feed-forward layer is gated (llama.cpp's LLM_FFN_SILU/GELU with LLM_FFN_PAR): up, gate, product
+GATED_ENCODERS = frozenset({"nomic-bert", "nomic-bert-moe", "jina-bert-v2", "modern-bert", "neo-bert"})
+
+
 def _encoder_compute(s: GGUFSummary, ub: int, flash: bool) -> int:
     """An encoder's compute buffer for a micro-batch of `ub` tokens (a non-causal graph: no cache, the tokens
     attend to each other, no output head): the mask (and without flash attention every head's scores), two rows
     of activations, and the larger of the feed-forward layer's (its up projection and a residual row) and the
-    attention's (its query, key and value rows in f32 and an f16 copy for the kernel: 3.5 rows). llama.cpp's
-    sizes for BERTs from 64 to 384 wide, feed-forward 2 and 4 times that, 256 to 4,096 tokens: within 1 %."""
+    attention's (its query, key and value rows in f32 and an f16 copy for the kernel: 3.5 rows). A gated
+    feed-forward layer (nomic-bert's SwiGLU) holds its up projection, its gate and their product. llama.cpp's
+    sizes for BERTs from 64 to 384 wide, feed-forward 2 and 4 times that, 256 to 4,096 tokens, and nomic-berts
+    384 and 768 wide: within 1 %."""
     n_embd = s.n_embd or 0
     mask = ub * ub * (2 if flash else ((s.n_head or 1) + 1) * F32)
     rows = 2 * ub * n_embd * F32
-    ffn = ub * (_meta_int(s, "feed_forward_length") + n_embd) * F32
+    n_ff = _meta_int(s, "feed_forward_length") * (3 if s.architecture in GATED_ENCODERS else 1)
+    ffn = ub * (n_ff + n_embd) * F32
     attention = ub * n_embd * F32 * 7 // 2
     return mask + rows + max(ffn, attention)
 

@@ -14,7 +14,6 @@ from localgen.errors import LocalgenError
 CPU, GPU, IGPU, ACCEL = 0, 1, 2, 3
 _ggml: Any = None
 _registered: set[str] = set()
-_rpc_used: list[bool] = []  # an RPC server is being added or was: llama.cpp's aborts may be one gone away
 
 
 def _lib() -> Any:
@@ -247,7 +246,9 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     if not add:
         raise LocalgenError("this llama.cpp's RPC backend has no ggml_backend_rpc_add_server")
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(add)
-    _rpc_used[:] = [True]  # (adding one connects again: a server killed since the probe aborts in there)
+    from localgen.native.lib import rpc_added
+
+    rpc_added()  # (adding one connects again: a server killed since the probe aborts in there)
     for endpoint in servers:
         if endpoint in _registered:
             continue
@@ -257,11 +258,6 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
         g.ggml_backend_register(server_reg)
         _registered.add(endpoint)
     return [d for d in devices() if d.name.startswith("RPC")]
-
-
-def rpc_in_use() -> bool:
-    """Whether this process adds or added an RPC server (--rpc)."""
-    return bool(_rpc_used)
 
 
 def backend_info() -> dict[str, Any]:

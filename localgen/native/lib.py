@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,6 +55,13 @@ def forget_on_abort(path: str | os.PathLike[str]) -> None:
 
 
 _last_words: list[Callable[[], None]] = []  # what the running commands say before an abort ends the process
+_said = threading.Lock()  # held by the one exit that says them (an abort, or a second Ctrl-C's watcher)
+_rpc_used: list[bool] = []  # an RPC server is being added or was (native/devices.py): an abort may be one gone
+
+
+def rpc_added() -> None:
+    """An RPC server is being added (--rpc): llama.cpp's `Failed to connect` aborts are then one gone away."""
+    _rpc_used[:] = [True]
 
 
 @contextlib.contextmanager
@@ -69,10 +77,14 @@ def last_words(say: Callable[[], None]) -> Iterator[None]:
 
 
 def _say_last_words() -> None:
+    """The last words, said once whichever exit comes first (a Ctrl-C pressed meanwhile cannot cut the exit's own
+    line short)."""
     import sys
 
+    if not _said.acquire(blocking=False):
+        return
     for say in reversed(list(_last_words)):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(BaseException):
             say()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -211,8 +223,6 @@ def _install_abort_handler() -> None:
     import ctypes
     import sys
 
-    from localgen.native import devices
-
     global _abort_cb
     try:
         setter = libggml().ggml_set_abort_callback
@@ -229,7 +239,7 @@ def _install_abort_handler() -> None:
             hint = rpc
         elif "CUDA" in text or "out of memory" in text.lower():
             hint = "the GPU ran out of memory: try fewer --gpu-layers, a smaller --ctx, or free GPU memory"
-        elif devices.rpc_in_use():  # `Failed to connect to HOST:PORT`: a server killed during the load
+        elif _rpc_used and "failed to connect" in text.lower():  # a server killed during the load
             hint = rpc
         try:
             for path in list(_on_abort):
