@@ -729,3 +729,81 @@ def test_create_and_cp_on_a_full_disk_name_the_preset_file(pcli: InProcessCLI, t
         assert (r.returncode, r.stdout) == (1, "filler\n"), (r.returncode, r.stdout, r.stderr)
         assert r.stderr == (f"localgen: error: cannot write the preset {folder / f'{name}.json'}: no space left on "
                             "device\n"), r.stderr
+
+
+def _preset_file(folder: Path, name: str, base: str) -> None:
+    """A preset's file as `create` writes it, by hand: a base of any name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {"format": 1, "name": name, "base": base, "parameters": {}, "context": None, "system": None,
+           "template": None, "messages": [], "adapters": [], "load": {}}
+    (folder / f"{name.replace(':', '@')}.json").write_text(json.dumps(doc))
+
+
+def test_a_preset_based_on_itself_is_refused_and_one_on_disk_is_one_error(pcli: InProcessCLI, tmp_path: Path,
+                                                                        smollm2_path: Path) -> None:
+    """A preset's base names a model, and that name can come to be a preset's (rm foo:q8_0, then create foo:q8_0
+    FROM foo, whose base it was): create and cp refuse a preset that would be based on itself, and one whose base
+    is gone; a ring already on disk is left out of `list` with a warning, and `show` and `run` say what it is in
+    one line, where they all ended in a RecursionError traceback."""
+    folder = tmp_path / "home" / "data" / "presets"
+    _preset_file(folder, "foo", "foo:q8_0")  # foo's base, a quantized model, was removed ...
+    _preset_file(folder, "foo:q8_0", "smollm2:135m")  # ... and its name taken by a preset
+    r = pcli("create", "foo:q8_0", "--force", "-f", "-", input="FROM foo\n")
+    one_error(r, "stdin: FROM foo (a preset of foo:q8_0): the preset foo:q8_0 would be based on itself "
+                 "(foo:q8_0 → foo:q8_0)")
+    assert r.returncode == 2
+    one_error(pcli("cp", "foo", "foo:q8_0", "--force"), "the preset foo:q8_0 would be based on itself")
+    assert pcli("rm", "foo:q8_0", "--yes").returncode == 0
+    one_error(pcli("create", "foo:q8_0", "-f", "-", input="FROM foo\n"), "FROM foo (a preset of foo:q8_0)",
+              "unknown model")
+    one_error(pcli("cp", "foo", "foo:q8_0"), "unknown model")
+    assert not (folder / "foo@q8_0.json").exists()
+    # a base file gone: FROM its preset is refused, as FROM the file is
+    model = tmp_path / "gp.gguf"
+    shutil.copyfile(smollm2_path, model)
+    assert pcli("create", "gp", "-f", "-", input=f"FROM {model}\n").returncode == 0
+    model.unlink()
+    one_error(pcli("create", "child", "-f", "-", input="FROM gp\nSYSTEM hi\n"), f"FROM gp (a preset of {model})",
+              "no such model file")
+    # a ring on disk (written by an older version, or by hand): one error, never a traceback
+    _preset_file(folder, "a", "b")
+    _preset_file(folder, "b", "a")
+    r = pcli("list", "--json")
+    assert r.returncode == 0, r.stderr
+    listed = [m["name"] for m in json.loads(r.stdout) if m["source"] == "preset"]
+    assert "a" not in listed and "b" not in listed, listed
+    assert "warning: the preset a is based on itself (a → b → a) (left out; " in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    for args in (["show", "a"], ["run", "-m", "b", "-p", "hi"], ["create", "c", "-f", "-"]):
+        one_error(pcli(*args, input="FROM a\n"), "is based on itself")
+
+
+def test_serve_lists_past_a_preset_based_on_itself_and_refuses_making_one(cli_env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    """A ring of presets on disk is left out of /api/tags and /v1/models (they answered 500 for the server's
+    life), and /api/create of a preset that would be based on itself is a 400."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    folder = tmp_path / "home" / "data" / "presets"
+    _preset_file(folder, "ring", "ring")
+    _preset_file(folder, "h3", "h3:q8_0")
+    _preset_file(folder, "h3:q8_0", "smollm2:135m")
+    s = Server(env, "-np", "1")
+    try:
+        for path in ("/api/tags", "/v1/models"):
+            r = httpx.get(f"{s.url}{path}", timeout=60)
+            assert r.status_code == 200, r.text
+            assert "ring" not in r.text and '"h3:q8_0"' in r.text, r.text
+        assert httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "h3:q8_0"}, timeout=60).is_success
+        r = httpx.post(f"{s.url}/api/create", json={"model": "h3:q8_0", "from": "h3", "stream": False}, timeout=60)
+        assert r.status_code == 400 and "is not here" in r.text, r.text  # its base is gone
+        _preset_file(folder, "h3:q8_0", "smollm2:135m")
+        r = httpx.post(f"{s.url}/api/create", json={"model": "h3:q8_0", "from": "h3", "force": True,
+                                                    "stream": False}, timeout=60)
+        assert r.status_code == 400 and "would be based on itself" in r.text, r.text
+        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200
+    finally:
+        assert s.stop() == 0

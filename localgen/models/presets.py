@@ -40,6 +40,28 @@ class PresetExists(UsageError):
     """A preset of that name exists, and replacing it was not asked for."""
 
 
+class PresetCycle(LocalgenError):
+    """A preset whose base is, through other presets or none, itself (a file written so, or by an older version)."""
+
+    def __init__(self, chain: list[str]) -> None:
+        name = chain[0]
+        super().__init__(f"the preset {name} is based on itself ({' → '.join([*chain, name])})",
+                         hint=f"create it again FROM a model, or remove it with localgen rm {name}")
+
+
+def cycle(name: str, base: str) -> list[str] | None:
+    """The presets, from `name`, a preset `name` with base `base` would be based on in a ring back to itself (a
+    preset's base is another preset's name where that model was removed and the name taken: rm NAME:q8_0, then
+    create NAME:q8_0 FROM NAME); None when the bases end at a model."""
+    chain = [canonical(name)]
+    while (p := find(base)) is not None:
+        if p.name in chain:
+            return chain[chain.index(p.name):]
+        chain.append(p.name)
+        base = p.base
+    return None
+
+
 @dataclass(frozen=True)
 class Preset:
     """A named base model and the settings its Modelfile gave."""
@@ -155,6 +177,14 @@ def warn_with(warn: Callable[[str], None]) -> None:
     _said.clear()
 
 
+def left_out(e: LocalgenError) -> None:
+    """Say (each once, warn_with's) that a listing leaves out a preset, and why: damaged, or based on itself."""
+    said = f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})"
+    if said not in _said:
+        _said.add(said)
+        _report["warn"](said)
+
+
 def all_presets() -> list[Preset]:
     """Every readable preset, by name, once; a damaged file is left out with a warning naming it (warn_with),
     and `show` and `rm` name it too."""
@@ -164,10 +194,7 @@ def all_presets() -> list[Preset]:
         try:
             p = find(path.stem.replace("@", ":"))
         except LocalgenError as e:
-            said = f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})"
-            if said not in _said:
-                _said.add(said)
-                _report["warn"](said)
+            left_out(e)
             continue
         if p is not None:
             found.setdefault(p.name, p)
@@ -302,7 +329,7 @@ def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", fol
     check_name(name)
     spec = modelfile.parse(text, where, folder, known)
     _check_new_name(name, using=spec.base)
-    spec = _on_base(spec, where, lookup, known)
+    spec = _on_base(spec, where, lookup, known, name)
     if spec.adapters:
         from localgen.models import lora
 
@@ -328,10 +355,8 @@ def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
     """The preset `cp` makes, checked, not saved yet."""
     _check_new_name(dst, using=src)
     p = find(src)
-    if p is None:
-        spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup)
-        p = Preset(dst, spec)
-    return dataclasses.replace(p, name=canonical(dst))
+    spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup, name=dst)
+    return Preset(canonical(dst), spec if p is None else p.spec)
 
 
 def _exists(name: str) -> PresetExists:
@@ -365,29 +390,26 @@ def remove(name: str) -> bool:
 
 
 def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
-             known: Callable[[str], bool] | None = None) -> modelfile.Modelfile:
+             known: Callable[[str], bool] | None = None, name: str | None = None) -> modelfile.Modelfile:
     """FROM another preset: that preset's settings under this one's. FROM a model: it must be on this machine
     (checked offline); a path is kept absolute, a name known here (`known`) as its name, whatever file of that
-    name the current folder holds."""
+    name the current folder holds. Either way the model at the end of the bases must be here, and the preset
+    `name` must not be among them (a preset based on itself: every use of it would fail)."""
     parent = find(spec.base)
     if parent is not None:
         up = parent.spec
-        return modelfile.Modelfile(
+        merged = modelfile.Modelfile(
             base=up.base, parameters={**up.parameters, **spec.parameters},
             context=spec.context if spec.context is not None else up.context,
             system=spec.system if spec.system is not None else up.system,
             template=spec.template if spec.template is not None else up.template,
             messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters),
             load={**up.load, **spec.load})
+        _found(merged.base, f"{where}: FROM {spec.base} (a preset of {up.base})", lookup, name)
+        return merged
     from localgen.models import names
 
-    try:
-        ref = lookup(spec.base)
-    except NotDownloadedError as e:  # a model pull can fetch: say the command
-        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}", hint=f"pull it first: localgen pull {e.name}"
-                            ) from None
-    except ModelNotFoundError as e:  # no catalogue name, no file: pull could not fetch it either
-        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}", hint=e.hint) from None
+    ref = _found(spec.base, f"{where}: FROM {spec.base}", lookup, name)
     if ref.summary.chat_template is None and spec.template is None and (spec.system or spec.messages):
         raise UsageError(f"{where}: {spec.base} has no chat template, so SYSTEM and MESSAGE cannot apply; "
                          "give a TEMPLATE")
@@ -395,6 +417,26 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
     if isinstance(names.parse(spec.base), names.PathSpec) and not named:
         return dataclasses.replace(spec, base=str(Path(ref.path).resolve()))
     return spec
+
+
+def _found(base: str, what: str, lookup: BaseLookup, name: str | None) -> ModelRef:
+    """The model `base` is, on this machine; `what` begins the error when it is not here, or when the preset
+    `name` would be among the presets it goes through."""
+    ring = cycle(name, base) if name is not None else None
+    if ring is not None and name is not None and ring[0] != canonical(name):  # a ring on disk it would go through
+        e = PresetCycle(ring)
+        raise LocalgenError(f"{what}: {e.message}", hint=e.hint)
+    if ring is not None:
+        raise UsageError(f"{what}: the preset {ring[0]} would be based on itself ({' → '.join([*ring, ring[0]])})",
+                         hint="name a model, or a preset of one, in FROM")
+    try:
+        return lookup(base)
+    except NotDownloadedError as e:  # a model pull can fetch: say the command
+        raise LocalgenError(f"{what}: {e.message}", hint=f"pull it first: localgen pull {e.name}") from None
+    except ModelNotFoundError as e:  # no catalogue name, no file: pull could not fetch it either
+        raise LocalgenError(f"{what}: {e.message}", hint=e.hint) from None
+    except PresetCycle as e:  # a ring already on disk, which `name` would go through
+        raise LocalgenError(f"{what}: {e.message}", hint=e.hint) from None
 
 
 def _check_template(source: str, where: str) -> None:
