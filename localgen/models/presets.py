@@ -240,6 +240,18 @@ def save(p: Preset, replace: bool) -> None:
         raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
 
 
+def check_writable(name: str) -> None:
+    """The error save() would give for a presets folder it cannot write in (read-only, not a folder), asked before
+    work that comes first (create -q's quantization)."""
+    path = _file(name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent):
+            pass
+    except OSError as e:
+        raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
+
+
 def _write(p: Preset, replace: bool, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     exists = _exists(p.name)
