@@ -68,11 +68,12 @@ def test_a_modelfile_parses_ollamas_syntax() -> None:
 @pytest.mark.parametrize("text", [
     'say "hi"', "two\nlines", ' padded ', 'ends with a quote"', 'has """ inside\nand a newline', "# not a comment",
     "tab\there", "back\\slash", "\n", " ", "carriage\rreturn", "both\r\nends\r", "page one\x0cpage two",
-    "a\u2028b\x85c\x1ed\x0be",
+    "a\u2028b\x85c\x1ed\x0be", "abc  \ndef", "  \nx", "tab\t\nnext",  # a first line's trailing blanks kept
 ])
 def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     m = modelfile.Modelfile(base="smollm2:135m", parameters={"stop": (text,), "seed": None, "ignore_eos": True,
-                                                             "logit_bias": ((15043, 1.5), (2, float("-inf")))},
+                                                             "logit_bias": ((15043, 1.5), (2, float("-inf")),
+                                                                            (15, 0.123456789), (16, -1e-300))},
                             system=text, template=None, messages=({"role": "user", "content": text},))
     assert modelfile.parse(modelfile.write(m)) == m
 

@@ -72,7 +72,9 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
     got = _Found()
     while src.i < len(src.lines):
         number = src.i + 1
-        line = src.lines[src.i].strip()
+        raw = src.lines[src.i]
+        line = raw.strip()
+        trail = raw[len(raw.rstrip()):]  # the first line's part of a """ string that runs on: its text
         src.i += 1
         if not line or line.startswith("#"):
             continue
@@ -85,7 +87,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             key, rest = _split(rest)
             if not key:
                 raise src.error(number, f"{instr} needs a name and a value")
-            value = _value(src, rest.strip(), number, f"{instr} {key}")
+            value = _value(src, rest.strip(), number, f"{instr} {key}", trail)
             if instr == "MESSAGE":
                 if key.lower() not in ROLES:
                     raise src.error(number, f"MESSAGE takes a role ({', '.join(ROLES)}), not {key!r}")
@@ -93,7 +95,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             else:
                 _parameter(src, number, key, value, got)
             continue
-        value = _value(src, rest, number, instr)
+        value = _value(src, rest, number, instr, trail)
         if instr == "ADAPTER":
             got.adapters.append(_adapter(src, number, value, folder))
             continue
@@ -230,10 +232,11 @@ def _context(src: _Lines, number: int, value: str) -> int:
     return n
 
 
-def _value(src: _Lines, rest: str, number: int, what: str) -> str:
-    """The instruction's value: bare, "quoted" or \"\"\"multi-line\"\"\" (which may run over the next lines)."""
+def _value(src: _Lines, rest: str, number: int, what: str, trail: str = "") -> str:
+    """The instruction's value: bare, "quoted" or \"\"\"multi-line\"\"\" (which may run over the next lines).
+    `trail`: the whitespace the line ended with (stripped from `rest`), text of a \"\"\" string not closed there."""
     if rest.startswith('"""'):
-        body = rest[3:]
+        body = rest[3:] if '"""' in rest[3:] else rest[3:] + trail
         parts: list[str] = []
         while '"""' not in body:
             parts.append(body)
@@ -291,13 +294,19 @@ def quote(text: str) -> str:
 def _setting_text(name: str, value: Any) -> list[str]:
     if name in REPEATED:
         if name == "logit_bias":
-            return [f"{tok}{bias:+g}" for tok, bias in value]
+            return [f"{tok}{_signed(bias)}" for tok, bias in value]
         return [quote(v) for v in value]
     if value is None:
         return ["none"]
     if isinstance(value, bool):
         return ["true" if value else "false"]
     return [repr(value) if isinstance(value, float) else str(value)]
+
+
+def _signed(bias: float) -> str:
+    """A bias with its sign, short (+1.5, -inf) where that reads back the same, else every digit repr keeps."""
+    short = f"{bias:+g}"
+    return short if float(short) == bias else f"{'+' if bias >= 0 else ''}{bias!r}"
 
 
 def load_lines(knob: str, value: Any) -> list[tuple[str, str]]:
