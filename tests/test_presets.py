@@ -84,6 +84,9 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nPARAMETER top_k 1.5\n", ["line 2", "top_k"]),
     ("FROM smollm2:135m\nPARAMETER temperature 9\n", ["line 2", "temperature must be within"]),
     ("FROM smollm2:135m\nPARAMETER warmth 1\n", ["line 2", "unknown PARAMETER 'warmth'"]),
+    ("FROM smollm2:135m\nPARAMETER num_predict -5\n", ["line 2", "num_predict must be at least -1"]),  # not max_tokens
+    ("FROM smollm2:135m\nPARAMETER mirostat_tau -1\n", ["line 2", "mirostat_tau must be"]),
+    ("FROM smollm2:135m\nPARAMETER mirostat_eta x\n", ["line 2", "mirostat_eta takes a number"]),
     ("FROM smollm2:135m\nPARAMETER num_ctx 8\n", ["line 2", "num_ctx"]),
     ("FROM smollm2:135m\nPARAMETER num_gpu lots\n", ["line 2", "num_gpu takes an integer"]),
     ("FROM smollm2:135m\nPARAMETER n_cpu_moe -1\n", ["line 2", "n_cpu_moe must be at least 0, not -1"]),
@@ -336,6 +339,21 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
 def test_create_refuses_in_one_line(pcli: InProcessCLI, name: str, modelfile_text: str, words: list[str]) -> None:
     one_error(pcli("create", name, "-f", "-", input=modelfile_text), *words)
     assert not any(i.get("source") == "preset" for i in json.loads(pcli("list", "--json").stdout))
+
+
+def test_a_from_path_not_there_is_one_usage_error_naming_its_line(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """FROM ~/x.gguf, an absolute path and ./x.gguf alike: exit 2, the line named (~ and / were exit 1, no line)."""
+    (tmp_path / "home").mkdir(exist_ok=True)
+    pcli.env["HOME"] = str(tmp_path / "home")
+    try:
+        for value in ("~/nowhere.gguf", str(tmp_path / "nowhere.gguf"), "./nowhere.gguf"):
+            (tmp_path / "Modelfile").write_text(f"# a comment\nFROM {value}\n")
+            for args in (["-f", str(tmp_path / "Modelfile")], ["-f", "-"]):
+                r = pcli("create", "bot", *args, input=f"# a comment\nFROM {value}\n")
+                one_error(r, "line 2: FROM", "no such model file")
+                assert r.returncode == 2, (value, args, r.stderr)
+    finally:
+        pcli.env.pop("HOME")
 
 
 def test_a_relative_from_starts_at_the_modelfiles_folder(pcli: InProcessCLI, tmp_path: Path,

@@ -12,6 +12,7 @@ the machine that loads), so a preset never fails for its settings at use."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -155,7 +156,7 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
     if fieldname in got.params:
         raise src.error(number, f"PARAMETER {key} is given twice")
     try:
-        got.params[fieldname] = settings.parse_text(fieldname, value)[1]
+        got.params[fieldname] = settings.parse_text(fieldname, value, key)[1]  # errors name what the line says
     except UsageError as e:
         raise src.error(number, e.message) from None
 
@@ -186,6 +187,8 @@ def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Call
 
     path = Path(value).expanduser()
     if folder is None or path.is_absolute():
+        if looks_like_path(value) and not os.path.exists(path):  # (False for a name no file can have)
+            raise src.error(number, f"FROM {value}: no such model file: {path}")
         return value
     there = folder / path
     if not looks_like_path(value) and (not there.exists() or (known is not None and known(value))):
