@@ -335,6 +335,8 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
     ("smollm2:135m", "FROM smollm2:135m\n", ["catalogue model's name"]),
     ("a/b", "FROM smollm2:135m\n", ["bad preset name 'a/b'"]),
     ("bot.gguf", "FROM smollm2:135m\n", ["bad preset name 'bot.gguf'", "means a file"]),
+    ("oci:foo", "FROM smollm2:135m\n", ["bad preset name 'oci:foo'", "names a model of an OCI registry"]),
+    ("OCI:foo", "FROM smollm2:135m\n", ["bad preset name 'OCI:foo'", "names a model of an OCI registry"]),
 ])
 def test_create_refuses_in_one_line(pcli: InProcessCLI, name: str, modelfile_text: str, words: list[str]) -> None:
     one_error(pcli("create", name, "-f", "-", input=modelfile_text), *words)

@@ -103,9 +103,10 @@ def check_name(name: str) -> str:
         raise UsageError(f"bad preset name {name!r}: {_name_problem(name)}", hint="e.g. mybot or mybot:short")
     if name.lower().endswith(".gguf"):  # models/names.py reads such a name as a file's path
         raise UsageError(f"bad preset name {name!r}: a name ending in .gguf means a file", hint="e.g. mybot")
-    if name.partition(":")[0].lower() in ("ollama", "lmstudio"):  # models/names.py: another tool's store
-        raise UsageError(f"bad preset name {name!r}: {name.partition(':')[0]}: names a model of another tool's store",
-                         hint="e.g. mybot")
+    store = name.partition(":")[0]
+    if store.lower() in ("ollama", "lmstudio", "oci"):  # models/names.py's STORES: the prefix says where a model is
+        where = "an OCI registry" if store.lower() == "oci" else "another tool's store"
+        raise UsageError(f"bad preset name {name!r}: {store}: names a model of {where}", hint="e.g. mybot")
     return name
 
 
