@@ -30,9 +30,9 @@ from localgen.types import ModelRef
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0,39})?")
 FORMAT = 1
 LATEST = ":latest"  # Ollama's tag for a name given without one
-# the most of a preset file read: `create` makes one from a Modelfile of at most modelfile.MAX_MODELFILE characters,
-# some 12 bytes each in JSON's escapes (two \\u escapes; paths made absolute and a parent's adapters add more):
-# what holds it is that save() writes none larger (serve's /api/create is refused)
+# the most of a preset file read: `create` (and /api/create) makes one from a Modelfile of at most
+# modelfile.MAX_MODELFILE bytes, at most 3 bytes in JSON's escapes a byte (a 4-byte character is two \\u escapes,
+# 12 bytes; paths made absolute and a parent's settings add more): what holds it is that save() writes none larger
 MAX_FILE = 16 * modelfile.MAX_MODELFILE
 
 

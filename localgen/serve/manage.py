@@ -99,6 +99,11 @@ def _preset_routes(state: ServeState) -> list[Route]:
         text = modelfile_text(body)
         from localgen.models import modelfile, presets
 
+        if len(text.encode("utf-8", "surrogatepass")) > modelfile.MAX_MODELFILE:  # what `create -f` would refuse
+            from localgen.text import too_long
+
+            raise HTTPError(400, too_long("the request's Modelfile", modelfile.MAX_MODELFILE).message)
+
         try:
             adapters = modelfile.parse(text, "the request").adapters
         except LocalgenError as e:
