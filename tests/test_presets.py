@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -826,5 +827,50 @@ def test_serve_lists_past_a_preset_based_on_itself_and_refuses_making_one(cli_en
                                                     "stream": False}, timeout=60)
         assert r.status_code == 400 and "would be based on itself" in r.text, r.text
         assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_serve_uses_a_preset_as_it_is_on_disk_now(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A preset replaced (`create --force`) or removed (`rm`) by another process while serve has a worker for it:
+    the next request uses the preset as it is now, or is a 404, and the listings and /api/show agree; they kept
+    the settings the worker was made with (/api/show's Modelfile new, its parameters old)."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("create", "live", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 3\n").returncode == 0
+    s = Server(env, "-np", "1")
+
+    def ask() -> httpx.Response:
+        return httpx.post(f"{s.url}/v1/chat/completions", timeout=300, json={
+            "model": "live", "messages": [{"role": "user", "content": "Count to twenty: 1, 2, 3,"}],
+            "temperature": 0, "ignore_eos": True})
+
+    def show() -> str:
+        r = httpx.post(f"{s.url}/api/show", json={"model": "live"}, timeout=60)
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        said = re.findall(r"num_predict\s+(\d+)", doc["parameters"]), re.findall(r"num_predict (\d+)", doc["modelfile"])
+        assert said[0] == said[1] and len(said[0]) == 1, doc
+        return str(said[0][0])
+
+    try:
+        r = ask()
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+        assert "live" in [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]]
+        assert show() == "3"
+        r = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
+        assert r.returncode == 0, r.stderr
+        assert show() == "7"
+        r = ask()
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7, r.text
+        assert CLI(env)("rm", "live", "--yes").returncode == 0
+        for path in ("/api/tags", "/v1/models"):
+            assert '"live"' not in httpx.get(f"{s.url}{path}", timeout=60).text, path
+        r = ask()
+        assert r.status_code == 404, r.text
+        assert httpx.post(f"{s.url}/api/show", json={"model": "live"}, timeout=60).status_code == 404
     finally:
         assert s.stop() == 0

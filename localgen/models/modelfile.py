@@ -63,11 +63,13 @@ class _Lines:
 
 
 def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
-          known: Callable[[str], bool] | None = None) -> Modelfile:
+          known: Callable[[str], bool] | None = None, there: bool = False) -> Modelfile:
     """Parse and check a Modelfile; a UsageError names the line of the first problem. `folder`: where a
     relative FROM or ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only,
     and a relative FROM path is left as it is (the current directory's). `known`: whether a name is a model here
-    (models/resolve.py's known_name), which a bare FROM name beside a file of that name means."""
+    (models/resolve.py's known_name), which a bare FROM name beside a file of that name means. `there`: an absolute
+    FROM path must be there, an error naming its line (on the command line: never for a saved preset read back,
+    whose base may have moved since, nor for serve, whose clients are not to learn which files it has)."""
     # a byte order mark before the first line (Windows' editors write one): not part of FROM, as in Ollama
     src = _Lines(checked(text.removeprefix("\ufeff"), where), where)
     got = _Found()
@@ -101,7 +103,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             got.adapters.append(_adapter(src, number, value, folder))
             continue
         if instr == "FROM":
-            value = _from(src, number, value, folder, known)
+            value = _from(src, number, value, folder, known, there)
         if instr in got.single:
             raise src.error(number, "a second FROM: a Modelfile has one base model" if instr == "FROM"
                             else f"a second {instr}")
@@ -178,7 +180,8 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
         raise src.error(number, f"PARAMETER {key}: {e.message}") from None
 
 
-def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Callable[[str], bool] | None) -> str:
+def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Callable[[str], bool] | None,
+          there_now: bool = True) -> str:
     """FROM's model; a relative file path starts at the Modelfile's folder, as Ollama's (kept absolute). A path is
     a name that looks like one (./m.gguf, m.gguf: models/names.py) or a file there that is not also the name of a
     model known here (a preset's own Modelfile beside this one: the preset, as `run -m NAME` takes it; ./NAME is
@@ -187,7 +190,7 @@ def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Call
 
     path = Path(value).expanduser()
     if folder is None or path.is_absolute():
-        if looks_like_path(value) and not os.path.exists(path):  # (False for a name no file can have)
+        if there_now and looks_like_path(value) and not os.path.exists(path):  # (False for a name no file can have)
             raise src.error(number, f"FROM {value}: no such model file: {path}")
         return value
     there = folder / path

@@ -340,7 +340,8 @@ def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", fol
     """The preset a Modelfile makes, every check done (create_preset's), not saved yet: /api/create checks all
     before it unloads a model of that name."""
     check_name(name)
-    spec = modelfile.parse(text, where, folder, known)
+    # `known` comes from the command line only: there, FROM /a/path not there is an error naming its line
+    spec = modelfile.parse(text, where, folder, known, there=known is not None)
     _check_new_name(name, using=spec.base)
     spec = _on_base(spec, where, lookup, known, name)
     if spec.adapters:
@@ -383,6 +384,23 @@ def refuse_existing(name: str, replace: bool) -> None:
         raise _exists(name)
 
 
+def stamp(name: str) -> tuple[int, ...] | None:
+    """What tells a preset's file changed (a save puts a new file in place): its inode, size and modification time,
+    one stat; None when there is no preset of that name."""
+    if not NAME.fullmatch(name):
+        return None
+    paths = [_file(name)]
+    for i, path in enumerate(paths):
+        try:
+            st = path.stat()
+        except OSError:
+            if i == 0:  # a preset kept apart as NAME:latest (before the two names were one)
+                paths += _files(name)[1:]
+            continue
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return None
+
+
 def exists(name: str) -> bool:
     """Whether a preset file of that name (NAME and NAME:latest alike) is here (readable or not)."""
     return bool(NAME.fullmatch(name)) and any(f.exists() for f in _files(name))
@@ -418,7 +436,8 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
             template=spec.template if spec.template is not None else up.template,
             messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters),
             load={**up.load, **spec.load})
-        _found(merged.base, f"{where}: FROM {spec.base} (a preset of {up.base})", lookup, name)
+        # the preset looked up, not its base: its base may be a path, which serve's lookup never takes from a client
+        _found(merged.base, f"{where}: FROM {spec.base} (a preset of {up.base})", lookup, name, spec.base)
         return merged
     from localgen.models import names
 
@@ -432,9 +451,9 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
     return spec
 
 
-def _found(base: str, what: str, lookup: BaseLookup, name: str | None) -> ModelRef:
-    """The model `base` is, on this machine; `what` begins the error when it is not here, or when the preset
-    `name` would be among the presets it goes through."""
+def _found(base: str, what: str, lookup: BaseLookup, name: str | None, via: str | None = None) -> ModelRef:
+    """The model `base` is, on this machine (looked up as `via`, the preset whose base it is, where given); `what`
+    begins the error when it is not here, or when the preset `name` would be among the presets it goes through."""
     ring = cycle(name, base) if name is not None else None
     if ring is not None and name is not None and ring[0] != canonical(name):  # a ring on disk it would go through
         e = PresetCycle(ring)
@@ -443,7 +462,7 @@ def _found(base: str, what: str, lookup: BaseLookup, name: str | None) -> ModelR
         raise UsageError(f"{what}: the preset {ring[0]} would be based on itself ({' → '.join([*ring, ring[0]])})",
                          hint="name a model, or a preset of one, in FROM")
     try:
-        return lookup(base)
+        return lookup(via or base)
     except NotDownloadedError as e:  # a model pull can fetch: say the command
         raise LocalgenError(f"{what}: {e.message}", hint=f"pull it first: localgen pull {e.name}") from None
     except ModelNotFoundError as e:  # no catalogue name, no file: pull could not fetch it either
