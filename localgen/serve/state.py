@@ -142,7 +142,7 @@ class ServeState:
         changed since (`localgen create --force`, `localgen rm`, in another process) is not: it is taken away now
         (it takes no new job, ends those it has, then unloads), so a request makes one from the preset as it is
         now, or finds none. A worker of serve -m stays for the server's life."""
-        if self.on_demand is None or w.pinned or self.on_demand.current(w):
+        if self.on_demand is None or self.on_demand.current(w) or w.pinned:
             return True
         why = f"{w.name} changed on disk"
         w.close(why)
