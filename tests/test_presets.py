@@ -874,3 +874,13 @@ def test_serve_uses_a_preset_as_it_is_on_disk_now(cli_env: dict[str, str], tmp_p
         assert httpx.post(f"{s.url}/api/show", json={"model": "live"}, timeout=60).status_code == 404
     finally:
         assert s.stop() == 0
+
+
+def test_a_preset_of_thousands_of_turns_is_refused_by_its_rendered_size(pcli: InProcessCLI) -> None:
+    """A preset whose MESSAGE turns render past what the window could hold is refused by the characters the
+    template wrote, before they are tokenized (each turn's few characters of markup were not counted: a preset
+    of 40,000 turns tokenized for half a minute before "the prompt is 428,921 tokens")."""
+    turns = "".join(f"MESSAGE user {'word ' * 34}word\n" for _ in range(5400))  # 945,000 characters of text
+    assert pcli("create", "many", "-f", "-", input=f"FROM smollm2:135m\n{turns}").returncode == 0
+    line = one_error(pcli("run", "-m", "many", "-p", "hi", "-n", "1", "--ctx", "4096"), "the prompt is ")
+    assert "characters; the context window of 4,096 tokens holds at most 131,072" in line, line
