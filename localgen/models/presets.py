@@ -343,11 +343,12 @@ def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", fol
     # `known` comes from the command line only: there, FROM /a/path not there is an error naming its line
     spec = modelfile.parse(text, where, folder, known, there=known is not None)
     _check_new_name(name, using=spec.base)
+    named = spec.base  # FROM a preset: the preset, which serve's lookup takes where it never takes its base's path
     spec = _on_base(spec, where, lookup, known, name)
     if spec.adapters:
         from localgen.models import lora
 
-        ref = lookup(spec.base)
+        ref = lookup(named)
         for path in spec.adapters:
             try:
                 lora.check(path, ref.summary.architecture, spec.base)
