@@ -456,10 +456,10 @@ def _found(base: str, what: str, lookup: BaseLookup, name: str | None, via: str 
     """The model `base` is, on this machine (looked up as `via`, the preset whose base it is, where given); `what`
     begins the error when it is not here, or when the preset `name` would be among the presets it goes through."""
     ring = cycle(name, base) if name is not None else None
-    if ring is not None and name is not None and ring[0] != canonical(name):  # a ring on disk it would go through
-        e = PresetCycle(ring)
-        raise LocalgenError(f"{what}: {e.message}", hint=e.hint)
     if ring is not None:
+        if ring[0] != canonical(str(name)):  # a ring already on disk, which it would go through
+            e = PresetCycle(ring)
+            raise LocalgenError(f"{what}: {e.message}", hint=e.hint)
         raise UsageError(f"{what}: the preset {ring[0]} would be based on itself ({' → '.join([*ring, ring[0]])})",
                          hint="name a model, or a preset of one, in FROM")
     try:
