@@ -343,12 +343,12 @@ def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", fol
     # `known` comes from the command line only: there, FROM /a/path not there is an error naming its line
     spec = modelfile.parse(text, where, folder, known, there=known is not None)
     _check_new_name(name, using=spec.base)
-    named = spec.base  # FROM a preset: the preset, which serve's lookup takes where it never takes its base's path
+    named = spec.base
     spec = _on_base(spec, where, lookup, known, name)
     if spec.adapters:
         from localgen.models import lora
 
-        ref = lookup(named)
+        ref = _found(spec.base, f"{where}: FROM {named}", lookup, None, named)
         for path in spec.adapters:
             try:
                 lora.check(path, ref.summary.architecture, spec.base)
@@ -437,7 +437,6 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
             template=spec.template if spec.template is not None else up.template,
             messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters),
             load={**up.load, **spec.load})
-        # the preset looked up, not its base: its base may be a path, which serve's lookup never takes from a client
         _found(merged.base, f"{where}: FROM {spec.base} (a preset of {up.base})", lookup, name, spec.base)
         return merged
     from localgen.models import names
@@ -453,8 +452,9 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
 
 
 def _found(base: str, what: str, lookup: BaseLookup, name: str | None, via: str | None = None) -> ModelRef:
-    """The model `base` is, on this machine (looked up as `via`, the preset whose base it is, where given); `what`
-    begins the error when it is not here, or when the preset `name` would be among the presets it goes through."""
+    """The model `base` is, on this machine (or, where it is not found so, `via`: the preset whose base it is);
+    `what` begins the error when it is not here, or when the preset `name` would be among the presets it goes
+    through."""
     ring = cycle(name, base) if name is not None else None
     if ring is not None:
         if ring[0] != canonical(str(name)):  # a ring already on disk, which it would go through
@@ -463,7 +463,12 @@ def _found(base: str, what: str, lookup: BaseLookup, name: str | None, via: str 
         raise UsageError(f"{what}: the preset {ring[0]} would be based on itself ({' → '.join([*ring, ring[0]])})",
                          hint="name a model, or a preset of one, in FROM")
     try:
-        return lookup(via or base)
+        try:
+            return lookup(base)
+        except (ModelNotFoundError, PresetCycle):
+            if via is None:
+                raise
+            return lookup(via)  # serve's lookup never takes a path (a preset's base may be one): the preset's name
     except NotDownloadedError as e:  # a model pull can fetch: say the command
         raise LocalgenError(f"{what}: {e.message}", hint=f"pull it first: localgen pull {e.name}") from None
     except ModelNotFoundError as e:  # no catalogue name, no file: pull could not fetch it either
