@@ -268,12 +268,14 @@ def apply(base: SamplingParams, values: Mapping[str, Any], where: str = "") -> S
     return dataclasses.replace(base, **checked, asked=base.asked | frozenset(checked))
 
 
-def parse_text(name: str, text: str) -> tuple[str, Any]:
-    """A setting typed as text (`/set top_k 40`); returns (field, typed value)."""
+def parse_text(name: str, text: str, label: str | None = None) -> tuple[str, Any]:
+    """A setting typed as text (`/set top_k 40`); returns (field, typed value). Messages name it `label` (the
+    spelling it was written in: a Modelfile's num_predict), default the field's name."""
     key = field_name(name)
     if key is None:
         raise UsageError(f"unknown setting {name!r}; settable: {', '.join(sorted(KNOBS))}")
     k = KNOBS[key]
+    shown = label or key
     t = text.strip()
     if k.kind == TEXTS:
         value: Any = () if t.lower() in ("", "none", "off") else tuple(v for v in t.split("|") if v)
@@ -281,7 +283,7 @@ def parse_text(name: str, text: str) -> tuple[str, Any]:
         value = () if t.lower() in ("", "none", "off") else [parse_bias(x) for x in t.split(",")]
     elif k.kind == BOOL:
         if t.lower() not in ("on", "off", "true", "false", "1", "0"):
-            raise UsageError(f"{key} takes on or off")
+            raise UsageError(f"{shown} takes on or off")
         value = t.lower() in ("on", "true", "1")
     elif k.nullable and t.lower() in ("none", "random", "off"):
         value = None
@@ -290,8 +292,8 @@ def parse_text(name: str, text: str) -> tuple[str, Any]:
             value = int(t) if k.kind == INT else float(t)
         except ValueError:
             kind = "an integer" if k.kind == INT else "a number"
-            raise UsageError(f"{key} takes {kind}, not {text!r}") from None
-    return key, check(key, value)
+            raise UsageError(f"{shown} takes {kind}, not {text!r}") from None
+    return key, check(key, value, shown)
 
 
 def as_text(key: str, value: Any) -> str:

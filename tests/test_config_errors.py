@@ -321,12 +321,12 @@ def test_a_context_past_a_modelfiles_bound_and_a_table_beside_models_are_warning
 
 
 def test_the_largest_preset_create_makes_is_read_under_the_bound(own: CLI) -> None:
-    """A preset file is read to 16 MiB: the largest `create` makes (a Modelfile of 1 MiB of characters, each a
-    4-byte one JSON writes as two \\u escapes, 12 bytes) is listed and used, never called too large."""
-    text = 'FROM smollm2:135m\nSYSTEM """' + "\U0001F600" * ((1 << 20) - 40) + '"""\n'
+    """A preset file is read to 16 MiB: the largest `create` makes (a Modelfile of 1 MiB, in 4-byte characters JSON
+    writes as two \\u escapes, 12 bytes each) is listed and used, never called too large."""
+    text = 'FROM smollm2:135m\nSYSTEM """' + "\U0001F600" * (((1 << 20) - 40) // 4) + '"""\n'
     r = own("create", "bigsys", "-f", "-", input=text)
     assert r.returncode == 0, r.stderr
     path = Path(own.env["LOCALGEN_HOME"]) / "data" / "presets" / "bigsys.json"
-    assert 11 << 20 < path.stat().st_size < 16 << 20
+    assert 2 << 20 < path.stat().st_size < 16 << 20
     r = own("list")
     assert r.returncode == 0 and "bigsys" in r.stdout and r.stderr == "", r.stderr

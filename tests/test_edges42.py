@@ -225,6 +225,8 @@ def test_logs_query_with_no_match_says_so(hcli: CLI, logged: Path) -> None:
     assert r.returncode == 0 and r.stdout == "" and "no logged exchange matches -q 'zyzzyva'" in r.stderr
     r = hcli("logs", "-q", "zyzzyva", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == [] and "no logged exchange matches" in r.stderr
+    r = hcli("logs", "-m", "m" * 20_000)  # a long value is cut, as in every error line (it was echoed whole)
+    assert r.returncode == 0 and r.stderr == f"no logged exchange matches -m '{'m' * 80}…'\n", r.stderr[:200]
 
 
 def test_serve_errors_name_the_api_field_not_a_cli_flag() -> None:

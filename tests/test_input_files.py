@@ -212,7 +212,10 @@ def test_a_file_read_whole_is_refused_past_its_bound_before_it_is_read(cli_env: 
 
 
 def test_a_modelfile_on_stdin_is_read_only_to_its_bound(cli_in_process: InProcessCLI) -> None:
-    """`create -f -` reads stdin up to one character past 1 MiB: a larger text is one usage error."""
-    r = cli_in_process("create", "bot", "-f", "-", input="#" * ((1 << 20) + 1))
-    assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
-    assert r.stderr == "localgen: error: the Modelfile on stdin is larger than 1 MiB, the most localgen reads of it\n"
+    """`create -f -` reads stdin up to one byte past 1 MiB, as `-f FILE` is bounded: a larger text is one usage
+    error (it was one character past: 1 MiB of 4-byte characters, 4 MiB, was taken)."""
+    for text in ("#" * ((1 << 20) + 1), "# " + "\U0001F600" * 300_000):
+        r = cli_in_process("create", "bot", "-f", "-", input=text)
+        assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
+        assert r.stderr == ("localgen: error: the Modelfile on stdin is larger than 1 MiB, the most localgen reads "
+                            "of it\n")

@@ -169,11 +169,13 @@ def test_the_engine_refuses_what_llama_cpp_refuses_and_keys_saved_states_by_adap
 
 
 def test_a_preset_with_an_adapter_in_run_and_in_serve(cli_env: dict[str, str], adapter: Path,
-                                                      tmp_path: Path) -> None:
+                                                      tmp_path: Path, smollm2_path: Path) -> None:
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
     (tmp_path / "Modelfile").write_text(f"FROM smollm2:135m\nADAPTER {adapter}\n")
     cli = CLI(env)
     assert cli("create", "styled", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\nADAPTER {adapter}\n")  # a preset of a file's path
+    assert cli("create", "filestyled", "-f", str(tmp_path / "Modelfile")).returncode == 0
     r = _run(cli, ONCE, "-m", "styled")
     assert r.returncode == 0, r.stderr
     same_text_as_reference(r.stdout.removesuffix("\n"), ANSWERS["1.0"][ONCE])
@@ -192,6 +194,12 @@ def test_a_preset_with_an_adapter_in_run_and_in_serve(cli_env: dict[str, str], a
         made = httpx.post(f"{server.url}/api/create", timeout=60, json={
             "model": "x", "modelfile": f"FROM smollm2:135m\nADAPTER {adapter}\n"})  # a path on the server's machine
         assert made.status_code == 400 and "ADAPTER names a file on the server's machine" in made.json()["error"]
+        # FROM a preset of a file with an ADAPTER: the preset is looked up, never its path (a 400 "not here")
+        made = httpx.post(f"{server.url}/api/create", timeout=60, json={
+            "model": "child", "from": "filestyled", "system": "Be brief.", "stream": False})
+        assert made.status_code == 200, made.text
+        shown = httpx.post(f"{server.url}/api/show", json={"model": "child"}, timeout=60).json()
+        assert f"ADAPTER {adapter}" in shown["modelfile"] and "SYSTEM Be brief." in shown["modelfile"], shown
     finally:
         assert server.stop() == 0
     log = server.proc.stderr.read().decode() if server.proc.stderr else ""

@@ -614,11 +614,13 @@ def test_a_request_while_its_model_is_deleted_or_replaced_is_answered_and_the_ne
 
 def test_create_refuses_a_preset_larger_than_a_preset_is_read_to(server: Server, client: Any) -> None:
     """configuration.md: a preset file is read to 16 MiB, a larger one left out as too large; /api/create (whose
-    body may carry 4-byte characters a preset's JSON writes as 12 bytes each) refuses to write one, 400, rather
-    than make a preset no command could read."""
-    body = {"model": "mgr-huge", "from": "smollm2:135m", "system": "\U0001F600" * 1_400_000}
-    r = httpx.post(f"{server.url}/api/create", content=json.dumps(body, ensure_ascii=False).encode(),
-                   headers={"Content-Type": "application/json"}, timeout=120)
-    assert r.status_code == 400, r.text
-    assert "more than the 16 MiB a preset is read to" in r.json()["error"], r.text
-    assert "mgr-huge" not in _names(client)
+    body may carry 4-byte characters a preset's JSON writes as 12 bytes each) refuses a Modelfile over the 1 MiB
+    `create -f` reads, 400, rather than make a preset whose `show --modelfile` create refuses (a 3 MiB system
+    prompt was taken) or one no command could read."""
+    for system in ("\U0001F600" * 1_400_000, "x" * (3 << 20)):
+        body = {"model": "mgr-huge", "from": "smollm2:135m", "system": system}
+        r = httpx.post(f"{server.url}/api/create", content=json.dumps(body, ensure_ascii=False).encode(),
+                       headers={"Content-Type": "application/json"}, timeout=120)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == "the request's Modelfile is larger than 1 MiB, the most localgen reads of it"
+        assert "mgr-huge" not in _names(client)

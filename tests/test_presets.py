@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -68,11 +69,12 @@ def test_a_modelfile_parses_ollamas_syntax() -> None:
 @pytest.mark.parametrize("text", [
     'say "hi"', "two\nlines", ' padded ', 'ends with a quote"', 'has """ inside\nand a newline', "# not a comment",
     "tab\there", "back\\slash", "\n", " ", "carriage\rreturn", "both\r\nends\r", "page one\x0cpage two",
-    "a\u2028b\x85c\x1ed\x0be",
+    "a\u2028b\x85c\x1ed\x0be", "abc  \ndef", "  \nx", "tab\t\nnext",  # a first line's trailing blanks kept
 ])
 def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     m = modelfile.Modelfile(base="smollm2:135m", parameters={"stop": (text,), "seed": None, "ignore_eos": True,
-                                                             "logit_bias": ((15043, 1.5), (2, float("-inf")))},
+                                                             "logit_bias": ((15043, 1.5), (2, float("-inf")),
+                                                                            (15, 0.123456789), (16, -1e-300))},
                             system=text, template=None, messages=({"role": "user", "content": text},))
     assert modelfile.parse(modelfile.write(m)) == m
 
@@ -83,6 +85,9 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nPARAMETER top_k 1.5\n", ["line 2", "top_k"]),
     ("FROM smollm2:135m\nPARAMETER temperature 9\n", ["line 2", "temperature must be within"]),
     ("FROM smollm2:135m\nPARAMETER warmth 1\n", ["line 2", "unknown PARAMETER 'warmth'"]),
+    ("FROM smollm2:135m\nPARAMETER num_predict -5\n", ["line 2", "num_predict must be at least -1"]),  # not max_tokens
+    ("FROM smollm2:135m\nPARAMETER mirostat_tau -1\n", ["line 2", "mirostat_tau must be"]),
+    ("FROM smollm2:135m\nPARAMETER mirostat_eta x\n", ["line 2", "mirostat_eta takes a number"]),
     ("FROM smollm2:135m\nPARAMETER num_ctx 8\n", ["line 2", "num_ctx"]),
     ("FROM smollm2:135m\nPARAMETER num_gpu lots\n", ["line 2", "num_gpu takes an integer"]),
     ("FROM smollm2:135m\nPARAMETER n_cpu_moe -1\n", ["line 2", "n_cpu_moe must be at least 0, not -1"]),
@@ -331,10 +336,27 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
     ("smollm2:135m", "FROM smollm2:135m\n", ["catalogue model's name"]),
     ("a/b", "FROM smollm2:135m\n", ["bad preset name 'a/b'"]),
     ("bot.gguf", "FROM smollm2:135m\n", ["bad preset name 'bot.gguf'", "means a file"]),
+    ("oci:foo", "FROM smollm2:135m\n", ["bad preset name 'oci:foo'", "names a model of an OCI registry"]),
+    ("OCI:foo", "FROM smollm2:135m\n", ["bad preset name 'OCI:foo'", "names a model of an OCI registry"]),
 ])
 def test_create_refuses_in_one_line(pcli: InProcessCLI, name: str, modelfile_text: str, words: list[str]) -> None:
     one_error(pcli("create", name, "-f", "-", input=modelfile_text), *words)
     assert not any(i.get("source") == "preset" for i in json.loads(pcli("list", "--json").stdout))
+
+
+def test_a_from_path_not_there_is_one_usage_error_naming_its_line(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """FROM ~/x.gguf, an absolute path and ./x.gguf alike: exit 2, the line named (~ and / were exit 1, no line)."""
+    (tmp_path / "home").mkdir(exist_ok=True)
+    pcli.env["HOME"] = str(tmp_path / "home")
+    try:
+        for value in ("~/nowhere.gguf", str(tmp_path / "nowhere.gguf"), "./nowhere.gguf"):
+            (tmp_path / "Modelfile").write_text(f"# a comment\nFROM {value}\n")
+            for args in (["-f", str(tmp_path / "Modelfile")], ["-f", "-"]):
+                r = pcli("create", "bot", *args, input=f"# a comment\nFROM {value}\n")
+                one_error(r, "line 2: FROM", "no such model file")
+                assert r.returncode == 2, (value, args, r.stderr)
+    finally:
+        pcli.env.pop("HOME")
 
 
 def test_a_relative_from_starts_at_the_modelfiles_folder(pcli: InProcessCLI, tmp_path: Path,
@@ -729,3 +751,136 @@ def test_create_and_cp_on_a_full_disk_name_the_preset_file(pcli: InProcessCLI, t
         assert (r.returncode, r.stdout) == (1, "filler\n"), (r.returncode, r.stdout, r.stderr)
         assert r.stderr == (f"localgen: error: cannot write the preset {folder / f'{name}.json'}: no space left on "
                             "device\n"), r.stderr
+
+
+def _preset_file(folder: Path, name: str, base: str) -> None:
+    """A preset's file as `create` writes it, by hand: a base of any name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {"format": 1, "name": name, "base": base, "parameters": {}, "context": None, "system": None,
+           "template": None, "messages": [], "adapters": [], "load": {}}
+    (folder / f"{name.replace(':', '@')}.json").write_text(json.dumps(doc))
+
+
+def test_a_preset_based_on_itself_is_refused_and_one_on_disk_is_one_error(pcli: InProcessCLI, tmp_path: Path,
+                                                                        smollm2_path: Path) -> None:
+    """A preset's base names a model, and that name can come to be a preset's (rm foo:q8_0, then create foo:q8_0
+    FROM foo, whose base it was): create and cp refuse a preset that would be based on itself, and one whose base
+    is gone; a ring already on disk is left out of `list` with a warning, and `show` and `run` say what it is in
+    one line, where they all ended in a RecursionError traceback."""
+    folder = tmp_path / "home" / "data" / "presets"
+    _preset_file(folder, "foo", "foo:q8_0")  # foo's base, a quantized model, was removed ...
+    _preset_file(folder, "foo:q8_0", "smollm2:135m")  # ... and its name taken by a preset
+    r = pcli("create", "foo:q8_0", "--force", "-f", "-", input="FROM foo\n")
+    one_error(r, "stdin: FROM foo (a preset of foo:q8_0): the preset foo:q8_0 would be based on itself "
+                 "(foo:q8_0 → foo:q8_0)")
+    assert r.returncode == 2
+    one_error(pcli("cp", "foo", "foo:q8_0", "--force"), "the preset foo:q8_0 would be based on itself")
+    assert pcli("rm", "foo:q8_0", "--yes").returncode == 0
+    one_error(pcli("create", "foo:q8_0", "-f", "-", input="FROM foo\n"), "FROM foo (a preset of foo:q8_0)",
+              "unknown model")
+    one_error(pcli("cp", "foo", "foo:q8_0"), "unknown model")
+    assert not (folder / "foo@q8_0.json").exists()
+    # a base file gone: FROM its preset is refused, as FROM the file is
+    model = tmp_path / "gp.gguf"
+    shutil.copyfile(smollm2_path, model)
+    assert pcli("create", "gp", "-f", "-", input=f"FROM {model}\n").returncode == 0
+    model.unlink()
+    one_error(pcli("create", "child", "-f", "-", input="FROM gp\nSYSTEM hi\n"), f"FROM gp (a preset of {model})",
+              "no such model file")
+    # a ring on disk (written by an older version, or by hand): one error, never a traceback
+    _preset_file(folder, "a", "b")
+    _preset_file(folder, "b", "a")
+    r = pcli("list", "--json")
+    assert r.returncode == 0, r.stderr
+    listed = [m["name"] for m in json.loads(r.stdout) if m["source"] == "preset"]
+    assert "a" not in listed and "b" not in listed, listed
+    assert "warning: the preset a is based on itself (a → b → a) (left out; " in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    for args in (["show", "a"], ["run", "-m", "b", "-p", "hi"], ["create", "c", "-f", "-"]):
+        one_error(pcli(*args, input="FROM a\n"), "is based on itself")
+
+
+def test_serve_lists_past_a_preset_based_on_itself_and_refuses_making_one(cli_env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
+    """A ring of presets on disk is left out of /api/tags and /v1/models (they answered 500 for the server's
+    life), and /api/create of a preset that would be based on itself is a 400."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    folder = tmp_path / "home" / "data" / "presets"
+    _preset_file(folder, "ring", "ring")
+    _preset_file(folder, "h3", "h3:q8_0")
+    _preset_file(folder, "h3:q8_0", "smollm2:135m")
+    s = Server(env, "-np", "1")
+    try:
+        for path in ("/api/tags", "/v1/models"):
+            r = httpx.get(f"{s.url}{path}", timeout=60)
+            assert r.status_code == 200, r.text
+            assert "ring" not in r.text and '"h3:q8_0"' in r.text, r.text
+        assert httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "h3:q8_0"}, timeout=60).is_success
+        r = httpx.post(f"{s.url}/api/create", json={"model": "h3:q8_0", "from": "h3", "stream": False}, timeout=60)
+        assert r.status_code == 400 and "is not here" in r.text, r.text  # its base is gone
+        _preset_file(folder, "h3:q8_0", "smollm2:135m")
+        r = httpx.post(f"{s.url}/api/create", json={"model": "h3:q8_0", "from": "h3", "force": True,
+                                                    "stream": False}, timeout=60)
+        assert r.status_code == 400 and "would be based on itself" in r.text, r.text
+        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_serve_uses_a_preset_as_it_is_on_disk_now(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A preset replaced (`create --force`) or removed (`rm`) by another process while serve has a worker for it:
+    the next request uses the preset as it is now, or is a 404, and the listings and /api/show agree; they kept
+    the settings the worker was made with (/api/show's Modelfile new, its parameters old)."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("create", "live", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 3\n").returncode == 0
+    s = Server(env, "-np", "1")
+
+    def ask() -> httpx.Response:
+        return httpx.post(f"{s.url}/v1/chat/completions", timeout=300, json={
+            "model": "live", "messages": [{"role": "user", "content": "Count to twenty: 1, 2, 3,"}],
+            "temperature": 0, "ignore_eos": True})
+
+    def show() -> str:
+        r = httpx.post(f"{s.url}/api/show", json={"model": "live"}, timeout=60)
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        said = re.findall(r"num_predict\s+(\d+)", doc["parameters"]), re.findall(r"num_predict (\d+)", doc["modelfile"])
+        assert said[0] == said[1] and len(said[0]) == 1, doc
+        return str(said[0][0])
+
+    try:
+        r = ask()
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+        assert "live" in [m["name"] for m in httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]]
+        assert show() == "3"
+        r = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
+        assert r.returncode == 0, r.stderr
+        assert show() == "7"
+        r = ask()
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7, r.text
+        assert CLI(env)("rm", "live", "--yes").returncode == 0
+        for path in ("/api/tags", "/v1/models"):
+            assert '"live"' not in httpx.get(f"{s.url}{path}", timeout=60).text, path
+        r = ask()
+        assert r.status_code == 404, r.text
+        assert httpx.post(f"{s.url}/api/show", json={"model": "live"}, timeout=60).status_code == 404
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_preset_of_thousands_of_turns_is_refused_by_its_rendered_size(pcli: InProcessCLI) -> None:
+    """A preset whose MESSAGE turns render past what the window could hold is refused by the characters the
+    template wrote, before they are tokenized (each turn's few characters of markup were not counted: a preset
+    of 40,000 turns tokenized for half a minute before "the prompt is 428,921 tokens")."""
+    turns = "".join(f"MESSAGE user {'word ' * 34}word\n" for _ in range(5400))  # 945,000 characters of text
+    assert pcli("create", "many", "-f", "-", input=f"FROM smollm2:135m\n{turns}").returncode == 0
+    line = one_error(pcli("run", "-m", "many", "-p", "hi", "-n", "1", "--ctx", "4096"), "the prompt is ")
+    assert "characters; the context window of 4,096 tokens holds at most 131,072" in line, line

@@ -1124,3 +1124,34 @@ def test_a_ladder_that_times_nothing_says_nothing_of_timing_or_load(qcli: CLI, s
     assert r.returncode == 0, r.stderr
     assert "measuring copy.gguf" in r.stderr and "none was timed (-p 0 -n 0)" in r.stdout, (r.stdout, r.stderr)
     assert "timing " not in r.stderr and "busy" not in r.stderr, r.stderr
+
+
+def test_create_q_from_a_preset_keeps_its_settings_and_adapter(qcli: CLI, smollm2_f16: Path, tmp_path: Path,
+                                                                smollm2_path: Path) -> None:
+    """`create -q` FROM a preset keeps that preset's settings (its ADAPTER too) under the Modelfile's own, as
+    `create` without -q does; the preset's Modelfile had only the child's own lines."""
+    from tests import tiny_lora
+
+    lora = tiny_lora.build(smollm2_path, tmp_path / "tiny-lora.gguf")
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_f16}\nADAPTER {lora}\nPARAMETER temperature 0.3\nSYSTEM be brief\n")
+    assert qcli("create", "f16p", "-f", str(mf)).returncode == 0
+    mf.write_text("FROM f16p\nPARAMETER top_k 5\n")
+    r = qcli("create", "child", "-f", str(mf), "-q", "Q8_0")
+    assert r.returncode == 0, r.stderr
+    assert qcli("show", "child", "--modelfile").stdout == (
+        f"FROM child:q8_0\nADAPTER {lora}\nPARAMETER temperature 0.3\nPARAMETER top_k 5\nSYSTEM be brief\n")
+
+
+def test_create_q_that_cannot_write_the_preset_quantizes_nothing(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """quantize.md: everything is checked before the quantization starts, the presets folder too (here a file
+    where it should be): create -q quantized the model whole, then failed to write the preset."""
+    folder = _home(qcli) / "data" / "presets"
+    folder.parent.mkdir(parents=True)
+    folder.write_text("")
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_f16}\n")
+    r = qcli("create", "mybot", "-f", str(mf), "-q", "Q8_0")
+    assert r.returncode == 1 and "quantized to" not in r.stderr, r.stderr
+    assert _one_line(r.stderr).startswith(f"localgen: error: cannot write the preset {folder / 'mybot.json'}: ")
+    assert _made(qcli) == []

@@ -34,6 +34,7 @@ def test_types_are_llama_quantizes_names_in_any_case_or_its_numbers() -> None:
     ("Model-F32-00001-of-00003.gguf", "model"), ("smollm2:135m", "smollm2-135m"), ("mine:q8_0", "mine"),
     ("bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M", "llama-3.2-3b-instruct"),
     ("smollm2-135m-instruct:copy", "smollm2-135m-instruct"),  # COPY is a type too: its tag goes
+    ("bot:v1", "bot-v1"),  # quantize.md: create bot:v1 -q Q8_0 makes bot-v1:q8_0
 ])
 def test_a_results_name_comes_from_the_sources(source: str, base: str) -> None:
     from localgen.models import quantized

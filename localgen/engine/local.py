@@ -71,21 +71,27 @@ class LocalBackend:
                                                       **template_extra(request))
             prompt: Prompt = proj.tokenize(text, found, add_special)
             return prompt
-        return Prompt.text(self.engine.chat_tokens(template_messages(request.messages), request.prefill is not None,
-                                                   **template_extra(request)))
+        text, add_special = self.engine.chat_text(template_messages(request.messages), request.prefill is not None,
+                                                  **template_extra(request))
+        self._check_chars(len(text))  # the template's own text counts too (a preset's thousands of MESSAGE turns)
+        return Prompt.text(self.engine.tokenize(text, add_special))
 
     def check_size(self, request: GenerationRequest) -> None:
         """A prompt whose text cannot fit the window whatever the tokenizer makes of it is refused by its size,
         before the template writes it out or the tokenizer reads it (tens of megabytes piped in)."""
-        from localgen.text import CHARS_PER_TOKEN
 
         def chars_of(content: Any) -> int:  # a message's text (its images and audio are not text)
             if isinstance(content, list):
                 return sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
             return len(content) if isinstance(content, str) else 0
 
-        chars = len(request.prompt) if request.prompt is not None else sum(
-            chars_of(m.get("content")) for m in request.messages or ())
+        self._check_chars(len(request.prompt) if request.prompt is not None else sum(
+            chars_of(m.get("content")) for m in request.messages or ()))
+
+    def _check_chars(self, chars: int) -> None:
+        """A prompt of `chars` characters the window cannot hold whatever the tokenizer makes of them: an overflow."""
+        from localgen.text import CHARS_PER_TOKEN
+
         most = CHARS_PER_TOKEN * self.engine.n_ctx
         if chars > max(most, SIZE_CHECKED):  # below a megabyte the tokenizer is quick, and says the tokens exactly
             raise self.engine.overflow(f"the prompt is {chars:,} characters; the context window of "

@@ -103,6 +103,9 @@ def _presets(listed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         try:
             ref = resolve(p.name, offline=True, pull_missing=False)
+        except presets.PresetCycle as e:  # never usable: left out, as a damaged preset is
+            presets.left_out(e)
+            continue
         except LocalgenError:
             items.append({"name": p.name, "quantization": None, "size": 0, "parameters": None,
                           "context_length": None, "architecture": None, "source": "preset", "base": p.base,

@@ -12,6 +12,7 @@ the machine that loads), so a preset never fails for its settings at use."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,17 +63,21 @@ class _Lines:
 
 
 def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
-          known: Callable[[str], bool] | None = None) -> Modelfile:
+          known: Callable[[str], bool] | None = None, there: bool = False) -> Modelfile:
     """Parse and check a Modelfile; a UsageError names the line of the first problem. `folder`: where a
     relative FROM or ADAPTER path starts (the Modelfile's own folder); None: ADAPTER takes absolute paths only,
     and a relative FROM path is left as it is (the current directory's). `known`: whether a name is a model here
-    (models/resolve.py's known_name), which a bare FROM name beside a file of that name means."""
+    (models/resolve.py's known_name), which a bare FROM name beside a file of that name means. `there`: an absolute
+    FROM path must be there, an error naming its line (on the command line: never for a saved preset read back,
+    whose base may have moved since, nor for serve, whose clients are not to learn which files it has)."""
     # a byte order mark before the first line (Windows' editors write one): not part of FROM, as in Ollama
     src = _Lines(checked(text.removeprefix("\ufeff"), where), where)
     got = _Found()
     while src.i < len(src.lines):
         number = src.i + 1
-        line = src.lines[src.i].strip()
+        raw = src.lines[src.i]
+        line = raw.strip()
+        trail = raw[len(raw.rstrip()):]  # the first line's part of a """ string that runs on: its text
         src.i += 1
         if not line or line.startswith("#"):
             continue
@@ -85,7 +90,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             key, rest = _split(rest)
             if not key:
                 raise src.error(number, f"{instr} needs a name and a value")
-            value = _value(src, rest.strip(), number, f"{instr} {key}")
+            value = _value(src, rest.strip(), number, f"{instr} {key}", trail)
             if instr == "MESSAGE":
                 if key.lower() not in ROLES:
                     raise src.error(number, f"MESSAGE takes a role ({', '.join(ROLES)}), not {key!r}")
@@ -93,12 +98,12 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             else:
                 _parameter(src, number, key, value, got)
             continue
-        value = _value(src, rest, number, instr)
+        value = _value(src, rest, number, instr, trail)
         if instr == "ADAPTER":
             got.adapters.append(_adapter(src, number, value, folder))
             continue
         if instr == "FROM":
-            value = _from(src, number, value, folder, known)
+            value = _from(src, number, value, folder, known, there)
         if instr in got.single:
             raise src.error(number, "a second FROM: a Modelfile has one base model" if instr == "FROM"
                             else f"a second {instr}")
@@ -153,7 +158,7 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
     if fieldname in got.params:
         raise src.error(number, f"PARAMETER {key} is given twice")
     try:
-        got.params[fieldname] = settings.parse_text(fieldname, value)[1]
+        got.params[fieldname] = settings.parse_text(fieldname, value, key)[1]  # errors name what the line says
     except UsageError as e:
         raise src.error(number, e.message) from None
 
@@ -175,7 +180,8 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
         raise src.error(number, f"PARAMETER {key}: {e.message}") from None
 
 
-def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Callable[[str], bool] | None) -> str:
+def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Callable[[str], bool] | None,
+          there_now: bool = True) -> str:
     """FROM's model; a relative file path starts at the Modelfile's folder, as Ollama's (kept absolute). A path is
     a name that looks like one (./m.gguf, m.gguf: models/names.py) or a file there that is not also the name of a
     model known here (a preset's own Modelfile beside this one: the preset, as `run -m NAME` takes it; ./NAME is
@@ -184,6 +190,8 @@ def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Call
 
     path = Path(value).expanduser()
     if folder is None or path.is_absolute():
+        if there_now and looks_like_path(value) and not os.path.exists(path):  # (False for a name no file can have)
+            raise src.error(number, f"FROM {value}: no such model file: {path}")
         return value
     there = folder / path
     if not looks_like_path(value) and (not there.exists() or (known is not None and known(value))):
@@ -230,10 +238,11 @@ def _context(src: _Lines, number: int, value: str) -> int:
     return n
 
 
-def _value(src: _Lines, rest: str, number: int, what: str) -> str:
-    """The instruction's value: bare, "quoted" or \"\"\"multi-line\"\"\" (which may run over the next lines)."""
+def _value(src: _Lines, rest: str, number: int, what: str, trail: str = "") -> str:
+    """The instruction's value: bare, "quoted" or \"\"\"multi-line\"\"\" (which may run over the next lines).
+    `trail`: the whitespace the line ended with (stripped from `rest`), text of a \"\"\" string not closed there."""
     if rest.startswith('"""'):
-        body = rest[3:]
+        body = rest[3:] if '"""' in rest[3:] else rest[3:] + trail
         parts: list[str] = []
         while '"""' not in body:
             parts.append(body)
@@ -291,13 +300,19 @@ def quote(text: str) -> str:
 def _setting_text(name: str, value: Any) -> list[str]:
     if name in REPEATED:
         if name == "logit_bias":
-            return [f"{tok}{bias:+g}" for tok, bias in value]
+            return [f"{tok}{_signed(bias)}" for tok, bias in value]
         return [quote(v) for v in value]
     if value is None:
         return ["none"]
     if isinstance(value, bool):
         return ["true" if value else "false"]
     return [repr(value) if isinstance(value, float) else str(value)]
+
+
+def _signed(bias: float) -> str:
+    """A bias with its sign, short (+1.5, -inf) where that reads back the same, else every digit repr keeps."""
+    short = f"{bias:+g}"
+    return short if float(short) == bias else f"{'+' if bias >= 0 else ''}{bias!r}"
 
 
 def load_lines(knob: str, value: Any) -> list[tuple[str, str]]:

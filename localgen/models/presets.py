@@ -30,14 +30,36 @@ from localgen.types import ModelRef
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}(:[A-Za-z0-9][A-Za-z0-9._-]{0,39})?")
 FORMAT = 1
 LATEST = ":latest"  # Ollama's tag for a name given without one
-# the most of a preset file read: `create` makes one from a Modelfile of at most modelfile.MAX_MODELFILE characters,
-# some 12 bytes each in JSON's escapes (two \\u escapes; paths made absolute and a parent's adapters add more):
-# what holds it is that save() writes none larger (serve's /api/create is refused)
+# the most of a preset file read: `create` (and /api/create) makes one from a Modelfile of at most
+# modelfile.MAX_MODELFILE bytes, at most 3 bytes in JSON's escapes a byte (a 4-byte character is two \\u escapes,
+# 12 bytes; paths made absolute and a parent's settings add more): what holds it is that save() writes none larger
 MAX_FILE = 16 * modelfile.MAX_MODELFILE
 
 
 class PresetExists(UsageError):
     """A preset of that name exists, and replacing it was not asked for."""
+
+
+class PresetCycle(LocalgenError):
+    """A preset whose base is, through other presets or none, itself (a file written so, or by an older version)."""
+
+    def __init__(self, chain: list[str]) -> None:
+        name = chain[0]
+        super().__init__(f"the preset {name} is based on itself ({' → '.join([*chain, name])})",
+                         hint=f"create it again FROM a model, or remove it with localgen rm {name}")
+
+
+def cycle(name: str, base: str) -> list[str] | None:
+    """The presets, from `name`, a preset `name` with base `base` would be based on in a ring back to itself (a
+    preset's base is another preset's name where that model was removed and the name taken: rm NAME:q8_0, then
+    create NAME:q8_0 FROM NAME); None when the bases end at a model."""
+    chain = [canonical(name)]
+    while (p := find(base)) is not None:
+        if p.name in chain:
+            return chain[chain.index(p.name):]
+        chain.append(p.name)
+        base = p.base
+    return None
 
 
 @dataclass(frozen=True)
@@ -81,9 +103,10 @@ def check_name(name: str) -> str:
         raise UsageError(f"bad preset name {name!r}: {_name_problem(name)}", hint="e.g. mybot or mybot:short")
     if name.lower().endswith(".gguf"):  # models/names.py reads such a name as a file's path
         raise UsageError(f"bad preset name {name!r}: a name ending in .gguf means a file", hint="e.g. mybot")
-    if name.partition(":")[0].lower() in ("ollama", "lmstudio"):  # models/names.py: another tool's store
-        raise UsageError(f"bad preset name {name!r}: {name.partition(':')[0]}: names a model of another tool's store",
-                         hint="e.g. mybot")
+    store = name.partition(":")[0]
+    if store.lower() in ("ollama", "lmstudio", "oci"):  # models/names.py's STORES: the prefix says where a model is
+        where = "an OCI registry" if store.lower() == "oci" else "another tool's store"
+        raise UsageError(f"bad preset name {name!r}: {store}: names a model of {where}", hint="e.g. mybot")
     return name
 
 
@@ -155,6 +178,14 @@ def warn_with(warn: Callable[[str], None]) -> None:
     _said.clear()
 
 
+def left_out(e: LocalgenError) -> None:
+    """Say (each once, warn_with's) that a listing leaves out a preset, and why: damaged, or based on itself."""
+    said = f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})"
+    if said not in _said:
+        _said.add(said)
+        _report["warn"](said)
+
+
 def all_presets() -> list[Preset]:
     """Every readable preset, by name, once; a damaged file is left out with a warning naming it (warn_with),
     and `show` and `rm` name it too."""
@@ -164,10 +195,7 @@ def all_presets() -> list[Preset]:
         try:
             p = find(path.stem.replace("@", ":"))
         except LocalgenError as e:
-            said = f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})"
-            if said not in _said:
-                _said.add(said)
-                _report["warn"](said)
+            left_out(e)
             continue
         if p is not None:
             found.setdefault(p.name, p)
@@ -209,6 +237,18 @@ def save(p: Preset, replace: bool) -> None:
     path = _file(p.name)
     try:
         _write(p, replace, path)
+    except OSError as e:
+        raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
+
+
+def check_writable(name: str) -> None:
+    """The error save() would give for a presets folder it cannot write in (read-only, not a folder), asked before
+    work that comes first (create -q's quantization)."""
+    path = _file(name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent):
+            pass
     except OSError as e:
         raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
 
@@ -300,13 +340,15 @@ def made(name: str, text: str, lookup: BaseLookup, where: str = "Modelfile", fol
     """The preset a Modelfile makes, every check done (create_preset's), not saved yet: /api/create checks all
     before it unloads a model of that name."""
     check_name(name)
-    spec = modelfile.parse(text, where, folder, known)
+    # `known` comes from the command line only: there, FROM /a/path not there is an error naming its line
+    spec = modelfile.parse(text, where, folder, known, there=known is not None)
     _check_new_name(name, using=spec.base)
-    spec = _on_base(spec, where, lookup, known)
+    named = spec.base
+    spec = _on_base(spec, where, lookup, known, name)
     if spec.adapters:
         from localgen.models import lora
 
-        ref = lookup(spec.base)
+        ref = _found(spec.base, f"{where}: FROM {named}", lookup, None, named)
         for path in spec.adapters:
             try:
                 lora.check(path, ref.summary.architecture, spec.base)
@@ -328,10 +370,8 @@ def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
     """The preset `cp` makes, checked, not saved yet."""
     _check_new_name(dst, using=src)
     p = find(src)
-    if p is None:
-        spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup)
-        p = Preset(dst, spec)
-    return dataclasses.replace(p, name=canonical(dst))
+    spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup, name=dst)
+    return Preset(canonical(dst), spec if p is None else p.spec)
 
 
 def _exists(name: str) -> PresetExists:
@@ -343,6 +383,23 @@ def refuse_existing(name: str, replace: bool) -> None:
     before work that comes first (create -q's quantization)."""
     if not replace and exists(name):
         raise _exists(name)
+
+
+def stamp(name: str) -> tuple[int, ...] | None:
+    """What tells a preset's file changed (a save puts a new file in place): its inode, size and modification time,
+    one stat; None when there is no preset of that name."""
+    if not NAME.fullmatch(name):
+        return None
+    paths = [_file(name)]
+    for i, path in enumerate(paths):
+        try:
+            st = path.stat()
+        except OSError:
+            if i == 0:  # a preset kept apart as NAME:latest (before the two names were one)
+                paths += _files(name)[1:]
+            continue
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return None
 
 
 def exists(name: str) -> bool:
@@ -365,29 +422,26 @@ def remove(name: str) -> bool:
 
 
 def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
-             known: Callable[[str], bool] | None = None) -> modelfile.Modelfile:
+             known: Callable[[str], bool] | None = None, name: str | None = None) -> modelfile.Modelfile:
     """FROM another preset: that preset's settings under this one's. FROM a model: it must be on this machine
     (checked offline); a path is kept absolute, a name known here (`known`) as its name, whatever file of that
-    name the current folder holds."""
+    name the current folder holds. Either way the model at the end of the bases must be here, and the preset
+    `name` must not be among them (a preset based on itself: every use of it would fail)."""
     parent = find(spec.base)
     if parent is not None:
         up = parent.spec
-        return modelfile.Modelfile(
+        merged = modelfile.Modelfile(
             base=up.base, parameters={**up.parameters, **spec.parameters},
             context=spec.context if spec.context is not None else up.context,
             system=spec.system if spec.system is not None else up.system,
             template=spec.template if spec.template is not None else up.template,
             messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters),
             load={**up.load, **spec.load})
+        _found(merged.base, f"{where}: FROM {spec.base} (a preset of {up.base})", lookup, name, spec.base)
+        return merged
     from localgen.models import names
 
-    try:
-        ref = lookup(spec.base)
-    except NotDownloadedError as e:  # a model pull can fetch: say the command
-        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}", hint=f"pull it first: localgen pull {e.name}"
-                            ) from None
-    except ModelNotFoundError as e:  # no catalogue name, no file: pull could not fetch it either
-        raise LocalgenError(f"{where}: FROM {spec.base}: {e.message}", hint=e.hint) from None
+    ref = _found(spec.base, f"{where}: FROM {spec.base}", lookup, name)
     if ref.summary.chat_template is None and spec.template is None and (spec.system or spec.messages):
         raise UsageError(f"{where}: {spec.base} has no chat template, so SYSTEM and MESSAGE cannot apply; "
                          "give a TEMPLATE")
@@ -395,6 +449,32 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
     if isinstance(names.parse(spec.base), names.PathSpec) and not named:
         return dataclasses.replace(spec, base=str(Path(ref.path).resolve()))
     return spec
+
+
+def _found(base: str, what: str, lookup: BaseLookup, name: str | None, via: str | None = None) -> ModelRef:
+    """The model `base` is, on this machine (or, where it is not found so, `via`: the preset whose base it is);
+    `what` begins the error when it is not here, or when the preset `name` would be among the presets it goes
+    through."""
+    ring = cycle(name, base) if name is not None else None
+    if ring is not None:
+        if ring[0] != canonical(str(name)):  # a ring already on disk, which it would go through
+            e = PresetCycle(ring)
+            raise LocalgenError(f"{what}: {e.message}", hint=e.hint)
+        raise UsageError(f"{what}: the preset {ring[0]} would be based on itself ({' → '.join([*ring, ring[0]])})",
+                         hint="name a model, or a preset of one, in FROM")
+    try:
+        try:
+            return lookup(base)
+        except (ModelNotFoundError, PresetCycle):
+            if via is None:
+                raise
+            return lookup(via)  # serve's lookup never takes a path (a preset's base may be one): the preset's name
+    except NotDownloadedError as e:  # a model pull can fetch: say the command
+        raise LocalgenError(f"{what}: {e.message}", hint=f"pull it first: localgen pull {e.name}") from None
+    except ModelNotFoundError as e:  # no catalogue name, no file: pull could not fetch it either
+        raise LocalgenError(f"{what}: {e.message}", hint=e.hint) from None
+    except PresetCycle as e:  # a ring already on disk, which `name` would go through
+        raise LocalgenError(f"{what}: {e.message}", hint=e.hint) from None
 
 
 def _check_template(source: str, where: str) -> None:

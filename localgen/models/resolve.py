@@ -31,11 +31,12 @@ class Target:
 
 
 def resolve(name: str | None, offline: bool = False, progress: download.Progress | None = None,
-            pull_missing: bool = True, assemble: bool = True) -> ModelRef:
+            pull_missing: bool = True, assemble: bool = True, within: tuple[str, ...] = ()) -> ModelRef:
     """Resolve a model name to a verified local file and its GGUF summary. Without `assemble` (a listing), nothing
     is written: an embedded model in chunks not assembled yet is described from its first chunk, and its path is
     where its first use will assemble it; an OCI split whose links are missing is read through links of its own
-    (its path is where a run makes them)."""
+    (its path is where a run makes them). `within`: the presets whose bases led here (a PresetCycle when one of
+    them comes again)."""
     text = embedded.DEFAULT_MODEL if name is None else name  # an empty name is a mistake (names.parse), not "none"
     spec = spec_of(text)
     if isinstance(spec, names.StoreSpec):  # Ollama's or LM Studio's store, used in place; Ollama's registry
@@ -51,7 +52,10 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
         if preset is not None:
             from localgen.models import presets
 
-            return presets.apply(preset, resolve(preset.base, offline, progress, pull_missing, assemble))
+            if preset.name in within:
+                raise presets.PresetCycle([*within[within.index(preset.name):]])
+            return presets.apply(preset, resolve(preset.base, offline, progress, pull_missing, assemble,
+                                                 (*within, preset.name)))
         made = _quantized(spec)
         if made is not None:
             return made

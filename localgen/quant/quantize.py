@@ -468,8 +468,10 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     presets.check_name(name)
     type_name, _ = parse_type(type_text)
     presets.refuse_existing(name, force)
-    presets.made(name, text, lookup, where, folder, known)  # the preset's own checks, on the source: its place
-    spec = modelfile.parse(text, where, folder, known)
+    presets.check_writable(name)
+    # the preset's own checks, on the source: its place. FROM a preset, the settings are that preset's under the
+    # Modelfile's (what create without -q keeps), and the model quantized is that preset's base
+    spec = presets.made(name, text, lookup, where, folder, known).spec
     base = quantized.base_for(name)
     made = quantized.name_of(base, type_name)
     if made == name.lower():

@@ -99,6 +99,11 @@ def _preset_routes(state: ServeState) -> list[Route]:
         text = modelfile_text(body)
         from localgen.models import modelfile, presets
 
+        if len(text.encode("utf-8", "surrogatepass")) > modelfile.MAX_MODELFILE:  # what `create -f` would refuse
+            from localgen.text import too_long
+
+            raise HTTPError(400, too_long("the request's Modelfile", modelfile.MAX_MODELFILE).message)
+
         try:
             adapters = modelfile.parse(text, "the request").adapters
         except LocalgenError as e:
@@ -228,10 +233,11 @@ def _meant(state: ServeState, name: str) -> str:
 def _ref(state: ServeState, name: str) -> ModelRef:
     """An offered model's ModelRef, without loading it (a 404 for any other name)."""
     name = _meant(state, name)
-    if name in state.workers:
+    if name in state.workers and state.current(state.workers[name]):
         return state.workers[name].ref
-    if state.on_demand is not None and name in state.on_demand.aliases:
-        return state.workers[state.on_demand.aliases[name]].ref
+    held = state.on_demand.aliases.get(name) if state.on_demand is not None else None
+    if held is not None and held in state.workers and state.current(state.workers[held]):
+        return state.workers[held].ref
     _offered(state, name)
     try:
         ref: ModelRef = _lookup(state)(name)

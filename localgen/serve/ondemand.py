@@ -28,6 +28,7 @@ class OnDemand:
         self.listing = listing  # the names of the models on disk
         self.peek = peek or lookup  # as lookup, for the listings: nothing assembled (an embedded model in chunks)
         self.aliases: dict[str, str] = {}  # a name asked for → the worker's name, when they differ
+        self.stamps: dict[str, tuple[int, ...]] = {}  # a preset's worker → its file's stamp (presets.stamp) then
 
     def worker(self, name: str, workers: dict[str, ModelWorker]) -> ModelWorker | None:
         """The worker for `name` (made now unless one serves that model), or None when no such model is here;
@@ -48,9 +49,31 @@ class OnDemand:
 
             raise HTTPError(400, f"model {name!r} cannot be loaded here: {e}", param="model",
                             logged=f"model {name!r} was asked for and cannot be loaded here: {e}") from None
+        if same is None:
+            from localgen.models import presets
+
+            made = presets.stamp(w.name)
+            if made is not None:
+                self.stamps[w.name] = made
         if w.name != name:
             self.aliases[name] = w.name
         return w
+
+    def current(self, w: ModelWorker) -> bool:
+        """Whether a worker made here serves its model as it is on disk: false once its preset's file was
+        replaced (`localgen create --force` in another process) or removed (`localgen rm`). One stat."""
+        if w.name not in self.stamps:
+            return True
+        from localgen.models import presets
+
+        return presets.stamp(w.name) == self.stamps[w.name]
+
+    def forget(self, name: str) -> None:
+        """A worker taken away: the names that meant it, and its stamp."""
+        self.stamps.pop(name, None)
+        for alias, held in list(self.aliases.items()):
+            if held == name:
+                del self.aliases[alias]
 
     def names(self, served: list[str]) -> list[str]:
         """The models offered: those served now first, then the rest on disk (each once)."""

@@ -3,6 +3,8 @@ key, the sampling flags `serve` was given, and the listings' view of them."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 
 LATEST = ":latest"  # Ollama's tag for a name given without one
+RETIRED_JOBS_S = 600.0  # the most a worker taken away (its preset changed) waits for its jobs to end before it stops
 
 
 @dataclass
@@ -110,12 +113,15 @@ class ServeState:
             raise HTTPError(400, f"name a model: this server has no default model (serve --endpoint without -m); it "
                                  f"serves {offered}", param="model")
         name = self.meant(name)
-        if isinstance(name, str) and name in self.workers:
+        if isinstance(name, str) and name in self.workers and self.current(self.workers[name]):
             return self.workers[name]
         why = next((why for n, why in self.retiring if n == name), None)
         if why is not None:
             raise HTTPError(409, f"model {name!r} is being {why}: try again once that ends", param="model")
         if isinstance(name, str) and self.on_demand is not None:
+            held = self.on_demand.aliases.get(name)
+            if held is not None and held in self.workers:
+                self.current(self.workers[held])
             w = self.on_demand.worker(name, self.workers)
             if w is not None:
                 self.workers.setdefault(w.name, w)
@@ -131,14 +137,44 @@ class ServeState:
         except HTTPError:
             return None
 
+    def current(self, w: ModelWorker) -> bool:
+        """Whether a worker serves its model as it is on disk. One made on demand for a preset whose file has
+        changed since (`localgen create --force`, `localgen rm`, in another process) is not: it is taken away now
+        (it takes no new job, ends those it has, then unloads), so a request makes one from the preset as it is
+        now, or finds none. A worker of serve -m stays for the server's life."""
+        if self.on_demand is None or self.on_demand.current(w) or w.pinned:
+            return True
+        why = f"{w.name} changed on disk"
+        w.close(why)
+        if self.workers.get(w.name) is w:
+            del self.workers[w.name]
+        self.on_demand.forget(w.name)
+        self.stopping.append(w)
+        threading.Thread(target=self._stop_when_idle, args=(w,), name=f"localgen-retire-{w.name}",
+                         daemon=True).start()
+        return False
+
+    def _stop_when_idle(self, w: ModelWorker) -> None:
+        """A worker taken away: stopped (which frees its model) once the jobs it holds have ended."""
+        deadline = time.monotonic() + RETIRED_JOBS_S
+        while w.busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+        w.stop()
+        with contextlib.suppress(ValueError):
+            self.stopping.remove(w)
+
+    def _current_workers(self) -> dict[str, ModelWorker]:
+        return {n: w for n, w in list(self.workers.items()) if self.current(w)}
+
     def names(self) -> list[str]:
         """Every model a request may name: those served now, then (on demand) the others on disk."""
-        served = list(self.workers)
+        served = list(self._current_workers())
         return self.on_demand.names(served) if self.on_demand is not None else served
 
     def offered(self) -> list[tuple[str, ModelRef, ModelWorker | None]]:
         """What the listings show: each worker's model, then each model on disk without one yet."""
-        out: list[tuple[str, ModelRef, ModelWorker | None]] = [(n, w.ref, w) for n, w in self.workers.items()]
+        out: list[tuple[str, ModelRef, ModelWorker | None]] = [
+            (n, w.ref, w) for n, w in self._current_workers().items()]
         if self.on_demand is not None:
             out += [(n, ref, None) for n, ref in self.on_demand.refs(self.workers)]
         return out

@@ -60,7 +60,8 @@ def logs(
     entries = store.recent(count, query=query, model=model, cid=cid)
     _say_damage()  # (a log that cannot be read at all is the one error line of recent())
     if not entries:
-        what = " and ".join(f"{k} {v!r}" for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
+        what = " and ".join(f"{k} {v[:80] + '…' if len(v) > 80 else v!r}"  # a long one cut, as errors are
+                            for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
         ErrWriter().line(f"no logged exchange matches {what}" if what else "the log holds no exchange yet")
     if json_out:
         from dataclasses import asdict

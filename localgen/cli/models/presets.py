@@ -41,9 +41,10 @@ def create(
     if file == "-":
         from localgen.text import too_long
 
-        text, where = sys.stdin.read(MAX_MODELFILE + 1), "stdin"  # characters: one past the bound, no more
-        if len(text) > MAX_MODELFILE:
+        data, where = sys.stdin.buffer.read(MAX_MODELFILE + 1), "stdin"  # bytes, as a file's: one past the bound
+        if len(data) > MAX_MODELFILE:
             raise too_long("the Modelfile on stdin", MAX_MODELFILE)
+        text = data.decode("utf-8", "surrogateescape")  # a byte that is not UTF-8: the parser names it
     else:
         from localgen.cli.inputfile import check_input
         from localgen.text import read_file
