@@ -705,3 +705,48 @@ def test_the_hostile_client_script_passes(cli_env: dict[str, str]) -> None:
     for check in ("a 68 KiB URL, sent slowly, is a 431", "7,000 headers, sent at once, is a 431",
                   "a stalled DELETE body is a 408", "Transfer-Encoding gzip, chunked is a 501"):
         assert f"PASS  {check}" in r.stdout, r.stdout
+
+
+# ---- a flood of idle connections ---------------------------------------------------------------------
+
+FD_LIMIT = 200  # the child's soft and hard RLIMIT_NOFILE: a flood of FLOOD idle connections would take them all
+FLOOD = 260
+
+
+def test_a_flood_of_idle_connections_starves_neither_requests_nor_the_model(
+        cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The red team's 1,100 idle connections took every descriptor (a soft limit of 1,024): requests got resets,
+    and a first request's decode failed importing numpy.ctypeslib. Past serve's cap of connections, the one idle
+    longest is closed; here under a limit of FD_LIMIT that serve cannot raise."""
+    import resource
+    import subprocess
+    import sys
+
+    import tests.test_serve as ts
+
+    def limited() -> None:
+        ts.default_sigint()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+    def popen(env: dict[str, str], args: list[str], stderr: int) -> Any:
+        return subprocess.Popen([sys.executable, "-m", "localgen", "serve", *args], env=env, cwd=ts.ROOT,
+                                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, preexec_fn=limited)
+
+    monkeypatch.setattr(ts, "serve_process", popen)
+    s = Server(cli_env, "-np", "2", "--ctx", "1024")
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(FLOOD):
+            flood.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+        body = {"model": MODEL, "max_tokens": 8, "stream": True, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "hi"}]}
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and not any('"error"' in ln for ln in lines), lines
+        assert httpx.get(f"{s.url}/health", timeout=30).json()["status"] == "ok"
+    finally:
+        for c in flood:
+            c.close()
+        s.stop()
+    assert "Too many open files" not in s.log() and "internal error" not in s.log(), s.log()
