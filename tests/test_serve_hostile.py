@@ -626,6 +626,38 @@ def test_dns_rebinding_hosts_are_refused_on_loopback(child: Server) -> None:
     assert "DNS rebinding" in httpx.get(f"{child.url}/api/tags", headers={"Host": "rebind.example"}).json()["error"]
 
 
+def _loopback_name() -> str | None:
+    """This machine's name where it resolves to loopback addresses only (/etc/hosts' `127.0.0.1 vm`)."""
+    import ipaddress
+
+    name = socket.gethostname()
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return None
+    return name if found and all(ipaddress.ip_address(a.partition("%")[0]).is_loopback for a in found) else None
+
+
+def test_a_host_name_that_resolves_to_loopback_keeps_the_rebinding_guard(cli_env: dict[str, str]) -> None:
+    """serve --host vm, vm being 127.0.0.1: it listens on loopback only, so the Host header must name this machine
+    (the red team read /v1/files through a rebinding name), and no warning says anyone can reach it."""
+    from localgen.cli.main import is_loopback
+
+    name = _loopback_name()
+    if name is None:
+        pytest.skip("this machine's name does not resolve to loopback only")
+    assert is_loopback(name) and not is_loopback("0.0.0.0") and not is_loopback("no-such-host.invalid")
+    s = Server(cli_env, "--host", name, "--ctx", "1024")
+    try:
+        r = httpx.get(f"{s.url}/v1/files", headers={"Host": f"evil.example:{s.port}"}, timeout=30)
+        assert r.status_code == 403, r.text
+        for host in (f"{name}:{s.port}", f"127.0.0.1:{s.port}", f"localhost:{s.port}"):
+            assert httpx.get(f"{s.url}/v1/models", headers={"Host": host}, timeout=30).status_code == 200, host
+    finally:
+        s.stop()
+    assert "with no API key" not in s.log(), s.log()
+
+
 def test_what_a_response_echoes_is_checked_as_openai_checks_it(child: Server) -> None:
     """The red team's 15,000,000-character reasoning.summary and text.verbosity were answered 200, stored and
     given back. Through the OpenAI SDK: each echoed field outside OpenAI's enums (or not a field at all) is a
