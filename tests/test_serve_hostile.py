@@ -565,6 +565,18 @@ def test_cors_flag_and_env_widen_the_origins(cli_env: dict[str, str]) -> None:
                                ("https://d.example", 403)):
             r = httpx.get(f"{s.url}/v1/models", headers={"Origin": origin}, timeout=30)
             assert r.status_code == status, origin
+        # Chrome's Private Network Access: a page on a public site asks its preflight to reach this one too
+        for origin, status in (("https://c.example", 200), ("https://x.b.example", 200), ("https://d.example", 403)):
+            r = httpx.options(f"{s.url}/v1/chat/completions", timeout=30, headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type, authorization",
+                "Access-Control-Request-Private-Network": "true"})
+            assert r.status_code == status, (origin, r.text)
+            if status == 200:
+                assert r.headers["access-control-allow-private-network"] == "true"
+                assert r.headers["access-control-allow-origin"] == origin
+            else:
+                assert "access-control-allow-private-network" not in r.headers
     finally:
         assert s.stop() == 0
 

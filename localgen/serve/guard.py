@@ -315,7 +315,9 @@ async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError,
 
 
 def _cors(app: ASGIApp, policy: Policy) -> ASGIApp:
-    """Starlette's CORSMiddleware, matching origins by the policy's patterns."""
+    """Starlette's CORSMiddleware, matching origins by the policy's patterns. An allowed origin's preflight may
+    ask to reach a private network (Chrome's Private Network Access: a public page calling this loopback or LAN
+    server); a foreign origin was refused before (403)."""
     from starlette.middleware.cors import CORSMiddleware
 
     class Cors(CORSMiddleware):
@@ -323,4 +325,4 @@ def _cors(app: ASGIApp, policy: Policy) -> ASGIApp:
             return policy.origin_allowed(origin)
 
     return Cors(app, allow_methods=["GET", "POST", "DELETE", "OPTIONS", "HEAD"],  # type: ignore[arg-type]
-                allow_headers=["*"], max_age=600)
+                allow_headers=["*"], max_age=600, allow_private_network=True)
