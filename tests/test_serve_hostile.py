@@ -670,6 +670,15 @@ def test_a_host_name_that_resolves_to_loopback_keeps_the_rebinding_guard(cli_env
     assert "with no API key" not in s.log(), s.log()
 
 
+def test_the_router_list_names_each_models_file_not_its_folder(child: Server) -> None:
+    """llama-server's GET /models said each model's absolute path (the home folder, the venv) to any client: a
+    client learns which file, never where this machine keeps it (serve/apierror.py's without_paths)."""
+    data = httpx.get(f"{child.url}/models", timeout=30).json()["data"]
+    smol = next(m for m in data if m["id"] == MODEL)
+    assert smol["path"].endswith(".gguf") and smol["status"]["value"] == "loaded"
+    assert not any("/" in m["path"] or "\\" in m["path"] for m in data), data
+
+
 def test_what_a_response_echoes_is_checked_as_openai_checks_it(child: Server) -> None:
     """The red team's 15,000,000-character reasoning.summary and text.verbosity were answered 200, stored and
     given back. Through the OpenAI SDK: each echoed field outside OpenAI's enums (or not a field at all) is a
