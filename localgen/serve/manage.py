@@ -43,7 +43,7 @@ def _model_routes(state: ServeState) -> list[Route]:
     async def pull(request: Request) -> Response:
         body = await read_json(request)
         name = _name(body)
-        return await pulls.pull(state, name, flag(body, "stream", default=True))
+        return await pulls.pull(state, name, flag(body, "stream", default=True), request.app.state.front.log.error)
 
     async def delete(request: Request) -> Response:
         name = _name(await read_json(request))
