@@ -762,7 +762,7 @@ def test_the_hostile_client_script_passes(cli_env: dict[str, str]) -> None:
 
 # ---- a flood of idle connections ---------------------------------------------------------------------
 
-FD_LIMIT = 200  # the child's soft and hard RLIMIT_NOFILE: a flood of FLOOD idle connections would take them all
+FD_LIMIT = 200  # the child's hard RLIMIT_NOFILE (its soft one half that): FLOOD idle connections would take them all
 FLOOD = 260
 
 
@@ -770,7 +770,7 @@ def test_a_flood_of_idle_connections_starves_neither_requests_nor_the_model(
         cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The red team's 1,100 idle connections took every descriptor (a soft limit of 1,024): requests got resets,
     and a first request's decode failed importing numpy.ctypeslib. Past serve's cap of connections, the one idle
-    longest is closed; here under a limit of FD_LIMIT that serve cannot raise."""
+    longest is closed; here under a hard limit of FD_LIMIT, to which serve raises the soft one."""
     import resource
     import subprocess
     import sys
@@ -779,7 +779,7 @@ def test_a_flood_of_idle_connections_starves_neither_requests_nor_the_model(
 
     def limited() -> None:
         ts.default_sigint()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT // 2, FD_LIMIT))
 
     def popen(env: dict[str, str], args: list[str], stderr: int) -> Any:
         return subprocess.Popen([sys.executable, "-m", "localgen", "serve", *args], env=env, cwd=ts.ROOT,
@@ -789,6 +789,10 @@ def test_a_flood_of_idle_connections_starves_neither_requests_nor_the_model(
     s = Server(cli_env, "-np", "2", "--ctx", "1024")
     flood: list[socket.socket] = []
     try:
+        limits = Path(f"/proc/{s.proc.pid}/limits")
+        if limits.exists():  # Linux: the soft limit raised to the hard one
+            line = next(ln for ln in limits.read_text().splitlines() if ln.startswith("Max open files"))
+            assert line.split()[3:5] == [str(FD_LIMIT), str(FD_LIMIT)], line
         for _ in range(FLOOD):
             flood.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
         body = {"model": MODEL, "max_tokens": 8, "stream": True, "ignore_eos": True,

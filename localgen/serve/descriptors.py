@@ -1,8 +1,9 @@
 """serve's file descriptors: each connection holds one, and so do the model files, the logs, the prefix store
 and the modules a request may still import. At start the soft limit (RLIMIT_NOFILE, often 1,024) is raised to
-the hard one, as nginx and most servers do; the connections open at once are then capped (serve/stalls.py), a
-reserve of descriptors kept for everything else, so that a client that opens connections by the thousand and
-sends nothing (a flood) can never leave the server without one for a model's load or a request's answer."""
+the hard one (up to 65,536), as nginx and most servers do; the connections open at once are then capped
+(serve/stalls.py), a reserve of descriptors kept for everything else, so that a client that opens connections
+by the thousand and sends nothing (a flood) can never leave the server without one for a model's load or a
+request's answer."""
 
 from __future__ import annotations
 
@@ -11,24 +12,26 @@ import os
 
 RESERVE = 128  # descriptors kept for what is not a connection: model files, logs, the prefix store, fetches
 MAX_CONNECTIONS = 8192  # connections open at once, at most, however high the limit
-_FALLBACK_LIMIT = 65536  # the soft limit asked for where the hard one is unlimited (macOS refuses that)
+# the soft limit asked for, at most: a hard limit of a billion (some containers') would be handed on to every
+# program serve starts (MCP servers), and some close each descriptor up to it; macOS refuses an unlimited one
+TARGET = 65536
 
 
 def raise_limit() -> int:
-    """Raise the soft limit on open files to the hard one (where the system allows it); the soft limit now
-    (0 where the platform has none: Windows)."""
+    """Raise the soft limit on open files to the hard one, at most TARGET (where the system allows it); the soft
+    limit now (0 where the platform has none: Windows)."""
     try:
         import resource
     except ImportError:
         return 0
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else _FALLBACK_LIMIT
+    want = TARGET if hard == resource.RLIM_INFINITY else min(hard, TARGET)
     if soft != resource.RLIM_INFINITY and soft < want:
         # macOS caps it at its kern.maxfilesperproc: the soft one stays
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return soft if soft != resource.RLIM_INFINITY else _FALLBACK_LIMIT
+    return soft if soft != resource.RLIM_INFINITY else TARGET
 
 
 def open_now() -> int:
