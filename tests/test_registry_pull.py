@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -505,3 +506,39 @@ def test_serve_pulls_an_ollama_name_over_ollama_s_api_and_deletes_it(env: dict[s
         assert s.stop() == 0
         log = s.proc.stderr.read().decode() if s.proc.stderr else ""
     assert "Traceback" not in log, log
+
+
+def test_serve_pull_checks_where_each_connection_lands_not_only_the_name(
+        served: FakeRegistry, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """DNS rebinding: a registry's name that answers a public address to serve's check and 127.0.0.1 to the
+    connection reached this machine's ports, and the client read which answered in the raw error (`[SSL:
+    WRONG_VERSION_NUMBER]`, `connection refused`). The connection's peer is checked before TLS; the client is told
+    `cannot reach the registry HOST`, the server's log why."""
+    import socket
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    real = socket.getaddrinfo
+    lookups = []
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "rebind.test":  # TTL 0: public once, then loopback
+            lookups.append(host)
+            return real("93.184.216.34" if len(lookups) == 1 else "127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    host = f"rebind.test:{served.host.rpartition(':')[2]}"
+    with TestClient(build(ServeState(workers={}), Policy(check_host=False))) as client:
+        r = client.post("/api/pull", json={"model": f"ollama:{host}/library/smollm2:plain", "stream": False})
+    assert r.status_code == 502 and r.json()["error"] == f"cannot reach the registry {host}", r.text
+    assert len(lookups) > 1, "the name was looked up again to connect"
+    assert "rebind.test is at a loopback address" in capfd.readouterr().err

@@ -565,6 +565,18 @@ def test_cors_flag_and_env_widen_the_origins(cli_env: dict[str, str]) -> None:
                                ("https://d.example", 403)):
             r = httpx.get(f"{s.url}/v1/models", headers={"Origin": origin}, timeout=30)
             assert r.status_code == status, origin
+        # Chrome's Private Network Access: a page on a public site asks its preflight to reach this one too
+        for origin, status in (("https://c.example", 200), ("https://x.b.example", 200), ("https://d.example", 403)):
+            r = httpx.options(f"{s.url}/v1/chat/completions", timeout=30, headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type, authorization",
+                "Access-Control-Request-Private-Network": "true"})
+            assert r.status_code == status, (origin, r.text)
+            if status == 200:
+                assert r.headers["access-control-allow-private-network"] == "true"
+                assert r.headers["access-control-allow-origin"] == origin
+            else:
+                assert "access-control-allow-private-network" not in r.headers
     finally:
         assert s.stop() == 0
 
@@ -624,6 +636,47 @@ def test_dns_rebinding_hosts_are_refused_on_loopback(child: Server) -> None:
         r = httpx.get(f"{child.url}/v1/models", headers={"Host": host}, timeout=30)
         assert r.status_code == status, host
     assert "DNS rebinding" in httpx.get(f"{child.url}/api/tags", headers={"Host": "rebind.example"}).json()["error"]
+
+
+def _loopback_name() -> str | None:
+    """This machine's name where it resolves to loopback addresses only (/etc/hosts' `127.0.0.1 vm`)."""
+    import ipaddress
+
+    name = socket.gethostname()
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return None
+    return name if found and all(ipaddress.ip_address(a.partition("%")[0]).is_loopback for a in found) else None
+
+
+def test_a_host_name_that_resolves_to_loopback_keeps_the_rebinding_guard(cli_env: dict[str, str]) -> None:
+    """serve --host vm, vm being 127.0.0.1: it listens on loopback only, so the Host header must name this machine
+    (the red team read /v1/files through a rebinding name), and no warning says anyone can reach it."""
+    from localgen.cli.main import is_loopback
+
+    name = _loopback_name()
+    if name is None:
+        pytest.skip("this machine's name does not resolve to loopback only")
+    assert is_loopback(name) and not is_loopback("0.0.0.0") and not is_loopback("no-such-host.invalid")
+    s = Server(cli_env, "--host", name, "--ctx", "1024")
+    try:
+        r = httpx.get(f"{s.url}/v1/files", headers={"Host": f"evil.example:{s.port}"}, timeout=30)
+        assert r.status_code == 403, r.text
+        for host in (f"{name}:{s.port}", f"127.0.0.1:{s.port}", f"localhost:{s.port}"):
+            assert httpx.get(f"{s.url}/v1/models", headers={"Host": host}, timeout=30).status_code == 200, host
+    finally:
+        s.stop()
+    assert "with no API key" not in s.log(), s.log()
+
+
+def test_the_router_list_names_each_models_file_not_its_folder(child: Server) -> None:
+    """llama-server's GET /models said each model's absolute path (the home folder, the venv) to any client: a
+    client learns which file, never where this machine keeps it (serve/apierror.py's without_paths)."""
+    data = httpx.get(f"{child.url}/models", timeout=30).json()["data"]
+    smol = next(m for m in data if m["id"] == MODEL)
+    assert smol["path"].endswith(".gguf") and smol["status"]["value"] == "loaded"
+    assert not any("/" in m["path"] or "\\" in m["path"] for m in data), data
 
 
 def test_what_a_response_echoes_is_checked_as_openai_checks_it(child: Server) -> None:
@@ -705,3 +758,52 @@ def test_the_hostile_client_script_passes(cli_env: dict[str, str]) -> None:
     for check in ("a 68 KiB URL, sent slowly, is a 431", "7,000 headers, sent at once, is a 431",
                   "a stalled DELETE body is a 408", "Transfer-Encoding gzip, chunked is a 501"):
         assert f"PASS  {check}" in r.stdout, r.stdout
+
+
+# ---- a flood of idle connections ---------------------------------------------------------------------
+
+FD_LIMIT = 200  # the child's hard RLIMIT_NOFILE (its soft one half that): FLOOD idle connections would take them all
+FLOOD = 260
+
+
+def test_a_flood_of_idle_connections_starves_neither_requests_nor_the_model(
+        cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The red team's 1,100 idle connections took every descriptor (a soft limit of 1,024): requests got resets,
+    and a first request's decode failed importing numpy.ctypeslib. Past serve's cap of connections, the one idle
+    longest is closed; here under a hard limit of FD_LIMIT, to which serve raises the soft one."""
+    import resource
+    import subprocess
+    import sys
+
+    import tests.test_serve as ts
+
+    def limited() -> None:
+        ts.default_sigint()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT // 2, FD_LIMIT))
+
+    def popen(env: dict[str, str], args: list[str], stderr: int) -> Any:
+        return subprocess.Popen([sys.executable, "-m", "localgen", "serve", *args], env=env, cwd=ts.ROOT,
+                                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, preexec_fn=limited)
+
+    monkeypatch.setattr(ts, "serve_process", popen)
+    s = Server(cli_env, "-np", "2", "--ctx", "1024")
+    flood: list[socket.socket] = []
+    try:
+        limits = Path(f"/proc/{s.proc.pid}/limits")
+        if limits.exists():  # Linux: the soft limit raised to the hard one
+            line = next(ln for ln in limits.read_text().splitlines() if ln.startswith("Max open files"))
+            assert line.split()[3:5] == [str(FD_LIMIT), str(FD_LIMIT)], line
+        for _ in range(FLOOD):
+            flood.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+        body = {"model": MODEL, "max_tokens": 8, "stream": True, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "hi"}]}
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and not any('"error"' in ln for ln in lines), lines
+        assert httpx.get(f"{s.url}/health", timeout=30).json()["status"] == "ok"
+    finally:
+        for c in flood:
+            c.close()
+        s.stop()
+    assert "Too many open files" not in s.log() and "internal error" not in s.log(), s.log()

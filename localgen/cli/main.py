@@ -233,12 +233,23 @@ def normalize_argv(args: list[str]) -> list[str]:
 
 
 def is_loopback(host: str) -> bool:
+    """Whether listening on `host` listens on loopback only: localhost, a loopback address, or a name that
+    resolves (as binding resolves it) to loopback addresses only (`vm` in /etc/hosts as 127.0.0.1)."""
     import ipaddress
+    import socket
 
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(found) and all(ipaddress.ip_address(a.partition("%")[0]).is_loopback for a in found)
     except ValueError:
         return False
 

@@ -3,9 +3,11 @@ huggingface_hub (auth, endpoint, error codes), and the URLs and headers for our 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -15,6 +17,7 @@ from localgen.models.hfcache import COMMIT, check_repo_id, safe_filename
 from localgen.models.quant import RemoteFile
 
 RETRIES = 3
+_peers = threading.local()  # public_peers_only's flag, for the thread that set it
 
 
 class HubUnreachableError(LocalgenError):
@@ -74,8 +77,68 @@ def open_url(url: str, headers: dict[str, str], timeout: float,
                 new.unredirected_hdrs.pop("Authorization", None)
             return new
 
-    opener = urllib.request.build_opener(KeepTokenHome)
+    handlers: list[Any] = [KeepTokenHome]
+    if getattr(_peers, "public", False):
+        handlers += _public_peer_handlers()
+    opener = urllib.request.build_opener(*handlers)
     return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
+
+
+class PrivatePeerError(OSError):
+    """A connection that public_peers_only refused: its peer is at a loopback, private, link-local or metadata
+    address."""
+
+
+@contextlib.contextmanager
+def public_peers_only() -> Iterator[None]:
+    """Within it, in this thread, open_url's every connection (redirects and token realms too) is checked where it
+    landed, its peer's address from the connected socket before TLS or a request's first byte, and refused
+    (PrivatePeerError, within urllib's URLError) at a loopback, private, link-local or metadata address: serve's
+    pull for a client, which a name that answers a public address to the check and 127.0.0.1 to the connection
+    (DNS rebinding) would otherwise lead to this machine or its LAN. Through a proxy, the proxy is the peer:
+    not checked."""
+    before = getattr(_peers, "public", False)
+    _peers.public = True
+    try:
+        yield
+    finally:
+        _peers.public = before
+
+
+def _public_peer_handlers() -> list[Any]:
+    """urllib's http and https handlers, their connections' peers checked (public_peers_only)."""
+    import urllib.request
+
+    from localgen.fetch import refusal
+
+    def checked(http_class: Any) -> Any:
+        class Checked(http_class):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                create: Any = self._create_connection  # type: ignore[has-type]
+
+                def connect(*a: Any, **k: Any) -> Any:
+                    sock = create(*a, **k)
+                    if not self._tunnel_host:  # a proxy's tunnel: the proxy is the peer
+                        why = refusal(str(sock.getpeername()[0]))
+                        if why is not None:
+                            sock.close()
+                            raise PrivatePeerError(f"refused: {self.host} is at {why}")
+                    return sock
+
+                self._create_connection = connect
+
+        return Checked
+
+    class Http(urllib.request.HTTPHandler):
+        def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+            return super().do_open(checked(http_class), req, **kwargs)
+
+    class Https(urllib.request.HTTPSHandler):
+        def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+            return super().do_open(checked(http_class), req, **kwargs)
+
+    return [Http, Https]
 
 
 def keeps_token(url: str, redirected_to: str) -> bool:

@@ -59,6 +59,7 @@ class Policy:
     api_key: str | None = None
     origins: tuple[str, ...] = DEFAULT_ORIGINS
     check_host: bool = True
+    names: tuple[str, ...] = ()  # names that mean this machine besides its own: serve --host's, where loopback
     max_body: int = 16 << 20
     read_timeout: float = DEFAULT_READ_TIMEOUT_S  # seconds a body may stall before a 408 (serve --read-timeout)
     open_paths: tuple[str, ...] = ("/health", "/")
@@ -111,13 +112,14 @@ _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 PRIVATE_SUFFIXES = ("local", "home.arpa", "internal", "lan", "home", "localdomain")
 
 
-def host_allowed(host: str) -> bool:
+def host_allowed(host: str, names: tuple[str, ...] = ()) -> bool:
     """A Host header that can only mean this machine: an IP address, localhost or a name under it, or this
     machine's own name (alone, or under a PRIVATE_SUFFIXES suffix: vm.local), each with an optional port. A DNS
     name an attacker controls that resolves to 127.0.0.1 is none of these. A name under .localhost
     (app.localhost) is accepted: RFC 6761 reserves it for loopback, browsers resolve it to loopback themselves and
     the root zone never delegates it, so no attacker can point one elsewhere, and local tools use such names for
-    the same machine."""
+    the same machine. `names`: more names that mean it (the name serve listens on, one that resolves to loopback
+    only)."""
     text = host.strip().lower()
     if not text:
         return True  # HTTP/1.0 without Host: not a browser
@@ -131,7 +133,7 @@ def host_allowed(host: str) -> bool:
     except ValueError:
         if m["v6"]:
             return False
-    if own_name(name):
+    if own_name(name) or name in names:
         return True
     labels = name.split(".")
     return labels[-1] == "localhost" and all(_LABEL.fullmatch(label) for label in labels)
@@ -186,7 +188,7 @@ class Gate:
                 501, f"the request's Transfer-Encoding {coding[:100]!r} is not one the server decodes: send the body "
                      "as it is, with a Content-Length or chunked", "invalid_request_error"), {"Connection": "close"})
             return
-        if self.policy.check_host and not host_allowed(headers.get("host", "")):
+        if self.policy.check_host and not host_allowed(headers.get("host", ""), self.policy.names):
             await _refuse(scope, receive, send, HTTPError(
                 403, f"Host {headers.get('host', '')[:100]!r} is not this machine's name: a server on loopback "
                      "answers only to localhost or an IP address (a guard against DNS rebinding)",
@@ -313,7 +315,9 @@ async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError,
 
 
 def _cors(app: ASGIApp, policy: Policy) -> ASGIApp:
-    """Starlette's CORSMiddleware, matching origins by the policy's patterns."""
+    """Starlette's CORSMiddleware, matching origins by the policy's patterns. An allowed origin's preflight may
+    ask to reach a private network (Chrome's Private Network Access: a public page calling this loopback or LAN
+    server); a foreign origin was refused before (403)."""
     from starlette.middleware.cors import CORSMiddleware
 
     class Cors(CORSMiddleware):
@@ -321,4 +325,4 @@ def _cors(app: ASGIApp, policy: Policy) -> ASGIApp:
             return policy.origin_allowed(origin)
 
     return Cors(app, allow_methods=["GET", "POST", "DELETE", "OPTIONS", "HEAD"],  # type: ignore[arg-type]
-                allow_headers=["*"], max_age=600)
+                allow_headers=["*"], max_age=600, allow_private_network=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,7 +43,7 @@ def _model_routes(state: ServeState) -> list[Route]:
     async def pull(request: Request) -> Response:
         body = await read_json(request)
         name = _name(body)
-        return await pulls.pull(state, name, flag(body, "stream", default=True))
+        return await pulls.pull(state, name, flag(body, "stream", default=True), request.app.state.front.log.error)
 
     async def delete(request: Request) -> Response:
         name = _name(await read_json(request))
@@ -52,7 +53,8 @@ def _model_routes(state: ServeState) -> list[Route]:
     async def router_list(request: Request) -> Response:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
         return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path,
+            # the file's name, not its folders: a client learns which file, never where it is (without_paths)
+            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path and os.path.basename(ref.path),
              "status": {"value": "loaded" if w is not None and w.loaded else "unloaded"}}
             for name, ref, w in offered]})
 

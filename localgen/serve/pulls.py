@@ -5,10 +5,11 @@ public unless --allow-private-urls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -68,6 +69,8 @@ class Lines:
             self._line()
 
     def note(self, text: str) -> None:
+        if text.endswith("; retrying"):  # FILE: REASON; retrying: the reason is the server's (for_client)
+            text = f"{text.partition(': ')[0]}: the download failed; retrying"
         self.put({"status": without_paths(text)})
 
 
@@ -86,8 +89,25 @@ def _pull_error(e: BaseException) -> HTTPError:
     if isinstance(e, ModelFormatError):  # the repo's file is not a model (pull removed it again)
         return HTTPError(422, e.message)
     if isinstance(e, (DownloadError, HubUnreachableError, RegistryUnreachableError)):
-        return HTTPError(502, e.message, "server_error")
+        said = for_client(e)
+        return HTTPError(502, said, "server_error", logged=f"/api/pull: {e.message}" if said != e.message else None)
     return HTTPError(500, e.message, "server_error")
+
+
+def for_client(e: LocalgenError) -> str:
+    """A pull's error as its client is told it: a connection's failure without the system's or TLS's reason
+    (`cannot reach the registry HOST`, not `connection refused` or `[SSL: WRONG_VERSION_NUMBER]`, which would
+    tell a client which ports answer where the registry's name leads); the server's log has the rest."""
+    from localgen.models.download import DownloadError
+    from localgen.models.hub import HubUnreachableError
+    from localgen.models.registry import RegistryUnreachableError
+
+    text = e.message
+    unreachable = isinstance(e, (HubUnreachableError, RegistryUnreachableError)) and text.startswith("cannot reach ")
+    retried = isinstance(e, DownloadError) and " tries: " in text  # downloading F failed after N tries: REASON
+    if unreachable or retried:
+        text = text.partition(": ")[0]
+    return without_paths(text)
 
 
 class Pull:
@@ -109,7 +129,7 @@ def _pulling(target: Any, strict: bool) -> tuple[asyncio.Queue[Any], threading.E
     event stops it (the client left); Lines says whether the download was verified. `strict`: the registry was
     checked to be public (no --allow-private-urls), and a redirect or token realm to a private address is refused
     without asking the registry's name again (which could answer otherwise the second time)."""
-    from localgen.models import oci, ocipull, ollamastore, registry, resolve
+    from localgen.models import hub, oci, ocipull, ollamastore, registry, resolve
 
     out: asyncio.Queue[Any] = asyncio.Queue()
     stop = threading.Event()
@@ -117,10 +137,14 @@ def _pulling(target: Any, strict: bool) -> tuple[asyncio.Queue[Any], threading.E
 
     def work() -> None:
         try:
-            if isinstance(target, ollamastore.OllamaName):
-                registry.pull(target, lines, True if strict else None)
-            elif isinstance(target, oci.OciName):
-                ocipull.pull(target, lines, True if strict else None)
+            # strict: a registry's every connection checked where it lands, not only its name before (DNS
+            # rebinding); the Hub (or the HF_ENDPOINT mirror) is the server's own choice, not a client's
+            if isinstance(target, ollamastore.OllamaName | oci.OciName):
+                with hub.public_peers_only() if strict else contextlib.nullcontext():
+                    if isinstance(target, ollamastore.OllamaName):
+                        registry.pull(target, lines, True if strict else None)
+                    else:
+                        ocipull.pull(target, lines, True if strict else None)
             else:
                 resolve.pull(target, lines)
         except (LocalgenError, Stopped) as e:
@@ -135,7 +159,8 @@ def _pulling(target: Any, strict: bool) -> tuple[asyncio.Queue[Any], threading.E
     return out, stop, lines
 
 
-async def pull(state: ServeState, name: str, stream: bool) -> Response:
+async def pull(state: ServeState, name: str, stream: bool, log: Callable[[str], None] | None = None) -> Response:
+    """/api/pull of `name`; `log`: the server's log, for what a client is not told of a failure (for_client)."""
     from localgen.models import hfcache, ollamastore, resolve
 
     try:  # a name from a client: never a file here, and no file is looked for (names.parse's local=False)
@@ -183,7 +208,10 @@ async def pull(state: ServeState, name: str, stream: bool) -> Response:
             yield b'{"status": "pulling manifest"}\n'
             while item is not None:
                 if isinstance(item, LocalgenError):
-                    yield (json.dumps({"error": without_paths(item.message)}) + "\n").encode()
+                    said = for_client(item)
+                    if said != item.message and log is not None:
+                        log(f"/api/pull: {item.message}")
+                    yield (json.dumps({"error": said}) + "\n").encode()
                     return
                 if isinstance(item, BaseException):
                     raise item

@@ -124,6 +124,7 @@ class Residence:
                 self._residency.released(self.tenant, failed=True)
             raise
         self.backend, self.pc, self.mode = backend, pc, mode
+        _import_decode_path()
         self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)
         self.n_ctx = backend.engine.n_ctx
         restored = self._with_store(lambda store, key, ident: pc.slots.restore(store, key, ident)) or 0
@@ -290,3 +291,13 @@ class Residence:
 
         eng = backend.engine
         return {k: {"value": getattr(eng.params, k), "from": eng.origins.get(k, "default")} for k in TUNABLE}
+
+
+def _import_decode_path() -> None:
+    """Import now, at a load, the modules that decoding imports on first use (the pick's logits view, drafting,
+    a slot's context): a first request that imported one while a flood of connections had taken every file
+    descriptor failed with a 500 (`Too many open files` on a module's file)."""
+    import numpy.ctypeslib  # noqa: F401  (native/lib.py's logits_row: np.ctypeslib.as_array)
+
+    import localgen.engine.speculative
+    import localgen.native.context  # noqa: F401

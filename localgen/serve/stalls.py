@@ -4,7 +4,10 @@ makes uvicorn's HTTP protocol close a connection whose next request's headers ar
 read timeout of its opening or of the previous response's end. (A stalled body is serve/guard.py's: a 408.)
 httptools, which serve's uvicorn uses, bounds neither the request line nor a header, and builds each at a cost
 quadratic in its length on the event loop: a request's head (its line and headers) past `MAX_HEAD` bytes is
-answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them."""
+answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them. Past `cap`
+connections open at once (serve/descriptors.py), a new one closes the one that has waited longest for a
+request's headers (none: the new one is closed): a flood of idle connections holds none of the server's
+descriptors for long, and never those of a request in hand."""
 
 from __future__ import annotations
 
@@ -62,9 +65,11 @@ class BodyClock:
                               "bytes that come)")
 
 
-def with_header_deadline(base: type[asyncio.Protocol], seconds: float) -> type[asyncio.Protocol]:
+def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
+                         cap: int | None = None) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol class `base`, closing a connection that takes longer than `seconds` to send
-    a request's headers, and answering 431 to one whose request line and headers pass `MAX_HEAD` bytes."""
+    a request's headers, and answering 431 to one whose request line and headers pass `MAX_HEAD` bytes; past
+    `cap` connections open, the one idle longest (or the new one) is closed."""
 
     class HeaderDeadline(base):  # type: ignore[valid-type,misc]
         _since: float | None = None  # when the wait for the next request's headers began (None: one is in hand)
@@ -76,6 +81,20 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float) -> type[a
             super().connection_made(transport)
             self._since = time.monotonic()
             self._timer = self.loop.call_later(seconds, self._check)
+            if cap is not None and len(self.connections) > cap and \
+                    sum(not c.transport.is_closing() for c in self.connections) > cap:  # (closing: not counted)
+                self._make_room()
+
+        def _idle(self) -> bool:
+            """Whether it waits for a request's headers (none in hand), still open."""
+            return self._since is not None and not self.transport.is_closing() and (
+                self.cycle is None or self.cycle.response_complete)
+
+        def _make_room(self) -> None:
+            """Past the cap: close the connection that has waited longest for a request, else this one."""
+            idle = [c for c in self.connections if c is not self and getattr(c, "_idle", None) and c._idle()]
+            oldest = min(idle, key=lambda c: c._since, default=self)
+            oldest.transport.close()
 
         def data_received(self, data: bytes) -> None:
             while data:  # a head's bytes are fed only up to the bound: the parser never holds more of one

@@ -66,8 +66,8 @@ def checked(f: ServeArgs, log: ServeLog) -> Checked:
     except LocalgenError as e:
         raise UsageError(f"--keep-alive: {e.message}") from None
     policy = Policy(api_key=key, origins=origins_from(listen.cors, os.environ.get("LOCALGEN_ORIGINS")),
-                    check_host=_is_loopback(listen.host), max_body=_max_body(listen.max_body),
-                    read_timeout=listen.read_timeout)
+                    check_host=_is_loopback(listen.host), names=_listen_name(listen.host),
+                    max_body=_max_body(listen.max_body), read_timeout=listen.read_timeout)
     models = model_settings(f.knobs, f.batching.parallel)
     # a bad cache flag is a usage error whatever listens on the port
     cache_ram, cache_disk = _cache_ram(f.batching.cache_ram), _cache_disk(f.batching.cache_disk)
@@ -161,6 +161,18 @@ def check_collections(state: Any) -> None:
             state.worker(coll.model)
         except HTTPError:
             raise _unoffered(name, coll) from None
+
+
+def _listen_name(host: str) -> tuple[str, ...]:
+    """The name serve listens on, where it is a name (not an address): a Host header naming it means this
+    machine (serve --host vm, vm resolving to loopback: http://vm:PORT answers)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return ()
+    except ValueError:
+        return (host.strip().lower().removesuffix("."),) if host.strip() else ()
 
 
 def _is_loopback(host: str) -> bool:

@@ -145,6 +145,9 @@ def start(f: ServeArgs) -> None:
 def _start(f: ServeArgs, log: ServeLog) -> None:
     checked = checks.checked(f, log)  # every flag, before the port and before any load
     checks.check_port(f.listen.host, f.listen.port)
+    from localgen.serve.descriptors import raise_limit
+
+    raise_limit()  # a connection holds a descriptor: 1,024 of them is a flood's worth (serve/descriptors.py)
     if checked.cache_ram == 0 and checked.cache_disk and f.batching.cache_disk.strip().lower() != "auto":
         log.warning("--cache-disk is off: it needs the prompt cache in RAM, and --cache-ram is 0")
     from localgen.cli.main import is_loopback
@@ -239,6 +242,7 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from localgen.fetch import Fetcher, FetchPool
+    from localgen.serve.descriptors import connection_cap, raise_limit
     from localgen.serve.stalls import with_header_deadline
 
     listen, fetching = f.listen, f.fetching
@@ -247,9 +251,11 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     app.state.front.log = log  # our access line (serve/app.py's FrontDoor) replaces uvicorn's, off even with -v
     # a connection that sends no request, or half its headers, is closed after --read-timeout (uvicorn would
     # wait forever); so is one idle between requests (uvicorn's keep-alive timeout is no shorter: serve.md); one
-    # whose request line and headers pass 64 KiB gets a 431 (httptools, a dependency, is the parser: serve/stalls.py)
+    # whose request line and headers pass 64 KiB gets a 431 (httptools, a dependency, is the parser: serve/stalls.py);
+    # past the cap of connections open at once, the one idle longest is closed (serve/descriptors.py)
+    cap = connection_cap(raise_limit())  # counted once the models have loaded: their descriptors are taken
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
-                            http=with_header_deadline(HttpToolsProtocol, listen.read_timeout),
+                            http=with_header_deadline(HttpToolsProtocol, listen.read_timeout, cap),
                             timeout_keep_alive=math.ceil(listen.read_timeout),
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
                             lifespan="on", **_uvicorn_logging(log.json))

@@ -1,0 +1,52 @@
+"""serve's file descriptors: each connection holds one, and so do the model files, the logs, the prefix store
+and the modules a request may still import. At start the soft limit (RLIMIT_NOFILE, often 1,024) is raised to
+the hard one (up to 65,536), as nginx and most servers do; the connections open at once are then capped
+(serve/stalls.py), a reserve of descriptors kept for everything else, so that a client that opens connections
+by the thousand and sends nothing (a flood) can never leave the server without one for a model's load or a
+request's answer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+RESERVE = 128  # descriptors kept for what is not a connection: model files, logs, the prefix store, fetches
+MAX_CONNECTIONS = 8192  # connections open at once, at most, however high the limit
+# the soft limit asked for, at most: a hard limit of a billion (some containers') would be handed on to every
+# program serve starts (MCP servers), and some close each descriptor up to it; macOS refuses an unlimited one
+TARGET = 65536
+
+
+def raise_limit() -> int:
+    """Raise the soft limit on open files to the hard one, at most TARGET (where the system allows it); the soft
+    limit now (0 where the platform has none: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = TARGET if hard == resource.RLIM_INFINITY else min(hard, TARGET)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        # macOS caps it at its kern.maxfilesperproc: the soft one stays
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else TARGET
+
+
+def open_now() -> int:
+    """Descriptors this process holds now (0 where that cannot be read)."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            continue
+    return 0
+
+
+def connection_cap(limit: int) -> int | None:
+    """The connections serve keeps open at once under a soft limit of `limit` descriptors: what is left of it
+    after those open now and the RESERVE, at least 8 and at most MAX_CONNECTIONS (None: no limit known)."""
+    if limit <= 0:
+        return None
+    return max(8, min(MAX_CONNECTIONS, limit - open_now() - RESERVE))
