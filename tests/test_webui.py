@@ -985,6 +985,42 @@ def test_a_tab_opened_while_another_answers_leaves_that_answer_coming(tab: Tab, 
         "The answer was interrupted: the page was closed or reloaded while it came. Press Regenerate to ask again.")
 
 
+@pytest.mark.parametrize("locks", [True, False], ids=["web-locks", "no-web-locks"])
+def test_an_answer_begun_in_another_tab_while_this_one_shows_it_is_said_interrupted(tab: Tab, locks: bool) -> None:
+    """docs/webui.md: a tab open on a conversation when another tab begins an answer in it shows it coming, and once
+    that tab is reloaded before the answer ends, shows it interrupted, no longer busy, as a tab opened after would:
+    also where that tab's last write is lost (here its writes refused: as a crash, or a reload cut short)."""
+    script = "" if locks else "delete Navigator.prototype.locks"
+    if script:
+        tab.page.add_init_script(script)
+    page = tab.open()
+    page.evaluate(THREE_CONVERSATIONS)
+    first = page.evaluate("async () => (await (await import('./webui/store.js')).all())"
+                          ".find(c => c.name === 'First').id")
+    page.goto(f"{tab.url}#{first}")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    other = another_tab(tab, f"{tab.url}#{first}", script)
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    held: list[Any] = []
+    page.route("**/v1/chat/completions", lambda r: held.append(r))  # held: the answer has begun, and stays so
+    page.fill("#input", "And more?")
+    page.press("#input", "Enter")
+    while not held:
+        page.wait_for_timeout(50)
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 2")
+    coming = other.locator("article.assistant").last
+    assert coming.get_attribute("aria-busy") == "true"
+    page.evaluate("""() => {
+        Storage.prototype.setItem = () => { throw new DOMException('refused', 'QuotaExceededError'); };
+        IDBObjectStore.prototype.put = () => { throw new DOMException('refused', 'InvalidStateError'); };
+    }""")
+    page.reload()  # its lock goes; what it had to say of the answer does not reach the other tab
+    other.wait_for_function("() => [...document.querySelectorAll('article.assistant .note')].pop().textContent"
+                            ".startsWith('The answer was interrupted')", timeout=15000)
+    assert coming.get_attribute("aria-busy") is None
+    other.close()
+
+
 def test_an_imported_conversation_reads_as_it_did(tab: Tab, tmp_path: Path) -> None:
     """Export then Import JSON brings back each answer's note (stopped, cut at max_tokens, the error it met),
     a conversation of thousands of messages, and an answer a closed page left unfinished says so on opening."""
