@@ -985,6 +985,42 @@ def test_a_tab_opened_while_another_answers_leaves_that_answer_coming(tab: Tab, 
         "The answer was interrupted: the page was closed or reloaded while it came. Press Regenerate to ask again.")
 
 
+@pytest.mark.parametrize("locks", [True, False], ids=["web-locks", "no-web-locks"])
+def test_an_answer_begun_in_another_tab_while_this_one_shows_it_is_said_interrupted(tab: Tab, locks: bool) -> None:
+    """docs/webui.md: a tab open on a conversation when another tab begins an answer in it shows it coming, and once
+    that tab is reloaded before the answer ends, shows it interrupted, no longer busy, as a tab opened after would:
+    also where that tab's last write is lost (here its writes refused: as a crash, or a reload cut short)."""
+    script = "" if locks else "delete Navigator.prototype.locks"
+    if script:
+        tab.page.add_init_script(script)
+    page = tab.open()
+    page.evaluate(THREE_CONVERSATIONS)
+    first = page.evaluate("async () => (await (await import('./webui/store.js')).all())"
+                          ".find(c => c.name === 'First').id")
+    page.goto(f"{tab.url}#{first}")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    other = another_tab(tab, f"{tab.url}#{first}", script)
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    held: list[Any] = []
+    page.route("**/v1/chat/completions", lambda r: held.append(r))  # held: the answer has begun, and stays so
+    page.fill("#input", "And more?")
+    page.press("#input", "Enter")
+    while not held:
+        page.wait_for_timeout(50)
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 2")
+    coming = other.locator("article.assistant").last
+    assert coming.get_attribute("aria-busy") == "true"
+    page.evaluate("""() => {
+        Storage.prototype.setItem = () => { throw new DOMException('refused', 'QuotaExceededError'); };
+        IDBObjectStore.prototype.put = () => { throw new DOMException('refused', 'InvalidStateError'); };
+    }""")
+    page.reload()  # its lock goes; what it had to say of the answer does not reach the other tab
+    other.wait_for_function("() => [...document.querySelectorAll('article.assistant .note')].pop().textContent"
+                            ".startsWith('The answer was interrupted')", timeout=15000)
+    assert coming.get_attribute("aria-busy") is None
+    other.close()
+
+
 def test_an_imported_conversation_reads_as_it_did(tab: Tab, tmp_path: Path) -> None:
     """Export then Import JSON brings back each answer's note (stopped, cut at max_tokens, the error it met),
     a conversation of thousands of messages, and an answer a closed page left unfinished says so on opening."""
@@ -1553,6 +1589,30 @@ def test_the_focus_stays_where_the_keyboard_left_it(tab: Tab) -> None:
     count_is(page, "3/3")
     assert focused(page) == "BUTTON:Edit the answer"
     assert page.evaluate("document.activeElement.closest('article').querySelector('.count').textContent") == "3/3"
+    # an edited message of yours saved: the new answer it asks for has the focus, while it comes and after
+    ids = answer_ids(page)
+    page.locator("article.user").last.get_by_role("button", name="Edit your message").focus()
+    page.keyboard.press("Enter")
+    assert focused(page) == "TEXTAREA:Edit the message"
+    page.keyboard.type(" Edited.")
+    page.keyboard.press("Enter")
+    feed(page, "The edited question's answer")
+    body_has(page, "edited question's answer")
+    assert page.evaluate(THE_NEW_ANSWER)
+    page.evaluate("window.finish()")
+    wait_answer(page, ids)
+    assert page.evaluate(THE_NEW_ANSWER)
+    # Send and Stop clicked (or tapped), not pressed from the keyboard: the focus is let go, not put in the message
+    # box (on a phone its keyboard would pop up over the answer)
+    ids = answer_ids(page)
+    page.fill("#input", "Clicked")
+    page.click("#send")
+    feed(page, "Clicked words")
+    body_has(page, "Clicked words")
+    assert focused(page) == "BODY"
+    page.click("#stop")
+    wait_answer(page, ids)
+    assert focused(page) == "BODY"
 
 
 # three conversations kept in the browser, straight through its store (none sent to a model)
@@ -1570,14 +1630,20 @@ THREE_CONVERSATIONS = """async () => {
 
 
 def test_the_conversation_list_works_from_the_keyboard(tab: Tab) -> None:
-    """docs/webui.md: Tab reaches each conversation's ✎ and ✕, not only the open one's (shown as the focus comes);
-    a conversation opened with Enter keeps the focus on its name, a rename ended with Enter or Escape puts it on the
-    name, and a delete on the name now in its place."""
+    """docs/webui.md: Tab reaches each conversation's ✎ and ✕, not only the open one's (shown as the keyboard's focus
+    comes, not after a click); a conversation opened with Enter keeps the focus on its name, a rename ended with Enter
+    or Escape puts it on the name, a delete on the name now in its place, or, the open one deleted, the message box."""
     page = tab.open()
     page.evaluate(THREE_CONVERSATIONS)
     page.reload()
     page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 3")
     item = lambda name: page.locator("#conversations .conv", has_text=name)  # noqa: E731
+    # after a click (a delete not confirmed) the focus is on ✕, but ✎ and ✕ show only while the pointer is there
+    page.once("dialog", lambda d: d.dismiss())
+    item("Second").get_by_role("button", name="Delete Second").click()
+    assert focused(page) == "BUTTON:Delete Second"
+    page.mouse.move(900, 700)
+    assert page.evaluate("getComputedStyle(document.activeElement).opacity") == "0"
     item("First").get_by_role("button", name="First", exact=True).focus()
     page.keyboard.press("Enter")
     page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'First?'")
@@ -1610,13 +1676,33 @@ def test_the_conversation_list_works_from_the_keyboard(tab: Tab) -> None:
     page.keyboard.press("Enter")
     page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 2")
     page.wait_for_function("() => document.activeElement.closest('#conversations .conv') !== null")
-    assert focused(page) in ("BUTTON:First", "BUTTON:Third")
+    assert focused(page) == "BUTTON:First"  # newest first: Third, Renamed, First
+    # the open conversation deleted: the page is a new chat, the focus in its message box
+    page.once("dialog", lambda d: d.accept())
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    assert focused(page) == "BUTTON:Delete First"
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 1")
+    page.wait_for_function("() => document.activeElement.id === 'input'")
+    assert page.locator("article").count() == 0
+
+
+# each text the live region says, in order, from now on (it is emptied before each: the same words are said again)
+COUNT_ANNOUNCED = """() => {
+    const region = document.getElementById('announce');
+    window.announced = [];
+    new MutationObserver(() => {
+        if (region.textContent) window.announced.push(region.textContent);
+    }).observe(region, {childList: true, characterData: true, subtree: true});
+}"""
 
 
 def test_screen_readers_hear_who_wrote_each_message_and_each_answer_once(tab: Tab) -> None:
     """docs/webui.md: each message is named by who wrote it (a heading: You, or the model), its buttons say what
     they act on, the page's heading names the conversation; an answer is marked busy while it streams and said
-    once when it ends (the model, its words, its note), through a polite live region, not word by word."""
+    once when it ends (the model, its words, its note), through a polite live region, not word by word; what Copy did
+    is said too."""
     page = tab.open()
     settings(page, max_tokens=8)
     page.evaluate(SCRIPTED_STREAM)
@@ -1627,14 +1713,15 @@ def test_screen_readers_hear_who_wrote_each_message_and_each_answer_once(tab: Ta
     body_has(page, "Hi there")
     answer = page.get_by_role("article", name="smollm2:135m")
     assert answer.get_attribute("aria-busy") == "true"
+    page.evaluate(COUNT_ANNOUNCED)
     feed(page, ", friend.")
     body_has(page, "friend.")
-    assert page.text_content("#announce") == "", "said while it streamed"
+    assert page.evaluate("window.announced") == [], "said while it streamed"
     page.evaluate("window.finish()")
     wait_answer(page, [])
     assert answer.get_attribute("aria-busy") is None
-    page.wait_for_function("() => document.getElementById('announce').textContent !== ''")
-    assert page.text_content("#announce") == "smollm2:135m answered: Hi there, friend."
+    page.wait_for_function("() => window.announced.length > 0")
+    assert page.evaluate("window.announced") == ["smollm2:135m answered: Hi there, friend."]
     assert page.get_attribute("#announce", "aria-live") == "polite"
     # nothing among the messages is a live region: nothing in them is said as it changes, nor said twice
     assert page.locator("#messages [role=status], #messages [role=alert], #messages [aria-live]").count() == 0
@@ -1644,16 +1731,32 @@ def test_screen_readers_hear_who_wrote_each_message_and_each_answer_once(tab: Ta
                  "Regenerate the answer"]:
         assert page.get_by_role("button", name=name, exact=True).count() == 1, name
     assert page.get_by_role("heading", level=1).inner_text() == "Say hi"
+    # a second answer: said once too, and the first one not again in between
+    ids = answer_ids(page)
+    page.fill("#input", "Again")
+    page.press("#input", "Enter")
+    feed(page, "Hello again.")
+    body_has(page, "Hello again.")
+    page.evaluate("window.finish()")
+    wait_answer(page, ids)
+    page.wait_for_function("() => window.announced.length > 1")
+    assert page.evaluate("window.announced") == ["smollm2:135m answered: Hi there, friend.",
+                                                  "smollm2:135m answered: Hello again."]
+    # what Copy did is said: its aria-label hides the button's own text
+    page.locator("article.assistant").last.get_by_role("button", name="Copy the answer").click()
+    page.wait_for_function("() => window.announced.length > 2")
+    assert page.evaluate("window.announced")[2] in ("Copied", "Copy failed")
     # the real model's answer, said once it has ended: its words and its note
     page.reload()
     page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    page.evaluate(COUNT_ANNOUNCED)
     ids = answer_ids(page)
     article = ask(page, "Say hello.")
     words = article.locator(".body").inner_text().strip()
     note = article.locator(".note").inner_text()  # cut at max_tokens (8), or none: the model ended first
-    page.wait_for_function("() => document.getElementById('announce').textContent !== ''")
-    said = page.text_content("#announce")
-    assert words and said == " ".join(x for x in ["smollm2:135m answered:", words, note] if x), said
+    page.wait_for_function("() => window.announced.length > 0")
+    assert page.evaluate("window.announced") == [" ".join(x for x in ["smollm2:135m answered:", words, note] if x)]
+    assert words
     assert len(answer_ids(page)) == len(ids) + 1
 
 
@@ -1662,14 +1765,19 @@ NARROW = {"width": 320, "height": 640}
 
 def test_at_320_px_the_open_drawer_keeps_the_focus(browser: Any, server: Server) -> None:
     """docs/webui.md: on a phone, ☰ says whether the drawer is open, and Tab stays in the open drawer (the page under
-    it out of reach) until it closes."""
+    it inert: out of reach) until it closes, with Escape or a conversation chosen."""
     t = Tab(browser, server, NARROW)
     page = t.open()
+    page.evaluate(THREE_CONVERSATIONS)
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 3")
     assert page.get_attribute("#open-sidebar", "aria-expanded") == "false"
+    assert page.evaluate("document.querySelector('main').inert") is False
     page.focus("#open-sidebar")
     page.keyboard.press("Enter")
     page.wait_for_function("() => document.activeElement.id === 'new-chat'")
     assert page.get_attribute("#open-sidebar", "aria-expanded") == "true"
+    assert page.evaluate("document.querySelector('main').inert") is True  # out of reach, to a screen reader too
     where = []
     for key in ["Tab"] * 6 + ["Shift+Tab"] * 6:
         page.keyboard.press(key)
@@ -1678,6 +1786,15 @@ def test_at_320_px_the_open_drawer_keeps_the_focus(browser: Any, server: Server)
     page.keyboard.press("Escape")
     page.wait_for_function("() => document.activeElement.id === 'open-sidebar'")
     assert page.get_attribute("#open-sidebar", "aria-expanded") == "false"
+    assert page.evaluate("document.querySelector('main').inert") is False
+    # a conversation chosen in the drawer closes it: the page is in reach again
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.activeElement.id === 'new-chat'")
+    assert page.evaluate("document.querySelector('main').inert") is True
+    page.locator("#conversations .conv", has_text="Second").get_by_role("button", name="Second", exact=True).click()
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'Second?'")
+    page.wait_for_function("() => document.getElementById('open-sidebar').getAttribute('aria-expanded') === 'false'")
+    assert page.evaluate("document.querySelector('main').inert") is False
     t.close()
 
 

@@ -324,7 +324,10 @@ async function persist(conv) {
     return false;
   }
   clearBanner("write"); // kept now, with what an earlier write could not keep
-  if (took && conv === state.conv && !editing()) renderConversation(); // another tab had added to it
+  if (took && conv === state.conv) {
+    watchOthers(conv); // another tab had added to it: an answer it writes among what it added
+    if (!editing()) renderConversation();
+  }
   return true;
 }
 
@@ -343,7 +346,10 @@ async function heard(news) {
     }
   } else if (news.id === state.conv.id && !(state.running && state.running.conv.id === news.id)) {
     const stored = await store.get(news.id);
-    if (stored && tree.merge(state.conv, stored) && !editing()) renderConversation();
+    if (stored && tree.merge(state.conv, stored)) {
+      watchOthers(state.conv); // an answer that tab writes now: said to be cut short if that tab goes first
+      if (!editing()) renderConversation();
+    }
   }
   refreshList();
 }
@@ -468,7 +474,7 @@ async function openConversation(id) {
         m.pending = false;
         m.error = interrupted();
       } else {
-        watchAnswer(id, m.id); // until that tab ends it, or is closed first
+        watch(id, m.id); // until that tab ends it, or is closed first
       }
     });
     if (ticket !== opening || state.conv !== before) return; // another conversation was opened meanwhile
@@ -557,6 +563,22 @@ async function watchAnswer(convId, id) {
 }
 const WATCH_MS = 2000;
 const watching = new Set(); // the answers asked about every WATCH_MS (without Web Locks)
+const watched = new Set(); // the answers watchAnswer waits on now: one wait each
+
+/** Watches answer `id` of conversation `convId` (watchAnswer), unless it is watched already. */
+function watch(convId, id) {
+  if (watched.has(id)) return;
+  watched.add(id);
+  watchAnswer(convId, id).finally(() => watched.delete(id));
+}
+
+/** Watches each unfinished answer of `conv` that another tab writes: one learned of from that tab (merged) as well
+ * as one found on opening, so that its tab closed or reloaded, it is said to be cut short. */
+function watchOthers(conv) {
+  for (const m of Object.values(conv.messages)) {
+    if (m.pending && !writing.has(m.id)) watch(conv.id, m.id);
+  }
+}
 
 /** This tab claims the answer it is writing when another tab asks. */
 function listenForAsks() {
@@ -1094,6 +1116,7 @@ async function copyText(text, b) {
   } catch {
     b.textContent = "Copy failed";
   }
+  announce(b.textContent); // its aria-label (Copy the answer) hides its text from screen readers
   setTimeout(() => {
     b.textContent = "Copy";
   }, 1500);
@@ -1158,9 +1181,13 @@ function roundsWire(rounds) {
 }
 
 function setRunning(running) {
-  // the button pressed goes (Send while an answer comes, Stop after it): the focus goes to the message box
+  // the button pressed goes (Send while an answer comes, Stop after it): from the keyboard, the focus goes to the
+  // message box; from a touch or a click it is let go (the box focused would pop a phone's keyboard over the answer)
   const hiding = running ? ui.send : ui.stop;
-  if (document.activeElement === hiding) ui.input.focus();
+  if (document.activeElement === hiding) {
+    if (hiding.matches(":focus-visible")) ui.input.focus();
+    else hiding.blur();
+  }
   ui.send.hidden = running;
   ui.stop.hidden = !running;
   ui.model.disabled = running;
