@@ -670,6 +670,22 @@ def test_a_host_name_that_resolves_to_loopback_keeps_the_rebinding_guard(cli_env
     assert "with no API key" not in s.log(), s.log()
 
 
+def test_the_chat_page_opened_at_the_listening_name_may_call_its_server() -> None:
+    """serve --host NAME (loopback only): the page opened at http://NAME:PORT/ calls the server back with that
+    Origin; its Host was accepted, and its calls were a 403 "requests from web pages ... are not allowed". A
+    foreign origin stays a 403."""
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=True, names=("myalias",)), webui=False),
+                        base_url="http://myalias:11435")
+    assert client.get("/api/tags", headers={"Origin": "http://myalias:11435"}).status_code == 200
+    assert client.get("/api/tags", headers={"Origin": "http://evil.example:11435"}).status_code == 403
+
+
 def test_the_router_list_names_each_models_file_not_its_folder(child: Server) -> None:
     """llama-server's GET /models said each model's absolute path (the home folder, the venv) to any client: a
     client learns which file, never where this machine keeps it (serve/apierror.py's without_paths)."""

@@ -232,9 +232,18 @@ def normalize_argv(args: list[str]) -> list[str]:
     return flash_attn_argv(args)
 
 
+_loopback: dict[str, bool] = {}  # serve's checks ask several times: one lookup (one resolver timeout) at most
+
+
 def is_loopback(host: str) -> bool:
     """Whether listening on `host` listens on loopback only: localhost, a loopback address, or a name that
     resolves (as binding resolves it) to loopback addresses only (`vm` in /etc/hosts as 127.0.0.1)."""
+    if host not in _loopback:
+        _loopback[host] = _resolves_to_loopback(host)
+    return _loopback[host]
+
+
+def _resolves_to_loopback(host: str) -> bool:
     import ipaddress
     import socket
 

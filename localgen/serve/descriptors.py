@@ -7,7 +7,6 @@ request's answer."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 RESERVE = 128  # descriptors kept for what is not a connection: model files, logs, the prefix store, fetches
@@ -15,6 +14,7 @@ MAX_CONNECTIONS = 8192  # connections open at once, at most, however high the li
 # the soft limit asked for, at most: a hard limit of a billion (some containers') would be handed on to every
 # program serve starts (MCP servers), and some close each descriptor up to it; macOS refuses an unlimited one
 TARGET = 65536
+MACOS_OPEN_MAX = 10240  # macOS's OPEN_MAX: the most its setrlimit takes for a process whose hard limit is unlimited
 
 
 def raise_limit() -> int:
@@ -26,10 +26,16 @@ def raise_limit() -> int:
         return 0
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = TARGET if hard == resource.RLIM_INFINITY else min(hard, TARGET)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        # macOS caps it at its kern.maxfilesperproc: the soft one stays
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    # macOS refuses more than its kern.maxfilesperproc (and OPEN_MAX, 10,240, for an unlimited hard one): then
+    # that, as Go's runtime asks for there
+    for asked in (want, min(want, MACOS_OPEN_MAX)):
+        if soft == resource.RLIM_INFINITY or soft >= asked:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (asked, hard))
+            break
+        except (ValueError, OSError):
+            continue
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return soft if soft != resource.RLIM_INFINITY else TARGET
 

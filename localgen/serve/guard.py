@@ -152,13 +152,13 @@ def own_name(name: str) -> bool:
     # domain's fallback another machine answers
 
 
-def same_origin(origin: str, host: str) -> bool:
+def same_origin(origin: str, host: str, names: tuple[str, ...] = ()) -> bool:
     """A page this server served, calling it back: its origin names the Host the request came to, and that
     Host can only mean this machine (an address, localhost, its name, alone or under a private suffix). The chat
     page opened at http://192.168.1.5:11435/ or http://vm.local:11435/ is so; a public DNS name (rebinding) never
-    is."""
+    is; nor is the name serve listens on (`names`: one that resolves to loopback only)."""
     authority = origin.strip().lower().partition("://")[2]
-    return bool(authority) and authority == host.strip().lower() and host_allowed(host)
+    return bool(authority) and authority == host.strip().lower() and host_allowed(host, names)
 
 
 class Gate:
@@ -196,7 +196,7 @@ class Gate:
             return
         origin = headers.get("origin")
         if (origin is not None and not self.policy.origin_allowed(origin)
-                and not same_origin(origin, headers.get("host", ""))):
+                and not same_origin(origin, headers.get("host", ""), self.policy.names)):
             cure = (f"start serve with --cors {origin[:100]} (or set LOCALGEN_ORIGINS)"
                     if _ORIGIN.fullmatch(origin.strip().rstrip("/")) else  # as --cors takes it
                     "that names no origin --cors takes (a sandboxed frame or a local file sends null): only "
