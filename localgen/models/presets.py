@@ -451,6 +451,12 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
     return spec
 
 
+def base_ref(base: str, what: str, lookup: BaseLookup, named: str) -> ModelRef:
+    """The model at the end of a preset's bases, `base`, for a Modelfile whose FROM is `named` (looked up where
+    `base` is not found so: serve's lookup never takes a path, and a preset's base may be one)."""
+    return _found(base, what, lookup, None, named)
+
+
 def _found(base: str, what: str, lookup: BaseLookup, name: str | None, via: str | None = None) -> ModelRef:
     """The model `base` is, on this machine (or, where it is not found so, `via`: the preset whose base it is);
     `what` begins the error when it is not here, or when the preset `name` would be among the presets it goes
