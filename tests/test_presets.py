@@ -884,3 +884,48 @@ def test_a_preset_of_thousands_of_turns_is_refused_by_its_rendered_size(pcli: In
     assert pcli("create", "many", "-f", "-", input=f"FROM smollm2:135m\n{turns}").returncode == 0
     line = one_error(pcli("run", "-m", "many", "-p", "hi", "-n", "1", "--ctx", "4096"), "the prompt is ")
     assert "characters; the context window of 4,096 tokens holds at most 131,072" in line, line
+
+
+def test_a_stream_on_a_worker_taken_away_ends_with_the_503_when_serve_stops(cli_env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    """A stream goes on while its preset is replaced in another process and a listing takes its worker away;
+    serve stopped (SIGTERM) ends it as it ends every other: an error event saying so, then [DONE], never a cut
+    body."""
+    import signal
+    import threading
+
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("create", "live", "-f", "-", input="FROM smollm2:135m\n").returncode == 0
+    s = Server(env, "-np", "1", "--ctx", "4096", "--drain-timeout", "0")
+    lines: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{s.url}/v1/completions", timeout=120, json={
+                "model": "live", "prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                    first.set()
+
+    thread = threading.Thread(target=stream)
+    try:
+        thread.start()
+        assert first.wait(120), "the stream produced its first token"
+        made = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
+        assert made.returncode == 0, made.stderr
+        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200  # the worker is taken away
+        assert thread.is_alive(), lines[-3:]
+        s.proc.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    error = json.loads(lines[-2][5:])["error"]
+    assert error["code"] == 503 and "shutting down" in error["message"], lines[-3:]

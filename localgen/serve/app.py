@@ -341,7 +341,8 @@ class Drain:
         """Every job of every model ends now, as its API's 503, and every pull, with its error line; so does every
         request whose body is still arriving (FrontDoor's receive)."""
         self.front.stopped.set()
-        for w in self.state.workers.values():
+        # the workers taken away and not stopped yet too (a preset changed on disk: their jobs still run)
+        for w in dict.fromkeys([*self.state.workers.values(), *list(self.state.stopping)]):
             w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
         for pull in list(self.state.pulls):
             pull.end(f"{STOPPING}: the download stops here, and the next pull of this model resumes it")
