@@ -929,3 +929,25 @@ def test_a_stream_on_a_worker_taken_away_ends_with_the_503_when_serve_stops(cli_
     assert lines[-1] == "data: [DONE]", lines[-3:]
     error = json.loads(lines[-2][5:])["error"]
     assert error["code"] == 503 and "shutting down" in error["message"], lines[-3:]
+
+
+def test_a_preset_file_a_catalogue_name_shadows_is_no_ring(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A preset file of a catalogue model's name (smollm2:135m, based on smollm2:135m: written by hand, or before
+    create refused such a name): the name means the catalogue model, as `run -m` takes it, so create FROM it and
+    cp of it make a preset of the catalogue model, never "based on itself", and take none of that file's
+    settings."""
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    cli = CLI(env)
+    made = cli("create", "shadow", "-f", "-", input="FROM smollm2:135m\nPARAMETER temperature 0.9\n")
+    assert made.returncode == 0, made.stderr
+    folder = tmp_path / "home" / "data" / "presets"
+    doc = json.loads((folder / "shadow.json").read_text())
+    (folder / "smollm2@135m.json").write_text(json.dumps({**doc, "name": "smollm2:135m"}))
+    (folder / "shadow.json").unlink()
+    for args in (("create", "kid", "-f", "-"), ("cp", "smollm2:135m", "kid2")):
+        r = cli(*args, input="FROM smollm2:135m\nPARAMETER num_predict 5\n")
+        assert r.returncode == 0, (args, r.stderr)
+    for name in ("kid", "kid2"):
+        shown = cli("show", name, "--modelfile")
+        assert shown.returncode == 0 and "FROM smollm2:135m" in shown.stdout, shown.stderr
+        assert "temperature" not in shown.stdout, shown.stdout
