@@ -951,3 +951,54 @@ def test_a_preset_file_a_catalogue_name_shadows_is_no_ring(cli_env: dict[str, st
         shown = cli("show", name, "--modelfile")
         assert shown.returncode == 0 and "FROM smollm2:135m" in shown.stdout, shown.stderr
         assert "temperature" not in shown.stdout, shown.stdout
+
+
+def test_serve_takes_a_changed_presets_worker_away_once_and_sees_a_change_made_while_it_was_made(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """serve's on-demand workers of a preset (stand-ins here; the real server: test_serve_uses_a_preset_as_it_is_
+    on_disk_now): a preset replaced while its worker was being made is seen at the next request (the file is
+    looked at before the model is); a worker seen changed twice (by two requests) is closed and stopped once, and
+    one taken away never erases what the worker made after it under its name holds."""
+    from localgen.models import presets
+    from localgen.serve.ondemand import OnDemand
+    from localgen.serve.state import ServeState
+    from localgen.types import LoadParams, ModelRef
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    said: list[str] = []
+    replace_while_made = [True]
+
+    def save(n: int) -> None:
+        presets.save(presets.Preset("live", modelfile.Modelfile(base="/m.gguf", parameters={"num_predict": n})), True)
+
+    class W:
+        pinned, busy = False, False
+
+        def __init__(self, ref: ModelRef) -> None:
+            self.ref, self.name = ref, ref.name
+            if replace_while_made[0]:  # another process replaces the preset meanwhile
+                replace_while_made[0] = False
+                save(7)
+
+        def close(self, why: str) -> None:
+            said.append(f"close {why}")
+
+        def stop(self) -> None:
+            said.append("stop")
+
+    def lookup(name: str) -> Any:
+        return ModelRef(name="live", path="/m.gguf", source="embedded", summary=None)  # type: ignore[arg-type]
+
+    save(3)
+    state = ServeState(workers={}, on_demand=OnDemand(W, lookup, lambda: ["live"], LoadParams()))
+    first = state.worker("live")
+    second = state.worker("live")  # made from the preset as it was looked up: not current
+    assert second is not first and said[:1] == ["close live changed on disk"], said
+    assert not state.current(first) and said.count("close live changed on disk") == 1, said
+    assert state.worker("live") is second and state.current(second)
+    save(9)
+    assert not state.current(second)
+    third = state.worker("live")
+    assert not state.current(second) and state.current(third)  # the old one's again: the new one's stamp stays
+    save(11)
+    assert not state.current(third)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,8 @@ class ServeState:
     # the workers _retired has taken out of `workers` and not stopped yet: serve's end stops them too (a retire
     # cancelled at shutdown would leave a llama.cpp thread running as the interpreter ends)
     stopping: list[Any] = field(default_factory=list)
+    _retire: threading.Lock = field(default_factory=threading.Lock, repr=False)  # current()'s taking away
+    _taken: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet, repr=False)  # the workers it took away
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its
@@ -142,14 +145,20 @@ class ServeState:
         changed since (`localgen create --force`, `localgen rm`, in another process) is not: it is taken away now
         (it takes no new job, ends those it has, then unloads), so a request makes one from the preset as it is
         now, or finds none. A worker of serve -m stays for the server's life."""
-        if self.on_demand is None or self.on_demand.current(w) or w.pinned:
+        if self.on_demand is None:
             return True
-        why = f"{w.name} changed on disk"
-        w.close(why)
-        if self.workers.get(w.name) is w:
-            del self.workers[w.name]
-        self.on_demand.forget(w.name)
-        self.stopping.append(w)
+        # on the event loop and in threads (to_thread) alike: one of those that see it changed takes it away
+        with self._retire:
+            if w in self._taken:  # taken away already (stopped since, or not yet)
+                return False
+            if self.on_demand.current(w) or w.pinned:
+                return True
+            w.close(f"{w.name} changed on disk")
+            if self.workers.get(w.name) is w:
+                del self.workers[w.name]
+            self.on_demand.forget(w)
+            self.stopping.append(w)
+            self._taken.add(w)
         threading.Thread(target=self._stop_when_idle, args=(w,), name=f"localgen-retire-{w.name}",
                          daemon=True).start()
         return False
