@@ -1002,3 +1002,68 @@ def test_serve_takes_a_changed_presets_worker_away_once_and_sees_a_change_made_w
     assert not state.current(second) and state.current(third)  # the old one's again: the new one's stamp stays
     save(11)
     assert not state.current(third)
+
+
+def test_a_request_whose_worker_is_taken_away_while_it_is_read_goes_to_the_new_one(cli_env: dict[str, str],
+                                                                                    tmp_path: Path) -> None:
+    """A request took the worker of a preset, then waited (here for its image URL) while the preset was replaced
+    in another process and a listing took that worker away: it is asked of the worker made from the preset as it
+    is now (which says what it says of the request: this model takes no images), never a 409 "changed on disk"."""
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from tests.conftest import ROOT
+    from tests.test_serve import Server
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_mmproj import png
+
+    picture, asked, release = png(16, 16), threading.Event(), threading.Event()
+
+    class Held(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.set()
+            release.wait(120)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(picture)))
+            self.end_headers()
+            self.wfile.write(picture)
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("create", "live", "-f", "-", input="FROM smollm2:135m\n").returncode == 0
+    s = Server(env, "-np", "1", "--ctx", "512", "--allow-image-urls", "--allow-private-urls")
+    got: list[httpx.Response] = []
+
+    def ask() -> None:
+        got.append(httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json={
+            "model": "live", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{http.server_port}/a.png"}}]}]}))
+
+    thread = threading.Thread(target=ask)
+    try:
+        thread.start()
+        assert asked.wait(120), "the request fetches its image"
+        made = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
+        assert made.returncode == 0, made.stderr
+        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200  # the worker is taken away
+        release.set()
+        thread.join(120)
+    finally:
+        release.set()
+        assert s.stop() == 0
+        http.shutdown()
+        http.server_close()
+    r = got[0]
+    assert "changed on disk" not in r.text and r.status_code == 400, r.text
+    assert "reads text only" in r.json()["error"]["message"], r.text

@@ -163,6 +163,10 @@ class ServeState:
                          daemon=True).start()
         return False
 
+    def taken_away(self, w: object) -> bool:
+        """Whether current() has taken this worker away (its preset changed on disk)."""
+        return w in self._taken
+
     def _stop_when_idle(self, w: ModelWorker) -> None:
         """A worker taken away: stopped (which frees its model) once the jobs it holds have ended."""
         deadline = time.monotonic() + RETIRED_JOBS_S
