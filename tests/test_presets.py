@@ -867,6 +867,9 @@ def test_serve_uses_a_preset_as_it_is_on_disk_now(cli_env: dict[str, str], tmp_p
         r = ask()
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7, r.text
         assert CLI(env)("rm", "live", "--yes").returncode == 0
+        loaded = httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]  # the first listing after rm
+        assert all(m["name"] != "live" or m.get("unloading") for m in loaded), loaded
+        assert "live" not in httpx.get(f"{s.url}/health", timeout=60).json()["models"]
         for path in ("/api/tags", "/v1/models"):
             assert '"live"' not in httpx.get(f"{s.url}{path}", timeout=60).text, path
         r = ask()
@@ -920,6 +923,13 @@ def test_a_stream_on_a_worker_taken_away_ends_with_the_503_when_serve_stops(cli_
         assert made.returncode == 0, made.stderr
         assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200  # the worker is taken away
         assert thread.is_alive(), lines[-3:]
+        loaded = httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]  # it still holds its model
+        assert [m.get("unloading", False) for m in loaded if m["name"] == "live"] == [True], loaded
+        health = httpx.get(f"{s.url}/health", timeout=60).json()
+        assert "live" not in health["models"] and [w["name"] for w in health["unloading"]] == ["live"], health
+        assert health["unloading"][0]["running"] == 1, health
+        shown = CLI(env)("ps", "--port", str(s.port))
+        assert shown.returncode == 0 and re.search(r"^live .*unloading$", shown.stdout, re.M), shown.stdout
         s.proc.send_signal(signal.SIGTERM)
         thread.join(60)
         assert s.proc.wait(timeout=60) == 0

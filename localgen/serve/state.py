@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 
 LATEST = ":latest"  # Ollama's tag for a name given without one
-RETIRED_JOBS_S = 600.0  # the most a worker taken away (its preset changed) waits for its jobs to end before it stops
 
 
 @dataclass
@@ -168,26 +167,33 @@ class ServeState:
         return w in self._taken
 
     def _stop_when_idle(self, w: ModelWorker) -> None:
-        """A worker taken away: stopped (which frees its model) once the jobs it holds have ended."""
-        deadline = time.monotonic() + RETIRED_JOBS_S
-        while w.busy and time.monotonic() < deadline:
+        """A worker taken away: stopped (which frees its model) once the jobs it holds have ended, however long
+        they take, as those of a worker in use (a generation ends at its max tokens or its window; serve's stop
+        ends them sooner: app.py's Drain)."""
+        while w.busy:
             time.sleep(0.05)
         w.stop()
         with contextlib.suppress(ValueError):
             self.stopping.remove(w)
 
-    def _current_workers(self) -> dict[str, ModelWorker]:
+    def current_workers(self) -> dict[str, ModelWorker]:
+        """The workers by name, each looked at first (current: one whose preset changed is taken away)."""
         return {n: w for n, w in list(self.workers.items()) if self.current(w)}
+
+    def unloading(self) -> list[ModelWorker]:
+        """The workers taken away (a preset changed on disk, a model deleted or replaced) that have not stopped
+        yet: they end the requests they answer, and hold their model until then."""
+        return list(dict.fromkeys(self.stopping))
 
     def names(self) -> list[str]:
         """Every model a request may name: those served now, then (on demand) the others on disk."""
-        served = list(self._current_workers())
+        served = list(self.current_workers())
         return self.on_demand.names(served) if self.on_demand is not None else served
 
     def offered(self) -> list[tuple[str, ModelRef, ModelWorker | None]]:
         """What the listings show: each worker's model, then each model on disk without one yet."""
         out: list[tuple[str, ModelRef, ModelWorker | None]] = [
-            (n, w.ref, w) for n, w in self._current_workers().items()]
+            (n, w.ref, w) for n, w in self.current_workers().items()]
         if self.on_demand is not None:
             out += [(n, ref, None) for n, ref in self.on_demand.refs(self.workers)]
         return out
