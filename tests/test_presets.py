@@ -867,6 +867,9 @@ def test_serve_uses_a_preset_as_it_is_on_disk_now(cli_env: dict[str, str], tmp_p
         r = ask()
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 7, r.text
         assert CLI(env)("rm", "live", "--yes").returncode == 0
+        loaded = httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]  # the first listing after rm
+        assert all(m["name"] != "live" or m.get("unloading") for m in loaded), loaded
+        assert "live" not in httpx.get(f"{s.url}/health", timeout=60).json()["models"]
         for path in ("/api/tags", "/v1/models"):
             assert '"live"' not in httpx.get(f"{s.url}{path}", timeout=60).text, path
         r = ask()
@@ -884,3 +887,193 @@ def test_a_preset_of_thousands_of_turns_is_refused_by_its_rendered_size(pcli: In
     assert pcli("create", "many", "-f", "-", input=f"FROM smollm2:135m\n{turns}").returncode == 0
     line = one_error(pcli("run", "-m", "many", "-p", "hi", "-n", "1", "--ctx", "4096"), "the prompt is ")
     assert "characters; the context window of 4,096 tokens holds at most 131,072" in line, line
+
+
+def test_a_stream_on_a_worker_taken_away_ends_with_the_503_when_serve_stops(cli_env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    """A stream goes on while its preset is replaced in another process and a listing takes its worker away;
+    serve stopped (SIGTERM) ends it as it ends every other: an error event saying so, then [DONE], never a cut
+    body."""
+    import signal
+    import threading
+
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("create", "live", "-f", "-", input="FROM smollm2:135m\n").returncode == 0
+    s = Server(env, "-np", "1", "--ctx", "4096", "--drain-timeout", "0")
+    lines: list[str] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{s.url}/v1/completions", timeout=120, json={
+                "model": "live", "prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+                    first.set()
+
+    thread = threading.Thread(target=stream)
+    try:
+        thread.start()
+        assert first.wait(120), "the stream produced its first token"
+        made = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
+        assert made.returncode == 0, made.stderr
+        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200  # the worker is taken away
+        assert thread.is_alive(), lines[-3:]
+        loaded = httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]  # it still holds its model
+        assert [m.get("unloading", False) for m in loaded if m["name"] == "live"] == [True], loaded
+        health = httpx.get(f"{s.url}/health", timeout=60).json()
+        assert "live" not in health["models"] and [w["name"] for w in health["unloading"]] == ["live"], health
+        assert health["unloading"][0]["running"] == 1, health
+        shown = CLI(env)("ps", "--port", str(s.port))
+        assert shown.returncode == 0 and re.search(r"^live .*unloading$", shown.stdout, re.M), shown.stdout
+        s.proc.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    error = json.loads(lines[-2][5:])["error"]
+    assert error["code"] == 503 and "shutting down" in error["message"], lines[-3:]
+
+
+def test_a_preset_file_a_catalogue_name_shadows_is_no_ring(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A preset file of a catalogue model's name (smollm2:135m, based on smollm2:135m: written by hand, or before
+    create refused such a name): the name means the catalogue model, as `run -m` takes it, so create FROM it and
+    cp of it make a preset of the catalogue model, never "based on itself", and take none of that file's
+    settings."""
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    cli = CLI(env)
+    made = cli("create", "shadow", "-f", "-", input="FROM smollm2:135m\nPARAMETER temperature 0.9\n")
+    assert made.returncode == 0, made.stderr
+    folder = tmp_path / "home" / "data" / "presets"
+    doc = json.loads((folder / "shadow.json").read_text())
+    (folder / "smollm2@135m.json").write_text(json.dumps({**doc, "name": "smollm2:135m"}))
+    (folder / "shadow.json").unlink()
+    for args in (("create", "kid", "-f", "-"), ("cp", "smollm2:135m", "kid2")):
+        r = cli(*args, input="FROM smollm2:135m\nPARAMETER num_predict 5\n")
+        assert r.returncode == 0, (args, r.stderr)
+    for name in ("kid", "kid2"):
+        shown = cli("show", name, "--modelfile")
+        assert shown.returncode == 0 and "FROM smollm2:135m" in shown.stdout, shown.stderr
+        assert "temperature" not in shown.stdout, shown.stdout
+
+
+def test_serve_takes_a_changed_presets_worker_away_once_and_sees_a_change_made_while_it_was_made(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """serve's on-demand workers of a preset (stand-ins here; the real server: test_serve_uses_a_preset_as_it_is_
+    on_disk_now): a preset replaced while its worker was being made is seen at the next request (the file is
+    looked at before the model is); a worker seen changed twice (by two requests) is closed and stopped once, and
+    one taken away never erases what the worker made after it under its name holds."""
+    from localgen.models import presets
+    from localgen.serve.ondemand import OnDemand
+    from localgen.serve.state import ServeState
+    from localgen.types import LoadParams, ModelRef
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    said: list[str] = []
+    replace_while_made = [True]
+
+    def save(n: int) -> None:
+        presets.save(presets.Preset("live", modelfile.Modelfile(base="/m.gguf", parameters={"num_predict": n})), True)
+
+    class W:
+        pinned, busy = False, False
+
+        def __init__(self, ref: ModelRef) -> None:
+            self.ref, self.name = ref, ref.name
+            if replace_while_made[0]:  # another process replaces the preset meanwhile
+                replace_while_made[0] = False
+                save(7)
+
+        def close(self, why: str) -> None:
+            said.append(f"close {why}")
+
+        def stop(self) -> None:
+            said.append("stop")
+
+    def lookup(name: str) -> Any:
+        return ModelRef(name="live", path="/m.gguf", source="embedded", summary=None)  # type: ignore[arg-type]
+
+    save(3)
+    state = ServeState(workers={}, on_demand=OnDemand(W, lookup, lambda: ["live"], LoadParams()))
+    first = state.worker("live")
+    second = state.worker("live")  # made from the preset as it was looked up: not current
+    assert second is not first and said[:1] == ["close live changed on disk"], said
+    assert not state.current(first) and said.count("close live changed on disk") == 1, said
+    assert state.worker("live") is second and state.current(second)
+    save(9)
+    assert not state.current(second)
+    third = state.worker("live")
+    assert not state.current(second) and state.current(third)  # the old one's again: the new one's stamp stays
+    save(11)
+    assert not state.current(third)
+
+
+def test_a_request_whose_worker_is_taken_away_while_it_is_read_goes_to_the_new_one(cli_env: dict[str, str],
+                                                                                    tmp_path: Path) -> None:
+    """A request took the worker of a preset, then waited (here for its image URL) while the preset was replaced
+    in another process and a listing took that worker away: it is asked of the worker made from the preset as it
+    is now (which says what it says of the request: this model takes no images), never a 409 "changed on disk"."""
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from tests.conftest import ROOT
+    from tests.test_serve import Server
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_mmproj import png
+
+    picture, asked, release = png(16, 16), threading.Event(), threading.Event()
+
+    class Held(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.set()
+            release.wait(120)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(picture)))
+            self.end_headers()
+            self.wfile.write(picture)
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("create", "live", "-f", "-", input="FROM smollm2:135m\n").returncode == 0
+    s = Server(env, "-np", "1", "--ctx", "512", "--allow-image-urls", "--allow-private-urls")
+    got: list[httpx.Response] = []
+
+    def ask() -> None:
+        got.append(httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json={
+            "model": "live", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{http.server_port}/a.png"}}]}]}))
+
+    thread = threading.Thread(target=ask)
+    try:
+        thread.start()
+        assert asked.wait(120), "the request fetches its image"
+        made = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
+        assert made.returncode == 0, made.stderr
+        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200  # the worker is taken away
+        release.set()
+        thread.join(120)
+    finally:
+        release.set()
+        assert s.stop() == 0
+        http.shutdown()
+        http.server_close()
+    r = got[0]
+    assert "changed on disk" not in r.text and r.status_code == 400, r.text
+    assert "reads text only" in r.json()["error"]["message"], r.text

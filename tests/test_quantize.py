@@ -1034,13 +1034,16 @@ def test_create_q_checks_everything_first_and_replaces_only_with_force(qcli: CLI
     assert path.stat().st_ino != first.st_ino and _made(qcli) == ["mybot@q4_k_m.gguf"]
 
 
-def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
+def test_api_create_quantize(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
     """Ollama's `quantize`: the `from` model (one offered here, never a path) quantized, then the preset."""
     import httpx
 
     from tests.test_serve import Server
 
     made = qcli("quantize", str(smollm2_f16), "F16", "--name", "smol-f16")  # an F16 model this server offers
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_f16}\nPARAMETER temperature 0.25\n")
+    made = qcli("create", "f16p", "-f", str(tmp_path / "Modelfile"))  # a preset of a file's path
     assert made.returncode == 0, made.stderr
     s = Server(qcli.env, "-np", "1", "--ctx", "256")
     try:
@@ -1070,6 +1073,12 @@ def test_api_create_quantize(qcli: CLI, smollm2_f16: Path) -> None:
         gone = httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "tiny:q8_0"}, timeout=60)
         assert gone.status_code == 200, gone.text
         assert not path.exists()
+        # FROM a preset of a file's path: the preset is looked up (serve's names are never paths)
+        child = httpx.post(f"{s.url}/api/create", timeout=300, json={
+            "model": "child", "from": "f16p", "quantize": "q8_0", "stream": False})
+        assert child.status_code == 200, child.text
+        shown = httpx.post(f"{s.url}/api/show", json={"model": "child"}, timeout=60).json()
+        assert "FROM child:q8_0" in shown["modelfile"] and "temperature 0.25" in shown["modelfile"], shown
     finally:
         assert s.stop() == 0
 

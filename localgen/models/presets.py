@@ -54,7 +54,7 @@ def cycle(name: str, base: str) -> list[str] | None:
     preset's base is another preset's name where that model was removed and the name taken: rm NAME:q8_0, then
     create NAME:q8_0 FROM NAME); None when the bases end at a model."""
     chain = [canonical(name)]
-    while (p := find(base)) is not None:
+    while (p := meant(base)) is not None:
         if p.name in chain:
             return chain[chain.index(p.name):]
         chain.append(p.name)
@@ -150,6 +150,18 @@ def find(name: str) -> Preset | None:
             raise LocalgenError(f"the preset file {path} is damaged: {why}",
                                 hint=f"create it again, or remove it with localgen rm {name}") from None
     return None
+
+
+def meant(name: str) -> Preset | None:
+    """The preset a model's name means, as models/resolve.py reads it: none where a catalogue entry of that name
+    wins (a preset file of a catalogue model's name, written by hand or before create refused such a name)."""
+    from localgen.models import catalogue
+
+    if NAME.fullmatch(name):
+        cat = catalogue.read(using=name)
+        if name in cat.entries or name in cat.broken:
+            return None
+    return find(name)
 
 
 def _document(raw: bytes) -> dict[str, Any]:
@@ -369,7 +381,7 @@ def copy(src: str, dst: str, lookup: BaseLookup, force: bool = False) -> Preset:
 def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
     """The preset `cp` makes, checked, not saved yet."""
     _check_new_name(dst, using=src)
-    p = find(src)
+    p = meant(src)
     spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup, name=dst)
     return Preset(canonical(dst), spec if p is None else p.spec)
 
@@ -427,7 +439,7 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
     (checked offline); a path is kept absolute, a name known here (`known`) as its name, whatever file of that
     name the current folder holds. Either way the model at the end of the bases must be here, and the preset
     `name` must not be among them (a preset based on itself: every use of it would fail)."""
-    parent = find(spec.base)
+    parent = meant(spec.base)
     if parent is not None:
         up = parent.spec
         merged = modelfile.Modelfile(
@@ -449,6 +461,12 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
     if isinstance(names.parse(spec.base), names.PathSpec) and not named:
         return dataclasses.replace(spec, base=str(Path(ref.path).resolve()))
     return spec
+
+
+def base_ref(base: str, what: str, lookup: BaseLookup, named: str) -> ModelRef:
+    """The model at the end of a preset's bases, `base`, for a Modelfile whose FROM is `named` (looked up where
+    `base` is not found so: serve's lookup never takes a path, and a preset's base may be one)."""
+    return _found(base, what, lookup, None, named)
 
 
 def _found(base: str, what: str, lookup: BaseLookup, name: str | None, via: str | None = None) -> ModelRef:

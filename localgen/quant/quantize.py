@@ -472,6 +472,7 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     # the preset's own checks, on the source: its place. FROM a preset, the settings are that preset's under the
     # Modelfile's (what create without -q keeps), and the model quantized is that preset's base
     spec = presets.made(name, text, lookup, where, folder, known).spec
+    named = modelfile.parse(text, where, folder, known).base  # FROM: a preset, or the model spec.base is
     base = quantized.base_for(name)
     made = quantized.name_of(base, type_name)
     if made == name.lower():
@@ -482,7 +483,7 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     if out.exists() and not force:
         raise UsageError(f"the quantized model {made} exists", hint=f"--force makes it again and replaces the "
                          f"preset; or FROM {made} without -q")
-    ref = lookup(spec.base)
+    ref = presets.base_ref(spec.base, f"{where}: FROM {named}", lookup, named)
     out.parent.mkdir(parents=True, exist_ok=True)
     job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=force), spec.base,
                for_create=True)

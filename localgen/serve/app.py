@@ -59,10 +59,15 @@ STOPPING = "the server is shutting down"
 def _health(state: ServeState) -> Callable[[Request], Awaitable[Response]]:
     async def health(request: Request) -> Response:
         """Liveness for load balancers and scripts, with each model's slots at a glance: 503 when a model's
-        worker has stopped."""
-        models = {name: w.status() for name, w in list(state.workers.items())}
+        worker has stopped. Each worker is looked at first, as the listings do (a preset changed on disk: taken
+        away); those taken away that have not stopped yet are under `unloading`."""
+        held = await asyncio.to_thread(state.current_workers)
+        models = {name: w.status() for name, w in held.items()}
         ok = all(m["alive"] for m in models.values())
         doc: dict[str, Any] = {"status": "ok" if ok else "error", "models": models}
+        gone = state.unloading()
+        if gone:
+            doc["unloading"] = [{"name": w.name, **w.status()} for w in gone]
         if state.residency is not None:
             doc["residency"] = state.residency.status()
         if state.store is not None:  # the prompt cache on disk: its files, bytes and what was read back
@@ -341,7 +346,8 @@ class Drain:
         """Every job of every model ends now, as its API's 503, and every pull, with its error line; so does every
         request whose body is still arriving (FrontDoor's receive)."""
         self.front.stopped.set()
-        for w in self.state.workers.values():
+        # the workers taken away and not stopped yet too (a preset changed on disk: their jobs still run)
+        for w in dict.fromkeys([*self.state.workers.values(), *list(self.state.stopping)]):
             w.fail_all(Failed(503, f"{w.name}: {STOPPING}"))
         for pull in list(self.state.pulls):
             pull.end(f"{STOPPING}: the download stops here, and the next pull of this model resumes it")

@@ -76,11 +76,14 @@ def routes(state: ServeState) -> list[Route]:
                                         *(_remote_entry(name, where, state.started) for name, where in remote())]})
 
     async def ps(request: Request) -> Response:
-        return JSONResponse({"models": [{**_model_entry(w.name, w.ref),
-                                         "size": w.residence.need or w.ref.summary.file_size,
-                                         "expires_at": _expires(w), "size_vram": w.residence.vram_bytes,
-                                         "context_length": w.n_ctx, "placement": w.residence.placement}
-                                        for w in list(state.workers.values()) if w.loaded]})
+        # each worker looked at first (a preset changed on disk: taken away), as the other listings do; one taken
+        # away that still holds its model (it ends the requests it answers) is listed after, `unloading`
+        held = list((await asyncio.to_thread(state.current_workers)).values())
+        return JSONResponse({"models": [
+            {**_model_entry(w.name, w.ref), "size": w.residence.need or w.ref.summary.file_size,
+             "expires_at": _expires(w), "size_vram": w.residence.vram_bytes, "context_length": w.n_ctx,
+             "placement": w.residence.placement, **({"unloading": True} if gone else {})}
+            for gone, workers in ((False, held), (True, state.unloading())) for w in workers if w.loaded]})
 
     return [Route("/v1/models", models), Route("/v1/models/{id:path}", model),
             Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version),

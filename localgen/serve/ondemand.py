@@ -28,7 +28,8 @@ class OnDemand:
         self.listing = listing  # the names of the models on disk
         self.peek = peek or lookup  # as lookup, for the listings: nothing assembled (an embedded model in chunks)
         self.aliases: dict[str, str] = {}  # a name asked for → the worker's name, when they differ
-        self.stamps: dict[str, tuple[int, ...]] = {}  # a preset's worker → its file's stamp (presets.stamp) then
+        # a preset's worker's name → that worker, and its file's stamp (presets.stamp) as it was looked up
+        self.stamps: dict[str, tuple[ModelWorker, tuple[int, ...]]] = {}
 
     def worker(self, name: str, workers: dict[str, ModelWorker]) -> ModelWorker | None:
         """The worker for `name` (made now unless one serves that model), or None when no such model is here;
@@ -37,6 +38,11 @@ class OnDemand:
             return workers[self.aliases[name]]
         if name not in self.listing():  # only a model on disk by its name: never a path a request makes up
             return None
+        from localgen.models import presets
+
+        # before the lookup: a preset replaced from here on is seen at the next request (a stamp taken after the
+        # worker was made could be the new file's, and the worker the old one's)
+        stamp = presets.stamp(name)
         try:
             ref = self.lookup(name)
         except LocalgenError:
@@ -49,12 +55,8 @@ class OnDemand:
 
             raise HTTPError(400, f"model {name!r} cannot be loaded here: {e}", param="model",
                             logged=f"model {name!r} was asked for and cannot be loaded here: {e}") from None
-        if same is None:
-            from localgen.models import presets
-
-            made = presets.stamp(w.name)
-            if made is not None:
-                self.stamps[w.name] = made
+        if same is None and stamp is not None and presets.canonical(name) == w.name:
+            self.stamps[w.name] = (w, stamp)
         if w.name != name:
             self.aliases[name] = w.name
         return w
@@ -62,17 +64,22 @@ class OnDemand:
     def current(self, w: ModelWorker) -> bool:
         """Whether a worker made here serves its model as it is on disk: false once its preset's file was
         replaced (`localgen create --force` in another process) or removed (`localgen rm`). One stat."""
-        if w.name not in self.stamps:
+        made = self.stamps.get(w.name)
+        if made is None or made[0] is not w:  # no preset's worker, or one taken away (a new one has its name)
             return True
         from localgen.models import presets
 
-        return presets.stamp(w.name) == self.stamps[w.name]
+        return presets.stamp(w.name) == made[1]
 
-    def forget(self, name: str) -> None:
-        """A worker taken away: the names that meant it, and its stamp."""
-        self.stamps.pop(name, None)
+    def forget(self, w: ModelWorker) -> None:
+        """A worker taken away: its stamp and the names that meant it, while they are its own (not those of a
+        worker made since under its name)."""
+        made = self.stamps.get(w.name)
+        if made is None or made[0] is not w:
+            return
+        del self.stamps[w.name]
         for alias, held in list(self.aliases.items()):
-            if held == name:
+            if held == w.name:
                 del self.aliases[alias]
 
     def names(self, served: list[str]) -> list[str]:

@@ -90,10 +90,22 @@ def route(state: ServeState, path: str, api: Api) -> Route:
     return Route(path, endpoint, methods=["POST"])
 
 
+class _Changed(Exception):
+    """The worker a request took was taken away before its job was queued (its preset changed on disk)."""
+
+
 async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any] | None = None) -> Response:
     """A generation request, from its body (JSON, unless the route read another kind: `body`) to its answer in
-    `api`'s words."""
+    `api`'s words. Where the model's worker was taken away while the request was read (its preset changed on
+    disk: serve/state.py's current), it is made again once, from the preset as it is now."""
     body = body if body is not None else await read_json(http)
+    try:
+        return await _handle(state, http, api, body, again=True)
+    except _Changed:
+        return await _handle(state, http, api, body, again=False)
+
+
+async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, Any], again: bool) -> Response:
     worker = state.worker(body.get("model"), api.claude)
     ask = await api.parse(body)
     request, said = await generation(state, worker, ask)
@@ -115,6 +127,8 @@ async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any
         else:
             job, first = await run_job(worker, request, http, ask.keep_alive)
     except HTTPError as e:  # the model's thread names the conversation `messages`: the request's own field
+        if again and e.status == 409 and state.taken_away(worker):
+            raise _Changed from None
         raise _in_request_words(e, ask) from None
     if not ask.stream:
         if answer is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 
 LATEST = ":latest"  # Ollama's tag for a name given without one
-RETIRED_JOBS_S = 600.0  # the most a worker taken away (its preset changed) waits for its jobs to end before it stops
 
 
 @dataclass
@@ -56,6 +56,8 @@ class ServeState:
     # the workers _retired has taken out of `workers` and not stopped yet: serve's end stops them too (a retire
     # cancelled at shutdown would leave a llama.cpp thread running as the interpreter ends)
     stopping: list[Any] = field(default_factory=list)
+    _retire: threading.Lock = field(default_factory=threading.Lock, repr=False)  # current()'s taking away
+    _taken: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet, repr=False)  # the workers it took away
 
     def worker(self, name: object, claude: bool = False) -> Served:
         """The model a request's `model` names, as its handler sees it: one served, or an installed model (its
@@ -142,39 +144,56 @@ class ServeState:
         changed since (`localgen create --force`, `localgen rm`, in another process) is not: it is taken away now
         (it takes no new job, ends those it has, then unloads), so a request makes one from the preset as it is
         now, or finds none. A worker of serve -m stays for the server's life."""
-        if self.on_demand is None or self.on_demand.current(w) or w.pinned:
+        if self.on_demand is None:
             return True
-        why = f"{w.name} changed on disk"
-        w.close(why)
-        if self.workers.get(w.name) is w:
-            del self.workers[w.name]
-        self.on_demand.forget(w.name)
-        self.stopping.append(w)
+        # on the event loop and in threads (to_thread) alike: one of those that see it changed takes it away
+        with self._retire:
+            if w in self._taken:  # taken away already (stopped since, or not yet)
+                return False
+            if self.on_demand.current(w) or w.pinned:
+                return True
+            w.close(f"{w.name} changed on disk")
+            if self.workers.get(w.name) is w:
+                del self.workers[w.name]
+            self.on_demand.forget(w)
+            self.stopping.append(w)
+            self._taken.add(w)
         threading.Thread(target=self._stop_when_idle, args=(w,), name=f"localgen-retire-{w.name}",
                          daemon=True).start()
         return False
 
+    def taken_away(self, w: object) -> bool:
+        """Whether current() has taken this worker away (its preset changed on disk)."""
+        return w in self._taken
+
     def _stop_when_idle(self, w: ModelWorker) -> None:
-        """A worker taken away: stopped (which frees its model) once the jobs it holds have ended."""
-        deadline = time.monotonic() + RETIRED_JOBS_S
-        while w.busy and time.monotonic() < deadline:
+        """A worker taken away: stopped (which frees its model) once the jobs it holds have ended, however long
+        they take, as those of a worker in use (a generation ends at its max tokens or its window; serve's stop
+        ends them sooner: app.py's Drain)."""
+        while w.busy:
             time.sleep(0.05)
         w.stop()
         with contextlib.suppress(ValueError):
             self.stopping.remove(w)
 
-    def _current_workers(self) -> dict[str, ModelWorker]:
+    def current_workers(self) -> dict[str, ModelWorker]:
+        """The workers by name, each looked at first (current: one whose preset changed is taken away)."""
         return {n: w for n, w in list(self.workers.items()) if self.current(w)}
+
+    def unloading(self) -> list[ModelWorker]:
+        """The workers taken away (a preset changed on disk, a model deleted or replaced) that have not stopped
+        yet: they end the requests they answer, and hold their model until then."""
+        return list(dict.fromkeys(self.stopping))
 
     def names(self) -> list[str]:
         """Every model a request may name: those served now, then (on demand) the others on disk."""
-        served = list(self._current_workers())
+        served = list(self.current_workers())
         return self.on_demand.names(served) if self.on_demand is not None else served
 
     def offered(self) -> list[tuple[str, ModelRef, ModelWorker | None]]:
         """What the listings show: each worker's model, then each model on disk without one yet."""
         out: list[tuple[str, ModelRef, ModelWorker | None]] = [
-            (n, w.ref, w) for n, w in self._current_workers().items()]
+            (n, w.ref, w) for n, w in self.current_workers().items()]
         if self.on_demand is not None:
             out += [(n, ref, None) for n, ref in self.on_demand.refs(self.workers)]
         return out

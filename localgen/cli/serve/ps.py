@@ -81,7 +81,7 @@ def ps(
         until = datetime.datetime.fromisoformat(m["expires_at"].replace("Z", "+00:00"))
         left = (until - now).total_seconds()
         rows.append([m["name"], format_bytes(size), where, f"{m.get('context_length', 0):,}",
-                     until_text(left)])
+                     "unloading" if m.get("unloading") else until_text(left)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
