@@ -47,7 +47,7 @@ class OnDemand:
             ref = self.lookup(name)
         except LocalgenError:
             return None
-        same = next((w for w in workers.values() if w.ref.name == ref.name and w.ref.path == ref.path), None)
+        same = next((w for w in list(workers.values()) if w.ref.name == ref.name and w.ref.path == ref.path), None)
         try:
             w = same or self.make(ref)
         except UsageError as e:  # a preset's settings this server cannot load (an -ot buffer type it lacks)

@@ -110,11 +110,16 @@ async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, An
     ask = await api.parse(body)
     request, said = await generation(state, worker, ask)
     plan = await tool_plan(worker, ask.tools, ask.tool_choice, ask.parallel_tool_calls) if ask.chat else None
-    if ask.excerpts is not None and request.messages:
-        request, said = await ask.excerpts.place(worker, request, plan, http, ask.keep_alive)
     folded = 0
-    if ask.fit and request.messages:
-        request, said, folded = await _fitted(worker, request, said, plan, http, ask)
+    try:  # file_search's excerpts and truncation `auto` ask the worker first: a job it may refuse as taken away
+        if ask.excerpts is not None and request.messages:
+            request, said = await ask.excerpts.place(worker, request, plan, http, ask.keep_alive)
+        if ask.fit and request.messages:
+            request, said, folded = await _fitted(worker, request, said, plan, http, ask)
+    except HTTPError as e:
+        if again and e.status == 409 and state.taken_away(worker):
+            raise _Changed from None
+        raise
     request = apply_plan(plan, request)
     encoder = api.encoder(body, ask, Made(worker.name, request, said, folded))
     # the answer stage reads a chat's answer, and a prompt put through the chat template (Ollama's /api/generate:

@@ -103,7 +103,7 @@ class ServeState:
         want = _ollama_display(name)
         if want is None:
             return name
-        for n, w in self.workers.items():
+        for n, w in list(self.workers.items()):  # (current() may take one away from a pool thread meanwhile)
             if want in (_ollama_display(n), _ollama_display(w.ref.name)):
                 return n
         listed = self.on_demand.listing() if self.on_demand is not None else ()
