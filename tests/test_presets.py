@@ -889,6 +889,15 @@ def test_a_preset_of_thousands_of_turns_is_refused_by_its_rendered_size(pcli: In
     assert "characters; the context window of 4,096 tokens holds at most 131,072" in line, line
 
 
+def _replace_live_and_list(env: dict[str, str], s: Any) -> None:
+    """Replace the preset `live` from another process, then list the models: its worker is taken away."""
+    import httpx
+
+    made = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
+    assert made.returncode == 0, made.stderr
+    assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200
+
+
 def test_a_stream_on_a_worker_taken_away_ends_with_the_503_when_serve_stops(cli_env: dict[str, str],
                                                                            tmp_path: Path) -> None:
     """A stream goes on while its preset is replaced in another process and a listing takes its worker away;
@@ -919,9 +928,7 @@ def test_a_stream_on_a_worker_taken_away_ends_with_the_503_when_serve_stops(cli_
     try:
         thread.start()
         assert first.wait(120), "the stream produced its first token"
-        made = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
-        assert made.returncode == 0, made.stderr
-        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200  # the worker is taken away
+        _replace_live_and_list(env, s)
         assert thread.is_alive(), lines[-3:]
         loaded = httpx.get(f"{s.url}/api/ps", timeout=60).json()["models"]  # it still holds its model
         assert [m.get("unloading", False) for m in loaded if m["name"] == "live"] == [True], loaded
@@ -1064,9 +1071,7 @@ def test_a_request_whose_worker_is_taken_away_while_it_is_read_goes_to_the_new_o
     try:
         thread.start()
         assert asked.wait(120), "the request fetches its image"
-        made = CLI(env)("create", "live", "--force", "-f", "-", input="FROM smollm2:135m\nPARAMETER num_predict 7\n")
-        assert made.returncode == 0, made.stderr
-        assert httpx.get(f"{s.url}/api/tags", timeout=60).status_code == 200  # the worker is taken away
+        _replace_live_and_list(env, s)
         release.set()
         thread.join(120)
     finally:

@@ -1525,6 +1525,16 @@ def count_is(page: Any, text: str) -> None:
                            arg=text)
 
 
+def _the_new_answer_keeps_the_focus(page: Any, ids: Any, words: str, shown: str) -> None:
+    """The answer asked for gets `words` (`shown` once drawn) and has the focus while it comes and after."""
+    feed(page, words)
+    body_has(page, shown)
+    assert page.evaluate(THE_NEW_ANSWER)
+    page.evaluate("window.finish()")
+    wait_answer(page, ids)
+    assert page.evaluate(THE_NEW_ANSWER)
+
+
 def test_the_focus_stays_where_the_keyboard_left_it(tab: Tab) -> None:
     """docs/webui.md: a button pressed from the keyboard keeps the focus where it still is, and where it went, the
     focus goes on: Send to the message box (while the answer comes, in Stop's place), Stop back to it, Regenerate to
@@ -1561,12 +1571,7 @@ def test_the_focus_stays_where_the_keyboard_left_it(tab: Tab) -> None:
     ids = answer_ids(page)
     page.locator("article.assistant").last.get_by_role("button", name="Regenerate").focus()
     page.keyboard.press("Enter")
-    feed(page, "A new version")
-    body_has(page, "A new version")
-    assert page.evaluate(THE_NEW_ANSWER)
-    page.evaluate("window.finish()")
-    wait_answer(page, ids)
-    assert page.evaluate(THE_NEW_ANSWER)
+    _the_new_answer_keeps_the_focus(page, ids, "A new version", "A new version")
     # ‹ and ›: the arrow of the version shown, or the other one where the end of the versions turned it off
     last = page.locator("article.assistant").last
     last.get_by_role("button", name="Previous version").focus()
@@ -1596,12 +1601,7 @@ def test_the_focus_stays_where_the_keyboard_left_it(tab: Tab) -> None:
     assert focused(page) == "TEXTAREA:Edit the message"
     page.keyboard.type(" Edited.")
     page.keyboard.press("Enter")
-    feed(page, "The edited question's answer")
-    body_has(page, "edited question's answer")
-    assert page.evaluate(THE_NEW_ANSWER)
-    page.evaluate("window.finish()")
-    wait_answer(page, ids)
-    assert page.evaluate(THE_NEW_ANSWER)
+    _the_new_answer_keeps_the_focus(page, ids, "The edited question's answer", "edited question's answer")
     # Send and Stop clicked (or tapped), not pressed from the keyboard: the focus is let go, not put in the message
     # box (on a phone its keyboard would pop up over the answer)
     ids = answer_ids(page)

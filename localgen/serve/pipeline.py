@@ -105,6 +105,13 @@ async def handle(state: ServeState, http: Request, api: Api, body: dict[str, Any
         return await _handle(state, http, api, body, again=False)
 
 
+def _retry_if_taken_away(state: ServeState, worker: Any, e: HTTPError, again: bool) -> None:
+    """A job's 409 from a worker taken away while the request was read (its preset changed on disk): asked again,
+    once, of the worker made from the preset as it is now (handle)."""
+    if again and e.status == 409 and state.taken_away(worker):
+        raise _Changed from None
+
+
 async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, Any], again: bool) -> Response:
     worker = state.worker(body.get("model"), api.claude)
     ask = await api.parse(body)
@@ -117,8 +124,7 @@ async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, An
         if ask.fit and request.messages:
             request, said, folded = await _fitted(worker, request, said, plan, http, ask)
     except HTTPError as e:
-        if again and e.status == 409 and state.taken_away(worker):
-            raise _Changed from None
+        _retry_if_taken_away(state, worker, e, again)
         raise
     request = apply_plan(plan, request)
     encoder = api.encoder(body, ask, Made(worker.name, request, said, folded))
@@ -132,8 +138,7 @@ async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, An
         else:
             job, first = await run_job(worker, request, http, ask.keep_alive)
     except HTTPError as e:  # the model's thread names the conversation `messages`: the request's own field
-        if again and e.status == 409 and state.taken_away(worker):
-            raise _Changed from None
+        _retry_if_taken_away(state, worker, e, again)
         raise _in_request_words(e, ask) from None
     if not ask.stream:
         if answer is not None:
