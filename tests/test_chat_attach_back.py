@@ -105,3 +105,84 @@ def test_a_picture_that_fails_is_told_from_one_whose_name_holds_its_name(
     _kept_after_failure(view, ["a note"], [short, long_], MediaError("aa.png is a corrupt or unreadable PNG"))
     assert view.media == [short] and view.attachments == ["a note"]
     assert capsys.readouterr().err == "(dropped aa.png; 2 other attachments stay attached (/detach drops them))\n"
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": "earlier"}]
+
+
+class _AddsThenPressed:
+    """A runner whose start() has added the message and returned when the Ctrl-C is raised: the press landed as
+    the turn's set-up ended (its terminal and SIGINT handler put back), past start()'s own taking back."""
+
+    summarizing = False
+
+    def __init__(self) -> None:
+        self.session = _Session()
+
+    def start(self, text: str, media: list[Any]) -> int:
+        self.session.messages.append({"role": "user", "content": text})
+        raise KeyboardInterrupt
+
+
+def test_a_press_just_after_the_message_was_added_takes_it_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """CI caught it under load: the first of two Ctrl-C came as start() returned, the chat said "the message was
+    taken back" and gave /read's file back, but the message stayed in the conversation, file and all, and the next
+    one was sent after it."""
+    from localgen.cli.chat.message import handle
+    from localgen.cli.chat.view import ChatView
+
+    runner = _AddsThenPressed()
+    view = ChatView(interactive=True, plain=True, stats=False, attachments=["the file's text"])
+    assert handle("Summarize.", runner, view) is True
+    assert runner.session.messages == [{"role": "user", "content": "earlier"}]
+    assert view.attachments == ["the file's text"]
+    said = capsys.readouterr()
+    assert "the message was taken back" in said.out + said.err
+
+
+def test_a_press_that_gets_past_a_turn_leaves_the_chat_going(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A second Ctrl-C that lands as a turn ends, past the turn's own handler, is said as one at the prompt is, and
+    the chat reads the next line: it ended the chat ("interrupted", exit 130) under load in CI."""
+    import localgen.cli.chat.loop as loop
+    import localgen.cli.chat.repl as repl
+    from localgen.cli.chat.view import ChatView
+
+    lines = iter(["Summarize.", "Say hi."])
+    released: list[bool] = []
+
+    class Lines:
+        def __init__(self, *_: Any) -> None:
+            pass
+
+        def read(self) -> str:
+            try:
+                return next(lines)
+            except StopIteration:
+                raise EOFError from None
+
+        def give_press(self) -> None:
+            pass
+
+        def release(self) -> None:
+            released.append(True)
+
+    handled: list[str] = []
+
+    def handle(text: str, runner: Any, view: Any, press: Any) -> bool:
+        handled.append(text)
+        if text == "Summarize.":
+            raise KeyboardInterrupt
+        return True
+
+    monkeypatch.setattr(repl, "LineInput", Lines)
+    monkeypatch.setattr(repl, "make_completer", lambda *_: None)
+    monkeypatch.setattr(loop, "handle", handle)
+    runner = type("Runner", (), {"session": _Session()})()
+    runner.session.messages = []
+    loop._repl(runner, ChatView(interactive=True, plain=True, stats=False), [])
+    assert handled == ["Summarize.", "Say hi."] and len(released) == 2
+    said = capsys.readouterr()
+    assert "Ctrl-C stops an answer" in said.out + said.err

@@ -284,6 +284,9 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
             return
         try:
             going = handle(text, runner, view, press=line_input.give_press)
+        except KeyboardInterrupt:  # a second press as a turn ended, past the turn's own handler: the chat goes on
+            view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
+            going = True
         finally:
             line_input.release()  # a blank line, a dropped file: nothing ran that the press could stop
         if not going:

@@ -63,6 +63,7 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True,
 def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Callable[[], None]) -> bool:
     before: list[str] = []
     media: list[Any] = []
+    held = len(runner.session.messages)  # a Ctrl-C just after start() added the message takes it back too
     try:
         if command_ok and attach_dropped(text, runner, view):  # before commands: a path starts with /; a """ block
             # is sent as it is
@@ -81,6 +82,7 @@ def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Cal
             first = runner.start(text, view.media)
         view.media.clear()
     except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
+        del runner.session.messages[held:]  # start() takes its message back only where it raised inside it
         if not view.interactive:
             raise
         view.info("(stopped before the answer began; the message was taken back)")
