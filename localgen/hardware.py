@@ -116,8 +116,45 @@ def proc_kib_field(path: str, key: str) -> int | None:
 
 
 def available_ram_bytes() -> int | None:
-    """Memory available to new allocations (Linux MemAvailable), or None."""
-    return proc_kib_field("/proc/meminfo", "MemAvailable")
+    """Memory available to new allocations (Linux MemAvailable; on macOS vm_stat's free, inactive and
+    speculative pages), or None."""
+    found = proc_kib_field("/proc/meminfo", "MemAvailable")
+    return found if found is not None else _vm_stat_available()
+
+
+def _darwin_output(argv: list[str]) -> str | None:
+    """What a macOS tool (sysctl, vm_stat) writes, or None: not macOS, or it failed."""
+    import platform
+    import subprocess
+
+    if platform.system() != "Darwin":
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=2)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _vm_stat_available() -> int | None:
+    """macOS: free + inactive + speculative pages, from vm_stat, in bytes; None where it cannot be read."""
+    import re
+
+    text = _darwin_output(["vm_stat"])
+    if not text:
+        return None
+    size = re.search(r"page size of (\d+) bytes", text)
+    pages = {m[1]: int(m[2]) for m in re.finditer(r"^Pages (free|inactive|speculative):\s+(\d+)\.?\s*$", text,
+                                                   re.MULTILINE)}
+    if not size or "free" not in pages:
+        return None
+    return sum(pages.values()) * int(size[1])
+
+
+def metal_budget(total: int) -> int:
+    """What Metal lets a process use of `total` bytes of unified memory (Apple's recommendedMaxWorkingSetSize,
+    as llama.cpp's load logs show it): two thirds below 64 GiB, three quarters from 64 GiB up."""
+    return total * 3 // 4 if total >= 64 << 30 else total * 2 // 3
 
 
 class GPU:
@@ -153,9 +190,8 @@ def gpu_listing() -> tuple[list[GPU], str | None]:
     from localgen.types import MAX_DEVICES
 
     if platform.system() == "Darwin" and platform.machine() == "arm64":
-        total = total_ram_bytes() or 0
-        # Metal may use about three quarters of unified memory (recommendedMaxWorkingSetSize).
-        return [GPU("Apple Silicon (unified memory)", total * 3 // 4, total * 3 // 4, unified=True)], None
+        # what Metal may use of unified memory; how much of it is free now, nothing here can tell
+        return [GPU("Apple Silicon (unified memory)", metal_budget(total_ram_bytes() or 0), None, unified=True)], None
     exe = shutil.which("nvidia-smi")
     if not exe:
         return [], None
@@ -255,9 +291,12 @@ def why_no_gpu() -> str:
 
 
 def cpu_name() -> str:
-    """The CPU model name, where the OS tells."""
+    """The CPU model name, where the OS tells (/proc/cpuinfo; macOS: sysctl's machdep.cpu.brand_string)."""
     import platform
 
+    brand = (_darwin_output(["sysctl", "-n", "machdep.cpu.brand_string"]) or "").strip()
+    if brand:
+        return brand[:200]
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

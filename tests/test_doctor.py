@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,70 @@ def test_doctor_reports_tuning_records_that_cannot_be_read(cli_env: dict[str, st
         f"the tuning records {path} cannot be read: it is not JSON (Expecting property name enclosed in double "
         "quotes); none is used, and the file is never overwritten (move it aside to start anew)"), r.stdout
     assert path.read_text() == "{bad"
+
+
+_VM_STAT = """Mach Virtual Memory Statistics: (page size of 16384 bytes)
+Pages free:                               65536.
+Pages active:                            300000.
+Pages inactive:                          131072.
+Pages speculative:                        65536.
+Pages throttled:                              0.
+Pages wired down:                        200000.
+"""
+
+
+def _as_a_mac(monkeypatch: pytest.MonkeyPatch, ram: int, answers: dict[str, str | None]) -> None:
+    """This process as a 16 GiB Apple Silicon Mac as hardware.py sees it: platform.system() is Darwin, no /proc
+    or /sys, and sysctl and vm_stat answer `answers` (None: the tool failed) where hardware.py runs them."""
+    import builtins
+    import platform
+
+    from localgen import hardware
+
+    real_open = builtins.open
+
+    def no_proc(path: Any, *a: Any, **k: Any) -> Any:
+        if str(path).startswith(("/proc", "/sys")):
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(platform, "processor", lambda: "arm")
+    monkeypatch.setattr(hardware, "open", no_proc, raising=False)
+    monkeypatch.setattr(hardware, "total_ram_bytes", lambda: ram)
+    monkeypatch.setattr(hardware, "_darwin_output", lambda argv: answers.get(argv[-1]), raising=False)
+
+
+def test_doctor_on_a_mac_names_the_cpu_the_available_ram_and_metals_share(
+        cli_in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor.md: on macOS the CPU's name comes from `sysctl`, the available RAM from `vm_stat` (free, inactive
+    and speculative pages), and the Apple Silicon GPU line gives what Metal may use (two thirds of the RAM below
+    64 GiB) and says its free memory is not reported, rather than "CPU arm", "(- available)" and a made-up free."""
+    _as_a_mac(monkeypatch, 16 << 30, {"machdep.cpu.brand_string": "Apple M1 Pro\n", "vm_stat": _VM_STAT})
+    r = cli_in_process("doctor", "--no-check")
+    assert "Traceback" not in r.stderr  # exit 1 here: this CPU-only build cannot use the GPU it sees
+    lines = _lines(r.stdout)
+    assert lines["CPU"].startswith("Apple M1 Pro ·")
+    assert lines["RAM"] == "16.0 GiB (4.0 GiB available)"  # (65536 + 131072 + 65536) pages of 16 KiB
+    assert lines["GPU"] == ("Apple Silicon (unified memory) · Metal may use 10.7 GiB of the RAM (free: not "
+                            "reported; the RAM line's available is what is free)")
+    _as_a_mac(monkeypatch, 16 << 30, {})  # sysctl and vm_stat fail: what there is, quietly
+    r = cli_in_process("doctor", "--no-check")
+    assert "Traceback" not in r.stderr  # exit 1 here: this CPU-only build cannot use the GPU it sees
+    assert _lines(r.stdout)["RAM"] == "16.0 GiB (available: not reported)"
+    assert _lines(r.stdout)["CPU"].startswith("arm ·")
+
+
+def test_metal_may_use_two_thirds_below_64_gib_and_three_quarters_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/models.md: Apple unified memory usable by Metal is two thirds of it below 64 GiB and three quarters
+    from 64 GiB up (recommendedMaxWorkingSetSize: 10922.67 MiB on a 16 GB M1 Pro), and the plan's memory on
+    such a Mac is no more than that."""
+    from localgen import hardware
+    from localgen.models import fit
+
+    for ram, metal in ((16 << 30, 10922 << 20), (32 << 30, 21845 << 20), (64 << 30, 48 << 30)):
+        _as_a_mac(monkeypatch, ram, {"vm_stat": None})
+        [gpu] = hardware.gpus()
+        assert gpu.unified and gpu.free is None and abs((gpu.total or 0) - metal) < 1 << 20
+        assert fit.this_machine(True).gpus == (gpu.total,)

@@ -598,3 +598,17 @@ def test_an_embedding_models_context_is_counted_from_its_load(cli_env: dict[str,
     assert r.returncode == 1 and "tiny-bert.gguf needs about" in r.stderr and "budget for loaded models" in r.stderr, \
         r.stderr
     assert r.stderr.count("localgen: error:") == 1 and "Traceback" not in r.stderr
+
+
+def test_on_apple_silicon_the_default_budget_is_no_more_than_metal_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve.md: on Apple Silicon when offloading, --max-memory's default is no more than Metal may use (two
+    thirds of 16 GiB, not 90 % of it: models loaded side by side must all fit in Metal's working set)."""
+    from localgen import hardware
+    from localgen.cli.serve import checks as serve
+    from localgen.cli.serve.options import ResidencyOptions
+
+    monkeypatch.setattr(hardware, "total_ram_bytes", lambda: 16 * 1024 * MB)
+    monkeypatch.setattr(hardware, "gpus", lambda: [hardware.GPU("Apple Silicon (unified memory)",
+                                                                16 * 1024 * MB * 2 // 3, None, True)])
+    assert serve._residency(ResidencyOptions(), True).budget == 16 * 1024 * MB * 2 // 3
+    assert serve._residency(ResidencyOptions(), False).budget == int(16 * 1024 * MB * 0.9)  # all on the CPU

@@ -66,11 +66,15 @@ def doctor(
           f"{platform.machine()}")
     print(f"CPU       {hardware.cpu_name()} · threads: {hardware.physical_cores()} for generation (physical "
           f"performance cores), {hardware.usable_cores()} for prompts and batches (logical CPUs usable)")
-    print(f"RAM       {format_bytes(ram)} ({format_bytes(avail)} available)")
+    print(f"RAM       {format_bytes(ram)} ("
+          f"{f'{format_bytes(avail)} available' if avail else 'available: not reported'})")
     gpus, left_out = hardware.gpu_listing()
     if gpus:
         for g in gpus:
-            if g.total is None or g.free is None:
+            if g.unified:
+                print(f"GPU       {g.name} · Metal may use {format_bytes(g.total)} of the RAM (free: not reported; "
+                      "the RAM line's available is what is free)")
+            elif g.total is None or g.free is None:
                 print(f"GPU       {g.name} · memory not reported by nvidia-smi ([N/A]: MIG or unified memory); "
                       "plans ask llama.cpp's CUDA backend, else keep the model off it")
             else:

@@ -61,7 +61,7 @@ def this_machine(offload: bool) -> Machine:
     ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
     unified = bool(g and g[0].unified)
     if unified:  # what Metal may use of it (hardware.gpus)
-        metal = g[0].free or 0
+        metal = g[0].total or 0
         return Machine(ram=min(ram, metal) if ram else metal, gpus=(metal,), unified=True)
     if any(x.free is None for x in g):  # nvidia-smi says [N/A] (MIG, unified-memory chips): ask llama.cpp
         return Machine(ram=ram, gpus=_ggml_gpu_free() or tuple(x.free or 0 for x in g))

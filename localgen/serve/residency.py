@@ -209,10 +209,11 @@ class Residency:
 
 def default_budget(offload: bool) -> int:
     """--max-memory's default: this machine's memory (RAM, and with offload its GPUs'), less a tenth for the
-    rest of the system."""
+    rest of the system; on Apple Silicon with offload, no more than Metal may use (hardware.metal_budget)."""
     from localgen import hardware
 
     total = hardware.total_ram_bytes() or 0
-    if offload:
-        total += sum(g.total or 0 for g in hardware.gpus() if not g.unified)  # unified memory is the RAM
-    return int(total * 0.9)
+    gpus = hardware.gpus() if offload else []
+    total += sum(g.total or 0 for g in gpus if not g.unified)  # unified memory is the RAM
+    metal = [g.total for g in gpus if g.unified and g.total]
+    return min([int(total * 0.9), *metal])
