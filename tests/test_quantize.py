@@ -233,6 +233,21 @@ def test_an_output_that_is_a_device_is_refused_with_force_or_without(cli_in_proc
                                    "it is not replaced"), r.stderr
 
 
+def test_an_output_that_is_the_source_by_another_name_is_refused(cli_in_process: InProcessCLI, smollm2_f16: Path,
+                                                                   tmp_path: Path) -> None:
+    """quantize.md: never the source itself, though --force: on a case-insensitive disk (APFS, NTFS) `-o MODEL.gguf`
+    for model.gguf is the same file by another spelling, which comparing resolved paths let through. A hard link
+    is the same file on any disk."""
+    source, other = tmp_path / "model.gguf", tmp_path / "MODEL.gguf"
+    os.link(smollm2_f16, source)
+    os.link(smollm2_f16, other)
+    r = cli_in_process("quantize", str(source), "Q8_0", "-o", str(other), "--force")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: the output would overwrite the source"), r.stderr
+    assert os.path.samefile(other, smollm2_f16) and sha256_file(source) == REF["f16_sha256"]
+    assert "never the source itself" in _flat("quantize.md")
+
+
 def test_a_folder_made_for_a_refused_quantization_is_removed(qcli: CLI, tmp_path: Path) -> None:
     """The folder -o DIR/ makes is for the result: a plan refused before a byte is written (here, requantizing
     without --allow-requantize) leaves no empty folders behind, and a folder that was there is kept."""

@@ -155,11 +155,8 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
             "loses more than quantizing from the original weights",
             hint="FROM an F16, BF16 or F32 model; or FROM this one without -q" if for_create else
             "quantize from an F16, BF16 or F32 file; --allow-requantize does it anyway")
-    try:
-        if out.resolve() == source.resolve():
-            raise UsageError("the output would overwrite the source")
-    except OSError:
-        pass
+    if _same_file(out, source):  # the file, not its spelling: MODEL.gguf is model.gguf on APFS and NTFS
+        raise UsageError("the output would overwrite the source")
     if out.exists() and out.is_dir():  # before --force's hint: it replaces a file only
         raise UsageError(f"{out} is a directory")
     if out.exists() and not out.is_file():  # /dev/null, a pipe: the result would be renamed over it
@@ -494,3 +491,16 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
         raise
     remember(out, job.made_from)
     return made, modelfile.write(dataclasses.replace(spec, base=made))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (os.path.samefile: the same device and inode, so another case of the name
+    on a case-insensitive disk, a hard link or a symbolic link all count); where either cannot be read, whether they
+    resolve to one path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        try:
+            return a.resolve() == b.resolve()
+        except OSError:
+            return False
