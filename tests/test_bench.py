@@ -167,6 +167,34 @@ def test_sweep_flags_reach_the_records_and_llama_cpp(bench_here: InProcessCLI,
     assert seen == {(*x, 16) for x in want}
 
 
+def test_where_the_peak_rss_cannot_be_reset_only_the_first_loads_rows_give_it(
+        bench_here: InProcessCLI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.md: where the peak cannot be started again (macOS: no /proc, and ru_maxrss never goes down), only
+    the first load's rows give the peak RSS; a later load's rows leave it empty instead of carrying the earlier
+    maximum over."""
+    import builtins
+
+    from localgen import hardware
+    from localgen.bench import runner
+
+    real_open, real_field = builtins.open, hardware.proc_kib_field
+
+    def no_proc(path: Any, *a: Any, **k: Any) -> Any:
+        if str(path).startswith("/proc"):
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(runner, "open", no_proc, raising=False)
+    monkeypatch.setattr(hardware, "proc_kib_field", lambda path, key: None if path.startswith("/proc/self")
+                        else real_field(path, key))
+    r = bench_here("bench", "-p", "8", "-n", "2", "-r", "1", "-t", "1,2", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(x["n_threads"], x["test"]) for x in recs] == [(1, "pp8"), (1, "tg2"), (2, "pp8"), (2, "tg2")]
+    assert all(x["peak_rss_bytes"] > 50 << 20 for x in recs[:2])
+    assert [x["peak_rss_bytes"] for x in recs[2:]] == [None, None]
+
+
 def test_default_threads_are_the_physical_cores_this_process_may_use(benv: dict[str, str]) -> None:
     """One thread per physical core, counted within the CPU affinity (and cgroup quota), not per logical CPU
     of the machine."""

@@ -78,12 +78,14 @@ class Progress:
         """All done."""
 
 
-def _reset_peak_rss() -> None:
+def _reset_peak_rss() -> bool:
+    """Start the peak resident set size again; False where it cannot be (macOS's ru_maxrss never goes down)."""
     try:  # Linux: writing 5 resets the peak resident set size (VmHWM)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
-        pass
+        return False
+    return True
 
 
 def _peak_rss() -> int | None:
@@ -153,7 +155,8 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                             cache_type_v=cfg.type_v, rpc=rpc,
                             n_cpu_moe=cfg.n_cpu_moe or None, override_tensor=cfg.override_tensor,
                             cpu_moe=cfg.cpu_moe, kv_unified=plan.kv_unified)
-        _reset_peak_rss()
+        # a peak that cannot be reset would carry an earlier load's over: only the first load's rows give it then
+        rss_measured = _reset_peak_rss() or cfg is plan.configs[0]
         engine = Engine(ref, params)
         moved_bytes(engine, ref.path)
         progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
@@ -184,9 +187,10 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                 probed = True
             for test in plan.tests:
                 if test.n_parallel > 1:
-                    yield _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact)
+                    result = _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact)
                 else:
-                    yield _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit)
+                    result = _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit)
+                yield result if rss_measured else dataclasses.replace(result, peak_rss=None)
         finally:
             engine.close()
     progress.end()
