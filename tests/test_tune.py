@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests import terminal
-from tests.conftest import CLI, InProcessCLI
+from tests.conftest import CLI, ROOT, InProcessCLI
 
 SETTINGS = {"flash_attn": False, "repack": False, "n_threads": 1, "n_threads_batch": 1, "n_ubatch": 128}
 
@@ -428,6 +428,44 @@ def test_other_works_share_leaves_this_process_own_time_out() -> None:
 
     assert others_share(CpuSample(100.0, 40.0, 5.0), CpuSample(110.0, 48.0, 8.0)) == 0.5  # 8 busy, 3 of them ours
     assert others_share(CpuSample(1.0, 1.0, 0.0), CpuSample(1.0, 1.0, 0.0)) is None
+
+
+def test_without_proc_stat_only_the_load_average_before_measuring_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune.md: on macOS (no /proc/stat) the load average just before measuring is what is checked, and nothing is
+    watched while measuring (the page said each configuration was watched there too)."""
+    import builtins
+
+    from localgen import hardware
+    from localgen.cli.cpuload import CpuLoad
+
+    real_open = builtins.open
+
+    def no_proc(path: Any, *a: Any, **k: Any) -> Any:
+        if str(path).startswith("/proc"):
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **k)
+
+    class Said:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def warn(self, text: str) -> None:
+            self.lines.append(text)
+
+        note = warn
+
+    monkeypatch.setattr(hardware, "open", no_proc, raising=False)
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 8)
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 6.0, 6.0))
+    err = Said()
+    load = CpuLoad.before(err)
+    load.sample(err)  # a configuration measured: nothing to sample it by
+    assert err.lines == ["this machine is busy (other work takes a load of 6.0 on 8 cores): the figures will "
+                         "reflect it, and the record is not kept unless --even-if-busy"]
+    assert load.busy() == "a load of 6.0 on 8 cores just before measuring"
+    text = " ".join((ROOT / "docs" / "tune.md").read_text().split())
+    assert ("Where there is no `/proc/stat` (macOS), only the load average just before measuring is checked (past "
+            "half the cores is busy)") in text
 
 
 def test_tune_measures_with_the_placement_and_keeps_the_record_for_it(cli_env: dict[str, str], tmp_path: Path,
