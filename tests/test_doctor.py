@@ -191,7 +191,7 @@ def test_doctor_on_a_mac_names_the_cpu_the_available_ram_and_metals_share(
 def test_metal_may_use_two_thirds_below_64_gib_and_three_quarters_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/models.md: Apple unified memory usable by Metal is two thirds of it below 64 GiB and three quarters
     from 64 GiB up (recommendedMaxWorkingSetSize: 10922.67 MiB on a 16 GB M1 Pro), and the plan's memory on
-    such a Mac is no more than that."""
+    such a Mac is no more than that, nor more than is available now (models loaded already hold the rest)."""
     from localgen import hardware
     from localgen.models import fit
 
@@ -200,3 +200,5 @@ def test_metal_may_use_two_thirds_below_64_gib_and_three_quarters_from_it(monkey
         [gpu] = hardware.gpus()
         assert gpu.unified and gpu.free is None and abs((gpu.total or 0) - metal) < 1 << 20
         assert fit.this_machine(True).gpus == (gpu.total,)
+    _as_a_mac(monkeypatch, 16 << 30, {"vm_stat": _VM_STAT})  # 4 GiB available: models loaded hold the rest
+    assert fit.this_machine(True).gpus == (4 << 30,) and fit.this_machine(True).ram == 4 << 30

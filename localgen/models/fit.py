@@ -60,9 +60,10 @@ def this_machine(offload: bool) -> Machine:
     g = hardware.gpus() if offload else []
     ram = hardware.available_ram_bytes() or hardware.total_ram_bytes() or 0
     unified = bool(g and g[0].unified)
-    if unified:  # what Metal may use of it (hardware.gpus)
-        metal = g[0].total or 0
-        return Machine(ram=min(ram, metal) if ram else metal, gpus=(metal,), unified=True)
+    if unified:  # what Metal may use of it (hardware.gpus), and no more than is available now: what models
+        # loaded already (this process's or another's) hold is not
+        metal = min(ram, g[0].total or 0) if ram else g[0].total or 0
+        return Machine(ram=metal, gpus=(metal,), unified=True)
     if any(x.free is None for x in g):  # nvidia-smi says [N/A] (MIG, unified-memory chips): ask llama.cpp
         return Machine(ram=ram, gpus=_ggml_gpu_free() or tuple(x.free or 0 for x in g))
     return Machine(ram=ram, gpus=tuple(x.free or 0 for x in g))
