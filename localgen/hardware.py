@@ -116,8 +116,8 @@ def proc_kib_field(path: str, key: str) -> int | None:
 
 
 def available_ram_bytes() -> int | None:
-    """Memory available to new allocations (Linux MemAvailable; on macOS vm_stat's free, inactive and
-    speculative pages), or None."""
+    """Memory available to new allocations (Linux MemAvailable; on macOS what vm_stat says apps, the kernel and
+    the compressor do not hold), or None."""
     found = proc_kib_field("/proc/meminfo", "MemAvailable")
     return found if found is not None else _vm_stat_available()
 
@@ -137,24 +137,35 @@ def _darwin_output(argv: list[str]) -> str | None:
 
 
 def _vm_stat_available() -> int | None:
-    """macOS: free + inactive + speculative pages, from vm_stat, in bytes; None where it cannot be read."""
+    """macOS: the RAM that apps' own memory, the kernel's wired pages and the compressor do not hold, from vm_stat,
+    in bytes (Activity Monitor's sum, turned round): the file cache counts as available, as in Linux's MemAvailable,
+    so a model file read before (llama.cpp maps it) does not look as if it held the memory. Without the anonymous
+    pages line (an older vm_stat), free + inactive + speculative + purgeable pages. None where it cannot be read."""
     import re
 
     text = _darwin_output(["vm_stat"])
     if not text:
         return None
     size = re.search(r"page size of (\d+) bytes", text)
-    pages = {m[1]: int(m[2]) for m in re.finditer(r"^Pages (free|inactive|speculative):\s+(\d+)\.?\s*$", text,
-                                                   re.MULTILINE)}
+    pages = {m[1].lower(): int(m[2]) for m in re.finditer(
+        r"^(?:Pages )?(free|inactive|speculative|purgeable|wired down|occupied by compressor|Anonymous pages)"
+        r":\s+(\d+)\.?\s*$", text, re.MULTILINE)}
     if not size or "free" not in pages:
         return None
-    return sum(pages.values()) * int(size[1])
+    page = int(size[1])
+    total = total_ram_bytes()
+    if total and "anonymous pages" in pages:
+        held = (max(0, pages["anonymous pages"] - pages.get("purgeable", 0)) + pages.get("wired down", 0)
+                + pages.get("occupied by compressor", 0)) * page
+        return max(0, total - held)
+    return sum(pages.get(k, 0) for k in ("free", "inactive", "speculative", "purgeable")) * page
 
 
 def metal_budget(total: int) -> int:
-    """What Metal lets a process use of `total` bytes of unified memory (Apple's recommendedMaxWorkingSetSize,
-    as llama.cpp's load logs show it): two thirds below 64 GiB, three quarters from 64 GiB up."""
-    return total * 3 // 4 if total >= 64 << 30 else total * 2 // 3
+    """What Metal lets a process use of `total` bytes of unified memory (about Apple's recommendedMaxWorkingSetSize,
+    as llama.cpp's load logs show it): two thirds up to 32 GiB (10,922.67 MiB on 16 GiB, 21,845.34 MiB on 32 GiB),
+    three quarters above (27 GiB on 36 GiB; recent macOS gives the largest Macs a little more)."""
+    return total * 3 // 4 if total > 32 << 30 else total * 2 // 3
 
 
 class GPU:

@@ -502,5 +502,5 @@ def _same_file(a: Path, b: Path) -> bool:
     except OSError:
         try:
             return a.resolve() == b.resolve()
-        except OSError:
+        except (OSError, RuntimeError):  # RuntimeError: a link loop, on Python 3.11 and 3.12
             return False

@@ -190,7 +190,8 @@ class ResidencyOptions(OptionGroup):
         str | None, typer.Option("--max-memory", rich_help_panel=SERVE, show_default=False, metavar="SIZE",
                                  help="Memory the loaded models may take together, each by its estimate (weights, "
                                       "KV cache, buffers), e.g. 12G (default: 90% of this machine's RAM, plus its "
-                                      "GPUs' memory when offloading).")
+                                      "GPUs' memory when offloading; on Apple Silicon when offloading, no more than "
+                                      "Metal may use).")
     ] = None
     load_wait: Annotated[
         float, typer.Option("--load-wait", min=1, max=3600, rich_help_panel=SERVE, metavar="SECONDS",
