@@ -125,3 +125,16 @@ def test_ffmpeg_exe_and_ffprobe_exe_are_found(tmp_path: Path, monkeypatch: pytes
     (folder / "ffprobe.exe").unlink()
     assert media.ffmpeg_dir() is None
 
+
+def test_an_mcp_command_line_keeps_its_backslashes_on_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows paths: a backslash is a backslash, double quotes group words (CommandLineToArgvW's rules); a
+    quote left open is still the usage error."""
+    from localgen.tools.mcpconfig import one, targets
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert targets([r"C:\tools\srv.exe --root D:\data"])[0].argv == (r"C:\tools\srv.exe", "--root", r"D:\data")
+    assert one(r'"C:\Program Files\srv\srv.exe" --name "a \"b\"" \\host\share').argv == (
+        r"C:\Program Files\srv\srv.exe", "--name", 'a "b"', r"\\host\share")
+    with pytest.raises(UsageError, match="is not a command line"):
+        one(r'"C:\Program Files\srv.exe --x')
+
