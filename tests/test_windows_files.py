@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import sys
 import types
 from collections.abc import Callable
@@ -138,3 +139,28 @@ def test_an_mcp_command_line_keeps_its_backslashes_on_windows(monkeypatch: pytes
     with pytest.raises(UsageError, match="is not a command line"):
         one(r'"C:\Program Files\srv.exe --x')
 
+
+def test_a_port_check_on_windows_binds_exclusively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows lets a bind with SO_REUSEADDR take a port another program listens on: the checks of serve and rpc
+    bind with SO_EXCLUSIVEADDRUSE there, so a port in use is their one-line error."""
+    from localgen.cli import rpc
+    from localgen.cli.serve import checks
+
+    exclusive = -5  # Windows' value (~SO_REUSEADDR)
+    options: list[int] = []
+    real = socket.socket.setsockopt
+
+    def setsockopt(self: socket.socket, level: int, option: int, value: Any) -> None:
+        options.append(option)
+        if option != exclusive:
+            real(self, level, option, value)
+
+    monkeypatch.setattr(socket, "SO_EXCLUSIVEADDRUSE", exclusive, raising=False)
+    monkeypatch.setattr(socket.socket, "setsockopt", setsockopt)
+    monkeypatch.setattr(sys, "platform", "win32")
+    checks.check_port("127.0.0.1", 0)
+    rpc._can_listen("127.0.0.1", 0)
+    assert options == [exclusive, exclusive]
+    monkeypatch.setattr(sys, "platform", "linux")
+    checks.check_port("127.0.0.1", 0)
+    assert options[-1] == socket.SO_REUSEADDR
