@@ -97,7 +97,7 @@ def ffmpeg_dir() -> str | None:
     found = shutil.which("ffmpeg")
     if found and shutil.which("ffprobe"):
         folder = os.path.dirname(os.path.realpath(found))
-        if os.access(os.path.join(folder, "ffprobe"), os.X_OK):
+        if _program(folder, "ffprobe"):
             return folder
     import importlib.util
 
@@ -107,9 +107,20 @@ def ffmpeg_dir() -> str | None:
         spec = None
     for base in (spec.submodule_search_locations or []) if spec is not None else []:
         folder = os.path.join(base, "binaries")
-        if all(os.access(os.path.join(folder, name), os.X_OK) for name in ("ffmpeg", "ffprobe")):
+        if all(_program(folder, name) for name in ("ffmpeg", "ffprobe")):
             return folder
     return None
+
+
+def _program(folder: str, name: str) -> bool:
+    """Whether `folder` holds the program `name` (on Windows with one of PATHEXT's endings: ffprobe.exe)."""
+    import os
+    import sys
+
+    ends = [""]
+    if sys.platform == "win32":  # PATHEXT's endings, which Windows matches in any case
+        ends = [e.lower() for e in (os.environ.get("PATHEXT") or ".COM;.EXE;.BAT;.CMD").split(";") if e]
+    return any(os.path.isfile(p := os.path.join(folder, name + end)) and os.access(p, os.X_OK) for end in ends)
 
 
 def no_ffmpeg(what: str) -> MediaError:

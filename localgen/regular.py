@@ -23,7 +23,8 @@ def read_regular(path: Path, limit: int, whole: bool = False, what: str = "such 
     file, no permission) is the caller's."""
     if not stat.S_ISREG(mode := os.stat(path).st_mode):
         raise Unreadable(_kind(mode))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    flags = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)  # Windows: no \r\n
+    fd = os.open(path, os.O_RDONLY | flags)
     with open(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # replaced since the stat

@@ -22,7 +22,7 @@ from localgen.errors import LocalgenError
 from localgen.models import fit, names
 from localgen.models.quant import RemoteFile, group_options, pick, quant_tag
 from tests import hub_server
-from tests.conftest import ROOT, default_sigint
+from tests.conftest import ROOT, InProcessCLI, default_sigint
 from tests.forkserver import ForkServer
 
 REPO = "acme/SmolLM2-GGUF"
@@ -414,6 +414,44 @@ def test_hostile_file_names_never_leave_the_cache(env: dict[str, str], hub: hub_
     r = lg(env, "pull", "evil/repo:Q4_0")
     assert r.returncode == 1 and "unsafe file name" in r.stderr
     assert not list(tmp_path.rglob("escaped*")) and not list(Path(env["HF_HUB_CACHE"]).parent.rglob("escaped*"))
+
+
+def test_where_no_symlink_can_be_made_the_snapshot_is_a_hard_link_that_list_show_and_rm_read(
+        env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows without Developer Mode makes no symlinks (WinError 1314): the snapshot is the blob's hard link, as
+    huggingface_hub falls back to, and list, show and rm find the blob behind it (rm frees it with its last name);
+    where the disk has no hard links either, a copy."""
+    def no_symlink(*args: object, **kw: object) -> None:
+        raise OSError(1314, "A required privilege is not held by the client")
+
+    monkeypatch.setattr(os, "symlink", no_symlink)
+    run = InProcessCLI({"LOCALGEN_HOME": env["LOCALGEN_HOME"], "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": None,
+                        "HF_HUB_CACHE": env["HF_HUB_CACHE"], "NO_COLOR": "1"})
+    b = blob(env, model_file.sha256)
+    for tag in ("Q4_1", "Q8_0"):  # same bytes: one blob, two names
+        r = run("pull", f"{REPO}:{tag}")
+        assert r.returncode == 0 and r.stdout.startswith(f"{REPO}:{tag}  Q4_1  94 MiB  "), r.stderr
+    link = b.parent.parent / "snapshots" / COMMIT / FILE
+    assert not link.is_symlink() and os.path.samefile(link, b)
+    listed = {i["name"] for i in json.loads(run("list", "--json").stdout)}
+    assert {f"{REPO}:Q4_1", f"{REPO}:Q8_0"} <= listed
+    assert json.loads(run("show", f"{REPO}:Q4_1", "--json").stdout)["sha256"] == model_file.sha256
+    r = run("rm", f"{REPO}:Q4_1", "--yes")
+    assert r.stdout == "removed 1 file(s), freed 0 bytes (data another cached model uses was kept)\n", r.stderr
+    assert b.is_file()
+    r = run("rm", f"{REPO}:Q8_0", "--yes")
+    assert r.returncode == 0 and r.stdout == "removed 1 file(s), freed 94 MiB\n", r.stdout
+    assert not b.exists()
+
+    def no_link(*args: object, **kw: object) -> None:
+        raise OSError(1, "hard links are not supported")
+
+    monkeypatch.setattr(os, "link", no_link)  # FAT32, exFAT
+    assert run("pull", f"{REPO}:Q4_1").returncode == 0
+    assert link.is_file() and not link.is_symlink() and link.read_bytes()[:4] == b"GGUF"
+    assert f"{REPO}:Q4_1" in {i["name"] for i in json.loads(run("list", "--json").stdout)}
+    assert run("rm", f"{REPO}:Q4_1", "--yes").returncode == 0 and not link.exists()
 
 
 def test_list_show_rm(env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests import registry_server
-from tests.conftest import ROOT
+from tests.conftest import ROOT, InProcessCLI
 from tests.forkserver import ForkServer
 from tests.hub_server import HubFile
 from tests.registry_server import MANIFEST_TYPE, FakeRegistry
@@ -127,6 +128,20 @@ def test_pull_stores_ollama_s_layout_that_run_list_and_show_read(lg: Lg, reg: Fa
     shown = json.loads(lg("show", name(reg), "--json").stdout)
     assert shown["name"] == name(reg) and shown["sha256"] == gguf.sha256, shown
     assert f"SYSTEM {SYSTEM.decode()}\n" in lg("show", name(reg), "--modelfile").stdout
+
+
+def test_pull_writes_its_manifest_where_python_has_no_fchmod(env: dict[str, str], reg: FakeRegistry,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python on Windows has os.fchmod only from 3.13: the manifest (0644, as the blobs are) is written without
+    it."""
+    monkeypatch.delattr(os, "fchmod", raising=False)
+    run = InProcessCLI({"LOCALGEN_HOME": env["LOCALGEN_HOME"], "OLLAMA_MODELS": env["OLLAMA_MODELS"],
+                        "HF_HUB_OFFLINE": None, "NO_COLOR": "1"})
+    r = run("pull", name(reg, "smollm2:plain"))
+    assert r.returncode == 0, r.stderr
+    manifest = Path(env["LOCALGEN_HOME"]) / "data" / "ollama" / "manifests" / reg.host / "library" / "smollm2"
+    assert (manifest / "plain").read_bytes() == reg.manifests["library/smollm2:plain"]
+    assert (manifest / "plain").stat().st_mode & 0o777 == 0o644
 
 
 def test_a_cut_connection_resumes_and_a_partial_blob_never_takes_its_digest_s_name(lg: Lg, reg: FakeRegistry,

@@ -64,8 +64,9 @@ def _can_listen(host: str, port: int) -> None:
     except ValueError:
         raise UsageError(f"--host takes an IPv4 address (llama.cpp's RPC server listens on IPv4 only), not {host!r}",
                          hint="127.0.0.1 for this machine alone, 0.0.0.0 for every interface") from None
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as llama.cpp's server does
+    from localgen.cli.serve.checks import probe_socket
+
+    with probe_socket(socket.AF_INET) as s:  # SO_REUSEADDR as llama.cpp's server does (exclusive on Windows)
         try:
             s.bind((host, port))
         except OSError as e:

@@ -149,6 +149,9 @@ class LogitsReader:
         need = self.data_at + 2 * self.width * self.scored * self.n_chunk
         if size < need:
             raise UsageError(f"{path} ends early: {size:,} bytes of the {need:,} its header announces")
+        if size > need:  # llama-perplexity and --save-logits write exactly what the header announces
+            raise UsageError(f"{path} is not a logits file as its header describes: {size:,} bytes, not the "
+                             f"{need:,} it announces")
         self.tokens = np.fromfile(path, dtype="<i4", count=self.n_ctx * self.n_chunk, offset=20).astype(np.int32)
         self._rows: Any = np.memmap(path, dtype="<u2", mode="r", offset=self.data_at,
                                shape=(self.n_chunk, self.scored, self.width))
@@ -180,7 +183,7 @@ class LogitsWriter:
         self.tmp: Path | None = None  # the named temp file, where the folder takes no unnamed one
         if fd is None:
             self.tmp = temp_path(path)
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o666)
         self.f = os.fdopen(fd, "wb")  # closed by commit or discard
         self.f.write(MAGIC + np.array([w.n_ctx, n_vocab, w.n_chunk], dtype="<i4").tobytes())
         self.f.write(np.ascontiguousarray(w.tokens[: w.n_ctx * w.n_chunk], dtype="<i4").tobytes())

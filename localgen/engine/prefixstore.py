@@ -341,7 +341,7 @@ def _token_count(path: Path) -> int | None:
 def _write_atomic(path: Path, parts: list[Any]) -> None:
     """Write `parts` to a temporary file beside `path` (0600), then rename it into place."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             for part in parts:

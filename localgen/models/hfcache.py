@@ -99,11 +99,11 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: 
         ref = repo_dir(repo) / "refs" / revision
     where = link
     try:
-        if not (link.is_symlink() and os.readlink(link) == rel):
+        if not (link.is_symlink() and os.readlink(link) == rel) and not _same_file(link, blob):
             link.parent.mkdir(parents=True, exist_ok=True)
             tmp = link.with_name(f".{link.name}.{os.getpid()}.lnk")  # (its failure is the link's: named so)
             tmp.unlink(missing_ok=True)
-            os.symlink(rel, tmp)
+            _link(blob, rel, tmp)
             os.replace(tmp, link)
             paths.fsync_dir(link.parent)
         if ref is not None and revision and cached_commit(repo, revision) != commit:
@@ -113,6 +113,30 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: 
     except OSError as e:
         raise LocalgenError(f"cannot write {where} in the Hugging Face cache: {e.strerror or e}") from None
     return link
+
+
+def _link(blob: Path, rel: str, tmp: Path) -> None:
+    """`tmp` as the blob: a relative symlink; where the system makes none (Windows without Developer Mode), a hard
+    link, else a copy, as huggingface_hub falls back to."""
+    try:
+        os.symlink(rel, tmp)
+        return
+    except (OSError, NotImplementedError):
+        tmp.unlink(missing_ok=True)
+    try:
+        os.link(blob, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(blob, tmp)
+
+
+def _same_file(link: Path, blob: Path) -> bool:
+    """Whether `link` is a hard link to `blob` (what _link made where no symlink can be)."""
+    try:
+        return not link.is_symlink() and os.path.samefile(link, blob)
+    except OSError:
+        return False
 
 
 def cached_commit(repo: str, revision: str) -> str | None:

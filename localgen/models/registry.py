@@ -201,7 +201,7 @@ def _write(path: Path, raw: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            os.fchmod(out.fileno(), 0o644)  # as the blobs are (mkstemp's file is 0600)
+            os.chmod(tmp, 0o644)  # as the blobs are (mkstemp's file is 0600); by name: Windows has os.fchmod from 3.13
             out.write(raw)
         os.replace(tmp, path)
     except BaseException:

@@ -356,7 +356,7 @@ def _discard(repo: str, paths: list[Path]) -> None:
     """Remove these snapshot files of a repo from the cache (a blob another link uses stays)."""
     for p in paths:
         if p.is_symlink() or p.exists():
-            blob = p.resolve()
+            blob = store.blob_of(p) if p.exists() else p
             p.unlink()
             if blob != p and blob.exists() and not _linked(repo, blob):
                 blob.unlink()
@@ -365,7 +365,9 @@ def _discard(repo: str, paths: list[Path]) -> None:
 def _linked(repo: str, blob: Path) -> bool:
     """Whether any snapshot link of the repo still points at this blob."""
     snaps = hfcache.repo_dir(repo) / "snapshots"
-    return any(p.is_symlink() and p.resolve() == blob for p in snaps.rglob("*")) if snaps.is_dir() else False
+    if not snaps.is_dir():
+        return False
+    return any(p.is_file() and store.blob_of(p) == blob for p in snaps.rglob("*"))  # a link, or a hard link
 
 
 def embedded_model(name: str, local: bool = True) -> embedded.EmbeddedModel | None:

@@ -55,10 +55,29 @@ def cached_files(repo: str | None = None) -> Iterator[CachedFile]:
                 if not is_model_gguf(rel) or (m and m.group(1) != "00001"):
                     continue
                 try:
-                    blob = path.resolve(strict=True)
+                    blob = blob_of(path)
                 except OSError:
                     continue
                 yield CachedFile(repo=name, commit=commit_dir.name, filename=rel, link=path, blob=blob)
+
+
+def blob_of(path: Path) -> Path:
+    """The blob a snapshot file's bytes are: where its symlink points, or, for a hard link (made where the system
+    makes no symlinks), the file of its repo's blobs/ that is the same file; a copy is its own. OSError when it is
+    gone."""
+    blob = path.resolve(strict=True)
+    if path.is_symlink():
+        return blob
+    st = os.stat(path)
+    if st.st_nlink > 1:
+        repo = next((d for d in path.parents if d.name.startswith("models--")), None)
+        for b in (repo / "blobs").iterdir() if repo is not None and (repo / "blobs").is_dir() else []:
+            try:
+                if os.path.samestat(st, b.stat()):
+                    return b
+            except OSError:
+                continue
+    return blob
 
 
 def split_parts(f: CachedFile) -> list[Path]:
@@ -91,14 +110,14 @@ def remove(files: list[CachedFile]) -> tuple[list[Path], list[Path]]:
     targets: list[Path] = []
     for f in files:
         targets.extend(p for p in split_parts(f) if p.is_symlink() or p.exists())
-    blobs = {p.resolve() for p in targets if p.exists()}
+    blobs = {blob_of(p) for p in targets if p.exists()}
     removing = {p.absolute() for p in targets}
     still_used = set()
     for other in hfcache.hub_cache().glob("models--*/snapshots/*/**/*"):
-        if other.absolute() in removing or not other.is_symlink():
+        if other.absolute() in removing or not (other.is_symlink() or other.is_file()):
             continue
         try:
-            still_used.add(other.resolve(strict=True))
+            still_used.add(blob_of(other))
         except OSError:
             continue
     for p in targets:

@@ -142,7 +142,7 @@ class Progress:
             self._append("output.jsonl" if ok else "errors.jsonl", line)
 
     def _append(self, name: str, line: bytes) -> None:
-        fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o600)
         try:
             start = os.fstat(fd).st_size
             try:

@@ -52,7 +52,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     """`data` at `path`, whole or not at all: a temporary file (0600) synced, renamed, and the folder synced."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")  # writers in two threads: two names
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
         with open(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -107,7 +107,7 @@ class FileStore:
         target = folder / f"{ident}.jsonl"
         tmp = folder / f".{ident}.{os.getpid()}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
             with open(fd, "wb") as f:
                 shutil.copyfileobj(source, f, 1 << 20)
                 f.flush()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,57 @@ def one(value: str) -> McpTarget:
     if value.startswith(("http://", "https://")):
         return McpTarget(label, url=value)
     try:
-        argv = tuple(shlex.split(value))
+        argv = tuple(windows_split(value) if sys.platform == "win32" else shlex.split(value))
     except ValueError as e:  # a quote left open: the command line itself is wrong
         raise UsageError(f"--mcp {value!r} is not a command line: {e}") from None
     if not argv:
         raise UsageError("--mcp needs a command line, a URL, or a JSON file of servers")
     return McpTarget(label, argv=argv)
+
+
+def windows_split(line: str) -> list[str]:
+    """`line` cut into words as a Windows program cuts its command line (CommandLineToArgvW's rules): a backslash
+    is itself (C:\\tools\\srv.exe), except in a run before a double quote, where each two are one and an odd
+    one makes the quote a character; double quotes group words, and "" inside them is one. ValueError for a
+    quote left open, as shlex gives."""
+    words: list[str] = []
+    word: list[str] = []
+    quoted = started = False
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == "\\":
+            j = i
+            while j < len(line) and line[j] == "\\":
+                j += 1
+            n, i = j - i, j
+            quote_follows = line[i:i + 1] == '"'
+            word.append("\\" * (n // 2 if quote_follows else n))
+            if quote_follows and n % 2:
+                word.append('"')
+                i += 1
+            started = True
+            continue
+        if c == '"':
+            if quoted and line[i + 1:i + 2] == '"':
+                word.append('"')
+                i += 1
+            else:
+                quoted = not quoted
+            started = True
+        elif c in " \t" and not quoted:
+            if started:
+                words.append("".join(word))
+                word, started = [], False
+        else:
+            word.append(c)
+            started = True
+        i += 1
+    if quoted:
+        raise ValueError("No closing quotation")
+    if started:
+        words.append("".join(word))
+    return words
 
 
 def from_file(path: Path) -> list[McpTarget]:

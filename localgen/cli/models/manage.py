@@ -297,7 +297,7 @@ def rm(
     total = sum(store.total_size(f) for f in files)
     _warn_presets_on(name)
     _confirm(", ".join(f"{f.repo}/{f.filename}" for f in files), total, yes)
-    sizes = {p.resolve(): p.resolve().stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
+    sizes = {(b := store.blob_of(p)): b.stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
     links, blobs = store.remove(files)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"

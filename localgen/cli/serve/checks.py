@@ -16,6 +16,8 @@ from localgen.errors import LocalgenError, UsageError
 from localgen.units import parse_bytes
 
 if TYPE_CHECKING:
+    import socket
+
     from localgen.serve.guard import Policy
     from localgen.serve.residency import Residency
     from localgen.serve.servelog import ServeLog
@@ -317,6 +319,21 @@ def _checked_key(key: str, where: str) -> str:
     return key
 
 
+def probe_socket(family: int) -> socket.socket:
+    """A socket to bind as the server will listen: on Windows exclusively (a bind with SO_REUSEADDR there takes a
+    port another program listens on, so a busy port would pass), elsewhere with SO_REUSEADDR (as servers listen:
+    a port still in TIME_WAIT is free)."""
+    import socket
+    import sys
+
+    s = socket.socket(family, socket.SOCK_STREAM)
+    if sys.platform == "win32":
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
+    else:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return s
+
+
 def check_port(host: str, port: int) -> None:
     """A port in use, or an address this machine cannot listen on, is a one-line error now, not a log line from
     the server later; the hint fits the cause."""
@@ -325,8 +342,7 @@ def check_port(host: str, port: int) -> None:
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets, as URLs write it
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with probe_socket(family) as s:
         try:
             s.bind((host, port))
         except socket.gaierror as e:  # the name does not resolve
