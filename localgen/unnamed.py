@@ -51,6 +51,10 @@ def drop_stale(target: Path) -> None:
 
 def running(pid: int) -> bool:
     """Whether a process of that id is running (one of another user's counts, as does a check that fails otherwise)."""
+    import sys
+
+    if sys.platform == "win32":  # where os.kill(pid, 0) would send a Ctrl-C (signal 0 is CTRL_C_EVENT)
+        return _running_windows(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -58,3 +62,25 @@ def running(pid: int) -> bool:
     except OSError:
         return True
     return True
+
+
+def _running_windows(pid: int) -> bool:
+    """running() on Windows: the process opened and asked for its exit code; running where that cannot be told."""
+    import ctypes
+
+    try:
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+        kernel32.OpenProcess.restype = ctypes.c_void_p  # a HANDLE, not C's int
+        kernel32.GetExitCodeProcess.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulong))
+        kernel32.CloseHandle.argtypes = (ctypes.c_void_p,)
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            gone = ctypes.get_last_error() == 87  # type: ignore[attr-defined]  # ERROR_INVALID_PARAMETER: no such id
+            return not gone
+        try:
+            code = ctypes.c_ulong()
+            return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
+    except (AttributeError, OSError):  # no kernel32 to ask
+        return True

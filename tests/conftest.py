@@ -265,7 +265,8 @@ class InProcessCLI:
         from localgen.cli.main import main
 
         # main() installs its own (serve: SIGTERM's and SIGHUP's too); the test session keeps pytest's
-        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        watched = (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))  # none: Windows, simulated
+        handlers = {sig: signal.getsignal(sig) for sig in watched if sig is not None}
         try:
             with CliRunner().isolation(input=input or "", env=self.env) as (out, err, _):
                 try:

@@ -135,6 +135,21 @@ def test_every_output_format(benv: dict[str, str], bench_here: InProcessCLI) -> 
     assert bad.returncode == 2 and "--output must be one of" in bad.stderr
 
 
+def test_bench_measures_where_there_is_no_resource_module(bench_here: InProcessCLI,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows has neither /proc nor the resource module: the peak memory is not measured (null, an empty cell),
+    where bench was an ImportError traceback after its first measurement."""
+    from localgen import hardware
+
+    proc_field = hardware.proc_kib_field
+    monkeypatch.setattr(hardware, "proc_kib_field", lambda path, key: None if key == "VmHWM" else proc_field(path, key))
+    monkeypatch.setitem(sys.modules, "resource", None)
+    r = bench_here("bench", "-p", "16", "-n", "4", "-r", "1", "--no-e2e", "-o", "jsonl")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["test"] for x in records] == ["pp16", "tg4"] and all(x["peak_rss_bytes"] is None for x in records)
+
+
 def test_sweep_flags_reach_the_records_and_llama_cpp(bench_here: InProcessCLI,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's sweep flags: every combination is a record carrying its settings, and each context llama.cpp

@@ -19,7 +19,7 @@ import pytest
 from localgen.chat.session import ChatSession
 from localgen.cli.chat.render import PlainView, split_blocks
 from tests import terminal
-from tests.conftest import CLI, ROOT, SAFETY_NET_S, default_sigint
+from tests.conftest import CLI, ROOT, SAFETY_NET_S, InProcessCLI, default_sigint
 
 PROMPT = ">>>"
 SCREEN = (40, 120)
@@ -360,6 +360,14 @@ def test_scripted_chat_prints_answers_plainly(cli: CLI) -> None:
     assert "\x1b[" not in r.stdout
     assert r.stderr.count("tok/s") == 3
     assert "temperature = 0" in r.stderr
+
+
+def test_a_chat_runs_where_there_is_no_sighup(cli_in_process: InProcessCLI,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows has no SIGHUP: every chat was an AttributeError traceback once the model had loaded."""
+    monkeypatch.delattr(signal, "SIGHUP")
+    r = cli_in_process("chat", "-n", "4", input="Hello\n")
+    assert r.returncode == 0 and r.stdout.strip() and "Traceback" not in r.stderr, r.stderr
 
 
 def test_piped_chat_writes_each_answer_byte_for_byte(cli: CLI) -> None:

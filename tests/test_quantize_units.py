@@ -244,6 +244,44 @@ def test_a_temp_file_a_dead_process_left_is_removed_by_the_next_quantize(tmp_pat
     assert not stale.exists() and live.exists()
 
 
+def test_a_temp_file_s_process_is_asked_for_without_a_signal_on_windows(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Windows os.kill(pid, 0) sends a Ctrl-C (signal 0 is CTRL_C_EVENT there): whether the process that left
+    a temp file runs is asked of kernel32 (OpenProcess, GetExitCodeProcess), simulated here."""
+    import ctypes
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from localgen.unnamed import drop_stale
+
+    def no_kill(pid: int, sig: int) -> None:
+        raise AssertionError(f"os.kill({pid}, {sig}) on Windows")
+
+    last_error = [0]
+
+    def open_process(access: int, inherit: bool, pid: int) -> int:
+        if pid == 4242:
+            return 7  # a handle
+        last_error[0] = 87  # ERROR_INVALID_PARAMETER: no process of that id
+        return 0
+
+    def exit_code(handle: int, code: Any) -> int:
+        code._obj.value = 259  # STILL_ACTIVE
+        return 1
+
+    kernel32 = SimpleNamespace(OpenProcess=open_process, GetExitCodeProcess=exit_code, CloseHandle=lambda h: 1)
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(os, "kill", no_kill)
+    monkeypatch.setattr(ctypes, "WinDLL", lambda name, use_last_error=False: kernel32, raising=False)
+    monkeypatch.setattr(ctypes, "get_last_error", lambda: last_error[0], raising=False)
+    stale, live = tmp_path / ".m.gguf.4141.partial", tmp_path / ".m.gguf.4242.partial"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    drop_stale(tmp_path / "m.gguf")
+    assert not stale.exists() and live.exists()
+
+
 def test_one_window_is_one_window() -> None:
     """perplexity's lines count windows in words that agree with the number."""
     from types import SimpleNamespace

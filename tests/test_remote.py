@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import CLI, assert_same_greedy_text
+from tests.conftest import CLI, ROOT, SAFETY_NET_S, assert_same_greedy_text
 from tests.fake_openai import FakeServer, GatheringServer, StrictServer
 from tests.test_serve import Server
 
@@ -491,6 +492,22 @@ def test_resume_from_a_crash_that_cut_a_character_in_two(cli: CLI, tmp_path: Pat
     assert lines[1] == torn and len(lines) == 3, "the torn line is left as it was, and ended"
     again, first = json.loads(lines[2]), json.loads(full.stdout.splitlines()[1])
     assert (again["line"], again["text"], again["seed"]) == (2, first["text"], first["seed"])
+
+
+def test_resume_from_appends_where_there_is_no_fcntl(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Windows has no fcntl to ask whether stdout appends: `--resume-from out.jsonl >> out.jsonl` appends the
+    rest there too (it was an ImportError traceback), and `>` cannot be told from it (docs/remote.md)."""
+    prompts, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text('{"prompt": "Say hi.", "max_tokens": 2}\n{"prompt": "Say yes.", "max_tokens": 2}\n')
+    out.write_text('{"line": 1, "text": "hi"}\n')
+    windows = "import sys; sys.modules['fcntl'] = None; from localgen.cli.main import main; main()"
+    with open(out, "a") as sink:
+        r = subprocess.run([sys.executable, "-c", windows, "run", "--file", str(prompts), "--json", "--resume-from",
+                            str(out), "--stats"], stdout=sink, stderr=subprocess.PIPE, text=True, env=cli_env,
+                           cwd=ROOT, timeout=SAFETY_NET_S)
+    assert r.returncode == 0 and "1 already answered" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["line"] for x in lines] == [1, 2] and lines[0]["text"] == "hi", lines
 
 
 def test_resume_from_skips_answered_lines(cli: CLI, two: tuple[Server, Server], tmp_path: Path) -> None:

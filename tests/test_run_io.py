@@ -75,6 +75,34 @@ def test_stdin_that_is_not_utf8_is_told_alike_under_any_locale(cli: CLI, strict_
                                 b"is not UTF-8\n"), chat.stderr
 
 
+def test_output_in_a_code_page_that_lacks_a_character_is_written_as_utf8(cli: CLI) -> None:
+    """run.md: stdout and stderr that are not a terminal write UTF-8. Windows's redirected output is in the ANSI code
+    page, strictly (PYTHONIOENCODING=cp1252 here): an answer holding 你好 ✓ was a UnicodeEncodeError traceback,
+    and an error line naming them said \\u4f60."""
+    cp1252 = {"LANG": "C.UTF-8", "PYTHONIOENCODING": "cp1252"}
+    r = _fresh(cli, ["run", "--grammar", 'root ::= "你好 ✓"', "-n", "16", "Say hi."], b"", cp1252)
+    assert r.returncode == 0 and r.stdout == "你好 ✓\n".encode(), r.stderr.decode()[-2000:]
+    r = _fresh(cli, ["run", "-m", "你好✓", "hi"], b"", cp1252)
+    assert r.returncode == 1 and "你好✓".encode() in r.stderr and b"Traceback" not in r.stderr, r.stderr
+
+
+def test_a_terminal_that_is_not_utf8_shows_a_question_mark_for_what_it_cannot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A console in a code page (cp1252): the answer's 你 is `?` there, never a UnicodeEncodeError."""
+    from localgen.cli.main import utf8_output
+
+    class Console(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return True
+
+    shown = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", Console(shown, encoding="cp1252", errors="strict"))
+    utf8_output()
+    sys.stdout.write("你 é\n")
+    sys.stdout.flush()
+    assert shown.getvalue() == "? é\n".encode("cp1252")
+
+
 def _closing_stdout() -> None:
     os.close(1)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -493,6 +494,17 @@ def test_run_with_a_stdio_mcp_server(cli: CLI, cli_in_process: InProcessCLI, mon
     said = r.stderr.strip().partition("it said: ")[2]
     assert r.returncode == 1 and said.endswith(" …") and said[:-2] in words, r.stderr
     assert said[:-2].split()[-1] in words.split(), r.stderr
+
+
+def test_an_mcp_server_that_dies_says_why_where_there_is_no_pread(cli_in_process: InProcessCLI,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows has no os.pread: the server's last line on stderr is read all the same, where the one-line error
+    was an AttributeError traceback."""
+    monkeypatch.delattr(os, "pread")
+    dying = f"{sys.executable} -c \"import sys; sys.exit('No module named mcp (a test)')\""
+    r = _run(cli_in_process, "--mcp", dying, "--yes", "Go.")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "failed (starting)" in r.stderr and "it said: No module named mcp (a test)" in r.stderr, r.stderr
 
 
 def test_a_listing_in_pages_is_read_to_its_end_and_one_that_never_ends_is_one_line(cli_in_process: InProcessCLI,

@@ -423,6 +423,20 @@ def test_every_command_says_once_that_a_record_set_its_load(cli_env: dict[str, s
     assert r.returncode == 0 and "tuning record" not in r.stderr, "flags for every setting: nothing from the record"
 
 
+def test_a_machine_with_no_cpu_figures_and_no_load_average_is_not_known_as_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows has neither /proc/stat nor a load average: tune and quantize --ladder measure, the load unknown,
+    where their check before measuring was an AttributeError traceback."""
+    from localgen import hardware
+    from localgen.cli.cpuload import CpuLoad
+
+    monkeypatch.setattr(hardware, "cpu_sample", lambda: None)
+    monkeypatch.delattr(os, "getloadavg")
+    warned: list[str] = []
+    load = CpuLoad.before(type("Err", (), {"warn": staticmethod(warned.append)})())
+    assert (load.first, load.what, load.busy(), warned) == (None, None, None, [])
+
+
 def test_other_works_share_leaves_this_process_own_time_out() -> None:
     from localgen.hardware import CpuSample, others_share
 

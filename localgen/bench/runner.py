@@ -94,9 +94,12 @@ def _peak_rss() -> int | None:
     peak_hwm = hardware.proc_kib_field("/proc/self/status", "VmHWM")
     if peak_hwm is not None:
         return peak_hwm
-    import resource
     import sys
 
+    try:
+        import resource
+    except ImportError:  # no resource module (Windows): the peak is not measured
+        return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 

@@ -43,7 +43,7 @@ class CpuLoad:
             cores = hardware.usable_cores()
             try:
                 avg = os.getloadavg()[0]
-            except OSError:
+            except (OSError, AttributeError):  # none to read; no load average at all (Windows): not known as busy
                 avg = 0.0
             busy = f"a load of {avg:.1f} on {plural(cores, 'core')}" if avg > 0.5 * cores else None
         what = f"{busy} just before measuring" if busy else None

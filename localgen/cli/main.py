@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         stop_serve_on_term(sys.argv[1:] if argv is None else argv)
         closed_stdio_to_devnull()
         utf8_stdin()
+        utf8_output()
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
@@ -77,6 +78,23 @@ def utf8_stdin() -> None:
     first such byte was a UnicodeDecodeError traceback that lost every line after it."""
     with contextlib.suppress(AttributeError, ValueError, OSError):  # not a text stream, or read from already
         sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")  # type: ignore[union-attr]
+
+
+def utf8_output() -> None:
+    """stdout and stderr that no character can fail: one that is not a terminal (a file, a pipe) writes UTF-8
+    whatever the locale or code page, and a terminal that is not UTF-8 shows `?` for a character it cannot. On
+    Windows, output redirected to a file was in the ANSI code page, and the first character outside it (你好, ✓)
+    a UnicodeEncodeError traceback."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError, LookupError):  # not a text stream
+            if codecs.lookup(stream.encoding).name == "utf-8":
+                continue
+            if not stream.isatty():
+                stream.reconfigure(encoding="utf-8")  # type: ignore[union-attr]
+            elif stream.errors == "strict":
+                stream.reconfigure(errors="replace")  # type: ignore[union-attr]
 
 
 def _main(argv: list[str] | None) -> None:

@@ -103,10 +103,7 @@ class McpServer:
         if self._errlog is None:
             return ""
         with contextlib.suppress(OSError, ValueError):
-            import os
-
-            fd = self._errlog.fileno()
-            tail = os.pread(fd, 4096, max(0, os.fstat(fd).st_size - 4096)).decode("utf-8", "replace")
+            tail = _tail(self._errlog.fileno(), 4096).decode("utf-8", "replace")
             lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
             if lines:
                 said = lines[-1]
@@ -251,6 +248,21 @@ class McpServer:
         if self._client is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._client.aclose(), 1)
+
+
+def _tail(fd: int, size: int) -> bytes:
+    """The last `size` bytes of the file open at `fd`, its offset (the server's too: it writes there) as it was."""
+    import os
+
+    start = max(0, os.fstat(fd).st_size - size)
+    if hasattr(os, "pread"):
+        return os.pread(fd, size, start)
+    at = os.lseek(fd, 0, os.SEEK_CUR)  # no pread (Windows): read from there, and the offset put back
+    try:
+        os.lseek(fd, start, os.SEEK_SET)
+        return os.read(fd, size)
+    finally:
+        os.lseek(fd, at, os.SEEK_SET)
 
 
 def _lost(e: BaseException) -> bool:

@@ -177,7 +177,9 @@ class Hangup:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Hangup:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:  # no SIGHUP (Windows)
+                continue
             if signal.getsignal(sig) is signal.SIG_IGN:  # `nohup`: the user asked for the chat to outlive it
                 continue
             with contextlib.suppress(ValueError):  # not the main thread: left as they are
@@ -208,7 +210,7 @@ class Hangup:
             self._exit()
 
     def _exit(self) -> None:
-        if self.signum == signal.SIGHUP:  # the terminal is gone: what stdout holds can go nowhere
+        if self.signum == getattr(signal, "SIGHUP", None):  # the terminal is gone: what stdout holds can go nowhere
             from localgen.cli.output import silence_stdout
 
             silence_stdout()

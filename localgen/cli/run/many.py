@@ -361,13 +361,10 @@ def _resume(path: Path | None) -> Resumed:
         try:
             out, old = os.fstat(sys.stdout.fileno()), os.fstat(f.fileno())
             same = (out.st_dev, out.st_ino) == (old.st_dev, old.st_ino)
-            if same:
-                import fcntl
-
-                if not fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL) & os.O_APPEND:
-                    raise UsageError(f"stdout writes over {path} (`>`), the file --resume-from reads: the shell "
-                                     "emptied it before localgen started, so its earlier output is gone",
-                                     hint=f"next time append with `>> {path}`, or write to a new file")
+            if same and not _appends(sys.stdout.fileno()):
+                raise UsageError(f"stdout writes over {path} (`>`), the file --resume-from reads: the shell "
+                                 "emptied it before localgen started, so its earlier output is gone",
+                                 hint=f"next time append with `>> {path}`, or write to a new file")
         except (OSError, ValueError, AttributeError):
             same = False
         if same and resumed.torn:
@@ -376,6 +373,18 @@ def _resume(path: Path | None) -> Resumed:
         if resumed.copy and resumed.answered:
             resumed._file = open(path, "rb")  # noqa: SIM115 (closed by run_batch: Resumed.close)
     return resumed
+
+
+def _appends(fd: int) -> bool:
+    """Whether the descriptor writes at the file's end (`>>`: O_APPEND). Taken as so where that cannot be asked
+    (Windows has no fcntl): there a file `>` emptied is read as one nothing answered yet, and every line runs."""
+    import os
+
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
 
 
 @contextlib.contextmanager
