@@ -294,15 +294,28 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
     except OSError as e:
         raise LocalgenError(f"{a.program} could not start: {e.strerror or e}") from None
     if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS): the terminal's Ctrl-C is the agent's
+        told: list[float] = []  # when the agent was told to stop (SIGTERM, SIGHUP)
+
+        def forward(signum: int, frame: Any) -> None:
+            p.send_signal(signum)
+            told.append(time.monotonic())
+
         before = signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in ENDING:
-            signal.signal(sig, lambda signum, frame: p.send_signal(signum))
+            signal.signal(sig, forward)
         try:
+            killed = False
             while not _ended(p):
                 time.sleep(0.05)
+                if told and not killed and time.monotonic() > told[0] + TERM_WAIT_S:
+                    p.kill()
+                    killed = True
             return _status(p.returncode)
         finally:
             signal.signal(signal.SIGINT, before)
+            if p.poll() is None:  # launch itself failed: the agent goes too
+                p.kill()
+                p.wait()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     deadline: float | None = None
     try:
