@@ -396,11 +396,11 @@ def test_a_remote_model_is_refused_to_the_agents_it_cannot_reach(env: dict[str, 
         upstream.stop()
 
 
-@pytest.mark.parametrize("system", ["linux", "macos"])
+@pytest.mark.parametrize("system", ["linux", "macos", "windows"])
 def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], running: tuple[Server, Path],
                                                          system: str) -> None:
-    """On every system (macOS has no sigtimedwait: signal handlers pass the signal on; before, nothing killed the
-    agent there, and launch, the agent and a server it started ran on)."""
+    """On every system (macOS and Windows have no sigtimedwait: signal handlers pass the signal on; before, nothing
+    killed the agent there, and launch, the agent and a server it started ran on)."""
     server, key = running
     p = subprocess.Popen(_simulated(system, "claude", "--api-key-file", str(key)), cwd=ROOT,
                          env={**env, "FAKE_IGNORE": "1", "LOCALGEN_PORT": str(server.port)}, stdin=subprocess.DEVNULL,
@@ -415,6 +415,30 @@ def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], run
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)  # launch and its agent, had they run on
         p.wait()
+
+
+def test_launch_on_windows(env: dict[str, str], running: tuple[Server, Path]) -> None:
+    """Windows, simulated: the server launch starts is a process group of its own (no preexec_fn, no session), its
+    key in a file deleted once it answers, and stopped once the agent ends; a running server is used as on Linux
+    (before: launch ended at once in a traceback on os.WNOHANG, leaving the agent running; the server it would
+    start, at preexec_fn)."""
+    r = subprocess.run(_simulated("windows", "claude", "--ctx", CTX), env={**env, "FAKE_RC": "7"}, cwd=ROOT,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert r.returncode == 7 and "Traceback" not in r.stderr, r.stderr
+    [popen] = [json.loads(line) for line in r.stderr.splitlines() if line.startswith('{"serve_popen"')]
+    assert popen == {"serve_popen": ["env", "stderr", "stdin", "stdout"], "creationflags": 0x200}
+    got = json.loads(r.stdout)
+    serve = got["serve"]
+    assert serve["key_file"] == os.path.join(serve["folder"], "key") and not serve["key_on_command_line"]
+    assert serve["files"] == ["serve.log"] and serve["folder_mode"] == "0o700"  # the key's file gone
+    assert got["unauthorized"] == 401 and got["model"] == "smollm2:135m" and got["text"].strip()
+    assert _gone(serve["pid"]) and _refused(got["url"]) and not Path(serve["folder"]).exists()
+    server, key = running
+    r = subprocess.run(_simulated("windows", "codex", "--api-key-file", str(key)), cwd=ROOT, capture_output=True,
+                       env={**env, "LOCALGEN_PORT": str(server.port), "FAKE_RC": "4"}, text=True,
+                       stdin=subprocess.DEVNULL, timeout=600)
+    assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["url"] == server.url and server.health()["slots"] == 2
 
 
 def test_a_proxy_in_the_environment_is_not_asked_for_this_machine(env: dict[str, str],

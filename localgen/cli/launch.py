@@ -293,7 +293,7 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
         p = subprocess.Popen(argv, env=env)
     except OSError as e:
         raise LocalgenError(f"{a.program} could not start: {e.strerror or e}") from None
-    if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS): the terminal's Ctrl-C is the agent's
+    if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS, Windows): the terminal's Ctrl-C is the agent's
         told: list[float] = []  # when the agent was told to stop (SIGTERM, SIGHUP)
 
         def forward(signum: int, frame: Any) -> None:
@@ -346,6 +346,8 @@ def _ended(p: subprocess.Popen[bytes]) -> bool:
     the shell's `fg` continues launch, launch continues the agent."""
     if p.returncode is not None:
         return True
+    if not hasattr(os, "WNOHANG"):  # Windows: no waitpid flags, and no agent stops itself
+        return p.poll() is not None
     try:
         pid, status = os.waitpid(p.pid, os.WNOHANG | os.WUNTRACED)
     except ChildProcessError:  # reaped already
