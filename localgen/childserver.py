@@ -118,9 +118,9 @@ def _end_with_parent() -> None:
 
 @dataclass
 class ChildServer:
-    """`localgen serve` started for one client: in its own session (a Ctrl-C typed at the client's terminal
-    never reaches it), its key in a pipe it inherits (no file holds it; Windows: a 0600 file in a private
-    temporary folder, deleted once serve answers), its output in a log in a private temporary folder."""
+    """`localgen serve` started for one client: in its own session (Windows: process group), which a Ctrl-C typed
+    at the client's terminal never reaches, its key in a pipe it inherits (no file holds it; Windows: a 0600 file
+    in a private temporary folder, deleted once serve answers), its output in a log in a private temporary folder."""
 
     args: list[str]  # serve's own flags past the ones set here (-m, --ctx, ...)
     host: str = "127.0.0.1"
@@ -144,23 +144,26 @@ class ChildServer:
         self.folder = Path(tempfile.mkdtemp(prefix="localgen-launch-"))  # 0700
         self.port = self.port or free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("LOCALGEN_API_KEY", "LOCALGEN_HOST", "LOCALGEN_PORT")}
-        if sys.platform == "win32":  # no /dev/fd
-            key_file, fds = str(self.folder / "key"), ()
+        fds: tuple[int, ...] = ()
+        spawn: dict[str, Any]  # Popen's flags for a process of its own
+        if sys.platform == "win32":  # no /dev/fd, no sessions: a process group of its own, which no Ctrl-C reaches
+            key_file = str(self.folder / "key")
             fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(self.key)
+            spawn = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
         else:
             read, write = os.pipe()  # a key is far less than a pipe's buffer: the write never blocks
             os.write(write, self.key.encode())
             os.close(write)
             key_file, fds = f"/dev/fd/{read}", (read,)
+            spawn = {"start_new_session": True, "preexec_fn": _end_with_parent, "pass_fds": fds}
         argv = [sys.executable, "-m", "localgen", "serve", "--host", self.host, "--port", str(self.port),
                 "--api-key-file", key_file, *self.args]
         try:
             with open(self.log, "wb") as log:
                 self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                                env=env, start_new_session=True, preexec_fn=_end_with_parent,
-                                                pass_fds=fds)
+                                                env=env, **spawn)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -201,14 +204,25 @@ class ChildServer:
         p = self.process
         try:
             if p is not None and p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)  # serve and anything it started (an MCP tool server)
+                _end(p, hard=False)
                 try:
                     p.wait(timeout=STOP_WAIT_S)
                 except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, signal.SIGKILL)
+                    _end(p, hard=True)
                     p.wait()
         finally:
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _end(p: subprocess.Popen[bytes], hard: bool) -> None:
+    """SIGTERM (hard: SIGKILL) to serve and anything it started (an MCP tool server), its session's process group;
+    Windows has neither signal nor sessions: TerminateProcess, serve alone."""
+    if sys.platform == "win32":
+        if hard:
+            p.kill()
+        else:
+            p.terminate()
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL if hard else signal.SIGTERM)

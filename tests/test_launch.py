@@ -160,6 +160,57 @@ def _launch(env: dict[str, str], *args: str, **more: str) -> subprocess.Complete
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
 
 
+# launch's CLI as on another system, simulated on Linux: macOS has no sigtimedwait; Windows has neither that nor
+# waitpid's flags, process groups, SIGKILL, SIGHUP, signal masks or /dev/fd, and its Popen refuses preexec_fn and
+# pass_fds and takes creationflags (its own work, done here by the POSIX half, keeps its os and signal). The
+# server's Popen flags go to stderr as JSON; an agent told to stop is killed after 1 s, not 10.
+SIMULATED = r'''
+import json, os, signal, subprocess, sys, types
+
+def copy(module):
+    c = types.ModuleType(module.__name__)
+    c.__dict__.update(module.__dict__)
+    return c
+
+system = sys.argv.pop(1)
+if system in ("macos", "windows"):
+    del signal.sigtimedwait
+if system == "windows":
+    subprocess.os, subprocess.signal = copy(os), copy(signal)
+    for name in ("WNOHANG", "WUNTRACED", "killpg"):
+        delattr(os, name)
+    for name in ("SIGKILL", "SIGHUP", "pthread_sigmask"):
+        delattr(signal, name)
+    subprocess.CREATE_NEW_PROCESS_GROUP = 0x200
+
+    class Popen(subprocess.Popen):
+        def __init__(self, args, *, creationflags=0, **kw):
+            if kw.get("preexec_fn") is not None:
+                raise ValueError("preexec_fn is not supported on Windows platforms")
+            assert not kw.get("pass_fds"), "pass_fds not supported on Windows."
+            if "serve" in args:
+                print(json.dumps({"serve_popen": sorted(kw), "creationflags": creationflags}), file=sys.stderr)
+            kw.pop("start_new_session", None)  # Windows ignores it
+            super().__init__(args, **kw)
+
+    subprocess.Popen = Popen
+    import localgen.childserver
+    localgen.childserver.sys = copy(sys)
+    localgen.childserver.sys.platform = "win32"
+import localgen.cli.launch
+localgen.cli.launch.TERM_WAIT_S = 1
+from localgen.cli.main import main
+sys.argv[0] = "localgen"
+main()
+'''
+
+
+def _simulated(system: str, *args: str) -> list[str]:
+    """The command line of `localgen launch ARGS` as on system: linux (as it is, the wait shortened), macos or
+    windows."""
+    return [sys.executable, "-c", SIMULATED, system, "launch", *args]
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -345,16 +396,49 @@ def test_a_remote_model_is_refused_to_the_agents_it_cannot_reach(env: dict[str, 
         upstream.stop()
 
 
-def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], running: tuple[Server, Path]) -> None:
+@pytest.mark.parametrize("system", ["linux", "macos", "windows"])
+def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], running: tuple[Server, Path],
+                                                         system: str) -> None:
+    """On every system (macOS and Windows have no sigtimedwait: signal handlers pass the signal on; before, nothing
+    killed the agent there, and launch, the agent and a server it started ran on)."""
     server, key = running
-    p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--api-key-file", str(key)],
-                         cwd=ROOT, env={**env, "FAKE_IGNORE": "1", "LOCALGEN_PORT": str(server.port)},
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    assert json.loads(p.stdout.readline()) == {"waiting": True}
-    p.send_signal(signal.SIGTERM)
-    p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGKILL
+    p = subprocess.Popen(_simulated(system, "claude", "--api-key-file", str(key)), cwd=ROOT,
+                         env={**env, "FAKE_IGNORE": "1", "LOCALGEN_PORT": str(server.port)}, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout is not None
+        assert json.loads(p.stdout.readline()) == {"waiting": True}
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 128 + signal.SIGKILL, err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)  # launch and its agent, had they run on
+        p.wait()
+
+
+def test_launch_on_windows(env: dict[str, str], running: tuple[Server, Path]) -> None:
+    """Windows, simulated: the server launch starts is a process group of its own (no preexec_fn, no session), its
+    key in a file deleted once it answers, and stopped once the agent ends; a running server is used as on Linux
+    (before: launch ended at once in a traceback on os.WNOHANG, leaving the agent running; the server it would
+    start, at preexec_fn)."""
+    r = subprocess.run(_simulated("windows", "claude", "--ctx", CTX), env={**env, "FAKE_RC": "7"}, cwd=ROOT,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert r.returncode == 7 and "Traceback" not in r.stderr, r.stderr
+    [popen] = [json.loads(line) for line in r.stderr.splitlines() if line.startswith('{"serve_popen"')]
+    assert popen == {"serve_popen": ["env", "stderr", "stdin", "stdout"], "creationflags": 0x200}
+    got = json.loads(r.stdout)
+    serve = got["serve"]
+    assert serve["key_file"] == os.path.join(serve["folder"], "key") and not serve["key_on_command_line"]
+    assert serve["files"] == ["serve.log"] and serve["folder_mode"] == "0o700"  # the key's file gone
+    assert got["unauthorized"] == 401 and got["model"] == "smollm2:135m" and got["text"].strip()
+    assert _gone(serve["pid"]) and _refused(got["url"]) and not Path(serve["folder"]).exists()
+    server, key = running
+    r = subprocess.run(_simulated("windows", "codex", "--api-key-file", str(key)), cwd=ROOT, capture_output=True,
+                       env={**env, "LOCALGEN_PORT": str(server.port), "FAKE_RC": "4"}, text=True,
+                       stdin=subprocess.DEVNULL, timeout=600)
+    assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["url"] == server.url and server.health()["slots"] == 2
 
 
 def test_a_proxy_in_the_environment_is_not_asked_for_this_machine(env: dict[str, str],

@@ -293,16 +293,29 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
         p = subprocess.Popen(argv, env=env)
     except OSError as e:
         raise LocalgenError(f"{a.program} could not start: {e.strerror or e}") from None
-    if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS): the terminal's Ctrl-C is the agent's
+    if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS, Windows): the terminal's Ctrl-C is the agent's
+        told: list[float] = []  # when the agent was told to stop (SIGTERM, SIGHUP)
+
+        def forward(signum: int, frame: Any) -> None:
+            p.send_signal(signum)
+            told.append(time.monotonic())
+
         before = signal.signal(signal.SIGINT, signal.SIG_IGN)
         for sig in ENDING:
-            signal.signal(sig, lambda signum, frame: p.send_signal(signum))
+            signal.signal(sig, forward)
         try:
+            killed = False
             while not _ended(p):
                 time.sleep(0.05)
+                if told and not killed and time.monotonic() > told[0] + TERM_WAIT_S:
+                    p.kill()
+                    killed = True
             return _status(p.returncode)
         finally:
             signal.signal(signal.SIGINT, before)
+            if p.poll() is None:  # launch itself failed: the agent goes too
+                p.kill()
+                p.wait()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     deadline: float | None = None
     try:
@@ -333,6 +346,8 @@ def _ended(p: subprocess.Popen[bytes]) -> bool:
     the shell's `fg` continues launch, launch continues the agent."""
     if p.returncode is not None:
         return True
+    if not hasattr(os, "WNOHANG"):  # Windows: no waitpid flags, and no agent stops itself
+        return p.poll() is not None
     try:
         pid, status = os.waitpid(p.pid, os.WNOHANG | os.WUNTRACED)
     except ChildProcessError:  # reaped already
