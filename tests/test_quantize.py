@@ -538,6 +538,17 @@ def test_kl_divergence_base_is_always_a_file(cli_in_process: InProcessCLI, tmp_p
         assert r.stderr == f"localgen: error: --kl-divergence-base {name}: no such file\n"
 
 
+def test_a_fifo_given_as_the_reference_is_refused_never_opened(cli: CLI, tmp_path: Path) -> None:
+    """--reference FIFO and --kl-divergence-base FIFO --kl-divergence hung for ever (the path was opened to read a
+    logits file's magic); they are refused as bench --quality --reference refuses one, in one line, exit 2."""
+    fifo = tmp_path / "ref.logits"
+    os.mkfifo(fifo)
+    for args in (["--reference", str(fifo)], ["--kl-divergence-base", str(fifo), "--kl-divergence"]):
+        r = cli("perplexity", "-m", "smollm2:135m", *args, timeout=60)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr == f"localgen: error: {fifo} is a FIFO (a pipe), not a model file\n"
+
+
 def test_a_model_given_for_the_text_is_refused_before_it_is_read(cli_in_process: InProcessCLI,
                                                                  smollm2_path: Path) -> None:
     """-f/--quality/--measure take a text; a GGUF given there by mistake is named as one (not read whole, gigabytes

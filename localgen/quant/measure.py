@@ -61,8 +61,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 def is_logits_file(path: str) -> bool:
-    """Whether `path` names a logits file (ours or llama-perplexity's --kl-divergence-base)."""
+    """Whether `path` names a logits file (ours or llama-perplexity's --kl-divergence-base): a regular file, stat'd
+    before it is opened (a FIFO's open waits for a writer; the model resolver refuses it in its words)."""
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as f:
             return f.read(8) == LOGITS_MAGIC
     except OSError:
