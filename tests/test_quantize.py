@@ -724,6 +724,44 @@ def test_a_killed_save_logits_leaves_nothing(qcli: CLI, test_text: Path, tmp_pat
     assert "one that a killed process left is removed by the next measurement" in _flat("perplexity.md")
 
 
+def _logits_file(path: Path, n_ctx: int, tokens: list[int], n_vocab: int = 49152) -> Path:
+    """A logits file in llama-perplexity's format: one window of `tokens` (n_ctx of them), its rows all zero."""
+    import numpy as np
+
+    from localgen.engine.perplexity import MAGIC
+    from localgen.engine.scoring import row_width
+
+    scored = n_ctx - 1 - n_ctx // 2
+    with open(path, "wb") as f:
+        f.write(MAGIC + np.array([n_ctx, n_vocab, 1], "<i4").tobytes() + np.array(tokens, "<i4").tobytes())
+        f.write(np.zeros(row_width(n_vocab) * scored, "<u2").tobytes())
+    return path
+
+
+def test_a_logits_file_with_a_token_outside_its_vocabulary_is_damaged(qcli: CLI, test_text: Path,
+                                                                       tmp_path: Path) -> None:
+    """A token id past the vocabulary (or negative) aborted the process inside llama.cpp (std::out_of_range, when
+    the text given with -f was compared with the file's tokens); it is refused as a damaged file, in one line."""
+    for bad in (999999, -7):
+        logits = _logits_file(tmp_path / "bad.logits", 32, [100] * 31 + [bad])
+        r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits), "-f", str(test_text))
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert _one_line(r.stderr) == (f"localgen: error: {logits} is a damaged logits file (token id {bad} is "
+                                       "outside its vocabulary of 49,152)")
+    assert "one whose tokens lie outside its vocabulary as a damaged logits file" in _flat("perplexity.md")
+
+
+def test_a_logits_file_saved_at_a_context_under_16_says_so(qcli: CLI, tmp_path: Path) -> None:
+    """It said "--ctx takes 0 ... or 16 tokens or more, not 8", though no --ctx was typed."""
+    logits = _logits_file(tmp_path / "ctx8.logits", 8, list(range(100, 108)))
+    r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits))
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert _one_line(r.stderr) == (f"localgen: error: the reference {logits} was saved at a context of 8, which "
+                                   "cannot be measured here (windows take 16 tokens or more)")
+    assert "a file saved at a context under 16 tokens, which localgen does not measure, is refused as such" in (
+        _flat("perplexity.md"))
+
+
 def test_a_logits_file_that_cannot_be_written_or_read_is_one_line(qcli: CLI, tmp_path: Path) -> None:
     """Said before any measuring: no window is measured for a file that cannot be kept."""
     r = qcli("perplexity", "-m", "smollm2:135m", "--save-logits", "/nonexist/x.logits")

@@ -150,6 +150,10 @@ class LogitsReader:
         if size < need:
             raise UsageError(f"{path} ends early: {size:,} bytes of the {need:,} its header announces")
         self.tokens = np.fromfile(path, dtype="<i4", count=self.n_ctx * self.n_chunk, offset=20).astype(np.int32)
+        bad = (self.tokens < 0) | (self.tokens >= self.n_vocab)
+        if bad.any():  # llama.cpp aborts the process on a token id outside the vocabulary
+            raise UsageError(f"{path} is a damaged logits file (token id {int(self.tokens[bad][0])} is outside its "
+                             f"vocabulary of {self.n_vocab:,})")
         self._rows: Any = np.memmap(path, dtype="<u2", mode="r", offset=self.data_at,
                                shape=(self.n_chunk, self.scored, self.width))
 
