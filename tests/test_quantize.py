@@ -1182,6 +1182,14 @@ def test_a_ladder_that_times_nothing_says_nothing_of_timing_or_load(qcli: CLI, s
     assert r.returncode == 0, r.stderr
     assert "measuring copy.gguf" in r.stderr and "none was timed (-p 0 -n 0)" in r.stdout, (r.stdout, r.stderr)
     assert "timing " not in r.stderr and "busy" not in r.stderr, r.stderr
+    # the JSON's `best` was the reference itself (KLD 0, every speed None), where the closing line names none
+    r = qcli("bench", "-m", str(other), "--quality", "default", "--reference", str(smollm2_path), "-c", "64",
+             "--chunks", "2", "-t", "1", "-p", "0", "-n", "0", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["best"] is None and [row["model"] for row in doc["rows"] if row["kld"] is not None] == ["copy.gguf"]
+    assert ("`best` is null where the closing line names no fastest type: nothing timed, with `-p 0 -n 0`, or only "
+            "the reference measured") in _flat("quantize.md")
 
 
 def test_create_q_from_a_preset_keeps_its_settings_and_adapter(qcli: CLI, smollm2_f16: Path, tmp_path: Path,

@@ -274,6 +274,7 @@ def test_the_closing_line_names_the_fastest_only_where_there_is_one_to_name() ->
     untimed = [row("f16.gguf", None, None, True), row("q8.gguf", 0.004, None), row("q3.gguf", 0.2, None)]
     assert ladderview.verdict(untimed, best(untimed, 0.05), 0.05) == ("none was timed (-p 0 -n 0); within a mean "
                                                                       "KLD of 0.05: q8.gguf")
+    assert best(untimed, 0.05) is None and best([ref], 0.05) is None  # (was the reference: -o json's `best`)
     page = " ".join(Path(__file__).parent.parent.joinpath("docs", "quantize-choose.md").read_text().split())
     assert "with `-p 0 -n 0` nothing is timed, and it names every type within the bound" in page
     timed = [ref, row("q8.gguf", 0.004, 20.0), row("q3.gguf", 0.2, 40.0)]
