@@ -405,6 +405,15 @@ def test_an_importance_matrix_is_carried_to_llama_cpp(qcli: CLI, smollm2_f16: Pa
     bad.write_bytes(b"\x01\x00\x00\x00\xff\xff")
     r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(tmp_path / "x.gguf"), "--imatrix", str(bad))
     assert r.returncode == 2 and "is not an importance matrix" in _one_line(r.stderr)
+    # the right names with rows of another size: llama.cpp stopped on it a quarter of the way through writing
+    wrong = tmp_path / "wrong.dat"
+    write_legacy(wrong, {n: np.ones(len(v) + 64, np.float32) for n, v in entries.items()}, ncall=4, chunks=7,
+                 dataset="x")
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(tmp_path / "y.gguf"), "--imatrix", str(wrong))
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert re.fullmatch(rf"localgen: error: the importance matrix {re.escape(str(wrong))} has [0-9,]+ values for "
+                        r"blk\.\S+, which takes [0-9,]+: it was computed for another model", _one_line(r.stderr))
+    assert "%" not in r.stderr and not (tmp_path / "y.gguf").exists()
 
 
 # ---- perplexity ------------------------------------------------------------------------------------------------
