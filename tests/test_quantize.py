@@ -589,6 +589,17 @@ def test_a_text_other_than_the_logits_files_is_named_as_such(qcli: CLI, test_tex
     assert r.returncode == 2
     line = _one_line(r.stderr)
     assert "the text differs from the one f16.logits was saved from" in line and "vocabulary" not in line
+    # the same beginning, edited past its first 200 tokens (of 512): said to be "another vocabulary"
+    long = tmp_path / "long.logits"
+    saved = qcli("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "256", "--chunks", "2", "-t", "1",
+                 "--save-logits", str(long))
+    assert saved.returncode == 0, saved.stderr
+    edited = tmp_path / "edited.txt"
+    edited.write_text(test_text.read_text()[:1400] + other.read_text())
+    r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(long), "-f", str(edited), "--chunks", "2")
+    assert r.returncode == 2
+    line = _one_line(r.stderr)
+    assert "the text differs from the one long.logits was saved from" in line and "vocabulary" not in line
     same = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits), "-f", str(test_text), "--chunks",
                 "2", "-t", "1", "--json")
     assert same.returncode == 0, same.stderr
