@@ -414,6 +414,7 @@ def test_an_importance_matrix_is_carried_to_llama_cpp(qcli: CLI, smollm2_f16: Pa
     assert re.fullmatch(rf"localgen: error: the importance matrix {re.escape(str(wrong))} has [0-9,]+ values for "
                         r"blk\.\S+, which takes [0-9,]+: it was computed for another model", _one_line(r.stderr))
     assert "%" not in r.stderr and not (tmp_path / "y.gguf").exists()
+    assert "or whose rows for a tensor are of another size than the tensor's" in _flat("quantize.md")
 
 
 # ---- perplexity ------------------------------------------------------------------------------------------------
