@@ -138,8 +138,12 @@ def test_a_text_file_loses_one_trailing_newline_as_llama_perplexity_reads_it(tmp
 
     (tmp_path / "t.txt").write_text("one\ntwo\n\n")
     assert read_text(str(tmp_path / "t.txt")).whole() == "one\ntwo\n"
-    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
-    assert read_text(str(tmp_path / "crlf.txt")).prefix(100) == ("one\ntwo", True)
+    # line ends kept as they are, as llama-perplexity reads the file's bytes (\r\n and \r were made \n)
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\nthree\rfour\r\n")
+    assert read_text(str(tmp_path / "crlf.txt")).prefix(100) == ("one\r\ntwo\r\nthree\rfour\r", True)
+    page = " ".join((Path(__file__).parent.parent / "docs" / "perplexity.md").read_text().split())
+    assert ("its bytes as they are, a Windows file's `\\r\\n` line ends too, one trailing newline of a file "
+            "dropped") in page
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     with pytest.raises(UsageError, match="is not UTF-8 text"):
         read_text(str(tmp_path / "bad.txt"))
