@@ -525,6 +525,10 @@ def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) 
     r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(short), "-c", "128")
     assert r.returncode == 2
     assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
+    short.write_text("Hello")  # one token: "1 tokens" was said
+    r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(short), "-c", "16")
+    assert r.returncode == 2
+    assert "the text is 1 token; perplexity at a context of 16 needs at least 32" in _one_line(r.stderr)
 
 
 def test_ctx_below_16_is_one_rule_for_every_window_flag(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

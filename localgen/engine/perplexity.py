@@ -95,7 +95,8 @@ class Windows:
 def check_length(n_tokens: int, n_ctx: int) -> None:
     """A UsageError for a text of `n_tokens` shorter than two windows of `n_ctx`."""
     if n_tokens < 2 * n_ctx:
-        raise UsageError(f"the text is {n_tokens:,} tokens; perplexity at a context of {n_ctx} needs at least "
+        tokens = "1 token" if n_tokens == 1 else f"{n_tokens:,} tokens"
+        raise UsageError(f"the text is {tokens}; perplexity at a context of {n_ctx} needs at least "
                          f"{2 * n_ctx:,} (two windows)", hint="give a longer text, or a smaller --ctx")
 
 
