@@ -305,3 +305,13 @@ def test_quantize_refuses_an_importance_matrix_that_is_a_device(cli_in_process: 
                        "-o", str(tmp_path / "x.gguf"))
     one_line_usage_error(r, "the importance matrix /dev/zero is not a regular file")
     assert not list(tmp_path.iterdir())
+
+
+def test_quantize_refuses_an_importance_matrix_that_is_a_fifo(cli: CLI, smollm2_path: Path, tmp_path: Path) -> None:
+    # --imatrix FIFO hung for ever: the file was opened (which waits for a writer) before it was checked
+    fifo = tmp_path / "imatrix"
+    os.mkfifo(fifo)
+    r = cli("quantize", str(smollm2_path), "Q8_0", "--allow-requantize", "--imatrix", str(fifo),
+            "-o", str(tmp_path / "x.gguf"), timeout=60)
+    one_line_usage_error(r, f"the importance matrix {fifo} is not a regular file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imatrix"]

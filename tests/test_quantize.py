@@ -420,6 +420,16 @@ def test_an_importance_matrix_is_carried_to_llama_cpp(qcli: CLI, smollm2_f16: Pa
     bad.write_bytes(b"\x01\x00\x00\x00\xff\xff")
     r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(tmp_path / "x.gguf"), "--imatrix", str(bad))
     assert r.returncode == 2 and "is not an importance matrix" in _one_line(r.stderr)
+    # the right names with rows of another size: llama.cpp stopped on it a quarter of the way through writing
+    wrong = tmp_path / "wrong.dat"
+    write_legacy(wrong, {n: np.ones(len(v) + 64, np.float32) for n, v in entries.items()}, ncall=4, chunks=7,
+                 dataset="x")
+    r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "-o", str(tmp_path / "y.gguf"), "--imatrix", str(wrong))
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert re.fullmatch(rf"localgen: error: the importance matrix {re.escape(str(wrong))} has [0-9,]+ values for "
+                        r"blk\.\S+, which takes [0-9,]+: it was computed for another model", _one_line(r.stderr))
+    assert "%" not in r.stderr and not (tmp_path / "y.gguf").exists()
+    assert "or whose rows for a tensor are of another size than the tensor's" in _flat("quantize.md")
 
 
 # ---- perplexity ------------------------------------------------------------------------------------------------
@@ -530,6 +540,10 @@ def test_a_text_shorter_than_two_windows_is_one_line(qcli: CLI, tmp_path: Path) 
     r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(short), "-c", "128")
     assert r.returncode == 2
     assert "perplexity at a context of 128 needs at least 256 (two windows)" in _one_line(r.stderr)
+    short.write_text("Hello")  # one token: "1 tokens" was said
+    r = qcli("perplexity", "-m", "smollm2:135m", "-f", str(short), "-c", "16")
+    assert r.returncode == 2
+    assert "the text is 1 token; perplexity at a context of 16 needs at least 32" in _one_line(r.stderr)
 
 
 def test_ctx_below_16_is_one_rule_for_every_window_flag(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
@@ -551,6 +565,17 @@ def test_kl_divergence_base_is_always_a_file(cli_in_process: InProcessCLI, tmp_p
         r = cli_in_process("perplexity", "--kl-divergence", "--kl-divergence-base", name)
         assert (r.returncode, r.stdout) == (2, ""), r.stderr
         assert r.stderr == f"localgen: error: --kl-divergence-base {name}: no such file\n"
+
+
+def test_a_fifo_given_as_the_reference_is_refused_never_opened(cli: CLI, tmp_path: Path) -> None:
+    """--reference FIFO and --kl-divergence-base FIFO --kl-divergence hung for ever (the path was opened to read a
+    logits file's magic); they are refused as bench --quality --reference refuses one, in one line, exit 2."""
+    fifo = tmp_path / "ref.logits"
+    os.mkfifo(fifo)
+    for args in (["--reference", str(fifo)], ["--kl-divergence-base", str(fifo), "--kl-divergence"]):
+        r = cli("perplexity", "-m", "smollm2:135m", *args, timeout=60)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr == f"localgen: error: {fifo} is a FIFO (a pipe), not a model file\n"
 
 
 def test_a_model_given_for_the_text_is_refused_before_it_is_read(cli_in_process: InProcessCLI,
@@ -584,6 +609,17 @@ def test_a_text_other_than_the_logits_files_is_named_as_such(qcli: CLI, test_tex
     assert r.returncode == 2
     line = _one_line(r.stderr)
     assert "the text differs from the one f16.logits was saved from" in line and "vocabulary" not in line
+    # the same beginning, edited past its first 200 tokens (of 512): said to be "another vocabulary"
+    long = tmp_path / "long.logits"
+    saved = qcli("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "256", "--chunks", "2", "-t", "1",
+                 "--save-logits", str(long))
+    assert saved.returncode == 0, saved.stderr
+    edited = tmp_path / "edited.txt"
+    edited.write_text(test_text.read_text()[:1400] + other.read_text())
+    r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(long), "-f", str(edited), "--chunks", "2")
+    assert r.returncode == 2
+    line = _one_line(r.stderr)
+    assert "the text differs from the one long.logits was saved from" in line and "vocabulary" not in line
     same = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits), "-f", str(test_text), "--chunks",
                 "2", "-t", "1", "--json")
     assert same.returncode == 0, same.stderr
@@ -726,6 +762,44 @@ def test_a_killed_save_logits_leaves_nothing(qcli: CLI, test_text: Path, tmp_pat
     assert ("a run killed while it writes leaves nothing there; elsewhere a hidden `.FILE.PID.partial` beside it, "
             "removed by the next `--save-logits` to that file") in _flat("perplexity.md")
     assert "one that a killed process left is removed by the next measurement" in _flat("perplexity.md")
+
+
+def _logits_file(path: Path, n_ctx: int, tokens: list[int], n_vocab: int = 49152) -> Path:
+    """A logits file in llama-perplexity's format: one window of `tokens` (n_ctx of them), its rows all zero."""
+    import numpy as np
+
+    from localgen.engine.perplexity import MAGIC
+    from localgen.engine.scoring import row_width
+
+    scored = n_ctx - 1 - n_ctx // 2
+    with open(path, "wb") as f:
+        f.write(MAGIC + np.array([n_ctx, n_vocab, 1], "<i4").tobytes() + np.array(tokens, "<i4").tobytes())
+        f.write(np.zeros(row_width(n_vocab) * scored, "<u2").tobytes())
+    return path
+
+
+def test_a_logits_file_with_a_token_outside_its_vocabulary_is_damaged(qcli: CLI, test_text: Path,
+                                                                       tmp_path: Path) -> None:
+    """A token id past the vocabulary (or negative) aborted the process inside llama.cpp (std::out_of_range, when
+    the text given with -f was compared with the file's tokens); it is refused as a damaged file, in one line."""
+    for bad in (999999, -7):
+        logits = _logits_file(tmp_path / "bad.logits", 32, [100] * 31 + [bad])
+        r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits), "-f", str(test_text))
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert _one_line(r.stderr) == (f"localgen: error: {logits} is a damaged logits file (token id {bad} is "
+                                       "outside its vocabulary of 49,152)")
+    assert "one whose tokens lie outside its vocabulary as a damaged logits file" in _flat("perplexity.md")
+
+
+def test_a_logits_file_saved_at_a_context_under_16_says_so(qcli: CLI, tmp_path: Path) -> None:
+    """It said "--ctx takes 0 ... or 16 tokens or more, not 8", though no --ctx was typed."""
+    logits = _logits_file(tmp_path / "ctx8.logits", 8, list(range(100, 108)))
+    r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(logits))
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert _one_line(r.stderr) == (f"localgen: error: the reference {logits} was saved at a context of 8, which "
+                                   "cannot be measured here (windows take 16 tokens or more)")
+    assert "a file saved at a context under 16 tokens, which localgen does not measure, is refused as such" in (
+        _flat("perplexity.md"))
 
 
 def test_a_logits_file_that_cannot_be_written_or_read_is_one_line(qcli: CLI, tmp_path: Path) -> None:
@@ -1148,6 +1222,14 @@ def test_a_ladder_that_times_nothing_says_nothing_of_timing_or_load(qcli: CLI, s
     assert r.returncode == 0, r.stderr
     assert "measuring copy.gguf" in r.stderr and "none was timed (-p 0 -n 0)" in r.stdout, (r.stdout, r.stderr)
     assert "timing " not in r.stderr and "busy" not in r.stderr, r.stderr
+    # the JSON's `best` was the reference itself (KLD 0, every speed None), where the closing line names none
+    r = qcli("bench", "-m", str(other), "--quality", "default", "--reference", str(smollm2_path), "-c", "64",
+             "--chunks", "2", "-t", "1", "-p", "0", "-n", "0", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["best"] is None and [row["model"] for row in doc["rows"] if row["kld"] is not None] == ["copy.gguf"]
+    assert ("`best` is null where the closing line names no fastest type: nothing timed, with `-p 0 -n 0`, or only "
+            "the reference measured") in _flat("quantize.md")
 
 
 def test_create_q_from_a_preset_keeps_its_settings_and_adapter(qcli: CLI, smollm2_f16: Path, tmp_path: Path,

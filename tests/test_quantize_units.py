@@ -138,8 +138,12 @@ def test_a_text_file_loses_one_trailing_newline_as_llama_perplexity_reads_it(tmp
 
     (tmp_path / "t.txt").write_text("one\ntwo\n\n")
     assert read_text(str(tmp_path / "t.txt")).whole() == "one\ntwo\n"
-    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
-    assert read_text(str(tmp_path / "crlf.txt")).prefix(100) == ("one\ntwo", True)
+    # line ends kept as they are, as llama-perplexity reads the file's bytes (\r\n and \r were made \n)
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\nthree\rfour\r\n")
+    assert read_text(str(tmp_path / "crlf.txt")).prefix(100) == ("one\r\ntwo\r\nthree\rfour\r", True)
+    page = " ".join((Path(__file__).parent.parent / "docs" / "perplexity.md").read_text().split())
+    assert ("its bytes as they are, a Windows file's `\\r\\n` line ends too, one trailing newline of a file "
+            "dropped") in page
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     with pytest.raises(UsageError, match="is not UTF-8 text"):
         read_text(str(tmp_path / "bad.txt"))
@@ -312,6 +316,7 @@ def test_the_closing_line_names_the_fastest_only_where_there_is_one_to_name() ->
     untimed = [row("f16.gguf", None, None, True), row("q8.gguf", 0.004, None), row("q3.gguf", 0.2, None)]
     assert ladderview.verdict(untimed, best(untimed, 0.05), 0.05) == ("none was timed (-p 0 -n 0); within a mean "
                                                                       "KLD of 0.05: q8.gguf")
+    assert best(untimed, 0.05) is None and best([ref], 0.05) is None  # (was the reference: -o json's `best`)
     page = " ".join(Path(__file__).parent.parent.joinpath("docs", "quantize-choose.md").read_text().split())
     assert "with `-p 0 -n 0` nothing is timed, and it names every type within the bound" in page
     timed = [ref, row("q8.gguf", 0.004, 20.0), row("q3.gguf", 0.2, 40.0)]

@@ -76,8 +76,12 @@ def perplexity(
         check_input("-f/--file", file)
     save_logits, reference, ref_file = _logits_options(kl_divergence, kl_base, save_logits, reference, file)
     ref_model = None
+    saved_ctx = ms.logits_context(ref_file) if ref_file is not None else None
+    if saved_ctx is not None and saved_ctx < MIN_CTX_FLAG:  # a llama-perplexity file of a tiny window
+        raise UsageError(f"the reference {ref_file} was saved at a context of {saved_ctx}, which cannot be measured "
+                         f"here (windows take {MIN_CTX_FLAG} tokens or more)")
     if ctx is None:  # against a logits file: the context it was saved at, which the measure must use
-        ctx = ms.logits_context(ref_file) if ref_file is not None else 512
+        ctx = saved_ctx if saved_ctx is not None else 512
     ms.check_batch(ctx, batch)
     s = ms.Settings(ctx=ctx, batch=batch, ubatch=ubatch, chunks=chunks, threads=threads, gpu_layers=gpu_layers,
                     verbose=verbose)

@@ -95,7 +95,8 @@ class Windows:
 def check_length(n_tokens: int, n_ctx: int) -> None:
     """A UsageError for a text of `n_tokens` shorter than two windows of `n_ctx`."""
     if n_tokens < 2 * n_ctx:
-        raise UsageError(f"the text is {n_tokens:,} tokens; perplexity at a context of {n_ctx} needs at least "
+        tokens = "1 token" if n_tokens == 1 else f"{n_tokens:,} tokens"
+        raise UsageError(f"the text is {tokens}; perplexity at a context of {n_ctx} needs at least "
                          f"{2 * n_ctx:,} (two windows)", hint="give a longer text, or a smaller --ctx")
 
 
@@ -153,6 +154,10 @@ class LogitsReader:
             raise UsageError(f"{path} is not a logits file as its header describes: {size:,} bytes, not the "
                              f"{need:,} it announces")
         self.tokens = np.fromfile(path, dtype="<i4", count=self.n_ctx * self.n_chunk, offset=20).astype(np.int32)
+        bad = (self.tokens < 0) | (self.tokens >= self.n_vocab)
+        if bad.any():  # llama.cpp aborts the process on a token id outside the vocabulary
+            raise UsageError(f"{path} is a damaged logits file (token id {int(self.tokens[bad][0])} is outside its "
+                             f"vocabulary of {self.n_vocab:,})")
         self._rows: Any = np.memmap(path, dtype="<u2", mode="r", offset=self.data_at,
                                shape=(self.n_chunk, self.scored, self.width))
 

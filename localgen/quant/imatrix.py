@@ -30,13 +30,17 @@ def read(path: Path) -> Imatrix:
     import stat
 
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # /dev/zero, a pipe: no size to check lengths by
-                raise UsageError(f"the importance matrix {path} is not a regular file (a device or a pipe): "
-                                 "give the file llama-imatrix wrote")
-            magic = f.read(4)
+        # stat before the open: opening a FIFO waits for a writer; /dev/zero has no size to check lengths by
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+        if regular:
+            with open(path, "rb") as f:
+                regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)  # replaced since the stat
+                magic = f.read(4)
     except OSError as e:
         raise UsageError(f"cannot read the importance matrix {path}: {e.strerror or e}") from None
+    if not regular:
+        raise UsageError(f"the importance matrix {path} is not a regular file (a device or a pipe): "
+                         "give the file llama-imatrix wrote")
     try:
         return _gguf(path) if magic == b"GGUF" else _legacy(path)
     except (ValueError, KeyError, IndexError, struct.error, OSError) as e:

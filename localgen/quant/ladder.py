@@ -165,7 +165,10 @@ def rows(reference: ModelRef, files: list[ModelRef], text: Text | str, settings:
 
 def best(found: list[Row], kld_bound: float) -> Row | None:
     """The fastest row (generation, then prompt speed) whose mean KLD is within the bound and that fits here; the
-    reference counts, with a KLD of 0."""
+    reference counts, with a KLD of 0. None where nothing was timed (-p 0 -n 0: no speed picks one) or no
+    quantization was measured (only the reference): nothing there is the fastest."""
+    if all(r.reference for r in found) or all(r.tg_ts is None and r.pp_ts is None for r in found):
+        return None
     ok = [r for r in found if (r.reference or (r.kld is not None and r.kld <= kld_bound)) and r.fits != "won't fit"]
     if not ok:
         return None

@@ -61,8 +61,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 def is_logits_file(path: str) -> bool:
-    """Whether `path` names a logits file (ours or llama-perplexity's --kl-divergence-base)."""
+    """Whether `path` names a logits file (ours or llama-perplexity's --kl-divergence-base): a regular file, stat'd
+    before it is opened (a FIFO's open waits for a writer; the model resolver refuses it in its words)."""
+    import stat
+
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as f:
             return f.read(8) == LOGITS_MAGIC
     except OSError:
@@ -151,10 +156,16 @@ def perplexity(engine: Any, text: Text | str, s: Settings, save: Path | None = N
     return result
 
 
-def _starts_with(engine: Any, tokens: Any, text: Text) -> bool:
-    """Whether `text` begins with what the logits file's first tokens spell in this model's vocabulary
-    (whitespace aside): the same text, tokenized another way."""
-    spelled = b"".join(engine.piece(int(t)) for t in tokens[:200]).decode("utf-8", errors="ignore")
+def _starts_with(engine: Any, tokens: Any, mine: list[int], text: Text) -> bool:
+    """Whether `text` begins with what the logits file's tokens spell in this model's vocabulary (whitespace aside)
+    as far as a little past the first one that differs from `mine` (the text's): the same text, tokenized another
+    way. (Only the first 200 were spelled: a text edited past them was taken for another vocabulary.)"""
+    import numpy as np
+
+    n = min(len(tokens), len(mine))
+    differ = np.flatnonzero(np.asarray(tokens[:n]) != np.asarray(mine[:n], dtype=np.int32))
+    upto = (int(differ[0]) if differ.size else n) + 64
+    spelled = b"".join(engine.piece(int(t)) for t in tokens[:upto]).decode("utf-8", errors="ignore")
     words = spelled.split()[:-1]  # the last piece may be part of a word
     begins = text.prefix(len(spelled.encode("utf-8")) * 2 + 4096)[0]
     return " ".join(begins.split()).startswith(" ".join(words))
@@ -184,7 +195,7 @@ def against(engine: Any, reference: Path, s: Settings, text: Text | str | None =
             mine = ppl.leading_tokens(functools.partial(engine.tokenize, add_special=True, parse_special=False),
                                       text, reader.n_ctx * n_chunk)
             if list(reader.tokens[: reader.n_ctx * n_chunk]) != mine:
-                if users_text and not _starts_with(engine, reader.tokens, text):
+                if users_text and not _starts_with(engine, reader.tokens[: reader.n_ctx * n_chunk], mine, text):
                     raise UsageError(f"the text differs from the one {reference.name} was saved from",
                                      hint="give that text, or no -f: the logits file holds its tokens")
                 raise UsageError(f"{engine.model.name} tokenizes the text differently from the reference: another "

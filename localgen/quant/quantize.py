@@ -130,6 +130,18 @@ def _check_tensor_imatrix(flag: str, text: str | None, tensor: str, imatrix: dic
                          hint="pick another type: q4_k, iq4_xs, q8_0, ...")
 
 
+def _check_imatrix_sizes(path: Path, imatrix: dict[str, Any], tensors: list[Any]) -> None:
+    """llama-quantize's check, made before a byte is written (llama.cpp fails on it part-way through): an entry
+    holds ne[0] × ne[2] values of its tensor (a column's per expert); token_embd.weight's is never used."""
+    for name, dims, _, _ in tensors:
+        if name not in imatrix or name == "token_embd.weight" or len(dims) < 2:
+            continue
+        need = int(dims[0]) * (int(dims[2]) if len(dims) > 2 else 1)
+        if len(imatrix[name]) != need:
+            raise UsageError(f"the importance matrix {path} has {len(imatrix[name]):,} values for {name}, which "
+                             f"takes {need:,}: it was computed for another model")
+
+
 def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | None = None,
          for_create: bool = False, out_name: str | None = None) -> QuantizeJob:
     """Check everything a quantization needs before it starts (one UsageError or LocalgenError each); `label`
@@ -176,6 +188,7 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
 
         im = imx.read(opts.imatrix)
         imatrix = im.entries
+        _check_imatrix_sizes(opts.imatrix, imatrix, tensors)
         # the metadata llama-quantize writes for it
         overrides.append((KV_IMATRIX_FILE, str(opts.imatrix)))
         if im.datasets:

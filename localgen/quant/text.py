@@ -102,7 +102,7 @@ class MeasureText:
 
     def _decode(self, data: bytes) -> str:
         try:
-            return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+            return data.decode("utf-8")  # line ends as they are: llama-perplexity reads the bytes unchanged
         except UnicodeDecodeError:
             raise UsageError(f"{self.what} is not UTF-8 text") from None
 
