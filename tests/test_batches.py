@@ -487,16 +487,30 @@ def test_a_serve_stopped_mid_batch_goes_on_at_its_next_start(own_env: dict[str, 
         assert again.stop() == 0
 
 
-def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first(own_env: dict[str, str]) -> None:
-    """One server runs a data dir's batches: a second one on the same folder answers 503 saying so."""
+def test_a_second_serve_on_the_same_data_leaves_the_batches_to_the_first_and_goes_on_with_them(
+        own_env: dict[str, str]) -> None:
+    """One server runs a data dir's batches: a second one on the same folder answers 503 saying so. Once the first
+    has stopped mid-batch, the second's first request takes the batches, and the unfinished one goes on at once
+    (it waited for a batch created or cancelled), each custom_id answered once."""
     import openai
 
     first, second = Server(own_env, *ARGS), Server(own_env, *ARGS)
     try:
-        _client(first).batches.list()
+        client = _client(first)
+        client.batches.list()
         with pytest.raises(openai.InternalServerError) as e:
             _client(second).batches.list()
         assert e.value.status_code == 503 and "another localgen serve" in e.value.message
+        upload = client.files.create(file=("two.jsonl", _jsonl([_line(f"s{i}", _chat(i)) for i in range(6)])),
+                                     purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        while client.batches.retrieve(batch.id).request_counts.completed < 1:
+            time.sleep(0.05)
+        assert first.stop() == 0
+        batch = _finished(_client(second), batch.id)
+        records = _records(_client(second), batch.output_file_id)
+        assert batch.status == "completed" and sorted(r["custom_id"] for r in records) == [f"s{i}" for i in range(6)]
     finally:
         assert first.stop() == 0 and second.stop() == 0
 

@@ -134,6 +134,29 @@ def test_a_read_room_takes_the_most_recent_first(tmp_path: Path) -> None:
     assert [g.tokens for g in store.load(KEY, IDENT, 1000)] == [b[0]]  # room for one: the newer
 
 
+def test_a_read_room_reads_no_state_that_would_not_fit_and_stops_once_used(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file whose header states more than the room left is passed over before its state is read (or checked),
+    and no file is opened once the room is used up."""
+    from localgen.engine import prefixstore
+
+    store, said = _store(tmp_path)
+    entries = [_entry([n] * 70, size=size, seed=n) for n, size in ((1, 600), (2, 400), (3, 600), (4, 2000))]
+    for age, entry in zip((400, 300, 200, 100), entries, strict=True):  # the last written is the most recent
+        store.write(KEY, IDENT, [entry])
+        when = time.time() - age
+        os.utime(tmp_path / KEY / tokens_name(entry[0]), (when, when))
+    opened: list[str] = []
+    reads: list[int] = []
+    real_open, real_fromfile = prefixstore._open, numpy.fromfile
+    monkeypatch.setattr(prefixstore, "_open", lambda path: opened.append(path.name) or real_open(path))
+    monkeypatch.setattr(numpy, "fromfile", lambda *a, **k: reads.append(1) or real_fromfile(*a, **k))
+    got = store.load(KEY, IDENT, 1000)
+    assert [g.tokens for g in got] == [entries[2][0], entries[1][0]] and not said  # 600 + 400: the room used
+    assert len(reads) == 2  # the 2,000 bytes' state was never read
+    assert opened == [tokens_name(e[0]) for e in (entries[3], entries[2], entries[1])]  # the oldest: not opened
+
+
 def test_a_small_limit_bounds_what_its_server_keeps_never_what_others_wrote(tmp_path: Path) -> None:
     """The red team's `serve --cache-disk 1` wiped the whole shared store at start and stop. A server removes
     files only when it has just written one, and never one larger than its own limit: its start (reading),

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -196,6 +197,51 @@ def test_a_request_for_another_model_is_not_starved(cli_env: dict[str, str], tmp
     assert set(statuses) == {200} and len(statuses) > before, statuses
     assert code == 0 and "Traceback" not in log
     assert "unloaded smollm2:135m to make room for gemma3:270m" in log and "loaded gemma3:270m in" in log, log
+
+
+def test_the_requests_waiting_for_a_models_load_all_run_in_that_load(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """--max-models 1: SmolLM2 busy with one long request, three requests for Gemma 3 wait for its load, then one
+    more for SmolLM2 (held: SmolLM2 yields). The long one's client leaves: Gemma 3 loads and is asked at once to
+    yield back to SmolLM2, and the three that waited for its load are all answered in that one load (only requests
+    that come after the ask wait); SmolLM2 then loads again for its held request: three loads in all, not one of
+    Gemma 3's per request."""
+    s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path)}, "--max-models", "1", "-np", "1", "--ctx", "2048")
+    codes: list[int] = []
+
+    def ask(model: str) -> None:
+        r = httpx.post(f"{s.url}/api/generate", timeout=600, json={
+            "model": model, "prompt": "Count to ten.", "stream": False, "options": {"num_predict": 4}})
+        codes.append(r.status_code)
+
+    def model(name: str) -> dict[str, Any]:
+        return dict(httpx.get(f"{s.url}/health", timeout=30).json()["models"].get(name) or {})
+
+    def until(name: str, key: str, value: int) -> None:
+        deadline = time.monotonic() + 300  # a safety net for busy cores, not a timing
+        while (seen := model(name)).get(key) != value:
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=ask, args=("gemma3:270m",)) for _ in range(3)]
+    threads.append(threading.Thread(target=ask, args=("smollm2:135m",)))
+    try:
+        with httpx.stream("POST", f"{s.url}/api/generate", timeout=600, json={
+                "model": "smollm2:135m", "prompt": "Count to ten.", "stream": True,
+                "options": {"num_predict": 1500, "ignore_eos": True}}) as long:
+            lines = long.iter_lines()  # (kept: the iterator, once dropped, closes the response)
+            next(lines)  # it runs: SmolLM2's slot is taken until its client leaves
+            for t in threads[:3]:
+                t.start()
+            until("gemma3:270m", "queued", 3)
+            threads[3].start()
+            until("smollm2:135m", "held", 1)
+        for t in threads:
+            t.join(600)
+        after = httpx.get(f"{s.url}/health", timeout=30).json()["residency"]
+    finally:
+        code = s.stop()
+    assert codes == [200] * 4 and code == 0, codes
+    assert (after["loads"], after["evictions"]) == (3, 2), after
 
 
 # ---- the prompt cache across a restart -----------------------------------------------------------------------

@@ -157,7 +157,9 @@ class PrefixStore:
 
     def load(self, key: str, identity: str, room: int | None) -> list[Stored]:
         """The prefixes stored for `key`, most recently used first, while they fit `room` bytes (None: no
-        limit); each checked before it is returned, a bad one skipped with one log line and removed."""
+        limit); each checked before it is returned, a bad one skipped with one log line and removed. A file whose
+        header states more state than the room left is passed over unread, and nothing more is read once the room
+        is used up."""
         import numpy
 
         folder = self._folder(key)
@@ -166,8 +168,10 @@ class PrefixStore:
         paths = [(st.st_mtime_ns, path) for path, st in _regular(folder)]
         out: list[Stored] = []
         for _, path in sorted(paths, reverse=True):
+            if room is not None and room <= 0:
+                break
             try:
-                stored = self._check(path, identity, numpy)
+                stored = self._check(path, identity, numpy, room)
             except _Bad as e:
                 self.say(f"skipped a stored prefix ({path.name}): {e}")
                 with self._lock:
@@ -176,7 +180,7 @@ class PrefixStore:
                 continue
             except OSError:
                 continue  # gone meanwhile (another server's trim)
-            if room is not None and stored.size > room:
+            if stored is None:  # more than the room left: the next may fit
                 continue
             out.append(stored)
             room = None if room is None else room - stored.size
@@ -189,8 +193,9 @@ class PrefixStore:
                 files[path.name] = len(stored.tokens)
         return out
 
-    def _check(self, path: Path, identity: str, numpy: Any) -> Stored:
-        """The prefix in `path`, once everything about it holds; _Bad says what does not."""
+    def _check(self, path: Path, identity: str, numpy: Any, room: int | None = None) -> Stored | None:
+        """The prefix in `path`, once everything about it holds; _Bad says what does not. None, its state not
+        read, when its header states more than `room` bytes (None: no limit)."""
         with _open(path) as f:
             fixed = f.read(_HEAD.size)
             if len(fixed) < _HEAD.size:
@@ -216,6 +221,8 @@ class PrefixStore:
                 raise _Bad("it was made by another model or other settings")
             if head.get("build") != self.build:
                 raise _Bad("it was made by another llama.cpp build")
+            if room is not None and size > room:
+                return None
             data = numpy.fromfile(f, dtype=numpy.uint8)
         if data.size != size:
             raise _Bad(f"the file is torn ({data.size:,} of its {size:,} state bytes)")

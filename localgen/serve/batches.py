@@ -206,7 +206,8 @@ class Desk:
         return by_status, lines
 
     def owner(self) -> None:
-        """Hold the data dir's batches (a 503 when another server does), and read them the first time."""
+        """Hold the data dir's batches (a 503 when another server does), and read them the first time: their unfinished
+        ones go on at once (at start, or at the first request that takes them from a server that let them go)."""
         if self.batches is not None:
             return
         from filelock import FileLock, Timeout
@@ -231,6 +232,7 @@ class Desk:
                     progress.shown(doc)
                 self.batches[doc["id"]] = doc
         self.batches = dict(sorted(self.batches.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))  # oldest first
+        self.wake.set()  # the runner found no batches before: the unfinished ones go on at once
 
     def release(self) -> None:
         """Let another server hold the batches (at shutdown)."""

@@ -36,7 +36,8 @@ class Tenant(Protocol):
     def evictable(self) -> bool: ...  # unloading it now costs no request
 
     def yield_to(self, name: str) -> None:
-        """Take no new jobs until resume(name): `name` waits for this model's room."""
+        """Take no new jobs until resume(name): `name` waits for this model's room. The jobs it had already run
+        (those waiting for its own load among them), then it is evictable."""
 
     def resume(self, name: str) -> None:
         """Take jobs again."""
@@ -62,8 +63,8 @@ class Residency:
     """The loaded models' footprints, and the rules for making room. Loads are admitted first come, first
     served: a model waiting for room is not passed by one asked for later. While the first waits, the least
     recently used unpinned model that is busy takes no new requests (they wait behind the swap, in its
-    queue) and is evicted as soon as its running requests end: traffic to a loaded model cannot starve a
-    request for another (a fair swap)."""
+    queue) and is evicted as soon as the requests it had already end (a model asked while it loads runs those
+    that waited for its load): traffic to a loaded model cannot starve a request for another (a fair swap)."""
 
     budget: int  # bytes for every loaded model together
     max_models: int

@@ -81,6 +81,7 @@ class ModelWorker:
                                    exact=exact, lookup=lookup, share_prefixes=share_prefixes, cache_ram=cache_ram,
                                    residency=residency, store=store, log=log, draft=draft)
         self._yield_to: list[str] = []  # models waiting for its room: it takes no new jobs (fair swaps)
+        self._yield_mark = 0  # the last job that came before it was asked to yield: those up to it still run
         self._yield_lock = threading.Lock()  # guards _yield_to (the residency's threads and this one)
         self._live = LiveJobs()  # the jobs submitted and not ended
         self.inbox: queue.Queue[Unload | None] = queue.Queue()  # unloads asked for; None wakes the thread
@@ -204,14 +205,20 @@ class ModelWorker:
     @property
     def evictable(self) -> bool:
         """Whether unloading it now costs no request: nothing queued or running, or (asked to yield its room)
-        nothing running; what it holds back waits for the model to load again."""
+        nothing running and nothing waiting that came before it was asked; what it holds back waits for the model
+        to load again."""
         if not self.busy:
             return True
-        return bool(self._yield_to) and not self._live.of(State.PREPARING, *IN_SLOTS)
+        return bool(self._yield_to) and not any(j.state not in WAITING or j.id <= self._yield_mark
+                                                for j in self._live.of(State.PREPARING, *IN_SLOTS, *WAITING))
 
     def yield_to(self, name: str) -> None:
-        """A model waits for this one's room (serve/residency.py): take no new jobs until resume(name)."""
+        """A model waits for this one's room (serve/residency.py): take no new jobs until resume(name). The jobs
+        that came before still run, those waiting for this model's own load among them (asked while it loads,
+        it runs them in this load, and unloads once they end)."""
         with self._yield_lock:
+            if not self._yield_to:
+                self._yield_mark = max((j.id for j in self._live.of()), default=0)
             self._yield_to.append(name)
 
     def resume(self, name: str) -> None:
@@ -326,7 +333,8 @@ class ModelWorker:
     def _intake(self, wait: bool) -> None:
         """Take the unloads asked for, and move waiting jobs to the scheduler (loading the model first if it is
         not loaded); with `wait` (nothing runs) block a moment for the first. While another model waits for
-        this one's room (fair swaps), new jobs are held back, in order, and taken first once it has loaded."""
+        this one's room (fair swaps), the jobs that came after it asked are held back, in order, and taken first
+        once it has loaded again."""
         try:
             while True:
                 block = wait and not self._live.of(State.QUEUED)  # held jobs wait for resume(), which wakes it
@@ -342,7 +350,7 @@ class ModelWorker:
             if job.cancelled.is_set():
                 self.aborted += 1
                 job.send(Failed(499, "the client went away"))
-            elif bool(self._yield_to) and self.loaded:
+            elif bool(self._yield_to) and self.loaded and job.id > self._yield_mark:  # came after the ask
                 advance(job, State.HELD)
             elif (failure := self._load_for(job)) is not None:  # those held back fail the same way, rather
                 for held in (job, *(h for h in self._live.of(State.HELD) if h is not job)):  # than each wait again
