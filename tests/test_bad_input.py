@@ -37,6 +37,24 @@ def test_a_host_name_that_does_not_resolve_is_not_called_a_busy_port(cli_in_proc
     assert "--port" not in r.stderr
 
 
+def test_the_port_check_closes_its_socket_when_an_option_cannot_be_set(cli_in_process: InProcessCLI,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A socket option refused (SO_REUSEADDR, SO_EXCLUSIVEADDRUSE on Windows) leaks no socket."""
+    made: list[socket.socket] = []
+    real = socket.socket.setsockopt
+
+    def refused(self: socket.socket, level: int, option: int, *value: object) -> None:
+        if option in (socket.SO_REUSEADDR, getattr(socket, "SO_EXCLUSIVEADDRUSE", -1)):
+            made.append(self)
+            raise OSError(92, "Protocol not available")
+        real(self, level, option, *value)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(socket.socket, "setsockopt", refused)
+    r = cli_in_process("serve", "--host", "127.0.0.1", "--port", "1")
+    assert r.returncode == 1 and r.stderr.startswith("localgen: error: ") and made, (r.returncode, r.stderr)
+    assert all(s.fileno() == -1 for s in made), "the probe socket was left open"
+
+
 def test_serve_listens_where_the_environment_says(cli_in_process: InProcessCLI) -> None:
     """docs/configuration.md: LOCALGEN_HOST and LOCALGEN_PORT are serve's --host and --port; a flag wins."""
     with socket.socket() as busy:

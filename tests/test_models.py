@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -417,41 +418,79 @@ def test_hostile_file_names_never_leave_the_cache(env: dict[str, str], hub: hub_
 
 
 def test_where_no_symlink_can_be_made_the_snapshot_is_a_hard_link_that_list_show_and_rm_read(
-        env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile,
+        env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Windows without Developer Mode makes no symlinks (WinError 1314): the snapshot is the blob's hard link, as
-    huggingface_hub falls back to, and list, show and rm find the blob behind it (rm frees it with its last name);
-    where the disk has no hard links either, a copy."""
-    def no_symlink(*args: object, **kw: object) -> None:
-        raise OSError(1314, "A required privilege is not held by the client")
+    """Windows without Developer Mode makes no symlinks (WinError 1314): the snapshot is the blob's hard link, and
+    list, show and rm find the blob behind it (rm frees it with its last name, keeps it while a symlink of another
+    tag uses it, also in a cache reached through a symlink); a verified blob is checked through it. A disk that
+    allows neither, or a symlink that fails for any other reason (a full disk), is the one-line error, with no
+    file left behind."""
+    real_symlink, real_link = os.symlink, os.link
+    fail: dict[str, OSError | None] = {"symlink": None, "link": None}
 
-    monkeypatch.setattr(os, "symlink", no_symlink)
+    def symlink(*args: Any, **kw: Any) -> None:
+        if fail["symlink"] is not None:
+            raise fail["symlink"]
+        real_symlink(*args, **kw)
+
+    def link(*args: Any, **kw: Any) -> None:
+        if fail["link"] is not None:
+            raise fail["link"]
+        real_link(*args, **kw)
+
+    def windows_1314() -> OSError:
+        e = OSError(errno.EINVAL, "A required privilege is not held by the client")
+        e.winerror = 1314  # type: ignore[attr-defined]  # as Windows sets it
+        return e
+
+    monkeypatch.setattr(os, "symlink", symlink)
+    monkeypatch.setattr(os, "link", link)
+    Path(env["HF_HUB_CACHE"]).mkdir(parents=True, exist_ok=True)
+    alias = tmp_path / "hub-alias"  # the cache behind a symlink: paths through it are not the resolved ones
+    real_symlink(env["HF_HUB_CACHE"], alias)
     run = InProcessCLI({"LOCALGEN_HOME": env["LOCALGEN_HOME"], "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": None,
-                        "HF_HUB_CACHE": env["HF_HUB_CACHE"], "NO_COLOR": "1"})
+                        "HF_HUB_CACHE": str(alias), "NO_COLOR": "1"})
     b = blob(env, model_file.sha256)
-    for tag in ("Q4_1", "Q8_0"):  # same bytes: one blob, two names
-        r = run("pull", f"{REPO}:{tag}")
-        assert r.returncode == 0 and r.stdout.startswith(f"{REPO}:{tag}  Q4_1  94 MiB  "), r.stderr
-    link = b.parent.parent / "snapshots" / COMMIT / FILE
-    assert not link.is_symlink() and os.path.samefile(link, b)
+    snap = b.parent.parent / "snapshots" / COMMIT
+    q4, q8 = snap / FILE, snap / FILE.replace("Q4_1", "Q8_0")
+    assert run("pull", f"{REPO}:Q4_1").returncode == 0 and q4.is_symlink()
+    fail["symlink"] = windows_1314()
+    r = run("pull", f"{REPO}:Q8_0")  # the same bytes: one blob, a symlink and a hard link to it
+    assert r.returncode == 0 and r.stdout.startswith(f"{REPO}:Q8_0  Q4_1  94 MiB  "), r.stderr
+    assert not q8.is_symlink() and os.path.samefile(q8, b)
     listed = {i["name"] for i in json.loads(run("list", "--json").stdout)}
     assert {f"{REPO}:Q4_1", f"{REPO}:Q8_0"} <= listed
-    assert json.loads(run("show", f"{REPO}:Q4_1", "--json").stdout)["sha256"] == model_file.sha256
-    r = run("rm", f"{REPO}:Q4_1", "--yes")
+    assert json.loads(run("show", f"{REPO}:Q8_0", "--json").stdout)["sha256"] == model_file.sha256
+    assert json.loads(run("show", str(q8), "--json").stdout)["sha256"] == model_file.sha256  # no hashing needed
+    r = run("rm", f"{REPO}:Q8_0", "--yes")
+    assert r.stdout == "removed 1 file(s), freed 0 bytes (data another cached model uses was kept)\n", r.stderr
+    assert b.is_file() and q4.is_file() and not q8.exists()
+
+    for symlink_error, link_error in ((OSError(errno.ENOSPC, "No space left on device"), None),
+                                      (OSError(errno.EPERM, "Operation not permitted"),  # FAT32, exFAT
+                                       OSError(errno.EPERM, "Operation not permitted"))):
+        fail.update(symlink=symlink_error, link=link_error)
+        r = run("pull", f"{REPO}:Q8_0")
+        assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: cannot write {alias}"), r.stderr
+        assert f"/snapshots/{COMMIT}/{q8.name} in the Hugging Face cache: Operation not permitted\n" in r.stderr \
+            if link_error else ": No space left on device\n" in r.stderr
+        assert sorted(p.name for p in snap.iterdir()) == [FILE], "no copy, no partial file"
+
+    fail.update(symlink=windows_1314(), link=None)
+    assert run("pull", f"{REPO}:Q8_0").returncode == 0 and os.path.samefile(q8, b)
+    r = run("rm", f"{REPO}:Q4_1", "--yes")  # the symlink goes; the hard link still needs the blob
     assert r.stdout == "removed 1 file(s), freed 0 bytes (data another cached model uses was kept)\n", r.stderr
     assert b.is_file()
     r = run("rm", f"{REPO}:Q8_0", "--yes")
     assert r.returncode == 0 and r.stdout == "removed 1 file(s), freed 94 MiB\n", r.stdout
     assert not b.exists()
 
-    def no_link(*args: object, **kw: object) -> None:
-        raise OSError(1, "hard links are not supported")
-
-    monkeypatch.setattr(os, "link", no_link)  # FAT32, exFAT
-    assert run("pull", f"{REPO}:Q4_1").returncode == 0
-    assert link.is_file() and not link.is_symlink() and link.read_bytes()[:4] == b"GGUF"
-    assert f"{REPO}:Q4_1" in {i["name"] for i in json.loads(run("list", "--json").stdout)}
-    assert run("rm", f"{REPO}:Q4_1", "--yes").returncode == 0 and not link.exists()
+    b.write_bytes(b"GGUF" + bytes(100))  # another tool's blob, named by a SHA-256 it does not have
+    snap.mkdir()
+    real_link(b, q8)
+    r = run("show", f"{REPO}:Q8_0")
+    assert r.returncode == 1 and "failed its SHA-256 check and was removed" in r.stderr, r.stderr
+    assert not b.exists() and not q8.exists()
 
 
 def test_list_show_rm(env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> None:

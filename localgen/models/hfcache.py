@@ -3,6 +3,7 @@ models--OWNER--REPO/{blobs/SHA256, snapshots/COMMIT/FILE -> ../../blobs/SHA256, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -98,6 +99,7 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: 
             raise LocalgenError(f"unsafe revision name {revision!r}")
         ref = repo_dir(repo) / "refs" / revision
     where = link
+    tmp = None
     try:
         if not (link.is_symlink() and os.readlink(link) == rel) and not _same_file(link, blob):
             link.parent.mkdir(parents=True, exist_ok=True)
@@ -105,30 +107,42 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: 
             tmp.unlink(missing_ok=True)
             _link(blob, rel, tmp)
             os.replace(tmp, link)
+            tmp = None
             paths.fsync_dir(link.parent)
         if ref is not None and revision and cached_commit(repo, revision) != commit:
             where = ref
             ref.parent.mkdir(parents=True, exist_ok=True)
             ref.write_text(commit)
     except OSError as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):  # a half-made link (a read-only disk has none to remove)
+                tmp.unlink()
         raise LocalgenError(f"cannot write {where} in the Hugging Face cache: {e.strerror or e}") from None
     return link
 
 
 def _link(blob: Path, rel: str, tmp: Path) -> None:
-    """`tmp` as the blob: a relative symlink; where the system makes none (Windows without Developer Mode), a hard
-    link, else a copy, as huggingface_hub falls back to."""
+    """`tmp` as the blob: a relative symlink; where the system allows or supports none (Windows without Developer
+    Mode), a hard link to the blob instead (huggingface_hub copies there; a link costs no second copy of the
+    bytes). Any other failure, and a failed hard link, is the OSError."""
     try:
         os.symlink(rel, tmp)
         return
-    except (OSError, NotImplementedError):
-        tmp.unlink(missing_ok=True)
-    try:
-        os.link(blob, tmp)
-    except OSError:
-        import shutil
+    except (OSError, NotImplementedError) as e:
+        if not _no_symlinks(e):
+            raise
+    os.link(blob, tmp)
 
-        shutil.copyfile(blob, tmp)
+
+def _no_symlinks(e: BaseException) -> bool:
+    """Whether a failed symlink means the system allows or supports none (Windows' ERROR_PRIVILEGE_NOT_HELD without
+    Developer Mode, EPERM on a disk without them), not a disk that is full, read-only or missing a folder."""
+    import errno
+
+    if isinstance(e, NotImplementedError):
+        return True
+    return isinstance(e, OSError) and (getattr(e, "winerror", None) == 1314
+                                       or e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP))
 
 
 def _same_file(link: Path, blob: Path) -> bool:

@@ -201,7 +201,10 @@ def _write(path: Path, raw: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            os.chmod(tmp, 0o644)  # as the blobs are (mkstemp's file is 0600); by name: Windows has os.fchmod from 3.13
+            if hasattr(os, "fchmod"):  # as the blobs are (mkstemp's file is 0600); Windows has os.fchmod from 3.13
+                os.fchmod(out.fileno(), 0o644)
+            else:
+                os.chmod(tmp, 0o644)
             out.write(raw)
         os.replace(tmp, path)
     except BaseException:

@@ -273,24 +273,27 @@ def _lost_part(f: store.CachedFile, t: Target, offline: bool, flag: bool) -> Not
 
 def _from_cache(f: store.CachedFile, t: Target, progress: download.Progress) -> ModelRef:
     for part in store.split_parts(f):
-        _verify_blob(part.resolve(), progress)
+        _verify_blob(store.blob_of(part), progress, part)  # a hard link's blob too (its own name is no SHA)
     name = t.display if t.spec.quant or t.spec.filename else f"{f.repo}:{f.quant}"
     proj = mmproj.in_folder(Path(f.link).parent)  # pulled with the model, into the same snapshot
     if proj is not None:
-        _verify_blob(proj.resolve(), progress)
+        _verify_blob(store.blob_of(proj), progress, proj)
     return ModelRef(name=name, path=str(f.link), source="hf", summary=read_summary(str(f.link)),
                     repo=f.repo,
                     sha256=f.sha256, sampling_defaults=dict(t.sampling), mmproj=str(proj) if proj else None)
 
 
-def _verify_blob(blob: Path, progress: download.Progress) -> None:
-    """A cache blob is named by its SHA-256: hash it once (another tool may have written it unchecked)."""
+def _verify_blob(blob: Path, progress: download.Progress, link: Path) -> None:
+    """A cache blob is named by its SHA-256: hash it once (another tool may have written it unchecked). A bad one
+    goes, with `link` where that is a hard link to it (the bytes would stay behind it)."""
     if not hfcache.SHA256.match(blob.name):
         return
     from localgen.models import download
 
     if not download.verify_blob(blob, blob.name, blob.name[:12], progress):
         blob.unlink()
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
         raise LocalgenError(f"a cached file failed its SHA-256 check and was removed: {blob}",
                             hint="pull the model again")
 
@@ -367,7 +370,8 @@ def _linked(repo: str, blob: Path) -> bool:
     snaps = hfcache.repo_dir(repo) / "snapshots"
     if not snaps.is_dir():
         return False
-    return any(p.is_file() and store.blob_of(p) == blob for p in snaps.rglob("*"))  # a link, or a hard link
+    seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
+    return any(p.is_file() and store.blob_of(p, seen) == blob for p in snaps.rglob("*"))  # a link, or a hard link
 
 
 def embedded_model(name: str, local: bool = True) -> embedded.EmbeddedModel | None:

@@ -42,6 +42,7 @@ def _repo_from_dir(name: str) -> str | None:
 def cached_files(repo: str | None = None) -> Iterator[CachedFile]:
     """Every model GGUF (first split part only) in every snapshot; unreadable entries are skipped."""
     root = hfcache.hub_cache()
+    seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
     dirs = [hfcache.repo_dir(repo)] if repo else sorted(root.glob("models--*"))
     for d in dirs:
         name = _repo_from_dir(d.name)
@@ -55,29 +56,44 @@ def cached_files(repo: str | None = None) -> Iterator[CachedFile]:
                 if not is_model_gguf(rel) or (m and m.group(1) != "00001"):
                     continue
                 try:
-                    blob = blob_of(path)
+                    blob = blob_of(path, seen)
                 except OSError:
                     continue
                 yield CachedFile(repo=name, commit=commit_dir.name, filename=rel, link=path, blob=blob)
 
 
-def blob_of(path: Path) -> Path:
-    """The blob a snapshot file's bytes are: where its symlink points, or, for a hard link (made where the system
-    makes no symlinks), the file of its repo's blobs/ that is the same file; a copy is its own. OSError when it is
-    gone."""
+def blob_of(path: Path, seen: dict[Path, list[tuple[Path, os.stat_result]]] | None = None) -> Path:
+    """The blob a snapshot file's bytes are, as a resolved path (so the same blob reached by a symlink and by a
+    hard link is one path, also under a cache behind a symlink): where its symlink points, or, for a hard link
+    (made where the system makes no symlinks), the file of its repo's blobs/ that is the same file; a copy is its
+    own. `seen`: the blobs/ folders already read, for a caller that asks of many files. OSError when it is gone."""
     blob = path.resolve(strict=True)
     if path.is_symlink():
         return blob
     st = os.stat(path)
     if st.st_nlink > 1:
         repo = next((d for d in path.parents if d.name.startswith("models--")), None)
-        for b in (repo / "blobs").iterdir() if repo is not None and (repo / "blobs").is_dir() else []:
-            try:
-                if os.path.samestat(st, b.stat()):
-                    return b
-            except OSError:
-                continue
+        for b, bst in _blobs(repo / "blobs", {} if seen is None else seen) if repo is not None else []:
+            if bst.st_size == st.st_size and os.path.samestat(st, bst):
+                return b
     return blob
+
+
+def _blobs(folder: Path, seen: dict[Path, list[tuple[Path, os.stat_result]]]) -> list[tuple[Path, os.stat_result]]:
+    """The files of a blobs/ folder (resolved) and their stat, read once per `seen`."""
+    if folder not in seen:
+        found = []
+        try:
+            real = folder.resolve(strict=True)
+            for b in real.iterdir():
+                try:
+                    found.append((b, b.stat()))
+                except OSError:
+                    continue
+        except OSError:
+            pass
+        seen[folder] = found
+    return seen[folder]
 
 
 def split_parts(f: CachedFile) -> list[Path]:
@@ -110,14 +126,15 @@ def remove(files: list[CachedFile]) -> tuple[list[Path], list[Path]]:
     targets: list[Path] = []
     for f in files:
         targets.extend(p for p in split_parts(f) if p.is_symlink() or p.exists())
-    blobs = {blob_of(p) for p in targets if p.exists()}
+    seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
+    blobs = {blob_of(p, seen) for p in targets if p.exists()}
     removing = {p.absolute() for p in targets}
     still_used = set()
     for other in hfcache.hub_cache().glob("models--*/snapshots/*/**/*"):
         if other.absolute() in removing or not (other.is_symlink() or other.is_file()):
             continue
         try:
-            still_used.add(blob_of(other))
+            still_used.add(blob_of(other, seen))
         except OSError:
             continue
     for p in targets:

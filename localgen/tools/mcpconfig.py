@@ -58,10 +58,11 @@ def one(value: str) -> McpTarget:
 
 
 def windows_split(line: str) -> list[str]:
-    """`line` cut into words as a Windows program cuts its command line (CommandLineToArgvW's rules): a backslash
-    is itself (C:\\tools\\srv.exe), except in a run before a double quote, where each two are one and an odd
-    one makes the quote a character; double quotes group words, and "" inside them is one. ValueError for a
-    quote left open, as shlex gives."""
+    """`line` cut into words as a Windows program's C runtime cuts its command line (the rules of the runtime since
+    Visual C++ 2008 and the UCRT, which Python and most programs use): a backslash is itself (C:\\tools\\srv.exe),
+    except in a run before a double quote, where each two are one and an odd one makes the quote a character;
+    double quotes group words, and "" inside them is one quote with the group still open (CommandLineToArgvW
+    and the older runtimes close the group there instead). ValueError for a quote left open, as shlex gives."""
     words: list[str] = []
     word: list[str] = []
     quoted = started = False

@@ -220,9 +220,12 @@ def _known_sha256(ref: Any) -> str | None:
     """A SHA-256 known without reading the file: a cache blob's name, or an embedded model's published one."""
     from pathlib import Path
 
-    from localgen.models import embedded, hfcache
+    from localgen.models import embedded, hfcache, store
 
-    blob = Path(ref.path).resolve().name
+    try:
+        blob = store.blob_of(Path(ref.path)).name  # a hard link's blob too (its own name is no SHA)
+    except OSError:
+        blob = ""
     if hfcache.SHA256.match(blob):
         return blob
     model = embedded.EMBEDDED.get(ref.name)

@@ -327,10 +327,14 @@ def probe_socket(family: int) -> socket.socket:
     import sys
 
     s = socket.socket(family, socket.SOCK_STREAM)
-    if sys.platform == "win32":
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
-    else:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        if sys.platform == "win32":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
+        else:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except BaseException:
+        s.close()
+        raise
     return s
 
 
