@@ -71,6 +71,7 @@ def _running_windows(pid: int) -> bool:
     try:
         kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
         kernel32.OpenProcess.restype = ctypes.c_void_p  # a HANDLE, not C's int
+        kernel32.OpenProcess.argtypes = (ctypes.c_ulong, ctypes.c_int, ctypes.c_ulong)
         kernel32.GetExitCodeProcess.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulong))
         kernel32.CloseHandle.argtypes = (ctypes.c_void_p,)
         handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
@@ -82,5 +83,5 @@ def _running_windows(pid: int) -> bool:
             return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259  # STILL_ACTIVE
         finally:
             kernel32.CloseHandle(handle)
-    except (AttributeError, OSError):  # no kernel32 to ask
+    except (AttributeError, OSError, ctypes.ArgumentError):  # no kernel32 to ask; a pid it cannot take
         return True

@@ -417,13 +417,26 @@ def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], run
         p.wait()
 
 
+def _grouped(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run argv in a session of its own, and kill the whole group after it, however the test ends: the simulated
+    Windows server has no parent-death signal and shares launch's group, so a failure would orphan it."""
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
 def test_launch_on_windows(env: dict[str, str], running: tuple[Server, Path]) -> None:
     """Windows, simulated: the server launch starts is a process group of its own (no preexec_fn, no session), its
     key in a file deleted once it answers, and stopped once the agent ends; a running server is used as on Linux
     (before: launch ended at once in a traceback on os.WNOHANG, leaving the agent running; the server it would
     start, at preexec_fn)."""
-    r = subprocess.run(_simulated("windows", "claude", "--ctx", CTX), env={**env, "FAKE_RC": "7"}, cwd=ROOT,
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    r = _grouped(_simulated("windows", "claude", "--ctx", CTX), {**env, "FAKE_RC": "7"})
     assert r.returncode == 7 and "Traceback" not in r.stderr, r.stderr
     [popen] = [json.loads(line) for line in r.stderr.splitlines() if line.startswith('{"serve_popen"')]
     assert popen == {"serve_popen": ["env", "stderr", "stdin", "stdout"], "creationflags": 0x200}
@@ -434,9 +447,8 @@ def test_launch_on_windows(env: dict[str, str], running: tuple[Server, Path]) ->
     assert got["unauthorized"] == 401 and got["model"] == "smollm2:135m" and got["text"].strip()
     assert _gone(serve["pid"]) and _refused(got["url"]) and not Path(serve["folder"]).exists()
     server, key = running
-    r = subprocess.run(_simulated("windows", "codex", "--api-key-file", str(key)), cwd=ROOT, capture_output=True,
-                       env={**env, "LOCALGEN_PORT": str(server.port), "FAKE_RC": "4"}, text=True,
-                       stdin=subprocess.DEVNULL, timeout=600)
+    r = _grouped(_simulated("windows", "codex", "--api-key-file", str(key)),
+                 {**env, "LOCALGEN_PORT": str(server.port), "FAKE_RC": "4"})
     assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr
     assert json.loads(r.stdout)["url"] == server.url and server.health()["slots"] == 2
 

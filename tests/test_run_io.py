@@ -103,6 +103,21 @@ def test_a_terminal_that_is_not_utf8_shows_a_question_mark_for_what_it_cannot(
     assert shown.getvalue() == "? é\n".encode("cp1252")
 
 
+def test_a_stream_made_utf8_keeps_its_error_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redirected stderr in latin-1 becomes UTF-8 and keeps its backslashreplace: a file name holding a byte that
+    is not UTF-8 (a lone surrogate) is still said, not dropped (reconfigure alone made it strict, and ErrWriter
+    drops a line that cannot be written). A stream whose encoding is None is left alone, not a TypeError."""
+    from localgen.cli.main import utf8_output
+
+    written = io.BytesIO()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(written, encoding="latin-1", errors="backslashreplace"))
+    monkeypatch.setattr(sys, "stdout", type("Bare", (), {"encoding": None})())
+    utf8_output()
+    sys.stderr.write("no such file: x\udcff.gguf\n")
+    sys.stderr.flush()
+    assert written.getvalue() == b"no such file: x\\udcff.gguf\n"
+
+
 def _closing_stdout() -> None:
     os.close(1)
 

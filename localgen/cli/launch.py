@@ -300,9 +300,9 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
             p.send_signal(signum)
             told.append(time.monotonic())
 
-        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for sig in ENDING:
-            signal.signal(sig, forward)
+        typed = [signal.SIGINT, *([signal.SIGBREAK] if hasattr(signal, "SIGBREAK") else [])]  # Windows' Ctrl-Break
+        before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in typed}  # the agent's, as the terminal's Ctrl-C
+        before.update({sig: signal.signal(sig, forward) for sig in ENDING})
         try:
             killed = False
             while not _ended(p):
@@ -312,10 +312,11 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
                     killed = True
             return _status(p.returncode)
         finally:
-            signal.signal(signal.SIGINT, before)
             if p.poll() is None:  # launch itself failed: the agent goes too
                 p.kill()
                 p.wait()
+            for sig, handler in before.items():  # once the agent is over: a signal meanwhile was still passed on
+                signal.signal(sig, handler)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     deadline: float | None = None
     try:

@@ -88,11 +88,11 @@ def utf8_output() -> None:
     import codecs
 
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError, OSError, LookupError):  # not a text stream
+        with contextlib.suppress(AttributeError, ValueError, OSError, LookupError, TypeError):  # not a text stream
             if codecs.lookup(stream.encoding).name == "utf-8":
                 continue
-            if not stream.isatty():
-                stream.reconfigure(encoding="utf-8")  # type: ignore[union-attr]
+            if not stream.isatty():  # its error handler kept: stderr's backslashreplace writes a stray surrogate
+                stream.reconfigure(encoding="utf-8", errors=stream.errors)  # type: ignore[union-attr]
             elif stream.errors == "strict":
                 stream.reconfigure(errors="replace")  # type: ignore[union-attr]
 
@@ -298,7 +298,10 @@ def describe_os_error(e: OSError) -> str:
 
 def _stdout_closed() -> bool:
     """Whether stdout is the shell's closed one (closed_stdio_to_devnull: /dev/null, open for reading only)."""
-    import fcntl
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return False
 
     try:
         return fcntl.fcntl(sys.stdout.fileno(), fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY

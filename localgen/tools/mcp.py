@@ -100,8 +100,10 @@ class McpServer:
     def _said(self) -> str:
         """The last line the server wrote to stderr, when it went to our log (the reason a server that died
         gives: a missing module, a bad argument), as `; it said: ...`."""
-        if self._errlog is None:
-            return ""
+        import os
+
+        if self._errlog is None or not (hasattr(os, "pread") or self.gone):  # no pread (Windows): read only a
+            return ""  # server gone, which no longer writes at the offset the read moves (it shares the file's)
         with contextlib.suppress(OSError, ValueError):
             tail = _tail(self._errlog.fileno(), 4096).decode("utf-8", "replace")
             lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
@@ -257,7 +259,7 @@ def _tail(fd: int, size: int) -> bytes:
     start = max(0, os.fstat(fd).st_size - size)
     if hasattr(os, "pread"):
         return os.pread(fd, size, start)
-    at = os.lseek(fd, 0, os.SEEK_CUR)  # no pread (Windows): read from there, and the offset put back
+    at = os.lseek(fd, 0, os.SEEK_CUR)  # no pread (Windows; only once the server is gone): the offset put back
     try:
         os.lseek(fd, start, os.SEEK_SET)
         return os.read(fd, size)
