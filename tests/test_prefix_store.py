@@ -157,6 +157,18 @@ def test_a_read_room_reads_no_state_that_would_not_fit_and_stops_once_used(tmp_p
     assert opened == [tokens_name(e[0]) for e in (entries[3], entries[2], entries[1])]  # the oldest: not opened
 
 
+def test_a_torn_file_too_big_for_the_room_is_still_found_torn(tmp_path: Path) -> None:
+    """Passed over by its header's size, a file is still told torn by its length (no state read) and removed: a
+    read room smaller than it used to leave it on disk, unsaid, at every start."""
+    store, said = _store(tmp_path)
+    entry = _entry([5] * 70, size=5000, seed=5)
+    store.write(KEY, IDENT, [entry])
+    path = tmp_path / KEY / tokens_name(entry[0])
+    os.truncate(path, path.stat().st_size - 4000)
+    assert store.load(KEY, IDENT, 100) == []
+    assert not path.exists() and any("torn" in line for line in said), said
+
+
 def test_a_small_limit_bounds_what_its_server_keeps_never_what_others_wrote(tmp_path: Path) -> None:
     """The red team's `serve --cache-disk 1` wiped the whole shared store at start and stop. A server removes
     files only when it has just written one, and never one larger than its own limit: its start (reading),

@@ -221,7 +221,10 @@ class PrefixStore:
                 raise _Bad("it was made by another model or other settings")
             if head.get("build") != self.build:
                 raise _Bad("it was made by another llama.cpp build")
-            if room is not None and size > room:
+            if room is not None and size > room:  # torn or not is told by the file's length, reading no state
+                held = os.fstat(f.fileno()).st_size - _HEAD.size - n
+                if held != size:
+                    raise _Bad(f"the file is torn ({held:,} of its {size:,} state bytes)")
                 return None
             data = numpy.fromfile(f, dtype=numpy.uint8)
         if data.size != size:

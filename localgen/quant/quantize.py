@@ -130,11 +130,12 @@ def _check_tensor_imatrix(flag: str, text: str | None, tensor: str, imatrix: dic
                          hint="pick another type: q4_k, iq4_xs, q8_0, ...")
 
 
-def _check_imatrix_sizes(path: Path, imatrix: dict[str, Any], tensors: list[Any]) -> None:
+def _check_imatrix_sizes(path: Path, imatrix: dict[str, Any], tensors: list[Any], skip: set[str]) -> None:
     """llama-quantize's check, made before a byte is written (llama.cpp fails on it part-way through): an entry
-    holds ne[0] × ne[2] values of its tensor (a column's per expert); token_embd.weight's is never used."""
+    holds ne[0] × ne[2] values of its tensor (a column's per expert); token_embd.weight's is never used, nor those of
+    the tensors named in `skip` (never quantized: output.weight with --leave-output-tensor)."""
     for name, dims, _, _ in tensors:
-        if name not in imatrix or name == "token_embd.weight" or len(dims) < 2:
+        if name not in imatrix or name == "token_embd.weight" or name in skip or len(dims) < 2:
             continue
         need = int(dims[0]) * (int(dims[2]) if len(dims) > 2 else 1)
         if len(imatrix[name]) != need:
@@ -188,7 +189,9 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
 
         im = imx.read(opts.imatrix)
         imatrix = im.entries
-        _check_imatrix_sizes(opts.imatrix, imatrix, tensors)
+        if type_name != "COPY":  # a copy never reads it, as llama.cpp's does not
+            _check_imatrix_sizes(opts.imatrix, imatrix, tensors,
+                                 {"output.weight"} if opts.leave_output_tensor else set())
         # the metadata llama-quantize writes for it
         overrides.append((KV_IMATRIX_FILE, str(opts.imatrix)))
         if im.datasets:

@@ -209,7 +209,8 @@ class ModelWorker:
         to load again."""
         if not self.busy:
             return True
-        return bool(self._yield_to) and not any(j.state not in WAITING or j.id <= self._yield_mark
+        return bool(self._yield_to) and not any(j.state not in WAITING or (j.id <= self._yield_mark
+                                                                           and j.state is not State.HELD)
                                                 for j in self._live.of(State.PREPARING, *IN_SLOTS, *WAITING))
 
     def yield_to(self, name: str) -> None:
@@ -350,8 +351,9 @@ class ModelWorker:
             if job.cancelled.is_set():
                 self.aborted += 1
                 job.send(Failed(499, "the client went away"))
-            elif bool(self._yield_to) and self.loaded and job.id > self._yield_mark:  # came after the ask
-                advance(job, State.HELD)
+            elif bool(self._yield_to) and self.loaded and (job.id > self._yield_mark or isinstance(job, EmbedJob)):
+                advance(job, State.HELD)  # came after the ask; or embeddings, whose context may need more room
+                # (Residency.grow), which would wait behind the model this one yields to, its own jobs stopped
             elif (failure := self._load_for(job)) is not None:  # those held back fail the same way, rather
                 for held in (job, *(h for h in self._live.of(State.HELD) if h is not job)):  # than each wait again
                     self.aborted += failure.status == 499  # a load abandoned: every client had left
