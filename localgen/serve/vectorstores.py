@@ -109,7 +109,8 @@ async def search(state: ServeState, name: str, queries: list[str], count: int, t
     # would be refused as past that window before it is tokenized
     most = CHARS_PER_TOKEN * worker.n_ctx
     queries = [q[:most] for q in queries]
-    vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling)).values
+    vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling,
+                          param="query")).values
     rows = await asyncio.to_thread(collections.vectors, name)
     from localgen.embeddings.retrieve import rank
 
