@@ -318,6 +318,25 @@ def test_ctrl_c_keeps_what_was_embedded_and_the_same_command_embeds_the_rest(hcl
     assert len(_held(hcli, "big")) == 128
 
 
+def test_a_write_lock_held_past_the_wait_is_said_busy_not_unusable(hcli: CLI, bert: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holding the write lock past the busy timeout (30 s; a fraction of a second here): the
+    error says the database was busy, not that it is unusable (a damaged file's word)."""
+    from localgen.embeddings import storedb
+    from tests.conftest import InProcessCLI
+
+    _store(hcli, bert, "notes", "a text")
+    monkeypatch.setattr(storedb, "BUSY_TIMEOUT_S", 0.2)
+    run = InProcessCLI(dict(hcli.env))  # in this process: the shorter wait set above holds
+    with closing(sqlite3.connect(_db(hcli), isolation_level=None)) as conn:
+        conn.execute("BEGIN IMMEDIATE")  # the write lock, held
+        r = run("embed", "-m", bert, "--store", "notes", "another text")
+        conn.execute("ROLLBACK")
+    assert r.returncode == 1 and r.stderr.splitlines()[-1] == (
+        f"localgen: error: the collections database {_db(hcli)} is busy: another process held its write lock for "
+        "0.2 s (run it again once that process ends: another `localgen embed --store` or `collections rm`?)"), r.stderr
+
+
 def test_rm_and_replace_wait_for_another_writer(hcli: CLI, bert: str) -> None:
     """Writers wait for each other (WAL, a busy timeout): rm and a replace run started while another
     connection holds the write lock finish once it lets go, and reading goes on meanwhile."""

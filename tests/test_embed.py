@@ -222,6 +222,23 @@ def test_serve_embeddings_for_the_openai_and_ollama_clients(server: Server, cli:
     assert long.json()["error"]["code"] == "context_length_exceeded"
     ok = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "word " * 700}, timeout=120)
     assert ok.status_code == 200 and ok.json()["prompt_eval_count"] == 512, "Ollama truncates by default"
+    # past the characters a window's tokens come from: cut where truncation is on (it was refused unread), and
+    # refused before it is tokenized where it is off, naming the input at fault
+    huge = "word " * 3400  # 17,000 characters: more than 512 tokens of 32 characters each could hold
+    for truncate in ({}, {"truncate": True}):
+        ok = httpx.post(f"{server.url}/api/embed", timeout=120,
+                        json={"model": "smollm2:135m", "input": ["hi", huge], **truncate})
+        assert ok.status_code == 200 and len(ok.json()["embeddings"]) == 2, ok.text
+    said = "`input[1]` is 17,000 characters; a slot's window of 512 tokens takes at most 16,384 here"
+    bad = httpx.post(f"{server.url}/v1/embeddings", json={"model": "smollm2:135m", "input": ["hi", huge]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[1]", bad.text
+    assert bad.json()["error"]["message"] == said, bad.text
+    bad = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": ["hi", huge],
+                                                      "truncate": False})
+    assert (bad.status_code, bad.json()["error"]) == (400, said), bad.text  # Ollama's shape
+    vast = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "w" * (4 << 20) + "w"})
+    assert (vast.status_code, vast.json()["error"]) == (400, "`input` is 4,194,305 characters; at most 4,194,304 are "
+                                                             "taken to cut to the window"), vast.text
     assert server.health()["alive"]
 
 
@@ -352,6 +369,11 @@ def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], t
         assert [x.json()["error"]["param"] for x in (chat, emb, scores)] == ["model"] * 3
         ok = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert.gguf", "input": "the cat"})
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
+        # docs/api.md: documents are cut to fit beside the query, one past the characters the window's tokens
+        # come from too (it was refused unread)
+        cut = httpx.post(f"{s.url}/v1/rerank", timeout=60, json={
+            "model": "tiny-bert-reranker.gguf", "query": "a cat", "documents": ["the cat sat " * 1400, "a dog"]})
+        assert cut.status_code == 200 and len(cut.json()["results"]) == 2, cut.text
     finally:
         assert s.stop() == 0
 

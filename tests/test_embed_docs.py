@@ -207,6 +207,27 @@ def test_a_folder_is_walked_into_chunks_with_path_ids(dcli: CLI, bert: str, tmp_
     assert r.returncode == 0 and "m: removed 3 entries, 2 left" in r.stderr, r.stderr
 
 
+def test_files_of_equal_text_in_one_walk_are_not_called_the_same_file(dcli: CLI, bert: str, tmp_path: Path) -> None:
+    """Thirteen copies in one folder are thirteen files: no warning that each is "the same file by another path"
+    (one line a copy, 301 for 300). The folder stored again by other paths is that case: three named, the rest
+    counted in one line."""
+    (tmp_path / "dup").mkdir()
+    for i in range(12):
+        (tmp_path / "dup" / f"s{i:02}.md").write_text("the cat sat on the mat.\n")
+    r = dcli("embed", "-m", bert, "--store", "d", "--docs", "dup", cwd=tmp_path)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    (tmp_path / "dup" / "s12.md").write_text("the cat sat on the mat.\n")  # one more copy: its vector reused
+    r = dcli("embed", "-m", bert, "--store", "d", "--docs", "dup", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "d: 13 files in 13 chunks: 0 embedded and stored, 13 unchanged\n", r.stderr
+    r = dcli("embed", "-m", bert, "--store", "d", "--docs", ".", cwd=tmp_path / "dup")
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert warned[0].startswith("warning: d: s00.md holds the same text as dup/s00.md, stored already: the same file "
+                                "by another path?"), r.stderr
+    assert len(warned) == 4 and warned[3] == "warning: d: 10 more files hold texts stored already under other paths"
+
+
 def test_chunks_hold_at_most_chunk_tokens_of_the_models_own(dcli: CLI, bert: str, tmp_path: Path) -> None:
     doc = tmp_path / "long.md"
     text = "\n".join(f"the cat sat on the mat {i}. a dog rested on the rug and the kitten sat." for i in range(40))

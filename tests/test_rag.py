@@ -288,3 +288,34 @@ def test_a_continued_run_keeps_the_earlier_excerpts_and_adds_the_new_question_s(
     assert f"{entry['response']}" in r.stderr[r.stderr.index(one):r.stderr.index(two)], "the first answer between"
     (cont,) = logged(hcli, 1)
     assert cont["prompt"] == two and cont["conversation_id"] == entry["conversation_id"]
+
+
+def test_many_excerpts_are_fitted_in_a_few_tries_and_the_line_names_a_few(hcli: CLI, tmp_path: Path) -> None:
+    """--rag-top 60 in a 256-token window: the most excerpts that fit are sent, best first, found by halving
+    (a few prompts rendered, not one per excerpt left out); the line names five and counts the rest."""
+    from localgen.embeddings.retrieve import Hit, fit
+    from tests.tiny_bert import build
+
+    tried: list[int] = []
+    hits = [Hit(f"e{i}", 1.0 - i / 1000, "x") for i in range(1000)]
+    assert fit(hits, lambda some: tried.append(len(some)) is None and len(some) <= 7) == hits[:7]
+    assert len(tried) <= 12, tried
+    assert fit(hits, lambda some: True) == hits and fit(hits, lambda some: not some) == []
+
+    docs = tmp_path / "many.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"m{i:02}", "text": f"Note {i}: the llama number {i} lives in a "
+                                        f"valley of the Andes."}) + "\n" for i in range(60)))
+    r = hcli("embed", "-m", str(build(tmp_path / "tiny-bert.gguf")), "--file", str(docs), "--store", "many")
+    assert r.returncode == 0, r.stderr
+    question = "Where do llamas live?"
+    r = hcli("similar", "many", question, "-n", "60")
+    assert r.returncode == 0, r.stderr
+    want = [json.loads(line)["id"] for line in r.stdout.splitlines()]
+    r = hcli("run", "--rag", "many", "--rag-top", "60", question, "--json", "--ctx", "256", "-n", "110",
+             "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    sent = [s["id"] for s in json.loads(r.stdout)["sources"]]
+    assert 0 < len(sent) < 60 and sent == want[:len(sent)]
+    dropped = want[len(sent):]
+    assert r.stderr == (f"rag: {len(dropped)} excerpts left out to fit the context window ({', '.join(dropped[:5])} "
+                        f"and {len(dropped) - 5} more); {len(sent)} sent\n")

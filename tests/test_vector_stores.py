@@ -334,3 +334,49 @@ def test_an_answer_that_cites_a_text_it_was_sent_carries_file_citations(server: 
 
     plain = client.responses.create(model="smollm2:135m", input=QUESTION, temperature=0, text={"format": fmt})  # type: ignore[typeddict-item]
     assert plain.output[0].content[0].annotations == []  # type: ignore[union-attr]  # no search: nothing sent to cite
+
+
+def test_a_collection_made_with_another_file_of_its_model_s_name_is_refused(
+        home_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/api.md: a search embeds on the model the collection was made with, as `localgen similar` does. A
+    served file of the same name with other weights (its fingerprint not the collection's) would rank by
+    unrelated vectors: refused at start (one line, exit 2), and a 400 for a collection made again with such a
+    file while serving."""
+    import shutil
+
+    from tests.tiny_bert import build
+
+    (tmp_path / "a").mkdir()
+    bert = build(tmp_path / "a" / "tiny-bert.gguf")
+    other = tmp_path / "b" / "tiny-bert.gguf"
+    other.parent.mkdir()
+    shutil.copyfile(bert, other)
+    with open(other, "r+b") as f:  # the last weight of the last tensor, its lowest bit: another model
+        f.seek(-4, 2)
+        byte = f.read(1)
+        f.seek(-4, 2)
+        f.write(bytes([byte[0] ^ 1]))
+    env = {**home_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    cli = CLI(env)
+    for name, model in (("mine", bert), ("theirs", other)):
+        r = cli("embed", "-m", str(model), "--store", name, input="the cat sat on the mat\nstocks fell in paris\n")
+        assert r.returncode == 0, r.stderr
+    r = cli("serve", "-m", str(bert), "--collection", "theirs", "--port", str(free_port()), timeout=120)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    said = [line for line in r.stderr.splitlines() if line.startswith("localgen: error:")]
+    assert said == ["localgen: error: --collection 'theirs' was made with another tiny-bert.gguf than the one served "
+                    "as tiny-bert.gguf (a file of other content), so its vectors do not compare with this model's "
+                    "(serve the file it was made with, or store it again with this one: localgen embed -m "
+                    f"{bert} --store NEWNAME)"], r.stderr
+    s = Server(env, "-m", str(bert), "--collection", "mine")
+    try:
+        ok = httpx.post(f"{s.url}/v1/vector_stores/mine/search", json={"query": "a cat"}, timeout=60)
+        assert ok.status_code == 200, ok.text
+        r = cli("collections", "rm", "mine", "--yes")
+        assert r.returncode == 0, r.stderr
+        r = cli("embed", "-m", str(other), "--store", "mine", input="the cat sat on the mat\n")
+        assert r.returncode == 0, r.stderr
+        bad = httpx.post(f"{s.url}/v1/vector_stores/mine/search", json={"query": "a cat"}, timeout=60)
+    finally:
+        assert s.stop() == 0
+    assert bad.status_code == 400 and "vector store 'mine' was made with another tiny-bert.gguf" in bad.text, bad.text

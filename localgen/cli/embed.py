@@ -365,12 +365,40 @@ def run_embed(f: EmbedArgs) -> None:
         cut = f" {plural(len(docs), 'file')} in {plural(len(items), 'chunk')}:" if f.docs else ""
         err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip) + len(reused):,} unchanged{removed}")
         if f.docs and reused:  # a document's texts came from another: the same file by another path?
-            for copy, other in collections.copies(f.store, [d for d, _ in docs]).items():
-                err.warn(f"{f.store}: {copy} holds the same text as {other}, stored already: the same file by "
-                         f"another path? The collection now has both; remove one with `localgen collections rm "
-                         f"{f.store} --id ID`, or store the folder again with --replace")
+            _warn_copies(err, f.store, [d for d, _ in docs])
         return
     _print_vectors(f, name, pooling, todo, vectors)
+
+
+NAMED_COPIES = 3  # documents named in warnings that they hold texts stored already; the rest counted
+
+
+def _warn_copies(err: Any, store: str, docs: list[str]) -> None:
+    """Warn of documents whose texts the collection holds under another document's ids: the same file stored by
+    another path. Two files of this run whose texts are equal (copies in one folder) are two files, not that."""
+    import os
+
+    from localgen.embeddings import store as collections
+
+    here = set(docs)
+
+    def same_file(a: str, b: str) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:
+            return False
+
+    found = []
+    for copy, others in collections.copies(store, docs).items():
+        other = next((o for o in others if o not in here or same_file(copy, o)), None)
+        if other is not None:
+            found.append((copy, other))
+    for copy, other in found[:NAMED_COPIES]:
+        err.warn(f"{store}: {copy} holds the same text as {other}, stored already: the same file by another path? "
+                 f"The collection now has both; remove one with `localgen collections rm {store} --id ID`, or store "
+                 "the folder again with --replace")
+    if len(found) > NAMED_COPIES:
+        err.warn(f"{store}: {len(found) - NAMED_COPIES:,} more files hold texts stored already under other paths")
 
 
 def _check_flags(f: EmbedArgs) -> None:

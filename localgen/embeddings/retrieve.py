@@ -162,16 +162,29 @@ def asked(message: str) -> str:
 
 def fit(hits: Sequence[Hit], fits: Callable[[list[Hit]], bool]) -> list[Hit]:
     """The best hits whose message fits (`fits`: whether a message with these hits fits the window): the
-    lowest-scoring are dropped first, down to none (the question alone, which the caller then checks)."""
-    kept = list(hits)
-    while kept and not fits(kept):
-        kept.pop()
-    return kept
+    lowest-scoring are dropped first, down to none (the question alone, which the caller then checks). Each
+    `fits` renders and tokenizes the whole prompt, so how many fit is found by halving (a few calls for any
+    --rag-top), not by dropping one at a time."""
+    if not hits or fits(list(hits)):
+        return list(hits)
+    fit_n, too_many = 0, len(hits)  # fit_n hits fit (none always "fits": the caller checks the question alone)
+    while too_many - fit_n > 1:
+        n = (fit_n + too_many) // 2
+        if fits(list(hits[:n])):
+            fit_n = n
+        else:
+            too_many = n
+    return list(hits[:fit_n])
+
+
+NAMED_DROPPED = 5  # excerpts named in the line that says some were left out; the rest counted
 
 
 def dropped_line(dropped: Sequence[Hit], kept: int) -> str:
-    """The one stderr line that says which excerpts did not fit."""
-    ids = ", ".join(h.id for h in dropped)
+    """The one stderr line that says which excerpts did not fit (the first few named, the rest counted)."""
+    ids = ", ".join(h.id for h in dropped[:NAMED_DROPPED])
+    if len(dropped) > NAMED_DROPPED:
+        ids += f" and {len(dropped) - NAMED_DROPPED:,} more"
     return (f"rag: {len(dropped)} excerpt{'s' if len(dropped) != 1 else ''} left out to fit the context window "
             f"({ids}); {kept} sent")
 

@@ -240,10 +240,10 @@ def put(c: Collection, rows: list[tuple[str, str, list[float] | bytes]], keep: I
             return gone
 
 
-def copies(name: str, files: Iterable[str]) -> dict[str, str]:
+def copies(name: str, files: Iterable[str]) -> dict[str, list[str]]:
     """Of documents stored in chunks (ids FILE#N), each one whose every chunk's text the collection also holds
-    under another document's ids, and that document (the same file stored by another path: `notes/a.md` and
-    `a.md`, which are two documents to the collection)."""
+    under other documents' ids, and those documents, sorted (the same file stored by another path: `notes/a.md`
+    and `a.md`, which are two documents to the collection; or two files of equal text)."""
     wanted = set(files)
     if not wanted:
         return {}
@@ -259,7 +259,7 @@ def copies(name: str, files: Iterable[str]) -> dict[str, str]:
     for doc in sorted(wanted & hashes.keys()):
         others = set.intersection(*(holders[h] - {doc} for h in hashes[doc]))
         if others:
-            out[doc] = min(others)
+            out[doc] = sorted(others)
     return out
 
 

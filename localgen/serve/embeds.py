@@ -18,13 +18,13 @@ from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.ask import flag, keep_alive, one_of
 from localgen.serve.jobs import EmbedJob, Failed
 from localgen.serve.jsonbody import read_json
-from localgen.serve.pipeline import check_prompt_size
 from localgen.serve.running import refused, watch_disconnect
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
 from localgen.text import CHARS_PER_TOKEN
 
 MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's bound)
+MOST_CUT = 4 << 20  # characters of one text cut to the window: far above any window's, a bound on the request's work
 NS = 1_000_000_000
 
 
@@ -61,7 +61,7 @@ def routes(state: ServeState) -> list[Route]:
             raise HTTPError(400, "`top_n` must be a positive integer", param="top_n")
         keep = flag(body, "return_documents")
         # documents are cut to fit beside the query; one with no room left is a 400 (embed.py QueryTooLong)
-        scored = (await embed(worker, docs, None, True, query=query, http=request)).values
+        scored = (await embed(worker, docs, None, True, query=query, http=request, param="documents")).values
         order = sorted(range(len(docs)), key=lambda i: -scored[i][0])[:top]
         results = [{"index": i, "relevance_score": scored[i][0], **({"document": {"text": docs[i]}} if keep else {})}
                    for i in order]
@@ -90,7 +90,7 @@ def routes(state: ServeState) -> list[Route]:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):  # one text, one vector: a list would be embedded whole for its first
             raise HTTPError(400, "`prompt` must be a string (one text; /api/embed takes several)", param="prompt")
-        done = await embed(worker, embed_inputs(prompt, "prompt"), None, True, http=request,
+        done = await embed(worker, embed_inputs(prompt, "prompt"), None, True, http=request, param="prompt",
                            keep=keep_alive(body.get("keep_alive"), "keep_alive"))
         return JSONResponse({"embedding": done.values[0].vector})
 
@@ -129,15 +129,23 @@ class Embedded:
 
 async def embed(worker: Served, texts: list[str], dimensions: int | None = None, truncate: bool = False,
                 query: str | None = None, http: Request | None = None, keep: float | None = None,
-                pooling: str | None = None) -> Embedded:
+                pooling: str | None = None, param: str = "input") -> Embedded:
     """Embed (or with a query, rerank) on the worker's thread, a slice at a time between decoding steps; the
     result, or an HTTPError. A client that disconnects (`http`) or a handler cancelled stops the job at its
     next slice. `keep`: Ollama's keep_alive, applied once the job ends. `pooling`: the pooling the vectors must
-    have been made with (a collection's), else a 400."""
+    have been made with (a collection's), else a 400. `param`: the field the texts came in (a 400's param, with
+    the text's index)."""
     import asyncio
 
-    for t in texts:
-        check_prompt_size(worker, [t])
+    most = CHARS_PER_TOKEN * worker.n_ctx
+    for i, t in enumerate(texts):  # refused before it is tokenized: too long for the window, or cut to it
+        said = param if len(texts) == 1 else f"{param}[{i}]"
+        if truncate and len(t) > MOST_CUT:  # the engine tokenizes a long text's beginning alone (Embedder._beginning)
+            raise HTTPError(400, f"`{said}` is {len(t):,} characters; at most {MOST_CUT:,} are taken to cut to the "
+                                 "window", param=said, chars=len(t))
+        if not truncate and len(t) > most:
+            raise HTTPError(400, f"`{said}` is {len(t):,} characters; a slot's window of {worker.n_ctx:,} tokens "
+                                 f"takes at most {most:,} here", param=said, overflow=(0, worker.n_ctx), chars=len(t))
     job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query, keep_alive=keep, pooling=pooling)
     try:
         worker.submit(job)

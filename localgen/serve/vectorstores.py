@@ -8,6 +8,7 @@ texts."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from starlette.routing import Route
 
 from localgen.serve.apierror import HTTPError
 from localgen.serve.jsonbody import read_json
+from localgen.serve.served import Served
 from localgen.serve.state import ServeState
 from localgen.text import CHARS_PER_TOKEN
 
@@ -99,12 +101,16 @@ async def search(state: ServeState, name: str, queries: list[str], count: int, t
     except LocalgenError:  # removed (localgen collections rm) since serve started
         raise _gone(name) from None
     worker = state.worker(coll.model)
+    if await asyncio.to_thread(other_model, worker, coll):  # a file of that name, not the one it was made with
+        raise HTTPError(400, f"vector store '{name[:100]}' {made_with_another(coll, worker)}",
+                        param="vector_store_id")
     # each query cut to its first tokens the embedding model's window holds, as run --rag cuts a question: here
     # first to the characters that hold them (no token is longer than CHARS_PER_TOKEN), where a longer text
     # would be refused as past that window before it is tokenized
     most = CHARS_PER_TOKEN * worker.n_ctx
     queries = [q[:most] for q in queries]
-    vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling)).values
+    vectors = (await embed(worker, queries, coll.dimensions, truncate=True, http=http, pooling=coll.pooling,
+                          param="query")).values
     rows = await asyncio.to_thread(collections.vectors, name)
     from localgen.embeddings.retrieve import rank
 
@@ -147,6 +153,43 @@ def search_options(where: dict[str, Any], default: int,
         said, param = named("ranking_options.score_threshold")
         raise HTTPError(400, f"{said} must be a number from -1 to 1 (a cosine)", param=param)
     return count, None if threshold is None else float(threshold)
+
+
+def other_model(worker: Served, coll: Any) -> bool:
+    """Whether the worker's model is not the file the collection was made with (its fingerprint, whatever the
+    name: another file of the same name embeds into vectors that do not compare); a collection made before
+    fingerprints were recorded knows only the name, which the worker was found by."""
+    if coll.model_id is None:
+        return False
+    residence = getattr(worker, "residence", None)  # serve --lora's adapters, over the preset's own
+    lora = tuple(residence.load.lora) if residence is not None else ()
+    return bool(_fingerprint(worker.ref.path, (*worker.ref.adapters, *lora)) != coll.model_id)
+
+
+def made_with_another(coll: Any, worker: Served) -> str:
+    """Why a collection's vectors do not compare with the served model's, after the collection's name."""
+    return (f"was made with another {coll.model} than the one served as {worker.name} (a file of other content), "
+            "so its vectors do not compare with this model's")
+
+
+def _fingerprint(path: str, adapters: tuple[tuple[str, float], ...]) -> str:
+    """The model's fingerprint (embeddings/store.py), read once per file as it stands (a few MB read)."""
+    import os
+
+    from localgen.errors import LocalgenError
+
+    try:
+        stamps = tuple((os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in (path, *(a for a, _ in adapters)))
+        return _fingerprint_of(path, adapters, stamps)
+    except (OSError, LocalgenError):  # the file gone or unreadable since it loaded: not known to be the same
+        return ""
+
+
+@functools.lru_cache(maxsize=32)
+def _fingerprint_of(path: str, adapters: tuple[tuple[str, float], ...], stamps: tuple[tuple[int, int], ...]) -> str:
+    from localgen.embeddings.store import fingerprint
+
+    return fingerprint(path, adapters)
 
 
 def _gone(name: str) -> HTTPError:

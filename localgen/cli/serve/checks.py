@@ -154,15 +154,21 @@ def _unoffered(name: str, coll: Any) -> UsageError:
 
 
 def check_collections(state: Any) -> None:
-    """Each --collection's model is one this server offers (its queries are embedded on that model)."""
+    """Each --collection's model is one this server offers (its queries are embedded on that model), the very
+    file it was made with (its fingerprint: another file of that name would rank by unrelated vectors)."""
     from localgen.serve.apierror import HTTPError
+    from localgen.serve.vectorstores import made_with_another, other_model
 
     for name in state.collections:
         coll = _collection(name)
         try:
-            state.worker(coll.model)
+            worker = state.worker(coll.model)
         except HTTPError:
             raise _unoffered(name, coll) from None
+        if other_model(worker, coll):
+            raise UsageError(f"--collection {name!r} {made_with_another(coll, worker)}",
+                             hint=f"serve the file it was made with, or store it again with this one: localgen "
+                                  f"embed -m {worker.ref.path} --store NEWNAME")
 
 
 def _listen_name(host: str) -> tuple[str, ...]:
