@@ -36,15 +36,29 @@ async def schema_grammar(schema: Any, param: str = "response_format") -> str:
     return grammar
 
 
-def bounded_schema(schema: Any, param: str, what: str) -> str:
-    """A schema (or tools) as JSON text, or a 400 when it is too long or repeats too much for a grammar."""
+def bounded_schema(schema: Any, param: str, what: str, at: int | None = None) -> str:
+    """A schema (or tools, or tool `at` of them) as JSON text, or a 400 when it is too long or repeats too much for
+    a grammar: the tool named."""
     text = json.dumps(schema)
     if len(text) > MAX_SCHEMA_CHARS:
         raise HTTPError(400, f"{what} is {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}", param=param)
-    big = big_repeat(schema)
-    if big:
-        raise HTTPError(400, f"{what}'s {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
+    tools = isinstance(schema, list) or at is not None
+    for i, part in enumerate(schema if isinstance(schema, list) else [schema]):
+        big = big_repeat(part)
+        if big:
+            name = _tool_name(part) if tools else None
+            where = f"the JSON of tools[{i if at is None else at}] ({name})" if name else what
+            raise HTTPError(400, f"{where}'s {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
     return text
+
+
+def _tool_name(tool: Any) -> str | None:
+    """A tool's name as any API gives it (Anthropic's and the Responses API's `name`, OpenAI's `function.name`)."""
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
+    return name[:64] if isinstance(name, str) else None
 
 
 def check_grammar_size(grammar: str, param: str, what: str) -> None:

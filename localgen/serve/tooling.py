@@ -57,7 +57,7 @@ def checked_tool(tool: dict[str, Any], i: int, schema_field: str, required: bool
     schema checked, or a 400 in the request's own field names (tool_plan checks the rest)."""
     from localgen.tools.spec import check_name, check_schema
 
-    bounded_schema(tool, "tools", "the tools' JSON")
+    bounded_schema(tool, "tools", "the tools' JSON", at=i)
     try:
         name = check_name(tool.get("name"), f"tools[{i}].name")
         if required or tool.get(schema_field) is not None:
