@@ -349,7 +349,10 @@ def _file_search(state: ServeState, raw: Any) -> filesearch.FileSearch | None:
 
 
 def _tools(raw: Any) -> Any:
-    """Function tools as chat completions' (the tool plan reads those); file_search is the server's own."""
+    """Function tools as chat completions' (the tool plan reads those); file_search is the server's own. A tool
+    of another type (a hosted one such as web_search, which the server cannot run, or a namespace of tools, whose
+    calls a client names in a way chat templates have no place for) is left out of what the model is offered:
+    Codex sends both by default, and a whole request refused over them would end every turn."""
     if raw is None:
         return None
     if not isinstance(raw, list):
@@ -357,11 +360,10 @@ def _tools(raw: Any) -> Any:
     out = []
     for i, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else None
-        if kind in ("file_search", "mcp"):  # the server's own (serve/responsemcp.py reads mcp tools)
+        if not isinstance(kind, str):
+            raise HTTPError(400, f"tools[{i}] needs a type", param=f"tools[{i}].type")
+        if kind != "function":  # file_search and mcp: the server's own (serve/responsemcp.py reads mcp tools)
             continue
-        if kind != "function":
-            raise HTTPError(400, f"only function, file_search and mcp tools are served here, not {kind!r}",
-                            param="tools")
         assert isinstance(t, dict)
         if t.get("strict") not in (None, True, False):  # echoed as given
             raise HTTPError(400, "a tool's strict must be true or false", param="tools")
@@ -369,7 +371,7 @@ def _tools(raw: Any) -> Any:
         fn = {"name": t.get("name"), "description": t.get("description") or "",
               "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": fn})
-    return out if out or not raw else None  # file_search or mcp alone: no function tools
+    return out if out or not raw else None  # file_search, mcp or hosted tools alone: no function tools
 
 
 def _choice(raw: Any) -> Any:
