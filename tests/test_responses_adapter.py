@@ -93,6 +93,10 @@ def test_function_tools_and_tool_choice_as_chat_completions() -> None:
         assert r._tools([other, {"type": "function", "name": "f"}]) == [
             {"type": "function", "function": {"name": "f", "description": "", "parameters": {
                 "type": "object", "properties": {}}}}]
+    for other in ("custom", "local_shell"):  # run by the client, not as a function: refused, not dropped unawares
+        with pytest.raises(HTTPError) as e:
+            r._tools([{"type": other, "name": "apply_patch"}])
+        assert e.value.param == "tools" and f"not {other!r}" in e.value.message
     for bad in ({"name": "f"}, 5):
         with pytest.raises(HTTPError) as e:
             r._tools([bad])

@@ -348,11 +348,18 @@ def _file_search(state: ServeState, raw: Any) -> filesearch.FileSearch | None:
     return filesearch.tool(state, found[0]) if found else None
 
 
+# The Responses API's tool types that the client runs but not as a function call: a model offered none of them
+# could not call them, so they are refused rather than left out
+CLIENT_RUN = ("custom", "local_shell", "shell", "apply_patch", "computer_use_preview", "computer_use")
+
+
 def _tools(raw: Any) -> Any:
     """Function tools as chat completions' (the tool plan reads those); file_search is the server's own. A tool
-    of another type (a hosted one such as web_search, which the server cannot run, or a namespace of tools, whose
-    calls a client names in a way chat templates have no place for) is left out of what the model is offered:
-    Codex sends both by default, and a whole request refused over them would end every turn."""
+    the client runs in another shape (CLIENT_RUN: a freeform `custom` tool, a shell) is a 400 naming its type, as
+    the agent would otherwise lose it unawares; any other type (a hosted one such as web_search, which the server
+    cannot run, or a namespace of tools, whose calls a client names in a way chat templates have no place for) is
+    left out of what the model is offered: Codex sends both by default, and a request refused over them would end
+    every turn."""
     if raw is None:
         return None
     if not isinstance(raw, list):
@@ -362,6 +369,9 @@ def _tools(raw: Any) -> Any:
         kind = t.get("type") if isinstance(t, dict) else None
         if not isinstance(kind, str):
             raise HTTPError(400, f"tools[{i}] needs a type", param=f"tools[{i}].type")
+        if kind in CLIENT_RUN:
+            raise HTTPError(400, f"only function, file_search and mcp tools are served here, not {kind!r}",
+                            param="tools")
         if kind != "function":  # file_search and mcp: the server's own (serve/responsemcp.py reads mcp tools)
             continue
         assert isinstance(t, dict)
