@@ -465,7 +465,10 @@ CLAUDE_CODE = {"model": "smollm2:135m", "max_tokens": 8, "stream": False, "tempe
 
 # Codex 0.171.0: its function tools beside a namespace of tools and a web_search it turned off
 CODEX = {"model": "smollm2:135m", "max_output_tokens": 8, "temperature": 0, "stream": False, "store": False,
-         "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "say hi"}]}],
+         "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "say hi"}]},
+                   # an output of a namespace's tool, with no call_id, that Codex adds after a turn's call
+                   {"type": "function_call_output", "id": "fco_1", "name": "goal_objective", "namespace": "agent",
+                    "output": "say hi"}],
          "tools": [{"type": "function", "name": "exec_command", "description": "Runs a command.", "strict": False,
                     "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
                    {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
@@ -479,7 +482,8 @@ def test_the_agents_requests_as_they_send_them_are_answered(tool_server: Server)
     """Claude Code's system message among its messages was a 400 (each message needs a role), and its tool's
     maxLength 524,288 another (at most 4,096, no tool named); Codex's namespace and web_search tools were a 400
     on every turn. Now each is answered: the system message joins the system prompt, an upper bound past the
-    grammar's limit is left out of the grammar, a tool the server cannot run is left out of what is offered."""
+    grammar's limit is left out of the grammar, a tool the server cannot run is left out of what is offered, and
+    so is a namespace's tool's output (Codex's second turn was a 400: it has no call_id)."""
     h = {"x-api-key": "none"}
     r = httpx.post(f"{tool_server.url}/v1/messages", headers=h, timeout=120, json=CLAUDE_CODE)
     assert r.status_code == 200, r.text

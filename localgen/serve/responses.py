@@ -240,6 +240,9 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
         if not isinstance(item, dict):
             raise HTTPError(400, "each input item must be an object", param="input")
         kind = item.get("type", "message")
+        if kind in ("function_call", "function_call_output") and item.get("namespace") is not None:
+            continue  # a call or output of a namespace's tool (Codex's own, with no call_id): namespaces are left
+            # out of what the model is offered (_tools)
         if kind == "message":
             out.append(_message(item))
         elif kind == "function_call":
