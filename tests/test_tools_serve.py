@@ -483,7 +483,8 @@ def test_the_agents_requests_as_they_send_them_are_answered(tool_server: Server)
     maxLength 524,288 another (at most 4,096, no tool named); Codex's namespace and web_search tools were a 400
     on every turn. Now each is answered: the system message joins the system prompt, an upper bound past the
     grammar's limit is left out of the grammar, a tool the server cannot run is left out of what is offered, and
-    so is a namespace's tool's output (Codex's second turn was a 400: it has no call_id)."""
+    so is a namespace's tool's output (Codex's second turn was a 400: it has no call_id); the tools' 64 KiB
+    bound counts their schemas, not their descriptions (Claude Code's were refused)."""
     h = {"x-api-key": "none"}
     r = httpx.post(f"{tool_server.url}/v1/messages", headers=h, timeout=120, json=CLAUDE_CODE)
     assert r.status_code == 200, r.text
@@ -493,6 +494,11 @@ def test_the_agents_requests_as_they_send_them_are_answered(tool_server: Server)
     assert n.status_code == 200 and n.json()["input_tokens"] > 0, n.text
     r = httpx.post(f"{tool_server.url}/v1/responses", timeout=120, json=CODEX)
     assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+    # tools whose descriptions are long (Claude Code's: 74,619 characters in all) are not held to the schemas'
+    # 64 KiB: here the prompt is too long for this slot's window, in Anthropic's words, and no more
+    wordy = {**CLAUDE_CODE, "tools": [{**t, "description": "Run it. " * 9000} for t in CLAUDE_CODE["tools"]]}
+    r = httpx.post(f"{tool_server.url}/v1/messages", headers=h, timeout=120, json=wordy)
+    assert r.status_code == 400 and "prompt is too long" in r.json()["error"]["message"], r.text
     # a lower bound past the limit would make the grammar itself huge: still a 400, naming the tool
     big = {**CLAUDE_CODE, "tools": [{"name": "Pad", "input_schema": {
         "type": "object", "properties": {"s": {"type": "string", "minLength": 100000}}}}]}
