@@ -724,8 +724,11 @@ def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:
     head = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
     for body, words in (({"model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
                         ({"model": "smollm2:135m", "max_tokens": 4, "messages": []}, "messages"),
-                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "tool", "content": "x"}]},
                          "role"),
+                        # system messages join the system prompt (Claude Code sends one): alone, no conversation
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
+                         "a user message besides the system ones"),
                         ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
                           "thinking": {"type": "enabled"}}, "budget_tokens"),
                         ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
