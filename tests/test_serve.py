@@ -960,7 +960,7 @@ def test_a_responses_input_items_are_its_own_input(server: Server) -> None:
 def test_responses_errors_and_json_output(server: Server) -> None:
     url, head = f"{server.url}/v1/responses", _auth()
     for body, param in (({"input": []}, "input"), ({"input": ""}, "input"),
-                        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+                        ({"input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}, "tools"),
                         ({"input": "x", "truncation": "middle"}, "truncation"),
                         ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
                         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
