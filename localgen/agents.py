@@ -59,8 +59,15 @@ def _claude(e: Endpoint) -> Setup:
     # and a cloud's URL, resource or key is meant for it alone; the user's own Anthropic credentials are not sent to
     # the local server; the small fast model would be a cloud model's name, custom headers are meant for another
     # server
-    return Setup(env={"ANTHROPIC_BASE_URL": e.url, "ANTHROPIC_AUTH_TOKEN": e.key, **dict.fromkeys(models, e.model)},
-                 unset=CLAUDE_UNSET, argv=[])
+    env = {"ANTHROPIC_BASE_URL": e.url, **dict.fromkeys(models, e.model)}
+    # Claude Code's settings files may set variables too (a settings.json's "env" with another
+    # ANTHROPIC_BASE_URL, which would get the conversation and the key), and they override the process's:
+    # --settings overrides them in turn. Each removed variable is emptied there (Claude Code reads "" as unset),
+    # the token among them, and the key comes from apiKeyHelper, read from AGENT_KEY: no command line shows it
+    settings = {"env": {**env, **dict.fromkeys((*CLAUDE_UNSET, "ANTHROPIC_AUTH_TOKEN"), "")},
+                "apiKeyHelper": f"printenv {AGENT_KEY}"}
+    return Setup(env={**env, "ANTHROPIC_AUTH_TOKEN": e.key, AGENT_KEY: e.key}, unset=CLAUDE_UNSET,
+                 argv=["--settings", json.dumps(settings)])
 
 
 # Claude Code's variables that launch removes (docs/agents.md lists them; Claude Code's own list:
@@ -79,11 +86,14 @@ CLAUDE_UNSET = (
 
 
 def _codex(e: Endpoint) -> Setup:
-    # `-c key=value` overrides ~/.codex/config.toml, the value read as TOML (a JSON string is a TOML string);
+    # `-c key=value` overrides ~/.codex/config.toml, the value read as TOML (a JSON string or boolean is TOML's);
     # the key is read from the variable env_key names, so no command line shows it
     p = f"model_providers.{PROVIDER}"
     pairs = [("model_provider", PROVIDER), (f"{p}.name", PROVIDER), (f"{p}.base_url", f"{e.url}/v1"),
-             (f"{p}.env_key", AGENT_KEY), (f"{p}.wire_api", "responses"), ("model", e.model)]
+             (f"{p}.env_key", AGENT_KEY), (f"{p}.wire_api", "responses"), ("model", e.model),
+             # no hosted web search (the server has none to run) and no sub-agents (their tools come as a
+             # namespace, which the server leaves out): the model is offered only the tools it can call
+             ("web_search", "disabled"), ("features.multi_agent", False)]
     argv = [w for k, v in pairs for w in ("-c", f"{k}={json.dumps(v)}")]
     return Setup(env={AGENT_KEY: e.key}, unset=(), argv=argv)
 

@@ -96,7 +96,7 @@ m = anthropic.Anthropic().messages.create(model=os.environ["ANTHROPIC_MODEL"], m
                                           messages=[{"role": "user", "content": "Say hi."}])
 report(os.environ["ANTHROPIC_BASE_URL"], os.environ["ANTHROPIC_AUTH_TOKEN"], m.model, m.content[0].text,
        env={k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC_", "CLAUDE_", "AWS_"))
-            or k.lower() == "no_proxy"})
+            or k.lower() == "no_proxy" or k == "LOCALGEN_AGENT_KEY"})
 '''
 
 CODEX = COMMON + r'''
@@ -114,7 +114,7 @@ provider = {k.rsplit(".", 1)[1]: v for k, v in config.items() if k.startswith("m
 key = os.environ[provider["env_key"]]
 r = openai.OpenAI(base_url=provider["base_url"], api_key=key).responses.create(
     model=config["model"], input="Say hi.", max_output_tokens=8)
-report(p, key, r.model, r.output_text, rest=rest, provider=provider, config_model=config["model"])
+report(p, key, r.model, r.output_text, rest=rest, provider=provider, config_model=config["model"], config=config)
 '''
 
 OPENCODE = COMMON + r'''
@@ -279,9 +279,18 @@ def test_claude_gets_its_own_server_and_its_exit_status_passes_through(env: dict
     r = _launch(env, "claude", "-m", "smollm2:135m", "--ctx", CTX, "--", "-p", "hi there", FAKE_RC="7", **cloud)
     assert r.returncode == 7, r.stderr
     got = json.loads(r.stdout)
-    assert got["argv"] == ["-p", "hi there"]
+    assert got["argv"][0] == "--settings" and got["argv"][2:] == ["-p", "hi there"]
     _check_own_server(got)
     e = got["env"]
+    # a settings.json's "env" overrides the process's (its ANTHROPIC_BASE_URL got the conversation and the key):
+    # --settings overrides it in turn, every removed variable emptied, the key from apiKeyHelper, not the argv
+    settings = json.loads(got["argv"][1])
+    assert settings["env"]["ANTHROPIC_BASE_URL"] == got["url"] and settings["env"]["ANTHROPIC_MODEL"] == "smollm2:135m"
+    assert {k for k, v in settings["env"].items() if v == ""} == _removed("claude") | {"ANTHROPIC_AUTH_TOKEN"}
+    assert settings["apiKeyHelper"] == "printenv LOCALGEN_AGENT_KEY" and e["ANTHROPIC_AUTH_TOKEN"] not in got["argv"][1]
+    helped = subprocess.run(settings["apiKeyHelper"], shell=True, capture_output=True, text=True,
+                            env={**os.environ, "LOCALGEN_AGENT_KEY": e["LOCALGEN_AGENT_KEY"]})
+    assert helped.stdout.strip() == e["ANTHROPIC_AUTH_TOKEN"]
     assert "ANTHROPIC_API_KEY" not in e  # the user's real key is not sent to the local server
     assert not set(cloud) & set(e)  # nor the code to a cloud
     assert e["ANTHROPIC_BASE_URL"] == got["url"] and not e["ANTHROPIC_BASE_URL"].endswith("/v1")
@@ -300,6 +309,8 @@ def test_codex_gets_a_responses_provider_and_opencode_its_config(env: dict[str, 
     assert got["rest"] == ["exec", "fix it"] and got["config_model"] == "smollm2:135m"
     assert got["provider"]["wire_api"] == "responses" and got["provider"]["base_url"] == got["url"] + "/v1"
     assert got["provider"]["env_key"] == "LOCALGEN_AGENT_KEY"
+    # no hosted web search and no sub-agents' namespace: Codex 0.171.0 sends both by default
+    assert got["config"]["web_search"] == "disabled" and got["config"]["features.multi_agent"] is False
     # no -m: serve's default model; no --ctx: its trained 8,192 (less than 32,768); something else on the port
     with _other_http_server() as port:
         r = _launch(env, "opencode", LOCALGEN_PORT=str(port))

@@ -86,10 +86,21 @@ def test_function_tools_and_tool_choice_as_chat_completions() -> None:
                                                        "parameters": {"type": "object"}}}]
     assert r._choice("required") == "required" and r._choice(None) is None
     assert r._choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
-    for other in ("web_search", "code_interpreter"):
+    # a tool the server cannot run, or a namespace (Codex sends both by default): left out, the request answered
+    for other in ({"type": "web_search", "external_web_access": False}, {"type": "code_interpreter"},
+                  {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "g"}]}):
+        assert r._tools([other]) is None
+        assert r._tools([other, {"type": "function", "name": "f"}]) == [
+            {"type": "function", "function": {"name": "f", "description": "", "parameters": {
+                "type": "object", "properties": {}}}}]
+    for other in ("custom", "local_shell"):  # run by the client, not as a function: refused, not dropped unawares
         with pytest.raises(HTTPError) as e:
-            r._tools([{"type": other}])
-        assert e.value.param == "tools" and "only function, file_search and mcp tools" in e.value.message
+            r._tools([{"type": other, "name": "apply_patch"}])
+        assert e.value.param == "tools" and f"not {other!r}" in e.value.message
+    for bad in ({"name": "f"}, 5):
+        with pytest.raises(HTTPError) as e:
+            r._tools([bad])
+        assert e.value.param == "tools[0].type" and "needs a type" in e.value.message
     # file_search is the server's own (serve/filesearch.py): no tool for the model; beside functions, the functions
     assert r._tools([{"type": "file_search", "vector_store_ids": ["notes"]}]) is None
     assert r._tools([{"type": "file_search"}, {"type": "function", "name": "f"}]) == [

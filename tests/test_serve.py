@@ -724,8 +724,11 @@ def test_anthropic_errors_have_anthropics_shape(server: Server) -> None:
     head = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
     for body, words in (({"model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
                         ({"model": "smollm2:135m", "max_tokens": 4, "messages": []}, "messages"),
-                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "tool", "content": "x"}]},
                          "role"),
+                        # system messages join the system prompt (Claude Code sends one): alone, no conversation
+                        ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "system", "content": "x"}]},
+                         "a user message besides the system ones"),
                         ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
                           "thinking": {"type": "enabled"}}, "budget_tokens"),
                         ({"model": "smollm2:135m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
@@ -957,7 +960,7 @@ def test_a_responses_input_items_are_its_own_input(server: Server) -> None:
 def test_responses_errors_and_json_output(server: Server) -> None:
     url, head = f"{server.url}/v1/responses", _auth()
     for body, param in (({"input": []}, "input"), ({"input": ""}, "input"),
-                        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+                        ({"input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}, "tools"),
                         ({"input": "x", "truncation": "middle"}, "truncation"),
                         ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
                         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),

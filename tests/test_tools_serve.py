@@ -445,3 +445,63 @@ def test_a_tool_result_for_a_call_never_made_is_a_400_in_every_api(tool_server: 
                                            "input": {"city": "Rome"}}]},  # a call of an earlier turn answered too
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "rain"}]}]})
     assert r.status_code == 200, r.text
+
+
+# ---- the requests coding agents send, as they send them (trimmed) ------------------------------------------
+
+# Claude Code 2.1.197: a system prompt in blocks, a system message after the user's, and a tool whose schema
+# bounds a string at 512 KiB (its Workflow tool's script)
+CLAUDE_CODE = {"model": "smollm2:135m", "max_tokens": 8, "stream": False, "temperature": 0,
+               "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.123;"},
+                          {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}],
+               "messages": [{"role": "user", "content": [{"type": "text", "text": "say hi",
+                                                          "cache_control": {"type": "ephemeral"}}]},
+                            {"role": "system", "content": "Available agent types for the Agent tool: none."}],
+               "tools": [{"name": "Workflow", "description": "Run a workflow script.", "input_schema": {
+                   "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+                   "properties": {"script": {"type": "string", "maxLength": 524288},
+                                  "args": {"type": "array", "items": {"type": "string"}, "maxItems": 100000}},
+                   "additionalProperties": False}}, _anthropic_tool(TIME)]}
+
+# Codex 0.171.0: its function tools beside a namespace of tools and a web_search it turned off
+CODEX = {"model": "smollm2:135m", "max_output_tokens": 8, "temperature": 0, "stream": False, "store": False,
+         "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "say hi"}]},
+                   # an output of a namespace's tool, with no call_id, that Codex adds after a turn's call
+                   {"type": "function_call_output", "id": "fco_1", "name": "goal_objective", "namespace": "agent",
+                    "output": "say hi"}],
+         "tools": [{"type": "function", "name": "exec_command", "description": "Runs a command.", "strict": False,
+                    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+                   {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+                    "tools": [{"type": "function", "name": "spawn_agent", "description": "Spawn one.",
+                               "strict": False, "parameters": {"type": "object", "properties": {}}}]},
+                   {"type": "web_search", "external_web_access": False}],
+         "tool_choice": "auto", "parallel_tool_calls": False}
+
+
+def test_the_agents_requests_as_they_send_them_are_answered(tool_server: Server) -> None:
+    """Claude Code's system message among its messages was a 400 (each message needs a role), and its tool's
+    maxLength 524,288 another (at most 4,096, no tool named); Codex's namespace and web_search tools were a 400
+    on every turn. Now each is answered: the system message joins the system prompt, an upper bound past the
+    grammar's limit is left out of the grammar, a tool the server cannot run is left out of what is offered, and
+    so is a namespace's tool's output (Codex's second turn was a 400: it has no call_id); the tools' 64 KiB
+    bound counts their schemas, not their descriptions (Claude Code's were refused)."""
+    h = {"x-api-key": "none"}
+    r = httpx.post(f"{tool_server.url}/v1/messages", headers=h, timeout=120, json=CLAUDE_CODE)
+    assert r.status_code == 200, r.text
+    assert r.json()["type"] == "message" and r.json()["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+    n = httpx.post(f"{tool_server.url}/v1/messages/count_tokens", headers=h, timeout=60, json={
+        k: v for k, v in CLAUDE_CODE.items() if k in ("model", "system", "messages", "tools")})
+    assert n.status_code == 200 and n.json()["input_tokens"] > 0, n.text
+    r = httpx.post(f"{tool_server.url}/v1/responses", timeout=120, json=CODEX)
+    assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+    # tools whose descriptions are long (Claude Code's: 74,619 characters in all) are not held to the schemas'
+    # 64 KiB: here the prompt is too long for this slot's window, in Anthropic's words, and no more
+    wordy = {**CLAUDE_CODE, "tools": [{**t, "description": "Run it. " * 9000} for t in CLAUDE_CODE["tools"]]}
+    r = httpx.post(f"{tool_server.url}/v1/messages", headers=h, timeout=120, json=wordy)
+    assert r.status_code == 400 and "prompt is too long" in r.json()["error"]["message"], r.text
+    # a lower bound past the limit would make the grammar itself huge: still a 400, naming the tool
+    big = {**CLAUDE_CODE, "tools": [{"name": "Pad", "input_schema": {
+        "type": "object", "properties": {"s": {"type": "string", "minLength": 100000}}}}]}
+    r = httpx.post(f"{tool_server.url}/v1/messages", headers=h, timeout=60, json=big)
+    assert r.status_code == 400 and "tools[0] (Pad)" in r.json()["error"]["message"], r.text
+    assert "minLength is 100,000; at most 4,096" in r.json()["error"]["message"]

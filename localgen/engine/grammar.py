@@ -21,11 +21,11 @@ from localgen.errors import GrammarError
 
 MAX_SCHEMA_CHARS = 64 * 1024  # a JSON schema, as text
 MAX_GRAMMAR_CHARS = 128 * 1024  # a GBNF grammar, given or made from a schema
-MAX_REPEAT = 4096  # minLength/maxLength/minItems/maxItems/minProperties/maxProperties/minContains/maxContains,
-# and a pattern's {m,n}
+MAX_REPEAT = 4096  # minLength/minItems/minProperties/minContains, and a pattern's {m,n}; a maxLength/maxItems/
+# maxProperties/maxContains above it is left out of the grammar (the answer is bounded by its tokens anyway)
 MAX_GRAMMAR_DEPTH = 1000  # groups in groups: llama.cpp's parser recurses on each, and overflows near 20,000
-REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
-               "maxContains")
+REPEAT_KEYS = ("minLength", "minItems", "minProperties", "minContains")
+UPPER_KEYS = ("maxLength", "maxItems", "maxProperties", "maxContains")
 REF_DEPTH = 3  # how often one $ref may be expanded inside itself before the rest is any JSON
 MAX_NODES = 20_000  # subschemas after inlining: a schema whose references fan out is refused, not expanded
 # keywords whose value is one subschema, a list of them, or a map of them; other values are data
@@ -207,9 +207,20 @@ def grammar_depth(grammar: str) -> int:
     return deepest
 
 
+def loosen(schema: Any) -> Any:
+    """The schema with each upper repetition bound above MAX_REPEAT (a tool's `maxLength: 524288`) left out: the
+    converter would spell out every place up to it, and the answer is bounded by its tokens anyway."""
+    if isinstance(schema, list):
+        return [loosen(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: v if k in ("const", "enum", "default", "examples") else loosen(v) for k, v in schema.items()
+            if not (k in UPPER_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT)}
+
+
 def big_repeat(schema: Any) -> tuple[str, int] | None:
-    """The first repetition bound in a schema over MAX_REPEAT, as (keyword, value); a `pattern`'s `{m,n}` counts
-    (as "pattern repeat {m,n}")."""
+    """The first lower repetition bound in a schema over MAX_REPEAT, as (keyword, value); a `pattern`'s `{m,n}`
+    counts (as "pattern repeat {m,n}"). Upper bounds over it are left out of the grammar (loosen)."""
     from localgen.native.pattern import pattern_repeats
 
     todo = [schema]
@@ -308,7 +319,7 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
                 big = big_repeat(schema)  # before any of it is converted: tools come here unchecked
                 if big:
                     raise GrammarError(f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,}")
-                resolved = resolve_schema(schema)
+                resolved = resolve_schema(loosen(schema))
                 check_bounds(resolved)
                 names.append(str(converter.visit(resolved, f"{prefix}{i}")))
             except GrammarError as e:

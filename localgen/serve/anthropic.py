@@ -142,15 +142,25 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
             system = "".join(_text_of(b, "system") for b in system)
         if not isinstance(system, str):
             raise HTTPError(400, "system must be a string or a list of text blocks", param="system")
-        if system:
-            out.append({"role": "system", "content": system})
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "messages must be a non-empty list", param="messages")
+    # system messages among the others (Claude Code sends one after the user's): their text is joined to the
+    # system prompt, where every chat template takes it (most refuse a system message after the first)
+    extra = [_system_text(m.get("content"), i) for i, m in enumerate(raw)
+             if isinstance(m, dict) and m.get("role") == "system"]
+    system = "\n\n".join(t for t in [system or "", *extra] if t)
+    if system:
+        out.append({"role": "system", "content": system})
+    kept = [i for i, m in enumerate(raw) if not (isinstance(m, dict) and m.get("role") == "system")]
+    if not kept:
+        raise HTTPError(400, "messages needs a user message besides the system ones", param="messages")
     for i, m in enumerate(raw):
+        if isinstance(m, dict) and m.get("role") == "system":
+            continue
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise HTTPError(400, "each message needs a role: user or assistant", param="messages")
+            raise HTTPError(400, "each message needs a role: user, assistant or system", param="messages")
         content = m.get("content")
-        if content in ("", []) and not (i == len(raw) - 1 and m["role"] == "assistant"):  # as Anthropic says it
+        if content in ("", []) and not (i == kept[-1] and m["role"] == "assistant"):  # as Anthropic says it
             raise HTTPError(400, f"messages.{i}: all messages must have non-empty content except for the "
                                  "optional final assistant message", param=f"messages.{i}.content")
         if isinstance(content, str):
@@ -185,7 +195,7 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
-    _check_prefill(out[-1], len(raw) - 1)
+    _check_prefill(out[-1], kept[-1])
     return out
 
 
@@ -198,6 +208,16 @@ def _check_prefill(last: dict[str, Any], i: int) -> None:
     if last["role"] == "assistant" and text != text.rstrip():
         raise HTTPError(400, "messages: final assistant content cannot end with trailing whitespace",
                         param=f"messages.{i}.content")
+
+
+def _system_text(content: Any, i: int) -> str:
+    """A system message's content (a string or text blocks) as text."""
+    if isinstance(content, list):
+        return "".join(_text_of(b, f"messages.{i}.content") for b in content)
+    if not isinstance(content, str):
+        raise HTTPError(400, "a system message's content must be a string or text blocks",
+                        param=f"messages.{i}.content")
+    return content
 
 
 def _text_of(block: Any, param: str) -> str:

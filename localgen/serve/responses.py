@@ -240,6 +240,9 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
         if not isinstance(item, dict):
             raise HTTPError(400, "each input item must be an object", param="input")
         kind = item.get("type", "message")
+        if kind in ("function_call", "function_call_output") and item.get("namespace") is not None:
+            continue  # a call or output of a namespace's tool (Codex's own, with no call_id): namespaces are left
+            # out of what the model is offered (_tools)
         if kind == "message":
             out.append(_message(item))
         elif kind == "function_call":
@@ -348,8 +351,18 @@ def _file_search(state: ServeState, raw: Any) -> filesearch.FileSearch | None:
     return filesearch.tool(state, found[0]) if found else None
 
 
+# The Responses API's tool types that the client runs but not as a function call: a model offered none of them
+# could not call them, so they are refused rather than left out
+CLIENT_RUN = ("custom", "local_shell", "shell", "apply_patch", "computer_use_preview", "computer_use")
+
+
 def _tools(raw: Any) -> Any:
-    """Function tools as chat completions' (the tool plan reads those); file_search is the server's own."""
+    """Function tools as chat completions' (the tool plan reads those); file_search is the server's own. A tool
+    the client runs in another shape (CLIENT_RUN: a freeform `custom` tool, a shell) is a 400 naming its type, as
+    the agent would otherwise lose it unawares; any other type (a hosted one such as web_search, which the server
+    cannot run, or a namespace of tools, whose calls a client names in a way chat templates have no place for) is
+    left out of what the model is offered: Codex sends both by default, and a request refused over them would end
+    every turn."""
     if raw is None:
         return None
     if not isinstance(raw, list):
@@ -357,11 +370,13 @@ def _tools(raw: Any) -> Any:
     out = []
     for i, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else None
-        if kind in ("file_search", "mcp"):  # the server's own (serve/responsemcp.py reads mcp tools)
-            continue
-        if kind != "function":
+        if not isinstance(kind, str):
+            raise HTTPError(400, f"tools[{i}] needs a type", param=f"tools[{i}].type")
+        if kind in CLIENT_RUN:
             raise HTTPError(400, f"only function, file_search and mcp tools are served here, not {kind!r}",
                             param="tools")
+        if kind != "function":  # file_search and mcp: the server's own (serve/responsemcp.py reads mcp tools)
+            continue
         assert isinstance(t, dict)
         if t.get("strict") not in (None, True, False):  # echoed as given
             raise HTTPError(400, "a tool's strict must be true or false", param="tools")
@@ -369,7 +384,7 @@ def _tools(raw: Any) -> Any:
         fn = {"name": t.get("name"), "description": t.get("description") or "",
               "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": fn})
-    return out if out or not raw else None  # file_search or mcp alone: no function tools
+    return out if out or not raw else None  # file_search, mcp or hosted tools alone: no function tools
 
 
 def _choice(raw: Any) -> Any:

@@ -36,15 +36,42 @@ async def schema_grammar(schema: Any, param: str = "response_format") -> str:
     return grammar
 
 
-def bounded_schema(schema: Any, param: str, what: str) -> str:
-    """A schema (or tools) as JSON text, or a 400 when it is too long or repeats too much for a grammar."""
-    text = json.dumps(schema)
+def bounded_schema(schema: Any, param: str, what: str, at: int | None = None) -> str:
+    """A schema (or tools, or tool `at` of them) as JSON text, or a 400 when it is too long or repeats too much for
+    a grammar: the tool named."""
+    tools = isinstance(schema, list) or at is not None
+    # tools: their schemas alone (their descriptions, Claude Code's 70,000 characters, make no grammar)
+    text = json.dumps([_tool_schema(t) for t in (schema if isinstance(schema, list) else [schema])] if tools
+                      else schema)
     if len(text) > MAX_SCHEMA_CHARS:
         raise HTTPError(400, f"{what} is {len(text):,} characters; at most {MAX_SCHEMA_CHARS:,}", param=param)
-    big = big_repeat(schema)
-    if big:
-        raise HTTPError(400, f"{what}'s {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
+    for i, part in enumerate(schema if isinstance(schema, list) else [schema]):
+        big = big_repeat(part)
+        if big:
+            name = _tool_name(part) if tools else None
+            where = f"the JSON of tools[{i if at is None else at}] ({name})" if name else what
+            raise HTTPError(400, f"{where}'s {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,} here", param=param)
     return text
+
+
+def _tool_schema(tool: Any) -> Any:
+    """A tool's schema as any API gives it (OpenAI's `function.parameters`, Anthropic's `input_schema`, the
+    Responses API's `parameters`)."""
+    if not isinstance(tool, dict):
+        return tool
+    fn = tool.get("function")
+    if isinstance(fn, dict):
+        return fn.get("parameters")
+    return tool.get("input_schema", tool.get("parameters"))
+
+
+def _tool_name(tool: Any) -> str | None:
+    """A tool's name as any API gives it (Anthropic's and the Responses API's `name`, OpenAI's `function.name`)."""
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
+    return name[:64] if isinstance(name, str) else None
 
 
 def check_grammar_size(grammar: str, param: str, what: str) -> None:

@@ -36,7 +36,7 @@ async def tool_plan(worker: Served, tools: Any, choice: Any, parallel: Any) -> T
     if isinstance(tools, list) and len(tools) > MAX_TOOLS:
         raise HTTPError(400, f"`tools` holds {len(tools):,} tools; at most {MAX_TOOLS:,} in one request",
                         param="tools")
-    bounded_schema(tools, "tools", "the tools' JSON")
+    bounded_schema(tools, "tools", "the tools' schemas")
     try:
         specs = parse_tools(tools)
         plan = await asyncio.to_thread(make_plan, worker.ref.summary.chat_template, specs, choice, parallel)
@@ -48,7 +48,7 @@ async def tool_plan(worker: Served, tools: Any, choice: Any, parallel: Any) -> T
     except LocalgenError as e:
         raise HTTPError(400, e.message, param="tool_choice" if "tool_choice" in e.message else "tools") from None
     if plan.constraint is not None:
-        check_grammar_size(plan.constraint.grammar, "tools", "the tools' JSON")
+        check_grammar_size(plan.constraint.grammar, "tools", "the tools' schemas")
     return plan
 
 
@@ -57,7 +57,7 @@ def checked_tool(tool: dict[str, Any], i: int, schema_field: str, required: bool
     schema checked, or a 400 in the request's own field names (tool_plan checks the rest)."""
     from localgen.tools.spec import check_name, check_schema
 
-    bounded_schema(tool, "tools", "the tools' JSON")
+    bounded_schema(tool, "tools", "the tools' schemas", at=i)
     try:
         name = check_name(tool.get("name"), f"tools[{i}].name")
         if required or tool.get(schema_field) is not None:
