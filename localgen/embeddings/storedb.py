@@ -35,7 +35,8 @@ def unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
                              hint="move it aside and store the collections again with `localgen embed --store`")
     if cannot_write(db_path.parent):
         return unwritable(db_path)
-    if isinstance(e, sqlite3.OperationalError) and e.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+    busy = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # its primary code: an extended one (BUSY_SNAPSHOT) is too
+    if isinstance(e, sqlite3.OperationalError) and (e.sqlite_errorcode & 0xFF) in busy:
         return LocalgenError(f"the collections database {db_path} is busy: another process held its write lock for "
                              f"{BUSY_TIMEOUT_S:g} s",
                              hint="run it again once that process ends: another `localgen embed --store` or "

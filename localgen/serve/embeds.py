@@ -24,7 +24,6 @@ from localgen.serve.state import ServeState
 from localgen.text import CHARS_PER_TOKEN
 
 MAX_INPUTS = 2048  # texts in one embeddings request (OpenAI's bound)
-MOST_CUT = 4 << 20  # characters of one text cut to the window: far above any window's, a bound on the request's work
 NS = 1_000_000_000
 
 
@@ -138,11 +137,10 @@ async def embed(worker: Served, texts: list[str], dimensions: int | None = None,
     import asyncio
 
     most = CHARS_PER_TOKEN * worker.n_ctx
-    for i, t in enumerate(texts):  # refused before it is tokenized: too long for the window, or cut to it
+    if truncate:  # cut first to the characters that hold the window's tokens (none is longer than CHARS_PER_TOKEN):
+        texts = [t[:most] for t in texts]  # the rest would be tokenized for nothing, then cut
+    for i, t in enumerate(texts):  # refused before it is tokenized: too long for the window
         said = param if len(texts) == 1 else f"{param}[{i}]"
-        if truncate and len(t) > MOST_CUT:  # the engine tokenizes a long text's beginning alone (Embedder._beginning)
-            raise HTTPError(400, f"`{said}` is {len(t):,} characters; at most {MOST_CUT:,} are taken to cut to the "
-                                 "window", param=said, chars=len(t))
         if not truncate and len(t) > most:
             raise HTTPError(400, f"`{said}` is {len(t):,} characters; a slot's window of {worker.n_ctx:,} tokens "
                                  f"takes at most {most:,} here", param=said, overflow=(0, worker.n_ctx), chars=len(t))

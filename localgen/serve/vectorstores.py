@@ -163,7 +163,8 @@ def other_model(worker: Served, coll: Any) -> bool:
         return False
     residence = getattr(worker, "residence", None)  # serve --lora's adapters, over the preset's own
     lora = tuple(residence.load.lora) if residence is not None else ()
-    return bool(_fingerprint(worker.ref.path, (*worker.ref.adapters, *lora)) != coll.model_id)
+    found = _fingerprint(worker.ref.path, (*worker.ref.adapters, *lora))
+    return found is not None and found != coll.model_id
 
 
 def made_with_another(coll: Any, worker: Served) -> str:
@@ -172,21 +173,23 @@ def made_with_another(coll: Any, worker: Served) -> str:
             "so its vectors do not compare with this model's")
 
 
-def _fingerprint(path: str, adapters: tuple[tuple[str, float], ...]) -> str:
+def _fingerprint(path: str, adapters: tuple[tuple[str, float], ...]) -> str | None:
     """The model's fingerprint (embeddings/store.py), read once per file as it stands (a few MB read)."""
     import os
 
     from localgen.errors import LocalgenError
 
     try:
-        stamps = tuple((os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in (path, *(a for a, _ in adapters)))
+        stats = [os.stat(p) for p in (path, *(a for a, _ in adapters))]
+        stamps = tuple((s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
         return _fingerprint_of(path, adapters, stamps)
-    except (OSError, LocalgenError):  # the file gone or unreadable since it loaded: not known to be the same
-        return ""
+    except (OSError, LocalgenError):  # the file gone or unreadable since it loaded: not known to differ
+        return None
 
 
 @functools.lru_cache(maxsize=32)
-def _fingerprint_of(path: str, adapters: tuple[tuple[str, float], ...], stamps: tuple[tuple[int, int], ...]) -> str:
+def _fingerprint_of(path: str, adapters: tuple[tuple[str, float], ...],
+                    stamps: tuple[tuple[int, int, int, int], ...]) -> str:
     from localgen.embeddings.store import fingerprint
 
     return fingerprint(path, adapters)
