@@ -331,3 +331,18 @@ def test_input_items_of_calls_results_and_a_store_made_before_them(tmp_path: Pat
     store.save("resp_new", {}, convo, inputs=1)
     new = store.load("resp_new")
     assert new is not None and new.input_messages == [convo[2]]
+
+
+def test_the_output_of_a_namespace_call_left_out_goes_with_it() -> None:
+    """A namespace's tools are left out of what the model is offered, and so are its calls in the input: the output
+    answering one by its call_id, with no namespace of its own (the Responses shape), goes too, where it was a 400
+    ("No tool call found for function call output with call_id")."""
+    from localgen.serve import responses as r
+
+    msgs = r._input_messages([
+        {"role": "user", "content": "Plan it."},
+        {"type": "function_call", "call_id": "c1", "name": "spawn", "namespace": "multi_agent_v1", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "spawned"},
+        {"role": "user", "content": "Go on."},
+    ])
+    assert [(m["role"], m["content"]) for m in msgs] == [("user", "Plan it."), ("user", "Go on.")]

@@ -505,3 +505,19 @@ def test_the_agents_requests_as_they_send_them_are_answered(tool_server: Server)
     r = httpx.post(f"{tool_server.url}/v1/messages", headers=h, timeout=60, json=big)
     assert r.status_code == 400 and "tools[0] (Pad)" in r.json()["error"]["message"], r.text
     assert "minLength is 100,000; at most 4,096" in r.json()["error"]["message"]
+
+
+def test_a_property_named_as_a_keyword_loses_its_huge_maximum_too() -> None:
+    """A maximum above 4,096 is left out of the grammar at every level, also inside a property called `const`,
+    `enum`, `default` or `examples` (a name there, not a keyword, whose schema was passed over whole, and
+    `char{0,10000000}` reached the grammar); a real `const` or `enum` keeps its value as it is."""
+    from localgen.engine.grammar import loosen
+
+    schema = {"type": "object", "properties": {
+        "const": {"type": "string", "maxLength": 10_000_000},
+        "enum": {"type": "array", "maxItems": 9_999, "items": {"type": "string", "maxLength": 5}},
+        "mode": {"enum": [{"maxLength": 10_000_000}]}}}
+    assert loosen(schema) == {"type": "object", "properties": {
+        "const": {"type": "string"},
+        "enum": {"type": "array", "items": {"type": "string", "maxLength": 5}},
+        "mode": {"enum": [{"maxLength": 10_000_000}]}}}

@@ -207,14 +207,21 @@ def grammar_depth(grammar: str) -> int:
     return deepest
 
 
-def loosen(schema: Any) -> Any:
+_NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # keys there are names
+
+
+def loosen(schema: Any, names: bool = False) -> Any:
     """The schema with each upper repetition bound above MAX_REPEAT (a tool's `maxLength: 524288`) left out: the
-    converter would spell out every place up to it, and the answer is bounded by its tokens anyway."""
+    converter would spell out every place up to it, and the answer is bounded by its tokens anyway. `names`: a
+    mapping of names to schemas (properties), whose keys are never keywords (a property called `const`)."""
     if isinstance(schema, list):
         return [loosen(v) for v in schema]
     if not isinstance(schema, dict):
         return schema
-    return {k: v if k in ("const", "enum", "default", "examples") else loosen(v) for k, v in schema.items()
+    if names:
+        return {k: loosen(v) for k, v in schema.items()}
+    return {k: v if k in ("const", "enum", "default", "examples") else loosen(v, names=k in _NAMED)
+            for k, v in schema.items()
             if not (k in UPPER_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and v > MAX_REPEAT)}
 
 

@@ -236,13 +236,17 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
     # call_id → the tool's name (from this input or the conversation it continues), for the output answering it
     names = {c["id"]: c["function"]["name"] for m in history for c in m.get("tool_calls") or ()}
     replayed = replayed_answers(raw)
+    left_out: set[Any] = set()  # the call_ids of namespace calls left out: their outputs go with them
     for at, item in enumerate(raw):
         if not isinstance(item, dict):
             raise HTTPError(400, "each input item must be an object", param="input")
         kind = item.get("type", "message")
-        if kind in ("function_call", "function_call_output") and item.get("namespace") is not None:
-            continue  # a call or output of a namespace's tool (Codex's own, with no call_id): namespaces are left
-            # out of what the model is offered (_tools)
+        if kind in ("function_call", "function_call_output") and (
+                item.get("namespace") is not None or item.get("call_id") in left_out):
+            if kind == "function_call" and isinstance(item.get("call_id"), str):
+                left_out.add(item["call_id"])
+            continue  # a call or output of a namespace's tool (Codex's own, with or without a call_id):
+            # namespaces are left out of what the model is offered (_tools)
         if kind == "message":
             out.append(_message(item))
         elif kind == "function_call":
