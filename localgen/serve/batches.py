@@ -218,9 +218,13 @@ class Desk:
         except Timeout:
             raise HTTPError(503, "another localgen serve on this machine runs the Batch API with the same data "
                                  "folder: send batches and files to that server", "server_error") from None
+        try:
+            self.files.sweep()
+        except BaseException:  # (an OSError): the lock let go, so that the next request reads them all again
+            lock.release()
+            raise
         self._lock = lock
-        self.batches = {}
-        self.files.sweep()
+        found: dict[str, Any] = {}  # self.batches set once all are read: set before, a failure left them unread
         for folder in self.runs.glob("batch_*") if self.runs.is_dir() else []:
             for left in folder.glob(".*.tmp"):  # an object a crash left half-written (its rename never came)
                 with contextlib.suppress(OSError):
@@ -230,8 +234,8 @@ class Desk:
                 if doc.get("status") in RUNNING:
                     self.progress[doc["id"]] = progress = Progress.read(folder)
                     progress.shown(doc)
-                self.batches[doc["id"]] = doc
-        self.batches = dict(sorted(self.batches.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))  # oldest first
+                found[doc["id"]] = doc
+        self.batches = dict(sorted(found.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))  # oldest first
         self.wake.set()  # the runner found no batches before: the unfinished ones go on at once
 
     def release(self) -> None:
