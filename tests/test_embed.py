@@ -236,7 +236,8 @@ def test_serve_embeddings_for_the_openai_and_ollama_clients(server: Server, cli:
     bad = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": ["hi", huge],
                                                       "truncate": False})
     assert (bad.status_code, bad.json()["error"]) == (400, said), bad.text  # Ollama's shape
-    vast = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "w " * (3 << 20)})
+    vast = httpx.post(f"{server.url}/api/embed", json={"model": "smollm2:135m", "input": "w " * (3 << 20)},
+                      timeout=120)
     assert vast.status_code == 200 and vast.json()["prompt_eval_count"] == 512, vast.text  # cut, however long
     assert server.health()["alive"]
 

@@ -174,7 +174,6 @@ LONG = "x" * 1_000_000
     ("/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": LONG}]}]}),
     ("/v1/messages", {"model": LONG, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}),
     ("/v1/responses", {"model": MODEL, "input": [{"type": LONG}]}),
-    ("/v1/responses", {"model": MODEL, "input": "Hi", "tools": [{"type": LONG}]}),
     ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "options": {LONG: 1}}),
     ("/api/show", {"model": LONG}),
     ("/api/copy", {"source": MODEL, "destination": LONG}),
