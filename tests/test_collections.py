@@ -497,15 +497,10 @@ def test_a_later_store_with_another_file_of_the_same_name_is_refused(hcli: CLI, 
     made before fingerprints were recorded is compared by name, and its next store records its model."""
     import shutil
 
+    from tests.tiny_bert import with_other_weights
+
     _store(hcli, bert, "notes", *LINES)
-    other = tmp_path / "other" / "tiny-bert.gguf"
-    other.parent.mkdir()
-    shutil.copyfile(bert, other)
-    with open(other, "r+b") as f:  # the last weight of the last tensor, its lowest bit: another model
-        f.seek(-4, 2)
-        byte = f.read(1)
-        f.seek(-4, 2)
-        f.write(bytes([byte[0] ^ 1]))
+    other = with_other_weights(bert, tmp_path / "other" / "tiny-bert.gguf")
     before = _held(hcli, "notes")
     refused = ("localgen: error: collection 'notes' holds vectors of another tiny-bert.gguf (a file of that name "
                f"with other content), not of this one (use -m {bert}, or another collection name)\n")

@@ -342,20 +342,11 @@ def test_a_collection_made_with_another_file_of_its_model_s_name_is_refused(
     served file of the same name with other weights (its fingerprint not the collection's) would rank by
     unrelated vectors: refused at start (one line, exit 2), and a 400 for a collection made again with such a
     file while serving."""
-    import shutil
-
-    from tests.tiny_bert import build
+    from tests.tiny_bert import build, with_other_weights
 
     (tmp_path / "a").mkdir()
     bert = build(tmp_path / "a" / "tiny-bert.gguf")
-    other = tmp_path / "b" / "tiny-bert.gguf"
-    other.parent.mkdir()
-    shutil.copyfile(bert, other)
-    with open(other, "r+b") as f:  # the last weight of the last tensor, its lowest bit: another model
-        f.seek(-4, 2)
-        byte = f.read(1)
-        f.seek(-4, 2)
-        f.write(bytes([byte[0] ^ 1]))
+    other = with_other_weights(bert, tmp_path / "b" / "tiny-bert.gguf")
     env = {**home_env, "LOCALGEN_HOME": str(tmp_path / "home")}
     cli = CLI(env)
     for name, model in (("mine", bert), ("theirs", other)):

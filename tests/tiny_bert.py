@@ -97,6 +97,21 @@ def build(out: Path, rank: bool = False) -> Path:
 
 
 
+def with_other_weights(model: Path, out: Path) -> Path:
+    """A copy of `model` at `out` with the lowest bit of its last tensor's last weight flipped: a file of the same
+    name, size and shape that is another model (another fingerprint)."""
+    import shutil
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model, out)
+    with open(out, "r+b") as f:
+        f.seek(-4, 2)
+        byte = f.read(1)
+        f.seek(-4, 2)
+        f.write(bytes([byte[0] ^ 1]))
+    return out
+
+
 def build_nomic(out: Path, n_embd: int = 384, n_ff: int = 1536, n_head: int = 12, n_ctx: int = 2048) -> Path:
     """A nomic-bert (fused QKV, rotary positions, a SwiGLU feed-forward layer) of random weights, two layers, the
     same vocabulary: the shape of nomic-embed-text, whose gated feed-forward layer sizes llama.cpp's compute
