@@ -558,6 +558,41 @@ def test_a_line_longer_than_a_request_may_be_is_refused_unread(tmp_path: Path) -
     assert batchinput.validate(path, "/v1/chat/completions", 1 << 20)[2] == [errors[1]]
 
 
+def test_a_first_read_that_fails_lets_the_lock_go_and_the_next_request_reads_every_batch(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The first request that takes the batches fails while sweeping the files (an OSError): the server lets the
+    data folder's lock go and keeps nothing, so the next request reads every batch; it held the lock and an empty
+    list for good before (the batches made by an earlier start never listed, never run)."""
+    import io
+
+    from localgen.serve import batches
+
+    first = batches.Desk(tmp_path)
+    first.owner()
+    upload = first.files.add(io.BytesIO(_jsonl([_line("f0", _chat(0))])), "in.jsonl", "batch")
+    doc = first.create(upload["id"], "/v1/chat/completions", "24h", None)
+    first.release()
+    again = batches.Desk(tmp_path)
+    sweep, calls = again.files.sweep, []
+
+    def fails_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise PermissionError(13, "Permission denied")
+        sweep()
+
+    monkeypatch.setattr(again.files, "sweep", fails_once)
+    with pytest.raises(PermissionError):
+        again.owner()
+    assert again.batches is None
+    other = batches.Desk(tmp_path)  # the lock was let go: another server could take the batches now
+    other.owner()
+    other.release()
+    again.owner()
+    assert again.batches is not None and list(again.batches) == [doc["id"]]
+    again.release()
+
+
 def test_a_crash_while_finalizing_keeps_every_answer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A serve that dies in `finalizing`, after its results became files but before the batch's object said so:
     the next start ends the batch with its output file and its counts, every answer in it."""

@@ -572,10 +572,18 @@ def test_a_fifo_given_as_the_reference_is_refused_never_opened(cli: CLI, tmp_pat
     logits file's magic); they are refused as bench --quality --reference refuses one, in one line, exit 2."""
     fifo = tmp_path / "ref.logits"
     os.mkfifo(fifo)
-    for args in (["--reference", str(fifo)], ["--kl-divergence-base", str(fifo), "--kl-divergence"]):
-        r = cli("perplexity", "-m", "smollm2:135m", *args, timeout=60)
+    r = cli("perplexity", "-m", "smollm2:135m", "--reference", str(fifo), timeout=60)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == f"localgen: error: {fifo} is a FIFO (a pipe), not a model file\n"
+    # llama-perplexity's spelling takes a logits file, never a model: the FIFO is named as not one (it was worded
+    # as a model file), and so is a regular file of another kind
+    text = tmp_path / "notes.txt"
+    text.write_text("not logits")
+    for path in (fifo, text):
+        r = cli("perplexity", "-m", "smollm2:135m", "--kl-divergence-base", str(path), "--kl-divergence", timeout=60)
         assert (r.returncode, r.stdout) == (2, ""), r.stderr
-        assert r.stderr == f"localgen: error: {fifo} is a FIFO (a pipe), not a model file\n"
+        assert r.stderr == (f"localgen: error: --kl-divergence-base {path} is not a logits file (one that "
+                            "--save-logits or llama-perplexity's --kl-divergence-base wrote)\n")
 
 
 def test_a_model_given_for_the_text_is_refused_before_it_is_read(cli_in_process: InProcessCLI,

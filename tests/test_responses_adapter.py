@@ -79,6 +79,25 @@ def test_bad_input_items_are_400s_that_name_the_field(raw: Any, words: str) -> N
     assert e.value.status == 400 and e.value.param == "input" and words in e.value.message
 
 
+def test_a_tool_left_out_is_said_once_for_each_type_in_the_servers_log() -> None:
+    """A hosted tool or a namespace is left out of what the model is offered (agents send them with every turn):
+    serve's log says so once for each type, not at each request, and never for function or file_search tools."""
+    from localgen.serve.servelog import LOG, ServeLog
+
+    lines: list[str] = []
+    token = LOG.set(ServeLog(write=lines.append))
+    try:
+        for _ in range(3):
+            r._tools([{"type": "web_search"}, {"type": "namespace", "name": "n", "tools": []},
+                      {"type": "file_search"}, {"type": "function", "name": "f"}])
+    finally:
+        LOG.reset(token)
+    assert lines == ["warning: /v1/responses leaves out tools of type 'web_search': the model is offered only "
+                     "function, file_search and mcp tools",
+                     "warning: /v1/responses leaves out tools of type 'namespace': the model is offered only "
+                     "function, file_search and mcp tools"]
+
+
 def test_function_tools_and_tool_choice_as_chat_completions() -> None:
     tools = r._tools([{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"},
                        "strict": True}])

@@ -158,8 +158,12 @@ def _logits_options(kl_divergence: bool, kl_base: str | None, save_logits: Path 
     if save_logits is not None:
         ms.check_logits_target(save_logits, text)
     ref_file = None
-    if kl_divergence and kl_base is not None and not Path(kl_base).exists():  # llama-perplexity's: always a file
-        raise UsageError(f"--kl-divergence-base {kl_base}: no such file")
+    if kl_divergence and kl_base is not None:  # llama-perplexity's: always a logits file, never a model
+        if not Path(kl_base).exists():
+            raise UsageError(f"--kl-divergence-base {kl_base}: no such file")
+        if not ms.is_logits_file(kl_base):
+            raise UsageError(f"--kl-divergence-base {kl_base} is not a logits file (one that --save-logits or "
+                             "llama-perplexity's --kl-divergence-base wrote)")
     if reference is not None:
         if ms.is_logits_file(reference):
             ref_file = Path(reference)

@@ -34,6 +34,7 @@ from localgen.serve.responseitems import DECLINED, Encoder, new_id, replayed_ans
 from localgen.serve.responsestore import MAX_CONVERSATION_CHARS, ResponseStore, check_metadata, default_path
 from localgen.serve.responsestore import routes as store_routes
 from localgen.serve.schema import MAX_SCHEMA_CHARS
+from localgen.serve.servelog import LOG
 from localgen.serve.state import ServeState
 from localgen.serve.tooling import checked_tool
 
@@ -379,7 +380,11 @@ def _tools(raw: Any) -> Any:
         if kind in CLIENT_RUN:
             raise HTTPError(400, f"only function, file_search and mcp tools are served here, not {kind!r}",
                             param="tools")
-        if kind != "function":  # file_search and mcp: the server's own (serve/responsemcp.py reads mcp tools)
+        if kind in ("file_search", "mcp"):  # the server's own (serve/responsemcp.py reads mcp tools)
+            continue
+        if kind != "function":  # a hosted tool or a namespace: said once in serve's log, not to the client
+            LOG.get().once(f"responses-tool:{kind[:40]}", f"/v1/responses leaves out tools of type {kind[:40]!r}: "
+                           "the model is offered only function, file_search and mcp tools")
             continue
         assert isinstance(t, dict)
         if t.get("strict") not in (None, True, False):  # echoed as given

@@ -131,6 +131,7 @@ class ServeLog:
         self.json = json_lines
         self.access_on = access
         self.write = write
+        self._said: set[str] = set()  # the keys of warnings said once (once())
 
     def access(self, method: str, path: str, route: str, status: int, seconds: float, trace: Trace,
                counts: dict[str, int]) -> None:
@@ -171,6 +172,13 @@ class ServeLog:
     def warning(self, text: str) -> None:
         """A warning, always shown."""
         self.write(json_line("warning", message=text) if self.json else f"warning: {text}")
+
+    def once(self, key: str, text: str) -> None:
+        """A warning said once in the server's life, for `key`: what every request of a client would repeat
+        (an agent that sends a hosted tool with every turn)."""
+        if key not in self._said:
+            self._said.add(key)
+            self.warning(text)
 
     def error(self, text: str, detail: str = "", model: str | None = None) -> None:
         """An internal error: `text`, then `detail` (a traceback) on the lines below it, or in JSON one
