@@ -174,8 +174,7 @@ def test_the_other_endpoints_answer_as_their_routes(server: Server, endpoint: st
     bodies: dict[str, dict[str, Any]] = {
         "/v1/completions": {"model": MODEL, "prompt": "Once upon", "max_tokens": 4, "temperature": 0},
         "/v1/embeddings": {"model": MODEL, "input": ["a cat", "a dog"]},
-        "/v1/responses": {"model": MODEL, "input": "Say hi.", "max_output_tokens": 4, "temperature": 0,
-                          "store": False}}
+        "/v1/responses": {"model": MODEL, "input": "Say hi.", "max_output_tokens": 4, "temperature": 0}}
     body = bodies[endpoint]
     upload = client.files.create(file=("in.jsonl", _jsonl([_line("x", body, endpoint)])), purpose="batch")
     batch = _finished(client, client.batches.create(input_file_id=upload.id, endpoint=endpoint,
@@ -187,6 +186,10 @@ def test_the_other_endpoints_answer_as_their_routes(server: Server, endpoint: st
     got, want = _answer(record["response"]["body"]), _answer(direct.json())
     if endpoint == "/v1/responses":  # its output items carry ids of their own
         assert got["output"][0]["content"][0]["text"] == want["output"][0]["content"][0]["text"]
+        # batch.md: a line is stored as the route stores a response (store defaults to true), in the same store
+        kept = httpx.get(f"{server.url}/v1/responses/{record['response']['body']['id']}",
+                         headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert kept.status_code == 200 and kept.json()["id"] == record["response"]["body"]["id"], kept.text
         got, want = ({k: v for k, v in d.items() if k != "output"} for d in (got, want))
     assert got == want
 

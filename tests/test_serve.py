@@ -672,6 +672,34 @@ def test_anthropic_message_start_carries_the_prompts_tokens(server: Server) -> N
         assert end.usage.cache_read_input_tokens == usage.cache_read_input_tokens
 
 
+def test_claude_codes_billing_line_is_left_out_so_its_prefix_is_reused(server: Server) -> None:
+    """Claude Code puts `x-anthropic-billing-header: ...; cch=XXXXX;` first in its system prompt, cch new with every
+    request: kept, no request's prompt began as the one before, and its whole prefix was evaluated every turn. The
+    line is left out: a prompt counts as it does without it, and the next turn reads the system prompt cached."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY)
+    prompt = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly and plainly." for i in range(30))
+    ask = [{"role": "user", "content": "Name a fruit."}]
+
+    def system(cch: str) -> list[dict[str, str]]:
+        return [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.0d9; cc_entrypoint=cli; "
+                                         f"cch={cch};"}, {"type": "text", "text": prompt}]
+
+    plain = client.messages.count_tokens(model="smollm2:135m", system=prompt, messages=ask)  # type: ignore[arg-type]
+    billed = client.messages.count_tokens(model="smollm2:135m", system=system("fa690"),  # type: ignore[arg-type]
+                                          messages=ask)  # type: ignore[arg-type]
+    assert billed.input_tokens == plain.input_tokens
+    inline = client.messages.count_tokens(  # as one string, the billing line first
+        model="smollm2:135m", system=f"x-anthropic-billing-header: cch=0aaa9;\n{prompt}",  # type: ignore[arg-type]
+        messages=ask)  # type: ignore[arg-type]
+    assert inline.input_tokens == plain.input_tokens
+    for cch in ("36ee5", "0aaa9"):
+        r = client.messages.create(model="smollm2:135m", max_tokens=2, system=system(cch),  # type: ignore[arg-type]
+                                   messages=ask, extra_body={"temperature": 0})  # type: ignore[arg-type]
+    assert (r.usage.cache_read_input_tokens or 0) > len(prompt) // 8, r.usage  # the system prompt, read cached
+
+
 @pytest.mark.parametrize(("source", "words"), [
     ({"type": "base64", "media_type": "image/png", "data": "aGVsbG8gd29ybGQ="},
      "an image block's source.data is not an image"),

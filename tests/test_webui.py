@@ -897,6 +897,25 @@ def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
     assert stored_user_texts(page) == []
 
 
+def test_a_name_being_typed_is_kept_when_another_tab_writes(tab: Tab) -> None:
+    """The list is drawn again whenever another tab writes a conversation: a rename being typed then was drawn
+    over, what was typed lost. The list now waits for the rename to end, and draws itself then."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "one")
+    page.get_by_role("button", name="Rename one").click()
+    page.fill("#conversations input.rename", "Half typed")
+    conv = page.evaluate("async () => (await (await import('./webui/store.js')).all())[0].id")
+    # another tab's news, as store.js's channel tells it (a second channel of the name hears the first)
+    page.evaluate("id => new BroadcastChannel('localgen-chat').postMessage({kind: 'saved', id})", conv)
+    page.wait_for_timeout(300)  # the news is heard within a task; a redraw would have replaced the input
+    assert page.locator("#conversations input.rename").count() == 1
+    assert page.evaluate("() => document.activeElement.value") == "Half typed"
+    page.press("#conversations input.rename", "Enter")
+    page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Half typed'")
+    assert page.evaluate("async () => (await (await import('./webui/store.js')).all())[0].name") == "Half typed"
+
+
 def test_a_message_sent_under_an_unfinished_answer_goes_beside_its_question(tab: Tab) -> None:
     """docs/webui.md: a message sent while another tab is still answering at the end of the branch goes as a new
     branch beside the question being answered (send() files it under tree.askUnder): never under the unfinished

@@ -132,6 +132,17 @@ def _thinking(config: Any) -> bool | None:
     return bool(kind != "disabled")
 
 
+# Claude Code (2.1.36 on) puts a billing line first in its system prompt, whose `cch=` changes with every request:
+# kept, each request's prompt would differ from its first tokens, and no cached prefix would ever be reused
+# (llama.cpp #20623, vLLM #36829 leave it out too). It says nothing to the model.
+BILLING = "x-anthropic-billing-header:"
+
+
+def _without_billing(text: str) -> str:
+    """`text` without a first line that is Claude Code's billing line."""
+    return text.partition("\n")[2] if text.startswith(BILLING) else text
+
+
 def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
     """Anthropic's system and messages as the chat messages every route uses: text and image blocks become
     content parts, tool_use blocks an assistant's tool_calls, tool_result blocks tool messages (ahead of the
@@ -139,9 +150,10 @@ def _chat_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if system is not None:
         if isinstance(system, list):
-            system = "".join(_text_of(b, "system") for b in system)
+            system = "".join(_without_billing(_text_of(b, "system")) for b in system)
         if not isinstance(system, str):
             raise HTTPError(400, "system must be a string or a list of text blocks", param="system")
+        system = _without_billing(system)
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "messages must be a non-empty list", param="messages")
     # system messages among the others (Claude Code sends one after the user's): their text is joined to the

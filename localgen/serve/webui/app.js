@@ -354,7 +354,10 @@ async function heard(news) {
   refreshList();
 }
 
-async function refreshList() {
+async function refreshList(renamed = false) {
+  // a name being edited is not drawn over (what was typed would be lost): its rename draws the list when it ends
+  const editingName = document.activeElement;
+  if (!renamed && editingName && editingName.classList.contains("rename") && ui.list.contains(editingName)) return;
   let all;
   try {
     all = await store.all();
@@ -408,7 +411,7 @@ function renameInline(li, open, conv) {
     if (finished) return;
     finished = true;
     if (keep) await rename(conv.id, input.value);
-    refreshList();
+    refreshList(true);
   };
   input.addEventListener("keydown", (e) => {
     if (e.key === "Enter") finish(true);
