@@ -136,6 +136,46 @@ def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> Non
         assert r.returncode == 0 and json.loads(r.stdout) == [] and "nothing is logged yet" in r.stderr, r
 
 
+def _seeded_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prompts: tuple[str, ...]) -> Path:
+    """A LOCALGEN_HOME whose log holds one exchange for each prompt, in order, written by the store itself."""
+    from localgen.log import store
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALGEN_HOME", str(home))
+    for prompt in prompts:
+        store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt=prompt,
+                                 response="r"))
+    return home
+
+
+@pytest.mark.parametrize("logged", [False, True], ids=["fresh-home", "with-a-log"])
+def test_a_query_with_no_letter_or_digit_is_refused_before_anything_is_logged_too(
+        cli_in_process: InProcessCLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logged: bool) -> None:
+    """docs/logs.md: a query with no letter or digit is refused, exit 2, on a fresh home as on one with a log (it
+    was "nothing is logged yet", exit 0, and `[]` with --json, where no log was made yet)."""
+    home = _seeded_home(tmp_path, monkeypatch, ("Name a yellow fruit.",) if logged else ())
+    lcli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(home)})
+    for args in (("-q", "***"), ("-q", "***", "--json")):
+        r = lcli("logs", *args)
+        assert (r.returncode, r.stdout) == (2, ""), (args, r)
+        assert r.stderr.startswith("localgen: error: -q '***' has no word to search for"), r.stderr
+        assert r.stderr.count("\n") == 1 and "nothing is logged" not in r.stderr, r.stderr
+
+
+def test_logs_shows_the_latest_3_exchanges_oldest_first(cli_in_process: InProcessCLI, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/logs.md: plain `localgen logs` is the latest 3 exchanges, oldest first."""
+    prompts = ("First one.", "Second one.", "Third one.", "Fourth one.", "Fifth one.")
+    home = _seeded_home(tmp_path, monkeypatch, prompts)
+    lcli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(home)})
+    r = lcli("logs")
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    shown = [line for line in r.stdout.splitlines() if line.endswith(" one.")]
+    assert shown == ["Third one.", "Fourth one.", "Fifth one."], r.stdout
+    assert r.stdout.count("## Prompt") == 3, r.stdout
+    assert [x["prompt"] for x in json.loads(lcli("logs", "--json").stdout)] == list(prompts[2:])
+
+
 @pytest.mark.parametrize("args", [("logs", "-q", "a\udcffb"), ("logs", "-m", "a\udcffb"), ("logs", "--cid", "a\udcffb"),
                                   ("run", "--cid", "a\udcffb", "hi")])
 def test_a_filter_or_id_that_is_not_utf8_is_a_usage_error(cli_in_process: InProcessCLI, args: tuple[str, ...]) -> None:

@@ -306,6 +306,14 @@ def fts_query(text: str) -> str:
     return " ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
+def search_words(query: str) -> str:
+    """`query` as fts_query makes it, or a usage error when it holds no word (no letter or digit) to search for."""
+    match = fts_query(query)
+    if not match:
+        raise UsageError(f"-q {query!r} has no word to search for", hint="give letters or digits")
+    return match
+
+
 def _entry(row: dict[str, Any]) -> Entry:
     values = {k: row[k] for k in COLUMNS if k in row}
     try:
@@ -371,9 +379,7 @@ def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: 
     if cid:
         where.append("r.conversation_id = ?")
         args.append(cid)
-    match = fts_query(query) if query else ""
-    if query and not match:
-        raise UsageError(f"-q {query!r} has no word to search for", hint="give letters or digits")
+    match = search_words(query) if query else ""
     limit = f" LIMIT {min(int(n), 2**63 - 1)}" if n else ""  # more than SQLite counts to: all of them
     filters = " WHERE " + " AND ".join(where) if where else ""
     try:

@@ -51,6 +51,8 @@ def logs(
     from localgen.cli.output import ErrWriter, TextWriter
     from localgen.log import store
 
+    if query is not None:
+        store.search_words(query)  # refused before the log is looked for: a fresh home too (docs/logs.md)
     out = TextWriter(sys.stdout)
     if not store.path().exists():
         ErrWriter().line(f"nothing is logged yet (the log will be {store.path()})")
