@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import CLI
+from tests.conftest import CLI, ROOT
 from tests.test_serve import Server
 
 
@@ -114,6 +115,31 @@ def test_the_shipped_catalogue_uses_only_the_keys_an_entry_takes() -> None:
 
     shipped = tomllib.loads(catalogue.SHIPPED.read_text(encoding="utf-8"))["models"]
     assert {key for entry in shipped.values() for key in entry} <= set(catalogue.KEYS)
+
+
+def test_the_catalogue_table_in_models_md_is_the_shipped_catalogue() -> None:
+    """docs/models.md, The catalogue: its table shows every entry of models.toml (repo, default quantization,
+    context, recommended sampling, description), and the text before it counts four embedding models and two
+    rerankers, as the shipped catalogue holds."""
+    import tomllib
+
+    from localgen.models import catalogue
+
+    shipped = tomllib.loads(catalogue.SHIPPED.read_text(encoding="utf-8"))["models"]
+    page = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    table = page.split("| name | repo | default quantization | context | recommended sampling | description |")[1]
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")]
+            for line in table.split("\n\n")[0].splitlines()[2:]]
+
+    def shown(name: str, e: dict[str, Any]) -> list[str]:
+        sampling = ", ".join(f"{k} {v}" for k, v in e.get("sampling", {}).items()) or "—"
+        return [f"`{name}`", "(embedded)" if e.get("embedded") else f"`{e['repo']}`", e.get("default_quant", "Q4_K_M"),
+                f"{e['context']:,}", sampling, e["description"]]
+
+    assert rows == [shown(name, e) for name, e in shipped.items()]
+    kinds = [e["description"] for e in shipped.values()]
+    assert (sum(" embeddings" in d for d in kinds), sum("reranker" in d.lower() for d in kinds)) == (4, 2), kinds
+    assert "four embedding models and two\nrerankers" in page
 
 
 def test_a_bad_override_of_a_shipped_name_is_an_error_not_the_shipped_entry(own: CLI) -> None:

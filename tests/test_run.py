@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -24,10 +25,15 @@ def test_streams_answer_to_stdout_only(cli: CLI) -> None:
     assert r.stderr == "", "stderr should be silent in a pipe without --stats"
 
 
+STATS_LINE = re.compile(r"\d+ prompt tokens · \d+ generated · prefill [\d,]+\.\d tok/s · decode [\d,]+\.\d tok/s · "
+                        r"first token \d+\.\d\d s · load \d+\.\d\d s · total \d+\.\d\d s · stop: (length|eos)\n")
+
+
 def test_stats_go_to_stderr(cli: CLI) -> None:
-    r = cli("run", "-p", "Hello", "--stats", "--seed", "1", *QUICK)
+    """docs/run.md: --stats is one line on stderr, its fields in the order the page shows them."""
+    r = cli("run", "-p", "Hello", "--stats", "--seed", "1", "--no-prompt-cache", *QUICK)
     assert r.returncode == 0, r.stderr
-    assert "prompt tokens" in r.stderr and "decode" in r.stderr and "first token" in r.stderr
+    assert STATS_LINE.fullmatch(r.stderr), r.stderr
     assert "prompt tokens" not in r.stdout
 
 
