@@ -183,6 +183,34 @@ def test_every_option_is_on_its_commands_page_or_one_it_links() -> None:
     assert _undocumented(DOCS) == []
 
 
+def _table_flags(page: str) -> list[str]:
+    """Each spelling of an option (`-sys`, `--system-prompt`, `--no-think`) in the first column of a page's
+    `| option | default | meaning |` table."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    table = text.split("| option | default | meaning |\n| --- | --- | --- |\n")[1].split("\n\n")[0]
+    firsts = [re.split(r"(?<!\\)\|", row)[1] for row in table.splitlines()]
+    return [flag for cell in firsts for span in re.findall(r"`([^`]+)`", cell)
+            for flag in re.findall(r"(?<![\w-])--?[a-z][\w-]*", span)]
+
+
+@pytest.mark.parametrize(("command", "page"), [("run", "run.md"), ("fit", "fit.md")])
+def test_every_option_in_a_pages_option_table_is_an_option_of_its_command(command: str, page: str) -> None:
+    """docs → CLI: each spelling an option table shows (run.md's `--system, --system-prompt, -sys TEXT`, say) is
+    one `localgen COMMAND` takes, an alias or an off-spelling included (the check above goes CLI → docs)."""
+    import typer
+
+    from localgen.cli import app, params
+
+    params.install()
+    cmd = typer.main.get_command(app.build()).commands[command]  # type: ignore[attr-defined]
+    taken = {f for p in cmd.params for f in (*p.opts, *p.secondary_opts)}
+    shown = _table_flags(page)
+    assert len(shown) > 20 if command == "run" else len(shown) > 3, shown
+    assert [f for f in shown if f not in taken] == []
+    if command == "run":
+        assert {"--system", "--system-prompt", "-sys", "--no-think", "--no-prompt-cache"} <= set(shown)
+
+
 def test_the_documented_options_check_has_teeth(tmp_path: Path) -> None:
     """A page that stops naming an option, or stops linking the page that does, fails the check."""
     for page in DOCS.glob("*.md"):

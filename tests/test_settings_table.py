@@ -20,13 +20,16 @@ from localgen.settings import KNOBS
 from localgen.types import GenerationRequest, LoadParams, SamplingParams
 
 
-def _options(command: str) -> dict[str, Any]:
-    """A command's click parameters by name."""
+def _command(command: str) -> Any:
+    """A command as click holds it."""
     from localgen.cli.app import build
 
-    group = typer.main.get_command(build(command))
-    cmd = group.commands[command]  # type: ignore[attr-defined]
-    return {p.name: p for p in cmd.params}
+    return typer.main.get_command(build(command)).commands[command]  # type: ignore[attr-defined]
+
+
+def _options(command: str) -> dict[str, Any]:
+    """A command's click parameters by name."""
+    return {p.name: p for p in _command(command).params}
 
 
 @pytest.mark.parametrize("command", ["run", "chat", "serve"])
@@ -46,6 +49,33 @@ def test_every_setting_is_an_option_as_the_table_declares_it(command: str) -> No
         assert p.opts + p.secondary_opts == flags, lk.name
         assert p.help == lk.help and p.envvar == lk.envvar, lk.name
         assert p.default == lk.default, lk.name
+
+
+@pytest.mark.parametrize(("command", "name", "default", "page"), [
+    ("run", "tool_steps", 8, "tools.md: at most `--tool-steps` rounds (8)"),
+    ("chat", "tool_steps", 8, "tools.md, as run's"),
+    ("run", "draft_max", 6, "run.md: `--draft-max N` (default 6)"),
+    ("serve", "draft_max", 6, "serve.md, as run's"),
+    ("serve", "read_timeout", 30, "serve.md: within `--read-timeout` seconds (30 by default)"),
+])
+def test_a_default_the_docs_name_is_the_options(command: str, name: str, default: float, page: str) -> None:
+    """Defaults the docs state in their text rather than in a table (reaching the cap of --tool-steps takes a model
+    that calls a new tool every round, which no small real model does on demand: the default is checked here)."""
+    assert _options(command)[name].default == default, page
+
+
+@pytest.mark.parametrize("command", ["run", "chat"])
+def test_system_prompt_and_sys_are_spellings_of_system(command: str) -> None:
+    """run.md's table: `--system, --system-prompt, -sys TEXT`, one option (llama.cpp's spellings parse as ours)."""
+    import click
+
+    p = _options(command)["system"]
+    assert p.opts == ["--system", "--system-prompt", "-sys"]
+    cmd = _command(command)
+    for flag in p.opts:
+        with click.Context(cmd) as ctx:
+            assert cmd.parse_args(ctx, [flag, "Be brief.", "Hi."]) is not None
+            assert ctx.params["system"] == "Be brief.", flag
 
 
 def test_defaults_are_the_typed_records_own() -> None:
