@@ -493,6 +493,28 @@ def test_serve_sizes_say_what_they_mean(cli_in_process: InProcessCLI) -> None:
     assert _cache_disk("0") == _cache_ram("0") == 0 and _cache_ram("4096") == 4 << 30
 
 
+@pytest.mark.parametrize(("ram", "cache_ram"), [(16 << 30, 4 << 30), (32 << 30, 8 << 30), (64 << 30, 8 << 30),
+                                                (None, 8 << 30)])
+def test_cache_ram_auto_is_8_gib_or_a_quarter_of_ram_whichever_is_less(monkeypatch: pytest.MonkeyPatch,
+                                                                        ram: int | None, cache_ram: int) -> None:
+    """caches.md and configuration.md: --cache-ram's default (auto) is min(8 GiB, a quarter of RAM); a RAM size not
+    known takes 32 GiB's quarter."""
+    from localgen import hardware
+    from localgen.cli.serve.checks import _cache_ram
+
+    monkeypatch.setattr(hardware, "total_ram_bytes", lambda: ram)
+    assert _cache_ram("auto") == _cache_ram(" AUTO ") == cache_ram
+
+
+def test_max_memory_by_default_is_90_percent_of_ram_without_offload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve.md: --max-memory's default is 90 % of this machine's RAM (its GPUs' memory only when offloading)."""
+    from localgen import hardware
+    from localgen.serve.residency import default_budget
+
+    monkeypatch.setattr(hardware, "total_ram_bytes", lambda: 10 << 30)
+    assert default_budget(False) == 9 << 30
+
+
 def test_a_disk_cache_that_cannot_work_says_so(cli_env: dict[str, str]) -> None:
     """caches.md: --cache-disk needs the prompt cache in RAM; with --cache-ram 0, a size given to --cache-disk
     says in one warning line that it is off (the default says nothing)."""
@@ -596,6 +618,11 @@ def test_the_start_up_line_says_which_batching_mode_and_why(server: Server, cli_
     said = os.pread(server.proc.stderr.fileno(), 1 << 20, 0).decode()
     assert "throughput batching: every request batched; exactness would cost" in said
     assert "4 slots per model · prompt cache in RAM: up to " in said
+    from localgen import hardware
+    from localgen.units import format_bytes
+
+    if not hardware.gpus():  # serve.md: at most 3 models, or 90 % of the RAM (with a GPU's memory when offloading)
+        assert f"· at most 3 models or {format_bytes(int(hardware.total_ram_bytes() * 0.9))} loaded\n" in said, said
     s = Server(cli_env, "-np", "2", "--ctx", "512", "--exact", "--cache-ram", "0")
     off = s.health()["prompt_cache"] is None
     assert s.stop() == 0
