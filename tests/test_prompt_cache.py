@@ -296,10 +296,13 @@ def test_a_cap_of_0_turns_the_cache_off(env: dict[str, str], asked: Asked) -> No
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
 def test_a_bad_cap_is_a_usage_error(env: dict[str, str], value: str) -> None:
+    """configuration.md, run.md, caches.md: a cap that is not a whole number 0 or more is a usage error that says
+    what it must be, for run and chat."""
     for command in (["run", "-p", "hi"], ["chat", "x"]):
         r = CLI({**env, "LOCALGEN_PROMPT_CACHE_MB": value})(*command, "-n", "2", input="hi\n")
         assert r.returncode == 2, r.stderr
-        assert r.stderr.startswith("localgen: error: LOCALGEN_PROMPT_CACHE_MB") and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("localgen: error: LOCALGEN_PROMPT_CACHE_MB must be a whole number of megabytes, 0 "
+                                   f"or more (it is {value!r})") and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
