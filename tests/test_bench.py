@@ -112,6 +112,14 @@ def test_jsonl_records_carry_llama_bench_fields_and_ours(jsonl_run: list[dict[st
     assert by["pp16"]["limit_ts"] is None
 
 
+def test_e2e_and_no_e2e_each_say_whether_the_run_path_is_measured(benv: dict[str, str]) -> None:
+    """bench.md: `--e2e/--no-e2e`, on by default: the positive form parses and measures e2eN, the negative skips it."""
+    for flag, tests in (("--e2e", ["tg2", "e2e2"]), ("--no-e2e", ["tg2"])):
+        r = bench(benv, "-p", "0", "-n", "2", "-r", "1", flag, "-o", "jsonl")
+        assert r.returncode == 0, r.stderr
+        assert [json.loads(line)["test"] for line in r.stdout.splitlines()] == tests, flag
+
+
 def test_every_output_format(benv: dict[str, str], bench_here: InProcessCLI) -> None:
     args = ["-p", "16", "-n", "4", "-r", "1", "--no-e2e"]
     md = bench(benv, *args, "-o", "md")

@@ -262,6 +262,31 @@ def test_an_embedding_model_names_its_own_pooling(cli: CLI, tiny: dict[str, Path
     assert min(sims) > 1 - 1e-4, sims
 
 
+def test_normalize_and_no_normalize_each_do_what_they_say(cli: CLI, tiny: dict[str, Path]) -> None:
+    """embed.md: vectors are L2-normalised unless --no-normalize; the positive form, --normalize, parses and
+    normalises."""
+    def norms(flag: str) -> list[float]:
+        r = cli("embed", "-m", str(tiny["bert"]), flag, *TEXTS)
+        assert r.returncode == 0, r.stderr
+        return [math.sqrt(sum(x * x for x in v)) for v in _vectors(r)]
+
+    assert all(abs(n - 1) < 1e-6 for n in norms("--normalize"))
+    assert all(abs(n - 1) > 1e-3 for n in norms("--no-normalize"))
+
+
+def test_similar_gives_10_by_default(ecli: CLI, tiny: dict[str, Path], tmp_path: Path) -> None:
+    """embed.md: `similar` gives the nearest 10 texts without -n/--count (12 stored)."""
+    docs = tmp_path / "docs.txt"
+    docs.write_text("".join(f"Note number {i} is about topic {i}.\n" for i in range(12)))
+    r = ecli("embed", "-m", str(tiny["bert"]), "--file", str(docs), "--store", "notes")
+    assert r.returncode == 0 and "12 embedded and stored" in r.stderr, r.stderr
+    r = ecli("similar", "notes", "topic 3")
+    assert r.returncode == 0, r.stderr
+    hits = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(hits) == 10 and len({h["id"] for h in hits}) == 10, hits
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+
+
 def test_rerank_tokenizes_the_query_once_and_pairs_as_a_whole_text_would(tiny: dict[str, Path]) -> None:
     """#41: a rerank request's query is tokenized once, not once per document, and each pair's tokens are
     still what tokenizing the whole pair gives ([CLS] query [SEP] [SEP] document [SEP]: llama-embedding puts the
