@@ -137,14 +137,15 @@ def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> Non
 
 
 def _seeded_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prompts: tuple[str, ...]) -> Path:
-    """A LOCALGEN_HOME whose log holds one exchange for each prompt, in order, written by the store itself."""
+    """A LOCALGEN_HOME whose log holds one exchange for each prompt, in order, written by the store itself (a second
+    apart: rows written in the same second would sort by their random ids)."""
     from localgen.log import store
 
     home = tmp_path / "home"
     monkeypatch.setenv("LOCALGEN_HOME", str(home))
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
         store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt=prompt,
-                                 response="r"))
+                                 response="r", datetime_utc=f"2026-01-01T00:00:{i:02d}"))
     return home
 
 
