@@ -172,14 +172,15 @@ def test_run_file_json_writes_only_json(cli: CLI, tmp_path: Path) -> None:
 
 def test_run_file_plain_writes_each_answer_on_one_line_and_a_blank_line_for_a_blank_one(cli: CLI,
                                                                                         tmp_path: Path) -> None:
-    """run.md: in plain `--file` output newlines inside an answer become spaces, runs of spaces and tabs one space,
-    space at either end goes, and a blank input line gives a blank output line (a grammar makes the answer)."""
+    """run.md: in plain `--file` output any run of white space inside an answer (line breaks, tabs, CR, NBSP) becomes
+    one space, white space at either end goes, and a blank input line gives a blank output line (a grammar makes
+    the answer)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("First prompt.\n\nSecond prompt.\n")
-    r = cli("run", "--file", str(prompts), "--grammar", 'root ::= " one  two\t\tthree\nfour  "', "-n", "20",
-            "--temperature", "0")
+    r = cli("run", "--file", str(prompts), "--grammar", 'root ::= " one  two\t\tthree\nfour\r\nfive\u00a0six  "',
+            "-n", "30", "--temperature", "0")
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "one two three four\n\none two three four\n"
+    assert r.stdout == "one two three four five six\n\none two three four five six\n"
 
 
 def test_a_chat_message_too_big_for_the_window_is_refused_by_its_size(cli: CLI) -> None:
