@@ -733,12 +733,31 @@ MARKDOWN_ANSWERS = [
 ]
 
 
-def test_the_block_being_written_is_redrawn_at_most_12_times_a_second() -> None:
-    """chat.md: the block being written is re-rendered at most 12 times a second (a redraw waits REFRESH_S after
-    the last)."""
-    from localgen.cli.chat.render import RichView
+def test_the_block_being_written_is_redrawn_at_most_12_times_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chat.md: the block being written is re-rendered at most 12 times a second. Pieces arrive every 0.01 s of a
+    fake clock (no real time passes): in each second of it the live region is redrawn 12 times at most (13 where
+    a redraw falls on both ends of the second), and it is redrawn."""
+    import io
+    import types
 
-    assert RichView.REFRESH_S == 1 / 12
+    from rich.console import Console
+
+    from localgen.cli.chat import render
+    from localgen.tools.stream import Piece
+
+    now = [1000.0]
+    monkeypatch.setattr(render, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    view = render.RichView(Console(file=io.StringIO(), width=40, height=30, force_terminal=True,
+                                   force_interactive=True, color_system=None), show_think=True)
+    redraws: list[float] = []
+    redraw = view._refresh
+    monkeypatch.setattr(view, "_refresh", lambda: (redraws.append(now[0]), redraw())[1])
+    for i in range(300):  # 3 fake seconds
+        view.show(Piece("content", f"word{i} "))
+        now[0] += 0.01
+    view.finish()
+    per_second = [sum(1 for t in redraws if s <= t - 1000.0 < s + 1) for s in range(3)]
+    assert all(1 <= n <= 13 for n in per_second), (per_second, redraws)
 
 
 @pytest.mark.parametrize("answer", MARKDOWN_ANSWERS)
