@@ -621,8 +621,14 @@ def test_the_start_up_line_says_which_batching_mode_and_why(server: Server, cli_
     from localgen import hardware
     from localgen.units import format_bytes
 
-    if not hardware.gpus():  # serve.md: at most 3 models, or 90 % of the RAM (with a GPU's memory when offloading)
-        assert f"· at most 3 models or {format_bytes(int(hardware.total_ram_bytes() * 0.9))} loaded\n" in said, said
+    # serve.md: at most 3 models (3 per GPU when offloading) or 90 % of the RAM (plus the GPUs' memory when
+    # offloading; on Apple Silicon no more than Metal may use, the unified GPU's total): -ngl's default offloads
+    # whenever there is a GPU, so this holds on a machine with one or without
+    gpus = hardware.gpus()
+    discrete = [g.total or 0 for g in gpus if not g.unified]
+    memory = min([int(((hardware.total_ram_bytes() or 0) + sum(discrete)) * 0.9),
+                  *[g.total for g in gpus if g.unified and g.total]])
+    assert f"· at most {3 * max(1, len(discrete))} models or {format_bytes(memory)} loaded\n" in said, said
     s = Server(cli_env, "-np", "2", "--ctx", "512", "--exact", "--cache-ram", "0")
     off = s.health()["prompt_cache"] is None
     assert s.stop() == 0
