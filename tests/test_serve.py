@@ -821,10 +821,9 @@ def test_anthropic_refuses_what_anthropic_refuses(server: Server, body: dict[str
     assert field in doc["error"]["message"]
 
 
-# Optional fields a client may send as null (OpenAI's SDKs and many front-ends do, for "the default"): each is
-# taken as if absent, as OpenAI and Anthropic take them. Each route gets its own request with one field null.
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "stream": True}),
     ("/api/chat", {"messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 1}}),
     ("/api/generate", {"prompt": "Hi", "options": {"num_predict": 1}}),
     ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}),
@@ -840,6 +839,8 @@ def test_every_stream_tells_a_proxy_not_to_buffer_it(server: Server, path: str, 
         assert r.headers["x-accel-buffering"] == "no", dict(r.headers)
 
 
+# Optional fields a client may send as null (OpenAI's SDKs and many front-ends do, for "the default"): each is
+# taken as if absent, as OpenAI and Anthropic take them. Each route gets its own request with one field null.
 NULLABLE = {
     "/v1/chat/completions": ("n", "stream", "stream_options", "logprobs", "top_logprobs", "max_tokens",
                              "max_completion_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
