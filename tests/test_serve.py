@@ -497,8 +497,8 @@ def test_serve_sizes_say_what_they_mean(cli_in_process: InProcessCLI) -> None:
                                                 (None, 8 << 30)])
 def test_cache_ram_auto_is_8_gib_or_a_quarter_of_ram_whichever_is_less(monkeypatch: pytest.MonkeyPatch,
                                                                         ram: int | None, cache_ram: int) -> None:
-    """caches.md and configuration.md: --cache-ram's default (auto) is min(8 GiB, a quarter of RAM); a RAM size not
-    known takes 32 GiB's quarter."""
+    """caches.md and configuration.md: --cache-ram's default (auto) is min(8 GiB, a quarter of RAM). Where the RAM's
+    size is not known, 8 GiB: no doc says so; this case pins the implementation (checks._cache_ram)."""
     from localgen import hardware
     from localgen.cli.serve.checks import _cache_ram
 
