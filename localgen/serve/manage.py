@@ -295,6 +295,10 @@ async def _delete(state: ServeState, name: str) -> None:
     from localgen.models import presets
 
     if presets.exists(name):  # only the preset goes, never its base model's files (NAME:latest is NAME)
+        try:
+            presets.check_one_file(name)  # kept as two presets by an older localgen: neither goes
+        except LocalgenError as e:
+            raise HTTPError(409, e.message) from None
         async with _retired(state, [w for w in list(state.workers.values())
                                     if presets.canonical(w.name) == presets.canonical(name)], "deleted",
                             presets.canonical(name)):
