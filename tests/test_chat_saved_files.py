@@ -383,6 +383,35 @@ def test_resuming_another_tool_s_file_keeps_its_fields_and_a_bad_one_is_left_as_
     assert (d / "bad.json").read_bytes() == before
 
 
+def test_resume_without_a_name_takes_the_newest_file_even_one_chat_list_skips(scli: CLI) -> None:
+    """docs/chat.md: `--resume` continues the last conversation. The newest file being one `chat --list` skips (over
+    1 MiB, in an older version's layout) is resumed, read whole (an older one was resumed, and saved into); the
+    newest being a damaged one is one error naming it, and neither file is changed."""
+    import os
+
+    d = _chats(scli)
+    ada = d / "ada.json"
+    ada.write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    big = d / "old.json"
+    # over 1 MiB, without "turns" before the messages: an older version's layout (another tool's field here)
+    big.write_text(json.dumps({"model": "smollm2:135m", "theirs": "x" * (1 << 20), "messages": ADA}))
+    os.utime(ada, (1_700_000_000, 1_700_000_000))
+    os.utime(big, (1_700_000_100, 1_700_000_100))
+    kept = ada.read_bytes(), big.read_bytes()
+    assert [line.split()[0] for line in scli("chat", "--list").stdout.splitlines()] == ["ada"]
+    r = scli("chat", "--resume", *N, input="/show\n")
+    assert r.returncode == 0, r.stderr
+    assert "conversation old · 2 messages" in r.stderr, r.stderr
+    bad = d / "bad.json"
+    bad.write_text('{"model": "smollm2:135m", "messages": [')
+    os.utime(bad, (1_700_000_200, 1_700_000_200))
+    r = scli("chat", "--resume", *N, input="Hello\n")
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"localgen: error: the saved conversation {bad} is unreadable: it is not JSON"), r.stderr
+    assert (ada.read_bytes(), big.read_bytes()) == kept
+
+
 def test_a_new_chat_is_written_at_its_first_exchange_not_by_a_set_before_it(scli: CLI) -> None:
     """docs/chat.md, Saving: a /set, /system or /model before the first exchange leaves no file, and the name free;
     the first exchange saves them with it; /save NAME writes an empty chat at once."""
