@@ -412,6 +412,32 @@ def test_resume_without_a_name_takes_the_newest_file_even_one_chat_list_skips(sc
     assert (ada.read_bytes(), big.read_bytes()) == kept
 
 
+def test_a_file_of_a_newer_format_is_refused_and_left_as_it_is(scli: CLI) -> None:
+    """docs/chat.md, Saving: a file a newer localgen wrote (a higher "format") is one error, exit 1, and never
+    written back as this version's (it was loaded, and saved as format 1 without what it did not know); format 1
+    and a file without "format" load as before."""
+    d = _chats(scli)
+    fut = d / "fut.json"
+    fut.write_text(json.dumps({"format": 99, "model": "smollm2:135m", "messages": ADA, "future": {"x": 1}}))
+    before = fut.read_bytes()
+    for args in (("--resume", "fut"), ("--resume",)):
+        r = scli("chat", *args, *N, input="Hello\n")
+        assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            f"localgen: error: the saved conversation {fut} was written by a newer localgen (format 99) (resume it "
+            "with that version; the file was left as it is)"], r.stderr
+    r = scli("chat", *N, input="/load fut\n")
+    assert f"the saved conversation {fut} was written by a newer localgen (format 99)" in r.stderr, r.stderr
+    assert fut.read_bytes() == before
+    for name, fmt in (("one", {"format": 1}), ("none", {})):
+        (d / f"{name}.json").write_text(json.dumps({**fmt, "model": "smollm2:135m", "messages": ADA}))
+        r = scli("chat", "--resume", name, *N, input="/show\n")
+        assert r.returncode == 0 and f"conversation {name} · 2 messages" in r.stderr, r.stderr
+    (d / "text.json").write_text(json.dumps({"format": "2", "model": "smollm2:135m", "messages": ADA}))
+    r = scli("chat", "--resume", "text", *N, input="Hello\n")
+    assert r.returncode == 1 and 'is not in localgen\'s format: its "format" is not a whole number' in r.stderr
+
+
 def test_a_new_chat_is_written_at_its_first_exchange_not_by_a_set_before_it(scli: CLI) -> None:
     """docs/chat.md, Saving: a /set, /system or /model before the first exchange leaves no file, and the name free;
     the first exchange saves them with it; /save NAME writes an empty chat at once."""

@@ -18,6 +18,9 @@ from localgen.regular import Unreadable, read_regular
 from localgen.types import Message
 
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
+# the saved layout's version: raised when a change means an older localgen would misread a file or drop what it
+# holds on a save (a load refuses a higher one); fields added since 1 (tool_calls, summary, ...) are ones older
+# versions that never read "format" drop anyway, so raising it then would have warned no one
 FORMAT = 1
 
 
