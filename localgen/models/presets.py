@@ -421,9 +421,11 @@ def _exists(name: str) -> PresetExists:
 
 def refuse_existing(name: str, replace: bool) -> None:
     """A PresetExists when a preset of that name is here and `replace` is not given: what save refuses, asked
-    before work that comes first (create -q's quantization)."""
+    before work that comes first (create -q's quantization); with `replace`, check_one_file's error."""
     if not replace and exists(name):
         raise _exists(name)
+    if replace:
+        check_one_file(name)
 
 
 def stamp(name: str) -> tuple[int, ...] | None:
