@@ -412,6 +412,20 @@ def test_resume_without_a_name_takes_the_newest_file_even_one_chat_list_skips(sc
     assert (ada.read_bytes(), big.read_bytes()) == kept
 
 
+def test_a_conversation_of_over_a_megabyte_of_text_goes_on_with_its_newest_turns(scli: CLI) -> None:
+    """A history longer than the window could hold by its size alone (over 1 MiB of text, as an older version's
+    long chat) is left out of the window as any too-long history is, and the chat goes on and saves (it was
+    "the prompt is 1,232,252 characters", whatever was asked, and the conversation could never go on)."""
+    d = _chats(scli)
+    long = [{"role": "user", "content": "tell me more. " * 44000}, {"role": "assistant", "content": "More."}] * 2
+    (d / "long.json").write_text(json.dumps({"model": "smollm2:135m", "messages": long}))
+    r = scli("chat", "--resume", "long", *N, input="Hello\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert "the oldest turns are no longer sent to the model" in r.stderr, r.stderr
+    saved = json.loads((d / "long.json").read_text())
+    assert saved["messages"][:4] == long and [m["role"] for m in saved["messages"][4:]] == ["user", "assistant"]
+
+
 def test_a_file_of_a_newer_format_is_refused_and_left_as_it_is(scli: CLI) -> None:
     """docs/chat.md, Saving: a file a newer localgen wrote (a higher "format") is one error, exit 1, and never
     written back as this version's (it was loaded, and saved as format 1 without what it did not know); format 1
