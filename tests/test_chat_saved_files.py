@@ -383,6 +383,75 @@ def test_resuming_another_tool_s_file_keeps_its_fields_and_a_bad_one_is_left_as_
     assert (d / "bad.json").read_bytes() == before
 
 
+def test_resume_without_a_name_takes_the_newest_file_even_one_chat_list_skips(scli: CLI) -> None:
+    """docs/chat.md: `--resume` continues the last conversation. The newest file being one `chat --list` skips (over
+    1 MiB, in an older version's layout) is resumed, read whole (an older one was resumed, and saved into); the
+    newest being a damaged one is one error naming it, and neither file is changed."""
+    import os
+
+    d = _chats(scli)
+    ada = d / "ada.json"
+    ada.write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    big = d / "old.json"
+    # over 1 MiB, without "turns" before the messages: an older version's layout (another tool's field here)
+    big.write_text(json.dumps({"model": "smollm2:135m", "theirs": "x" * (1 << 20), "messages": ADA}))
+    os.utime(ada, (1_700_000_000, 1_700_000_000))
+    os.utime(big, (1_700_000_100, 1_700_000_100))
+    kept = ada.read_bytes(), big.read_bytes()
+    assert [line.split()[0] for line in scli("chat", "--list").stdout.splitlines()] == ["ada"]
+    r = scli("chat", "--resume", *N, input="/show\n")
+    assert r.returncode == 0, r.stderr
+    assert "conversation old · 2 messages" in r.stderr, r.stderr
+    bad = d / "bad.json"
+    bad.write_text('{"model": "smollm2:135m", "messages": [')
+    os.utime(bad, (1_700_000_200, 1_700_000_200))
+    r = scli("chat", "--resume", *N, input="Hello\n")
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"localgen: error: the saved conversation {bad} is unreadable: it is not JSON"), r.stderr
+    assert (ada.read_bytes(), big.read_bytes()) == kept
+
+
+def test_a_conversation_of_over_a_megabyte_of_text_goes_on_with_its_newest_turns(scli: CLI) -> None:
+    """A history longer than the window could hold by its size alone (over 1 MiB of text, as an older version's
+    long chat) is left out of the window as any too-long history is, and the chat goes on and saves (it was
+    "the prompt is 1,232,252 characters", whatever was asked, and the conversation could never go on)."""
+    d = _chats(scli)
+    long = [{"role": "user", "content": "tell me more. " * 44000}, {"role": "assistant", "content": "More."}] * 2
+    (d / "long.json").write_text(json.dumps({"model": "smollm2:135m", "messages": long}))
+    r = scli("chat", "--resume", "long", *N, input="Hello\n")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert "the oldest turns are no longer sent to the model" in r.stderr, r.stderr
+    saved = json.loads((d / "long.json").read_text())
+    assert saved["messages"][:4] == long and [m["role"] for m in saved["messages"][4:]] == ["user", "assistant"]
+
+
+def test_a_file_of_a_newer_format_is_refused_and_left_as_it_is(scli: CLI) -> None:
+    """docs/chat.md, Saving: a file a newer localgen wrote (a higher "format") is one error, exit 1, and never
+    written back as this version's (it was loaded, and saved as format 1 without what it did not know); format 1
+    and a file without "format" load as before."""
+    d = _chats(scli)
+    fut = d / "fut.json"
+    fut.write_text(json.dumps({"format": 99, "model": "smollm2:135m", "messages": ADA, "future": {"x": 1}}))
+    before = fut.read_bytes()
+    for args in (("--resume", "fut"), ("--resume",)):
+        r = scli("chat", *args, *N, input="Hello\n")
+        assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            f"localgen: error: the saved conversation {fut} was written by a newer localgen (format 99) (resume it "
+            "with that version; the file was left as it is)"], r.stderr
+    r = scli("chat", *N, input="/load fut\n")
+    assert f"the saved conversation {fut} was written by a newer localgen (format 99)" in r.stderr, r.stderr
+    assert fut.read_bytes() == before
+    for name, fmt in (("one", {"format": 1}), ("none", {})):
+        (d / f"{name}.json").write_text(json.dumps({**fmt, "model": "smollm2:135m", "messages": ADA}))
+        r = scli("chat", "--resume", name, *N, input="/show\n")
+        assert r.returncode == 0 and f"conversation {name} · 2 messages" in r.stderr, r.stderr
+    (d / "text.json").write_text(json.dumps({"format": "2", "model": "smollm2:135m", "messages": ADA}))
+    r = scli("chat", "--resume", "text", *N, input="Hello\n")
+    assert r.returncode == 1 and 'is not in localgen\'s format: its "format" is not a whole number' in r.stderr
+
+
 def test_a_new_chat_is_written_at_its_first_exchange_not_by_a_set_before_it(scli: CLI) -> None:
     """docs/chat.md, Saving: a /set, /system or /model before the first exchange leaves no file, and the name free;
     the first exchange saves them with it; /save NAME writes an empty chat at once."""

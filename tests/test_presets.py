@@ -234,6 +234,60 @@ def test_name_and_name_latest_are_one_model(pcli: InProcessCLI, tmp_path: Path) 
     one_error(pcli("show", "foo"), "foo:latest@Q4_K_M is not in the cache")
 
 
+def test_name_and_name_latest_kept_apart_by_an_older_version_lose_neither(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """Before 11-29 `mine` and `mine:latest` were two presets (mine.json, mine@latest.json): after the upgrade both
+    files are named in a warning where the name is listed or shown, and rm or create --force of either spelling is
+    refused naming both (it destroyed the other's settings unawares); once one is moved away, all works as before."""
+    assert pcli("cp", "smollm2:135m", "mine").returncode == 0
+    folder = tmp_path / "home" / "data" / "presets"
+    doc = json.loads((folder / "mine.json").read_text())
+    (folder / "mine@latest.json").write_text(json.dumps({**doc, "name": "mine:latest", "system": "tagged"}))
+    both = (str(folder / "mine.json"), str(folder / "mine@latest.json"))
+    for args in (("list",), ("show", "mine:latest", "--modelfile")):
+        r = pcli(*args)
+        assert r.returncode == 0 and r.stdout, r.stderr
+        warned = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+        assert len(warned) == 1 and all(f in warned[0] for f in both), r.stderr
+    for args in (("rm", "mine", "--yes"), ("rm", "mine:latest", "--yes"),
+                 ("create", "mine", "-f", "-", "--force"), ("create", "mine:latest", "-f", "-", "--force")):
+        line = one_error(pcli(*args, input=TERSE), "two files", *both)
+        assert "localgen: error: " in line
+        assert json.loads((folder / "mine@latest.json").read_text())["system"] == "tagged", args
+        assert json.loads((folder / "mine.json").read_text()) == doc, args
+    (folder / "mine@latest.json").rename(tmp_path / "kept.json")
+    r = pcli("show", "mine", "--modelfile")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert pcli("rm", "mine:latest", "--yes").returncode == 0 and not list(folder.glob("mine*"))
+
+
+def test_serve_deletes_or_replaces_neither_of_two_files_an_older_version_kept_apart(cli_env: dict[str, str],
+                                                                                    tmp_path: Path) -> None:
+    """Ollama's delete of mine or mine:latest, and a copy or create with "force" onto either, are a 409 naming
+    both files (mine.json, mine@latest.json), and neither changes."""
+    import httpx
+
+    from tests.test_serve import Server
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    assert CLI(env)("cp", "smollm2:135m", "mine").returncode == 0
+    folder = tmp_path / "home" / "data" / "presets"
+    doc = json.loads((folder / "mine.json").read_text())
+    (folder / "mine@latest.json").write_text(json.dumps({**doc, "name": "mine:latest", "system": "tagged"}))
+    kept = {f: f.read_bytes() for f in folder.glob("mine*")}
+    s = Server(env, "-np", "1")
+    try:
+        for name in ("mine", "mine:latest"):
+            for how, path, body in (("DELETE", "delete", {"model": name}),
+                                    ("POST", "copy", {"source": "smollm2:135m", "destination": name, "force": True}),
+                                    ("POST", "create", {"model": name, "from": "smollm2:135m", "force": True,
+                                                        "stream": False})):
+                r = httpx.request(how, f"{s.url}/api/{path}", json=body, timeout=60)
+                assert r.status_code == 409 and "two files" in r.text and "mine@latest.json" in r.text, (path, r.text)
+    finally:
+        assert s.stop() == 0
+    assert {f: f.read_bytes() for f in folder.glob("mine*")} == kept
+
+
 def test_a_preset_never_takes_a_name_another_model_answers_to(pcli: InProcessCLI, tmp_path: Path,
                                                              smollm2_path: Path) -> None:
     """A preset of a quantized model's name (smol:q8_0), or of a user's catalogue entry's (mine for mine:latest),

@@ -99,6 +99,14 @@ class ChatRunner:
             request = with_tools(plan, request)
         return int(self.backend.count(request))
 
+    def _fits(self, messages: list[Message], limit: int) -> bool:
+        """Whether a conversation takes at most `limit` tokens; one past what the window could hold by its size
+        alone (a history over a megabyte of text) does not fit, and is never an error: the window leaves it out."""
+        try:
+            return self.count(messages) <= limit
+        except ContextOverflowError:
+            return False
+
     def template(self) -> str | None:
         """The chat template the model renders with (None for a remote one)."""
         from localgen.tools.plan import template_of
@@ -176,9 +184,9 @@ class ChatRunner:
         same (compaction off, or a summary that failed) are counted in the number returned."""
         n_ctx = int(self.backend.n_ctx)
         limit = n_ctx - self.reserve()
-        if self.compact and self.count(self.sent()) > limit:
+        if self.compact and not self._fits(self.sent(), limit):
             self._auto_compact(limit)
-        self.first = self.session.window_start(lambda conv: self.count(conv) <= limit,
+        self.first = self.session.window_start(lambda conv: self._fits(conv, limit),
                                                max(self.first, self.covered()), head=self.head())
         need = self.count(self.sent())
         if need > limit:
@@ -196,7 +204,7 @@ class ChatRunner:
         A summary that fails or is stopped is one alert, and the window then leaves those turns out."""
         room = limit // 2 - compact.budget(int(self.backend.n_ctx))
         empty = Summary(text="", covers=1, tokens=0, compactions=0, model="", created=0.0)
-        end = self.session.window_start(lambda conv: self.count(conv) <= room, max(self.first, self.covered()),
+        end = self.session.window_start(lambda conv: self._fits(conv, room), max(self.first, self.covered()),
                                         head=self.head(empty))
         try:
             self.fold_to(end)

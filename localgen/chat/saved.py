@@ -18,6 +18,9 @@ from localgen.regular import Unreadable, read_regular
 from localgen.types import Message
 
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
+# the saved layout's version: raised when a change means an older localgen would misread a file or drop what it
+# holds on a save (a load refuses a higher one); fields added since 1 (tool_calls, summary, ...) are ones older
+# versions that never read "format" drop anyway, so raising it then would have warned no one
 FORMAT = 1
 
 
@@ -287,6 +290,16 @@ def why_unreadable(e: Exception) -> str:
 
 
 def latest() -> str | None:
-    """The most recently updated conversation's name."""
-    sessions = list_sessions()
-    return sessions[0].name if sessions else None
+    """The most recently updated conversation's name: a file `chat --list` skips (too big to list, damaged) counts
+    too, by its modification time, so `--resume` loads it (or says what is wrong with it), never an older one."""
+    skipped: list[tuple[Path, str]] = []
+    sessions = list_sessions(skipped=skipped)
+    best = (sessions[0].updated, sessions[0].name) if sessions else None
+    for p, _ in skipped:
+        try:
+            when = p.stat().st_mtime
+        except OSError:  # removed this instant
+            continue
+        if best is None or when > best[0]:
+            best = (when, p.stem)
+    return best[1] if best else None

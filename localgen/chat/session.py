@@ -246,7 +246,8 @@ class ChatSession:
     def load(cls, name: str) -> ChatSession:
         """Read a saved conversation by name. What localgen does not use of it (another tool's fields, at the top
         or in a message) is kept and written back as it was; a field of localgen's that holds what it never
-        saves there is an error naming the file (and the entry), and the file is left as it is."""
+        saves there, or a "format" newer than FORMAT, is an error naming the file (and the entry), and the file
+        is left as it is."""
         check_name(name)
         path = chats_dir() / f"{name}.json"
         try:
@@ -260,6 +261,12 @@ class ChatSession:
         try:
             if not isinstance(data, dict):
                 raise BadField("it is not a JSON object")
+            fmt = data.get("format", FORMAT)  # none: written before the field was
+            if not isinstance(fmt, int) or isinstance(fmt, bool):
+                raise BadField('its "format" is not a whole number')
+            if fmt > FORMAT:  # its fields may mean what this version cannot keep: a save would drop them
+                raise LocalgenError(f"the saved conversation {path} was written by a newer localgen (format {fmt})",
+                                    hint="resume it with that version; the file was left as it is")
             messages = checked_messages(data["messages"], path)
             saved = data.get("settings") or {}
             if not isinstance(saved, dict):

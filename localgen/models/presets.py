@@ -131,11 +131,35 @@ def _files(name: str) -> list[Path]:
     return [_file(key), *(f for f in tagged if f.stem[len(key) + 1:].lower() == LATEST[1:])]
 
 
+def _apart(name: str) -> list[Path]:
+    """The files that hold the preset `name` where there are two: NAME.json and NAME@latest.json, which an older
+    localgen kept as two presets (before 11-29); else []."""
+    held = [f for f in _files(name) if f.exists()]
+    return held if len(held) > 1 else []
+
+
+def check_one_file(name: str) -> None:
+    """An error naming both files where an older localgen kept NAME and NAME:latest apart: replacing or removing
+    the one preset would destroy the other's settings unawares."""
+    held = _apart(name)
+    if held:
+        key = canonical(name)
+        raise LocalgenError(f"the preset {key} is in two files, {held[0]} and {held[1]} (an older localgen kept "
+                            f"{key} and {key}:latest apart)",
+                            hint=f"move the one to keep out of {held[0].parent}, then run this again")
+
+
 def find(name: str) -> Preset | None:
     """The preset of that name (NAME and NAME:latest alike), or None; a file that is not a valid preset is an
-    error naming it."""
+    error naming it. Where an older localgen kept NAME and NAME:latest in two files, NAME's is used, and a
+    warning (warn_with's, once) names both."""
     if not NAME.fullmatch(name):
         return None
+    held = _apart(name)
+    if held:
+        key = canonical(name)
+        _say(f"the preset {key} is in two files, {held[0]} and {held[1]} (an older localgen kept {key} and "
+             f"{key}:latest apart): {held[0].name} is used; move the other out of {held[0].parent} to keep it")
     for path in _files(name):
         try:
             raw = read_regular(path, MAX_FILE, whole=True, what="a preset")
@@ -192,7 +216,10 @@ def warn_with(warn: Callable[[str], None]) -> None:
 
 def left_out(e: LocalgenError) -> None:
     """Say (each once, warn_with's) that a listing leaves out a preset, and why: damaged, or based on itself."""
-    said = f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})"
+    _say(f"{e.message} (left out{f'; {e.hint}' if e.hint else ''})")
+
+
+def _say(said: str) -> None:
     if said not in _said:
         _said.add(said)
         _report["warn"](said)
@@ -270,6 +297,8 @@ def _write(p: Preset, replace: bool, path: Path) -> None:
     exists = _exists(p.name)
     if not replace and any(f.exists() for f in _files(p.name)):
         raise exists
+    if replace:
+        check_one_file(p.name)
     text = json.dumps(_to_json(p), indent=2) + "\n"
     if len(text) > MAX_FILE:  # ASCII (JSON's escapes): a character is a byte
         raise UsageError(f"the preset {p.name} would be {len(text):,} bytes, more than the "
@@ -281,7 +310,7 @@ def _write(p: Preset, replace: bool, path: Path) -> None:
             f.write(text)
         if replace:
             os.replace(tmp, path)
-            for old in _files(p.name)[1:]:  # NAME:latest kept apart before: replaced by this one
+            for old in _files(p.name)[1:]:  # NAME:latest kept apart before (alone: check_one_file): replaced
                 with contextlib.suppress(OSError):
                     old.unlink()
             return
@@ -392,9 +421,11 @@ def _exists(name: str) -> PresetExists:
 
 def refuse_existing(name: str, replace: bool) -> None:
     """A PresetExists when a preset of that name is here and `replace` is not given: what save refuses, asked
-    before work that comes first (create -q's quantization)."""
+    before work that comes first (create -q's quantization); with `replace`, check_one_file's error."""
     if not replace and exists(name):
         raise _exists(name)
+    if replace:
+        check_one_file(name)
 
 
 def stamp(name: str) -> tuple[int, ...] | None:
@@ -420,9 +451,11 @@ def exists(name: str) -> bool:
 
 
 def remove(name: str) -> bool:
-    """Remove a preset's file (never a model's); False when there is no such preset."""
+    """Remove a preset's file (never a model's); False when there is no such preset. Where an older localgen
+    kept NAME and NAME:latest in two files, an error naming both (check_one_file), and neither is removed."""
     if not NAME.fullmatch(name):
         return False
+    check_one_file(name)
     removed = False
     for path in _files(name):
         try:

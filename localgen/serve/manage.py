@@ -172,11 +172,17 @@ async def _replace(state: ServeState, preset: Any, force: bool) -> None:
 
 
 def _refuse_existing(name: str, force: bool) -> None:
-    """A 409 when a preset of that name exists and `force` was not given (as the CLI asks for --force)."""
+    """A 409 when a preset of that name exists and `force` was not given (as the CLI asks for --force), or when
+    it is in the two files an older localgen kept NAME and NAME:latest in (replacing it would lose the other)."""
     from localgen.models import presets
 
     if not force and presets.exists(name):
         raise _exists(name)
+    if force:
+        try:
+            presets.check_one_file(name)
+        except LocalgenError as e:
+            raise HTTPError(409, e.message) from None
 
 
 def _exists(name: str) -> HTTPError:
@@ -295,6 +301,10 @@ async def _delete(state: ServeState, name: str) -> None:
     from localgen.models import presets
 
     if presets.exists(name):  # only the preset goes, never its base model's files (NAME:latest is NAME)
+        try:
+            presets.check_one_file(name)  # kept as two presets by an older localgen: neither goes
+        except LocalgenError as e:
+            raise HTTPError(409, e.message) from None
         async with _retired(state, [w for w in list(state.workers.values())
                                     if presets.canonical(w.name) == presets.canonical(name)], "deleted",
                             presets.canonical(name)):

@@ -25,8 +25,13 @@ def restore_state(runner: Any, view: Any) -> None:
     conv = runner.sent()
     if not conv or not runner.prompt_cache:
         return
+    from localgen.errors import ContextOverflowError
+
     request = runner.request(conv)
-    reused = runner.backend.restore_conversation(runner.session.name, request)
+    try:
+        reused = runner.backend.restore_conversation(runner.session.name, request)
+    except ContextOverflowError:  # a history the window cannot hold by its size: no state of it applies
+        return
     if not reused:
         return
     rest = int(runner.backend.count(request)) - reused  # the conversation as rendered now, past the state

@@ -271,6 +271,7 @@ def rm(
             return
         raise (ollamastore if spec.store == "ollama" else lmstudio).refuse_removal(spec.name)
     if presets.exists(name):
+        presets.check_one_file(name)  # kept as two presets by an older localgen: asked before the confirmation
         _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
         presets.remove(name)
         print(f"removed the preset {name}")
