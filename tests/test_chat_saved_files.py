@@ -402,6 +402,11 @@ def test_resume_without_a_name_takes_the_newest_file_even_one_chat_list_skips(sc
     r = scli("chat", "--resume", *N, input="/show\n")
     assert r.returncode == 0, r.stderr
     assert "conversation old · 2 messages" in r.stderr, r.stderr
+    stray = d / "old (copy).json"  # no conversation's name: another tool's file, never the one resumed
+    stray.write_text("{")
+    os.utime(stray, (1_700_000_150, 1_700_000_150))
+    r = scli("chat", "--resume", *N, input="/show\n")
+    assert r.returncode == 0 and "conversation old · 2 messages" in r.stderr, r.stderr
     bad = d / "bad.json"
     bad.write_text('{"model": "smollm2:135m", "messages": [')
     os.utime(bad, (1_700_000_200, 1_700_000_200))
@@ -412,18 +417,22 @@ def test_resume_without_a_name_takes_the_newest_file_even_one_chat_list_skips(sc
     assert (ada.read_bytes(), big.read_bytes()) == kept
 
 
-def test_a_conversation_of_over_a_megabyte_of_text_goes_on_with_its_newest_turns(scli: CLI) -> None:
+@pytest.mark.parametrize("pairs", [2, 8])
+def test_a_conversation_of_over_a_megabyte_of_text_goes_on_with_its_newest_turns(scli: CLI, pairs: int) -> None:
     """A history longer than the window could hold by its size alone (over 1 MiB of text, as an older version's
-    long chat) is left out of the window as any too-long history is, and the chat goes on and saves (it was
-    "the prompt is 1,232,252 characters", whatever was asked, and the conversation could never go on)."""
+    long chat; and over the 4 MiB a chat template may write, 8 pairs) is left out of the window as any too-long
+    history is, and the chat goes on and saves (it was "the prompt is 1,232,252 characters", whatever was asked,
+    and the conversation could never go on; past 4 MiB, "the model's chat template produced an absurdly long
+    prompt")."""
     d = _chats(scli)
-    long = [{"role": "user", "content": "tell me more. " * 44000}, {"role": "assistant", "content": "More."}] * 2
+    long = [{"role": "user", "content": "tell me more. " * 44000}, {"role": "assistant", "content": "More."}] * pairs
     (d / "long.json").write_text(json.dumps({"model": "smollm2:135m", "messages": long}))
     r = scli("chat", "--resume", "long", *N, input="Hello\n")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert "the oldest turns are no longer sent to the model" in r.stderr, r.stderr
     saved = json.loads((d / "long.json").read_text())
-    assert saved["messages"][:4] == long and [m["role"] for m in saved["messages"][4:]] == ["user", "assistant"]
+    assert saved["messages"][:2 * pairs] == long
+    assert [m["role"] for m in saved["messages"][2 * pairs:]] == ["user", "assistant"]
 
 
 def test_a_file_of_a_newer_format_is_refused_and_left_as_it_is(scli: CLI) -> None:

@@ -100,11 +100,17 @@ class ChatRunner:
         return int(self.backend.count(request))
 
     def _fits(self, messages: list[Message], limit: int) -> bool:
-        """Whether a conversation takes at most `limit` tokens; one past what the window could hold by its size
-        alone (a history over a megabyte of text) does not fit, and is never an error: the window leaves it out."""
+        """Whether a conversation takes at most `limit` tokens; one past what `limit` tokens could hold by its size
+        alone (a history of megabytes of text) does not fit without being rendered, and one the template or the
+        window refuses by its length is never an error either: the window leaves it out."""
+        from localgen.errors import TemplateError
+        from localgen.text import CHARS_PER_TOKEN
+
+        if sum(_chars(m.get("content")) for m in messages) > CHARS_PER_TOKEN * limit:
+            return False  # no tokenizer makes fewer tokens of it: nothing rendered (thousands of turns, each checked)
         try:
             return self.count(messages) <= limit
-        except ContextOverflowError:
+        except (ContextOverflowError, TemplateError):  # past the template's 4 MiB of output, or the window's size
             return False
 
     def template(self) -> str | None:
@@ -421,3 +427,10 @@ def plain_text(messages: list[Message], model: str) -> str:
                                 "need", hint="give it a template with --chat-template-file")
         parts.append(m["content"] + "\n")
     return "".join(parts)
+
+
+def _chars(content: object) -> int:
+    """A message's text in characters (its images and audio are not text)."""
+    if isinstance(content, list):
+        return sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
+    return len(content) if isinstance(content, str) else 0

@@ -295,7 +295,11 @@ def latest() -> str | None:
     skipped: list[tuple[Path, str]] = []
     sessions = list_sessions(skipped=skipped)
     best = (sessions[0].updated, sessions[0].name) if sessions else None
+    from localgen.chat.session import valid_name
+
     for p, _ in skipped:
+        if not valid_name(p.stem):  # another tool's file (`x (copy).json`): no conversation's, never resumed
+            continue
         try:
             when = p.stat().st_mtime
         except OSError:  # removed this instant

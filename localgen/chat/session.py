@@ -36,6 +36,11 @@ from localgen.types import Message
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+def valid_name(name: str) -> bool:
+    """Whether `name` is one a conversation may have (check_name's rule, as a test)."""
+    return bool(_NAME.fullmatch(name))
+
+
 def check_name(name: str, model_hint: str | None = "localgen chat -m") -> str:
     """A conversation name is a plain file-name-safe word; anything else is a usage error. With `model_hint` (how
     a model is chosen where the name was given: `/model` for /load), a word that looks like a model's name

@@ -182,7 +182,7 @@ def _refuse_existing(name: str, force: bool) -> None:
         try:
             presets.check_one_file(name)
         except LocalgenError as e:
-            raise HTTPError(409, e.message) from None
+            raise HTTPError(409, f"{e.message} ({e.hint})" if e.hint else e.message) from None
 
 
 def _exists(name: str) -> HTTPError:
@@ -304,7 +304,7 @@ async def _delete(state: ServeState, name: str) -> None:
         try:
             presets.check_one_file(name)  # kept as two presets by an older localgen: neither goes
         except LocalgenError as e:
-            raise HTTPError(409, e.message) from None
+            raise HTTPError(409, f"{e.message} ({e.hint})" if e.hint else e.message) from None
         async with _retired(state, [w for w in list(state.workers.values())
                                     if presets.canonical(w.name) == presets.canonical(name)], "deleted",
                             presets.canonical(name)):

@@ -25,13 +25,13 @@ def restore_state(runner: Any, view: Any) -> None:
     conv = runner.sent()
     if not conv or not runner.prompt_cache:
         return
-    from localgen.errors import ContextOverflowError
+    from localgen.errors import ContextOverflowError, TemplateError
 
     request = runner.request(conv)
     try:
         reused = runner.backend.restore_conversation(runner.session.name, request)
-    except ContextOverflowError:  # a history the window cannot hold by its size: no state of it applies
-        return
+    except (ContextOverflowError, TemplateError):  # a history the window (or the template's 4 MiB) cannot hold by
+        return  # its size: no state of it applies
     if not reused:
         return
     rest = int(runner.backend.count(request)) - reused  # the conversation as rendered now, past the state
