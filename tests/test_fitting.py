@@ -86,3 +86,49 @@ def test_the_parts_of_a_conversation_and_its_summary_round_trip() -> None:
     merged = fitting._model_form([system, note, *tail], apart=False)  # type: ignore[list-item]
     assert merged == [{"role": "system", "content": f"Be brief.\n\n{note['content']}"}, *tail]
     assert fitting._model_form([system, note, *tail], apart=True) == [system, note, *tail]  # type: ignore[list-item]
+
+
+def _facts(count: int) -> list[dict[str, str]]:
+    fact = "The quick brown fox jumps over the lazy dog near the river bank today. " * 3
+    out: list[dict[str, str]] = []
+    for i in range(count):
+        out += [{"role": "user", "content": f"Fact {i}: {fact}"}, {"role": "assistant", "content": "Noted."}]
+    return [*out, {"role": "user", "content": "What was fact 0 about?"}]
+
+
+def test_a_conversation_past_a_windows_characters_is_folded_not_refused(server: Server) -> None:
+    """docs/api.md: truncation "auto" fits a conversation instead of refusing it; only one whose instructions and
+    last turn alone do not fit is still the 400. 17 turns of facts, past the 16,384 characters a window of 512
+    takes, are folded (they were a 400 "the prompt is 17,... characters"). Each fact is padded with a run of '='
+    (about 60 characters a token) so that the fold's summary costs little."""
+    import httpx
+
+    sent = [{**m, "content": m["content"][:40] + " " + "=" * 1000} if m["content"].startswith("Fact") else m
+            for m in _facts(17)]
+    assert sum(len(m["content"]) for m in sent) > 32 * 512
+    ask = {"model": "smollm2:135m", "input": sent, "max_output_tokens": 8, "temperature": 0, "store": False}
+    r = httpx.post(f"{server.url}/v1/responses", json={**ask, "truncation": "auto"}, timeout=600)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] + 8 <= 512
+    refused = httpx.post(f"{server.url}/v1/responses", json=ask, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_what_truncation_folds_is_bounded_and_what_must_fit_is_the_window() -> None:
+    """The bounds said before any work (serve/pipeline.py): with truncation "auto", the instructions and the last
+    turn within a window's characters, the whole conversation within FOLD_WINDOWS times that."""
+    from types import SimpleNamespace
+
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.pipeline import check_prompt_size
+
+    worker = SimpleNamespace(n_ctx=512)
+    long = _facts(75)
+    check_prompt_size(worker, long, fit=True)  # type: ignore[arg-type]
+    with pytest.raises(HTTPError, match="the prompt is 17,"):
+        check_prompt_size(worker, long)  # type: ignore[arg-type]
+    last = {"role": "user", "content": "x" * (32 * 512 + 1)}
+    with pytest.raises(HTTPError, match=r"takes at most 16,384 here$"):
+        check_prompt_size(worker, [*long[:-1], last], fit=True)  # type: ignore[arg-type]
+    with pytest.raises(HTTPError, match=r"takes at most 16,384 here \(truncation \"auto\" folds at most 4 times"):
+        check_prompt_size(worker, _facts(300), fit=True)  # type: ignore[arg-type]

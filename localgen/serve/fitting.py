@@ -24,6 +24,8 @@ from localgen.serve.tooling import apply_plan
 from localgen.tools.plan import ToolPlan
 from localgen.types import GenerationRequest, Message
 
+FOLD_WINDOWS = 4  # a conversation to fold is at most this many times a window's bounds (pipeline.py): its summary
+# costs the model's time for every turn it reads
 # the threads that run compact.fold (each waits on the model for its summary), apart from the loop's default pool
 _FOLDS = ThreadPoolExecutor(4, thread_name_prefix="summary")
 
@@ -110,6 +112,17 @@ def _parts(messages: list[Message]) -> tuple[list[Message], tuple[str, int] | No
         i += 1
     last_user = max((j for j in range(i, len(messages)) if messages[j]["role"] == "user"), default=len(messages))
     return head, previous, messages[i:last_user], messages[last_user:]
+
+
+def must_fit(messages: list[Any]) -> list[Any]:
+    """What a fit keeps word for word: the instructions and the turn being answered."""
+    i = 0
+    while i < len(messages) and isinstance(messages[i], dict) and messages[i].get("role") in ("system", "developer") \
+            and not _is_summary(messages[i]):
+        i += 1
+    last_user = max((j for j in range(i, len(messages)) if isinstance(messages[j], dict)
+                     and messages[j].get("role") == "user"), default=len(messages))
+    return [*messages[:i], *messages[last_user:]]
 
 
 def _is_summary(m: Message) -> bool:
