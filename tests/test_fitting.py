@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,42 @@ def test_what_truncation_folds_is_bounded_and_what_must_fit_is_the_window() -> N
         check_prompt_size(worker, [*long[:-1], last], fit=True)  # type: ignore[arg-type]
     with pytest.raises(HTTPError, match=r"takes at most 16,384 here \(truncation \"auto\" folds at most 4 times"):
         check_prompt_size(worker, _facts(300), fit=True)  # type: ignore[arg-type]
+
+
+PRESET_SYSTEM = ("You are the archivist of the river town of Alder. Answer in one short sentence, name the street "
+                 "when you can, and never guess a date you were not told.")
+
+
+def test_a_presets_system_stays_first_after_a_fold(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/serve.md: a preset's SYSTEM goes before a chat request's messages unless the request has its own.
+    The summary a fold writes is the server's, not the request's: the folding request and its follow-ups still
+    get the SYSTEM first, the summary after it (it was dropped once a conversation had been folded)."""
+    import httpx
+
+    from localgen.serve.responsestore import ResponseStore
+    from tests.conftest import CLI
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    made = CLI(env)("create", "archivist", "-f", "-", input=f'FROM smollm2:135m\nSYSTEM "{PRESET_SYSTEM}"\n')
+    assert made.returncode == 0, made.stderr
+    s = Server(env, "-m", "archivist", "--ctx", "512", "-np", "1")
+    try:
+        sent = [{"role": "user", "content": PARA}, {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": PARA + "Where are the bells?"}]
+        ask = {"model": "archivist", "max_output_tokens": 8, "temperature": 0, "truncation": "auto"}
+        fitted = httpx.post(f"{s.url}/v1/responses", json={**ask, "input": sent}, timeout=600)
+        assert fitted.status_code == 200, fitted.text
+        stored = ResponseStore(tmp_path / "home" / "data" / "responses" / "responses.db").load(fitted.json()["id"])
+        assert stored is not None and stored.conversation[0]["content"].startswith(compact.HEADING)
+        more = httpx.post(f"{s.url}/v1/responses", timeout=600, json={
+            **ask, "input": "And the doors?", "previous_response_id": fitted.json()["id"]})
+        assert more.status_code == 200, more.text
+        # the same conversation with the SYSTEM first, as the model should have had it
+        said = [{"role": m["role"], "content": m["content"]} for m in stored.conversation]
+        said[0] = {"role": "system", "content": f"{PRESET_SYSTEM}\n\n{said[0]['content']}"}
+        direct = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
+            "model": "archivist", "max_tokens": 1, "messages": [*said, {"role": "user", "content": "And the doors?"}]})
+        assert direct.status_code == 200, direct.text
+        assert more.json()["usage"]["input_tokens"] == direct.json()["usage"]["prompt_tokens"]
+    finally:
+        assert s.stop() == 0

@@ -102,9 +102,19 @@ def with_preset(ref: ModelRef, request: GenerationRequest) -> GenerationRequest:
     MESSAGE turns before the conversation, as `run` and `chat` place them (cli/options/preset.py)."""
     if not request.messages or (ref.system is None and not ref.messages):
         return request
+    from localgen.compact import HEADING
+
     msgs = list(request.messages)
-    head = [msgs.pop(0)] if msgs[0].get("role") == "system" else (
-        [{"role": "system", "content": ref.system}] if ref.system else [])
+    first = msgs[0]
+    summary = isinstance(first.get("content"), str) and first["content"].startswith(HEADING)
+    if first.get("role") == "system" and not (summary and ref.system):  # the request's own system message wins
+        head = [msgs.pop(0)]
+    elif first.get("role") == "system" and ref.system:  # the summary truncation wrote (serve/fitting.py) is the
+        # server's, not the request's: the SYSTEM goes first, the summary after it in one message (as where the
+        # template shows only one system message)
+        head = [{"role": "system", "content": f"{ref.system}\n\n{msgs.pop(0)['content']}"}]
+    else:
+        head = [{"role": "system", "content": ref.system}] if ref.system else []
     return dataclasses.replace(request, messages=(*head, *(dict(m) for m in ref.messages), *msgs))
 
 
