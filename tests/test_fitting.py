@@ -5,6 +5,7 @@ from the fitted conversation; without it the same request is the 400 agents read
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,3 +173,33 @@ def test_a_presets_system_stays_first_after_a_fold(cli_env: dict[str, str], tmp_
         assert more.json()["usage"]["input_tokens"] == direct.json()["usage"]["prompt_tokens"]
     finally:
         assert s.stop() == 0
+
+
+def test_a_folding_requests_access_line_counts_its_answer_and_the_log_the_summarys_tokens(server: Server) -> None:
+    """docs/api.md: the access line counts the answer's tokens, as `usage` does, not the fold's window probes and
+    summary (it said 3,047 prompt tokens for an answer of 407), and so does /metrics; the `fitted` event says the
+    summary's tokens."""
+    import httpx
+
+    sent = [{"role": "user", "content": PARA}, {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": PARA + "How are the bells kept?"}]
+    def prompt_tokens() -> float:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        found = re.search(r'^localgen_prompt_tokens_total\{model="smollm2:135m"\} (\S+)$', text, re.M)
+        return float(found[1]) if found else 0.0
+
+    counted = prompt_tokens()
+    before = len(server.log().splitlines())
+    r = httpx.post(f"{server.url}/v1/responses", timeout=600, json={
+        "model": "smollm2:135m", "input": sent, "max_output_tokens": 4, "temperature": 0, "truncation": "auto",
+        "store": False})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    lines = [json.loads(line) for line in server.log().splitlines()[before:] if line.startswith("{")]
+    fitted = [line for line in lines if line.get("event") == "fitted"]
+    assert len(fitted) == 1 and fitted[0]["summary_tokens"] > 0, lines
+    access = [line for line in lines if line.get("path") == "/v1/responses" and "prompt_tokens" in line]
+    assert len(access) == 1, lines
+    assert access[0]["prompt_tokens"] == usage["input_tokens"], (access, usage)
+    assert access[0].get("completion_tokens") == usage["output_tokens"], (access, usage)
+    assert prompt_tokens() - counted == usage["input_tokens"]

@@ -282,8 +282,10 @@ async def _fitted(worker: Served, request: GenerationRequest, said: tuple[Messag
     if fitted.folded or fitted.dropped:
         text = (f"{worker.name}: a conversation past a slot's window of {worker.n_ctx:,} tokens: "
                 f"{fitted.folded} message{'s' if fitted.folded != 1 else ''} folded into a summary, "
-                f"{fitted.dropped} left out")
-        LOG.get().event("fitted", worker.name, text, folded=fitted.folded, dropped=fitted.dropped)
+                f"{fitted.dropped} left out" + (f" ({fitted.summary_tokens:,} tokens for the summary)"
+                                                  if fitted.summary_tokens else ""))
+        LOG.get().event("fitted", worker.name, text, folded=fitted.folded, dropped=fitted.dropped,
+                        summary_tokens=fitted.summary_tokens)
     return fitted.request, fitted.conversation, fitted.folded + fitted.dropped
 
 

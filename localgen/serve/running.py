@@ -46,13 +46,15 @@ async def first_event(job: Job, http: Request) -> Event:
 
 
 async def run_whole(worker: Served, request: GenerationRequest, http: Request, keep_alive: float | None = None,
-                    watch: AnswerStream | None = None) -> tuple[Job, Completion]:
+                    watch: AnswerStream | None = None, answers: bool = True) -> tuple[Job, Completion]:
     """A non-streamed answer: the job and its final Completion (whose text is the whole answer). The job
     sends no Text events, so no decoding step wakes the event loop for it; a client that disconnects while
     it waits (queued or generating) cancels the job; an error is an HTTPError. With `watch` (an answer
     stage of its own, for a request with tools), the text is read as it comes, and the job ends as soon as
-    the model repeats a tool call it already made (what a small model does until max_tokens)."""
-    job = submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=watch is not None))
+    the model repeats a tool call it already made (what a small model does until max_tokens). `answers` False:
+    work done for the request but not its answer (truncation's probes and summary): its tokens count nowhere."""
+    job = submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=watch is not None,
+                             answers=answers))
     watcher = asyncio.ensure_future(watch_disconnect(http, job))
     try:
         event = await job.events.get()
