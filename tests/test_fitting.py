@@ -5,7 +5,9 @@ from the fitted conversation; without it the same request is the 400 agents read
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,118 @@ def test_the_parts_of_a_conversation_and_its_summary_round_trip() -> None:
     merged = fitting._model_form([system, note, *tail], apart=False)  # type: ignore[list-item]
     assert merged == [{"role": "system", "content": f"Be brief.\n\n{note['content']}"}, *tail]
     assert fitting._model_form([system, note, *tail], apart=True) == [system, note, *tail]  # type: ignore[list-item]
+
+
+def _facts(count: int) -> list[dict[str, str]]:
+    fact = "The quick brown fox jumps over the lazy dog near the river bank today. " * 3
+    out: list[dict[str, str]] = []
+    for i in range(count):
+        out += [{"role": "user", "content": f"Fact {i}: {fact}"}, {"role": "assistant", "content": "Noted."}]
+    return [*out, {"role": "user", "content": "What was fact 0 about?"}]
+
+
+def test_a_conversation_past_a_windows_characters_is_folded_not_refused(server: Server) -> None:
+    """docs/api.md: truncation "auto" fits a conversation instead of refusing it; only one whose instructions and
+    last turn alone do not fit is still the 400. 17 turns of facts, past the 16,384 characters a window of 512
+    takes, are folded (they were a 400 "the prompt is 17,... characters"). Each fact is padded with a run of '='
+    (about 60 characters a token) so that the fold's summary costs little."""
+    import httpx
+
+    sent = [{**m, "content": m["content"][:40] + " " + "=" * 1000} if m["content"].startswith("Fact") else m
+            for m in _facts(17)]
+    assert sum(len(m["content"]) for m in sent) > 32 * 512
+    ask = {"model": "smollm2:135m", "input": sent, "max_output_tokens": 8, "temperature": 0, "store": False}
+    r = httpx.post(f"{server.url}/v1/responses", json={**ask, "truncation": "auto"}, timeout=600)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] + 8 <= 512
+    refused = httpx.post(f"{server.url}/v1/responses", json=ask, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_what_truncation_folds_is_bounded_and_what_must_fit_is_the_window() -> None:
+    """The bounds said before any work (serve/pipeline.py): with truncation "auto", the instructions and the last
+    turn within a window's characters, the whole conversation within FOLD_WINDOWS times that."""
+    from types import SimpleNamespace
+
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.pipeline import check_prompt_size
+
+    worker = SimpleNamespace(n_ctx=512)
+    long = _facts(75)
+    check_prompt_size(worker, long, fit=True)  # type: ignore[arg-type]
+    with pytest.raises(HTTPError, match="the prompt is 17,"):
+        check_prompt_size(worker, long)  # type: ignore[arg-type]
+    last = {"role": "user", "content": "x" * (32 * 512 + 1)}
+    with pytest.raises(HTTPError, match=r"takes at most 16,384 here$"):
+        check_prompt_size(worker, [*long[:-1], last], fit=True)  # type: ignore[arg-type]
+    with pytest.raises(HTTPError, match=r"takes at most 16,384 here \(truncation \"auto\" folds at most 4 times"):
+        check_prompt_size(worker, _facts(300), fit=True)  # type: ignore[arg-type]
+
+
+PRESET_SYSTEM = ("You are the archivist of the river town of Alder. Answer in one short sentence, name the street "
+                 "when you can, and never guess a date you were not told.")
+
+
+def test_a_presets_system_stays_first_after_a_fold(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/serve.md: a preset's SYSTEM goes before a chat request's messages unless the request has its own.
+    The summary a fold writes is the server's, not the request's: the folding request and its follow-ups still
+    get the SYSTEM first, the summary after it (it was dropped once a conversation had been folded)."""
+    import httpx
+
+    from localgen.serve.responsestore import ResponseStore
+    from tests.conftest import CLI
+
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
+    made = CLI(env)("create", "archivist", "-f", "-", input=f'FROM smollm2:135m\nSYSTEM "{PRESET_SYSTEM}"\n')
+    assert made.returncode == 0, made.stderr
+    s = Server(env, "-m", "archivist", "--ctx", "512", "-np", "1")
+    try:
+        sent = [{"role": "user", "content": PARA}, {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": PARA + "Where are the bells?"}]
+        ask = {"model": "archivist", "max_output_tokens": 8, "temperature": 0, "truncation": "auto"}
+        fitted = httpx.post(f"{s.url}/v1/responses", json={**ask, "input": sent}, timeout=600)
+        assert fitted.status_code == 200, fitted.text
+        stored = ResponseStore(tmp_path / "home" / "data" / "responses" / "responses.db").load(fitted.json()["id"])
+        assert stored is not None and stored.conversation[0]["content"].startswith(compact.HEADING)
+        more = httpx.post(f"{s.url}/v1/responses", timeout=600, json={
+            **ask, "input": "And the doors?", "previous_response_id": fitted.json()["id"]})
+        assert more.status_code == 200, more.text
+        # the same conversation with the SYSTEM first, as the model should have had it
+        said = [{"role": m["role"], "content": m["content"]} for m in stored.conversation]
+        said[0] = {"role": "system", "content": f"{PRESET_SYSTEM}\n\n{said[0]['content']}"}
+        direct = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
+            "model": "archivist", "max_tokens": 1, "messages": [*said, {"role": "user", "content": "And the doors?"}]})
+        assert direct.status_code == 200, direct.text
+        assert more.json()["usage"]["input_tokens"] == direct.json()["usage"]["prompt_tokens"]
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_folding_requests_access_line_counts_its_answer_and_the_log_the_summarys_tokens(server: Server) -> None:
+    """docs/api.md: the access line counts the answer's tokens, as `usage` does, not the fold's window probes and
+    summary (it said 3,047 prompt tokens for an answer of 407), and so does /metrics; the `fitted` event says the
+    summary's tokens."""
+    import httpx
+
+    sent = [{"role": "user", "content": PARA}, {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": PARA + "How are the bells kept?"}]
+    def prompt_tokens() -> float:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        found = re.search(r'^localgen_prompt_tokens_total\{model="smollm2:135m"\} (\S+)$', text, re.M)
+        return float(found[1]) if found else 0.0
+
+    counted = prompt_tokens()
+    before = len(server.log().splitlines())
+    r = httpx.post(f"{server.url}/v1/responses", timeout=600, json={
+        "model": "smollm2:135m", "input": sent, "max_output_tokens": 4, "temperature": 0, "truncation": "auto",
+        "store": False})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    lines = [json.loads(line) for line in server.log().splitlines()[before:] if line.startswith("{")]
+    fitted = [line for line in lines if line.get("event") == "fitted"]
+    assert len(fitted) == 1 and fitted[0]["summary_tokens"] > 0, lines
+    access = [line for line in lines if line.get("path") == "/v1/responses" and "prompt_tokens" in line]
+    assert len(access) == 1, lines
+    assert access[0]["prompt_tokens"] == usage["input_tokens"], (access, usage)
+    assert access[0].get("completion_tokens") == usage["output_tokens"], (access, usage)
+    assert prompt_tokens() - counted == usage["input_tokens"]

@@ -301,3 +301,20 @@ def test_a_server_whose_store_another_process_has_locked_answers_503(cli_env: di
     finally:
         assert s.stop() == 0
     assert "Traceback" not in s.log(), s.log()
+
+
+def test_a_store_removed_while_serving_is_made_again_private(tmp_path: Path) -> None:
+    """responses.db (with its -wal and -shm) removed while the server runs: the next save makes it again as at
+    first, private (0600) with its table, and answers; it was a 500 "no such table" and a file of mode 0644."""
+    from localgen.serve.responsestore import ResponseStore
+
+    path = tmp_path / "responses" / "responses.db"
+    store = ResponseStore(path)
+    store.save("resp_a", {"id": "resp_a"}, [])
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    store.check()
+    store.save("resp_b", {"id": "resp_b"}, [])
+    assert path.stat().st_mode & 0o777 == 0o600
+    got = store.load("resp_b")
+    assert got is not None and got.response == {"id": "resp_b"} and store.load("resp_a") is None

@@ -376,9 +376,10 @@ def test_truncation_auto_is_not_refused_by_its_count_of_messages() -> None:
     from localgen.serve.pipeline import check_prompt_size
 
     worker = SimpleNamespace(n_ctx=4)
+    said = [{"role": "user", "content": "a"}] * 5
     with pytest.raises(HTTPError):
-        check_prompt_size(worker, ["a"] * 5)  # type: ignore[arg-type]
-    check_prompt_size(worker, ["a"] * 5, count=False)  # type: ignore[arg-type]
+        check_prompt_size(worker, said)  # type: ignore[arg-type]
+    check_prompt_size(worker, said, fit=True)  # type: ignore[arg-type]
 
 
 def test_a_gzip_body_is_decoded_within_the_limit(inproc: InProcess) -> None:

@@ -24,6 +24,8 @@ from localgen.serve.tooling import apply_plan
 from localgen.tools.plan import ToolPlan
 from localgen.types import GenerationRequest, Message
 
+FOLD_WINDOWS = 4  # a conversation to fold is at most this many times a window's bounds (pipeline.py): its summary
+# costs the model's time for every turn it reads
 # the threads that run compact.fold (each waits on the model for its summary), apart from the loop's default pool
 _FOLDS = ThreadPoolExecutor(4, thread_name_prefix="summary")
 
@@ -37,6 +39,7 @@ class Fitted:
     conversation: tuple[Message, ...]
     folded: int = 0
     dropped: int = 0
+    summary_tokens: int = 0  # the summary requests' prompt and generated tokens (not the answer's: counted apart)
 
 
 def room(request: GenerationRequest, window: int) -> int:
@@ -50,7 +53,7 @@ async def prompt_tokens(worker: Served, request: GenerationRequest, plan: ToolPl
     window: the prompt evaluated with nothing generated, so the request that follows reuses its cells."""
     probe = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, max_tokens=0))
     try:
-        _, done = await run_whole(worker, apply_plan(plan, probe), http, keep_alive)
+        _, done = await run_whole(worker, apply_plan(plan, probe), http, keep_alive, answers=False)
     except HTTPError as e:
         if e.overflow is not None:
             return None
@@ -82,7 +85,9 @@ async def fit(worker: Served, request: GenerationRequest, said: tuple[Message, .
     # the fewest oldest turns to fold so that the rest fits beside a summary of full size
     keep_from = await _least(len(middle), lambda k: fits([*head, *middle[k:], *tail], limit - budget))
     keep_from = _not_a_result(middle, keep_from)
-    summary = await _summary(worker, request, http, keep_alive, previous, middle[:keep_from], window, budget, loop)
+    spent = [0]
+    summary = await _summary(worker, request, http, keep_alive, previous, middle[:keep_from], window, budget, loop,
+                             spent)
     if summary is not None:
         covered = (previous[1] if previous else 0) + keep_from
         note: Message = {"role": "system", "content": compact.summary_text(covered, summary)}
@@ -92,10 +97,10 @@ async def fit(worker: Served, request: GenerationRequest, said: tuple[Message, .
             rest = rest[_lead(rest):]
         kept = [*head, note, *rest, *tail]
         return Fitted(dataclasses.replace(request, messages=tuple(_model_form(kept, apart))), tuple(kept),
-                      folded=keep_from, dropped=len(middle) - keep_from - len(rest))
+                      folded=keep_from, dropped=len(middle) - keep_from - len(rest), summary_tokens=spent[0])
     kept = [*head, *([_summary_message(previous)] if previous else []), *middle[keep_from:], *tail]
     return Fitted(dataclasses.replace(request, messages=tuple(_model_form(kept, apart))), tuple(kept),
-                  dropped=keep_from)
+                  dropped=keep_from, summary_tokens=spent[0])
 
 
 def _parts(messages: list[Message]) -> tuple[list[Message], tuple[str, int] | None, list[Message], list[Message]]:
@@ -110,6 +115,17 @@ def _parts(messages: list[Message]) -> tuple[list[Message], tuple[str, int] | No
         i += 1
     last_user = max((j for j in range(i, len(messages)) if messages[j]["role"] == "user"), default=len(messages))
     return head, previous, messages[i:last_user], messages[last_user:]
+
+
+def must_fit(messages: list[Any]) -> list[Any]:
+    """What a fit keeps word for word: the instructions and the turn being answered."""
+    i = 0
+    while i < len(messages) and isinstance(messages[i], dict) and messages[i].get("role") in ("system", "developer") \
+            and not _is_summary(messages[i]):
+        i += 1
+    last_user = max((j for j in range(i, len(messages)) if isinstance(messages[j], dict)
+                     and messages[j].get("role") == "user"), default=len(messages))
+    return [*messages[:i], *messages[last_user:]]
 
 
 def _is_summary(m: Message) -> bool:
@@ -181,9 +197,9 @@ async def _least(n: int, ok: Callable[[int], Coroutine[Any, Any, bool]]) -> int:
 
 async def _summary(worker: Served, request: GenerationRequest, http: Request, keep_alive: float | None,
                    previous: tuple[str, int] | None, turns: list[Message], window: int, budget: int,
-                   loop: asyncio.AbstractEventLoop) -> str | None:
+                   loop: asyncio.AbstractEventLoop, spent: list[int]) -> str | None:
     """The summary of `turns` (folded into `previous`), written by the model in as many requests as the window
-    needs; None when it cannot be written."""
+    needs (their tokens added to spent[0]); None when it cannot be written."""
 
     def wait(coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
@@ -195,7 +211,7 @@ async def _summary(worker: Served, request: GenerationRequest, http: Request, ke
 
     async def count(summary: str | None, lines: list[str]) -> bool:
         try:
-            _, done = await run_whole(worker, ask(summary, lines, 0), http, keep_alive)
+            _, done = await run_whole(worker, ask(summary, lines, 0), http, keep_alive, answers=False)
         except HTTPError as e:
             if e.overflow is not None:
                 return False
@@ -203,7 +219,8 @@ async def _summary(worker: Served, request: GenerationRequest, http: Request, ke
         return done.prompt_tokens + budget <= window
 
     async def write(summary: str | None, lines: list[str]) -> str:
-        _, done = await run_whole(worker, ask(summary, lines, budget), http, keep_alive)
+        _, done = await run_whole(worker, ask(summary, lines, budget), http, keep_alive, answers=False)
+        spent[0] += done.prompt_tokens + done.completion_tokens
         text = compact.cleaned(done.text)
         if not text:
             raise compact.CompactionError("the model wrote an empty summary")

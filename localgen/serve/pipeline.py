@@ -185,7 +185,7 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
     except HTTPError as e:
         raise _in_request_words(e, ask) from None
-    check_prompt_size(worker, [m["content"] for m in msgs], count=not ask.fit)  # truncation folds a long one
+    check_prompt_size(worker, list(msgs), fit=ask.fit)  # truncation folds a long one
     # a final assistant message is continued, as llama-server, Ollama and Anthropic's API do (docs/api.md)
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
                              template_args=template_args(ask), continue_final=True), msgs
@@ -227,22 +227,38 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(args.items()))
 
 
-def check_prompt_size(worker: Served, texts: list[Any], count: bool = True) -> None:
-    """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (its
-    characters, or, with `count`, a conversation's count of messages: not where truncation folds the
-    conversation to the window)."""
+def check_prompt_size(worker: Served, messages: list[Any], fit: bool = False) -> None:
+    """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (a raw
+    prompt's characters, or a conversation's, and its count of messages). With `fit` (truncation folds the
+    conversation to the window, serve/fitting.py) the window's bounds hold for what must fit word for word, the
+    instructions and the turn being answered, and the whole conversation may be FOLD_WINDOWS times them: a
+    fold's summary costs the model's time for every turn it reads."""
+    from localgen.serve.fitting import FOLD_WINDOWS, must_fit
+
+    def texts(ms: list[Any]) -> list[Any]:
+        return [m.get("content") if isinstance(m, dict) else m for m in ms]
+
+    if fit:
+        _within(worker, texts(must_fit(messages)), 1)
+        _within(worker, texts(messages), FOLD_WINDOWS)
+    else:
+        _within(worker, texts(messages), 1)
+
+
+def _within(worker: Served, texts: list[Any], windows: int) -> None:
     from localgen.media import text_of
 
-    if count and len(texts) > worker.n_ctx:  # a conversation's messages: each takes a token at least (its turn's
-        # marks), and rendering them all through the template would take seconds first
+    most = worker.n_ctx * windows
+    said = "" if windows == 1 else f" (truncation \"auto\" folds at most {windows} times that)"
+    if len(texts) > most:  # a conversation's messages: each takes a token at least (its turn's marks), and
+        # rendering them all through the template would take seconds first
         raise HTTPError(400, f"the conversation is {len(texts):,} messages; a slot's window of {worker.n_ctx:,} "
-                             f"tokens holds at most {worker.n_ctx:,} (each takes a token at least)",
+                             f"tokens holds at most {worker.n_ctx:,} (each takes a token at least){said}",
                         overflow=(0, worker.n_ctx), messages=len(texts))
     chars = sum(len(text_of(t)) for t in texts)
-    most = CHARS_PER_TOKEN * worker.n_ctx
-    if chars > most:
+    if chars > CHARS_PER_TOKEN * most:
         raise HTTPError(400, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
-                             f"takes at most {most:,} here", param="prompt",
+                             f"takes at most {CHARS_PER_TOKEN * worker.n_ctx:,} here{said}", param="prompt",
                         overflow=(0, worker.n_ctx), chars=chars)
 
 
@@ -266,8 +282,10 @@ async def _fitted(worker: Served, request: GenerationRequest, said: tuple[Messag
     if fitted.folded or fitted.dropped:
         text = (f"{worker.name}: a conversation past a slot's window of {worker.n_ctx:,} tokens: "
                 f"{fitted.folded} message{'s' if fitted.folded != 1 else ''} folded into a summary, "
-                f"{fitted.dropped} left out")
-        LOG.get().event("fitted", worker.name, text, folded=fitted.folded, dropped=fitted.dropped)
+                f"{fitted.dropped} left out" + (f" ({fitted.summary_tokens:,} tokens for the summary)"
+                                                  if fitted.summary_tokens else ""))
+        LOG.get().event("fitted", worker.name, text, folded=fitted.folded, dropped=fitted.dropped,
+                        summary_tokens=fitted.summary_tokens)
     return fitted.request, fitted.conversation, fitted.folded + fitted.dropped
 
 

@@ -149,6 +149,8 @@ class ResponseStore:
     @contextmanager
     def _open(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            if self._made and not self.path.exists():  # removed while serving: made again as at first (0600,
+                self._made = False  # its table), never an empty file sqlite3.connect would quietly make
             if not self._made:
                 paths.private_file(self.path)
             db = sqlite3.connect(self.path, timeout=TRY_S)

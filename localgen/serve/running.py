@@ -46,13 +46,15 @@ async def first_event(job: Job, http: Request) -> Event:
 
 
 async def run_whole(worker: Served, request: GenerationRequest, http: Request, keep_alive: float | None = None,
-                    watch: AnswerStream | None = None) -> tuple[Job, Completion]:
+                    watch: AnswerStream | None = None, answers: bool = True) -> tuple[Job, Completion]:
     """A non-streamed answer: the job and its final Completion (whose text is the whole answer). The job
     sends no Text events, so no decoding step wakes the event loop for it; a client that disconnects while
     it waits (queued or generating) cancels the job; an error is an HTTPError. With `watch` (an answer
     stage of its own, for a request with tools), the text is read as it comes, and the job ends as soon as
-    the model repeats a tool call it already made (what a small model does until max_tokens)."""
-    job = submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=watch is not None))
+    the model repeats a tool call it already made (what a small model does until max_tokens). `answers` False:
+    work done for the request but not its answer (truncation's probes and summary): its tokens count nowhere."""
+    job = submit(worker, Job(request, asyncio.get_running_loop(), keep_alive=keep_alive, stream=watch is not None,
+                             answers=answers))
     watcher = asyncio.ensure_future(watch_disconnect(http, job))
     try:
         event = await job.events.get()
@@ -102,9 +104,19 @@ def with_preset(ref: ModelRef, request: GenerationRequest) -> GenerationRequest:
     MESSAGE turns before the conversation, as `run` and `chat` place them (cli/options/preset.py)."""
     if not request.messages or (ref.system is None and not ref.messages):
         return request
+    from localgen.compact import HEADING
+
     msgs = list(request.messages)
-    head = [msgs.pop(0)] if msgs[0].get("role") == "system" else (
-        [{"role": "system", "content": ref.system}] if ref.system else [])
+    first = msgs[0]
+    summary = isinstance(first.get("content"), str) and first["content"].startswith(HEADING)
+    if first.get("role") == "system" and not (summary and ref.system):  # the request's own system message wins
+        head = [msgs.pop(0)]
+    elif first.get("role") == "system" and ref.system:  # the summary truncation wrote (serve/fitting.py) is the
+        # server's, not the request's: the SYSTEM goes first, the summary after it in one message (as where the
+        # template shows only one system message)
+        head = [{"role": "system", "content": f"{ref.system}\n\n{msgs.pop(0)['content']}"}]
+    else:
+        head = [{"role": "system", "content": ref.system}] if ref.system else []
     return dataclasses.replace(request, messages=(*head, *(dict(m) for m in ref.messages), *msgs))
 
 
