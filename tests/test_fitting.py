@@ -132,8 +132,13 @@ def test_what_truncation_folds_is_bounded_and_what_must_fit_is_the_window() -> N
     last = {"role": "user", "content": "x" * (32 * 512 + 1)}
     with pytest.raises(HTTPError, match=r"takes at most 16,384 here$"):
         check_prompt_size(worker, [*long[:-1], last], fit=True)  # type: ignore[arg-type]
-    with pytest.raises(HTTPError, match=r"takes at most 16,384 here \(truncation \"auto\" folds at most 4 times"):
+    with pytest.raises(HTTPError, match=r"takes at most 16,384 here \(truncation \"auto\" folds at most 2 times"):
         check_prompt_size(worker, _facts(300), fit=True)  # type: ignore[arg-type]
+    # tool calls' arguments count too: a summary reads them (they were free, up to the body's 16 MiB)
+    calls = [{"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function", "function": {
+        "name": "f", "arguments": "x" * 8000}}]} for i in range(5)]
+    with pytest.raises(HTTPError, match="the prompt is 40,"):
+        check_prompt_size(worker, [*calls, {"role": "user", "content": "go on"}], fit=True)  # type: ignore[arg-type]
 
 
 PRESET_SYSTEM = ("You are the archivist of the river town of Alder. Answer in one short sentence, name the street "

@@ -24,8 +24,9 @@ from localgen.serve.tooling import apply_plan
 from localgen.tools.plan import ToolPlan
 from localgen.types import GenerationRequest, Message
 
-FOLD_WINDOWS = 4  # a conversation to fold is at most this many times a window's bounds (pipeline.py): its summary
-# costs the model's time for every turn it reads
+FOLD_WINDOWS = 2  # a conversation to fold is at most this many times a window's bounds (pipeline.py): its summary
+# costs the model's time for every turn it reads (in ordinary text of ~4 characters a token, 2 windows' characters
+# are ~16 windows of tokens to summarise)
 # the threads that run compact.fold (each waits on the model for its summary), apart from the loop's default pool
 _FOLDS = ThreadPoolExecutor(4, thread_name_prefix="summary")
 

@@ -112,7 +112,8 @@ class Job:
     load_s: float = 0.0  # time spent loading the model for this job
     on_end: Callable[[], None] | None = None  # told once, when the job ends (done or error)
     stream: bool = True  # False: no Text events, only the Done (its Completion has the whole text) or Failed
-    answers: bool = True  # False for a load (serve/loadnow.py): it answers nothing, so its tokens count nowhere
+    answers: bool = True  # False for a load (serve/loadnow.py) and a fold's probes and summary (fitting.py): its tokens
+    # count on no access line and in no token counter
     trace: Trace | None = field(default_factory=TRACE.get)  # the HTTP request's record (serve/servelog.py)
     tally: Tally | None = None  # its tokens so far, for the access line (its worker replaces it as it goes)
     outbox: _Outbox = field(init=False)  # the loop's, shared by its jobs (made on the loop's thread)

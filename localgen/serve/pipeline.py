@@ -238,14 +238,18 @@ def check_prompt_size(worker: Served, messages: list[Any], fit: bool = False) ->
     def texts(ms: list[Any]) -> list[Any]:
         return [m.get("content") if isinstance(m, dict) else m for m in ms]
 
+    def arguments(ms: list[Any]) -> int:  # tool calls' arguments: a fold's summary reads them too
+        return sum(len(str((c.get("function") or {}).get("arguments") or "")) for m in ms if isinstance(m, dict)
+                   for c in (m.get("tool_calls") or ()) if isinstance(c, dict))
+
     if fit:
         _within(worker, texts(must_fit(messages)), 1)
-        _within(worker, texts(messages), FOLD_WINDOWS)
+        _within(worker, texts(messages), FOLD_WINDOWS, arguments(messages))
     else:
         _within(worker, texts(messages), 1)
 
 
-def _within(worker: Served, texts: list[Any], windows: int) -> None:
+def _within(worker: Served, texts: list[Any], windows: int, extra: int = 0) -> None:
     from localgen.media import text_of
 
     most = worker.n_ctx * windows
@@ -255,7 +259,7 @@ def _within(worker: Served, texts: list[Any], windows: int) -> None:
         raise HTTPError(400, f"the conversation is {len(texts):,} messages; a slot's window of {worker.n_ctx:,} "
                              f"tokens holds at most {worker.n_ctx:,} (each takes a token at least){said}",
                         overflow=(0, worker.n_ctx), messages=len(texts))
-    chars = sum(len(text_of(t)) for t in texts)
+    chars = sum(len(text_of(t)) for t in texts) + extra
     if chars > CHARS_PER_TOKEN * most:
         raise HTTPError(400, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
                              f"takes at most {CHARS_PER_TOKEN * worker.n_ctx:,} here{said}", param="prompt",

@@ -14,7 +14,9 @@ store over HTTP."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -153,6 +155,8 @@ class ResponseStore:
                 self._made = False  # its table), never an empty file sqlite3.connect would quietly make
             if not self._made:
                 paths.private_file(self.path)
+                with contextlib.suppress(OSError):  # one sqlite3 made in the instant the file was gone: private too
+                    os.chmod(self.path, 0o600)
             db = sqlite3.connect(self.path, timeout=TRY_S)
             try:
                 if not self._made:
