@@ -30,6 +30,10 @@ MAX_PAGES = 1000  # pages of a listing (its nextCursor followed until there is n
 MAX_CURSOR = 4096  # characters of a listing's cursor (sent back to the server for the next page)
 
 
+class _Unreadable(Exception):
+    """The server sent a line that looked like a message and could not be read (its reason)."""
+
+
 class McpServer:
     """One MCP server: its tools, and calls to them."""
 
@@ -55,6 +59,9 @@ class McpServer:
         self._client: Any = None  # the HTTP client, when it is ours: closed after the session, whatever happened
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         self._refused: list[str] = []  # why a body the server sent was not read (past MAX_BODY): the error
+        self._unparsed: list[str] = []  # why a line the server sent could not be read (not JSON-RPC): the error
+        self._relaying: asyncio.Future[None] | None = None  # (a reference kept: the loop holds tasks weakly)
+        self._broken: asyncio.Event | None = None  # set when a line that looked like a message could not be read
         _quiet_sdk()
         started = time.monotonic()
         try:
@@ -76,14 +83,19 @@ class McpServer:
         import concurrent.futures
 
         self._refused.clear()  # (a reason from before: not this one's)
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._unparsed.clear()
+        future = asyncio.run_coroutine_threadsafe(self._unless_broken(coro), self._loop)
         try:
             return future.result(timeout if left is None else left)
         except concurrent.futures.TimeoutError:
             future.cancel()
             if self._refused:
                 raise ToolError(f"{self._refused[0]} ({doing})") from None
+            if self._unparsed:  # the answer may have been the line that could not be read
+                raise ToolError(f"{self._unparsed[-1]} ({doing})") from None
             raise ToolError(f"the MCP server {self.label} did not answer within {timeout:g} s ({doing})") from None
+        except _Unreadable as e:
+            raise ToolError(f"{e} ({doing})") from None
         except ToolError:
             raise
         except Exception as e:  # the SDK's errors, a dead process, a refused connection: one line each
@@ -96,6 +108,44 @@ class McpServer:
             if _lost(e):
                 self.gone = True
             raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}") from None
+
+    async def _unless_broken(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """`coro`'s result; a ToolError as soon as the server sends a line that looks like a message (a JSON
+        object) and cannot be read: the answer waited for may have been that line, and would never come."""
+        if self._broken is None:
+            self._broken = asyncio.Event()
+        self._broken.clear()
+        task = asyncio.ensure_future(coro)
+        broken = asyncio.ensure_future(self._broken.wait())
+        try:
+            await asyncio.wait([task, broken], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled (a timeout): the call with it
+            task.cancel()
+            raise
+        finally:
+            broken.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise _Unreadable(self._unparsed[-1])
+        return task.result()
+
+    async def _relay(self, source: Any, sink: Any, stdio: bool) -> None:
+        """The server's messages passed on to the session; a line the SDK could not read (an Exception in the
+        stream) is kept as the reason a call fails; a stdio server whose output ended (it died) is gone."""
+        try:
+            async with sink:
+                async for item in source:
+                    if isinstance(item, Exception):
+                        self._unparsed.append(_unreadable(self.label, item))
+                        if _looked_like_a_message(item) and self._broken is not None:
+                            self._broken.set()
+                    await sink.send(item)
+        except Exception:  # the session closed its end: nothing more to pass on
+            pass
+        if stdio:
+            self.gone = True
 
     def _said(self) -> str:
         """The last line the server wrote to stderr, when it went to our log (the reason a server that died
@@ -144,10 +194,15 @@ class McpServer:
             if not sys.stderr.isatty():
                 errlog = self._errlog = self._stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115
             env = {**get_default_environment(), **target.env} if target.env else None
+            # bytes that are not UTF-8 become U+FFFD: under "strict" one such byte ends the SDK's reader for good
             params = StdioServerParameters(command=target.argv[0], args=list(target.argv[1:]), env=env,
-                                           cwd=target.cwd)
+                                           cwd=target.cwd, encoding_error_handler="replace")
             transport = stdio_client(params, errlog=errlog)
-        read, write = await self._stack.enter_async_context(transport)
+        import anyio
+
+        source, write = await self._stack.enter_async_context(transport)
+        sink, read = anyio.create_memory_object_stream[Any](0)
+        self._relaying = asyncio.ensure_future(self._relay(source, sink, target.url is None))
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
         await self._session.initialize()
         out, shown = [], []
@@ -278,6 +333,27 @@ def _lost(e: BaseException) -> bool:
 
     return getattr(getattr(e, "error", None), "code", None) == CONNECTION_CLOSED or any(
         type(c).__name__ == "ConnectError" for c in (e.__cause__, e.__context__) if c is not None)
+
+
+def _unreadable(label: str, e: Exception) -> str:
+    """The error for a line the server sent that the SDK could not read (pydantic's reason, its first line)."""
+    errors = getattr(e, "errors", None)
+    why = str(e)
+    with contextlib.suppress(Exception):
+        why = errors()[0]["msg"] if errors is not None else why
+    why = why.strip().splitlines()[0][:200] if why.strip() else type(e).__name__
+    return f"the MCP server {label} sent a line that is not JSON-RPC: {why}"
+
+
+def _looked_like_a_message(e: Exception) -> bool:
+    """Whether the line an error is about was a JSON object (an answer the SDK could not read, not a log line)."""
+    errors = getattr(e, "errors", None)
+    with contextlib.suppress(Exception):
+        line = errors()[0]["input"] if errors is not None else None
+        if isinstance(line, str | bytes):
+            return line.lstrip()[:1] in ("{", b"{")
+        return isinstance(line, dict)
+    return False
 
 
 def _check_sizes(label: str, name: str, description: str, schema: dict[str, Any]) -> None:
