@@ -2,16 +2,20 @@
 does is set by its arguments: `badutf8` adds `bad`, whose answer holds bytes that are not UTF-8; `deep:N` adds
 `sch`, whose input schema nests N objects (a listing pydantic cannot read past its recursion limit); `resource`
 adds `res` and `blob`, which answer with an embedded text resource and a blob one; `big:MB` adds `big`, whose
-answer is one line of MB megabytes. `add` adds, always."""
+answer is one line of MB megabytes; `pidfile:PATH` writes its process id there. `add` adds, always."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 opts = dict(a.partition(":")[::2] for a in sys.argv[1:])
 out = sys.stdout.buffer
+if "pidfile" in opts:
+    with open(opts["pidfile"], "w") as f:
+        f.write(str(os.getpid()))
 
 
 def send(obj: dict[str, Any]) -> None:
