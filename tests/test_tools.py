@@ -422,6 +422,19 @@ def test_an_mcp_line_that_cannot_be_read_is_the_error_not_a_timeout(cli_in_proce
         box.close()
 
 
+def test_an_mcp_embedded_resource_reaches_the_model_as_its_text() -> None:
+    """docs/tools.md: a result's embedded text resource is its text; a blob one, a placeholder naming it."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    box = Toolbox.open([], [f"{RAW} resource"])
+    try:
+        assert box.call(ToolCall("res", "{}"), 30) == "the notes say 42"
+        assert box.call(ToolCall("blob", "{}"), 30) == "[resource file:///cat.png (image/png)]"
+    finally:
+        box.close()
+
+
 def test_run_prints_no_cut_off_call_marker(cli: CLI, tmp_path: Path) -> None:
     """A call with no arguments, forced, is made again until -n cuts the repeat inside `<tool_call`: that
     piece of a marker is neither answer text on stdout nor, when the tool fails, printed before the error."""

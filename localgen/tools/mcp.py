@@ -271,6 +271,11 @@ class McpServer:
         parts = []
         for block in result.content:
             text = getattr(block, "text", None)
+            resource = getattr(block, "resource", None)  # an embedded resource: its text, or what it is
+            if resource is not None and not isinstance(text, str):
+                text = getattr(resource, "text", None)
+                if not isinstance(text, str):
+                    text = f"[resource {resource.uri} ({getattr(resource, 'mime_type', None) or 'no type'})]"
             parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')}]")
         text = "\n".join(parts)
         if not text and result.structured_content is not None:
