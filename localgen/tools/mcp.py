@@ -68,7 +68,7 @@ class McpServer:
             if target.url is not None and private is not None:  # `timeout` is the whole start's: the probe's too
                 _reachable_checked(target, private, started + timeout)
             elif target.url is not None:
-                _reachable(target.url)
+                _reachable(target)
             left = max(0.1, started + timeout - time.monotonic())
             self.tools = self._wait(self._connect(), timeout, "starting", left)
         except BaseException:
@@ -383,20 +383,23 @@ def _quiet_sdk() -> None:
     sdk.propagate = False
 
 
-def _reachable(url: str) -> None:
-    """An MCP URL whose server does not listen is one clear line (the SDK says only "CancelledError"); behind
-    a proxy the proxy decides, so there is nothing to try first."""
+def _reachable(target: McpTarget) -> None:
+    """An MCP URL whose server does not listen is one clear line (the SDK says only "CancelledError"), naming the
+    server by its key in a config file, and its URL; behind a proxy the proxy decides, so there is nothing to try
+    first."""
     import socket
     import urllib.request
     from urllib.parse import urlsplit
 
+    url = target.url or ""
     u = urlsplit(url)
     if not u.hostname or (u.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(u.hostname)):
         return
     try:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
-        raise ToolError(f"cannot reach the MCP server {url}: {e.strerror or e}") from None
+        name = f"{target.label} ({url})" if target.named else url
+        raise ToolError(f"cannot reach the MCP server {name}: {e.strerror or e}") from None
 
 
 def _reachable_checked(target: McpTarget, private: bool, deadline: float) -> None:
