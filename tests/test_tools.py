@@ -422,6 +422,23 @@ def test_an_mcp_line_that_cannot_be_read_is_the_error_not_a_timeout(cli_in_proce
         box.close()
 
 
+def test_a_stdio_mcp_line_over_16_mib_is_refused_and_its_server_withdrawn() -> None:
+    """docs/tools.md: one line (one message) a stdio server writes is read up to 16 MiB: past that the call fails
+    saying so, not with a timeout or once the whole line is held, and the server's tools are withdrawn."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    box = Toolbox.open([], [f"{RAW} big:17"])
+    try:
+        with pytest.raises(ToolError) as e:
+            box.call(ToolCall("big", "{}"), 30)
+        assert "sent a line over 16 MiB (one message): at most that is read" in e.value.message, e.value.message
+        assert e.value.message.endswith("(calling big)") and box.specs == ()
+    finally:
+        box.close()
+
+
 def test_an_mcp_embedded_resource_reaches_the_model_as_its_text() -> None:
     """docs/tools.md: a result's embedded text resource is its text; a blob one, a placeholder naming it."""
     from localgen.tools.loop import Toolbox

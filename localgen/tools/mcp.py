@@ -28,6 +28,7 @@ MAX_TOOL_TEXT = 65_536  # characters of a listed tool's description, and of its 
 MAX_TOOLS = 1000  # tools in one server's listing, all its pages together (any server's)
 MAX_PAGES = 1000  # pages of a listing (its nextCursor followed until there is none)
 MAX_CURSOR = 4096  # characters of a listing's cursor (sent back to the server for the next page)
+MAX_LINE = 16 * 1024 * 1024  # bytes of one line a stdio server writes (one message): past it, the server is gone
 
 
 class _Unreadable(Exception):
@@ -166,7 +167,6 @@ class McpServer:
 
     async def _connect(self) -> tuple[ToolSpec, ...]:
         from mcp import ClientSession, StdioServerParameters
-        from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
         target = self.target
@@ -197,7 +197,7 @@ class McpServer:
             # bytes that are not UTF-8 become U+FFFD: under "strict" one such byte ends the SDK's reader for good
             params = StdioServerParameters(command=target.argv[0], args=list(target.argv[1:]), env=env,
                                            cwd=target.cwd, encoding_error_handler="replace")
-            transport = stdio_client(params, errlog=errlog)
+            transport = _bounded_stdio(params, errlog, self.label, self._refused)
         import anyio
 
         source, write = await self._stack.enter_async_context(transport)
@@ -310,6 +310,76 @@ class McpServer:
         if self._client is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._client.aclose(), 1)
+
+
+@contextlib.asynccontextmanager
+async def _bounded_stdio(params: Any, errlog: Any, label: str, refused: list[str]) -> Any:
+    """The SDK's stdio_client, its server's stdout read as bytes split at each newline as they come (the SDK joins
+    and splits its whole buffer again at every 64 KB: a 50 MB line took 76 s), each line at most MAX_LINE bytes:
+    past it, why is added to `refused` and the server's output ends here (it is gone), before the line is held."""
+    import anyio
+    import anyio.lowlevel
+    from mcp.client import stdio as sdk
+    from mcp.shared.message import SessionMessage
+
+    command = await sdk._get_executable_command(params.command)
+    process = await sdk._create_platform_compatible_process(
+        command=command, args=params.args, env=sdk.get_default_environment() | (params.env or {}), errlog=errlog,
+        cwd=params.cwd)
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    writer_done = anyio.Event()
+
+    async def stdout_reader() -> None:
+        assert process.stdout
+        buffer, start = bytearray(), 0
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream,
+                                 ConnectionError):
+            try:
+                async with read_writer:  # (closed before the drain: the session sees the output end at once)
+                    while True:
+                        buffer += await process.stdout.receive()
+                        while (end := buffer.find(b"\n", start)) >= 0:
+                            line = buffer[:end].decode(params.encoding, params.encoding_error_handler)
+                            del buffer[:end + 1]
+                            start = 0
+                            await read_writer.send(sdk._parse_line(line))
+                        start = len(buffer)
+                        if len(buffer) > MAX_LINE:
+                            refused.append(f"the MCP server {label} sent a line over {MAX_LINE // 1024 // 1024} MiB "
+                                           "(one message): at most that is read, and the server is no longer used")
+                            return
+            finally:  # what the server still writes is read and dropped, so that it never blocks on a full pipe
+                await sdk._drain_stdout(process)
+
+    async def stdin_writer() -> None:
+        assert process.stdin
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode(params.encoding, params.encoding_error_handler))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()  # the session sees the connection end, not a request that hangs
+        finally:
+            writer_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stdout_reader)
+        tg.start_soon(stdin_writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):  # as the SDK's: every wait bounded, the process never left
+                read_stream.close()
+                write_stream.close()
+                with anyio.move_on_after(sdk._WRITER_FLUSH_TIMEOUT):
+                    await writer_done.wait()
+                await sdk._stop_server_process(process)
+                await sdk._aclose_all(read_stream, write_stream, read_writer, write_reader)
+                await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+    await anyio.lowlevel.cancel_shielded_checkpoint()
 
 
 def _tail(fd: int, size: int) -> bytes:
