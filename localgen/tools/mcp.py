@@ -133,13 +133,14 @@ class McpServer:
         return task.result()
 
     async def _relay(self, source: Any, sink: Any, stdio: bool) -> None:
-        """The server's messages passed on to the session; a line the SDK could not read (an Exception in the
-        stream) is kept as the reason a call fails; a stdio server whose output ended (it died) is gone."""
+        """The server's messages passed on to the session; a stdio server's line the SDK could not read (an
+        Exception in the stream) is kept as the reason a call fails, and a stdio server whose output ended (it
+        died) is gone."""
         try:
             async with sink:
                 async for item in source:
-                    if isinstance(item, Exception):
-                        self._unparsed.append(_unreadable(self.label, item))
+                    if isinstance(item, Exception) and stdio:  # (over HTTP: the SDK's own errors, not lines)
+                        self._unparsed[:] = [_unreadable(self.label, item)]  # the last one only
                         if _looked_like_a_message(item) and self._broken is not None:
                             self._broken.set()
                     await sink.send(item)
