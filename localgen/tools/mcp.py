@@ -4,7 +4,9 @@ tools/mcpconfig.py), an http(s) URL reaches one over streamable HTTP (with a con
 The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
 `chat` call it with a timeout. A server's tool listing is read page by page (its nextCursor followed) up to
 MAX_TOOLS tools in MAX_PAGES pages; a server a request names (serve's mcp tool) is read only within MAX_BODY and
-MAX_TOOL_TEXT too, and closing any server cuts a session that hangs after CLOSE_S, every connection closed."""
+MAX_TOOL_TEXT too; a stdio server's lines (one message each) are read at most MAX_LINE bytes each (_bounded_stdio: the
+SDK's stdio_client with its reader replaced); and closing any server cuts a session that hangs after CLOSE_S, every
+connection closed."""
 
 from __future__ import annotations
 
