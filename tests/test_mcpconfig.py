@@ -85,6 +85,32 @@ def test_run_refuses_a_bad_config_file_before_the_model_loads(cli_in_process: In
         assert "missing.gguf" not in r.stderr
 
 
+def test_the_docs_config_file_works_as_written_and_a_url_that_fails_is_named_by_its_key(
+        cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """docs/tools.md's mcp.json, copied as it is (`python` and the server's path made this interpreter and an
+    absolute path), starts: its placeholder remote server is disabled. Enabled, its URL reaches nothing, and the
+    error names the server by its key (and the URL)."""
+    import re
+    import socket
+
+    text = (ROOT / "docs" / "tools.md").read_text(encoding="utf-8")
+    block = re.search(r"```json\n(\{\"mcpServers\".*?)```", text, re.S)
+    assert block is not None
+    doc = json.loads(block[1])
+    doc["mcpServers"]["calc"].update(command=sys.executable, args=[SERVER])
+    missing = str(tmp_path / "missing.gguf")
+    r = cli_in_process("run", "-m", missing, "--mcp", _write(tmp_path, doc), "--yes", "--tool-choice", "nosuch",
+                       "Go.")
+    assert r.returncode == 1 and "tool_choice names 'nosuch', which is not among the tools" in r.stderr, r.stderr
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/mcp"
+    doc = {"mcpServers": {"github": {"url": url}}}
+    r = cli_in_process("run", "-m", missing, "--mcp", _write(tmp_path, doc, "on.json"), "--yes", "Go.")
+    assert (r.returncode, r.stderr) == (1, f"localgen: error: cannot reach the MCP server github ({url}): "
+                                           "Connection refused\n")
+
+
 def test_a_config_files_servers_start_with_their_env_and_its_secrets_are_redacted(tmp_path: Path) -> None:
     from localgen.tools.loop import Toolbox
     from localgen.tools.spec import ToolCall

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -116,7 +117,36 @@ def test_a_dead_mcp_server_leaves_the_list_and_its_calls_fail_as_results(server:
     names = [t["function"]["name"] for t in httpx.get(f"{server.url}/tools", timeout=10).json()["data"]]
     assert "add" not in names and "get_weather" in names
     gone = _call(server, "add", {"a": 1, "b": 2})
-    assert gone["is_error"] and "not a tool here" in gone["content"]
+    from localgen.tools.mcpconfig import one
+
+    assert gone["is_error"] and gone["content"] == f"the MCP server {one(MCP).label} has gone: its tools are no " \
+        "longer offered"
+
+
+def test_a_stdio_mcp_server_killed_leaves_the_list_before_any_call_finds_it_gone(cli_env: dict[str, str],
+                                                                                 tmp_path: Path) -> None:
+    """docs/tools.md: a stdio MCP server that died is no longer listed; not only once a call has failed. A call
+    to one of its tools then says its server has gone (not that no such tool was ever here)."""
+    import os
+    import signal
+    import time
+
+    pidfile = tmp_path / "pid"
+    raw = f"{sys.executable} {ROOT / 'tests' / 'mcp_raw_server.py'} pidfile:{pidfile}"
+    s = Server(cli_env, "-np", "1", "--ctx", "512", "--mcp", raw, "--functions", FUNCTIONS)
+    try:
+        names = [t["function"]["name"] for t in httpx.get(f"{s.url}/tools", timeout=10).json()["data"]]
+        assert "add" in names
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        deadline = time.monotonic() + 30  # (the listing is read until the death is seen: no timing asserted)
+        while "add" in names and time.monotonic() < deadline:
+            time.sleep(0.1)
+            names = [t["function"]["name"] for t in httpx.get(f"{s.url}/tools", timeout=10).json()["data"]]
+        assert "add" not in names and "get_weather" in names
+        gone = _call(s, "add", {"a": 1, "b": 2})
+        assert gone["is_error"] and "has gone: its tools are no longer offered" in gone["content"], gone
+    finally:
+        assert s.stop() == 0
 
 
 def test_calls_stuck_past_their_timeout_hold_no_more_threads(server: Server) -> None:

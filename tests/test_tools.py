@@ -399,6 +399,59 @@ def test_an_mcp_server_that_writes_no_json_rpc_is_one_line(cli: CLI, tmp_path: P
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not a command line" in r.stderr, r.stderr
 
 
+RAW = f"{sys.executable} {ROOT / 'tests' / 'mcp_raw_server.py'}"
+
+
+def test_an_mcp_line_that_cannot_be_read_is_the_error_not_a_timeout(cli_in_process: InProcessCLI,
+                                                                     tmp_path: Path) -> None:
+    """A listing pydantic cannot read (a schema nested past its recursion limit) fails the start at once, saying
+    so, not as a server that did not answer; bytes that are not UTF-8 in an answer are read as U+FFFD, and the
+    server keeps answering (they had ended the SDK's reader: every later call a timeout)."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    r = cli_in_process("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", f"{RAW} deep:250", "--yes", "Go.")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "sent a line that is not JSON-RPC: Invalid JSON: recursion limit exceeded" in r.stderr, r.stderr
+    assert "(starting)" in r.stderr and "did not answer" not in r.stderr
+    box = Toolbox.open([], [f"{RAW} badutf8"])
+    try:
+        assert box.call(ToolCall("bad", "{}"), 30) == "ab\ufffd\ufffd cd"
+        assert box.call(ToolCall("add", '{"a": 1, "b": 2}'), 30) == "3"
+    finally:
+        box.close()
+
+
+def test_a_stdio_mcp_line_over_16_mib_is_refused_and_its_server_withdrawn() -> None:
+    """docs/tools.md: one line (one message) a stdio server writes is read up to 16 MiB: past that the call fails
+    saying so, not with a timeout or once the whole line is held, and the server's tools are withdrawn."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    box = Toolbox.open([], [f"{RAW} big:17"])
+    try:
+        with pytest.raises(ToolError) as e:
+            box.call(ToolCall("big", "{}"), 30)
+        assert "sent a line over 16 MiB (one message): at most that is read" in e.value.message, e.value.message
+        assert e.value.message.endswith("(calling big)") and box.specs == ()
+    finally:
+        box.close()
+
+
+def test_an_mcp_embedded_resource_reaches_the_model_as_its_text() -> None:
+    """docs/tools.md: a result's embedded text resource is its text; a blob one, a placeholder naming it."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    box = Toolbox.open([], [f"{RAW} resource"])
+    try:
+        assert box.call(ToolCall("res", "{}"), 30) == "the notes say 42"
+        assert box.call(ToolCall("blob", "{}"), 30) == "[resource file:///cat.png (image/png)]"
+    finally:
+        box.close()
+
+
 def test_run_prints_no_cut_off_call_marker(cli: CLI, tmp_path: Path) -> None:
     """A call with no arguments, forced, is made again until -n cuts the repeat inside `<tool_call`: that
     piece of a marker is neither answer text on stdout nor, when the tool fails, printed before the error."""

@@ -137,6 +137,10 @@ def routes(toolbox: Any, timeout: float, threads: ToolThreads | None = None) -> 
         if stuck >= MAX_CALLS:
             raise HTTPError(503, f"{stuck} tool calls are still running, some past --tool-timeout: try again later",
                             "server_error")
+        if all(spec.name != name for spec in toolbox.specs):  # a tool of an MCP server that has gone
+            server = (toolbox.source(name) or "").removeprefix("mcp: ")
+            return JSONResponse({"object": "tool.result", "name": name, "is_error": True, "content":
+                                 f"the MCP server {server} has gone: its tools are no longer offered"})
         try:
             text, failed = await threads.run(name, toolbox.call, tool_call, timeout), False
         except ToolError as e:

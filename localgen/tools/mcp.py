@@ -4,7 +4,9 @@ tools/mcpconfig.py), an http(s) URL reaches one over streamable HTTP (with a con
 The SDK is asynchronous; a server's session lives on its own event loop in a thread, and `run` and
 `chat` call it with a timeout. A server's tool listing is read page by page (its nextCursor followed) up to
 MAX_TOOLS tools in MAX_PAGES pages; a server a request names (serve's mcp tool) is read only within MAX_BODY and
-MAX_TOOL_TEXT too, and closing any server cuts a session that hangs after CLOSE_S, every connection closed."""
+MAX_TOOL_TEXT too; a stdio server's lines (one message each) are read at most MAX_LINE bytes each (_bounded_stdio: the
+SDK's stdio_client with its reader replaced); and closing any server cuts a session that hangs after CLOSE_S, every
+connection closed."""
 
 from __future__ import annotations
 
@@ -28,6 +30,11 @@ MAX_TOOL_TEXT = 65_536  # characters of a listed tool's description, and of its 
 MAX_TOOLS = 1000  # tools in one server's listing, all its pages together (any server's)
 MAX_PAGES = 1000  # pages of a listing (its nextCursor followed until there is none)
 MAX_CURSOR = 4096  # characters of a listing's cursor (sent back to the server for the next page)
+MAX_LINE = 16 * 1024 * 1024  # bytes of one line a stdio server writes (one message): past it, the server is gone
+
+
+class _Unreadable(Exception):
+    """The server sent a line that looked like a message and could not be read (its reason)."""
 
 
 class McpServer:
@@ -55,13 +62,16 @@ class McpServer:
         self._client: Any = None  # the HTTP client, when it is ours: closed after the session, whatever happened
         self._errlog: Any = None  # where a stdio server's stderr goes when ours is not a terminal
         self._refused: list[str] = []  # why a body the server sent was not read (past MAX_BODY): the error
+        self._unparsed: list[str] = []  # why a line the server sent could not be read (not JSON-RPC): the error
+        self._relaying: asyncio.Future[None] | None = None  # (a reference kept: the loop holds tasks weakly)
+        self._broken: asyncio.Event | None = None  # set when a line that looked like a message could not be read
         _quiet_sdk()
         started = time.monotonic()
         try:
             if target.url is not None and private is not None:  # `timeout` is the whole start's: the probe's too
                 _reachable_checked(target, private, started + timeout)
             elif target.url is not None:
-                _reachable(target.url)
+                _reachable(target)
             left = max(0.1, started + timeout - time.monotonic())
             self.tools = self._wait(self._connect(), timeout, "starting", left)
         except BaseException:
@@ -76,14 +86,19 @@ class McpServer:
         import concurrent.futures
 
         self._refused.clear()  # (a reason from before: not this one's)
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._unparsed.clear()
+        future = asyncio.run_coroutine_threadsafe(self._unless_broken(coro), self._loop)
         try:
             return future.result(timeout if left is None else left)
         except concurrent.futures.TimeoutError:
             future.cancel()
             if self._refused:
                 raise ToolError(f"{self._refused[0]} ({doing})") from None
+            if self._unparsed:  # the answer may have been the line that could not be read
+                raise ToolError(f"{self._unparsed[-1]} ({doing})") from None
             raise ToolError(f"the MCP server {self.label} did not answer within {timeout:g} s ({doing})") from None
+        except _Unreadable as e:
+            raise ToolError(f"{e} ({doing})") from None
         except ToolError:
             raise
         except Exception as e:  # the SDK's errors, a dead process, a refused connection: one line each
@@ -96,6 +111,45 @@ class McpServer:
             if _lost(e):
                 self.gone = True
             raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}") from None
+
+    async def _unless_broken(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """`coro`'s result; a ToolError as soon as the server sends a line that looks like a message (a JSON
+        object) and cannot be read: the answer waited for may have been that line, and would never come."""
+        if self._broken is None:
+            self._broken = asyncio.Event()
+        self._broken.clear()
+        task = asyncio.ensure_future(coro)
+        broken = asyncio.ensure_future(self._broken.wait())
+        try:
+            await asyncio.wait([task, broken], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled (a timeout): the call with it
+            task.cancel()
+            raise
+        finally:
+            broken.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise _Unreadable(self._unparsed[-1])
+        return task.result()
+
+    async def _relay(self, source: Any, sink: Any, stdio: bool) -> None:
+        """The server's messages passed on to the session; a stdio server's line the SDK could not read (an
+        Exception in the stream) is kept as the reason a call fails, and a stdio server whose output ended (it
+        died) is gone."""
+        try:
+            async with sink:
+                async for item in source:
+                    if isinstance(item, Exception) and stdio:  # (over HTTP: the SDK's own errors, not lines)
+                        self._unparsed[:] = [_unreadable(self.label, item)]  # the last one only
+                        if _looked_like_a_message(item) and self._broken is not None:
+                            self._broken.set()
+                    await sink.send(item)
+        except Exception:  # the session closed its end: nothing more to pass on
+            pass
+        if stdio:
+            self.gone = True
 
     def _said(self) -> str:
         """The last line the server wrote to stderr, when it went to our log (the reason a server that died
@@ -116,7 +170,6 @@ class McpServer:
 
     async def _connect(self) -> tuple[ToolSpec, ...]:
         from mcp import ClientSession, StdioServerParameters
-        from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
         target = self.target
@@ -144,10 +197,15 @@ class McpServer:
             if not sys.stderr.isatty():
                 errlog = self._errlog = self._stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115
             env = {**get_default_environment(), **target.env} if target.env else None
+            # bytes that are not UTF-8 become U+FFFD: under "strict" one such byte ends the SDK's reader for good
             params = StdioServerParameters(command=target.argv[0], args=list(target.argv[1:]), env=env,
-                                           cwd=target.cwd)
-            transport = stdio_client(params, errlog=errlog)
-        read, write = await self._stack.enter_async_context(transport)
+                                           cwd=target.cwd, encoding_error_handler="replace")
+            transport = _bounded_stdio(params, errlog, self.label, self._refused)
+        import anyio
+
+        source, write = await self._stack.enter_async_context(transport)
+        sink, read = anyio.create_memory_object_stream[Any](0)
+        self._relaying = asyncio.ensure_future(self._relay(source, sink, target.url is None))
         self._session = await self._stack.enter_async_context(ClientSession(read, write))
         await self._session.initialize()
         out, shown = [], []
@@ -216,6 +274,11 @@ class McpServer:
         parts = []
         for block in result.content:
             text = getattr(block, "text", None)
+            resource = getattr(block, "resource", None)  # an embedded resource: its text, or what it is
+            if resource is not None and not isinstance(text, str):
+                text = getattr(resource, "text", None)
+                if not isinstance(text, str):
+                    text = f"[resource {resource.uri} ({getattr(resource, 'mime_type', None) or 'no type'})]"
             parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')}]")
         text = "\n".join(parts)
         if not text and result.structured_content is not None:
@@ -252,6 +315,76 @@ class McpServer:
                 await asyncio.wait_for(self._client.aclose(), 1)
 
 
+@contextlib.asynccontextmanager
+async def _bounded_stdio(params: Any, errlog: Any, label: str, refused: list[str]) -> Any:
+    """The SDK's stdio_client, its server's stdout read as bytes split at each newline as they come (the SDK joins
+    and splits its whole buffer again at every 64 KB: a 50 MB line took 76 s), each line at most MAX_LINE bytes:
+    past it, why is added to `refused` and the server's output ends here (it is gone), before the line is held."""
+    import anyio
+    import anyio.lowlevel
+    from mcp.client import stdio as sdk
+    from mcp.shared.message import SessionMessage
+
+    command = await sdk._get_executable_command(params.command)
+    process = await sdk._create_platform_compatible_process(
+        command=command, args=params.args, env=sdk.get_default_environment() | (params.env or {}), errlog=errlog,
+        cwd=params.cwd)
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    writer_done = anyio.Event()
+
+    async def stdout_reader() -> None:
+        assert process.stdout
+        buffer, start = bytearray(), 0
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream,
+                                 ConnectionError):
+            try:
+                async with read_writer:  # (closed before the drain: the session sees the output end at once)
+                    while True:
+                        buffer += await process.stdout.receive()
+                        while (end := buffer.find(b"\n", start)) >= 0:
+                            line = buffer[:end].decode(params.encoding, params.encoding_error_handler)
+                            del buffer[:end + 1]
+                            start = 0
+                            await read_writer.send(sdk._parse_line(line))
+                        start = len(buffer)
+                        if len(buffer) > MAX_LINE:
+                            refused.append(f"the MCP server {label} sent a line over {MAX_LINE // 1024 // 1024} MiB "
+                                           "(one message): at most that is read, and the server is no longer used")
+                            return
+            finally:  # what the server still writes is read and dropped, so that it never blocks on a full pipe
+                await sdk._drain_stdout(process)
+
+    async def stdin_writer() -> None:
+        assert process.stdin
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode(params.encoding, params.encoding_error_handler))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()  # the session sees the connection end, not a request that hangs
+        finally:
+            writer_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stdout_reader)
+        tg.start_soon(stdin_writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):  # as the SDK's: every wait bounded, the process never left
+                read_stream.close()
+                write_stream.close()
+                with anyio.move_on_after(sdk._WRITER_FLUSH_TIMEOUT):
+                    await writer_done.wait()
+                await sdk._stop_server_process(process)
+                await sdk._aclose_all(read_stream, write_stream, read_writer, write_reader)
+                await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+    await anyio.lowlevel.cancel_shielded_checkpoint()
+
+
 def _tail(fd: int, size: int) -> bytes:
     """The last `size` bytes of the file open at `fd`, its offset (the server's too: it writes there) as it was."""
     import os
@@ -280,6 +413,27 @@ def _lost(e: BaseException) -> bool:
         type(c).__name__ == "ConnectError" for c in (e.__cause__, e.__context__) if c is not None)
 
 
+def _unreadable(label: str, e: Exception) -> str:
+    """The error for a line the server sent that the SDK could not read (pydantic's reason, its first line)."""
+    errors = getattr(e, "errors", None)
+    why = str(e)
+    with contextlib.suppress(Exception):
+        why = errors()[0]["msg"] if errors is not None else why
+    why = why.strip().splitlines()[0][:200] if why.strip() else type(e).__name__
+    return f"the MCP server {label} sent a line that is not JSON-RPC: {why}"
+
+
+def _looked_like_a_message(e: Exception) -> bool:
+    """Whether the line an error is about was a JSON object (an answer the SDK could not read, not a log line)."""
+    errors = getattr(e, "errors", None)
+    with contextlib.suppress(Exception):
+        line = errors()[0]["input"] if errors is not None else None
+        if isinstance(line, str | bytes):
+            return line.lstrip()[:1] in ("{", b"{")
+        return isinstance(line, dict)
+    return False
+
+
 def _check_sizes(label: str, name: str, description: str, schema: dict[str, Any]) -> None:
     """A listed tool's description and input schema at most MAX_TOOL_TEXT characters each, else a ToolError."""
     import json
@@ -302,20 +456,23 @@ def _quiet_sdk() -> None:
     sdk.propagate = False
 
 
-def _reachable(url: str) -> None:
-    """An MCP URL whose server does not listen is one clear line (the SDK says only "CancelledError"); behind
-    a proxy the proxy decides, so there is nothing to try first."""
+def _reachable(target: McpTarget) -> None:
+    """An MCP URL whose server does not listen is one clear line (the SDK says only "CancelledError"), naming the
+    server by its key in a config file, and its URL; behind a proxy the proxy decides, so there is nothing to try
+    first."""
     import socket
     import urllib.request
     from urllib.parse import urlsplit
 
+    url = target.url or ""
     u = urlsplit(url)
     if not u.hostname or (u.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(u.hostname)):
         return
     try:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
-        raise ToolError(f"cannot reach the MCP server {url}: {e.strerror or e}") from None
+        name = f"{target.label} ({url})" if target.named else url
+        raise ToolError(f"cannot reach the MCP server {name}: {e.strerror or e}") from None
 
 
 def _reachable_checked(target: McpTarget, private: bool, deadline: float) -> None:
