@@ -452,6 +452,21 @@ def test_an_mcp_embedded_resource_reaches_the_model_as_its_text() -> None:
         box.close()
 
 
+def test_an_sdk_whose_stdio_parts_moved_still_serves_its_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/mcp.py reads stdio with parts of the mcp SDK that are not its API (pinned by pyproject.toml); an SDK
+    without one of them is served by its own stdio reader, as before, rather than failing every start."""
+    from localgen.tools import mcp as ours
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    monkeypatch.setattr(ours, "_SDK_PARTS", (*ours._SDK_PARTS, "_a_part_no_sdk_has"))
+    box = Toolbox.open([], [f"{RAW} resource"])
+    try:
+        assert box.call(ToolCall("res", "{}"), 30) == "the notes say 42"
+    finally:
+        box.close()
+
+
 def test_run_prints_no_cut_off_call_marker(cli: CLI, tmp_path: Path) -> None:
     """A call with no arguments, forced, is made again until -n cuts the repeat inside `<tool_call`: that
     piece of a marker is neither answer text on stdout nor, when the tool fails, printed before the error."""

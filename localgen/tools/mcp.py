@@ -200,7 +200,12 @@ class McpServer:
             # bytes that are not UTF-8 become U+FFFD: under "strict" one such byte ends the SDK's reader for good
             params = StdioServerParameters(command=target.argv[0], args=list(target.argv[1:]), env=env,
                                            cwd=target.cwd, encoding_error_handler="replace")
-            transport = _bounded_stdio(params, errlog, self.label, self._refused)
+            from mcp.client import stdio as sdk
+
+            if all(hasattr(sdk, part) for part in _SDK_PARTS):
+                transport = _bounded_stdio(params, errlog, self.label, self._refused)
+            else:  # an SDK whose stdio parts moved: its own reader (lines not bounded, as before)
+                transport = sdk.stdio_client(params, errlog=errlog)
         import anyio
 
         source, write = await self._stack.enter_async_context(transport)
@@ -313,6 +318,11 @@ class McpServer:
         if self._client is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._client.aclose(), 1)
+
+
+# the SDK's own stdio parts _bounded_stdio runs (mcp.client.stdio's, private: pyproject.toml pins mcp's minor version)
+_SDK_PARTS = ("_get_executable_command", "_create_platform_compatible_process", "_parse_line", "_drain_stdout",
+              "_WRITER_FLUSH_TIMEOUT", "_stop_server_process", "_aclose_all", "get_default_environment")
 
 
 @contextlib.asynccontextmanager
