@@ -265,6 +265,8 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         if not calls:
             answering = True
             continue
+        if step == steps:  # `steps` rounds of calls ran: this generation had to answer, and its calls never run
+            break
         made.update((c.name, c.arguments) for c in calls)
         settled: list[Message] = [{**_said(stream), "tool_calls": [c.to_openai() for c in calls]}]
         done: list[ToolResult] = []
