@@ -114,6 +114,26 @@ def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home
     assert not (home / "data" / "chats" / "toolfail.json").exists(), "nothing of the failed turn is saved"
 
 
+def test_chat_takes_the_question_back_when_a_tool_s_result_outgrows_the_window(cli_env: dict[str, str], home: Path,
+                                                                                tmp_path: Path) -> None:
+    """A result of 100,000 characters (some 26,000 tokens, past the 4,096-token window) is a tool's failure: one line
+    naming the tool's result, the question taken back, and the chat goes on (it ended with exit status 1, saying
+    "the prompt is 26,442 tokens")."""
+    from tests.test_chat import PROMPT, spawn
+
+    fns = tmp_path / "big.py"
+    fns.write_text('def dump() -> str:\n    """Dump the log."""\n    return "word " * 20_000\n')
+    child = spawn(cli_env, "toolbig", *CHAT_TOOLS, "--functions", str(fns), "--tool-choice", "dump", "--yes")
+    child.sendline("Go.")
+    child.expect(r"the result of dump \(100,000 characters\) is too long for the context window")
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert not (home / "data" / "chats" / "toolbig.json").exists(), "nothing of the failed turn is saved"
+
+
 def test_chat_shows_nothing_of_a_tool_past_its_timeout(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
     """docs/tools.md: a function past --tool-timeout is stopped and what it prints after is not shown (it printed
     on into the conversation, a line every 50 ms, after the question was taken back)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen.errors import GrammarError, ToolError
+from localgen.errors import ContextOverflowError, GrammarError, ToolError
 from localgen.tools.plan import ToolPlan, answer_plan, answer_stream, make_plan, with_tools
 from localgen.tools.spec import ToolCall, ToolSpec, check_call
 from localgen.types import GenerationRequest, Message, Stats, turn_stats
@@ -246,7 +246,12 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         if plan is not None:
             req = with_tools(plan, req)
         stream = answer_stream(plan, template, req.template_args, split_reasoning)
-        gen = backend.generate(req)
+        try:
+            gen = backend.generate(req)
+        except ContextOverflowError as e:
+            if not turn.results:
+                raise
+            raise _too_long(turn.results, e) from None
         turn.generations.append(gen)
         try:
             _stream_round(gen, stream, show, made)
@@ -284,6 +289,15 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         if stopped():
             return turn
     raise ToolError(f"the model was still calling tools after {steps} rounds", hint="raise --tool-steps")
+
+
+def _too_long(results: list[ToolResult], e: ContextOverflowError) -> ToolError:
+    """A prompt past the window once the calls' results were added: the results named, as a tool's failure (the
+    chat takes the question back and goes on), not as a prompt the user could shorten."""
+    names = ", ".join(dict.fromkeys(r.call.name for r in results))
+    size = sum(len(r.text) for r in results)
+    return ToolError(f"the result of {names} ({size:,} characters) is too long for the context window: "
+                     f"{e.message}", hint="ask for less of it, or restart with a larger --ctx")
 
 
 def _stream_round(gen: Any, stream: Any, show: Callable[[Any], None], made: set[tuple[str, str]]) -> None:
