@@ -155,6 +155,31 @@ def test_chat_shows_nothing_of_a_tool_past_its_timeout(cli_env: dict[str, str], 
     assert not re.search(r"tick \d", seen), seen
 
 
+def test_ctrl_c_during_a_tool_call_abandons_it_and_takes_the_question_back(cli_env: dict[str, str], home: Path,
+                                                                             tmp_path: Path) -> None:
+    """The first Ctrl-C while a call runs stops it there (it waited for the call to end or time out, and a second
+    press left the tool printing on): the question is taken back, and nothing the tool prints after is shown."""
+    from tests.test_chat import PROMPT, spawn
+    from tests.test_tools import TICKER
+
+    fns = tmp_path / "ticker.py"
+    fns.write_text(TICKER)
+    child = spawn(cli_env, "toolstop", *CHAT_TOOLS, "--functions", str(fns), "--tool-choice", "ticker", "--yes",
+                  "--tool-timeout", "120")
+    child.sendline("Go.")
+    child.expect(r"tick \d+")
+    child.sendintr()
+    child.expect_exact("(stopped before the answer began; the message was taken back)", timeout=60)
+    child.expect_exact(PROMPT)
+    child.expect(pexpect.TIMEOUT, timeout=1)  # a second for it to print in, were it still running
+    seen = str(child.before)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    seen += str(child.before)
+    assert not re.search(r"tick \d", seen), seen
+    assert not (home / "data" / "chats" / "toolstop.json").exists(), "nothing of the stopped turn is saved"
+
+
 def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_process: InProcessCLI, home: Path,
                                                            scripted_add: tuple[Any, list[str]]) -> None:
     from localgen.chat.session import ChatSession
