@@ -88,6 +88,16 @@ def test_a_call_marker_cut_off_after_whole_calls_is_no_text() -> None:
         events = _events("hermes", call + "<tool_call", step)  # max_tokens cut the repeat mid-marker
         assert _calls(events) == [("zap", {})] and _text(events, "content") == "", step
     assert _text(_events("hermes", "Say <tool_"), "content") == "Say <tool_"  # no call before it: text
+    for step in (1, 3, 100):  # the first call cut (a forced one, -n 10): no text either (it was the answer)
+        events = _events("hermes", '<tool_call>\n{"name": "', step)
+        assert _calls(events) == [] and _text(events, "content") == "", step
+
+
+def test_a_forced_call_cut_by_max_tokens_is_no_answer(cli: CLI) -> None:
+    """run --tool-choice NAME -n 10: the call is cut before it is whole; nothing of it is the answer (stdout was
+    `<tool_call>\\n{"name": "`)."""
+    r = _run(cli, "--mcp", MCP, "--yes", "--tool-choice", "add", "-n", "10", "What is 2 + 3?")
+    assert "<tool_call>" not in r.stdout and '"name"' not in r.stdout, (r.stdout, r.stderr)
 
 
 def test_templates_are_recognised() -> None:
