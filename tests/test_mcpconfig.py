@@ -122,6 +122,26 @@ def test_two_servers_of_a_file_may_offer_a_tool_of_the_same_name(tmp_path: Path)
         Toolbox.open([], [f"{sys.executable} {SERVER}", f"{sys.executable} {SERVER}"])
 
 
+def test_a_server_tool_name_taken_already_gets_a_counter(tmp_path: Path) -> None:
+    """Servers `calc 2` and `calc_2` both offer `add` beside calc's: the first is calc_2_add, the second
+    calc_2_add_2 (the start failed: "two tools are named 'calc_2_add'"), and a call reaches its own server."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    entry = {"command": sys.executable, "args": [SERVER]}
+    path = _write(tmp_path, {"mcpServers": {"calc": entry, "calc 2": entry, "calc_2": entry}})
+    box = Toolbox.open([], [path])
+    try:
+        assert box.source("calc_2_add") == "mcp: calc 2" and box.source("calc_2_add_2") == "mcp: calc_2"
+        assert box.call(ToolCall("calc_2_add_2", '{"a": 1, "b": 2}'), 30) == "3"
+    finally:
+        box.close()
+    from localgen.tools.loop import _qualified
+
+    long = "s" * 70  # two labels alike in their first 64 characters: the second's name cut, then counted
+    assert _qualified(long, "add", {"s" * 64}) == "s" * 62 + "_2"
+
+
 def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) -> None:
     from localgen.errors import ToolError
     from localgen.tools.loop import Toolbox

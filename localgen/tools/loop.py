@@ -85,7 +85,7 @@ class Toolbox:
                     runner = _mcp_runner(server, spec.name)
                     if spec.name in box._runners and target.named:  # two servers of a config file: as Claude
                         # Desktop does, both kept, this one's under its server's name (server_tool)
-                        spec = dataclasses.replace(spec, name=_qualified(server.label, spec.name))
+                        spec = dataclasses.replace(spec, name=_qualified(server.label, spec.name, box._runners))
                     box._add(spec, runner, f"mcp: {server.label}")
                     box._of[spec.name] = server
         except BaseException:
@@ -230,13 +230,18 @@ def _waited(thread: threading.Thread, timeout: float, stopped: Callable[[], bool
     return not thread.is_alive()
 
 
-def _qualified(label: str, name: str) -> str:
+def _qualified(label: str, name: str, taken: Any = ()) -> str:
     """A tool's name with its server's in front (server_tool, as llama-server names them), in the characters a
-    tool's name may hold."""
+    tool's name may hold, at most 64 of them; where that name is `taken` already (another tool's, or labels that
+    differ only past the cut), a counter after it: server_tool_2, _3, ..."""
     from localgen.tools.spec import NAME_CHARS
 
     both = "".join(c if c in NAME_CHARS else "_" for c in f"{label}_{name}")
-    return both[:64]
+    free, n = both[:64], 1
+    while free in taken:
+        n += 1
+        free = f"{both[:64 - len(str(n)) - 1]}_{n}"
+    return free
 
 
 def redact(text: str, more: dict[str, str] | None = None) -> str:
