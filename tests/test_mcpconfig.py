@@ -142,6 +142,31 @@ def test_a_server_tool_name_taken_already_gets_a_counter(tmp_path: Path) -> None
     assert _qualified(long, "add", {"s" * 64}) == "s" * 62 + "_2"
 
 
+def test_the_servers_of_a_toolbox_close_at_once() -> None:
+    """Each server's close may wait seconds for its process (the SDK gives one 2 s); they closed one after another,
+    and serve's exit waited 18 s for ten servers stuck in calls. Three closes that each wait for the others to
+    begin end only when they run at the same time."""
+    import threading
+
+    from localgen.tools.loop import Toolbox
+
+    together = threading.Barrier(3, timeout=10)
+    closed: list[str] = []
+
+    class Stuck:
+        def __init__(self, label: str) -> None:
+            self.label = label
+
+        def close(self) -> None:
+            together.wait()  # broken (an error) unless all three are closing at once
+            closed.append(self.label)
+
+    box = Toolbox()
+    box._servers = [Stuck("a"), Stuck("b"), Stuck("c")]
+    box.close()
+    assert sorted(closed) == ["a", "b", "c"] and not box._servers
+
+
 def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) -> None:
     from localgen.errors import ToolError
     from localgen.tools.loop import Toolbox

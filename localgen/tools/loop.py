@@ -120,10 +120,16 @@ class Toolbox:
         return redact(text, self._secrets)
 
     def close(self) -> None:
-        """Stop the MCP servers."""
-        for server in self._servers:
-            server.close()
-        self._servers.clear()
+        """Stop the MCP servers, all at once: each may wait seconds for its process to end (one stuck in a call
+        too), and ten of them one after the other held an exit for twenty. Each close is bounded (tools/mcp.py);
+        an interrupt here (a second Ctrl-C) stops the wait, the rest closing on their daemon threads."""
+        servers, self._servers = list(self._servers), []
+        closing = [threading.Thread(target=server.close, name=f"mcp close {server.label}", daemon=True)
+                   for server in servers]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join()
 
 
 def _python_runner(name: str, fn: Callable[..., Any],
