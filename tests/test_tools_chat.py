@@ -180,6 +180,22 @@ def test_ctrl_c_during_a_tool_call_abandons_it_and_takes_the_question_back(cli_e
     assert not (home / "data" / "chats" / "toolstop.json").exists(), "nothing of the stopped turn is saved"
 
 
+def test_ctrl_c_during_an_mcp_call_abandons_it_at_once(cli_env: dict[str, str], home: Path) -> None:
+    """An MCP call waits for its server (here a minute); the first Ctrl-C stops the answer there, and the question
+    is taken back (it waited for the call's --tool-timeout)."""
+    from tests.test_chat import PROMPT, spawn
+
+    child = spawn(cli_env, "mcpstop", *CHAT_TOOLS, "--mcp", f"{MCP} --stall", "--tool-choice", "stall", "--yes",
+                  "--tool-timeout", "120")
+    child.sendline("Go.")
+    child.expect("stalling")  # the server's stderr: the call has begun
+    child.sendintr()
+    child.expect_exact("(stopped before the answer began; the message was taken back)", timeout=60)
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+
+
 def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_process: InProcessCLI, home: Path,
                                                            scripted_add: tuple[Any, list[str]]) -> None:
     from localgen.chat.session import ChatSession
