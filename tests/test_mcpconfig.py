@@ -148,6 +148,51 @@ def test_two_servers_of_a_file_may_offer_a_tool_of_the_same_name(tmp_path: Path)
         Toolbox.open([], [f"{sys.executable} {SERVER}", f"{sys.executable} {SERVER}"])
 
 
+def test_a_server_tool_name_taken_already_gets_a_counter(tmp_path: Path) -> None:
+    """Servers `calc 2` and `calc_2` both offer `add` beside calc's: the first is calc_2_add, the second
+    calc_2_add_2 (the start failed: "two tools are named 'calc_2_add'"), and a call reaches its own server."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    entry = {"command": sys.executable, "args": [SERVER]}
+    path = _write(tmp_path, {"mcpServers": {"calc": entry, "calc 2": entry, "calc_2": entry}})
+    box = Toolbox.open([], [path])
+    try:
+        assert box.source("calc_2_add") == "mcp: calc 2" and box.source("calc_2_add_2") == "mcp: calc_2"
+        assert box.call(ToolCall("calc_2_add_2", '{"a": 1, "b": 2}'), 30) == "3"
+    finally:
+        box.close()
+    from localgen.tools.loop import _qualified
+
+    long = "s" * 70  # two labels alike in their first 64 characters: the second's name cut, then counted
+    assert _qualified(long, "add", {"s" * 64}) == "s" * 62 + "_2"
+
+
+def test_the_servers_of_a_toolbox_close_at_once() -> None:
+    """Each server's close may wait seconds for its process (the SDK gives one 2 s); they closed one after another,
+    and serve's exit waited 18 s for ten servers stuck in calls. Three closes that each wait for the others to
+    begin end only when they run at the same time."""
+    import threading
+
+    from localgen.tools.loop import Toolbox
+
+    together = threading.Barrier(3, timeout=10)
+    closed: list[str] = []
+
+    class Stuck:
+        def __init__(self, label: str) -> None:
+            self.label = label
+
+        def close(self) -> None:
+            together.wait()  # broken (an error) unless all three are closing at once
+            closed.append(self.label)
+
+    box = Toolbox()
+    box._servers = [Stuck("a"), Stuck("b"), Stuck("c")]
+    box.close()
+    assert sorted(closed) == ["a", "b", "c"] and not box._servers
+
+
 def test_a_config_files_http_server_is_reached_with_its_headers(tmp_path: Path) -> None:
     from localgen.errors import ToolError
     from localgen.tools.loop import Toolbox

@@ -180,6 +180,18 @@ def test_flags_that_cannot_work_are_refused_before_anything_starts(cli_in_proces
     assert r.returncode == 2 and "is not a command line" in r.stderr, r.stderr
 
 
+def test_tools_no_request_could_carry_are_refused_at_start(cli: Any, tmp_path: Any) -> None:
+    """As run and chat refuse them (exit 2): more tools than one request takes (the chat page sends them all: every
+    message was a 400), and a schema that cannot become a grammar (every request with the tools was a 400). A
+    process with a bound: the old code served on."""
+    many = tmp_path / "many.py"
+    many.write_text("".join(f'def t{i}() -> str:\n    """Tool {i}."""\n    return "{i}"\n\n\n' for i in range(257)))
+    r = cli("serve", "--functions", str(many), "--port", "18499", timeout=120)
+    assert r.returncode == 2 and "offer 257 tools; a request takes at most 256" in r.stderr, r.stderr
+    r = cli("serve", "--mcp", f"{MCP} --lookahead", "--port", "18499", timeout=120)
+    assert r.returncode == 2 and "'s tool code:" in r.stderr and "lookahead" in r.stderr, r.stderr
+
+
 LINGER = '''import time
 
 

@@ -6,6 +6,7 @@ with tools: tests/test_tools_serve.py; `chat` with tools: tests/test_tools_chat.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -87,6 +88,16 @@ def test_a_call_marker_cut_off_after_whole_calls_is_no_text() -> None:
         events = _events("hermes", call + "<tool_call", step)  # max_tokens cut the repeat mid-marker
         assert _calls(events) == [("zap", {})] and _text(events, "content") == "", step
     assert _text(_events("hermes", "Say <tool_"), "content") == "Say <tool_"  # no call before it: text
+    for step in (1, 3, 100):  # the first call cut (a forced one, -n 10): no text either (it was the answer)
+        events = _events("hermes", '<tool_call>\n{"name": "', step)
+        assert _calls(events) == [] and _text(events, "content") == "", step
+
+
+def test_a_forced_call_cut_by_max_tokens_is_no_answer(cli: CLI) -> None:
+    """run --tool-choice NAME -n 10: the call is cut before it is whole; nothing of it is the answer (stdout was
+    `<tool_call>\\n{"name": "`)."""
+    r = _run(cli, "--mcp", MCP, "--yes", "--tool-choice", "add", "-n", "10", "What is 2 + 3?")
+    assert "<tool_call>" not in r.stdout and '"name"' not in r.stdout, (r.stdout, r.stderr)
 
 
 def test_templates_are_recognised() -> None:
@@ -646,6 +657,17 @@ def test_run_with_a_streamable_http_mcp_server(cli: CLI, cli_in_process: InProce
     r = _run(cli_in_process, "--mcp", f"http://127.0.0.1:{port}/mcp", "--yes", "What is 2 + 3?")
     url = f"http://127.0.0.1:{port}/mcp"
     assert (r.returncode, r.stderr) == (1, f"localgen: error: cannot reach the MCP server {url}: Connection refused\n")
+
+
+def test_tool_steps_bounds_the_rounds_of_calls(cli: CLI) -> None:
+    """`step`'s result asks for the next step (the model copies the call): with --tool-steps 2, two rounds of calls
+    run, and the third generation's calls never do (it ran a third round, then said "after 2 rounds")."""
+    r = _run(cli, "--mcp", f"{MCP} --steps", "--yes", "--tool-choice", "step", "--tool-steps", "2",
+             "Do the task: call step with n=1, then each step it says, until step 20.")
+    assert r.returncode == 1 and "still calling tools after 2 rounds" in r.stderr, r.stderr
+    kinds = [line.split(":")[0] for line in r.stderr.splitlines() if line.startswith(("tool call:", "tool result:"))]
+    ran = sum(1 for a, b in itertools.pairwise(kinds) if (a, b) == ("tool call", "tool result"))
+    assert ran == 2 and kinds[-1] == "tool call", r.stderr  # a round's calls, then their results; the last never run
 
 
 def test_an_mcp_tool_whose_name_a_request_cannot_carry_is_left_out_of_run_with_a_warning(

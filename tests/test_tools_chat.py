@@ -114,6 +114,26 @@ def test_chat_tool_failure_takes_the_question_back(cli_env: dict[str, str], home
     assert not (home / "data" / "chats" / "toolfail.json").exists(), "nothing of the failed turn is saved"
 
 
+def test_chat_takes_the_question_back_when_a_tool_s_result_outgrows_the_window(cli_env: dict[str, str], home: Path,
+                                                                                tmp_path: Path) -> None:
+    """A result of 100,000 characters (some 26,000 tokens, past the 4,096-token window) is a tool's failure: one line
+    naming the tool's result, the question taken back, and the chat goes on (it ended with exit status 1, saying
+    "the prompt is 26,442 tokens")."""
+    from tests.test_chat import PROMPT, spawn
+
+    fns = tmp_path / "big.py"
+    fns.write_text('def dump() -> str:\n    """Dump the log."""\n    return "word " * 20_000\n')
+    child = spawn(cli_env, "toolbig", *CHAT_TOOLS, "--functions", str(fns), "--tool-choice", "dump", "--yes")
+    child.sendline("Go.")
+    child.expect(r"the result of dump \(100,000 characters\) is too long for the context window")
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert not (home / "data" / "chats" / "toolbig.json").exists(), "nothing of the failed turn is saved"
+
+
 def test_chat_shows_nothing_of_a_tool_past_its_timeout(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
     """docs/tools.md: a function past --tool-timeout is stopped and what it prints after is not shown (it printed
     on into the conversation, a line every 50 ms, after the question was taken back)."""
@@ -133,6 +153,47 @@ def test_chat_shows_nothing_of_a_tool_past_its_timeout(cli_env: dict[str, str], 
     child.expect(pexpect.EOF)
     seen += str(child.before)
     assert not re.search(r"tick \d", seen), seen
+
+
+def test_ctrl_c_during_a_tool_call_abandons_it_and_takes_the_question_back(cli_env: dict[str, str], home: Path,
+                                                                             tmp_path: Path) -> None:
+    """The first Ctrl-C while a call runs stops it there (it waited for the call to end or time out, and a second
+    press left the tool printing on): the question is taken back, and nothing the tool prints after is shown."""
+    from tests.test_chat import PROMPT, spawn
+    from tests.test_tools import TICKER
+
+    fns = tmp_path / "ticker.py"
+    fns.write_text(TICKER)
+    child = spawn(cli_env, "toolstop", *CHAT_TOOLS, "--functions", str(fns), "--tool-choice", "ticker", "--yes",
+                  "--tool-timeout", "120")
+    child.sendline("Go.")
+    child.expect(r"tick \d+")
+    child.sendintr()
+    child.expect_exact("(stopped before the answer began; the message was taken back)", timeout=60)
+    child.expect_exact(PROMPT)
+    child.expect(pexpect.TIMEOUT, timeout=1)  # a second for it to print in, were it still running
+    seen = str(child.before)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    seen += str(child.before)
+    assert not re.search(r"tick \d", seen), seen
+    assert not (home / "data" / "chats" / "toolstop.json").exists(), "nothing of the stopped turn is saved"
+
+
+def test_ctrl_c_during_an_mcp_call_abandons_it_at_once(cli_env: dict[str, str], home: Path) -> None:
+    """An MCP call waits for its server (here a minute); the first Ctrl-C stops the answer there, and the question
+    is taken back (it waited for the call's --tool-timeout)."""
+    from tests.test_chat import PROMPT, spawn
+
+    child = spawn(cli_env, "mcpstop", *CHAT_TOOLS, "--mcp", f"{MCP} --stall", "--tool-choice", "stall", "--yes",
+                  "--tool-timeout", "120")
+    child.sendline("Go.")
+    child.expect("stalling")  # the server's stderr: the call has begun
+    child.sendintr()
+    child.expect_exact("(stopped before the answer began; the message was taken back)", timeout=60)
+    child.expect_exact(PROMPT)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
 
 
 def test_scripted_chat_needs_yes_and_shows_calls_on_stderr(cli: CLI, cli_in_process: InProcessCLI, home: Path,

@@ -15,13 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen.errors import GrammarError, ToolError
+from localgen.errors import ContextOverflowError, GrammarError, ToolError
 from localgen.tools.plan import ToolPlan, answer_plan, answer_stream, make_plan, with_tools
 from localgen.tools.spec import ToolCall, ToolSpec, check_call
 from localgen.types import GenerationRequest, Message, Stats, turn_stats
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 MAX_RESULT_CHARS = 2 << 20  # a tool's result, in characters: some 500,000 tokens, more than a context window holds
+STOP_POLL_S = 0.1  # how often a call's wait looks whether the user stopped the answer (Ctrl-C)
+
+Runner = Callable[[dict[str, Any], float, Callable[[], bool]], str]  # (args, timeout, stopped) -> the result
+
+
+class CallStopped(Exception):
+    """A call the user stopped (Ctrl-C while it ran): abandoned, its result never read, its round dropped."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class Toolbox:
 
     def __init__(self) -> None:
         self._specs: tuple[ToolSpec, ...] = ()
-        self._runners: dict[str, Callable[[dict[str, Any], float], str]] = {}
+        self._runners: dict[str, Runner] = {}
         self._servers: list[Any] = []
         self._of: dict[str, Any] = {}  # an MCP tool's server, by the tool's name
         self._source: dict[str, str] = {}  # where each tool comes from: "mcp: LABEL" or "functions: FILE"
@@ -78,7 +85,7 @@ class Toolbox:
                     runner = _mcp_runner(server, spec.name)
                     if spec.name in box._runners and target.named:  # two servers of a config file: as Claude
                         # Desktop does, both kept, this one's under its server's name (server_tool)
-                        spec = dataclasses.replace(spec, name=_qualified(server.label, spec.name))
+                        spec = dataclasses.replace(spec, name=_qualified(server.label, spec.name, box._runners))
                     box._add(spec, runner, f"mcp: {server.label}")
                     box._of[spec.name] = server
         except BaseException:
@@ -86,7 +93,7 @@ class Toolbox:
             raise
         return box
 
-    def _add(self, spec: ToolSpec, runner: Callable[[dict[str, Any], float], str], source: str) -> None:
+    def _add(self, spec: ToolSpec, runner: Runner, source: str) -> None:
         if spec.name in self._runners:
             raise ToolError(f"two tools are named {spec.name!r} ({self._source[spec.name]}; {source})")
         self._specs += (spec,)
@@ -97,12 +104,13 @@ class Toolbox:
         """Where a tool comes from ("mcp: LABEL", "functions: FILE"); None for a name that was never a tool."""
         return self._source.get(name)
 
-    def call(self, call: ToolCall, timeout: float) -> str:
+    def call(self, call: ToolCall, timeout: float, stopped: Callable[[], bool] = lambda: False) -> str:
         """Run a checked call; its result with secrets from the environment taken out (a ToolError's message
-        too: a failure may quote a key)."""
+        too: a failure may quote a key). CallStopped once `stopped()` (the call is abandoned, as one past its
+        timeout is)."""
         try:
             check_call(call, self.specs)
-            text = self._runners[call.name](call.args, timeout)
+            text = self._runners[call.name](call.args, timeout, stopped)
         except ToolError as e:
             e.message = redact(e.message, self._secrets)
             raise
@@ -112,20 +120,26 @@ class Toolbox:
         return redact(text, self._secrets)
 
     def close(self) -> None:
-        """Stop the MCP servers."""
-        for server in self._servers:
-            server.close()
-        self._servers.clear()
+        """Stop the MCP servers, all at once: each may wait seconds for its process to end (one stuck in a call
+        too), and ten of them one after the other held an exit for twenty. Each close is bounded (tools/mcp.py);
+        an interrupt here (a second Ctrl-C) stops the wait, the rest closing on their daemon threads."""
+        servers, self._servers = list(self._servers), []
+        closing = [threading.Thread(target=server.close, name=f"mcp close {server.label}", daemon=True)
+                   for server in servers]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join()
 
 
 def _python_runner(name: str, fn: Callable[..., Any],
-                   running: set[threading.Thread]) -> Callable[[dict[str, Any], float], str]:
+                   running: set[threading.Thread]) -> Runner:
     import asyncio
     import inspect
 
     from localgen.tools.functions import abandon, call_args, stdout_to_stderr
 
-    def run(args: dict[str, Any], timeout: float) -> str:
+    def run(args: dict[str, Any], timeout: float, stopped: Callable[[], bool]) -> str:
         box: dict[str, Any] = {}
         args = call_args(fn, args)
 
@@ -147,10 +161,13 @@ def _python_runner(name: str, fn: Callable[..., Any],
         running.add(worker)
         with stdout_to_stderr():  # what the tool prints: shown on stderr, never in the answer
             worker.start()
-            worker.join(timeout)
-            late = worker.is_alive()
-            if late:  # stopped as soon as it runs Python code again, and muted: the answer fails
-                abandon(worker)
+            try:
+                late = not _waited(worker, timeout, stopped)
+            finally:  # past its timeout, stopped by the user, or a second Ctrl-C raised in the wait: stopped as
+                if worker.is_alive():  # soon as it runs Python code again, and muted (never on stdout)
+                    abandon(worker)
+        if late and stopped():
+            raise CallStopped(name)
         if late:
             raise ToolError(f"{name} did not finish within {timeout:g} s (--tool-timeout)")
         if "error" in box:
@@ -178,18 +195,59 @@ def _as_text(name: str, value: Any) -> str:
                         f"{type(e).__name__}: {e}") from None
 
 
-def _mcp_runner(server: Any, name: str) -> Callable[[dict[str, Any], float], str]:
-    """A call to the server's tool `name` (offered to the model as its own name, or as server_tool)."""
-    return lambda args, timeout: str(server.call(name, args, timeout))
+def _mcp_runner(server: Any, name: str) -> Runner:
+    """A call to the server's tool `name` (offered to the model as its own name, or as server_tool), waited for on
+    a thread of its own, so that the user's stop abandons it at once (the server's answer, when it comes, is
+    dropped; the call ends at its timeout anyway)."""
+
+    def run(args: dict[str, Any], timeout: float, stopped: Callable[[], bool]) -> str:
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = str(server.call(name, args, timeout))
+            except BaseException as e:  # (a ToolError, said by the caller)
+                box["error"] = e
+
+        waiter = threading.Thread(target=target, name=f"mcp call {name}", daemon=True)
+        waiter.start()
+        if not _waited(waiter, timeout + 5, stopped):  # (the call's own timeout ends it first)
+            if stopped():
+                raise CallStopped(name)
+            raise ToolError(f"the MCP server {server.label} did not answer within {timeout:g} s (calling {name})")
+        if "error" in box:
+            raise box["error"]
+        return str(box["value"])
+
+    return run
 
 
-def _qualified(label: str, name: str) -> str:
+def _waited(thread: threading.Thread, timeout: float, stopped: Callable[[], bool]) -> bool:
+    """Wait for a call's thread for at most `timeout` seconds, in short slices so that the user's stop is seen
+    at once: True when it ended."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and not stopped():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        thread.join(min(STOP_POLL_S, left))
+    return not thread.is_alive()
+
+
+def _qualified(label: str, name: str, taken: Any = ()) -> str:
     """A tool's name with its server's in front (server_tool, as llama-server names them), in the characters a
-    tool's name may hold."""
+    tool's name may hold, at most 64 of them; where that name is `taken` already (another tool's, or labels that
+    differ only past the cut), a counter after it: server_tool_2, _3, ..."""
     from localgen.tools.spec import NAME_CHARS
 
     both = "".join(c if c in NAME_CHARS else "_" for c in f"{label}_{name}")
-    return both[:64]
+    free, n = both[:64], 1
+    while free in taken:
+        n += 1
+        free = f"{both[:64 - len(str(n)) - 1]}_{n}"
+    return free
 
 
 def redact(text: str, more: dict[str, str] | None = None) -> str:
@@ -246,7 +304,12 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         if plan is not None:
             req = with_tools(plan, req)
         stream = answer_stream(plan, template, req.template_args, split_reasoning)
-        gen = backend.generate(req)
+        try:
+            gen = backend.generate(req)
+        except ContextOverflowError as e:
+            if not turn.results:
+                raise
+            raise _too_long(turn.results, e) from None
         turn.generations.append(gen)
         try:
             _stream_round(gen, stream, show, made)
@@ -265,13 +328,18 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         if not calls:
             answering = True
             continue
+        if step == steps:  # `steps` rounds of calls ran: this generation had to answer, and its calls never run
+            break
         made.update((c.name, c.arguments) for c in calls)
         settled: list[Message] = [{**_said(stream), "tool_calls": [c.to_openai() for c in calls]}]
         done: list[ToolResult] = []
         for call in calls:
             check_call(call, toolbox.specs)
             if approve(call):
-                result = ToolResult(call, toolbox.call(call, timeout))
+                try:
+                    result = ToolResult(call, toolbox.call(call, timeout, stopped))
+                except CallStopped:  # the user stopped the answer while it ran: this round is dropped
+                    return turn
             else:
                 result = ToolResult(call, "The user declined to run this tool call.", declined=True)
             show(result)
@@ -282,6 +350,15 @@ def run_turn(backend: Any, request: GenerationRequest, plan: ToolPlan | None, to
         if stopped():
             return turn
     raise ToolError(f"the model was still calling tools after {steps} rounds", hint="raise --tool-steps")
+
+
+def _too_long(results: list[ToolResult], e: ContextOverflowError) -> ToolError:
+    """A prompt past the window once the calls' results were added: the results named, as a tool's failure (the
+    chat takes the question back and goes on), not as a prompt the user could shorten."""
+    names = ", ".join(dict.fromkeys(r.call.name for r in results))
+    size = sum(len(r.text) for r in results)
+    return ToolError(f"the result of {names} ({size:,} characters) is too long for the context window: "
+                     f"{e.message}", hint="ask for less of it, or restart with a larger --ctx")
 
 
 def _stream_round(gen: Any, stream: Any, show: Callable[[Any], None], made: set[tuple[str, str]]) -> None:

@@ -270,8 +270,9 @@ class AnswerStream:
             text, calls = block, []  # a call to no tool that was given is no call: the text stays content
         if self.fmt.whole and self._seen:  # given as they closed
             text, calls = "", calls[self._seen:]
-        if not calls and self.calls and self.fmt.closes and not block.rstrip().endswith(self.fmt.closes):
-            text = ""  # a call cut off by max_tokens after whole ones: no text for the user
+        if not calls and self.fmt.closes and not block.rstrip().endswith(self.fmt.closes) and (
+                self.calls or block.lstrip().startswith(tuple(self.fmt.triggers))):
+            text = ""  # a call cut off by max_tokens (after whole ones, or the first, forced one): no text for the user
         if text:
             self._emit(out, "content", (self._gap if not calls else "") + text)
         self._gap = ""

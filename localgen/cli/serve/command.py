@@ -266,12 +266,24 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
 
 
 def _toolbox(tools: ServeToolOptions) -> Any:
-    """The tools of --functions and --mcp, loaded and started (None without them)."""
+    """The tools of --functions and --mcp, loaded and started (None without them), refused (exit 2) where no request
+    could carry them, as run and chat refuse them: more than one request's `tools` holds (the chat page sends them
+    all), or a schema that cannot become a grammar (every request with it would be a 400)."""
     if not tools.any:
         return None
-    from localgen.tools.loop import Toolbox
+    from localgen.serve.tooling import MAX_TOOLS
+    from localgen.tools.loop import Toolbox, plan_for
 
-    return Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
+    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
+    try:
+        if len(box.specs) > MAX_TOOLS:
+            raise UsageError(f"--functions and --mcp offer {len(box.specs):,} tools; a request takes at most "
+                             f"{MAX_TOOLS:,}, and the chat page sends them all", hint="offer fewer tools")
+        plan_for(None, box)  # each schema as a grammar: the tool and its server named (a GrammarError, exit 2)
+    except BaseException:
+        box.close()
+        raise
+    return box
 
 
 def _tool_lines(toolbox: Any, log: ServeLog) -> None:
