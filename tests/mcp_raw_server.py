@@ -2,7 +2,8 @@
 does is set by its arguments: `badutf8` adds `bad`, whose answer holds bytes that are not UTF-8; `deep:N` adds
 `sch`, whose input schema nests N objects (a listing pydantic cannot read past its recursion limit); `resource`
 adds `res` and `blob`, which answer with an embedded text resource and a blob one; `big:MB` adds `big`, whose
-answer is one line of MB megabytes; `pidfile:PATH` writes its process id there. `add` adds, always."""
+answer is one line of MB megabytes; `jsonlog` writes a structured logger's JSON line (no "jsonrpc", no "id") at
+start and before each answer; `pidfile:PATH` writes its process id there. `add` adds, always."""
 
 from __future__ import annotations
 
@@ -46,8 +47,15 @@ def answer(rid: Any, content: list[dict[str, Any]]) -> None:
     send({"jsonrpc": "2.0", "id": rid, "result": {"content": content}})
 
 
+def log(text: str) -> None:
+    if "jsonlog" in opts:  # as pino and other structured loggers write to stdout
+        send({"level": 30, "time": 1764650000000, "msg": text})
+
+
+log("listening")
 while line := sys.stdin.buffer.readline():
     msg = json.loads(line)
+    log(f"got {msg.get('method')}")
     method, rid = msg.get("method"), msg.get("id")
     if method == "initialize":
         send({"jsonrpc": "2.0", "id": rid, "result": {"protocolVersion": msg["params"]["protocolVersion"],

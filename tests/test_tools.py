@@ -431,16 +431,26 @@ def test_an_mcp_line_that_cannot_be_read_is_the_error_not_a_timeout(cli_in_proce
         assert box.call(ToolCall("add", '{"a": 1, "b": 2}'), 30) == "3"
     finally:
         box.close()
+    # a structured logger's JSON line on stdout (no "jsonrpc", no "id") is a log line, passed over as the SDK does:
+    # the server starts and answers (such a line had failed the start and every call)
+    box = Toolbox.open([], [f"{RAW} jsonlog"])
+    try:
+        assert box.call(ToolCall("add", '{"a": 2, "b": 2}'), 30) == "4"
+    finally:
+        box.close()
 
 
-def test_a_stdio_mcp_line_over_16_mib_is_refused_and_its_server_withdrawn() -> None:
+@pytest.mark.parametrize("mib", ["17", "16"])
+def test_a_stdio_mcp_line_over_16_mib_is_refused_and_its_server_withdrawn(mib: str) -> None:
     """docs/tools.md: one line (one message) a stdio server writes is read up to 16 MiB: past that the call fails
-    saying so, not with a timeout or once the whole line is held, and the server's tools are withdrawn."""
+    saying so, not with a timeout or once the whole line is held, and the server's tools are withdrawn; so does a
+    line a few bytes past the bound whose end came in the same read (16 MiB of text and the message around it:
+    it was read)."""
     from localgen.errors import ToolError
     from localgen.tools.loop import Toolbox
     from localgen.tools.spec import ToolCall
 
-    box = Toolbox.open([], [f"{RAW} big:17"])
+    box = Toolbox.open([], [f"{RAW} big:{mib}"])
     try:
         with pytest.raises(ToolError) as e:
             box.call(ToolCall("big", "{}"), 30)

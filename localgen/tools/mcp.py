@@ -64,6 +64,7 @@ class McpServer:
         self._refused: list[str] = []  # why a body the server sent was not read (past MAX_BODY): the error
         self._unparsed: list[str] = []  # why a line the server sent could not be read (not JSON-RPC): the error
         self._relaying: asyncio.Future[None] | None = None  # (a reference kept: the loop holds tasks weakly)
+        self._broken_why = ""  # the line that set _broken, as its error
         self._broken: asyncio.Event | None = None  # set when a line that looked like a message could not be read
         _quiet_sdk()
         started = time.monotonic()
@@ -131,7 +132,7 @@ class McpServer:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-            raise _Unreadable(self._unparsed[-1])
+            raise _Unreadable(self._broken_why)
         return task.result()
 
     async def _relay(self, source: Any, sink: Any, stdio: bool) -> None:
@@ -144,6 +145,7 @@ class McpServer:
                     if isinstance(item, Exception) and stdio:  # (over HTTP: the SDK's own errors, not lines)
                         self._unparsed[:] = [_unreadable(self.label, item)]  # the last one only
                         if _looked_like_a_message(item) and self._broken is not None:
+                            self._broken_why = self._unparsed[-1]  # (a caller's _wait may clear _unparsed)
                             self._broken.set()
                     await sink.send(item)
         except Exception:  # the session closed its end: nothing more to pass on
@@ -352,13 +354,17 @@ async def _bounded_stdio(params: Any, errlog: Any, label: str, refused: list[str
                 async with read_writer:  # (closed before the drain: the session sees the output end at once)
                     while True:
                         buffer += await process.stdout.receive()
+                        over = False
                         while (end := buffer.find(b"\n", start)) >= 0:
+                            if end > MAX_LINE:  # whole in one read, but past the bound all the same
+                                over = True
+                                break
                             line = buffer[:end].decode(params.encoding, params.encoding_error_handler)
                             del buffer[:end + 1]
                             start = 0
                             await read_writer.send(sdk._parse_line(line))
                         start = len(buffer)
-                        if len(buffer) > MAX_LINE:
+                        if over or len(buffer) > MAX_LINE:
                             refused.append(f"the MCP server {label} sent a line over {MAX_LINE // 1024 // 1024} MiB "
                                            "(one message): at most that is read, and the server is no longer used")
                             return
@@ -434,13 +440,17 @@ def _unreadable(label: str, e: Exception) -> str:
 
 
 def _looked_like_a_message(e: Exception) -> bool:
-    """Whether the line an error is about was a JSON object (an answer the SDK could not read, not a log line)."""
+    """Whether the line an error is about was a JSON-RPC message the SDK could not read (an object naming
+    "jsonrpc" or an "id"), not a log line (plain text, or a structured logger's JSON object, which the SDK passes
+    over as servers expect)."""
     errors = getattr(e, "errors", None)
     with contextlib.suppress(Exception):
         line = errors()[0]["input"] if errors is not None else None
-        if isinstance(line, str | bytes):
-            return line.lstrip()[:1] in ("{", b"{")
-        return isinstance(line, dict)
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", "replace")
+        if isinstance(line, str):
+            return line.lstrip()[:1] == "{" and '"jsonrpc"' in line[:4096]
+        return isinstance(line, dict) and ("jsonrpc" in line or "id" in line)
     return False
 
 
