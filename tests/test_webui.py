@@ -562,6 +562,30 @@ def test_edit_and_regenerate_make_branches(tab: Tab) -> None:
     assert page.evaluate("() => Object.keys(localStorage).filter(k => k.startsWith('localgen-chat-pending:'))") == []
 
 
+def stored_roles(page: Any) -> list[list[list[Any]]]:
+    """Every conversation in the browser's storage, as its messages' roles and whether each is unfinished."""
+    return list(page.evaluate("""async () => (await (await import('./webui/store.js')).all())
+        .map(c => Object.values(c.messages).filter(m => m.role !== 'root').map(m => [m.role, !!m.pending]).sort())"""))
+
+
+def test_a_double_click_on_regenerate_or_send_starts_one_answer(tab: Tab) -> None:
+    """A double-click on Regenerate, or on an edited message's Send, starts one answer, not two: no answer is kept
+    unfinished (said interrupted after a reload) and the edit is filed once."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "Say hi.")
+    ids = answer_ids(page)
+    page.locator("article.assistant").last.get_by_role("button", name="Regenerate").dblclick()
+    wait_answer(page, ids)
+    ids = answer_ids(page)
+    page.locator("article.user").get_by_role("button", name="Edit").click()
+    page.fill("article.user textarea", "Say yes.")
+    page.locator("article.user").get_by_role("button", name="Send").dblclick()
+    wait_answer(page, ids)
+    user, answer = ["user", False], ["assistant", False]
+    assert stored_roles(page) == [sorted([user, user, answer, answer, answer])]
+
+
 def test_conversations_are_renamed_exported_imported_and_deleted(tab: Tab, tmp_path: Path) -> None:
     """The list: rename; export as JSON (every branch) and Markdown; delete (after a confirmation); import the
     JSON back (a conversation of its own); a file that is not an export is refused, nothing kept of it."""

@@ -1087,6 +1087,7 @@ function startEdit(m) {
     }
     const text = area.value;
     if (m.role === "user") {
+      if (state.running) return; // an answer is coming (a second click on Send): the edit is filed once
       if (!text.trim() && !(m.images && m.images.length)) return;
       const copy = tree.add(state.conv, m.parent, { role: "user", content: text, images: m.images || [] });
       generate(state.conv, copy.id);
@@ -1246,14 +1247,19 @@ async function generate(conv, parent) {
   const use = tree.toolSettings(conv);
   const { stores: documents, results } = tree.documentSettings(conv);
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
+  // the run is claimed before the first await: a second click (a double-click on Regenerate or Send) finds it taken
+  const controller = new AbortController();
+  const run = { controller, conv, answer, calls: [], asking: null, calling: null };
+  state.running = run;
   let ended;
-  await holdAnswer(answer.id, new Promise((resolve) => {
-    ended = resolve;
-  })); // held before it is kept unfinished: another tab never finds it so and its lock free
   try {
+    await holdAnswer(answer.id, new Promise((resolve) => {
+      ended = resolve;
+    })); // held before it is kept unfinished: another tab never finds it so and its lock free
     await persist(conv);
   } catch (e) {
-    ended(); // not kept: nothing to hold
+    if (ended) ended(); // not kept: nothing to hold
+    state.running = null;
     throw e;
   }
   dropDraft(conv.id); // its settings are kept with it now
@@ -1266,9 +1272,6 @@ async function generate(conv, parent) {
     if (asked && !ui.messages.contains(document.activeElement) && article) article.focus();
   }
   refreshList();
-  const controller = new AbortController();
-  const run = { controller, conv, answer, calls: [], asking: null, calling: null };
-  state.running = run;
   setRunning(true);
   if (!state.loaded.has(model) && !remoteOf(model)) {
     state.loading = model;
