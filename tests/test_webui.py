@@ -1276,6 +1276,21 @@ def test_a_loop_of_parents_kept_in_the_browser_is_refused_not_drawn(tab: Tab) ->
     assert ask(page, "Hello").locator(".body").inner_text()
 
 
+def test_the_site_data_cleared_while_the_page_is_open_loses_no_later_change(tab: Tab) -> None:
+    """The site's storage cleared while the page is open (the browser's Clear site data): the page opens its
+    storage again, so what is sent next is kept (the conversation on screen whole), and no banner says the storage
+    cannot be read."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "one")
+    cdp = tab.context.new_cdp_session(page)
+    cdp.send("Storage.clearDataForOrigin", {"origin": tab.url.rstrip("/"), "storageTypes": "indexeddb"})
+    ask(page, "two")
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 1")
+    assert page.locator("#banner").is_hidden(), page.locator("#banner-text").inner_text()
+    assert stored_user_texts(page) == [["one", "two"]]
+
+
 def test_a_full_local_storage_and_a_model_removed_while_picked(tab: Tab, server: Server) -> None:
     """With this browser's localStorage full, picking a model still picks it (the note and the attach button
     speak of it), only the pick is not remembered. A model deleted on the server while the page has it picked
