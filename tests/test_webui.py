@@ -790,6 +790,31 @@ def test_markdown_becomes_nodes_never_html(tab: Tab) -> None:
     assert page.evaluate("navigator.clipboard.readText()") == "localgen serve --host 0.0.0.0"
 
 
+def test_long_runs_of_spaces_render_in_one_pass(tab: Tab) -> None:
+    """docs/webui.md: a hostile answer does not freeze the page. A heading, a fence or a table's rule line with a
+    long run of spaces in it renders in time linear in its length (a pattern that backtracked over the run would
+    take many minutes at this length, past the page timeout that bounds the wait); short ones render as before."""
+    page = tab.open()
+    pad = " " * 1_000_000
+    cases = {
+        f"# a{pad}b": f"<h1>a{pad}b</h1>",
+        f"## a{pad}##": "<h2>a</h2>",
+        f"```{pad}`": f"<p>```{pad}`</p>",
+        f"a|b\n{pad}x": "<p>a|b<br>x</p>",
+        "# Title ##": "<h1>Title</h1>",
+        "# Title#": "<h1>Title#</h1>",
+        "### ###": "<h3>###</h3>",
+        "~~~js more words\nx\n~~~": '<div class="code"><div class="code-head"><span class="code-lang">js</span>'
+            '<button class="copy" type="button" aria-label="Copy the js code">Copy</button></div><pre>'
+            '<code data-lang="js">x</code></pre></div>',
+        "a | b\n  :-- | --  \nc | d": '<div class="table"><table><thead><tr><th>a</th><th>b</th>'
+            '</tr></thead><tbody><tr><td>c</td><td>d</td></tr></tbody></table></div>',
+    }
+    for src, html in cases.items():
+        # the page's own timeout bounds the render (page.evaluate waits for ever on a page frozen by it)
+        assert page.wait_for_function(RENDER, arg=src, timeout=TIMEOUT_MS).json_value() == html, src[:40]
+
+
 def test_the_content_security_policy_refuses_inline_code_and_other_origins(tab: Tab) -> None:
     """The page's CSP: an inline script or style, and a request to another origin, are refused (and the page
     itself, used in the tests above, never met a refusal: Tab.close checks)."""
