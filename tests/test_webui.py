@@ -946,6 +946,30 @@ def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
     assert stored_user_texts(page) == []
 
 
+def test_settings_saved_in_one_tab_keep_a_rename_made_in_another(tab: Tab) -> None:
+    """Settings saved in one tab write only what was changed in the dialog: a rename made in another tab while the
+    dialog was open stays, and the change made in the dialog is kept with it."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "one")
+    other = another_tab(tab, page.url)
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    other.click("#open-settings")
+    page.get_by_role("button", name="Rename one").click()
+    page.fill("#conversations input.rename", "Renamed")
+    page.press("#conversations input.rename", "Enter")
+    other.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Renamed'")
+    other.fill("#system", "Answer in French.")
+    other.click("#settings-form button[type=submit]")
+    stored = other.wait_for_function("""async () => {
+        const all = (await (await import('./webui/store.js')).all())
+            .map(c => [c.name, c.system, c.settings.max_tokens]);
+        return all.length === 1 && all[0][1] === 'Answer in French.' && all;
+    }""").json_value()
+    assert stored == [["Renamed", "Answer in French.", 3]]
+    assert page.inner_text("#conversations .conv .open") == "Renamed"
+
+
 def test_a_name_being_typed_is_kept_when_another_tab_writes(tab: Tab) -> None:
     """The list is drawn again whenever another tab writes a conversation: a rename being typed then was drawn
     over, what was typed lost. The list now waits for the rename to end, and draws itself then."""

@@ -47,6 +47,7 @@ const state = {
   frame: 0,
   deleted: new Set(), // ids deleted here: an answer still ending must not write its conversation back
   leaving: false, // the page is being closed or reloaded (pagehide): the streams it cuts are no lost connection
+  settingsFrom: null, // the settings dialog's fields as it opened (settingsForm)
 };
 
 function el(tag, className, text) {
@@ -1567,6 +1568,7 @@ function openSettings() {
   $("max_num_results").value = results === null ? "" : String(results);
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
+  state.settingsFrom = settingsForm();
   ui.settings.showModal();
   refreshStores(c);
 }
@@ -1633,9 +1635,24 @@ function drawDocumentSettings(c, chosen = tree.documentSettings(c).stores) {
   );
 }
 
+/** What the settings dialog shows, field by field, as text: what it opened with is compared to what it saves. */
+function settingsForm() {
+  const form = { name: $("conv-name").value, system: $("system").value };
+  for (const k of tree.SETTINGS) form[k] = $(k).value;
+  form.tools = `${$("tool-mode").value} ${$("tool-ask").checked}`;
+  const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
+  form.documents = JSON.stringify([boxes.filter((b) => b.checked).map((b) => b.value).sort(),
+    $("max_num_results").value.trim()]);
+  return form;
+}
+
 function saveSettings(e) {
   e.preventDefault();
   const c = state.conv;
+  // only the fields changed in the dialog are written: another tab's change made since it opened (a rename) stays
+  const from = state.settingsFrom || {};
+  const now = settingsForm();
+  const changed = (k) => now[k] !== from[k];
   const values = {};
   for (const k of tree.SETTINGS) {
     const input = $(k);
@@ -1667,17 +1684,22 @@ function saveSettings(e) {
     }
     results = n;
   }
-  c.settings = values;
-  if (state.tools && state.tools.length) c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
-  if (!$("documents-settings").hidden) {
+  ui.settings.close();
+  if (!Object.keys(now).some(changed)) return;
+  const settings = { ...c.settings };
+  for (const k of tree.SETTINGS) if (changed(k)) settings[k] = values[k];
+  c.settings = settings;
+  if (state.tools && state.tools.length && changed("tools")) {
+    c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
+  }
+  if (!$("documents-settings").hidden && changed("documents")) {
     const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
     const stores = boxes.filter((b) => b.checked).map((b) => b.value);
     c.documents = results === null ? { stores } : { stores, results }; // none: the server's default
   }
-  c.system = $("system").value;
-  c.name = $("conv-name").value.trim().slice(0, 200);
+  if (changed("system")) c.system = $("system").value;
+  if (changed("name")) c.name = $("conv-name").value.trim().slice(0, 200);
   c.meta = Date.now();
-  ui.settings.close();
   if (hasMessages(c)) {
     persist(c).then(refreshList);
   } else {
