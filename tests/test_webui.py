@@ -1573,6 +1573,39 @@ def test_an_import_over_the_bound_is_refused_before_it_is_read(tab: Tab, tmp_pat
     assert page.locator("#banner").is_hidden()
 
 
+def test_export_all_past_the_import_bound_saves_files_import_reads_back(tab: Tab, tmp_path: Path) -> None:
+    """docs/webui.md: conversations over 64 MB together (three with a 24 MB picture each) are saved by Export all
+    as several files, each within what Import JSON reads, and each imports back."""
+    page = tab.open()
+    page.evaluate("""async () => {
+        const store = await import('./webui/store.js');
+        const tree = await import('./webui/tree.js');
+        const picture = 'data:image/png;base64,' + 'A'.repeat(24 << 20);
+        for (const k of [0, 1, 2]) {
+            const c = tree.conversation();
+            c.name = `big${k}`;
+            tree.add(c, 'root', {role: 'user', content: `picture ${k}`, images: [picture]});
+            await store.save(c, tree.merge);
+        }
+    }""")
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 3")
+    downloads: list[Any] = []
+    page.on("download", lambda d: downloads.append(d))
+    page.click("#export-all")
+    page.wait_for_function(BANNER_SAYS, arg="Saved as 2 files, each within the 64 MB Import JSON reads.")
+    names = sorted(d.suggested_filename for d in downloads)
+    assert names == ["localgen-chats-1-of-2.json", "localgen-chats-2-of-2.json"]
+    for d in downloads:
+        path = tmp_path / d.suggested_filename
+        d.save_as(path)
+        assert path.stat().st_size <= 64 << 20
+    for k, n in ((1, 2), (2, 1)):
+        page.set_input_files("#import-file", str(tmp_path / f"localgen-chats-{k}-of-2.json"))
+        page.wait_for_function(BANNER_SAYS, arg=f"Imported {n} conversation{'s' if n > 1 else ''}.")
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 6")
+
+
 def test_escape_closes_the_drawer_first_and_a_tab_shown_again_reads_the_models(browser: Any, server: Server) -> None:
     """On a phone, Escape while an answer streams with the drawer open closes the drawer, and a second Escape stops
     the answer. A tab shown again reads the models again: one added on the server meanwhile is listed, and the

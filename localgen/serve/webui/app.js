@@ -1755,8 +1755,36 @@ function tabInDrawer(e) {
   }
 }
 
+/** Every conversation saved as JSON: one file, or, past what Import JSON reads, several files that each fit it. */
 async function exportAll() {
-  transcript.download("localgen-chats.json", transcript.exportJson(await store.all()), "application/json");
+  const bytes = (text) => new Blob([text]).size;
+  const empty = bytes(transcript.exportJson([]));
+  const parts = []; // [{conversations, size}]: what each file holds and its size in bytes
+  const over = []; // conversations over the bound on their own: saved, but Import JSON cannot read them back
+  for (const c of await store.all()) {
+    const size = bytes(transcript.exportJson([c])) - empty; // with its indent: as it is in any file of the list
+    if (empty + size > MAX_IMPORT_BYTES) over.push(c);
+    const last = parts[parts.length - 1];
+    if (last && last.size + 2 + size <= MAX_IMPORT_BYTES) { // ",\n" between two conversations
+      last.conversations.push(c);
+      last.size += 2 + size;
+    } else {
+      parts.push({ conversations: [c], size: empty + size });
+    }
+  }
+  parts.forEach((part, k) => {
+    const name = parts.length === 1 ? "localgen-chats.json" : `localgen-chats-${k + 1}-of-${parts.length}.json`;
+    transcript.download(name, transcript.exportJson(part.conversations), "application/json");
+  });
+  const bound = `${MAX_IMPORT_BYTES >> 20} MB`;
+  if (over.length) {
+    const names = over.map((c) => `“${c.name || "Untitled"}”`).join(", ");
+    banner(`Saved, but ${names} ${over.length === 1 ? "is" : "are"} over the ${bound} Import JSON reads on `
+      + `${over.length === 1 ? "its" : "their"} own: ${over.length === 1 ? "that file" : "those files"} cannot be `
+      + "imported back.", null, "error");
+  } else if (parts.length > 1) {
+    banner(`Saved as ${parts.length} files, each within the ${bound} Import JSON reads.`, null, "info");
+  }
 }
 
 async function importFile(file) {
