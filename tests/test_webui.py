@@ -2016,6 +2016,19 @@ def test_the_message_box_placeholder_reads_in_light_and_dark(tab: Tab) -> None:
         assert ratio >= 4.5, (scheme, ratio)
 
 
+def test_the_server_out_of_reach_is_no_longer_said_once_it_answers(tab: Tab) -> None:
+    """The banner that says the server cannot be reached (the models could not be read) goes once the server
+    answers again: here, an answer to the next message."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    page.route("**/models", lambda route: route.abort())
+    page.evaluate("() => document.dispatchEvent(new Event('visibilitychange'))")  # a tab shown again reads them
+    page.wait_for_function(BANNER_SAYS, arg="Cannot reach the server: is localgen serve still running?")
+    page.unroute("**/models")
+    ask(page, "Hi")
+    assert page.locator("#banner").is_hidden()
+
+
 def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:
     """The last test of the module: it stops the server. The page then says the server cannot be reached,
     and keeps the message for a Regenerate."""

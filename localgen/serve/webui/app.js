@@ -168,7 +168,8 @@ async function loadModels() {
   try {
     models = await api.models();
   } catch (e) {
-    banner(e.message, loadModels, "error", "models");
+    // the server out of reach: said until any call reaches it again (onReached), not only this one
+    banner(e.message, loadModels, "error", e.kind === "network" ? "reach" : "models");
     ui.note.textContent = "";
     return;
   }
@@ -1910,6 +1911,7 @@ function addressedId() {
 
 async function start() {
   api.onKeyNeeded(askKey);
+  api.onReached(() => clearBanner("reach"));
   store.onChange(heard);
   listenForAsks();
   wireEvents();
