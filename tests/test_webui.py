@@ -718,6 +718,30 @@ def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, ser
     assert "context window is 2,048. Start a new chat, or edit an earlier message" in note
 
 
+def sse(body: str) -> Any:
+    """A route handler that answers with this event stream."""
+    return lambda route: route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=body)
+
+
+def test_an_answer_cut_by_the_servers_limit_is_not_said_cut_at_the_window(tab: Tab) -> None:
+    """An answer cut (`length`) without a max_tokens of the conversation's, whose prompt and answer did not fill
+    the model's window, was cut by serve's -n: said so, with its tokens; one that filled it, at the window."""
+    page = tab.open()
+    window = page.evaluate("() => fetch('/v1/models', {headers: {Authorization: 'Bearer ' + sessionStorage"
+                           ".getItem(Object.keys(sessionStorage)[0])}}).then(r => r.json()).then(d => d.data[0]"
+                           ".max_model_len)")
+    for prompt, said in ((10, "the server's limit on an answer (5 tokens: serve -n)"),
+                         (window - 5, f"the end of the model's window ({window} tokens)")):
+        chunks = [{"choices": [{"index": 0, "delta": {"content": "a b c d e"}}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                  {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": 5}}]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        page.route("**/v1/chat/completions", sse(body))
+        note = ask(page, "Go on").locator(".note").inner_text()
+        assert note == f"The answer was cut at {said}.", note
+        page.unroute("**/v1/chat/completions")
+
+
 def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab: Tab) -> None:
     """Pictures that make the request larger than serve's --max-body (16 MiB by default) get the server's own
     reason, which names the flag, with its status and what to do: not the advice for a conversation past the

@@ -945,9 +945,13 @@ function noteOf(m) {
     return [el("span", null, said)];
   }
   if (m.finish === "length") {
-    const limit = m.stats && m.stats.max_tokens
-      ? `max_tokens (${m.stats.max_tokens})`
-      : `the end of the model's window${m.stats && m.stats.window ? ` (${m.stats.window} tokens)` : ""}`;
+    const s = m.stats || {};
+    // no max_tokens of its own: the window's end, or, where prompt and answer did not fill the window, the limit
+    // serve puts on an answer (its -n)
+    const short = [s.prompt, s.tokens, s.window].every(Number.isFinite) && s.prompt + s.tokens < s.window - 1;
+    let limit = `the end of the model's window${s.window ? ` (${s.window} tokens)` : ""}`;
+    if (s.max_tokens) limit = `max_tokens (${s.max_tokens})`;
+    else if (short) limit = `the server's limit on an answer (${s.tokens} tokens: serve -n)`;
     return [el("span", null, `The answer was cut at ${limit}.`)];
   }
   return [];
