@@ -839,6 +839,24 @@ def test_long_runs_of_spaces_render_in_one_pass(tab: Tab) -> None:
         assert page.wait_for_function(RENDER, arg=src, timeout=TIMEOUT_MS).json_value() == html, src[:40]
 
 
+def test_export_markdown_fences_a_result_of_many_backtick_runs(tab: Tab) -> None:
+    """Export Markdown of a tool result with 300,000 runs of backticks: fenced with a fence longer than any run
+    (the longest found by a loop: spread into one call, so many runs had made the export fail)."""
+    page = tab.open()
+    md = page.evaluate("""async () => {
+        const tree = await import('./webui/tree.js');
+        const transcript = await import('./webui/transcript.js');
+        const c = tree.conversation();
+        const u = tree.add(c, 'root', {role: 'user', content: 'q'});
+        const call = {id: 'c1', type: 'function', function: {name: 'grep', arguments: '{}'}};
+        tree.add(c, u.id, {role: 'assistant', content: 'done', rounds: [
+            {content: '', tool_calls: [call],
+             results: [{tool_call_id: 'c1', content: '`x '.repeat(299999) + '``y'}]}]});
+        return transcript.exportMarkdown(c);
+    }""")
+    assert "**Result:**\n\n```\n`x `x " in md and "``y\n```" in md
+
+
 def test_the_content_security_policy_refuses_inline_code_and_other_origins(tab: Tab) -> None:
     """The page's CSP: an inline script or style, and a request to another origin, are refused (and the page
     itself, used in the tests above, never met a refusal: Tab.close checks)."""
