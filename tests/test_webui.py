@@ -1256,6 +1256,30 @@ def test_a_key_a_browser_cannot_send_is_refused_in_the_prompt(browser: Any, serv
     t.close()
 
 
+def test_a_new_chat_starts_with_the_model_picked_last(tab: Tab) -> None:
+    """docs/webui.md: a new chat starts with the model picked last, not the model of the conversation that was on
+    screen."""
+    page = tab.open()
+    page.evaluate("""async () => {
+        const store = await import('./webui/store.js');
+        const tree = await import('./webui/tree.js');
+        for (const name of ['A', 'B']) {
+            const c = tree.conversation();
+            Object.assign(c, {id: name, name, model: 'smollm2:135m'});
+            tree.add(c, 'root', {role: 'user', content: name});
+            await store.save(c, tree.merge);
+        }
+    }""")
+    page.goto(tab.url + "#A")
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'A'")
+    page.select_option("#model", "gemma3:270m")
+    page.get_by_role("button", name="B", exact=True).click()
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'B'")
+    assert page.input_value("#model") == "smollm2:135m"
+    page.click("#new-chat")
+    assert page.input_value("#model") == "gemma3:270m"
+
+
 def test_an_answer_of_unclosed_markdown_renders_in_one_pass(tab: Tab, tmp_path: Path) -> None:
     """A hostile answer, a million characters of emphasis, strike-through and code spans that nothing closes
     (`*a _b ~~c **d`, runs of 1 to 400 backticks), then a list of 100,000 items, is drawn in one pass: each kind

@@ -616,6 +616,12 @@ function newChat() {
   clearBanner("notice");
   dropDraft();
   state.conv = tree.conversation();
+  // the model picked last (remembered when picked), not the one of the conversation that was on screen
+  const picked = readLocal(MODEL_KEY);
+  if (picked && picked !== ui.model.value && state.models.some((m) => m.id === picked)) {
+    ui.model.value = picked;
+    modelChanged(false);
+  }
   state.conv.model = ui.model.value || null;
   history.replaceState(null, "", location.pathname);
   renderConversation();
