@@ -757,6 +757,19 @@ def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab
                     "message sends the conversation's pictures again: start a new chat to send fewer."), note
 
 
+def test_a_text_request_over_the_body_limit_is_not_told_to_send_fewer_pictures(tab: Tab) -> None:
+    """A conversation without pictures over serve's --max-body (as the server refuses it) is told to send less,
+    not fewer pictures."""
+    page = tab.open()
+    said = {"error": {"message": "the request body is over the limit of 16,777,216 bytes (serve --max-body)"}}
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=413, headers={"Content-Type": "application/json"}, body=json.dumps(said)))
+    note = ask(page, "A long text.").locator(".note").inner_text()
+    assert note == ("the request body is over the limit of 16,777,216 bytes (serve --max-body) (HTTP 413). Each "
+                    "message sends the whole conversation again: start a new chat, or send less."), note
+    page.unroute("**/v1/chat/completions")
+
+
 # markdown.js's render of a text, as the DOM's HTML (page.evaluate(RENDER, text))
 RENDER = """async (src) => {
     const m = await import('./webui/markdown.js');

@@ -931,6 +931,12 @@ function decide(id, yes) {
   if (asking && asking.id === id) asking.answer(yes);
 }
 
+/** Whether the request that answer `m` answers sent pictures (a message on its branch has some). */
+function pictured(m) {
+  const conv = state.conv.messages[m.id] === m ? state.conv : null;
+  return !conv || tree.path(conv, m.parent).some((x) => x.images && x.images.length);
+}
+
 function noteOf(m) {
   const run = runOf(m);
   if (run && run.asking) return [el("span", null, `Waiting for you: Run or Deny the call to ${run.asking.name}.`)];
@@ -938,7 +944,9 @@ function noteOf(m) {
     const advice = {
       network: " Your messages are kept: press Regenerate once the server is back.",
       interrupted: " Press Regenerate to ask again.",
-      size: " Each message sends the conversation's pictures again: start a new chat to send fewer.",
+      size: pictured(m)
+        ? " Each message sends the conversation's pictures again: start a new chat to send fewer."
+        : " Each message sends the whole conversation again: start a new chat, or send less.",
       context: " Start a new chat, or edit an earlier message to branch off with less.",
     }[m.error.kind] || "";
     const what = m.error.kind === "context" ? "Too long for the model's window: " : "";
