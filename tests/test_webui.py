@@ -1293,6 +1293,28 @@ def test_a_new_chat_starts_with_the_model_picked_last(tab: Tab) -> None:
     assert page.input_value("#model") == "gemma3:270m"
 
 
+def test_a_model_unloaded_since_it_was_read_is_said_loading_again(tab: Tab) -> None:
+    """The note says `Loading …` for a model serve has unloaded since the page last read its state (keep-alive):
+    the state is read again as a message is sent."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "Hi")
+    page.wait_for_function("() => document.getElementById('model-note').textContent === 'loaded'")
+    page.route(re.compile(r".*/(?<!v1/)models$"), lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "application/json"}, body=json.dumps({"data": []})))
+    held: list[Any] = []
+    page.route("**/v1/chat/completions", lambda route: held.append(route))
+    before = answer_ids(page)
+    page.fill("#input", "Hi again")
+    page.press("#input", "Enter")
+    page.wait_for_function("() => document.getElementById('model-note').textContent === 'Loading smollm2:135m…'")
+    page.unroute(re.compile(r".*/(?<!v1/)models$"))
+    held[0].continue_()
+    wait_answer(page, before)
+    page.unroute("**/v1/chat/completions")
+    assert page.inner_text("#model-note") == "loaded"
+
+
 def test_an_answer_of_unclosed_markdown_renders_in_one_pass(tab: Tab, tmp_path: Path) -> None:
     """A hostile answer, a million characters of emphasis, strike-through and code spans that nothing closes
     (`*a _b ~~c **d`, runs of 1 to 400 backticks), then a list of 100,000 items, is drawn in one pass: each kind

@@ -1296,6 +1296,14 @@ async function generate(conv, parent) {
   if (!state.loaded.has(model) && !remoteOf(model)) {
     state.loading = model;
     showNote();
+  } else if (!remoteOf(model)) {
+    // said loaded when last read, but serve may have unloaded it since (keep-alive): read again, not waited for
+    api.loaded().then((now) => {
+      if (state.running !== run || first !== null || now.has(model)) return;
+      state.loaded = now;
+      state.loading = model;
+      showNote();
+    }).catch(() => {});
   }
   const started = performance.now();
   let first = null;
