@@ -562,6 +562,30 @@ def test_edit_and_regenerate_make_branches(tab: Tab) -> None:
     assert page.evaluate("() => Object.keys(localStorage).filter(k => k.startsWith('localgen-chat-pending:'))") == []
 
 
+def stored_roles(page: Any) -> list[list[list[Any]]]:
+    """Every conversation in the browser's storage, as its messages' roles and whether each is unfinished."""
+    return list(page.evaluate("""async () => (await (await import('./webui/store.js')).all())
+        .map(c => Object.values(c.messages).filter(m => m.role !== 'root').map(m => [m.role, !!m.pending]).sort())"""))
+
+
+def test_a_double_click_on_regenerate_or_send_starts_one_answer(tab: Tab) -> None:
+    """A double-click on Regenerate, or on an edited message's Send, starts one answer, not two: no answer is kept
+    unfinished (said interrupted after a reload) and the edit is filed once."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "Say hi.")
+    ids = answer_ids(page)
+    page.locator("article.assistant").last.get_by_role("button", name="Regenerate").dblclick()
+    wait_answer(page, ids)
+    ids = answer_ids(page)
+    page.locator("article.user").get_by_role("button", name="Edit").click()
+    page.fill("article.user textarea", "Say yes.")
+    page.locator("article.user").get_by_role("button", name="Send").dblclick()
+    wait_answer(page, ids)
+    user, answer = ["user", False], ["assistant", False]
+    assert stored_roles(page) == [sorted([user, user, answer, answer, answer])]
+
+
 def test_conversations_are_renamed_exported_imported_and_deleted(tab: Tab, tmp_path: Path) -> None:
     """The list: rename; export as JSON (every branch) and Markdown; delete (after a confirmation); import the
     JSON back (a conversation of its own); a file that is not an export is refused, nothing kept of it."""
@@ -694,6 +718,30 @@ def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, ser
     assert "context window is 2,048. Start a new chat, or edit an earlier message" in note
 
 
+def sse(body: str) -> Any:
+    """A route handler that answers with this event stream."""
+    return lambda route: route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=body)
+
+
+def test_an_answer_cut_by_the_servers_limit_is_not_said_cut_at_the_window(tab: Tab) -> None:
+    """An answer cut (`length`) without a max_tokens of the conversation's, whose prompt and answer did not fill
+    the model's window, was cut by serve's -n: said so, with its tokens; one that filled it, at the window."""
+    page = tab.open()
+    window = page.evaluate("() => fetch('/v1/models', {headers: {Authorization: 'Bearer ' + sessionStorage"
+                           ".getItem(Object.keys(sessionStorage)[0])}}).then(r => r.json()).then(d => d.data[0]"
+                           ".max_model_len)")
+    for prompt, said in ((10, "the server's limit on an answer (5 tokens: serve -n)"),
+                         (window - 5, f"the end of the model's window ({window} tokens)")):
+        chunks = [{"choices": [{"index": 0, "delta": {"content": "a b c d e"}}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                  {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": 5}}]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        page.route("**/v1/chat/completions", sse(body))
+        note = ask(page, "Go on").locator(".note").inner_text()
+        assert note == f"The answer was cut at {said}.", note
+        page.unroute("**/v1/chat/completions")
+
+
 def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab: Tab) -> None:
     """Pictures that make the request larger than serve's --max-body (16 MiB by default) get the server's own
     reason, which names the flag, with its status and what to do: not the advice for a conversation past the
@@ -707,6 +755,19 @@ def test_a_request_over_the_body_limit_is_not_called_too_long_for_the_window(tab
     note = ask(page, "Three pictures.").locator(".note").inner_text()
     assert note == ("the request body is over the limit of 16,777,216 bytes (serve --max-body) (HTTP 413). Each "
                     "message sends the conversation's pictures again: start a new chat to send fewer."), note
+
+
+def test_a_text_request_over_the_body_limit_is_not_told_to_send_fewer_pictures(tab: Tab) -> None:
+    """A conversation without pictures over serve's --max-body (as the server refuses it) is told to send less,
+    not fewer pictures."""
+    page = tab.open()
+    said = {"error": {"message": "the request body is over the limit of 16,777,216 bytes (serve --max-body)"}}
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=413, headers={"Content-Type": "application/json"}, body=json.dumps(said)))
+    note = ask(page, "A long text.").locator(".note").inner_text()
+    assert note == ("the request body is over the limit of 16,777,216 bytes (serve --max-body) (HTTP 413). Each "
+                    "message sends the whole conversation again: start a new chat, or send less."), note
+    page.unroute("**/v1/chat/completions")
 
 
 # markdown.js's render of a text, as the DOM's HTML (page.evaluate(RENDER, text))
@@ -764,6 +825,49 @@ def test_markdown_becomes_nodes_never_html(tab: Tab) -> None:
     page.get_by_role("button", name="Copy the sh code").click()
     page.wait_for_function("() => document.querySelector('.code .copy')?.textContent === 'Copied'")
     assert page.evaluate("navigator.clipboard.readText()") == "localgen serve --host 0.0.0.0"
+
+
+def test_long_runs_of_spaces_render_in_one_pass(tab: Tab) -> None:
+    """docs/webui.md: a hostile answer does not freeze the page. A heading, a fence or a table's rule line with a
+    long run of spaces in it renders in time linear in its length (a pattern that backtracked over the run would
+    take many minutes at this length, past the page timeout that bounds the wait); short ones render as before."""
+    page = tab.open()
+    pad = " " * 1_000_000
+    cases = {
+        f"# a{pad}b": f"<h1>a{pad}b</h1>",
+        f"## a{pad}##": "<h2>a</h2>",
+        f"```{pad}`": f"<p>```{pad}`</p>",
+        f"a|b\n{pad}x": "<p>a|b<br>x</p>",
+        "# Title ##": "<h1>Title</h1>",
+        "# Title#": "<h1>Title#</h1>",
+        "### ###": "<h3>###</h3>",
+        "~~~js more words\nx\n~~~": '<div class="code"><div class="code-head"><span class="code-lang">js</span>'
+            '<button class="copy" type="button" aria-label="Copy the js code">Copy</button></div><pre>'
+            '<code data-lang="js">x</code></pre></div>',
+        "a | b\n  :-- | --  \nc | d": '<div class="table"><table><thead><tr><th>a</th><th>b</th>'
+            '</tr></thead><tbody><tr><td>c</td><td>d</td></tr></tbody></table></div>',
+    }
+    for src, html in cases.items():
+        # the page's own timeout bounds the render (page.evaluate waits for ever on a page frozen by it)
+        assert page.wait_for_function(RENDER, arg=src, timeout=TIMEOUT_MS).json_value() == html, src[:40]
+
+
+def test_export_markdown_fences_a_result_of_many_backtick_runs(tab: Tab) -> None:
+    """Export Markdown of a tool result with 300,000 runs of backticks: fenced with a fence longer than any run
+    (the longest found by a loop: spread into one call, so many runs had made the export fail)."""
+    page = tab.open()
+    md = page.evaluate("""async () => {
+        const tree = await import('./webui/tree.js');
+        const transcript = await import('./webui/transcript.js');
+        const c = tree.conversation();
+        const u = tree.add(c, 'root', {role: 'user', content: 'q'});
+        const call = {id: 'c1', type: 'function', function: {name: 'grep', arguments: '{}'}};
+        tree.add(c, u.id, {role: 'assistant', content: 'done', rounds: [
+            {content: '', tool_calls: [call],
+             results: [{tool_call_id: 'c1', content: '`x '.repeat(299999) + '``y'}]}]});
+        return transcript.exportMarkdown(c);
+    }""")
+    assert "**Result:**\n\n```\n`x `x " in md and "``y\n```" in md
 
 
 def test_the_content_security_policy_refuses_inline_code_and_other_origins(tab: Tab) -> None:
@@ -895,6 +999,30 @@ def test_two_tabs_on_one_conversation_lose_nothing(tab: Tab) -> None:
     page.wait_for_function("() => document.getElementById('banner-text').textContent.includes('in another tab')")
     assert page.locator("article").count() == 0 and page.locator("#conversations .conv").count() == 0
     assert stored_user_texts(page) == []
+
+
+def test_settings_saved_in_one_tab_keep_a_rename_made_in_another(tab: Tab) -> None:
+    """Settings saved in one tab write only what was changed in the dialog: a rename made in another tab while the
+    dialog was open stays, and the change made in the dialog is kept with it."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "one")
+    other = another_tab(tab, page.url)
+    other.wait_for_function("() => document.querySelectorAll('article.assistant').length === 1")
+    other.click("#open-settings")
+    page.get_by_role("button", name="Rename one").click()
+    page.fill("#conversations input.rename", "Renamed")
+    page.press("#conversations input.rename", "Enter")
+    other.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Renamed'")
+    other.fill("#system", "Answer in French.")
+    other.click("#settings-form button[type=submit]")
+    stored = other.wait_for_function("""async () => {
+        const all = (await (await import('./webui/store.js')).all())
+            .map(c => [c.name, c.system, c.settings.max_tokens]);
+        return all.length === 1 && all[0][1] === 'Answer in French.' && all;
+    }""").json_value()
+    assert stored == [["Renamed", "Answer in French.", 3]]
+    assert page.inner_text("#conversations .conv .open") == "Renamed"
 
 
 def test_a_name_being_typed_is_kept_when_another_tab_writes(tab: Tab) -> None:
@@ -1141,6 +1269,52 @@ def test_a_key_a_browser_cannot_send_is_refused_in_the_prompt(browser: Any, serv
     t.close()
 
 
+def test_a_new_chat_starts_with_the_model_picked_last(tab: Tab) -> None:
+    """docs/webui.md: a new chat starts with the model picked last, not the model of the conversation that was on
+    screen."""
+    page = tab.open()
+    page.evaluate("""async () => {
+        const store = await import('./webui/store.js');
+        const tree = await import('./webui/tree.js');
+        for (const name of ['A', 'B']) {
+            const c = tree.conversation();
+            Object.assign(c, {id: name, name, model: 'smollm2:135m'});
+            tree.add(c, 'root', {role: 'user', content: name});
+            await store.save(c, tree.merge);
+        }
+    }""")
+    page.goto(tab.url + "#A")
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'A'")
+    page.select_option("#model", "gemma3:270m")
+    page.get_by_role("button", name="B", exact=True).click()
+    page.wait_for_function("() => document.querySelector('article.user .text')?.textContent === 'B'")
+    assert page.input_value("#model") == "smollm2:135m"
+    page.click("#new-chat")
+    assert page.input_value("#model") == "gemma3:270m"
+
+
+def test_a_model_unloaded_since_it_was_read_is_said_loading_again(tab: Tab) -> None:
+    """The note says `Loading …` for a model serve has unloaded since the page last read its state (keep-alive):
+    the state is read again as a message is sent."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "Hi")
+    page.wait_for_function("() => document.getElementById('model-note').textContent === 'loaded'")
+    page.route(re.compile(r".*/(?<!v1/)models$"), lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "application/json"}, body=json.dumps({"data": []})))
+    held: list[Any] = []
+    page.route("**/v1/chat/completions", lambda route: held.append(route))
+    before = answer_ids(page)
+    page.fill("#input", "Hi again")
+    page.press("#input", "Enter")
+    page.wait_for_function("() => document.getElementById('model-note').textContent === 'Loading smollm2:135m…'")
+    page.unroute(re.compile(r".*/(?<!v1/)models$"))
+    held[0].continue_()
+    wait_answer(page, before)
+    page.unroute("**/v1/chat/completions")
+    assert page.inner_text("#model-note") == "loaded"
+
+
 def test_an_answer_of_unclosed_markdown_renders_in_one_pass(tab: Tab, tmp_path: Path) -> None:
     """A hostile answer, a million characters of emphasis, strike-through and code spans that nothing closes
     (`*a _b ~~c **d`, runs of 1 to 400 backticks), then a list of 100,000 items, is drawn in one pass: each kind
@@ -1250,6 +1424,21 @@ def test_a_loop_of_parents_kept_in_the_browser_is_refused_not_drawn(tab: Tab) ->
     page.wait_for_function(BANNER_SAYS, arg="That conversation is no longer in this browser.", timeout=60_000)
     settings(page, max_tokens=4)
     assert ask(page, "Hello").locator(".body").inner_text()
+
+
+def test_the_site_data_cleared_while_the_page_is_open_loses_no_later_change(tab: Tab) -> None:
+    """The site's storage cleared while the page is open (the browser's Clear site data): the page opens its
+    storage again, so what is sent next is kept (the conversation on screen whole), and no banner says the storage
+    cannot be read."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    ask(page, "one")
+    cdp = tab.context.new_cdp_session(page)
+    cdp.send("Storage.clearDataForOrigin", {"origin": tab.url.rstrip("/"), "storageTypes": "indexeddb"})
+    ask(page, "two")
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 1")
+    assert page.locator("#banner").is_hidden(), page.locator("#banner-text").inner_text()
+    assert stored_user_texts(page) == [["one", "two"]]
 
 
 def test_a_full_local_storage_and_a_model_removed_while_picked(tab: Tab, server: Server) -> None:
@@ -1483,6 +1672,39 @@ def test_an_import_over_the_bound_is_refused_before_it_is_read(tab: Tab, tmp_pat
     settings(page, **{"conv-name": "Kept now"})
     page.wait_for_function("() => document.querySelector('#conversations .conv .open')?.textContent === 'Kept now'")
     assert page.locator("#banner").is_hidden()
+
+
+def test_export_all_past_the_import_bound_saves_files_import_reads_back(tab: Tab, tmp_path: Path) -> None:
+    """docs/webui.md: conversations over 64 MB together (three with a 24 MB picture each) are saved by Export all
+    as several files, each within what Import JSON reads, and each imports back."""
+    page = tab.open()
+    page.evaluate("""async () => {
+        const store = await import('./webui/store.js');
+        const tree = await import('./webui/tree.js');
+        const picture = 'data:image/png;base64,' + 'A'.repeat(24 << 20);
+        for (const k of [0, 1, 2]) {
+            const c = tree.conversation();
+            c.name = `big${k}`;
+            tree.add(c, 'root', {role: 'user', content: `picture ${k}`, images: [picture]});
+            await store.save(c, tree.merge);
+        }
+    }""")
+    page.reload()
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 3")
+    downloads: list[Any] = []
+    page.on("download", lambda d: downloads.append(d))
+    page.click("#export-all")
+    page.wait_for_function(BANNER_SAYS, arg="Saved as 2 files, each within the 64 MB Import JSON reads.")
+    names = sorted(d.suggested_filename for d in downloads)
+    assert names == ["localgen-chats-1-of-2.json", "localgen-chats-2-of-2.json"]
+    for d in downloads:
+        path = tmp_path / d.suggested_filename
+        d.save_as(path)
+        assert path.stat().st_size <= 64 << 20
+    for k, n in ((1, 2), (2, 1)):
+        page.set_input_files("#import-file", str(tmp_path / f"localgen-chats-{k}-of-2.json"))
+        page.wait_for_function(BANNER_SAYS, arg=f"Imported {n} conversation{'s' if n > 1 else ''}.")
+    page.wait_for_function("() => document.querySelectorAll('#conversations .conv').length === 6")
 
 
 def test_escape_closes_the_drawer_first_and_a_tab_shown_again_reads_the_models(browser: Any, server: Server) -> None:
@@ -1893,6 +2115,19 @@ def test_the_message_box_placeholder_reads_in_light_and_dark(tab: Tab) -> None:
         page.emulate_media(color_scheme=scheme)
         ratio = page.evaluate(PLACEHOLDER_CONTRAST)
         assert ratio >= 4.5, (scheme, ratio)
+
+
+def test_the_server_out_of_reach_is_no_longer_said_once_it_answers(tab: Tab) -> None:
+    """The banner that says the server cannot be reached (the models could not be read) goes once the server
+    answers again: here, an answer to the next message."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    page.route("**/models", lambda route: route.abort())
+    page.evaluate("() => document.dispatchEvent(new Event('visibilitychange'))")  # a tab shown again reads them
+    page.wait_for_function(BANNER_SAYS, arg="Cannot reach the server: is localgen serve still running?")
+    page.unroute("**/models")
+    ask(page, "Hi")
+    assert page.locator("#banner").is_hidden()
 
 
 def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:

@@ -25,6 +25,12 @@ export function onKeyNeeded(ask) {
   askKey = ask;
 }
 
+let reached = null; // set by the page: called whenever the server answers a call, whatever it answers
+
+export function onReached(heard) {
+  reached = heard;
+}
+
 export function hasKey() {
   return sessionStorage.getItem(KEY) !== null;
 }
@@ -57,6 +63,7 @@ async function call(path, init = {}) {
       if (e.name === "AbortError") throw e;
       throw new ApiError("Cannot reach the server: is localgen serve still running?", "network");
     }
+    if (reached !== null) reached();
     if (response.status === 401 && askKey !== null) {
       if (sessionStorage.getItem(KEY) !== key) continue; // another call was given the key meanwhile
       const typed = await keyFor(key === null ? "This server needs its API key." : "The server refused that key.");

@@ -47,6 +47,7 @@ const state = {
   frame: 0,
   deleted: new Set(), // ids deleted here: an answer still ending must not write its conversation back
   leaving: false, // the page is being closed or reloaded (pagehide): the streams it cuts are no lost connection
+  settingsFrom: null, // the settings dialog's fields as it opened (settingsForm)
 };
 
 function el(tag, className, text) {
@@ -167,7 +168,8 @@ async function loadModels() {
   try {
     models = await api.models();
   } catch (e) {
-    banner(e.message, loadModels, "error", "models");
+    // the server out of reach: said until any call reaches it again (onReached), not only this one
+    banner(e.message, loadModels, "error", e.kind === "network" ? "reach" : "models");
     ui.note.textContent = "";
     return;
   }
@@ -614,6 +616,12 @@ function newChat() {
   clearBanner("notice");
   dropDraft();
   state.conv = tree.conversation();
+  // the model picked last (remembered when picked), not the one of the conversation that was on screen
+  const picked = readLocal(MODEL_KEY);
+  if (picked && picked !== ui.model.value && state.models.some((m) => m.id === picked)) {
+    ui.model.value = picked;
+    modelChanged(false);
+  }
   state.conv.model = ui.model.value || null;
   history.replaceState(null, "", location.pathname);
   renderConversation();
@@ -923,6 +931,12 @@ function decide(id, yes) {
   if (asking && asking.id === id) asking.answer(yes);
 }
 
+/** Whether the request that answer `m` answers sent pictures (a message on its branch has some). */
+function pictured(m) {
+  const conv = state.conv.messages[m.id] === m ? state.conv : null;
+  return !conv || tree.path(conv, m.parent).some((x) => x.images && x.images.length);
+}
+
 function noteOf(m) {
   const run = runOf(m);
   if (run && run.asking) return [el("span", null, `Waiting for you: Run or Deny the call to ${run.asking.name}.`)];
@@ -930,7 +944,9 @@ function noteOf(m) {
     const advice = {
       network: " Your messages are kept: press Regenerate once the server is back.",
       interrupted: " Press Regenerate to ask again.",
-      size: " Each message sends the conversation's pictures again: start a new chat to send fewer.",
+      size: pictured(m)
+        ? " Each message sends the conversation's pictures again: start a new chat to send fewer."
+        : " Each message sends the whole conversation again: start a new chat, or send less.",
       context: " Start a new chat, or edit an earlier message to branch off with less.",
     }[m.error.kind] || "";
     const what = m.error.kind === "context" ? "Too long for the model's window: " : "";
@@ -943,9 +959,13 @@ function noteOf(m) {
     return [el("span", null, said)];
   }
   if (m.finish === "length") {
-    const limit = m.stats && m.stats.max_tokens
-      ? `max_tokens (${m.stats.max_tokens})`
-      : `the end of the model's window${m.stats && m.stats.window ? ` (${m.stats.window} tokens)` : ""}`;
+    const s = m.stats || {};
+    // no max_tokens of its own: the window's end, or, where prompt and answer did not fill the window, the limit
+    // serve puts on an answer (its -n)
+    const short = [s.prompt, s.tokens, s.window].every(Number.isFinite) && s.prompt + s.tokens < s.window - 1;
+    let limit = `the end of the model's window${s.window ? ` (${s.window} tokens)` : ""}`;
+    if (s.max_tokens) limit = `max_tokens (${s.max_tokens})`;
+    else if (short) limit = `the server's limit on an answer (${s.tokens} tokens: serve -n)`;
     return [el("span", null, `The answer was cut at ${limit}.`)];
   }
   return [];
@@ -1087,6 +1107,7 @@ function startEdit(m) {
     }
     const text = area.value;
     if (m.role === "user") {
+      if (state.running) return; // an answer is coming (a second click on Send): the edit is filed once
       if (!text.trim() && !(m.images && m.images.length)) return;
       const copy = tree.add(state.conv, m.parent, { role: "user", content: text, images: m.images || [] });
       generate(state.conv, copy.id);
@@ -1246,14 +1267,19 @@ async function generate(conv, parent) {
   const use = tree.toolSettings(conv);
   const { stores: documents, results } = tree.documentSettings(conv);
   const answer = tree.add(conv, parent, { role: "assistant", content: "", reasoning: "", model, pending: true });
+  // the run is claimed before the first await: a second click (a double-click on Regenerate or Send) finds it taken
+  const controller = new AbortController();
+  const run = { controller, conv, answer, calls: [], asking: null, calling: null };
+  state.running = run;
   let ended;
-  await holdAnswer(answer.id, new Promise((resolve) => {
-    ended = resolve;
-  })); // held before it is kept unfinished: another tab never finds it so and its lock free
   try {
+    await holdAnswer(answer.id, new Promise((resolve) => {
+      ended = resolve;
+    })); // held before it is kept unfinished: another tab never finds it so and its lock free
     await persist(conv);
   } catch (e) {
-    ended(); // not kept: nothing to hold
+    if (ended) ended(); // not kept: nothing to hold
+    state.running = null;
     throw e;
   }
   dropDraft(conv.id); // its settings are kept with it now
@@ -1266,13 +1292,18 @@ async function generate(conv, parent) {
     if (asked && !ui.messages.contains(document.activeElement) && article) article.focus();
   }
   refreshList();
-  const controller = new AbortController();
-  const run = { controller, conv, answer, calls: [], asking: null, calling: null };
-  state.running = run;
   setRunning(true);
   if (!state.loaded.has(model) && !remoteOf(model)) {
     state.loading = model;
     showNote();
+  } else if (!remoteOf(model)) {
+    // said loaded when last read, but serve may have unloaded it since (keep-alive): read again, not waited for
+    api.loaded().then((now) => {
+      if (state.running !== run || first !== null || now.has(model)) return;
+      state.loaded = now;
+      state.loading = model;
+      showNote();
+    }).catch(() => {});
   }
   const started = performance.now();
   let first = null;
@@ -1564,6 +1595,7 @@ function openSettings() {
   $("max_num_results").value = results === null ? "" : String(results);
   const saved = hasMessages(c);
   for (const id of ["export-json", "export-md", "delete-conv"]) $(id).disabled = !saved;
+  state.settingsFrom = settingsForm();
   ui.settings.showModal();
   refreshStores(c);
 }
@@ -1630,9 +1662,24 @@ function drawDocumentSettings(c, chosen = tree.documentSettings(c).stores) {
   );
 }
 
+/** What the settings dialog shows, field by field, as text: what it opened with is compared to what it saves. */
+function settingsForm() {
+  const form = { name: $("conv-name").value, system: $("system").value };
+  for (const k of tree.SETTINGS) form[k] = $(k).value;
+  form.tools = `${$("tool-mode").value} ${$("tool-ask").checked}`;
+  const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
+  form.documents = JSON.stringify([boxes.filter((b) => b.checked).map((b) => b.value).sort(),
+    $("max_num_results").value.trim()]);
+  return form;
+}
+
 function saveSettings(e) {
   e.preventDefault();
   const c = state.conv;
+  // only the fields changed in the dialog are written: another tab's change made since it opened (a rename) stays
+  const from = state.settingsFrom || {};
+  const now = settingsForm();
+  const changed = (k) => now[k] !== from[k];
   const values = {};
   for (const k of tree.SETTINGS) {
     const input = $(k);
@@ -1664,17 +1711,22 @@ function saveSettings(e) {
     }
     results = n;
   }
-  c.settings = values;
-  if (state.tools && state.tools.length) c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
-  if (!$("documents-settings").hidden) {
+  ui.settings.close();
+  if (!Object.keys(now).some(changed)) return;
+  const settings = { ...c.settings };
+  for (const k of tree.SETTINGS) if (changed(k)) settings[k] = values[k];
+  c.settings = settings;
+  if (state.tools && state.tools.length && changed("tools")) {
+    c.tools = { mode: $("tool-mode").value, ask: $("tool-ask").checked };
+  }
+  if (!$("documents-settings").hidden && changed("documents")) {
     const boxes = [...$("document-list").querySelectorAll("input[type=checkbox]")];
     const stores = boxes.filter((b) => b.checked).map((b) => b.value);
     c.documents = results === null ? { stores } : { stores, results }; // none: the server's default
   }
-  c.system = $("system").value;
-  c.name = $("conv-name").value.trim().slice(0, 200);
+  if (changed("system")) c.system = $("system").value;
+  if (changed("name")) c.name = $("conv-name").value.trim().slice(0, 200);
   c.meta = Date.now();
-  ui.settings.close();
   if (hasMessages(c)) {
     persist(c).then(refreshList);
   } else {
@@ -1730,8 +1782,36 @@ function tabInDrawer(e) {
   }
 }
 
+/** Every conversation saved as JSON: one file, or, past what Import JSON reads, several files that each fit it. */
 async function exportAll() {
-  transcript.download("localgen-chats.json", transcript.exportJson(await store.all()), "application/json");
+  const bytes = (text) => new Blob([text]).size;
+  const empty = bytes(transcript.exportJson([]));
+  const parts = []; // [{conversations, size}]: what each file holds and its size in bytes
+  const over = []; // conversations over the bound on their own: saved, but Import JSON cannot read them back
+  for (const c of await store.all()) {
+    const size = bytes(transcript.exportJson([c])) - empty; // with its indent: as it is in any file of the list
+    if (empty + size > MAX_IMPORT_BYTES) over.push(c);
+    const last = parts[parts.length - 1];
+    if (last && last.size + 2 + size <= MAX_IMPORT_BYTES) { // ",\n" between two conversations
+      last.conversations.push(c);
+      last.size += 2 + size;
+    } else {
+      parts.push({ conversations: [c], size: empty + size });
+    }
+  }
+  parts.forEach((part, k) => {
+    const name = parts.length === 1 ? "localgen-chats.json" : `localgen-chats-${k + 1}-of-${parts.length}.json`;
+    transcript.download(name, transcript.exportJson(part.conversations), "application/json");
+  });
+  const bound = `${MAX_IMPORT_BYTES >> 20} MB`;
+  if (over.length) {
+    const names = over.map((c) => `“${c.name || "Untitled"}”`).join(", ");
+    banner(`Saved, but ${names} ${over.length === 1 ? "is" : "are"} over the ${bound} Import JSON reads on `
+      + `${over.length === 1 ? "its" : "their"} own: ${over.length === 1 ? "that file" : "those files"} cannot be `
+      + "imported back.", null, "error");
+  } else if (parts.length > 1) {
+    banner(`Saved as ${parts.length} files, each within the ${bound} Import JSON reads.`, null, "info");
+  }
 }
 
 async function importFile(file) {
@@ -1857,6 +1937,7 @@ function addressedId() {
 
 async function start() {
   api.onKeyNeeded(askKey);
+  api.onReached(() => clearBanner("reach"));
   store.onChange(heard);
   listenForAsks();
   wireEvents();

@@ -3,12 +3,14 @@
 // links whose scheme is http, https or mailto. The text never becomes HTML: a `<script>` or an
 // `<img onerror>` in an answer is shown as the characters it is.
 
-const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$/;
-const HEADING = /^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$/;
+// Each pattern runs in time linear in the line (a hostile answer's long runs of spaces must not freeze the page):
+// what a single pattern would find by backtracking (a fence's language, a heading's closing #s) is cut out by hand.
+const FENCE_OPEN = /^ {0,3}(`{3,}|~{3,})/;
+const HEADING_OPEN = /^ {0,3}(#{1,6})\s+/;
 const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}>\s?/;
 const ITEM = /^( {0,12})([-*+]|\d{1,9}[.)])(\s+|$)(.*)$/;
-const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+const TABLE_RULE = /^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?$/; // on the line trimmed
 const SAFE_SCHEMES = new Set(["http:", "https:", "mailto:"]);
 const MAX_DEPTH = 8; // quotes and lists inside each other, deeper than any answer needs
 
@@ -24,6 +26,30 @@ export function render(text) {
   const fragment = document.createDocumentFragment();
   blocks(text.replace(/\r\n?/g, "\n").split("\n"), fragment, 0);
   return fragment;
+}
+
+/** A line that opens a code block: [its fence, its language ("" when none)], or null. */
+function fenceOf(line) {
+  const m = FENCE_OPEN.exec(line);
+  if (!m) return null;
+  const rest = line.slice(m[0].length);
+  if (rest.includes("`")) return null;
+  return [m[1], /^\s*(\S*)/.exec(rest)[1]];
+}
+
+/** A heading's line: [its level, its text without the closing #s], or null. */
+function headingOf(line) {
+  const m = HEADING_OPEN.exec(line);
+  if (!m) return null;
+  let text = line.slice(m[0].length).trimEnd();
+  let j = text.length;
+  while (j > 0 && text[j - 1] === "#") j -= 1;
+  if (j < text.length && j > 0 && /\s/.test(text[j - 1])) text = text.slice(0, j).trimEnd();
+  return [m[1].length, text];
+}
+
+function tableRule(line) {
+  return TABLE_RULE.test(line.trim());
 }
 
 function closesFence(line, fence) {
@@ -66,8 +92,8 @@ export function streamer(box) {
       if (fence !== null) {
         if (closesFence(line, fence)) fence = null;
       } else {
-        const m = FENCE.exec(line);
-        if (m) fence = m[1];
+        const m = fenceOf(line);
+        if (m) fence = m[0];
         else if (!line.trim()) settled = nl + 1;
       }
       scanned = nl + 1;
@@ -88,7 +114,7 @@ export function streamer(box) {
 }
 
 function startsBlock(line) {
-  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
+  return fenceOf(line) !== null || headingOf(line) !== null || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
 }
 
 function blocks(lines, parent, depth) {
@@ -99,9 +125,9 @@ function blocks(lines, parent, depth) {
       i += 1;
       continue;
     }
-    let m = FENCE.exec(line);
+    let m = fenceOf(line);
     if (m) {
-      const fence = m[1];
+      const fence = m[0];
       const body = [];
       i += 1;
       while (i < lines.length && !closesFence(lines[i], fence)) {
@@ -109,12 +135,12 @@ function blocks(lines, parent, depth) {
         i += 1;
       }
       i += 1; // the closing fence (an answer still streaming may not have written it yet)
-      parent.append(codeBlock(m[2], body.join("\n")));
+      parent.append(codeBlock(m[1], body.join("\n")));
       continue;
     }
-    if ((m = HEADING.exec(line))) {
-      const h = el(`h${m[1].length}`);
-      inline(m[2], h);
+    if ((m = headingOf(line))) {
+      const h = el(`h${m[0]}`);
+      inline(m[1], h);
       parent.append(h);
       i += 1;
       continue;
@@ -139,7 +165,7 @@ function blocks(lines, parent, depth) {
       i = list(lines, i, parent, depth);
       continue;
     }
-    if (line.includes("|") && i + 1 < lines.length && TABLE_RULE.test(lines[i + 1]) && lines[i + 1].includes("-")) {
+    if (line.includes("|") && i + 1 < lines.length && tableRule(lines[i + 1]) && lines[i + 1].includes("-")) {
       i = table(lines, i, parent);
       continue;
     }

@@ -6,22 +6,54 @@ const NAME = "localgen-chat";
 const STORE = "conversations";
 let opened = null;
 
+// The connection is opened at the first use and kept; the browser may close it (the site's data cleared while the
+// page is open, another version opened): it is dropped then, and the next use opens the database again.
 function database() {
   if (opened === null) {
-    opened = new Promise((resolve, reject) => {
+    const opening = new Promise((resolve, reject) => {
       const request = indexedDB.open(NAME, 1);
       request.onupgradeneeded = () => request.result.createObjectStore(STORE, { keyPath: "id" });
-      request.onsuccess = () => resolve(request.result);
-      request.onerror = () => reject(request.error);
+      request.onsuccess = () => {
+        const db = request.result;
+        db.onclose = () => drop(opening);
+        db.onversionchange = () => {
+          db.close(); // the database is being deleted or upgraded: this connection must not hold it up
+          drop(opening);
+        };
+        resolve(db);
+      };
+      request.onerror = () => {
+        drop(opening); // the next use asks again
+        reject(request.error);
+      };
     });
+    opened = opening;
   }
   return opened;
 }
 
+function drop(connection) {
+  if (opened !== connection) return;
+  opened = null;
+  committed.clear(); // the records may be gone with it: the next note of a conversation is whole
+}
+
+/** A transaction on the kept conversations; a connection the browser has closed is opened again once. */
+async function transaction(mode) {
+  const connection = database();
+  const db = await connection;
+  try {
+    return db.transaction(STORE, mode);
+  } catch (e) {
+    if (e.name !== "InvalidStateError") throw e;
+    drop(connection);
+    return (await database()).transaction(STORE, mode);
+  }
+}
+
 async function run(mode, work) {
-  const db = await database();
+  const tx = await transaction(mode);
   return new Promise((resolve, reject) => {
-    const tx = db.transaction(STORE, mode);
     const request = work(tx.objectStore(STORE));
     tx.oncomplete = () => resolve(request ? request.result : undefined);
     tx.onerror = () => reject(tx.error || new Error("the browser's storage refused the change"));
@@ -47,10 +79,15 @@ export async function get(id) {
  * when `conv` took something. Other tabs of this page hear of the change. */
 export async function save(conv, merge) {
   const noted = journal(conv);
-  const db = await database();
+  let tx;
+  try {
+    tx = await transaction("readwrite");
+  } catch (e) {
+    unguard(noted);
+    throw e;
+  }
   let wrote = null;
   const took = await new Promise((resolve, reject) => {
-    const tx = db.transaction(STORE, "readwrite");
     const s = tx.objectStore(STORE);
     let took = false;
     const got = s.get(conv.id);

@@ -83,7 +83,8 @@ export function pretty(args) {
 }
 
 function fenced(text, lang) {
-  const longest = Math.max(2, ...(text.match(/`+/g) || []).map((f) => f.length));
+  let longest = 2; // a loop, not Math.max(...runs): a text of many runs would pass more arguments than a call takes
+  for (const run of text.match(/`+/g) || []) longest = Math.max(longest, run.length);
   const fence = "`".repeat(longest + 1);
   return `${fence}${lang}\n${text}\n${fence}`;
 }
