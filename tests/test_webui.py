@@ -135,6 +135,16 @@ def chat_requests(page: Any) -> list[dict[str, Any]]:
     return sent
 
 
+def _until(page: Any, done: Any) -> None:
+    """Let the page's events in until `done()` holds (an event Playwright hands over as it is pumped), for at most
+    the tests' timeout."""
+    for _ in range(TIMEOUT_MS // 100):
+        if done():
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError("what was waited for never came")
+
+
 def ask(page: Any, text: str) -> Any:
     """Sends `text` with Enter and waits for the whole answer."""
     before = answer_ids(page)
@@ -566,6 +576,27 @@ def stored_roles(page: Any) -> list[list[list[Any]]]:
     """Every conversation in the browser's storage, as its messages' roles and whether each is unfinished."""
     return list(page.evaluate("""async () => (await (await import('./webui/store.js')).all())
         .map(c => Object.values(c.messages).filter(m => m.role !== 'root').map(m => [m.role, !!m.pending]).sort())"""))
+
+
+def test_a_run_that_fails_while_it_is_drawn_leaves_the_page_able_to_send(tab: Tab) -> None:
+    """The page's one run is claimed before its first await; a throw while the run is drawn (here the address bar's
+    replaceState, which Safari refuses past its rate) ends that run with an error and lets the claim go: the next
+    message is answered (the page had stayed claimed for good, every Send doing nothing)."""
+    page = tab.open()
+    settings(page, max_tokens=3)
+    page.evaluate("() => { window.keptReplace = history.replaceState; "
+                  "history.replaceState = () => { throw new Error('too many calls'); }; }")
+    page.fill("#input", "one")
+    page.press("#input", "Enter")
+
+    def errored() -> bool:
+        return bool(page.evaluate("""async () => (await (await import('./webui/store.js')).all()).some(
+            (c) => Object.values(c.messages).some((m) => m.role === 'assistant' && m.error && !m.pending))"""))
+
+    _until(page, errored)
+    page.evaluate("() => { history.replaceState = window.keptReplace; }")
+    answer = ask(page, "two")
+    assert answer.inner_text().strip(), "the second message was answered"
 
 
 def test_a_double_click_on_regenerate_or_send_starts_one_answer(tab: Tab) -> None:
@@ -1309,6 +1340,7 @@ def test_a_model_unloaded_since_it_was_read_is_said_loading_again(tab: Tab) -> N
     page.press("#input", "Enter")
     page.wait_for_function("() => document.getElementById('model-note').textContent === 'Loading smollm2:135m…'")
     page.unroute(re.compile(r".*/(?<!v1/)models$"))
+    _until(page, lambda: held)  # the request may reach the route after the note
     held[0].continue_()
     wait_answer(page, before)
     page.unroute("**/v1/chat/completions")
@@ -1695,6 +1727,7 @@ def test_export_all_past_the_import_bound_saves_files_import_reads_back(tab: Tab
     page.on("download", lambda d: downloads.append(d))
     page.click("#export-all")
     page.wait_for_function(BANNER_SAYS, arg="Saved as 2 files, each within the 64 MB Import JSON reads.")
+    _until(page, lambda: len(downloads) == 2)  # download events may come after the banner
     names = sorted(d.suggested_filename for d in downloads)
     assert names == ["localgen-chats-1-of-2.json", "localgen-chats-2-of-2.json"]
     for d in downloads:

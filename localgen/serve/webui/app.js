@@ -32,6 +32,7 @@ const ui = {
 const state = {
   conv: tree.conversation(), // the conversation on screen (kept once it has a message)
   models: [], // /v1/models
+  picked: null, // the model picked last on this page (also kept in localStorage, where it can be)
   loaded: new Set(), // the models loaded now, as /models said last
   loadedKnown: false, // whether /models has answered yet (until then the note says nothing)
   vision: null, // whether the picked model takes images (null: unknown, so the page lets you try)
@@ -228,6 +229,7 @@ async function modelChanged(chosen) {
   const name = ui.model.value;
   if (!name) return;
   if (chosen) {
+    state.picked = name; // the pick holds for the page even where the browser cannot keep it (storage full or off)
     writeLocal(MODEL_KEY, name);
     state.conv.model = name;
     state.conv.meta = Date.now();
@@ -617,7 +619,7 @@ function newChat() {
   dropDraft();
   state.conv = tree.conversation();
   // the model picked last (remembered when picked), not the one of the conversation that was on screen
-  const picked = readLocal(MODEL_KEY);
+  const picked = state.picked || readLocal(MODEL_KEY);
   if (picked && picked !== ui.model.value && state.models.some((m) => m.id === picked)) {
     ui.model.value = picked;
     modelChanged(false);
@@ -1282,29 +1284,6 @@ async function generate(conv, parent) {
     state.running = null;
     throw e;
   }
-  dropDraft(conv.id); // its settings are kept with it now
-  if (conv === state.conv) {
-    // the control that asked (Regenerate, an edited message's Send) is gone with the old answer: the new one has it
-    const asked = ui.messages.contains(document.activeElement);
-    history.replaceState(null, "", `#${conv.id}`);
-    renderConversation();
-    const article = articleOf(answer.id);
-    if (asked && !ui.messages.contains(document.activeElement) && article) article.focus();
-  }
-  refreshList();
-  setRunning(true);
-  if (!state.loaded.has(model) && !remoteOf(model)) {
-    state.loading = model;
-    showNote();
-  } else if (!remoteOf(model)) {
-    // said loaded when last read, but serve may have unloaded it since (keep-alive): read again, not waited for
-    api.loaded().then((now) => {
-      if (state.running !== run || first !== null || now.has(model)) return;
-      state.loaded = now;
-      state.loading = model;
-      showNote();
-    }).catch(() => {});
-  }
   const started = performance.now();
   let first = null;
   let saved = started;
@@ -1317,6 +1296,31 @@ async function generate(conv, parent) {
     persist(conv);
   };
   try {
+    // what draws the run (a render, the list, the address) inside the try: a throw there ends the run, never
+    // leaves the page's one run claimed for good
+    dropDraft(conv.id); // its settings are kept with it now
+    if (conv === state.conv) {
+      // the control that asked (Regenerate, an edited message's Send) is gone with the old answer: the new one has it
+      const asked = ui.messages.contains(document.activeElement);
+      history.replaceState(null, "", `#${conv.id}`);
+      renderConversation();
+      const article = articleOf(answer.id);
+      if (asked && !ui.messages.contains(document.activeElement) && article) article.focus();
+    }
+    refreshList();
+    setRunning(true);
+    if (!state.loaded.has(model) && !remoteOf(model)) {
+      state.loading = model;
+      showNote();
+    } else if (!remoteOf(model)) {
+      // said loaded when last read, but serve may have unloaded it since (keep-alive): read again, not waited for
+      api.loaded().then((now) => {
+        if (state.running !== run || first !== null || now.has(model)) return;
+        state.loaded = now;
+        state.loading = model;
+        showNote();
+      }).catch(() => {});
+    }
     for (let step = 0; ; step++) {
       const body = { model, messages: [...prior, ...roundsWire(answer.rounds || [])], ...settings };
       // the question is searched for in the documents, and the excerpts placed in it, by the server (as run --rag)
@@ -1401,10 +1405,10 @@ async function generate(conv, parent) {
     answer.pending = false;
     // an answer refused or stopped before a word came (a search that failed, a Stop while the model loads) has no
     // stats: `0 tokens` would say it ran
+    state.running = null; // first: whatever fails below, the page can run again
     try {
       if ((answer.error || answer.stopped) && first === null) delete answer.stats;
       else answer.stats = stats(steps, first, performance.now() - started, settings.max_tokens, windowOf(model));
-      state.running = null;
       conv.updated = Date.now();
       answer.updated = conv.updated;
       await persist(conv);

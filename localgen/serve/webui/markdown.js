@@ -82,7 +82,7 @@ export function streamer(box) {
     if (whole || !text.startsWith(head) || (!head && !tail.length)) reset();
     if (whole) {
       const nodes = [...render(text).childNodes];
-      box.append(...nodes);
+      appendAll(box, nodes);
       ended = text;
       return nodes;
     }
@@ -102,13 +102,13 @@ export function streamer(box) {
     for (const node of tail) node.remove();
     if (settled > head.length) {
       const nodes = [...render(text.slice(head.length, settled)).childNodes];
-      box.append(...nodes);
-      added.push(...nodes);
+      appendAll(box, nodes);
+      for (const node of nodes) added.push(node);
       head = text.slice(0, settled);
     }
     tail = [...render(text.slice(settled)).childNodes];
-    box.append(...tail);
-    added.push(...tail);
+    appendAll(box, tail);
+    for (const node of tail) added.push(node);
     return added;
   };
 }
@@ -437,4 +437,9 @@ function link(href, label, markdown, depth) {
   if (markdown && depth < MAX_DEPTH) inline(label, a, depth + 1);
   else a.textContent = label;
   return a;
+}
+
+/** `nodes` appended to `box` one call each: spread into one call, 200,000 blocks pass a call's argument limit. */
+function appendAll(box, nodes) {
+  for (const node of nodes) box.append(node);
 }
