@@ -25,11 +25,12 @@ QWEN = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
 R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
-def _events(fmt: str | None, text: str, step: int = 3, thinking: tuple[str, str] | None = None) -> list[Any]:
+def _events(fmt: str | None, text: str, step: int = 3, thinking: tuple[str, str] | None = None,
+            forced: bool = False) -> list[Any]:
     from localgen.tools.formats import FORMATS
     from localgen.tools.stream import AnswerStream
 
-    stream = AnswerStream(FORMATS[fmt] if fmt else None, thinking)
+    stream = AnswerStream(FORMATS[fmt] if fmt else None, thinking, forced=forced)
     out: list[Any] = []
     for i in range(0, len(text), step):
         out += stream.feed(text[i:i + step])
@@ -89,8 +90,11 @@ def test_a_call_marker_cut_off_after_whole_calls_is_no_text() -> None:
         assert _calls(events) == [("zap", {})] and _text(events, "content") == "", step
     assert _text(_events("hermes", "Say <tool_"), "content") == "Say <tool_"  # no call before it: text
     for step in (1, 3, 100):  # the first call cut (a forced one, -n 10): no text either (it was the answer)
-        events = _events("hermes", '<tool_call>\n{"name": "', step)
+        events = _events("hermes", '<tool_call>\n{"name": "', step, forced=True)
         assert _calls(events) == [] and _text(events, "content") == "", step
+    # where the answer may be prose (tool_choice auto), a marker it writes and never closes is its text, kept
+    prose = "<tool_call> is the tag that marks a call."
+    assert _text(_events("hermes", prose), "content") == prose
 
 
 def test_a_forced_call_cut_by_max_tokens_is_no_answer(cli: CLI) -> None:

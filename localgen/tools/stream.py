@@ -55,9 +55,10 @@ def answer_stream(plan: Plan | None, template: str | None, template_args: tuple[
     names = frozenset(t.name for t in plan.tools) if plan else None
     if prefill and prefill.strip():
         opened = left_open(prefill) if split_reasoning else None
-        return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names, begun=True)
+        return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names, begun=True,
+                            forced=bool(plan and plan.forced))
     opened = thinking_opened_by(template, template_args) if split_reasoning else None
-    return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names)
+    return AnswerStream(plan.fmt if plan else None, opened, split_reasoning, names, forced=bool(plan and plan.forced))
 
 
 @functools.lru_cache(maxsize=32)
@@ -118,6 +119,7 @@ class AnswerStream:
     split_reasoning: bool = True
     names: frozenset[str] | None = None  # the tools that may be called (None: any name)
     begun: bool = False  # a prefill began the answer: no reasoning block or start-only call marker opens it
+    forced: bool = False  # the answer must be a call (tool_choice required, or a tool named): one cut is no text
     content: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = field(default_factory=list)
@@ -271,8 +273,9 @@ class AnswerStream:
         if self.fmt.whole and self._seen:  # given as they closed
             text, calls = "", calls[self._seen:]
         if not calls and self.fmt.closes and not block.rstrip().endswith(self.fmt.closes) and (
-                self.calls or block.lstrip().startswith(tuple(self.fmt.triggers))):
+                self.calls or self.forced):
             text = ""  # a call cut off by max_tokens (after whole ones, or the first, forced one): no text for the user
+            # (an answer that may be prose keeps a marker it writes unclosed: "the tag <tool_call> marks ...")
         if text:
             self._emit(out, "content", (self._gap if not calls else "") + text)
         self._gap = ""
