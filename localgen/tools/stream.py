@@ -20,13 +20,16 @@ if TYPE_CHECKING:  # a plain answer (no tools) needs neither: `run -p` imports t
 
 class Plan(Protocol):
     """What the answer stream reads of a request's tool plan (tools/plan.py's ToolPlan, which imports this
-    module): the format calls come in, and the tools a call may name."""
+    module): the format calls come in, the tools a call may name, and whether the answer must be a call."""
 
     @property
     def fmt(self) -> Format | None: ...
 
     @property
     def tools(self) -> tuple[ToolSpec, ...]: ...
+
+    @property
+    def forced(self) -> bool: ...
 
 
 
