@@ -289,14 +289,20 @@ def why_unreadable(e: Exception) -> str:
     return "it is not a saved conversation"
 
 
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a conversation's name (session.check_name's rule)
+
+
+def valid_name(name: str) -> bool:
+    """Whether `name` is one a conversation may have."""
+    return bool(_NAME.fullmatch(name))
+
+
 def latest() -> str | None:
     """The most recently updated conversation's name: a file `chat --list` skips (too big to list, damaged) counts
     too, by its modification time, so `--resume` loads it (or says what is wrong with it), never an older one."""
     skipped: list[tuple[Path, str]] = []
     sessions = list_sessions(skipped=skipped)
     best = (sessions[0].updated, sessions[0].name) if sessions else None
-    from localgen.chat.session import valid_name
-
     for p, _ in skipped:
         if not valid_name(p.stem):  # another tool's file (`x (copy).json`): no conversation's, never resumed
             continue

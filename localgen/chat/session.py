@@ -26,6 +26,7 @@ from localgen.chat.saved import (
     saved_form,
     saved_time,
     stamp,
+    valid_name,
     why_unreadable,
 )
 from localgen.errors import LocalgenError, UsageError
@@ -33,19 +34,12 @@ from localgen.media import text_of
 from localgen.regular import Unreadable, read_regular
 from localgen.types import Message
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def valid_name(name: str) -> bool:
-    """Whether `name` is one a conversation may have (check_name's rule, as a test)."""
-    return bool(_NAME.fullmatch(name))
-
 
 def check_name(name: str, model_hint: str | None = "localgen chat -m") -> str:
     """A conversation name is a plain file-name-safe word; anything else is a usage error. With `model_hint` (how
     a model is chosen where the name was given: `/model` for /load), a word that looks like a model's name
     (NAME:TAG, OWNER/REPO) says how to chat with that model; a path (../x) never does, nor /save's word."""
-    if not _NAME.fullmatch(name):  # `$` alone would take a name ending in a newline
+    if not valid_name(name):  # `$` alone would take a name ending in a newline
         model = model_hint is not None and _MODEL.fullmatch(name) and (":" in name or "/" in name) and \
             ".." not in name.split("/") and not name.lower().endswith(".gguf")  # a path (models/x.gguf) is not
         raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
