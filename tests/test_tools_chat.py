@@ -137,7 +137,7 @@ def test_chat_takes_the_question_back_when_a_tool_s_result_outgrows_the_window(c
 def test_chat_shows_nothing_of_a_tool_past_its_timeout(cli_env: dict[str, str], home: Path, tmp_path: Path) -> None:
     """docs/tools.md: a function past --tool-timeout is stopped and what it prints after is not shown (it printed
     on into the conversation, a line every 50 ms, after the question was taken back)."""
-    from tests.test_chat import PROMPT, spawn
+    from tests.test_chat import spawn
     from tests.test_tools import TICKER
 
     fns = tmp_path / "ticker.py"
@@ -146,6 +146,13 @@ def test_chat_shows_nothing_of_a_tool_past_its_timeout(cli_env: dict[str, str], 
                   "--tool-timeout", "1")
     child.sendline("Go.")
     child.expect("ticker did not finish within 1 s")
+    _no_tick_after_the_prompt(child)
+
+
+def _no_tick_after_the_prompt(child: Any) -> None:
+    """Back at the chat's prompt, the ticker tool prints nothing more, up to the chat's end."""
+    from tests.test_chat import PROMPT
+
     child.expect_exact(PROMPT)
     child.expect(pexpect.TIMEOUT, timeout=1)  # a second for it to print in, were it still running
     seen = str(child.before)
@@ -159,7 +166,7 @@ def test_ctrl_c_during_a_tool_call_abandons_it_and_takes_the_question_back(cli_e
                                                                              tmp_path: Path) -> None:
     """The first Ctrl-C while a call runs stops it there (it waited for the call to end or time out, and a second
     press left the tool printing on): the question is taken back, and nothing the tool prints after is shown."""
-    from tests.test_chat import PROMPT, spawn
+    from tests.test_chat import spawn
     from tests.test_tools import TICKER
 
     fns = tmp_path / "ticker.py"
@@ -170,13 +177,7 @@ def test_ctrl_c_during_a_tool_call_abandons_it_and_takes_the_question_back(cli_e
     child.expect(r"tick \d+")
     child.sendintr()
     child.expect_exact("(stopped before the answer began; the message was taken back)", timeout=60)
-    child.expect_exact(PROMPT)
-    child.expect(pexpect.TIMEOUT, timeout=1)  # a second for it to print in, were it still running
-    seen = str(child.before)
-    child.sendline("/exit")
-    child.expect(pexpect.EOF)
-    seen += str(child.before)
-    assert not re.search(r"tick \d", seen), seen
+    _no_tick_after_the_prompt(child)
     assert not (home / "data" / "chats" / "toolstop.json").exists(), "nothing of the stopped turn is saved"
 
 

@@ -104,9 +104,10 @@ class ChatRunner:
         alone (a history of megabytes of text) does not fit without being rendered, and one the template or the
         window refuses by its length is never an error either: the window leaves it out."""
         from localgen.errors import TemplateError
+        from localgen.media import text_of
         from localgen.text import CHARS_PER_TOKEN
 
-        if sum(_chars(m.get("content")) for m in messages) > CHARS_PER_TOKEN * limit:
+        if sum(len(text_of(m.get("content"))) for m in messages) > CHARS_PER_TOKEN * limit:
             return False  # no tokenizer makes fewer tokens of it: nothing rendered (thousands of turns, each checked)
         try:
             return self.count(messages) <= limit
@@ -427,10 +428,3 @@ def plain_text(messages: list[Message], model: str) -> str:
                                 "need", hint="give it a template with --chat-template-file")
         parts.append(m["content"] + "\n")
     return "".join(parts)
-
-
-def _chars(content: object) -> int:
-    """A message's text in characters (its images and audio are not text)."""
-    if isinstance(content, list):
-        return sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
-    return len(content) if isinstance(content, str) else 0
