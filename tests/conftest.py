@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,21 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker.startswith("gw"):
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+TMP_NEEDED_GB = 8  # what a whole run writes under the temporary folder at its peak, with room to spare
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A temporary folder without room for the run stops it at once with one line: a full disk otherwise shows
+    as hundreds of errors of tests that could not make their tmp_path (it did, on a CI machine)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.getoption("collectonly", False):
+        return
+    folder = tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free / 1e9
+    if free < TMP_NEEDED_GB:
+        pytest.exit(f"only {free:.1f} GB free in {folder}: the tests write up to {TMP_NEEDED_GB} GB there; free some "
+                    "space, or point TMPDIR at a disk with more", returncode=1)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -83,6 +83,32 @@ def spawn(env: dict[str, str], args: list[str], timeout: float = 60, dimensions:
     return ForkedTerminal(master, process, timeout=timeout, encoding="utf-8")
 
 
+def ends(child: Any, timeout: float = 30) -> None:
+    """Waits for `child` to close the terminal (it ended). If it has not within `timeout`, the failure says where
+    each of its threads waits (state, system call number, signals pending) and what it last wrote: a signal a test
+    sent that ended nothing once left only pexpect's timeout to go on."""
+    import pexpect
+
+    try:
+        child.expect(pexpect.EOF, timeout=timeout)
+    except pexpect.TIMEOUT:
+        raise AssertionError(f"still running after {timeout} s:\n{_threads(child.pid)}\n"
+                             f"it last wrote: {str(child.before)[-400:]!r}") from None
+
+
+def _threads(pid: int) -> str:
+    rows = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            stat = (task / "stat").read_text()
+            status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines()
+                          if ":\t" in line)
+            rows.append(f"  thread {task.name} ({status.get('Name', '?')}): state {stat.rsplit(')', 1)[1].split()[0]},"
+                        f" in system call {(task / 'syscall').read_text().split(' ', 1)[0]}, pending {status.get('SigPnd', '?')}"
+                        f" (process {status.get('ShdPnd', '?')}), blocked {status.get('SigBlk', '?')}")
+    return "\n".join(rows) or f"  (no /proc/{pid}/task)"
+
+
 class Screen:
     """What a terminal of `dimensions` (rows, columns) shows of what a program wrote to it: pyte, a VT100 emulator,
     fed the bytes as they come (pass it as a child's logfile_read), so that a test asserts on the screen a user

@@ -434,7 +434,7 @@ def test_save_s_overwrite_question_shows_y_n_takes_ctrl_d_as_no_and_a_sigterm_en
     child.sendline("/save kept")
     child.expect_exact("Overwrite it? [y/N] ")
     child.kill(signal.SIGTERM)
-    child.expect(pexpect.EOF, timeout=30)
+    terminal.ends(child)
     child.close()
     assert child.exitstatus == 143, (child.exitstatus, child.signalstatus)
     assert (home / "data" / "chats" / "kept.json").read_text() == before

@@ -15,6 +15,7 @@ from typing import Any
 import pexpect
 import pytest
 
+from tests import terminal
 from tests.conftest import CLI, InProcessCLI
 from tests.test_tools import MCP, QWEN, R1, _only
 
@@ -89,7 +90,7 @@ def test_a_signal_at_a_tool_calls_question_declines_it_and_ends_the_chat_saved(c
     child.sendline("What is 2 + 3?")
     child.expect_exact("[y]es / [n]o / [a]lways for add:")
     child.kill(sig)
-    child.expect(pexpect.EOF, timeout=30)
+    terminal.ends(child)
     child.close()
     assert child.exitstatus == 128 + sig, (child.exitstatus, child.signalstatus)
     messages = ChatSession.load(name).messages
