@@ -103,8 +103,9 @@ def _threads(pid: int) -> str:
             stat = (task / "stat").read_text()
             status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines()
                           if ":\t" in line)
+            call = (task / "syscall").read_text().split(" ", 1)[0]
             rows.append(f"  thread {task.name} ({status.get('Name', '?')}): state {stat.rsplit(')', 1)[1].split()[0]},"
-                        f" in system call {(task / 'syscall').read_text().split(' ', 1)[0]}, pending {status.get('SigPnd', '?')}"
+                        f" in system call {call}, pending {status.get('SigPnd', '?')}"
                         f" (process {status.get('ShdPnd', '?')}), blocked {status.get('SigBlk', '?')}")
     return "\n".join(rows) or f"  (no /proc/{pid}/task)"
 
