@@ -417,6 +417,29 @@ def test_resume_without_a_name_takes_the_newest_file_even_one_chat_list_skips(sc
     assert (ada.read_bytes(), big.read_bytes()) == kept
 
 
+def test_resume_of_a_damaged_newest_file_names_it_and_how_to_resume_another(scli: CLI) -> None:
+    """docs/chat.md: `--resume` without a name, the newest file damaged, is one error naming that file, with a hint
+    to resume another by name (it said only that the file was left as it is: no way on); named, the other one
+    resumes, and the damaged file is left as it is."""
+    import os
+
+    d = _chats(scli)
+    (d / "ada.json").write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    os.utime(d / "ada.json", (1_700_000_000, 1_700_000_000))
+    bad = d / "bad.json"
+    bad.write_text('{"model": "smollm2:135m", "messages": [')
+    r = scli("chat", "--resume", *N, input="Hello\n")
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"localgen: error: the saved conversation {bad} is unreadable: it is not JSON (the file was left as it is; "
+        "resume another by name, `localgen chat --resume NAME`, as `localgen chat --list` names them)"], r.stderr
+    r = scli("chat", "--resume", "bad", *N, input="Hello\n")  # named, it is the one asked for: no other to go on with
+    assert r.returncode == 1 and "resume another" not in r.stderr, r.stderr
+    r = scli("chat", "--resume", "ada", *N, input="/show\n")
+    assert r.returncode == 0 and "conversation ada · 2 messages" in r.stderr, r.stderr
+    assert bad.read_text() == '{"model": "smollm2:135m", "messages": ['
+
+
 @pytest.mark.parametrize("pairs", [2, 8])
 def test_a_conversation_of_over_a_megabyte_of_text_goes_on_with_its_newest_turns(scli: CLI, pairs: int) -> None:
     """A history longer than the window could hold by its size alone (over 1 MiB of text, as an older version's

@@ -350,6 +350,51 @@ def test_functions_that_are_async_take_null_or_have_defaults_json_cannot_hold(tm
         box.close()
 
 
+def test_functions_keep_the_constraints_their_annotations_give(tmp_path: Path) -> None:
+    """docs/tools.md: `Annotated[str, Field(pattern=...)]` (and min_length, max_length, ge, le, description) keeps its
+    constraints in the tool's schema (the type hints were read without Annotated's: the schema said only
+    `"type": "string"`), so the grammar holds them and a call that breaks one is refused; a Literal is an enum; a
+    `:param` line is a parameter's description, over Field's."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.plan import make_plan
+    from localgen.tools.spec import ToolCall
+
+    path = _functions(tmp_path, '''
+        from __future__ import annotations
+        from typing import Annotated, Literal
+        from pydantic import Field
+
+        def book(city: Annotated[str, Field(pattern=r"^[a-z]+$", min_length=2, max_length=20)],
+                 nights: Annotated[int, Field(ge=1, le=14)] = 1,
+                 note: Annotated[str, Field(description="for the desk")] = "",
+                 unit: Literal["C", "F"] = "C", pets: Annotated[int, Field(ge=0)] | None = None,
+                 floor: Annotated[int, Field(description="from Field")] = 0) -> str:
+            """Book a room.
+
+            :param floor: from the docstring
+            """
+            return f"{city} {nights} {note!r} {unit} {pets}"
+    ''')
+    box = Toolbox.open([path], [])
+    try:
+        props = box.specs[0].parameters["properties"]
+        assert props["city"] == {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 20}
+        assert props["nights"] == {"type": "integer", "minimum": 1, "maximum": 14, "default": 1}
+        assert props["note"] == {"type": "string", "description": "for the desk", "default": ""}
+        assert props["unit"] == {"enum": ["C", "F"], "default": "C"}
+        assert props["floor"] == {"type": "integer", "description": "from the docstring", "default": 0}
+        assert props["pets"] == {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}], "default": None}
+        make_plan(None, box.specs)  # (a grammar is made from them)
+        assert box.call(ToolCall("book", '{"city": "oslo", "nights": 2, "pets": 1}'), 5) == "oslo 2 '' C 1"
+        for bad, why in (('{"city": "Oslo"}', "'Oslo' does not match '^[a-z]+$'"), ('{"city": "oslo", "nights": 15}',
+                                                                             "15 is greater than the maximum of 14")):
+            with pytest.raises(ToolError, match=re.escape(f"the model's arguments for book fail its schema: {why}")):
+                box.call(ToolCall("book", bad), 5)
+    finally:
+        box.close()
+
+
 # ---- run ----------------------------------------------------------------------------------------------------
 
 def _run(cli: CLI, *args: str) -> Any:
@@ -377,6 +422,24 @@ def test_a_function_returning_a_set_gives_its_text(cli: CLI, tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tool_calls"][0]["result"] == "{1, 2, 3}"
     assert "Traceback" not in r.stderr
+
+
+def test_run_calls_a_function_within_its_annotated_pattern(cli: CLI, tmp_path: Path) -> None:
+    """A `--functions` parameter `Annotated[str, Field(pattern=r"^[a-z]+$")]`: the default model's call, forced,
+    writes its city in the pattern (it wrote "Paris", the pattern gone from the schema and the grammar)."""
+    path = _functions(tmp_path, '''
+        from typing import Annotated
+        from pydantic import Field
+
+        def get_weather(city: Annotated[str, Field(pattern=r"^[a-z]+$", max_length=12)]) -> str:
+            """Get the current weather in a city."""
+            return f"It is 21 C and sunny in {city}."
+    ''')
+    r = _run(cli, "--functions", str(path), "--yes", "--tool-choice", "get_weather", "-n", "48", "--json",
+             "What is the weather in Paris?")
+    assert r.returncode == 0, r.stderr
+    call = json.loads(r.stdout)["tool_calls"][0]
+    assert call["name"] == "get_weather" and re.fullmatch(r"[a-z]{1,12}", call["arguments"]["city"]), call
 
 
 MCP_SERVER = '''

@@ -464,6 +464,32 @@ def test_a_stdio_mcp_line_over_16_mib_is_refused_and_its_server_withdrawn(mib: s
         box.close()
 
 
+def test_an_mcp_server_whose_close_fails_is_one_warning_line_not_a_traceback(
+        cli_in_process: InProcessCLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/tools.md: the MCP servers close together, each in a thread of its own; one whose close fails (an SDK
+    error as it shuts down, made here after the real close ended the server) is one warning line naming it before
+    the run's own error, never the thread's traceback (threading.excepthook's, which pytest would catch: its
+    default put back)."""
+    import threading
+
+    from localgen.tools import mcp
+
+    closed = mcp.McpServer.close
+
+    def failing(self: mcp.McpServer) -> None:
+        closed(self)
+        raise RuntimeError("Event loop is closed\n(a second line)")
+
+    monkeypatch.setattr(mcp.McpServer, "close", failing)
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    r = cli_in_process("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", MCP, "--yes", "Go.")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr  # (a model path that is not there)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("localgen: error: ") and "missing.gguf" in lines[1], r.stderr
+    label = MCP if len(MCP) <= 60 else MCP[:57] + "..."  # (a command line's label: itself, cut to 60 characters)
+    assert lines[0] == f"warning: the MCP server {label} did not close cleanly: RuntimeError: Event loop is closed"
+
+
 def test_an_mcp_embedded_resource_reaches_the_model_as_its_text() -> None:
     """docs/tools.md: a result's embedded text resource is its text; a blob one, a placeholder naming it."""
     from localgen.tools.loop import Toolbox

@@ -142,7 +142,7 @@ def describe(fn: Callable[..., Any], where: Path | str = "") -> ToolSpec:
     if not set(name) <= NAME_CHARS:
         raise ToolError(f"{where}: {name} is not a usable tool name")
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)  # Annotated's constraints (Field(pattern=...)) kept
     except Exception as e:  # an annotation that does not resolve
         raise ToolError(f"{where}: the type hints of {name} do not resolve: {e}") from None
     doc = inspect.getdoc(fn) or ""
@@ -175,7 +175,7 @@ def call_args(fn: Callable[..., Any], args: dict[str, Any]) -> dict[str, Any]:
     """The model's JSON arguments as the function takes them: a pydantic model, dataclass, enum (...)
     parameter gets its instance, built by pydantic; a ToolError says which argument does not fit."""
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)
     except Exception:  # described already, so they resolved then
         return args
     out = dict(args)
@@ -228,6 +228,15 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {}
     if origin is typing.Literal:
         return {"enum": list(args)}
+    if origin is typing.Annotated:  # Field(pattern=..., min_length=..., ge=..., description=...), annotated-types'
+        from pydantic import TypeAdapter  # constraints: pydantic writes them (and call_args checks them)
+
+        try:
+            schema = dict(TypeAdapter(hint).json_schema(ref_template="#/$defs/{model}"))
+        except Exception:  # a class pydantic cannot describe: its type's schema, as without the annotation
+            return _schema(args[0], defs)
+        defs.update(schema.pop("$defs", {}))
+        return schema
     if origin in (typing.Union, types.UnionType):
         kinds = [a for a in args if a is not type(None)]
         nulls = [{"type": "null"}] if len(kinds) < len(args) else []  # `int | None` takes null, as pydantic says
@@ -251,7 +260,10 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _needs_pydantic(hint: Any) -> bool:
-    """Whether a type, or one inside it (list[Model]), is a class JSON has no word for."""
+    """Whether a type, or one inside it (list[Model]), is a class JSON has no word for, or is `Annotated` (its
+    constraints, `Field(pattern=..., ge=...)`, are pydantic's to write and check)."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return True
     if isinstance(hint, type):
         return hint not in _SIMPLE and hint is not type(None)
     return any(_needs_pydantic(a) for a in typing.get_args(hint) if typing.get_origin(hint) is not typing.Literal)

@@ -43,7 +43,8 @@ class ToolResult:
 class Toolbox:
     """The tools of one run or chat, from Python files and MCP servers, callable by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, warn: Callable[[str], None] = lambda text: None) -> None:
+        self.warn = warn  # where a warning goes as the tools close (an MCP server whose close failed)
         self._specs: tuple[ToolSpec, ...] = ()
         self._runners: dict[str, Runner] = {}
         self._servers: list[Any] = []
@@ -59,11 +60,13 @@ class Toolbox:
         return tuple(s for s in self._specs if not getattr(self._of.get(s.name), "gone", False))
 
     @classmethod
-    def open(cls, functions: list[Path], servers: list[str]) -> Toolbox:
-        """Load the files and start the servers (closing what started if any fails)."""
+    def open(cls, functions: list[Path], servers: list[str],
+             warn: Callable[[str], None] = lambda text: None) -> Toolbox:
+        """Load the files and start the servers (closing what started if any fails); `warn` says what goes wrong
+        as they close."""
         from localgen.tools import functions as fn_source
 
-        box = cls()
+        box = cls(warn)
         try:
             for path in functions:
                 for spec, fn in fn_source.load(path):
@@ -122,14 +125,29 @@ class Toolbox:
     def close(self) -> None:
         """Stop the MCP servers, all at once: each may wait seconds for its process to end (one stuck in a call
         too), and ten of them one after the other held an exit for twenty. Each close is bounded (tools/mcp.py);
-        an interrupt here (a second Ctrl-C) stops the wait, the rest closing on their daemon threads."""
+        an interrupt here (a second Ctrl-C) stops the wait, the rest closing on their daemon threads. A close that
+        fails (an SDK error at shutdown) is one warning naming its server, never its thread's traceback."""
         servers, self._servers = list(self._servers), []
-        closing = [threading.Thread(target=server.close, name=f"mcp close {server.label}", daemon=True)
+        if not servers:
+            return
+        from localgen.tools.mcp import _why
+
+        failed: list[str] = []
+
+        def close(server: Any) -> None:
+            try:
+                server.close()
+            except Exception as e:  # said in one line, not as threading.excepthook's traceback on stderr
+                failed.append(f"the MCP server {server.label} did not close cleanly: {_why(e)}")
+
+        closing = [threading.Thread(target=close, args=(server,), name=f"mcp close {server.label}", daemon=True)
                    for server in servers]
         for thread in closing:
             thread.start()
         for thread in closing:
             thread.join()
+        for text in failed:
+            self.warn(text)
 
 
 def _python_runner(name: str, fn: Callable[..., Any],

@@ -149,7 +149,13 @@ def _open_session(name: str | None, resume: bool, model: str | None, system: str
 
             session = chat_from_log(name, model)  # a conversation id from `localgen logs`
         else:
-            session = sessions.ChatSession.load(chosen)
+            try:
+                session = sessions.ChatSession.load(chosen)
+            except LocalgenError as e:
+                if not name:  # the newest, taken unasked: an older one may be the one meant
+                    e.hint = (f"{e.hint}; " if e.hint else "") + ("resume another by name, `localgen chat --resume "
+                                                                  "NAME`, as `localgen chat --list` names them")
+                raise
     else:
         if name and (saved.chats_dir() / f"{sessions.check_name(name)}.json").exists():
             raise UsageError(f"a conversation named {name!r} exists", hint=f"continue it with --resume {name}")

@@ -16,7 +16,8 @@ def open_toolbox(tools: ToolOptions | None) -> Any:
     from localgen.tools.loop import Toolbox, named_choice
     from localgen.tools.plan import check_choice
 
-    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
+    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []),
+                       lambda text: print(f"warning: {text}", file=sys.stderr))
     for text in box.left_out:
         print(f"warning: {text}", file=sys.stderr)
     try:

@@ -156,7 +156,7 @@ def _start(f: ServeArgs, log: ServeLog) -> None:
         log.warning(f"listening on {f.listen.host} with no API key: anyone who can reach this port can use the "
                     "models")
     upstreams = endpoints.upstreams(f, log)  # their models known (or one clear error) before any model loads
-    toolbox = _toolbox(f.tools)  # its servers started (or one clear error) before any model loads
+    toolbox = _toolbox(f.tools, log)  # its servers started (or one clear error) before any model loads
     try:
         _serve(f, log, checked, toolbox, upstreams)
     finally:
@@ -265,7 +265,7 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     return server
 
 
-def _toolbox(tools: ServeToolOptions) -> Any:
+def _toolbox(tools: ServeToolOptions, log: ServeLog) -> Any:
     """The tools of --functions and --mcp, loaded and started (None without them), refused (exit 2) where no request
     could carry them, as run and chat refuse them: more than one request's `tools` holds (the chat page sends them
     all), or a schema that cannot become a grammar (every request with it would be a 400)."""
@@ -274,7 +274,7 @@ def _toolbox(tools: ServeToolOptions) -> Any:
     from localgen.serve.tooling import MAX_TOOLS
     from localgen.tools.loop import Toolbox, plan_for
 
-    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []))
+    box = Toolbox.open(list(tools.functions or []), list(tools.mcp or []), log.warning)
     try:
         if len(box.specs) > MAX_TOOLS:
             raise UsageError(f"--functions and --mcp offer {len(box.specs):,} tools; a request takes at most "
