@@ -22,16 +22,34 @@ def open_unnamed(folder: Path) -> int | None:
         return None
 
 
-def name_it(fd: int, target: Path) -> None:
-    """Give the unnamed file open as `fd` the name `target` (replacing any), in one rename; `fd` stays open."""
-    named = temp_path(target)
-    named.unlink(missing_ok=True)
+def name_it(fd: int, target: Path, replace: bool = True) -> None:
+    """Give the unnamed file open as `fd` the name `target` in one step: replacing any file of that name, or, not
+    `replace`, refused (FileExistsError) where one exists, however short a time before; `fd` stays open."""
+    named = temp_path(target) if replace else target
+    if replace:
+        named.unlink(missing_ok=True)
     folder = os.open(target.parent, os.O_RDONLY)
     try:  # linkat with AT_SYMLINK_FOLLOW names the unnamed file (with no dir fd, os.link calls link(), which
         os.link(f"/proc/self/fd/{fd}", named.name, src_dir_fd=folder, dst_dir_fd=folder)  # links /proc's link)
     finally:
         os.close(folder)
-    os.replace(named, target)
+    if replace:
+        os.replace(named, target)
+
+
+def rename_new(path: Path, target: Path) -> None:
+    """Rename `path` to `target` where no file has that name; refused (FileExistsError, `path` left as it is) where
+    one does, however short a time before: a hard link, whose check and naming are one step; where the filesystem
+    has none, an exclusive create of the name, then the rename over that empty file."""
+    try:
+        os.link(path, target)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (FAT, some network shares)
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.replace(path, target)
+        return
+    path.unlink(missing_ok=True)
 
 
 def temp_path(target: Path) -> Path:

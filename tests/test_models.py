@@ -337,6 +337,62 @@ def test_two_pulls_at_once_leave_one_good_copy(env: dict[str, str], hub: hub_ser
     assert [b.name for b in blobs] == [model_file.sha256]
 
 
+def _mark_at_once(barrier: Any, blobs: list[list[str]], errors: Any) -> None:
+    """One of several pulls at once (processes on one LOCALGEN_HOME): after the barrier, each list of `blobs`
+    recorded as verified by a thread of its own (as a serve's /api/pull requests); what any raised goes to
+    `errors`."""
+    import threading
+
+    from localgen.models import download
+
+    said: list[str] = []
+
+    def mark(paths: list[str]) -> None:
+        for path in paths:
+            try:
+                download.mark_verified(Path(path))
+            except Exception as e:
+                said.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=mark, args=(paths,)) for paths in blobs]
+    barrier.wait()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors.put(said)
+
+
+def test_pulls_at_once_in_processes_and_threads_each_keep_their_verified_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verified-blobs.json written by pulls at once, in several processes each with several threads: every record
+    is kept and none raises (records were lost to a read-change-write without a lock, and threads of one process
+    raised FileNotFoundError on their shared temporary file, failing a pull whose bytes were fine)."""
+    import multiprocessing
+
+    from localgen.models import download
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))  # the spawned processes' too
+    folder = tmp_path / "blobs"
+    folder.mkdir()
+    workers, threads, each = 3, 3, 40
+    blobs = [[[str(folder / f"{w}-{t}-{i}") for i in range(each)] for t in range(threads)] for w in range(workers)]
+    for path in (p for w in blobs for t in w for p in t):
+        Path(path).write_bytes(b"x")
+    ctx = multiprocessing.get_context("spawn")
+    barrier, errors = ctx.Barrier(workers), ctx.Queue()
+    procs = [ctx.Process(target=_mark_at_once, args=(barrier, blobs[w], errors)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    said = [e for _ in procs for e in errors.get(timeout=600)]  # a safety net, not a timing
+    for p in procs:
+        p.join(60)
+    assert said == [] and [p.exitcode for p in procs] == [0] * workers, said[:3]
+    unrecorded = [p for w in blobs for t in w for p in t if not download.is_verified(Path(p))]
+    assert unrecorded == [], f"{len(unrecorded)} of {workers * threads * each} records lost"
+    assert [p.name for p in (tmp_path / "home" / "data").iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_offline_and_unreachable(env: dict[str, str], hub: hub_server.FakeHub) -> None:
     r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "x")
     assert r.returncode == 1 and "not in the cache and localgen is offline" in r.stderr

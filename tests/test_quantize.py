@@ -341,6 +341,54 @@ def test_too_little_free_space_is_refused_before_writing(smollm2_f16: Path, tmp_
     assert shutil.disk_usage is not None
 
 
+@pytest.mark.parametrize("written", ["unnamed", "named", "named, no hard links"])
+def test_a_result_another_quantization_made_meanwhile_is_kept_without_force(
+        qcli: CLI, smollm2_f16: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str) -> None:
+    """Two quantizations to one result, neither with --force: the one that finds the result there when its own is
+    whole (made by the other after its plan) keeps that one, drops its own, and says so in one line (exit 2); it
+    replaced it, and reported a file that was by then the other's. --force still replaces it. Whether the result is
+    written as a file with no name, as a hidden named one, or where the disk has no hard links."""
+    import errno
+
+    from localgen import unnamed
+    from localgen.quant import quantize as q
+
+    theirs = b"another quantization's result\n"
+    real_run = q.run
+
+    def meanwhile(job: Any, *args: Any, **kwargs: Any) -> Any:
+        job.out.write_bytes(theirs)  # the other quantization's result, named after this one's plan
+        return real_run(job, *args, **kwargs)
+
+    def no_links(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")  # as FAT says it
+
+    monkeypatch.setattr(q, "run", meanwhile)
+    if written != "unnamed":
+        monkeypatch.setattr(q, "open_unnamed", lambda _folder: None)
+    if written == "named, no hard links":
+        monkeypatch.setattr(unnamed.os, "link", no_links)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = folder / "q.gguf"
+    lg = InProcessCLI(qcli.env)
+    r = lg("quantize", str(smollm2_f16), "Q8_0", "-o", str(out))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert _one_line(r.stderr) == (f"localgen: error: {out} exists (another quantization made it while this one ran; "
+                                   "it is kept and this result dropped: --force replaces it)")
+    assert out.read_bytes() == theirs and [p.name for p in folder.iterdir()] == ["q.gguf"]
+    r = lg("quantize", str(smollm2_f16), "Q8_0", "--name", "mine")  # into localgen's models
+    assert r.returncode == 2 and _one_line(r.stderr).startswith(
+        "localgen: error: the quantized model mine:q8_0 exists (another quantization made it while this one ran")
+    made = _made(qcli)
+    assert len(made) == 1 and (_home(qcli) / "data" / "quantized" / made[0]).read_bytes() == theirs
+    forced = lg("quantize", str(smollm2_f16), "Q8_0", "-o", str(out), "--force")
+    assert forced.returncode == 0 and forced.stdout.startswith(f"{out}  Q8_0, "), forced.stderr
+    assert sha256_file(out) == REF["quantized"]["Q8_0"]["sha256"] and [p.name for p in folder.iterdir()] == ["q.gguf"]
+    assert "A result that exists is replaced only with `--force`, even one another quantization made while it " \
+        "ran" in _flat("quantize.md")
+
+
 def test_ctrl_c_during_a_quantize_leaves_no_file(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
     """Stopped, nothing is written; where it was replacing a result (--force), the earlier one is kept as it was,
     and the line says so."""

@@ -318,3 +318,59 @@ def test_a_store_removed_while_serving_is_made_again_private(tmp_path: Path) -> 
     assert path.stat().st_mode & 0o777 == 0o600
     got = store.load("resp_b")
     assert got is not None and got.response == {"id": "resp_b"} and store.load("resp_a") is None
+
+
+def _save_at_once(barrier: Any, paths: list[str], tag: str, said: Any) -> None:
+    """One of several processes (as several `serve` on one data folder): for each store in `paths`, a save at the
+    moment the others make theirs; what each save came to goes to `said`."""
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.responsestore import ResponseStore
+
+    for path in paths:
+        store = ResponseStore(Path(path))
+        barrier.wait()
+        try:
+            store.save(f"resp_{tag}", {"id": f"resp_{tag}"}, [{"role": "user", "content": "Hi"}])
+            said.put((path, "ok"))
+        except HTTPError as e:
+            said.put((path, f"{e.status} {e.message}"))
+
+
+def test_servers_sharing_a_store_that_save_their_first_response_at_once_both_store_it(tmp_path: Path) -> None:
+    """Several processes on one data folder (several `serve`) making the store, or bringing an older one up to date,
+    with their first save at the same moment: each stores its response (one got a 500 "duplicate column name:
+    inputs" blaming permissions and ulimit), and an older store's row is kept and measured."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    workers, trials = 4, 30
+    paths = []
+    for i in range(trials):
+        path = tmp_path / str(i) / "responses.db"
+        path.parent.mkdir()
+        if i % 2:  # a store made before input_items, folded inputs and the bound in bytes: its table upgraded
+            with sqlite3.connect(path) as db:
+                db.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, created REAL NOT NULL, response TEXT NOT "
+                           "NULL, conversation TEXT NOT NULL)")
+                db.execute("INSERT INTO responses VALUES ('resp_old', 1e12, '{\"id\": \"resp_old\"}', '[]')")
+        paths.append(str(path))
+    barrier, said = ctx.Barrier(workers), ctx.Queue()
+    procs = [ctx.Process(target=_save_at_once, args=(barrier, paths, str(w), said)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    results = [said.get(timeout=600) for _ in range(workers * trials)]  # a safety net, not a timing
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * workers
+    failed = [r for r in results if r[1] != "ok"]
+    assert not failed, f"{len(failed)} of {len(results)} saves failed, e.g. {failed[0]}"
+    from localgen.serve.responsestore import ResponseStore
+
+    for i, path in enumerate(paths):
+        store = ResponseStore(Path(path))
+        assert all(store.load(f"resp_{w}") is not None for w in range(workers))
+        if i % 2:
+            old = store.load("resp_old")
+            assert old is not None and old.inputs == -1
+            with sqlite3.connect(path) as db:
+                assert db.execute("SELECT bytes FROM responses WHERE id = 'resp_old'").fetchone()[0] > 0

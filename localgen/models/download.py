@@ -128,15 +128,27 @@ def is_verified(blob: Path) -> bool:
 
 
 def mark_verified(blob: Path) -> None:
-    """Record a blob as checked (atomic rewrite of a small JSON file)."""
-    db = _load_verified()
+    """Record a blob as checked: the small JSON file read, changed and replaced whole under its lock, so pulls at
+    once (in two processes, or two threads of a serve) each keep their record."""
+    import secrets
+
+    from filelock import FileLock, Timeout
+
     k, v = _key(blob)
-    db[k] = v
     target = _verified_db()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(db))
-    os.replace(tmp, target)
+    try:
+        with FileLock(str(target) + ".lock", timeout=30):
+            db = _load_verified()
+            db[k] = v
+            tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")  # one per writer
+            try:
+                tmp.write_text(json.dumps(db))
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+    except Timeout:  # held that long by a process that is stuck: unrecorded, the blob is hashed again when next used
+        return
 
 
 def sha256_file(path: Path, progress: Progress | None = None) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from localgen.errors import LocalgenError, UsageError
 from localgen.models.download import Progress, Quiet
 from localgen.units import format_bytes
-from localgen.unnamed import drop_stale, name_it, open_unnamed, temp_path
+from localgen.unnamed import drop_stale, name_it, open_unnamed, rename_new, temp_path
 
 # ggml types that are not quantized (F32, F16, I8, I16, I32, I64, F64, BF16): what llama-quantize quantizes from
 UNQUANTIZED = frozenset({0, 1, 24, 25, 26, 27, 28, 30})
@@ -45,6 +45,8 @@ class QuantizeJob:
     expected: int
     source_type: str | None = None
     made_from: dict[str, Any] = field(default_factory=dict)  # origin()'s record of it
+    replace: bool = False  # --force: a result that exists is replaced (else refused, even one made meanwhile)
+    out_name: str | None = None  # the result's model name, for messages (None: a file of the user's, -o)
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,8 @@ def plan(source: Path, type_text: str, out: Path, opts: Options, label: str | No
     expected = _dry_run(source, out, params, type_name, for_create)
     _check_space(out.parent, expected)
     return QuantizeJob(source=source, type_name=type_name, out=out, params=params, expected=expected,
-                       source_type=source_type, made_from=origin(source, type_name, opts))
+                       source_type=source_type, made_from=origin(source, type_name, opts), replace=opts.force,
+                       out_name=out_name)
 
 
 def origin(source: Path, type_name: str, opts: Options) -> dict[str, Any]:
@@ -380,13 +383,23 @@ class _Unwritten:
         """Bytes written so far."""
         return _size(self.path)
 
-    def keep(self) -> None:
-        """The result is whole: it becomes `out` (replacing any), in one rename."""
-        if self.fd is not None:
-            name_it(self.fd, self.out)
+    def keep(self, replace: bool) -> bool:
+        """The result is whole: it becomes `out` in one step, replacing any file of that name only with `replace`
+        (--force). Without it, a file there (another quantization's, made since the plan) is kept, this result
+        dropped, and the answer is False."""
+        try:
+            if self.fd is not None:
+                name_it(self.fd, self.out, replace)
+            elif replace:
+                os.replace(self.path, self.out)
+            else:
+                rename_new(self.path, self.out)
+        except FileExistsError:
             self.discard()
-        else:
-            os.replace(self.path, self.out)
+            return False
+        if self.fd is not None:
+            self.discard()
+        return True
 
     def discard(self) -> None:
         """Drop what was written (an unnamed file is freed once llama.cpp, too, has closed it)."""
@@ -444,7 +457,10 @@ def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25
             raise LocalgenError(f"llama.cpp could not write {job.out}: the disk is full or the file too large "
                                 f"({format_bytes(free)} free; {why}); nothing was kept")
         raise LocalgenError(f"llama.cpp could not quantize {job.source} to {job.type_name}: {why}")
-    tmp.keep()
+    if not tmp.keep(job.replace):
+        raise UsageError(f"the quantized model {job.out_name} exists" if job.out_name else f"{job.out} exists",
+                         hint="another quantization made it while this one ran; it is kept and this result "
+                         "dropped: --force replaces it")
     size = job.out.stat().st_size
     from localgen.models.gguf_meta import read_summary
 
@@ -499,7 +515,7 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     ref = presets.base_ref(spec.base, f"{where}: FROM {named}", lookup, named)
     out.parent.mkdir(parents=True, exist_ok=True)
     job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=force), spec.base,
-               for_create=True)
+               for_create=True, out_name=made)
     try:
         run(job, progress)
     except BaseException:

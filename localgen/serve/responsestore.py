@@ -161,21 +161,7 @@ class ResponseStore:
             try:
                 if not self._made:
                     db.execute("PRAGMA journal_mode=WAL")
-                    db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL NOT NULL, "
-                               "response TEXT NOT NULL, conversation TEXT NOT NULL)")
-                    db.execute("CREATE INDEX IF NOT EXISTS responses_created ON responses (created)")
-                    columns = [row[1] for row in db.execute("PRAGMA table_info(responses)")]
-                    if "inputs" not in columns:  # a store made before input_items: its rows' inputs not known
-                        db.execute("ALTER TABLE responses ADD COLUMN inputs INTEGER NOT NULL DEFAULT -1")
-                        db.commit()
-                    if "given" not in columns:  # a store made before folded inputs were kept: none were
-                        db.execute("ALTER TABLE responses ADD COLUMN given TEXT")
-                        db.commit()
-                    if "bytes" not in columns:  # a store made before the bound in bytes: its rows measured
-                        db.execute("ALTER TABLE responses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
-                        db.execute("UPDATE responses SET bytes = length(CAST(response AS BLOB)) + "
-                                   "length(CAST(conversation AS BLOB))")
-                        db.commit()
+                    _make_table(db)
                     self._made = True
                 with db:  # one transaction
                     yield db
@@ -214,6 +200,25 @@ class ResponseStore:
         gone: int = self._run(lambda db: db.execute("DELETE FROM responses WHERE id = ? AND created >= ?",
                                                     (ident, self.clock() - self.max_age_s)).rowcount)
         return gone > 0
+
+
+def _make_table(db: sqlite3.Connection) -> None:
+    """The table, made or brought up to date in one write transaction: another process (a second `serve` on the
+    same data folder) doing the same at once waits for it (a busy store, as any write), never adds a column twice."""
+    db.execute("BEGIN IMMEDIATE")
+    db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL NOT NULL, response TEXT NOT "
+               "NULL, conversation TEXT NOT NULL, inputs INTEGER NOT NULL DEFAULT -1, given TEXT, bytes INTEGER NOT "
+               "NULL DEFAULT 0)")
+    db.execute("CREATE INDEX IF NOT EXISTS responses_created ON responses (created)")
+    columns = [row[1] for row in db.execute("PRAGMA table_info(responses)")]
+    if "inputs" not in columns:  # a store made before input_items: its rows' inputs not known
+        db.execute("ALTER TABLE responses ADD COLUMN inputs INTEGER NOT NULL DEFAULT -1")
+    if "given" not in columns:  # a store made before folded inputs were kept: none were
+        db.execute("ALTER TABLE responses ADD COLUMN given TEXT")
+    if "bytes" not in columns:  # a store made before the bound in bytes: its rows measured
+        db.execute("ALTER TABLE responses ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
+        db.execute("UPDATE responses SET bytes = length(CAST(response AS BLOB)) + length(CAST(conversation AS BLOB))")
+    db.commit()
 
 
 def _locked(e: sqlite3.OperationalError) -> bool:
