@@ -89,10 +89,33 @@ def endpoints_file() -> Path:
     return config_dir() / "endpoints.toml"
 
 
+def make_dirs(path: Path) -> Path:
+    """`path` as a directory, made if missing with each missing folder above it, every one made 0700 whatever the
+    umask (in a folder others can write, what localgen keeps could be renamed away); folders that were there are
+    left as they are. Errors are mkdir's own (parents=True, exist_ok=True)."""
+    missing = []
+    above = path
+    while not os.path.lexists(above) and above.parent != above:
+        missing.append(above)
+        above = above.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile (another localgen): not this one's to change
+            continue
+        except OSError:  # a file in the way, a read-only disk: said as mkdir says it, below
+            break
+        if folder.stat().st_mode & 0o777 != 0o700:  # a umask that takes the owner's bits too
+            folder.chmod(0o700)
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
 def private_dir(path: Path) -> Path:
-    """`path` as a directory only its owner can enter (0700), made if missing; chats, prompt states and the
-    log hold what people typed and read. One made before this rule is tightened too."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """`path` as a directory only its owner can enter (0700), made if missing (as make_dirs makes it); chats,
+    prompt states and the log hold what people typed and read. One made before this rule is tightened too."""
+    make_dirs(path)
     try:
         if path.stat().st_mode & 0o077:
             path.chmod(0o700)
