@@ -230,6 +230,8 @@ def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
     ("FILE", "which is not a directory (give a folder, or unset it)"),
     ("LOOP", "which cannot be reached: too many levels of symbolic links (give a folder, or unset it)"),
     ("DANGLING", "a symbolic link to nothing (make the folder it names, give another, or unset it)"),
+    ("~nosuchuser-lg/home", "LOCALGEN_HOME is '~nosuchuser-lg/home', but there is no user 'nosuchuser-lg' for "
+                            "~nosuchuser-lg to name (give an absolute path, or unset it)"),  # was a traceback
 ])
 @pytest.mark.parametrize("args", [["list"], ["run", "-p", "hi", "-n", "1"], ["create", "x", "-f", "-"]])
 def test_a_localgen_home_that_cannot_hold_its_folders_is_one_usage_line(own: CLI, tmp_path: Path, given: str,
@@ -262,6 +264,40 @@ def test_a_localgen_home_under_tilde_is_made_when_first_needed(cli_env: dict[str
     r = lg("create", "mine", "-f", "-", input="FROM smollm2:135m\n")
     assert r.returncode == 0, r.stderr
     assert (home / "lg" / "data" / "presets" / "mine.json").is_file()
+
+
+def test_with_no_home_folder_a_command_needing_one_says_to_set_home_and_others_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOME unset and a user with no password entry: platformdirs, a LOCALGEN_HOME under `~` and the Hugging Face
+    cache's default each needed the home folder and raised a traceback (`list` with an absolute LOCALGEN_HOME too,
+    for Ollama's and LM Studio's stores). Each is one usage line saying to set HOME or a variable; with the
+    variables set, `list` goes on, and serve's cleaning of paths from error messages goes on without a home."""
+    import pwd
+
+    from localgen.serve.apierror import without_paths
+    from tests.conftest import InProcessCLI
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    gone: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("LOCALGEN_", "HF_", "XDG_"))}
+    bare = {**gone, "HOME": None, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
+    hint = "HOME is not set and this user has no home folder in the password database (set HOME, or "
+    for env, args, said in (
+            ({}, ["logs", "path"], "localgen cannot find where to keep its files: " + hint + "LOCALGEN_HOME"),
+            ({"LOCALGEN_HOME": "~/lg"}, ["list"], "LOCALGEN_HOME is '~/lg', but ~ names no folder: " + hint),
+            ({"LOCALGEN_HOME": str(tmp_path)}, ["list"], "the Hugging Face cache is under ~/.cache: " + hint
+             + "HF_HUB_CACHE")):
+        r = InProcessCLI({**bare, **env})(*args)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert len(_lines(r)) == 1 and r.stderr.startswith("localgen: error: " + said), r.stderr
+    r = InProcessCLI({**bare, "LOCALGEN_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "hub")})("list")
+    assert r.returncode == 0 and "smollm2:135m" in r.stdout and _lines(r) == [], r.stderr
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert without_paths(f"cannot read {tmp_path}/data/x.json") == "cannot read x.json"
 
 
 def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> None:
