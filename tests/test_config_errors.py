@@ -322,19 +322,22 @@ def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> 
     assert (entry["repo"], entry["context"]) == ("someone/Other-GGUF", 8192), entry
 
 
-@pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
+@pytest.mark.parametrize("kind", ["fifo", "folder", "huge", "loop"])
 def test_a_models_toml_that_is_no_regular_file_or_too_large_is_one_warning_never_opened(own: CLI, kind: str) -> None:
     """A FIFO where models.toml belongs hung `list`, `run` and `doctor` (it was opened and read); it is said, like a
-    folder, in one warning and left out, and a file past the bound is refused by its size, before it is read."""
+    folder, in one warning and left out, and a file past the bound is refused by its size, before it is read. One
+    that cannot be opened says the reason plainly (it was Python's "[Errno 40] ...: 'PATH'", the path twice)."""
     path = Path(own.env["LOCALGEN_HOME"]) / "config" / "models.toml"
-    if kind == "fifo":
+    if kind == "loop":
+        path.symlink_to(path)
+    elif kind == "fifo":
         os.mkfifo(path)
     elif kind == "folder":
         path.mkdir()
     else:
         with path.open("wb") as f:
             f.truncate((4 << 20) + 1)  # sparse: nothing is written
-    said = {"fifo": "it is a FIFO", "folder": "it is a folder",
+    said = {"fifo": "it is a FIFO", "folder": "it is a folder", "loop": "Too many levels of symbolic links",
             "huge": f"it is {(4 << 20) + 1:,} bytes, more than the 4 MiB a catalogue is read to"}[kind]
     for args in (["list"], ["run", "-p", "hi", "-n", "1"]):
         r = own(*args, timeout=60)
