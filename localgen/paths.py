@@ -6,12 +6,58 @@ import contextlib
 import os
 from pathlib import Path
 
+from localgen.errors import UsageError
+
 APP = "localgen"
 
 
 def _home() -> Path | None:
     value = os.environ.get("LOCALGEN_HOME")
-    return Path(value).expanduser() if value else None
+    return _expanded(value) if value else None
+
+
+def _expanded(value: str) -> Path:
+    """LOCALGEN_HOME with its `~` or `~USER` expanded; one that cannot be is a usage error."""
+    try:
+        home = Path(value).expanduser()
+    except RuntimeError:  # ~USER with no such user, or ~ with no HOME and no password entry
+        home = Path(value)
+    if home.parts and home.parts[0].startswith("~"):
+        user = home.parts[0]
+        if user == "~":
+            raise no_home(f"LOCALGEN_HOME is {value!r}, but ~ names no folder")
+        raise UsageError(f"LOCALGEN_HOME is {value!r}, but there is no user {user[1:]!r} for {user} to name "
+                         "(give an absolute path, or unset it)")
+    return home
+
+
+def user_home() -> Path | None:
+    """The user's home folder, or None where there is none to find (HOME unset and no password entry)."""
+    try:
+        home = Path("~").expanduser()
+    except RuntimeError:
+        return None
+    return home if home.is_absolute() else None
+
+
+def no_home(what: str, instead: str = "LOCALGEN_HOME to a folder for localgen's files") -> UsageError:
+    """The usage error for a folder that needs the user's home folder when there is none to find."""
+    return UsageError(f"{what}: HOME is not set and this user has no home folder in the password database (set "
+                      f"HOME, or {instead})")
+
+
+def _platform(kind: str) -> Path:
+    """platformdirs' folder of this `kind` (user_config_dir ...) for localgen; a usage error where it needs the home
+    folder and there is none."""
+    import platformdirs
+
+    try:
+        folder = Path(getattr(platformdirs, kind)(APP))
+    except RuntimeError:  # "could not determine the home directory"
+        folder = Path("~")
+    if not folder.is_absolute():  # older platformdirs leave the ~ as it was
+        raise no_home("localgen cannot find where to keep its files")
+    return folder
 
 
 def check_home() -> None:
@@ -22,9 +68,7 @@ def check_home() -> None:
     value = os.environ.get("LOCALGEN_HOME")
     if not value:
         return
-    from localgen.errors import UsageError
-
-    home = Path(value).expanduser()
+    home = _expanded(value)
     if not home.is_absolute():
         raise UsageError(f"LOCALGEN_HOME must be an absolute path, not {value!r}: a relative one would move with "
                          f"the current directory (try {str(Path.cwd() / home)!r})")
@@ -49,9 +93,7 @@ def config_dir() -> Path:
     home = _home()
     if home:
         return home / "config"
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir(APP))
+    return _platform("user_config_dir")
 
 
 def data_dir() -> Path:
@@ -59,9 +101,7 @@ def data_dir() -> Path:
     home = _home()
     if home:
         return home / "data"
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir(APP))
+    return _platform("user_data_dir")
 
 
 def state_dir() -> Path:
@@ -69,9 +109,7 @@ def state_dir() -> Path:
     home = _home()
     if home:
         return home / "state"
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir(APP))
+    return _platform("user_state_dir")
 
 
 def cache_dir() -> Path:
@@ -79,9 +117,7 @@ def cache_dir() -> Path:
     home = _home()
     if home:
         return home / "cache"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir(APP))
+    return _platform("user_cache_dir")
 
 
 def endpoints_file() -> Path:
@@ -89,10 +125,33 @@ def endpoints_file() -> Path:
     return config_dir() / "endpoints.toml"
 
 
+def make_dirs(path: Path) -> Path:
+    """`path` as a directory, made if missing with each missing folder above it, every one made 0700 whatever the
+    umask (in a folder others can write, what localgen keeps could be renamed away); folders that were there are
+    left as they are. Errors are mkdir's own (parents=True, exist_ok=True)."""
+    missing = []
+    above = path
+    while not os.path.lexists(above) and above.parent != above:
+        missing.append(above)
+        above = above.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile (another localgen): not this one's to change
+            continue
+        except OSError:  # a file in the way, a read-only disk: said as mkdir says it, below
+            break
+        if folder.stat().st_mode & 0o777 != 0o700:  # a umask that takes the owner's bits too
+            folder.chmod(0o700)
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
 def private_dir(path: Path) -> Path:
-    """`path` as a directory only its owner can enter (0700), made if missing; chats, prompt states and the
-    log hold what people typed and read. One made before this rule is tightened too."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """`path` as a directory only its owner can enter (0700), made if missing (as make_dirs makes it); chats,
+    prompt states and the log hold what people typed and read. One made before this rule is tightened too."""
+    make_dirs(path)
     try:
         if path.stat().st_mode & 0o077:
             path.chmod(0o700)

@@ -236,7 +236,9 @@ def _write(doc: dict[str, Any]) -> None:
     tmp = store_path().with_name(f".{store_path().name}.{os.getpid()}.tmp")
     try:
         path = paths.private_file(store_path())
-        tmp.write_text(json.dumps(doc, indent=1))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it replaces a private file
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, indent=1))
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -252,7 +254,7 @@ def _locked() -> Any:
     path = store_path()
     try:
         paths.private_dir(path.parent)
-        lock = FileLock(str(path) + ".lock", timeout=30)
+        lock = FileLock(str(path) + ".lock", timeout=30, mode=0o600)
         lock.acquire()
     except OSError as e:
         raise _cannot_write(e) from None

@@ -230,6 +230,8 @@ def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
     ("FILE", "which is not a directory (give a folder, or unset it)"),
     ("LOOP", "which cannot be reached: too many levels of symbolic links (give a folder, or unset it)"),
     ("DANGLING", "a symbolic link to nothing (make the folder it names, give another, or unset it)"),
+    ("~nosuchuser-lg/home", "LOCALGEN_HOME is '~nosuchuser-lg/home', but there is no user 'nosuchuser-lg' for "
+                            "~nosuchuser-lg to name (give an absolute path, or unset it)"),  # was a traceback
 ])
 @pytest.mark.parametrize("args", [["list"], ["run", "-p", "hi", "-n", "1"], ["create", "x", "-f", "-"]])
 def test_a_localgen_home_that_cannot_hold_its_folders_is_one_usage_line(own: CLI, tmp_path: Path, given: str,
@@ -264,6 +266,40 @@ def test_a_localgen_home_under_tilde_is_made_when_first_needed(cli_env: dict[str
     assert (home / "lg" / "data" / "presets" / "mine.json").is_file()
 
 
+def test_with_no_home_folder_a_command_needing_one_says_to_set_home_and_others_go_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOME unset and a user with no password entry: platformdirs, a LOCALGEN_HOME under `~` and the Hugging Face
+    cache's default each needed the home folder and raised a traceback (`list` with an absolute LOCALGEN_HOME too,
+    for Ollama's and LM Studio's stores). Each is one usage line saying to set HOME or a variable; with the
+    variables set, `list` goes on, and serve's cleaning of paths from error messages goes on without a home."""
+    import pwd
+
+    from localgen.serve.apierror import without_paths
+    from tests.conftest import InProcessCLI
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    gone: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("LOCALGEN_", "HF_", "XDG_"))}
+    bare = {**gone, "HOME": None, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
+    hint = "HOME is not set and this user has no home folder in the password database (set HOME, or "
+    for env, args, said in (
+            ({}, ["logs", "path"], "localgen cannot find where to keep its files: " + hint + "LOCALGEN_HOME"),
+            ({"LOCALGEN_HOME": "~/lg"}, ["list"], "LOCALGEN_HOME is '~/lg', but ~ names no folder: " + hint),
+            ({"LOCALGEN_HOME": str(tmp_path)}, ["list"], "the Hugging Face cache is under ~/.cache: " + hint
+             + "HF_HUB_CACHE")):
+        r = InProcessCLI({**bare, **env})(*args)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert len(_lines(r)) == 1 and r.stderr.startswith("localgen: error: " + said), r.stderr
+    r = InProcessCLI({**bare, "LOCALGEN_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "hub")})("list")
+    assert r.returncode == 0 and "smollm2:135m" in r.stdout and _lines(r) == [], r.stderr
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert without_paths(f"cannot read {tmp_path}/data/x.json") == "cannot read x.json"
+
+
 def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> None:
     """A user's `[models."smollm2:135m"]` with only `context` (and one sampling key) changes those and keeps the
     rest of the shipped entry (embedded, its quantization, its other sampling), where it replaced the entry
@@ -286,19 +322,22 @@ def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> 
     assert (entry["repo"], entry["context"]) == ("someone/Other-GGUF", 8192), entry
 
 
-@pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
+@pytest.mark.parametrize("kind", ["fifo", "folder", "huge", "loop"])
 def test_a_models_toml_that_is_no_regular_file_or_too_large_is_one_warning_never_opened(own: CLI, kind: str) -> None:
     """A FIFO where models.toml belongs hung `list`, `run` and `doctor` (it was opened and read); it is said, like a
-    folder, in one warning and left out, and a file past the bound is refused by its size, before it is read."""
+    folder, in one warning and left out, and a file past the bound is refused by its size, before it is read. One
+    that cannot be opened says the reason plainly (it was Python's "[Errno 40] ...: 'PATH'", the path twice)."""
     path = Path(own.env["LOCALGEN_HOME"]) / "config" / "models.toml"
-    if kind == "fifo":
+    if kind == "loop":
+        path.symlink_to(path)
+    elif kind == "fifo":
         os.mkfifo(path)
     elif kind == "folder":
         path.mkdir()
     else:
         with path.open("wb") as f:
             f.truncate((4 << 20) + 1)  # sparse: nothing is written
-    said = {"fifo": "it is a FIFO", "folder": "it is a folder",
+    said = {"fifo": "it is a FIFO", "folder": "it is a folder", "loop": "Too many levels of symbolic links",
             "huge": f"it is {(4 << 20) + 1:,} bytes, more than the 4 MiB a catalogue is read to"}[kind]
     for args in (["list"], ["run", "-p", "hi", "-n", "1"]):
         r = own(*args, timeout=60)

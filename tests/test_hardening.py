@@ -165,6 +165,61 @@ def test_saved_chats_and_prompt_states_are_private(cli: CLI, home: Path, smollm2
     state.unlink()
 
 
+def _no_umask() -> None:
+    os.umask(0)
+
+
+def test_the_folders_localgen_makes_in_its_home_are_private_under_any_umask(cli_env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    """Under `umask 000` the home and each folder above a private one were 0777 (mkdir's 0700 held for the last
+    folder only): another user could rename a 0700 folder of chats away. Every folder localgen makes is 0700,
+    parents included; one that was there (the user's, above LOCALGEN_HOME) is left as it is."""
+    given = tmp_path / "given"
+    given.mkdir()
+    given.chmod(0o755)
+    home = given / "lg"
+    env = {**cli_env, "LOCALGEN_HOME": str(home)}
+    for args in (("bench", "history"), ("create", "mine", "-f", "-")):  # the home made by the first, then presets
+        r = subprocess.run(CLI(env).argv(*args), input="FROM smollm2:135m\n", capture_output=True, text=True,
+                           env=env, preexec_fn=_no_umask, timeout=300)
+        assert r.returncode == 0, r.stderr
+    modes = {str(p.relative_to(given)): stat.S_IMODE(p.stat().st_mode) for p in (home, home / "data",
+                                                                              home / "data" / "presets")}
+    assert modes == {"lg": 0o700, "lg/data": 0o700, "lg/data/presets": 0o700}
+    assert stat.S_IMODE((home / "data" / "presets" / "mine.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE(given.stat().st_mode) == 0o755
+
+
+def test_tuning_records_their_lock_and_the_chat_history_are_0600_under_any_umask(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tuning.json was replaced by a temporary file of the umask's mode (0666 under `umask 000`), its lock file and
+    the collections' too; chat's input history (what was typed) was made by prompt_toolkit with the umask's mode."""
+    from prompt_toolkit.history import FileHistory
+
+    from localgen import paths, tuning
+    from localgen.cli.chat.repl import _history
+    from localgen.embeddings import storedb
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    old = os.umask(0)
+    try:
+        with tuning._locked():
+            tuning._write({"records": []})
+        history = tmp_path / "home" / "state" / "chat_history"
+        _history(FileHistory, history).store_string("what I typed")
+        db = tmp_path / "home" / "data" / "embeddings" / "embeddings.db"
+        paths.private_file(db)
+        storedb.make_schema(db)
+    finally:
+        os.umask(old)
+    state = tmp_path / "home" / "state"
+    made = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (*state.iterdir(), *db.parent.iterdir())}
+    assert made == {"tuning.json": 0o600, "tuning.json.lock": 0o600, "chat_history": 0o600,
+                    "embeddings.db": 0o600, "embeddings.db.lock": 0o600}, made
+    assert "what I typed" in history.read_text()
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "home", state, db.parent)} == {0o700}
+
+
 def test_credentials_in_an_endpoint_url_are_refused_and_never_shown(cli: CLI, fake: FakeServer, home: Path) -> None:
     url = fake.url.replace("http://", "http://bob:hunter2@")
     for args in (["run", "--endpoint", url, "-p", "hi"], ["bench", "--endpoint", url]):

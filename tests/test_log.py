@@ -5,6 +5,7 @@ unwritable log that never stops an answer. Each test has a home of its own, so r
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import stat
 import subprocess
@@ -128,6 +129,22 @@ def test_a_continued_conversation_with_tools_counts_the_tools_in_its_window(lcli
     assert r.returncode == 0, r.stderr
     assert ("the conversation's first 2 of 2 logged messages are left out to fit the 512-token context window "
             "(the log keeps them; a larger --ctx sends more)") in r.stderr.splitlines(), r.stderr
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root enters a folder of any mode")
+def test_a_data_dir_that_cannot_be_entered_is_said_as_such_to_a_reader_not_as_a_write(lcli: CLI) -> None:
+    """`logs` and `chat --list` only read, yet a data dir they could not enter was "cannot write PATH: Permission
+    denied"; the one line says the path cannot be used."""
+    data = Path(lcli.env["LOCALGEN_HOME"]) / "data"
+    data.mkdir(parents=True)
+    data.chmod(0)
+    try:
+        for args, path in ((["logs"], _db(lcli)), (["chat", "--list"], data / "chats")):
+            r = lcli(*args)
+            assert (r.returncode, r.stdout) == (1, ""), r.stderr
+            assert r.stderr == f"localgen: error: cannot use {path}: Permission denied\n"
+    finally:
+        data.chmod(0o700)
 
 
 def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> None:

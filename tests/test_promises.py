@@ -304,6 +304,9 @@ def test_oserror_messages_name_the_path() -> None:
     assert describe_os_error(OSError(28, "No space left on device", "/x/y")) == \
         "cannot write /x/y: No space left on device"
     assert describe_os_error(OSError(30, "Read-only file system", "/ro")) == "cannot write /ro: Read-only file system"
+    # a reader meets these too (`logs` with a data dir it cannot enter): never "cannot write"
+    assert describe_os_error(OSError(13, "Permission denied", "/x/l.db")) == "cannot use /x/l.db: Permission denied"
+    assert describe_os_error(OSError(20, "Not a directory", "/x/y")) == "cannot use /x/y: Not a directory"
 
 
 # ---- the OOM retry --------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def _db() -> Iterator[sqlite3.Connection]:
     is one LocalgenError naming the file and the cause."""
     path = db_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(path.parent)
         with closing(sqlite3.connect(path, timeout=30)) as conn:
             conn.executescript(SCHEMA)
             yield conn

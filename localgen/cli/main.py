@@ -13,8 +13,8 @@ TYPE_CHECKING = False  # typing is not imported before main() can catch a Ctrl-C
 if TYPE_CHECKING:
     from typing import Any
 
-_WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EEXIST, errno.ENOTDIR,
-                 errno.EISDIR, errno.EFBIG}
+_WRITE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EEXIST, errno.EFBIG}  # only a write meets these
+_USE_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR}  # a read's as well as a write's
 
 
 def llama_env_switches() -> None:
@@ -282,7 +282,8 @@ def _resolves_to_loopback(host: str) -> bool:
 
 
 def describe_os_error(e: OSError) -> str:
-    """An OSError as one line a user can act on: `cannot write PATH: reason`."""
+    """An OSError as one line a user can act on: `cannot write PATH: reason`, `cannot use PATH: reason` where a
+    reader could have met it too (a folder it cannot enter)."""
     reason = e.strerror or str(e)
     path = e.filename
     if path is None and e.errno == errno.EBADF and _stdout_closed():  # `>&-`: the descriptor was never open
@@ -291,6 +292,8 @@ def describe_os_error(e: OSError) -> str:
         return reason
     if e.errno in _WRITE_ERRNOS:
         return f"cannot write {os.fsdecode(path)}: {reason}"
+    if e.errno in _USE_ERRNOS:
+        return f"cannot use {os.fsdecode(path)}: {reason}"
     if e.errno == errno.ENOENT:
         return f"cannot read {os.fsdecode(path)}: {reason}"
     return f"{os.fsdecode(path)}: {reason}"

@@ -119,6 +119,7 @@ def _cores() -> int:
 def target(base: str, type_name: str, output: str | None) -> tuple[Path, str | None, Path | None]:
     """Where a result goes, its model name (None for a file of the user's, -o) and the outermost folder made for
     it (None where none was). A name ending in a slash is a folder, made where it is not there."""
+    from localgen import paths
     from localgen.models import presets, quantized
 
     if output is not None:
@@ -140,7 +141,7 @@ def target(base: str, type_name: str, output: str | None) -> tuple[Path, str | N
     name = quantized.name_of(base, type_name)
     presets.check_quantized_name(name)
     folder = quantized.folder()
-    folder.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(folder)
     return quantized.path_for(name), name, None
 
 

@@ -42,7 +42,7 @@ def rpc_server(
     cache_dir = None
     if cache:
         directory: Path = paths.cache_dir() / "rpc"
-        directory.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(directory)
         cache_dir = str(directory)
     err.line(f"localgen rpc-server on {host}:{port} (RPC protocol {devices.RPC_PROTO_MAJOR}.x); Ctrl-C stops it")
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # no Python handler can run inside the C call

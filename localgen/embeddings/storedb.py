@@ -146,7 +146,7 @@ def make_schema(db_path: Path) -> None:
     from localgen.sqlitedb import sqlite_utils_module
 
     sqlite_utils = sqlite_utils_module()
-    with FileLock(str(db_path) + ".lock"):
+    with FileLock(str(db_path) + ".lock", mode=0o600):
         conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_S)
         try:
             db = sqlite_utils.Database(conn)

@@ -77,7 +77,8 @@ def _read(path: Path, required: bool = False) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise UsageError(f"the model catalogue {path} is not UTF-8 text") from None
     except (OSError, tomllib.TOMLDecodeError, Unreadable) as e:  # Unreadable: a FIFO there is never opened
-        raise UsageError(f"cannot read the model catalogue {path}: {e}") from None
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)  # not "[Errno 13] ...: 'PATH'"
+        raise UsageError(f"cannot read the model catalogue {path}: {why}") from None
     for key in (str(k) for k in data if k != "models"):  # a typo of [models.NAME] is never ignored in silence
         _say(f"{path}: {_shown(key)} at the top level is ignored (localgen reads only [models.NAME] tables)")
     models = data.get("models", {})

@@ -23,8 +23,11 @@ def hub_cache() -> Path:
             return Path(os.environ[var]).expanduser()
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg).expanduser() / "huggingface" / "hub"
+    if (home := paths.user_home()) is None:
+        raise paths.no_home("the Hugging Face cache is under ~/.cache", "HF_HUB_CACHE to the folder it is in")
+    return home / ".cache" / "huggingface" / "hub"
 
 
 def offline_env() -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from localgen import paths
 from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.models import mmproj
 from localgen.models.quant import QuantOption, RemoteFile, best_that_fits, group_options, pick
@@ -51,8 +52,9 @@ def roots() -> list[Path]:
     """Where LM Studio keeps its models: the models folder its settings name (`downloadsFolder` in
     ~/.lmstudio/settings.json, where My Models' "Models Directory" is kept), else ~/.lmstudio/models; then the
     older ~/.cache/lm-studio's the same way. Each folder once."""
-    home = Path.home()
     out: list[Path] = []
+    if (home := paths.user_home()) is None:  # HOME unset and no password entry: no LM Studio to read
+        return out
     for top in (home / ".lmstudio", home / ".cache" / "lm-studio"):
         folder = _settings_folder(top / "settings.json") or top / "models"
         if folder not in out:

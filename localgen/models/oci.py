@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localgen import paths
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, UsageError
 from localgen.types import MIN_CTX_FLAG, GGUFSummary, ModelRef
 from localgen.unnamed import running
@@ -117,8 +118,6 @@ def parse_name(text: str) -> OciName:
 
 def pulled_root() -> Path:
     """Where `localgen pull oci:NAME` keeps its models."""
-    from localgen import paths
-
     return paths.data_dir() / "oci"
 
 
@@ -255,7 +254,7 @@ def _make_links(folder: Path, links: list[Path], ggufs: list[Path]) -> None:
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        paths.make_dirs(tmp)
         for link, blob in zip(links, ggufs, strict=True):
             os.symlink(os.path.relpath(blob, folder), tmp / link.name)  # relative to splits/, as tmp is too
         for _ in range(3):

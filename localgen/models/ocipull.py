@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localgen import paths
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models import oci, registry
 from localgen.models.oci import OciName
@@ -291,7 +292,7 @@ def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
     download.check_space(folder, max(need, 0), name.display)
     source = download.Source(name.host, f"its digest in {name.display}'s manifest")  # a refusal: refused_mid_pull
     unfinished = _unfinished_path(root, name)
-    unfinished.parent.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(unfinished.parent)
     registry._write(unfinished, raw)
     unique = {b.digest: b for b in blobs}
     parts = sum(b.media == "model" for b in blobs)
@@ -327,7 +328,7 @@ def pull(name: OciName, progress: Progress, public: bool | None = None) -> Path:
         oci.split_links(root, [folder / b.filename for b in blobs if b.media == "model"])
         path = oci.manifest_path(root, name)
         old = registry._digests(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(path.parent)
         registry._write(path, raw)  # the manifest last: a model is listed only once every blob is whole
         unfinished.unlink(missing_ok=True)
         registry._prune(unfinished.parent, root / UNFINISHED)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localgen import loadsettings, settings
+from localgen import loadsettings, paths, settings
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, UsageError
 from localgen.types import MIN_CTX_FLAG, TRAINED_CTX, ModelRef
 
@@ -118,14 +118,13 @@ def roots() -> list[Path]:
     """Where Ollama's models are: Ollama's store ($OLLAMA_MODELS alone when set, as Ollama reads it, else the user's
     store and the Linux service's), then the models localgen pulled (pulled_root())."""
     env = os.environ.get("OLLAMA_MODELS")
-    ollama = [Path(env).expanduser()] if env else [Path.home() / ".ollama" / "models", SERVICE_STORE]
+    home = paths.user_home()  # none (HOME unset, no password entry): no user store to read
+    ollama = [Path(env).expanduser()] if env else [*([home / ".ollama" / "models"] if home else []), SERVICE_STORE]
     return [*ollama, pulled_root()]
 
 
 def pulled_root() -> Path:
     """The store of the models `localgen pull ollama:NAME` downloaded, in Ollama's layout; never Ollama's own."""
-    from localgen import paths
-
     return paths.data_dir() / "ollama"
 
 

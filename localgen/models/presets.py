@@ -285,7 +285,7 @@ def check_writable(name: str) -> None:
     work that comes first (create -q's quantization)."""
     path = _file(name)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(path.parent)
         with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent):
             pass
     except OSError as e:
@@ -293,7 +293,7 @@ def check_writable(name: str) -> None:
 
 
 def _write(p: Preset, replace: bool, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(path.parent)
     exists = _exists(p.name)
     if not replace and any(f.exists() for f in _files(p.name)):
         raise exists

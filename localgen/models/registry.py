@@ -135,7 +135,7 @@ def pull(name: OllamaName, progress: Progress, public: bool | None = None) -> Pa
     download.check_space(folder, max(need, 0), name.display)
     source = download.Source(name.host, f"its digest in {name.display}'s manifest")  # a refusal: refused_mid_pull
     unfinished = _unfinished_path(root, name)  # until the manifest is written: what rm of a pull that gave up takes
-    unfinished.parent.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(unfinished.parent)
     _write(unfinished, raw)
     unique = {b.digest: b for b in blobs}
     with contextlib.ExitStack() as held:
@@ -154,7 +154,7 @@ def pull(name: OllamaName, progress: Progress, public: bool | None = None) -> Pa
                 raise refused_mid_pull(name.host, name.display, b, b.media, e.code, folder, blobs, False) from None
         path = _manifest_path(root, name)
         old = _digests(path)  # an earlier pull's: the blobs of a tag that has moved since go once nothing names them
-        path.parent.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(path.parent)
         _write(path, raw)  # the manifest last: a model is listed only once every blob is whole
         unfinished.unlink(missing_ok=True)
         _prune(unfinished.parent, root / UNFINISHED)

@@ -7,6 +7,7 @@ a file's name."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -128,10 +129,14 @@ def without_paths(text: str) -> str:
 def _roots() -> list[str]:
     """The server's folders, as text, longest first (read now: a server's environment sets some of them)."""
     from localgen import paths
+    from localgen.errors import UsageError
     from localgen.models import hfcache
 
-    found = {str(p) for p in (paths.data_dir(), paths.cache_dir(), paths.config_dir(), hfcache.hub_cache(),
-                              Path(sys.prefix), Path(sys.base_prefix), Path.home(), Path(tempfile.gettempdir()))}
+    found = {str(p) for p in (Path(sys.prefix), Path(sys.base_prefix), paths.user_home(), Path(tempfile.gettempdir()))
+             if p is not None}
+    for folder in (paths.data_dir, paths.cache_dir, paths.config_dir, hfcache.hub_cache):
+        with contextlib.suppress(UsageError):  # one that needs a home folder when there is none: nothing to hide
+            found.add(str(folder()))
     found |= {os.path.realpath(p) for p in found}
     return sorted((p for p in found if len(p) > 1), key=len, reverse=True)
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from localgen import paths
+
 COMMANDS = {
     "/help": "show the commands (also /?)",
     "/set": "PARAM VALUE: change a sampling setting, or system / think / verbose / markdown / reasoning / compact",
@@ -47,7 +49,7 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
     from prompt_toolkit.document import Document
 
     set_names = [*settable, "system", "think", "verbose", "markdown", "reasoning", "compact"]
-    paths = PathCompleter(expanduser=True)
+    files = PathCompleter(expanduser=True)
 
     class SlashCompleter(Completer):
         def get_completions(self, document: Any, complete_event: Any) -> Any:
@@ -61,7 +63,7 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
                 return
             cmd, _, rest = text.partition(" ")
             if cmd in ("/read", "/image", "/audio", "/video"):
-                yield from paths.get_completions(Document(rest, len(rest)), complete_event)
+                yield from files.get_completions(Document(rest, len(rest)), complete_event)
                 return
             words = rest.split(" ")
             options: list[str] = []
@@ -94,7 +96,9 @@ class LineInput:
         from prompt_toolkit.key_binding import KeyBindings
 
         with contextlib.suppress(OSError):  # a read-only home: the history is this chat's only (see _History)
-            history.parent.mkdir(parents=True, exist_ok=True)
+            paths.private_dir(history.parent)
+            if stat.S_ISREG((st := os.stat(history)).st_mode) and st.st_mode & 0o077:  # one made before it was 0600
+                history.chmod(0o600)
         kb = KeyBindings()
 
         @kb.add("escape", "enter")
@@ -241,6 +245,7 @@ def _history(base: Any, path: Path) -> Any:
         def store_string(self, string: str) -> None:
             if usable():
                 with contextlib.suppress(OSError):
+                    paths.private_file(path)  # what was typed: made 0600 before FileHistory appends to it
                     super().store_string(string)
 
     return History(str(path))
