@@ -363,6 +363,34 @@ def _mark_at_once(barrier: Any, blobs: list[list[str]], errors: Any) -> None:
     errors.put(said)
 
 
+def test_a_verified_record_that_cannot_be_written_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/configuration.md: verified-blobs.json is a record (removed, each blob is hashed again once). On a full or
+    read-only data folder its write failed `run` and `pull` of a model the cache held whole ("No space left on
+    device", after the hash) and left an empty temporary file: now the record is skipped."""
+    from localgen.models import download
+
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x" * 64)
+    not_a_folder = tmp_path / "data"
+    not_a_folder.write_text("a file where the data folder would be")  # its mkdir fails, as root too
+    monkeypatch.setattr(download, "_verified_db", lambda: not_a_folder / "verified-blobs.json")
+    download.mark_verified(blob)  # no error
+    assert not download.is_verified(blob)
+    folder = tmp_path / "ok"
+    folder.mkdir()
+    monkeypatch.setattr(download, "_verified_db", lambda: folder / "verified-blobs.json")
+
+    def full(self: Path, *args: object, **kw: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_text", full)
+        download.mark_verified(blob)
+    assert sorted(p.name for p in folder.iterdir()) == ["verified-blobs.json.lock"]  # no temporary file left
+    download.mark_verified(blob)
+    assert download.is_verified(blob)
+
+
 def test_pulls_at_once_in_processes_and_threads_each_keep_their_verified_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """verified-blobs.json written by pulls at once, in several processes each with several threads: every record

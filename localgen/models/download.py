@@ -129,16 +129,17 @@ def is_verified(blob: Path) -> bool:
 
 def mark_verified(blob: Path) -> None:
     """Record a blob as checked: the small JSON file read, changed and replaced whole under its lock, so pulls at
-    once (in two processes, or two threads of a serve) each keep their record."""
+    once (in two processes, or two threads of a serve) each keep their record. A record that cannot be written is
+    skipped."""
     import secrets
 
     from filelock import FileLock, Timeout
 
     k, v = _key(blob)
     target = _verified_db()
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with FileLock(str(target) + ".lock", timeout=30):
+        paths.make_dirs(target.parent)
+        with FileLock(str(target) + ".lock", timeout=30, mode=0o600):
             db = _load_verified()
             db[k] = v
             tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")  # one per writer
@@ -147,8 +148,8 @@ def mark_verified(blob: Path) -> None:
                 os.replace(tmp, target)
             finally:
                 tmp.unlink(missing_ok=True)
-    except Timeout:  # held that long by a process that is stuck: unrecorded, the blob is hashed again when next used
-        return
+    except (Timeout, OSError):  # held that long by a stuck process, or a full or read-only data folder: unrecorded,
+        return  # the blob is hashed again when next used (a record, never a reason for a run or a pull to fail)
 
 
 def sha256_file(path: Path, progress: Progress | None = None) -> str:

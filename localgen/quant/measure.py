@@ -269,9 +269,7 @@ def logits_folder() -> Path:
     """Where a reference model's logits are kept while the measurement that needs them runs (made here)."""
     from localgen import paths
 
-    d = paths.cache_dir() / "perplexity"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return paths.make_dirs(paths.cache_dir() / "perplexity")
 
 
 def temp_logits(tag: str) -> Path:

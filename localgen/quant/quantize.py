@@ -492,6 +492,7 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
     `known`: modelfile.parse's."""
     import dataclasses
 
+    from localgen import paths
     from localgen.models import modelfile, presets, quantized
 
     presets.check_name(name)
@@ -513,7 +514,7 @@ def for_preset(name: str, text: str, type_text: str, lookup: Any, where: str = "
         raise UsageError(f"the quantized model {made} exists", hint=f"--force makes it again and replaces the "
                          f"preset; or FROM {made} without -q")
     ref = presets.base_ref(spec.base, f"{where}: FROM {named}", lookup, named)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(out.parent)
     job = plan(Path(ref.path), type_name, out, dataclasses.replace(opts or Options(), force=force), spec.base,
                for_create=True, out_name=made)
     try:
