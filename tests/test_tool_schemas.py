@@ -395,6 +395,45 @@ def test_functions_keep_the_constraints_their_annotations_give(tmp_path: Path) -
         box.close()
 
 
+def test_a_pattern_no_grammar_can_hold_is_checked_at_the_call_and_loads(tmp_path: Path) -> None:
+    """pydantic searches with a pattern (`^[A-Z]{2}\\d+` is a prefix check); a grammar needs ^...$. Such a pattern,
+    or one with \\b, stays out of the schema and so out of the grammar, and the call is still checked against it (once
+    Annotated's constraints reached the schema, one such parameter stopped run, chat and serve with exit 2)."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.plan import make_plan
+    from localgen.tools.spec import ToolCall
+
+    path = _functions(tmp_path, '''
+        from __future__ import annotations
+        from typing import Annotated
+        from pydantic import BaseModel, Field
+
+        class Item(BaseModel):
+            sku: str = Field(pattern=r"\\bX")
+
+        def lookup(code: Annotated[str, Field(pattern=r"^[A-Z]{2}\\d+")], item: Item | None = None,
+                   kind: Annotated[str, Field(pattern=r"^(a|b)$")] = "a") -> str:
+            """Look a code up."""
+            return f"{code} {kind} {item.sku if item else '-'}"
+    ''')
+    box = Toolbox.open([path], [])
+    try:
+        spec = box.specs[0]
+        props = spec.parameters["properties"]
+        assert props["code"] == {"type": "string"}
+        assert props["kind"] == {"type": "string", "pattern": "^(a|b)$", "default": "a"}  # a grammar holds this one
+        assert "pattern" not in json.dumps(props["item"])  # a model's field, \\b: left out too
+        make_plan(None, box.specs)  # a grammar is made (GrammarError before)
+        called = box.call(ToolCall("lookup", '{"code": "AB12 and more", "item": {"sku": "a X"}}'), 5)
+        assert called == "AB12 and more a a X"
+        for bad, arg in (('{"code": "ab12"}', "code"), ('{"code": "AB12", "item": {"sku": "aX"}}', "item")):
+            with pytest.raises(ToolError, match=f"lookup: argument {arg} does not fit its type: .*should match"):
+                box.call(ToolCall("lookup", bad), 5)
+    finally:
+        box.close()
+
+
 # ---- run ----------------------------------------------------------------------------------------------------
 
 def _run(cli: CLI, *args: str) -> Any:

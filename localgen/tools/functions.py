@@ -229,14 +229,8 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin is typing.Literal:
         return {"enum": list(args)}
     if origin is typing.Annotated:  # Field(pattern=..., min_length=..., ge=..., description=...), annotated-types'
-        from pydantic import TypeAdapter  # constraints: pydantic writes them (and call_args checks them)
-
-        try:
-            schema = dict(TypeAdapter(hint).json_schema(ref_template="#/$defs/{model}"))
-        except Exception:  # a class pydantic cannot describe: its type's schema, as without the annotation
-            return _schema(args[0], defs)
-        defs.update(schema.pop("$defs", {}))
-        return schema
+        schema = _from_pydantic(hint, defs)  # constraints: pydantic writes them (and call_args checks them)
+        return _schema(args[0], defs) if schema is None else schema  # else its type's, as without the annotation
     if origin in (typing.Union, types.UnionType):
         kinds = [a for a in args if a is not type(None)]
         nulls = [{"type": "null"}] if len(kinds) < len(args) else []  # `int | None` takes null, as pydantic says
@@ -248,15 +242,46 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin is dict:
         return {"type": "object"}
     if _needs_pydantic(hint):
-        from pydantic import TypeAdapter
-
-        try:
-            schema = dict(TypeAdapter(hint).json_schema(ref_template="#/$defs/{model}"))
-        except Exception:  # a class pydantic cannot describe: a string, as before pydantic was asked
-            return {"type": "string"}
-        defs.update(schema.pop("$defs", {}))
-        return schema
+        schema = _from_pydantic(hint, defs)
+        return {"type": "string"} if schema is None else schema  # one pydantic cannot describe: as before it was asked
     return {"type": "string"}
+
+
+def _from_pydantic(hint: Any, defs: dict[str, Any]) -> dict[str, Any] | None:
+    """pydantic's JSON Schema of `hint` (its `$defs` moved to `defs`); None where pydantic cannot describe it. A
+    string pattern a grammar cannot hold (not anchored with ^ and $, \\b, lookaround: pydantic searches with it) is
+    left out of the schema: the grammar then admits any string there, and call_args still checks the pattern."""
+    from pydantic import TypeAdapter
+
+    try:
+        schema = dict(TypeAdapter(hint).json_schema(ref_template="#/$defs/{model}"))
+    except Exception:
+        return None
+    found = schema.pop("$defs", {})
+    _grammar_patterns(schema)
+    _grammar_patterns(found)
+    defs.update(found)
+    return schema
+
+
+def _grammar_patterns(node: Any) -> None:
+    """Drops, in place, each `pattern` of a schema that native/pattern.py cannot turn into a grammar."""
+    from localgen.errors import GrammarError
+    from localgen.native.pattern import pattern_rule
+
+    if isinstance(node, list):
+        for item in node:
+            _grammar_patterns(item)
+    elif isinstance(node, dict):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            try:
+                pattern_rule(pattern, "p", lambda name, body: name)
+            except GrammarError:
+                del node["pattern"]
+        for key, value in node.items():
+            if key not in ("pattern", "const", "default", "enum", "examples"):
+                _grammar_patterns(value)
 
 
 def _needs_pydantic(hint: Any) -> bool:
