@@ -265,9 +265,9 @@ def _from_pydantic(hint: Any, defs: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _grammar_patterns(node: Any) -> None:
-    """Drops, in place, each `pattern` of a schema that native/pattern.py cannot turn into a grammar."""
+    """Drops, in place, each `pattern` of a schema that the engine cannot turn into a grammar."""
+    from localgen.engine.grammar import grammar_from_json_schema
     from localgen.errors import GrammarError
-    from localgen.native.pattern import pattern_rule
 
     if isinstance(node, list):
         for item in node:
@@ -276,7 +276,7 @@ def _grammar_patterns(node: Any) -> None:
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             try:
-                pattern_rule(pattern, "p", lambda name, body: name)
+                grammar_from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
             except GrammarError:
                 del node["pattern"]
         for key, value in node.items():
