@@ -190,6 +190,40 @@ def test_a_store_sqlite_cannot_open_is_not_called_damaged(tmp_path: Path) -> Non
     assert "is damaged" in caught.value.message and "move it aside" in caught.value.message
 
 
+def test_stored_responses_are_still_read_where_the_store_cannot_be_written(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a read-only or full disk SQLite cannot open the store to write (WAL's file beside it): GET
+    /v1/responses/{id} and previous_response_id read it as it is (they were 500s, the responses intact); storing
+    is still the 500 that says what to check."""
+    import errno
+
+    from localgen import sqlitedb
+    from localgen.serve import responsestore
+    from localgen.serve.apierror import HTTPError
+    from localgen.serve.responsestore import ResponseStore
+
+    path = tmp_path / "responses" / "responses.db"
+    ResponseStore(path).save("resp_1", {"id": "resp_1", "output": []}, [{"role": "user", "content": "hi"}], 1)
+
+    def read_only_disk(p: Path) -> Path:
+        raise OSError(errno.EROFS, "Read-only file system", str(p))
+
+    monkeypatch.setattr(responsestore.paths, "private_file", read_only_disk)
+    store = ResponseStore(path)  # a server started on the read-only disk
+    monkeypatch.setattr(sqlitedb, "cannot_write", lambda folder: False)  # not that: the error, as before
+    with pytest.raises(HTTPError) as caught:
+        store.load("resp_1")
+    assert caught.value.status == 500 and "cannot be used" in caught.value.message
+    monkeypatch.setattr(sqlitedb, "cannot_write", lambda folder: True)
+    got = store.load("resp_1")
+    assert got is not None and got.response == {"id": "resp_1", "output": []} and got.inputs == 1
+    assert got.conversation == [{"role": "user", "content": "hi"}]
+    assert store.load("resp_2") is None
+    with pytest.raises(HTTPError) as caught:
+        store.save("resp_2", {"id": "resp_2"}, [])
+    assert caught.value.status == 500 and "Read-only file system" in caught.value.message
+
+
 LOCKER = ("import sqlite3, sys, time\n"
           "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
           "db.execute('BEGIN EXCLUSIVE')\n"

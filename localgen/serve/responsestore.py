@@ -189,11 +189,34 @@ class ResponseStore:
         self._run(work)
 
     def load(self, ident: str) -> Stored | None:
-        """The stored response, or None when it is unknown, deleted or expired."""
-        row = self._run(lambda db: db.execute("SELECT response, conversation, inputs, given FROM responses WHERE id = "
-                                              "? AND created >= ?", (ident, self.clock() - self.max_age_s)).fetchone())
+        """The stored response, or None when it is unknown, deleted or expired. On a read-only or full disk, where
+        SQLite cannot open the store to write, it is read as it is (GET and previous_response_id go on)."""
+        def work(db: sqlite3.Connection) -> Any:
+            return db.execute("SELECT response, conversation, inputs, given FROM responses WHERE id = ? AND "
+                              "created >= ?", (ident, self.clock() - self.max_age_s)).fetchone()
+
+        try:
+            row = self._run(work)
+        except HTTPError as e:
+            row = self._read_only(work, e)
         return None if row is None else Stored(json.loads(row[0]), json.loads(row[1]), row[2],
                                                None if row[3] is None else json.loads(row[3]))
+
+    def _read_only(self, work: Callable[[sqlite3.Connection], T], failed: HTTPError) -> T:
+        """`work` on the store opened only to read (immutable), where its folder cannot be written (a read-only or
+        full disk); else, or if that fails too, the error the store gave."""
+        from localgen.sqlitedb import cannot_write, read_only
+
+        if failed.status != 500 or not self.path.is_file() or not cannot_write(self.path.parent):
+            raise failed
+        try:
+            db = read_only(self.path)
+            try:
+                return work(db)
+            finally:
+                db.close()
+        except sqlite3.Error:
+            raise failed from None
 
     def delete(self, ident: str) -> bool:
         """Forget a response; whether there was one to forget."""
