@@ -254,6 +254,29 @@ def fork_server(env: dict[str, str]) -> ForkServer | None:
         return _FORKS[0]
 
 
+@pytest.fixture(autouse=True)
+def _signals_as_found() -> Iterator[None]:
+    """Each test leaves this thread's signal mask and its SIGINT, SIGTERM and SIGHUP handlers as it found them: one
+    it leaves changed is put back, and a warning names it (a blocked or ignored signal left behind reaches every
+    process the worker starts later, which a signal a test sends then ends nothing)."""
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    handlers = {s: signal.getsignal(s) for s in watched}
+    yield
+    left = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    changed = {s: h for s, h in handlers.items() if signal.getsignal(s) is not h}
+    if left != mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for sig, handler in changed.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+    if left != mask or changed:
+        import warnings
+
+        warnings.warn(f"the test left the signal mask {sorted(left)} (it found {sorted(mask)}) and changed the "
+                      f"handlers of {sorted(s.name for s in changed)}: put back", stacklevel=1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_fork_server() -> Iterator[None]:
     yield

@@ -169,6 +169,21 @@ def run_module(request: dict[str, Any]) -> None:
     runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 
 
+# The signals' state the test session started with (its main thread, as conftest imports this module): the server
+# starts with it, whichever thread or test starts it. It would otherwise pass on what that thread had at that moment
+# (a signal mask survives exec, and so does SIG_IGN) to every child it forks for the rest of the run.
+WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_SESSION_MASK = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+_SESSION_IGNORED = frozenset(s for s in WATCHED if signal.getsignal(s) is signal.SIG_IGN)
+
+
+def as_the_session_started() -> None:
+    """preexec_fn: the session's starting signal mask, and SIGINT, SIGTERM and SIGHUP as it had them."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, _SESSION_MASK)
+    for sig in WATCHED:
+        signal.signal(sig, signal.SIG_IGN if sig in _SESSION_IGNORED else signal.SIG_DFL)
+
+
 class ForkServer:
     """The client side: starts the server and runs calls through it, as subprocess.run would."""
 
@@ -178,7 +193,7 @@ class ForkServer:
         self.log = folder / "forkserver.log"
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.forkserver", self.path], env=self.env,
                                      cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self.log.open("w"))
+                                     stderr=self.log.open("w"), preexec_fn=as_the_session_started)
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         if ready != b"ready\n":
