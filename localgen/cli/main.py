@@ -75,9 +75,10 @@ def utf8_stdin() -> None:
     """stdin read as UTF-8 whatever the locale, a byte that is not UTF-8 kept as Python keeps it under C.UTF-8
     (surrogateescape): the prompt, message or --each-line line that holds it is refused saying which byte and where
     (text.problem), the other lines go on. Under a locale such as en_US.UTF-8 Python's stdin is strict, and the
-    first such byte was a UnicodeDecodeError traceback that lost every line after it."""
+    first such byte was a UnicodeDecodeError traceback that lost every line after it. Read as a file is (-f,
+    --file): a byte order mark at its start dropped (utf-8-sig), CRLF and CR read as LF."""
     with contextlib.suppress(AttributeError, ValueError, OSError):  # not a text stream, or read from already
-        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")  # type: ignore[union-attr]
+        sys.stdin.reconfigure(encoding="utf-8-sig", errors="surrogateescape", newline=None)  # type: ignore[union-attr]
 
 
 def utf8_output() -> None:
