@@ -655,6 +655,13 @@ def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
                         "or '-', beginning with a letter or digit\n"), r.stderr
 
 
+def test_a_conversation_name_takes_ascii_letters_only(cli_in_process: InProcessCLI) -> None:
+    """chat.md: a NAME's letters are ASCII (A-Z, a-z): `café` is a usage error (the docs said "letters")."""
+    r = cli_in_process("chat", "caf\u00e9", input="hi\n")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: bad conversation name 'caf\u00e9': use at most 64 "), r.stderr
+
+
 def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:
     path = home / "data" / "chats" / "broken.json"
     path.parent.mkdir(parents=True, exist_ok=True)
