@@ -71,17 +71,18 @@ def checked(text: str, what: str) -> str:
 
 def read_file(path: str | Path, what: str | None = None, limit: int | None = None) -> str:
     """A text file's contents, all of it UTF-8; a UsageError naming the file (or `what`), the line and the first
-    byte that is not. Line ends read as Path.read_text reads them (CRLF and CR as LF). With `limit` (bytes), a
-    larger file is refused by its size, or after reading one byte past it (/dev/zero): read_bounded. OSError is
-    the caller's to word."""
+    byte that is not. Line ends read as Path.read_text reads them (CRLF and CR as LF); a byte order mark at its
+    start is dropped. With `limit` (bytes), a larger file is refused by its size, or after reading one byte past it
+    (/dev/zero): read_bounded. OSError is the caller's to word."""
     if limit is None:
         return decode(Path(path).read_bytes(), what or str(path))
     return decode(read_bounded(path, limit, what or str(path)), what or str(path))
 
 
 def decode(data: bytes, what: str) -> str:
-    """A file's bytes as text, as read_file reads them; a UsageError naming `what`, the line and the first byte
-    that is not UTF-8."""
+    """A file's bytes as text, as read_file reads them: a byte order mark at its start dropped (some editors write
+    one; it is no part of the text); a UsageError naming `what`, the line and the first byte that is not UTF-8."""
+    data = data.removeprefix(b"\xef\xbb\xbf")
     try:
         return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as e:

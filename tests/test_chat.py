@@ -196,6 +196,22 @@ def test_paragraphs_are_shown_apart_as_the_answer_has_them(cli_env: dict[str, st
     assert paragraphs_shown(screen.rows(), LETTER) == saved, "\n".join(screen.rows())
 
 
+@pytest.mark.parametrize("columns", ["0", "\u00b2"])
+def test_a_columns_that_is_no_width_is_ignored_for_the_terminal_s_own(cli_env: dict[str, str], columns: str) -> None:
+    """chat.md: a COLUMNS (or LINES) that is no size (0, -1, `abc`) is ignored: the chat is drawn at the terminal's
+    width. Rich took COLUMNS=0 as a width of 0, and the answer and every notice were blank; `²`, a digit to
+    str.isdigit, was a ValueError traceback."""
+    screen = terminal.Screen(SCREEN)
+    child = spawn({**cli_env, "COLUMNS": columns}, f"columns-{ord(columns[0])}", "-n", "8", "--temp", "0", "--grammar",
+                  'root ::= "Yes, it is wet."', log=screen)
+    child.sendline("Is water wet?")
+    child.expect("tok/s")
+    child.expect_exact(PROMPT)
+    leaves(child)
+    assert "Yes, it is wet." in screen.rows(), "\n".join(screen.rows())
+    assert any(row.startswith("smollm2:135m ready in") for row in screen.rows()), "\n".join(screen.rows())
+
+
 def test_ctrl_d_pressed_while_an_answer_streams_leaves_once_it_is_done(cli_env: dict[str, str], home: Path) -> None:
     """tutorial.md: Ctrl-D leaves. Pressed while an answer streams, it is taken at the next prompt, as the shell and
     other REPLs take it: the answer ends whole and is saved, then the chat leaves (it was lost: the terminal's cooked
@@ -637,6 +653,13 @@ def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
     assert r.returncode == 2, r.stderr
     assert r.stderr == ("localgen: error: bad conversation name '.hidden': use at most 64 letters, digits, '.', '_' "
                         "or '-', beginning with a letter or digit\n"), r.stderr
+
+
+def test_a_conversation_name_takes_ascii_letters_only(cli_in_process: InProcessCLI) -> None:
+    """chat.md: a NAME's letters are ASCII (A-Z, a-z): `café` is a usage error (the docs said "letters")."""
+    r = cli_in_process("chat", "caf\u00e9", input="hi\n")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: bad conversation name 'caf\u00e9': use at most 64 "), r.stderr
 
 
 def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:

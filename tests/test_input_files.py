@@ -219,3 +219,19 @@ def test_a_modelfile_on_stdin_is_read_only_to_its_bound(cli_in_process: InProces
         assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout, r.stderr)
         assert r.stderr == ("localgen: error: the Modelfile on stdin is larger than 1 MiB, the most localgen reads "
                             "of it\n")
+
+
+def test_a_file_an_editor_wrote_with_a_byte_order_mark_reads_as_without_it(cli: CLI, tmp_path: Path) -> None:
+    """run.md: a byte order mark at the start of a file localgen reads (Notepad writes one) is dropped, as a
+    Modelfile's is: a -f document's text did not begin with it, and a -jf schema file and a --grammar file holding
+    one were refused as not JSON and not GBNF."""
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "doc.txt").write_bytes(bom + b"Is water wet?\r\n")
+    (tmp_path / "schema.json").write_bytes(bom + b'{"type": "boolean"}\r\n')
+    (tmp_path / "yes.gbnf").write_bytes(bom + b'root ::= "yes"\r\n')
+    r = cli("run", "-f", str(tmp_path / "doc.txt"), "-jf", str(tmp_path / "schema.json"), "--verbose-prompt",
+            "-n", "8", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout.strip() in ("true", "false"), (r.stdout, r.stderr)
+    assert "<|im_start|>user\nIs water wet?\n<|im_end|>" in r.stderr and "\ufeff" not in r.stderr, r.stderr
+    r = cli("run", "-p", "Is water wet?", "--grammar", str(tmp_path / "yes.gbnf"), "-n", "4", "--temperature", "0")
+    assert (r.returncode, r.stdout) == (0, "yes\n"), (r.stdout, r.stderr)

@@ -25,6 +25,14 @@ def _write(tmp_path: Path, doc: object, name: str = "mcp.json") -> str:
     return str(path)
 
 
+def test_a_config_file_an_editor_wrote_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """tools.md: an mcp.json as Notepad saves it (a byte order mark, CRLF) names its servers; the mark was `not
+    valid JSON at line 1, column 1`."""
+    path = tmp_path / "mcp.json"
+    path.write_bytes(b'\xef\xbb\xbf{"mcpServers": {"calc": {"command": "x", "args": ["1"]}}}\r\n')
+    assert targets([str(path)]) == [McpTarget("calc", argv=("x", "1"), named=True)]
+
+
 def test_a_config_file_names_servers_as_the_desktop_apps_write_them(tmp_path: Path) -> None:
     path = _write(tmp_path, {"mcpServers": {
         "calc": {"command": sys.executable, "args": [SERVER], "env": {"A_TOKEN": "abcdefgh1234"}, "cwd": "/tmp"},

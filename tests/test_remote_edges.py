@@ -51,6 +51,15 @@ def test_an_endpoints_file_broken_at_its_end_or_not_utf8_is_one_line_with_line_a
     assert f"{endpoints_toml}: not UTF-8 text: byte 0xff (at line 2, column 16)" in r.stderr, r.stderr
 
 
+def test_an_endpoints_file_an_editor_wrote_with_a_byte_order_mark_is_read(cli: CLI, fake: FakeServer,
+                                                                          endpoints_toml: Path) -> None:
+    """remote.md: endpoints.toml as Notepad saves it (a byte order mark, CRLF) names its endpoints; the mark was
+    `Invalid statement (at line 1, column 1)`."""
+    endpoints_toml.write_bytes(b"\xef\xbb\xbf" + f'[box]\r\nurl = "{fake.url}"\r\n'.encode())
+    r = cli("run", "-m", "box", "-p", "hi")
+    assert (r.returncode, r.stdout) == (0, "Hello world\n"), r.stderr
+
+
 def test_a_bench_whose_every_request_fails_exits_1(cli: CLI, fake: FakeServer) -> None:
     """A busy server is not a usage error: one line, exit status 1 (docs/remote.md, Errors)."""
     r = cli("bench", "--endpoint", fake.url, "-m", "busy", "-npl", "1", "-p", "8", "-n", "4", "--num-prompts", "1",

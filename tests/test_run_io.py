@@ -75,6 +75,30 @@ def test_stdin_that_is_not_utf8_is_told_alike_under_any_locale(cli: CLI, strict_
                                 b"is not UTF-8\n"), chat.stderr
 
 
+def test_a_byte_order_mark_and_crlf_on_stdin_or_in_a_file_are_read_as_a_file_s_are(cli: CLI, home: Path,
+                                                                                    tmp_path: Path) -> None:
+    """run.md, chat.md: stdin is read as -f reads a file: a byte order mark at its start is dropped (Notepad writes
+    one), CRLF and CR are LF. The BOM made --file's and --each-line's first JSON line a plain prompt (its "id" and
+    "max_tokens" lost), and a scripted chat's first line (/set ...) a message to the model; stdin's CR reached the
+    prompt (`Say yes\r`) and the saved chat."""
+    lines = '\ufeff{"prompt": "Say yes.", "id": "first", "max_tokens": 1}\r\n{"prompt": "Say no.", "id": "second"}\r\n'
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_bytes(lines.encode())
+    for r in (cli("run", "--each-line", "--json", "-n", "2", "--temperature", "0", input=lines),
+              cli("run", "--file", str(jsonl), "--json", "-n", "2", "--temperature", "0")):
+        assert r.returncode == 0, r.stderr
+        docs = [json.loads(line) for line in r.stdout.splitlines()]
+        assert [(d["id"], d["completion_tokens"]) for d in docs] == [("first", 1), ("second", 2)], r.stdout
+    r = cli("run", "--verbose-prompt", "-n", "1", "--temperature", "0", input="\ufeffSay yes\r\nand no\rok\r\n")
+    assert r.returncode == 0, r.stderr
+    assert "\nSay yes\nand no\nok<|im_end|>" in r.stderr and "\r" not in r.stderr, repr(r.stderr)
+    r = cli("chat", "bom-crlf", "-n", "2", input="\ufeff/set temperature 0\r\nSay yes\r\n")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((home / "data" / "chats" / "bom-crlf.json").read_text())
+    assert [m["content"] for m in saved["messages"] if m["role"] == "user"] == ["Say yes"]
+    assert saved["settings"]["temperature"] == 0
+
+
 def test_output_in_a_code_page_that_lacks_a_character_is_written_as_utf8(cli: CLI) -> None:
     """run.md: stdout and stderr that are not a terminal write UTF-8. Windows's redirected output is in the ANSI code
     page, strictly (PYTHONIOENCODING=cp1252 here): an answer holding 你好 ✓ was a UnicodeEncodeError traceback,

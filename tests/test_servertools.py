@@ -261,5 +261,5 @@ def test_an_mcp_tool_whose_name_a_request_cannot_carry_is_left_out_with_a_warnin
 
     log, label = s.log(), one(f"{MCP} --bad-names").label
     for shown in ("'search_" + "x" * 73 + "'", "'a b\\n\"c'"):
-        assert f"warning: the MCP server {label}'s tool {shown} is left out: a tool's name must be 1-64 " \
+        assert f"warning: the MCP server {label}'s tool {shown} is left out: a tool's name must be 1-64 ASCII " \
                "letters, digits, _ . or -" in log, log

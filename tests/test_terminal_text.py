@@ -107,3 +107,32 @@ def test_many_prompts_answers_on_a_terminal_show_a_models_escape_escaped_and_pip
         piped = tcli(*args)
         assert piped.returncode == 0, piped.stderr
         assert seen not in piped.stdout and ("\x1b]0;model\x07ok" in piped.stdout or "\x9b31mok" in piped.stdout)
+
+
+def test_html_looking_text_and_emoji_codes_show_on_a_terminal_as_written(tcli: CLI) -> None:
+    """chat.md: on a terminal an answer's text that looks like HTML shows as written, as the chat page shows it
+    (Rich's Markdown dropped it: `List<String>` showed as `List`, a `<div>x</div>` line not at all), and `:x:` in an
+    error or a notice shows as typed (Rich's emoji codes made `unknown model 'qwen❌latest'`)."""
+    shown, rc = on_terminal(tcli, "run", "-m", "qwen:x:latest", "hi")
+    assert rc == 1 and "unknown model 'qwen:x:latest'" in shown and "\u274c" not in shown, shown
+    env = {**tcli.env, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1"}
+    env.pop("NO_COLOR", None)
+    screen = terminal.Screen((40, 120))
+    child = terminal.spawn(env, ["chat", "html", "-n", "24", "--temperature", "0", "--system", "Be :x: brief.",
+                                 "--grammar", r'root ::= "<div>x</div>\n\nUse List<String> here."'],
+                           timeout=60, dimensions=(40, 120))
+    child.logfile_read = screen
+    child.expect("ready in")
+    child.expect_exact(">>>")
+    child.sendline("Say hi.")
+    child.expect_exact("tok/s")
+    child.expect_exact(">>>")
+    child.sendline("/show")
+    child.expect_exact("system: Be :x: brief.")
+    child.expect_exact(">>>")
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    rows = screen.rows()
+    assert "<div>x</div>" in rows and "Use List<String> here." in rows, "\n".join(rows)
+    assert not any("\u274c" in row for row in rows), "\n".join(rows)

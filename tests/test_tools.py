@@ -718,7 +718,7 @@ def test_an_mcp_tool_whose_name_a_request_cannot_carry_is_left_out_of_run_with_a
     missing = str(tmp_path / "missing.gguf")
     r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --bad-names", "--yes", "--tool-choice", "add", "Go.")
     assert r.returncode != 0 and "missing.gguf" in r.stderr and "not among the tools" not in r.stderr, r.stderr
-    assert "is left out: a tool's name must be 1-64 letters, digits, _ . or -" in r.stderr
+    assert "is left out: a tool's name must be 1-64 ASCII letters, digits, _ . or -" in r.stderr
     assert "tool 'a b\\n\"c' is left out" in r.stderr and "tool 'search_" + "x" * 73 + "' is left out" in r.stderr
     r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --bad-names", "--yes", "--tool-choice", "a b", "Go.")
     assert r.returncode != 0 and "not among the tools" in r.stderr, r.stderr

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         closed_stdio_to_devnull()
         utf8_stdin()
         utf8_output()
+        sizes_that_are_sizes()
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
@@ -75,9 +76,20 @@ def utf8_stdin() -> None:
     """stdin read as UTF-8 whatever the locale, a byte that is not UTF-8 kept as Python keeps it under C.UTF-8
     (surrogateescape): the prompt, message or --each-line line that holds it is refused saying which byte and where
     (text.problem), the other lines go on. Under a locale such as en_US.UTF-8 Python's stdin is strict, and the
-    first such byte was a UnicodeDecodeError traceback that lost every line after it."""
+    first such byte was a UnicodeDecodeError traceback that lost every line after it. Read as a file is (-f,
+    --file): a byte order mark at its start dropped (utf-8-sig), CRLF and CR read as LF."""
     with contextlib.suppress(AttributeError, ValueError, OSError):  # not a text stream, or read from already
-        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")  # type: ignore[union-attr]
+        sys.stdin.reconfigure(encoding="utf-8-sig", errors="surrogateescape", newline=None)  # type: ignore[union-attr]
+
+
+def sizes_that_are_sizes() -> None:
+    """A COLUMNS or LINES that is no terminal size (0, -1, `abc`, `²`) is unset, so the terminal's own size is used:
+    Rich took COLUMNS=0 as a width of 0 and the chat drew nothing, and `²` (a digit to str.isdigit) was a
+    ValueError traceback from every Rich console, --help's too."""
+    for name in ("COLUMNS", "LINES"):
+        given = os.environ.get(name)
+        if given is not None and not (given.isascii() and given.isdigit() and int(given) > 0):
+            del os.environ[name]
 
 
 def utf8_output() -> None:

@@ -198,6 +198,14 @@ def visible(text: str) -> str:
     return _CONTROLS.sub(_escaped, text)
 
 
+def rich_console(**kw: Any) -> Any:
+    """A Rich Console for text a user or a model wrote, `kw` its own settings: `:x:` is shown as it is (Rich's emoji
+    codes made `qwen:x:latest` `qwen❌latest`)."""
+    from rich.console import Console
+
+    return Console(emoji=False, **kw)
+
+
 def is_terminal(stream: Any) -> bool:
     """Whether `stream` is a terminal (False for one closed or without isatty)."""
     try:
@@ -231,9 +239,7 @@ class ErrWriter:
         self._console = None
         self._once: set[str] = set()
         if self.tty:
-            from rich.console import Console
-
-            self._console = Console(file=self.stream, highlight=False, soft_wrap=True)
+            self._console = rich_console(file=self.stream, highlight=False, soft_wrap=True)
 
     def _print(self, text: str, style: str | None = None, fresh: bool = True) -> None:
         """One line. `fresh`: a line written right after a terminal's `^C` echo begins a line of its own."""

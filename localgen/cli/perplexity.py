@@ -318,13 +318,14 @@ class ChunkView:
             self.next_mark = (pct // 10 + 1) * 10 if pct < 100 else 1 << 30
 
     def _bar(self, label: str, total: int) -> None:
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        from localgen.cli.output import rich_console
 
         self.end()
         self.label = label
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("windows"), TimeRemainingColumn(), console=Console(stderr=True))
+        self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("windows"), TimeRemainingColumn(), console=rich_console(stderr=True))
         self.bar.start()
         self.task = self.bar.add_task(label, total=total)
 

@@ -13,9 +13,10 @@ class BarProgress:
     """Rich progress bar."""
 
     def __init__(self) -> None:
-        from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
         from rich.text import Text
+
+        from localgen.cli.output import rich_console
 
         class Rate(ProgressColumn):
             """The transfer rate in binary units (Rich's own column has decimal MB/s only)."""
@@ -26,8 +27,9 @@ class BarProgress:
 
         # sizes and rates in MiB, as every other size localgen prints
         self._p = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), Rate(),
-            TimeRemainingColumn(), console=Console(stderr=True), transient=False,
+            # a file's name as it is: no Rich markup ([...]) or emoji codes (:x:) read in it
+            TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(binary_units=True), Rate(),
+            TimeRemainingColumn(), console=rich_console(stderr=True), transient=False,
         )
         self._task: Any = None
 

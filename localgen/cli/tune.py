@@ -459,11 +459,12 @@ class _View:
     def __init__(self, total: int) -> None:
         self._p: Any = None
         if sys.stderr.isatty():
-            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._p = Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(),
-                               console=Console(stderr=True), transient=True)
+            from localgen.cli.output import rich_console
+
+            self._p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), TimeRemainingColumn(),
+                               console=rich_console(stderr=True), transient=True)
             self._p.start()
             self._task = self._p.add_task("tuning", total=total)
 

@@ -112,7 +112,7 @@ def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
         if path.stat().st_size > MAX_FILE:  # checked before it is read: every run with -m NAME reads it
             raise UsageError(f"{path} is over {MAX_FILE // 2**20} MiB: endpoints.toml holds a few named endpoints",
                              hint="keep only the entries you use")
-        data = path.read_bytes()
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a byte order mark an editor wrote: not TOML's
     except OSError as e:
         warn(f"{path} cannot be read ({e}): its endpoints are not used")
         return None

@@ -223,7 +223,7 @@ class McpServer:
                 check_name(t.name, "name")
             except ToolError:  # left out, so that one bad name does not cost the server's other tools
                 self.left_out.append(f"the MCP server {self.label}'s tool {_quoted(t.name)} is left out: a tool's "
-                                     "name must be 1-64 letters, digits, _ . or -")
+                                     "name must be 1-64 ASCII letters, digits, _ . or -")
             else:
                 out.append(ToolSpec(t.name, t.description or "", schema))
             notes = t.annotations.model_dump(exclude_none=True) if t.annotations is not None else None

@@ -110,7 +110,7 @@ def from_file(path: Path) -> list[McpTarget]:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
             raise UsageError(f"{where}: {size:,} bytes is too big for a file of MCP servers")
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte order mark an editor wrote: dropped
     except FileNotFoundError:
         raise UsageError(f"{where}: no such file") from None
     except OSError as e:

@@ -69,7 +69,7 @@ def check_schema(schema: Any, where: str, field: str = "parameters") -> None:
 def check_name(name: Any, field: str) -> str:
     """A tool's name, or a ToolError naming the request's `field` that holds it."""
     if not isinstance(name, str) or not name or len(name) > 64 or not set(name) <= NAME_CHARS:
-        raise ToolError(f"{field} must be 1-64 letters, digits, _ . or -")
+        raise ToolError(f"{field} must be 1-64 ASCII letters, digits, _ . or -")
     return name
 
 

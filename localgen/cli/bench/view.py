@@ -51,13 +51,14 @@ class ProgressView:
         self._started = time.monotonic()
         if not self._tty:
             return
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        from localgen.cli.output import rich_console
 
         # Rich would send what is written to stdout through the bar's console, to stderr: only where both are
         # the same terminal (rows then print above the bar); a redirected stdout gets its rows untouched
-        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+        self._p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                           TimeRemainingColumn(), console=rich_console(stderr=True), transient=True,
                            redirect_stdout=sys.stdout.isatty())
         self._p.start()
         self._task = self._p.add_task("warming up", total=total)
@@ -147,9 +148,9 @@ def emit_serving(results: list[dict[str, Any]], console: Any = None) -> None:
     if console is None and not sys.stdout.isatty():
         sys.stdout.write(serving.markdown(results))
         return
-    from rich.console import Console
+    from localgen.cli.output import rich_console
 
-    console = console or Console()
+    console = console or rich_console()
     console.print(serving.LABEL, style="dim", markup=False, highlight=False)
     headers, cells = serving.table(results)
     several = {h for h in ("endpoint", "model") if len({c[headers.index(h)] for c in cells}) > 1}
@@ -160,11 +161,10 @@ def emit_serving(results: list[dict[str, Any]], console: Any = None) -> None:
 
 def rich_table(results: list[dict[str, Any]], system: dict[str, Any], console: Any = None) -> None:
     """The header, the table and the bar chart, each within the console's width."""
-    from rich.console import Console
-
     from localgen.bench import records
+    from localgen.cli.output import rich_console
 
-    console = console or Console()
+    console = console or rich_console()
     console.print(header(system), style="dim", markup=False, highlight=False)
     headers, cells = records.rows(results)
     settings = {records.SHORT[c] for c in records.swept(results)}

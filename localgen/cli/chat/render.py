@@ -35,19 +35,32 @@ def split_blocks(text: str) -> tuple[str, str]:
 def chat_markdown(text: str) -> Any:
     """An answer as Markdown on the terminal, its single line breaks kept as breaks (a poem's lines, an address,
     steps written one per line), as chat pages show them (and ours: serve/webui/markdown.js) where plain
-    Markdown would run them together into one line; a blank line still ends a paragraph."""
+    Markdown would run them together into one line; a blank line still ends a paragraph. What looks like HTML
+    (`List<String>`, `<div>x</div>`) is shown as the text it is, as our chat page shows it: Rich's Markdown drops
+    HTML, and the terminal showed `List` and nothing."""
+    from markdown_it.token import Token
     from rich.markdown import Markdown
 
     md = Markdown(text, code_theme="monokai")
 
-    def keep_breaks(tokens: Any) -> None:
+    def as_shown(tokens: list[Any]) -> list[Any]:
+        out = []
         for token in tokens:
             if token.type == "softbreak":
                 token.type = "hardbreak"
+            elif token.type == "html_inline":
+                token.type = "text"
+            elif token.type == "html_block":  # a paragraph of its text, its lines kept
+                inline = Token("inline", "", 0, content=token.content, children=[
+                    Token("text", "", 0, content=token.content.rstrip("\n"))])
+                out += [Token("paragraph_open", "p", 1), inline, Token("paragraph_close", "p", -1)]
+                continue
             if token.children:
-                keep_breaks(token.children)
+                token.children = as_shown(token.children)
+            out.append(token)
+        return out
 
-    keep_breaks(md.parsed)
+    md.parsed = as_shown(md.parsed)
     return md
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.cli.options.knobs import SamplingFlags
-from localgen.cli.output import ErrWriter, visible
+from localgen.cli.output import ErrWriter, rich_console, visible
 
 
 @dataclass
@@ -42,9 +42,7 @@ class ChatView:
 
     def __post_init__(self) -> None:
         if self.interactive:
-            from rich.console import Console
-
-            self.console = Console(highlight=False, no_color=self.plain, soft_wrap=False)
+            self.console = rich_console(highlight=False, no_color=self.plain, soft_wrap=False)
 
     def info(self, text: str) -> None:
         """A notice: dim on the terminal; stderr when scripted. Saved text it quotes (a system prompt, a summary,

@@ -429,8 +429,9 @@ def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) ->
                         needs_prompts=many.file is not None)
     try:
         if many.file is not None:
-            # a line that is not UTF-8 fails alone, with its number, as --each-line's do (many.parse)
-            with open(many.file, encoding="utf-8", errors="surrogateescape") as source:
+            # a line that is not UTF-8 fails alone, with its number, as --each-line's do (many.parse); a byte order
+            # mark at its start is no part of line 1 (utf-8-sig), as on stdin (main.utf8_stdin)
+            with open(many.file, encoding="utf-8-sig", errors="surrogateescape") as source:
                 return run_batch(backend, source, base, opts)
         return run_batch(backend, sys.stdin, base, opts)
     except KeyboardInterrupt:

@@ -59,7 +59,7 @@ def no_prompts(path: Path) -> str:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return ""  # read as it comes: run_batch says so at its end instead
-        with open(path, encoding="utf-8", errors="surrogateescape") as source:
+        with open(path, encoding="utf-8-sig", errors="surrogateescape") as source:
             for raw in _lines(source, str(path)):
                 number += 1
                 if raw.strip():
