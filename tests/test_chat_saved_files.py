@@ -650,3 +650,77 @@ def test_a_file_system_without_hard_links_still_never_overwrites_a_taken_name(
     chat.add("user", "Hi")
     assert chat.save() == chats / "mine-2.json" and not chat.fresh
     assert (chats / "mine.json").is_symlink() and _users(chats / "mine-2.json") == ["Hi"]
+
+
+@pytest.mark.parametrize("by", ["name", "log-id"])
+def test_a_terminal_chat_whose_name_another_chat_saved_first_goes_on_and_keeps_its_turn(scli: CLI, by: str) -> None:
+    """`localgen chat mine` open on a terminal while a scripted `localgen chat mine` saves first (or two
+    `chat --resume ID` of one logged conversation): the terminal's turn is answered and logged, one warning says the
+    name was taken and how to keep the conversation, `/save NAME` keeps it, and the other's file is left as it is
+    (it ended with exit 1, its turn in neither the file nor the log)."""
+    from tests import terminal
+    from tests.test_chat import SCREEN, exits, send, spawn
+
+    d = _chats(scli)
+    if by == "name":
+        name = "mine"
+        args = [name]
+    else:
+        r = scli("run", "-p", "Say hi.", *N)
+        assert r.returncode == 0, r.stderr
+        name = json.loads(scli("logs", "-n", "0", "--json").stdout)[0]["conversation_id"]
+        args = ["--resume", name]
+    screen = terminal.Screen(SCREEN)
+    child = spawn(scli.env, *args, *N, log=screen)
+    other = scli("chat", *args, *N, input="From the script.\n")
+    assert other.returncode == 0, other.stderr
+    send(child, "From the terminal.", r"another\s+name")
+    said = " ".join(" ".join(screen.rows()).split())  # the line wraps
+    assert (f"a conversation named {name!r} was saved by another chat meanwhile; the chat goes on, but this "
+            "conversation is not saved: /save NAME keeps it under another") in said, said
+    send(child, "/save kept", "saved to")
+    exits(child)
+    assert _users(d / f"{name}.json")[-1] == "From the script."
+    assert _users(d / "kept.json")[-1] == "From the terminal."
+    rows = json.loads(scli("logs", "-n", "0", "--json").stdout)
+    assert "From the terminal." in [x["prompt"] for x in rows]
+
+
+def test_a_scripted_chat_whose_name_another_chat_saved_first_answers_everything_and_loses_nothing(scli: CLI) -> None:
+    """A scripted `localgen chat mine` whose name another chat saved first, while it was open: every message is
+    answered, one warning says so, each turn is logged, and the exit status (1) and its error say how to go on with
+    it from the log; the other's file is left as it is."""
+    import subprocess
+
+    from tests.conftest import SAFETY_NET_S
+
+    d = _chats(scli)
+    p = scli.popen("chat", "mine", *N, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   text=True)
+    try:
+        p.stdin.write("/show\n")
+        p.stdin.flush()
+        while "to be saved at" not in (line := p.stderr.readline()):  # open, its name free when it began
+            assert line, "the chat ended"
+        other = scli("chat", "mine", *N, input="From the other.\n")
+        assert other.returncode == 0, other.stderr
+        out, err = p.communicate("First.\nSecond.\n", timeout=SAFETY_NET_S)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    answers = out.splitlines()
+    assert len(answers) == 2 and all(a.strip() for a in answers), (out, err)
+    assert _users(d / "mine.json") == ["From the other."]
+    cid = next(x["conversation_id"] for x in json.loads(scli("logs", "-n", "0", "--json").stdout)
+               if x["prompt"] == "First.")
+    lines = err.splitlines()
+    assert [x for x in lines if x.startswith("warning:")] == [
+        "warning: a conversation named 'mine' was saved by another chat meanwhile; the chat goes on, but this "
+        "conversation is not saved: /save NAME keeps it under another name"], err
+    assert lines[-1] == ("localgen: error: the conversation was not saved: a conversation named 'mine' was saved by "
+                         f"another chat meanwhile (its answers are above and in the log: `localgen chat --resume "
+                         f"{cid}` goes on with them)"), err
+    assert p.returncode == 1
+    r = scli("chat", "--resume", cid, *N, input="/show\n")
+    assert r.returncode == 0 and f"conversation {cid} · 4 messages" in r.stderr, r.stderr
