@@ -147,7 +147,7 @@ class ChatSession:
     auto_named: bool = False  # the name came from the clock: if taken meanwhile, the next free one is used
     summary: Summary | None = None  # the oldest messages folded by compaction (they stay in `messages`)
     compact: bool | None = None  # compaction chosen on (--compact, /set compact) or off; None: never chosen
-    # the file as this chat last read or wrote it (path, mtime_ns, size): another chat's save since is seen
+    # the file as this chat last read or wrote it (path, inode, mtime_ns, size): another chat's save since is seen
     seen: tuple[str, int, int, int] | None = field(default=None, compare=False, repr=False)
     forked: str | None = None  # the name this chat left, its file saved by another chat since (said once)
     # what a loaded file holds that localgen does not use (another tool's fields): written back as it was
@@ -222,9 +222,9 @@ class ChatSession:
         self.updated = time.time()
         folder = paths.private_dir(chats_dir())
         fd, tmp_name = tempfile.mkstemp(prefix=f".{self.name}.", suffix=".tmp", dir=folder)  # 0600, one per writer
-        os.close(fd)
         tmp = Path(tmp_name)
         try:
+            os.close(fd)
             self._write(tmp)
             written = self.name  # the name the temporary file holds (its "name" field)
             with self._locked():
