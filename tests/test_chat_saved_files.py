@@ -498,3 +498,229 @@ def test_a_new_chat_is_written_at_its_first_exchange_not_by_a_set_before_it(scli
     r = scli("chat", *N, input="/save named\n")
     assert r.returncode == 0, r.stderr
     assert json.loads((d / "named.json").read_text())["messages"] == []
+
+
+# ---- two chats on one home at once (docs/chat.md, Saving) ---------------------------------------------------------
+
+def _users(path: Path) -> list[str]:
+    return [m["content"] for m in json.loads(path.read_text())["messages"] if m["role"] == "user"]
+
+
+def _saves_a_turn(tag: str, barrier: Any = None) -> None:
+    """A chat resumed on `shared` that adds a turn and saves it (in a process of its own), at the barrier."""
+    from localgen.chat.session import ChatSession
+
+    session = ChatSession.load("shared")
+    session.add("user", f"from {tag}")
+    session.add("assistant", "ok")
+    if barrier is not None:
+        barrier.wait()
+    session.save()
+
+
+def _fork() -> Any:
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("needs fork")
+    return multiprocessing.get_context("fork")
+
+
+def _shared(chats: Path) -> None:
+    from localgen.chat.session import ChatSession
+
+    first = ChatSession(name="shared", model="m", fresh=True)
+    first.add("user", "first")
+    first.add("assistant", "ok")
+    first.save()
+
+
+def test_a_chat_whose_file_another_saved_while_it_was_writing_keeps_its_turns_apart(
+        chats: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two chats resumed on one conversation: the other's whole save comes while this one's file is being written
+    (after it found the file as it read it). The check and the rename are one step (a lock every save holds), so
+    this chat then finds the file changed and keeps its turn as shared-2; the other's turn was renamed over."""
+    import os
+
+    from localgen.chat import session as sessions
+
+    _shared(chats)
+    mine = sessions.ChatSession.load("shared")
+    mine.add("user", "from here")
+    mine.add("assistant", "ok")
+    fork, real_fsync, other = _fork(), os.fsync, []
+
+    def the_other_saves_meanwhile(fd: int) -> None:
+        real_fsync(fd)
+        if not other:  # once: the other's save (forked with this hook) calls it too
+            other.append(None)
+            p = fork.Process(target=_saves_a_turn, args=("there",))
+            p.start()
+            p.join()
+            other[0] = p.exitcode
+
+    monkeypatch.setattr(sessions.os, "fsync", the_other_saves_meanwhile)
+    mine.save()
+    assert other == [0]
+    assert _users(chats / "shared.json") == ["first", "from there"]
+    assert mine.name == "shared-2" and _users(chats / "shared-2.json") == ["first", "from here"]
+    assert mine.forked == "shared"
+
+
+def test_two_chats_resumed_on_one_conversation_saving_at_once_both_keep_their_turns(chats: Path) -> None:
+    """docs/chat.md: two chats resumed on the same conversation never write over each other's turns, even when
+    they save at the same instant (two processes let go at a barrier, again and again)."""
+    import shutil
+
+    fork = _fork()
+    for trial in range(12):
+        shutil.rmtree(chats)
+        _shared(chats)
+        barrier = fork.Barrier(2)
+        ps = [fork.Process(target=_saves_a_turn, args=(tag, barrier)) for tag in ("A", "B")]
+        for p in ps:
+            p.start()
+        for p in ps:
+            p.join()
+        assert [p.exitcode for p in ps] == [0, 0]
+        kept = {f.stem: _users(f) for f in chats.glob("*.json")}
+        assert sorted(kept.values()) == [["first", "from A"], ["first", "from B"]], (trial, kept)
+        assert sorted(kept) == ["shared", "shared-2"], (trial, kept)
+
+
+def test_a_new_chat_s_file_never_appears_empty_while_its_first_save_is_written(
+        chats: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`chat --list` and `chat --resume` (the newest) in another terminal while a new chat's first save is being
+    written see no file yet (it was claimed empty before, and called "not JSON"); once saved, it is whole."""
+    import os
+
+    from localgen.chat import saved
+    from localgen.chat.session import ChatSession
+
+    seen: list[Any] = []
+    real_fsync = os.fsync
+
+    def look(fd: int) -> None:
+        real_fsync(fd)
+        skipped: list[Any] = []
+        seen.append(([s.name for s in saved.list_sessions(skipped=skipped)], skipped, saved.latest()))
+
+    chat = ChatSession(name="brand-new", model="m", fresh=True, auto_named=False)
+    chat.add("user", "x" * 100_000)
+    chat.add("assistant", "ok")
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", look)
+        chat.save()
+    assert seen and seen[0] == ([], [], None), seen
+    assert [s.name for s in saved.list_sessions()] == ["brand-new"]
+    assert ChatSession.load("brand-new").messages == chat.messages
+    assert [f.name for f in chats.iterdir()] == ["brand-new.json"], "no temporary file is left"
+
+
+def test_a_new_chat_whose_name_was_taken_meanwhile_is_a_failed_save_never_an_overwrite(chats: Path) -> None:
+    """A chosen name another chat saved first: NameTaken, that file as it was; an automatic one takes the next."""
+    from localgen.chat.session import ChatSession, NameTaken
+
+    (chats / "mine.json").write_text(json.dumps({"model": "m", "messages": ADA}))
+    before = (chats / "mine.json").read_bytes()
+    chat = ChatSession(name="mine", model="m", fresh=True, auto_named=False)
+    chat.add("user", "Hi")
+    with pytest.raises(NameTaken, match="a conversation named 'mine' was saved by another chat meanwhile"):
+        chat.save()
+    assert (chats / "mine.json").read_bytes() == before and chat.fresh
+    assert [f.name for f in chats.iterdir()] == ["mine.json"], "no temporary file is left"
+    auto = ChatSession(name="mine", model="m", fresh=True, auto_named=True)
+    auto.add("user", "Hi")
+    assert auto.save() == chats / "mine-2.json" and json.loads((chats / "mine-2.json").read_text())["name"] == "mine-2"
+
+
+def test_a_file_system_without_hard_links_still_never_overwrites_a_taken_name(
+        chats: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from localgen.chat import session as sessions
+
+    def no_links(src: Any, dst: Any) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(sessions.os, "link", no_links)
+    (chats / "mine.json").symlink_to(chats / "nowhere.json")  # dangling: taken all the same
+    chat = sessions.ChatSession(name="mine", model="m", fresh=True, auto_named=True)
+    chat.add("user", "Hi")
+    assert chat.save() == chats / "mine-2.json" and not chat.fresh
+    assert (chats / "mine.json").is_symlink() and _users(chats / "mine-2.json") == ["Hi"]
+
+
+@pytest.mark.parametrize("by", ["name", "log-id"])
+def test_a_terminal_chat_whose_name_another_chat_saved_first_goes_on_and_keeps_its_turn(scli: CLI, by: str) -> None:
+    """`localgen chat mine` open on a terminal while a scripted `localgen chat mine` saves first (or two
+    `chat --resume ID` of one logged conversation): the terminal's turn is answered and logged, one warning says the
+    name was taken and how to keep the conversation, `/save NAME` keeps it, and the other's file is left as it is
+    (it ended with exit 1, its turn in neither the file nor the log)."""
+    from tests import terminal
+    from tests.test_chat import SCREEN, exits, send, spawn
+
+    d = _chats(scli)
+    if by == "name":
+        name = "mine"
+        args = [name]
+    else:
+        r = scli("run", "-p", "Say hi.", *N)
+        assert r.returncode == 0, r.stderr
+        name = json.loads(scli("logs", "-n", "0", "--json").stdout)[0]["conversation_id"]
+        args = ["--resume", name]
+    screen = terminal.Screen(SCREEN)
+    child = spawn(scli.env, *args, *N, log=screen)
+    other = scli("chat", *args, *N, input="From the script.\n")
+    assert other.returncode == 0, other.stderr
+    send(child, "From the terminal.", r"another\s+name")
+    said = " ".join(" ".join(screen.rows()).split())  # the line wraps
+    assert (f"a conversation named {name!r} was saved by another chat meanwhile; the chat goes on, but this "
+            "conversation is not saved: /save NAME keeps it under another") in said, said
+    send(child, "/save kept", "saved to")
+    exits(child)
+    assert _users(d / f"{name}.json")[-1] == "From the script."
+    assert _users(d / "kept.json")[-1] == "From the terminal."
+    rows = json.loads(scli("logs", "-n", "0", "--json").stdout)
+    assert "From the terminal." in [x["prompt"] for x in rows]
+
+
+def test_a_scripted_chat_whose_name_another_chat_saved_first_answers_everything_and_loses_nothing(scli: CLI) -> None:
+    """A scripted `localgen chat mine` whose name another chat saved first, while it was open: every message is
+    answered, one warning says so, each turn is logged, and the exit status (1) and its error say how to go on with
+    it from the log; the other's file is left as it is."""
+    import subprocess
+
+    from tests.conftest import SAFETY_NET_S
+
+    d = _chats(scli)
+    p = scli.popen("chat", "mine", *N, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   text=True)
+    try:
+        p.stdin.write("/show\n")
+        p.stdin.flush()
+        while "to be saved at" not in (line := p.stderr.readline()):  # open, its name free when it began
+            assert line, "the chat ended"
+        other = scli("chat", "mine", *N, input="From the other.\n")
+        assert other.returncode == 0, other.stderr
+        out, err = p.communicate("First.\nSecond.\n", timeout=SAFETY_NET_S)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    answers = out.splitlines()
+    assert len(answers) == 2 and all(a.strip() for a in answers), (out, err)
+    assert _users(d / "mine.json") == ["From the other."]
+    cid = next(x["conversation_id"] for x in json.loads(scli("logs", "-n", "0", "--json").stdout)
+               if x["prompt"] == "First.")
+    lines = err.splitlines()
+    assert [x for x in lines if x.startswith("warning:")] == [
+        "warning: a conversation named 'mine' was saved by another chat meanwhile; the chat goes on, but this "
+        "conversation is not saved: /save NAME keeps it under another name"], err
+    assert lines[-1] == ("localgen: error: the conversation was not saved: a conversation named 'mine' was saved by "
+                         f"another chat meanwhile (its answers are above and in the log: `localgen chat --resume "
+                         f"{cid}` goes on with them)"), err
+    assert p.returncode == 1
+    r = scli("chat", "--resume", cid, *N, input="/show\n")
+    assert r.returncode == 0 and f"conversation {cid} · 4 messages" in r.stderr, r.stderr

@@ -131,8 +131,9 @@ def test_a_scripted_chat_whose_reader_goes_away_keeps_the_message_and_what_was_s
 
 
 def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new conversation claims its file before writing it: when the write fails (a full disk), the empty file
-    claimed goes too, instead of staying as a conversation that `--list` skips and `--resume` calls unreadable."""
+    """A new conversation's file is named only once written whole: when the write fails (a full disk), nothing is
+    left that `--list` would skip and `--resume` call unreadable, and the next save makes it. A SIGTERM the instant
+    after the file was named leaves it whole, and this chat's (its next save writes there)."""
     import errno
     import os
 
@@ -151,20 +152,24 @@ def test_a_first_save_that_fails_leaves_no_empty_file_behind(tmp_path: Path, mon
         with pytest.raises(OSError):
             chat.save()
     assert list(saved.chats_dir().iterdir()) == [], "nothing is left in the folder"
-    assert chat.save() == saved.chats_dir() / "full.json", "the next save claims the file again"
+    assert chat.save() == saved.chats_dir() / "full.json", "the next save makes the file"
     assert sessions.ChatSession.load("full").messages == [{"role": "user", "content": "Hi"}]
     signalled = sessions.ChatSession(name="cut", model="m", fresh=True, auto_named=False)
-    real_close = os.close
+    signalled.add("user", "Hello")
+    real_link = os.link
 
-    def sigterm(fd: int) -> None:  # a SIGTERM (SystemExit) the instant after the claim made the file
-        real_close(fd)
+    def sigterm(src: str, dst: str) -> None:  # a SIGTERM (SystemExit) the instant after the file was named
+        real_link(src, dst)
         raise SystemExit(143)
 
     with monkeypatch.context() as m:
-        m.setattr(sessions.os, "close", sigterm)
+        m.setattr(sessions.os, "link", sigterm)
         with pytest.raises(SystemExit):
             signalled.save()
-    assert not (saved.chats_dir() / "cut.json").exists() and signalled.fresh, "no empty file blocks its name"
+    assert sessions.ChatSession.load("cut").messages == signalled.messages and not signalled.fresh
+    signalled.add("assistant", "Hi")
+    assert signalled.save() == saved.chats_dir() / "cut.json", "its next save writes there, not to cut-2"
+    assert sorted(f.name for f in saved.chats_dir().iterdir()) == ["cut.json", "full.json"]
 
 
 def test_show_after_a_failed_save_says_the_conversation_is_not_saved_and_why(ucli: CLI) -> None:

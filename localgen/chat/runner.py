@@ -16,7 +16,7 @@ from typing import Any
 
 from localgen import compact, settings
 from localgen.backend import Backend
-from localgen.chat.session import ChatSession, Summary
+from localgen.chat.session import ChatSession, NameTaken, Summary
 from localgen.errors import ContextOverflowError, LocalgenError
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args
 
@@ -49,6 +49,7 @@ class ChatRunner:
         self._plans: dict[tuple[str | None, str, tuple[str, ...]], Any] = {}  # plan() by (template, choice, tools)
         self.warn: Callable[[str], None] = lambda text: None  # told when the conversation's file cannot be written
         self.unsaved: str | None = None  # why the conversation's file is behind it (its last save failed), or None
+        self.unsaved_taken = False  # it failed as another chat took the chosen name first (NameTaken)
         self.compact = False  # fold the turns the window leaves out into a summary (--compact, /set compact on)
         self.summarizing = False  # a summary is being written: Ctrl-C then stops only it (cli/chat/turn.py)
         self.summary_stopped = False
@@ -347,9 +348,11 @@ class ChatRunner:
         self.last_stats = turn.stats()
         if steps := turn.step_stats():
             self.last_context = steps[-1].prompt_tokens + steps[-1].completion_tokens
-        self.save()
-        if self.on_answer is not None and self.last_request is not None and gen is not None:
-            self.on_answer(self.last_request, gen, turn.text)
+        try:
+            self.save()
+        finally:  # whatever the save met, the answer is logged
+            if self.on_answer is not None and self.last_request is not None and gen is not None:
+                self.on_answer(self.last_request, gen, turn.text)
 
     def save(self, warn: bool = True, empty: bool = False) -> Path | None:
         """Save the conversation; its path, or None where the file cannot be written (a read-only or full disk).
@@ -366,9 +369,13 @@ class ChatRunner:
             # temporary one it is written through
             where = e.filename if isinstance(e.filename, str) and not e.filename.endswith(".tmp") else None
             why = f"cannot write {where or self.session.path}: {e.strerror or e}"
-            if warn and self.unsaved is None:
-                self.warn(f"{why}; the chat goes on, but the conversation is not saved")
-            self.unsaved = why
+            self._unsaved(why, f"{why}; the chat goes on, but the conversation is not saved", warn)
+            self.unsaved_taken = False
+            return None
+        except NameTaken as e:  # another chat saved a conversation of this chat's chosen name first: never overwritten
+            self._unsaved(e.message, f"{e.message}; the chat goes on, but this conversation is not saved: /save NAME "
+                                     "keeps it under another name", warn)
+            self.unsaved_taken = True
             return None
         self.unsaved = None
         if self.session.forked is not None:
@@ -376,6 +383,12 @@ class ChatRunner:
                       f"this chat's turns are kept as {self.session.name!r} (nothing was overwritten)")
             self.session.forked = None
         return path
+
+    def _unsaved(self, why: str, warning: str, warn: bool) -> None:
+        """A save that failed: the first is a warning (where `warn`), and `unsaved` says why until one succeeds."""
+        if warn and self.unsaved is None:
+            self.warn(warning)
+        self.unsaved = why
 
     def forget(self) -> None:
         """After /clear or /undo: the window cannot start past the end, and a summary of messages no longer

@@ -66,9 +66,10 @@ def saved_time(data: dict[str, Any], key: str, default: float) -> float:
     raise BadField(f'its "{key}" is not a time')
 
 
-def stamp(path: Path) -> tuple[str, int, int]:
+def stamp(path: Path) -> tuple[str, int, int, int]:
+    """What tells a saved file from the next save of it: each save is a new file (its inode), written at a time."""
     st = path.stat()
-    return str(path), st.st_mtime_ns, st.st_size
+    return str(path), st.st_ino, st.st_mtime_ns, st.st_size
 
 
 ROLES = ("user", "assistant", "tool")  # what `messages` holds (the system prompt is saved apart)

@@ -4,11 +4,13 @@ window, crash-safe saving (the saved file's form and reading it: saved.py)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,36 @@ def _next_name(name: str) -> str:
     return f"{base}-{int(n) + 1}" if base.count("-") >= 2 and n.isdigit() and len(n) < 4 else f"{name}-2"
 
 
+LOCK_WAIT_S = 30  # how long a save waits for another chat's to end before it fails (as a failed write does)
+
+
+class NameTaken(LocalgenError):
+    """A new conversation's chosen name was taken by another chat before its first save: like a failed write, it
+    never stops the chat (ChatRunner.save)."""
+
+
+def _link(tmp: Path, path: Path) -> bool:
+    """Give the written file `tmp` the name `path` unless that name exists (False): a hard link, atomic and refused
+    where the name is taken. Where the file system has no hard links, the check and a rename (the lock held keeps
+    them one step among chats; a dangling link counts as taken, never replaced)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError:  # EPERM/EOPNOTSUPP: FAT, some network shares
+        if os.path.lexists(path):
+            return False
+        os.replace(tmp, path)
+    return True
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class Summary:
     """What compaction made of the oldest messages: the model's summary of `messages[:covers]`, sent in their
@@ -115,8 +147,8 @@ class ChatSession:
     auto_named: bool = False  # the name came from the clock: if taken meanwhile, the next free one is used
     summary: Summary | None = None  # the oldest messages folded by compaction (they stay in `messages`)
     compact: bool | None = None  # compaction chosen on (--compact, /set compact) or off; None: never chosen
-    # the file as this chat last read or wrote it (path, mtime_ns, size): another chat's save since is seen
-    seen: tuple[str, int, int] | None = field(default=None, compare=False, repr=False)
+    # the file as this chat last read or wrote it (path, inode, mtime_ns, size): another chat's save since is seen
+    seen: tuple[str, int, int, int] | None = field(default=None, compare=False, repr=False)
     forked: str | None = None  # the name this chat left, its file saved by another chat since (said once)
     # what a loaded file holds that localgen does not use (another tool's fields): written back as it was
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -181,38 +213,73 @@ class ChatSession:
         return {**out, **{k: v for k, v in self.extra.items() if k not in out}}
 
     def save(self) -> Path:
-        """Write atomically: a temporary file (0600, in a 0700 folder), fsync, rename, fsync the folder. A
-        crash mid-write leaves the last save whole. A new conversation first claims its file (O_EXCL), so two
-        chats started in the same second never write over each other."""
+        """Write atomically: a temporary file (0600, in a 0700 folder), written whole and fsynced, then named, and the
+        folder fsynced. A crash mid-write leaves the last save whole. Naming happens under a lock every chat's save
+        takes (_locked): a resumed conversation's file that another chat saved since this one read it is never
+        renamed over (this chat's turns go to the next free name), and a new conversation's file is made by a hard
+        link that is refused where the name exists, so it never appears empty or half-written and two chats
+        started in the same second never write over each other. A chosen name taken meanwhile: NameTaken."""
         self.updated = time.time()
-        paths.private_dir(chats_dir())
-        if not self.fresh and self._changed_since_seen():  # another chat on the same conversation saved since
-            self.forked, self.fresh, self.auto_named = self.name, True, True  # its turns and ours are both kept
-            self.name = _next_name(self.name)
-        claimed: list[Path] = []  # the file a new conversation made its own (a signal may come right after)
-        tmp: Path | None = None
+        folder = paths.private_dir(chats_dir())
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{self.name}.", suffix=".tmp", dir=folder)  # 0600, one per writer
+        tmp = Path(tmp_name)
         try:
-            if self.fresh:
-                self._claim(claimed)
-            target = self.path
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o600)
-            with open(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-            paths.fsync_dir(target.parent)
-            self.seen = stamp(target)
+            os.close(fd)
+            self._write(tmp)
+            written = self.name  # the name the temporary file holds (its "name" field)
+            with self._locked():
+                if not self.fresh and self._changed_since_seen():  # another chat on the same conversation saved since
+                    self.forked, self.fresh, self.auto_named = self.name, True, True  # its turns and ours are kept
+                    self.name = _next_name(self.name)
+                while True:
+                    if written != self.name:
+                        self._write(tmp)
+                        written = self.name
+                    if not self.fresh:
+                        os.replace(tmp, self.path)
+                        break
+                    if _link(tmp, self.path):
+                        self.fresh = False
+                        break
+                    if not self.auto_named:
+                        raise NameTaken(f"a conversation named {self.name!r} was saved by another chat meanwhile",
+                                        hint="/save NAME keeps this one under another name")
+                    self.name = _next_name(self.name)
+                self.seen = stamp(self.path)  # this chat's own save: no other chat's comes between (the lock)
+            paths.fsync_dir(folder)
         except BaseException:
-            if claimed:  # a full disk, a SIGTERM: the empty file claimed is not left to read as a corrupt one
-                claimed[0].unlink(missing_ok=True)
-                self.fresh = True
+            if self.fresh and _same_file(tmp, self.path):  # named the instant before a signal: it is this chat's file
+                self.fresh = False
             raise
         finally:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
-        return target
+            tmp.unlink(missing_ok=True)
+        return self.path
+
+    def _write(self, tmp: Path) -> None:
+        """The saved form into `tmp`, whole and fsynced."""
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock every chat's save holds while it checks and names its file (<data dir>/chats.lock); one that
+        cannot be taken is an OSError about this conversation's file, as a failed write is."""
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(str(chats_dir().with_name("chats.lock")), timeout=LOCK_WAIT_S, mode=0o600)
+        try:
+            lock.acquire()
+        except Timeout:  # another chat's save held it that long (flock's lock goes with its process: not a dead one)
+            raise OSError(errno.EBUSY, f"another chat's save held the lock on saving for {LOCK_WAIT_S} s",
+                          str(self.path)) from None
+        except OSError as e:  # a read-only disk
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _changed_since_seen(self) -> bool:
         """Whether this conversation's file is not as this chat last read or wrote it: another chat resumed on
@@ -223,23 +290,6 @@ class ChatSession:
             return stamp(self.path) != self.seen
         except OSError:  # gone (removed by hand): this chat's save makes it again
             return False
-
-    def _claim(self, claimed: list[Path]) -> None:
-        """Create this conversation's file exclusively (added to `claimed`), taking the next free name if an
-        automatic one was taken meanwhile; a chosen name that was taken is an error, and nothing is overwritten."""
-        while True:
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                claimed.append(self.path)
-                os.close(fd)
-            except FileExistsError:
-                if not self.auto_named:
-                    raise LocalgenError(f"a conversation named {self.name!r} was saved by another chat meanwhile",
-                                        hint="/save NAME keeps this one under another name") from None
-                self.name = _next_name(self.name)
-                continue
-            self.fresh = False
-            return
 
     @classmethod
     def load(cls, name: str) -> ChatSession:

@@ -81,8 +81,20 @@ def start(plan: ChatPlan) -> None:
         else:
             _scripted(runner, view)
         if runner.unsaved is not None:  # every answer was given; the exit status says the file is behind them
-            raise LocalgenError(f"the conversation was not saved: {runner.unsaved}",
-                                hint="its answers are above; to keep chats, free space there or make it writable")
+            raise LocalgenError(f"the conversation was not saved: {runner.unsaved}", hint=_unsaved_hint(runner, plan))
+
+
+def _unsaved_hint(runner: Any, plan: ChatPlan) -> str:
+    """How to keep a conversation whose file is behind it. One whose chosen name another chat took first goes on
+    from the log, where its turns are under its own id (not a resumed log id: the file of that name is the other's)."""
+    if not runner.unsaved_taken:
+        return "its answers are above; to keep chats, free space there or make it writable"
+    from localgen.log import store
+
+    cid = runner.session.log_id
+    if plan.no_log or not store.enabled() or cid is None or cid == runner.session.name:
+        return "its answers are above; /save NAME keeps a chat under a name of its own"
+    return f"its answers are above and in the log: `localgen chat --resume {cid}` goes on with them"
 
 
 def _runner(plan: ChatPlan, session: Any, backend: Any, view: ChatView, toolbox: Any, model: str | None) -> Any:

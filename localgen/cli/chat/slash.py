@@ -284,18 +284,18 @@ def _save(runner: Any, view: Any, arg: str) -> None:
             view.info("not saved")
             return
     # the conversation as it was saved until now, for a save that fails: it goes on saving there
-    before = (session.name, session.fresh, session.auto_named, runner.unsaved)
+    before = (session.name, session.fresh, session.auto_named, runner.unsaved, runner.unsaved_taken)
     if name != session.name:  # a new file is claimed; one the user agreed to overwrite is not
         session.fresh, session.auto_named = not target.exists(), False
     session.name = name
     try:
         written = runner.save(warn=False, empty=True)
     except BaseException:
-        session.name, session.fresh, session.auto_named, runner.unsaved = before
+        session.name, session.fresh, session.auto_named, runner.unsaved, runner.unsaved_taken = before
         raise
     if written is None:  # the file it was saved to until now stays its file: later turns are saved there
         why = runner.unsaved
-        session.name, session.fresh, session.auto_named, runner.unsaved = before
+        session.name, session.fresh, session.auto_named, runner.unsaved, runner.unsaved_taken = before
         view.info(f"not saved: {why}; the chat goes on as {session.name}")
         return
     view.info(f"saved to {written}")
