@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import signal
 import sqlite3
@@ -457,6 +458,36 @@ def test_save_s_overwrite_question_shows_y_n_takes_ctrl_d_as_no_and_a_sigterm_en
     assert ChatSession.load("asked").messages[0]["content"] == "Hi"
 
 
+ASKED = """
+import signal, sys, threading, time
+from localgen.cli.chat.view import ChatView
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+def poke():
+    time.sleep(0.5)  # the question asked, its read begun
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread: the main one's read goes on
+threading.Thread(target=poke, daemon=True).start()
+print(ChatView(interactive=True, plain=True, stats=False).ask("Overwrite it? [y/N] "))
+"""
+
+
+def test_a_signal_whose_handler_did_not_interrupt_the_read_of_an_answer_ends_the_question() -> None:
+    """A chat's y/N question (/save over another conversation, a tool call's) read with input(): a SIGTERM that
+    landed between the question and the read (once in CI, under load) tripped its handler without interrupting the
+    read, and the chat waited for a line; so does one that reaches another thread (pthread_kill here, to be sure
+    of it). The wait now wakes in slices and runs the handler."""
+    import subprocess
+
+    r, w = os.pipe()  # stdin: open, and never written
+    try:
+        done = subprocess.run([sys.executable, "-c", ASKED], stdin=r, capture_output=True, text=True, cwd=ROOT,
+                              timeout=60)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert done.returncode == 143, done.stderr
+    assert done.stdout == "Overwrite it? [y/N] ", done.stdout
+
+
 def test_a_save_that_fails_leaves_the_chat_saving_under_its_name(cli_env: dict[str, str], home: Path) -> None:
     """A /save NAME that fails leaves the conversation its name: later turns are saved there (the name was taken
     all the same, and they were saved nowhere). A folder of that name is refused, never offered to be overwritten."""
@@ -651,8 +682,8 @@ def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
     assert r.returncode == 2 and "bad conversation name" in r.stderr
     r = cli("chat", ".hidden", input="hi\n")  # a name may not begin with '.': the error says so
     assert r.returncode == 2, r.stderr
-    assert r.stderr == ("localgen: error: bad conversation name '.hidden': use at most 64 letters, digits, '.', '_' "
-                        "or '-', beginning with a letter or digit\n"), r.stderr
+    assert r.stderr == ("localgen: error: bad conversation name '.hidden': use at most 64 ASCII letters, digits, '.', "
+                        "'_' or '-', beginning with a letter or digit\n"), r.stderr
 
 
 def test_a_conversation_name_takes_ascii_letters_only(cli_in_process: InProcessCLI) -> None:

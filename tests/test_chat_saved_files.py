@@ -466,12 +466,13 @@ def test_a_file_of_a_newer_format_is_refused_and_left_as_it_is(scli: CLI) -> Non
     fut = d / "fut.json"
     fut.write_text(json.dumps({"format": 99, "model": "smollm2:135m", "messages": ADA, "future": {"x": 1}}))
     before = fut.read_bytes()
-    for args in (("--resume", "fut"), ("--resume",)):
+    for args, more in ((("--resume", "fut"), ""), (("--resume",), "; resume another by name, `localgen chat --resume "
+                                                      "NAME`, as `localgen chat --list` names them")):
         r = scli("chat", *args, *N, input="Hello\n")
         assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.strip().splitlines() == [
             f"localgen: error: the saved conversation {fut} was written by a newer localgen (format 99) (resume it "
-            "with that version; the file was left as it is)"], r.stderr
+            f"with that version; the file was left as it is{more})"], r.stderr  # the newest, taken unasked: or another
     r = scli("chat", *N, input="/load fut\n")
     assert f"the saved conversation {fut} was written by a newer localgen (format 99)" in r.stderr, r.stderr
     assert fut.read_bytes() == before

@@ -44,7 +44,7 @@ def check_name(name: str, model_hint: str | None = "localgen chat -m") -> str:
     if not valid_name(name):  # `$` alone would take a name ending in a newline
         model = model_hint is not None and _MODEL.fullmatch(name) and (":" in name or "/" in name) and \
             ".." not in name.split("/") and not name.lower().endswith(".gguf")  # a path (models/x.gguf) is not
-        raise UsageError(f"bad conversation name {name!r}: use at most 64 letters, digits, '.', '_' or '-', "
+        raise UsageError(f"bad conversation name {name!r}: use at most 64 ASCII letters, digits, '.', '_' or '-', "
                          "beginning with a letter or digit",
                          hint=f"to chat with the model {name}: {model_hint} {name}" if model else None)
     return name

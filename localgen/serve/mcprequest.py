@@ -127,7 +127,8 @@ def _tool(t: dict[str, Any]) -> McpTool:
 
     label = t.get("server_label")
     if not isinstance(label, str) or not LABEL.fullmatch(label):
-        raise HTTPError(400, "an mcp tool's server_label must be 1 to 64 letters, digits, '_' or '-'", param="tools")
+        raise HTTPError(400, "an mcp tool's server_label must be 1 to 64 ASCII letters, digits, '_' or '-'",
+                        param="tools")
     if t.get("connector_id") is not None:
         raise HTTPError(400, f"mcp tool {label}: connectors are not served here; give its server_url", param="tools")
     url = t.get("server_url")

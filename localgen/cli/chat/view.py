@@ -35,10 +35,11 @@ class ChatView:
     rag: Any = None  # --rag: the collection each message's excerpts come from (cli/options/rag.py Rag), or None
 
     def ask(self, question: str) -> str:
-        """A question to the user on the terminal (scripted chats never ask: they need --yes)."""
+        """A question to the user on the terminal (scripted chats never ask: they need --yes); EOFError at Ctrl-D."""
         if self.console is None:
             raise EOFError
-        return str(self.console.input(question, markup=False))
+        self.console.print(question, markup=False, end="")
+        return read_answer()
 
     def __post_init__(self) -> None:
         if self.interactive:
@@ -79,3 +80,26 @@ def summarized(session: Any) -> str:
     """What a resumed or loaded conversation's summary covers, for the line that says it goes on."""
     s = session.summary
     return f" (the first {s.covers:,} sent as a summary)" if s is not None else ""
+
+
+WAKE_S = 0.1  # how often a wait for an answer lets Python run a signal's handler
+
+
+def read_answer() -> str:
+    """A line typed at the terminal, without its newline; EOFError at Ctrl-D. Waited for in slices (select): a
+    signal that lands between the question and the read (a SIGTERM: the chat ends) is handled within WAKE_S, where
+    input() handles it only once a line comes, its read already begun. Where stdin cannot be waited on (a Windows
+    console), input()."""
+    import select
+    import sys
+
+    try:
+        fd = sys.stdin.fileno()
+        while not select.select([fd], [], [], WAKE_S)[0]:
+            pass
+    except (AttributeError, OSError, ValueError):  # no stdin, or one select cannot wait on
+        return input()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\r\n")
