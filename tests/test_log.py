@@ -206,6 +206,30 @@ def test_no_log_and_logs_off(lcli: CLI) -> None:
     assert [x["prompt"] for x in _logged(lcli)] == ["One.", "Four."]
 
 
+def test_logs_off_on_a_full_disk_turns_logging_off(lcli: CLI) -> None:
+    """A disk with no room left for data (a file size limit, as a full disk: a file is made, nothing goes in it):
+    `logs off` said "No space left on device" with no path and exit 1, yet logging was off (its marker made, its
+    note not written). Now the marker is all it takes: logging is off, exit 0; one that cannot be made at all (a
+    read-only folder) is one line naming it, and logging stays on."""
+    import resource
+
+    def no_room() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    marker = Path(lcli.env["LOCALGEN_HOME"]) / "config" / "logs-off"
+    marker.parent.mkdir(parents=True)
+    r = subprocess.run(lcli.argv("logs", "off"), env=lcli.env, capture_output=True, text=True, preexec_fn=no_room,
+                       timeout=600)
+    assert (r.returncode, r.stderr) == (0, "logging is off\n"), r.stderr
+    assert "logging is off" in lcli("logs", "status").stdout
+    assert lcli("logs", "on").returncode == 0 and not marker.exists()
+    marker.parent.rmdir()
+    marker.parent.write_text("")  # a file where its folder should be: the marker cannot be made
+    r = lcli("logs", "off")
+    assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: cannot write {marker.parent}"), r.stderr
+    assert r.stderr.count("\n") == 1 and "logging is on" in lcli("logs", "status").stdout
+
+
 def test_chat_turns_are_logged_and_a_logged_conversation_resumes(lcli: CLI) -> None:
     r = lcli("chat", *N, input="Remember the word banana.\nWhat was the word?\n")
     assert r.returncode == 0, r.stderr
