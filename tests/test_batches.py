@@ -1122,6 +1122,40 @@ def test_a_batch_refused_for_a_full_disk_is_not_made(monkeypatch: pytest.MonkeyP
     assert list((tmp_path / "data" / "batches" / "runs").iterdir()) == []
 
 
+def test_an_upload_whose_temporary_folder_is_full_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An upload over 1 MB is spooled to the temporary folder (TMPDIR) as it arrives, before the data folder sees
+    it: that folder full was a 507 blaming the data folder, which had room. It names TMPDIR now, and nothing is
+    made; with room again, the same upload is taken."""
+    import errno
+    import io
+    import os
+    import tempfile
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    class Full(io.BytesIO):  # a spool file in a temporary folder with no room left
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    big = _jsonl([_line(f"c{i}", _chat(i)) for i in range(12_000)])
+    assert len(big) > 1 << 20  # past Starlette's spool in memory
+    real = tempfile.TemporaryFile
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kwargs: Full())
+    r = client.post("/v1/files", files={"file": ("in.jsonl", big)}, data={"purpose": "batch"})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 507 and "temporary folder (TMPDIR) cannot be written (No space left" in message, r.text
+    assert "data folder" not in message and client.get("/v1/files").json()["data"] == []
+    monkeypatch.setattr(tempfile, "TemporaryFile", real)
+    r = client.post("/v1/files", files={"file": ("in.jsonl", big)}, data={"purpose": "batch"})
+    assert r.status_code == 200 and r.json()["bytes"] == len(big), r.text
+
+
 def test_a_clean_up_loop_that_deletes_while_it_pages_deletes_every_file(monkeypatch: pytest.MonkeyPatch,
                                                                         tmp_path: Path) -> None:
     """`for f in client.files.list(limit=2): client.files.delete(f.id)`: the openai client asks for the next page

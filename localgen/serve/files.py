@@ -261,6 +261,12 @@ async def read_form(request: Request, body: AsyncGenerator[bytes, None], max_fie
         return await parser.parse()
     except MultiPartException as e:
         raise HTTPError(400, parser.explain(e, what), param="file") from None
+    except OSError as e:  # a file part past 1 MB is spooled to the temporary folder, not the data folder
+        if e.errno not in DISK_ERRNOS:
+            raise
+        raise HTTPError(507, f"the server's temporary folder (TMPDIR) cannot be written ({e.strerror or e}): free "
+                             "some space there, or start serve with TMPDIR set to a folder with room, then send it "
+                             "again", "server_error") from None
 
 
 class _Form(MultiPartParser):
