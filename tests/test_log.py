@@ -12,6 +12,7 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -438,6 +439,32 @@ def test_a_fresh_home_on_a_read_only_disk_says_its_folder_cannot_be_written_in_w
     assert r.stderr == (f"warning: the log at {_db(lcli)} cannot be opened: its folder cannot be written "
                         f"({home / 'data'}: read-only file system); this answer was not logged\n"), r.stderr
     assert list(home.iterdir()) == []
+
+
+def test_a_lock_that_cannot_be_made_is_said_in_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log whose making takes the lock file beside it, on a disk with no inode left for that file: the warning
+    said Python's "[Errno 28] No space left on device: '.../logs.db.lock'"; now the cause in words, as the other
+    log warnings do, with the file named."""
+    import errno
+    import os
+
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    db = store.path()
+    _half_made(db, "empty file")
+    real = os.open
+
+    def no_inode(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith("logs.db.lock"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_inode)
+    with pytest.raises(store.LogError) as caught:
+        store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r"))
+    assert str(caught.value) == (f"the log at {db} is unusable: no space is left on its disk ({db}.lock: no space "
+                                 "left on device)"), str(caught.value)
 
 
 def test_logs_status_counts_one_exchange_in_the_singular_and_refuses_the_listing_options(

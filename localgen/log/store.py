@@ -173,6 +173,8 @@ def _why(e: sqlite3.Error | OSError, folder: Path) -> str:
     """SQLite's words, with the cause said where its words hide it ("disk I/O error" for a full disk)."""
     import shutil
 
+    if isinstance(e, OSError):  # the lock beside it (a disk with no inode left, a read-only folder)
+        return _os_why(e, folder)
     said = str(e)
     if said == "database is locked":
         return f"another process held it for the {BUSY_TIMEOUT_S:g} s a writer waits ({said})"
