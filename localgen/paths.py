@@ -169,6 +169,20 @@ def private_file(path: Path) -> Path:
     return path
 
 
+def replace_text(path: Path, text: str) -> None:
+    """`text` as `path`'s content in one step (its folder made): written beside it and renamed into place, so a
+    reader finds the old file or the new one; a failure (a full disk) leaves no temporary file behind."""
+    import threading
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # a name per writer
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable (on filesystems that need it; a no-op where it cannot be done)."""
     try:

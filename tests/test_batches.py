@@ -1122,6 +1122,40 @@ def test_a_batch_refused_for_a_full_disk_is_not_made(monkeypatch: pytest.MonkeyP
     assert list((tmp_path / "data" / "batches" / "runs").iterdir()) == []
 
 
+def test_an_upload_whose_temporary_folder_is_full_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An upload over 1 MB is spooled to the temporary folder (TMPDIR) as it arrives, before the data folder sees
+    it: that folder full was a 507 blaming the data folder, which had room. It names TMPDIR now, and nothing is
+    made; with room again, the same upload is taken."""
+    import errno
+    import io
+    import os
+    import tempfile
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    class Full(io.BytesIO):  # a spool file in a temporary folder with no room left
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))
+    big = _jsonl([_line(f"c{i}", _chat(i)) for i in range(12_000)])
+    assert len(big) > 1 << 20  # past Starlette's spool in memory
+    real = tempfile.TemporaryFile
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kwargs: Full())
+    r = client.post("/v1/files", files={"file": ("in.jsonl", big)}, data={"purpose": "batch"})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 507 and "temporary folder (TMPDIR) cannot be written (No space left" in message, r.text
+    assert "data folder" not in message and client.get("/v1/files").json()["data"] == []
+    monkeypatch.setattr(tempfile, "TemporaryFile", real)
+    r = client.post("/v1/files", files={"file": ("in.jsonl", big)}, data={"purpose": "batch"})
+    assert r.status_code == 200 and r.json()["bytes"] == len(big), r.text
+
+
 def test_a_clean_up_loop_that_deletes_while_it_pages_deletes_every_file(monkeypatch: pytest.MonkeyPatch,
                                                                         tmp_path: Path) -> None:
     """`for f in client.files.list(limit=2): client.files.delete(f.id)`: the openai client asks for the next page
@@ -1185,6 +1219,74 @@ def test_a_cancel_refused_for_a_full_disk_changes_nothing(monkeypatch: pytest.Mo
     r = client.post(f"/v1/batches/{made['id']}/cancel")
     assert r.status_code == 200 and r.json()["status"] == "cancelling" and r.json()["cancelling_at"], r.text
     assert json.loads(saved.read_bytes())["status"] == "cancelling"
+
+
+def _read_only(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """`folder` as a read-only file system shows it to this process: opening a file there to write, making, removing
+    or renaming one fails with EROFS (a test cannot mount one: CI is not root, and root ignores a chmod)."""
+    import builtins
+    import errno
+    import os
+
+    def guarded(real: Any, writes: Any) -> Any:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(path).startswith(str(folder)) and writes(*args, **kwargs):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    written = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    monkeypatch.setattr(os, "open", guarded(os.open, lambda flags, *a, **k: flags & written))
+    monkeypatch.setattr(builtins, "open", guarded(builtins.open, lambda mode="r", *a, **k: set(mode) & set("wax+")))
+    for name in ("mkdir", "unlink", "replace", "rename", "rmdir"):
+        monkeypatch.setattr(os, name, guarded(getattr(os, name), lambda *a, **k: True))
+
+
+def test_a_read_only_data_folder_still_answers_the_routes_that_read(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """docs/batch.md: a data dir that cannot be written makes only the routes that write answer 507. GET /v1/files,
+    a file, its content, GET /v1/batches and a batch answered 507 too (the lock they took first could not be made);
+    they read what is on disk as it is (a running batch's answers counted, its torn last line left alone), and the
+    first request once the folder can be written takes the batches."""
+    import io
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve import batches
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    data = tmp_path / "data" / "batches"
+    desk = batches.Desk(data)
+    desk.owner()
+    upload = desk.files.add(io.BytesIO(_jsonl([_line("a", _chat(1)), _line("b", _chat(2))])), "in.jsonl", "batch")
+    doc = desk.create(upload["id"], "/v1/chat/completions", "24h", None)
+    desk.validate(doc)
+    desk.progress[doc["id"]].write({"id": "batch_req_0", "custom_id": "a", "response": {"status_code": 200}}, True)
+    desk.release()
+    output = data / "runs" / doc["id"] / "output.jsonl"
+    with open(output, "ab") as f:
+        f.write(b'{"custom_id": "b", "resp')  # a crash cut this answer short
+    _read_only(monkeypatch, tmp_path)
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False), webui=False))  # no runner: no lifespan
+    listed = client.get("/v1/files")
+    assert listed.status_code == 200 and [f["id"] for f in listed.json()["data"]] == [upload["id"]], listed.text
+    assert client.get(f"/v1/files/{upload['id']}").json()["filename"] == "in.jsonl"
+    content = client.get(f"/v1/files/{upload['id']}/content")
+    assert content.status_code == 200 and content.content.count(b"\n") == 2, content.text
+    shown = client.get("/v1/batches")
+    assert shown.status_code == 200 and [b["id"] for b in shown.json()["data"]] == [doc["id"]], shown.text
+    one = client.get(f"/v1/batches/{doc['id']}").json()
+    assert one["status"] == "in_progress" and one["request_counts"] == {"total": 2, "completed": 1, "failed": 0}
+    refused = client.post("/v1/files", files={"file": ("in.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    assert refused.status_code == 507 and "cannot be written" in refused.json()["error"]["message"], refused.text
+    monkeypatch.undo()  # the folder can be written again: the next request holds the batches, and repairs them
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    again = client.post("/v1/files", files={"file": ("in.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    assert again.status_code == 200, again.text
+    assert output.read_bytes().endswith(b"}\n") and output.read_bytes().count(b"\n") == 1
 
 
 def test_a_request_that_never_reached_its_route_is_kept_with_openais_code(tmp_path: Path) -> None:

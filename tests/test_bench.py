@@ -380,6 +380,24 @@ def test_the_bandwidth_is_measured_once_a_day_per_machine(tmp_path: Path, monkey
     assert bandwidth.remembered() == 1e10 + 3 and json.loads(cached.read_text())["bytes_per_s"] == 1e10 + 3
 
 
+def test_a_bandwidth_that_cannot_be_kept_leaves_no_temporary_file(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A cache dir with no room (a file size limit, as a full disk: a file is made, nothing goes in it): the
+    measurement is used all the same, and its cache file is not kept; its empty temporary file
+    (cache/.bandwidth.json.PID.tmp) was left behind, one more on each bench."""
+    import resource
+
+    def no_room() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    script = ("from localgen.bench import bandwidth\n"
+              "bandwidth.measure_isolated = lambda: 1e10\n"  # the measurement itself is not what is tested
+              "print(bandwidth.remembered())\n")
+    r = subprocess.run([sys.executable, "-c", script], env={**cli_env, "LOCALGEN_HOME": str(tmp_path)}, cwd=ROOT,
+                       capture_output=True, text=True, preexec_fn=no_room, timeout=600)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "10000000000.0\n", "")
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
 def test_the_limit_counts_the_weights_a_token_reads(cli_env: dict[str, str], tmp_path: Path, moe_path: Path,
                                                     smollm2_path: Path) -> None:
     """docs/bench.md: the limit is the memory bandwidth over the bytes a token reads: every weight of a dense model

@@ -121,6 +121,43 @@ def test_rm_of_the_assembled_default_removes_only_the_assembled_copy(cli_env: di
     assert f"pip uninstall {chunks}" in r.stdout and not copy.exists()
 
 
+def test_the_first_use_of_gemma_checks_for_room_and_names_the_folder(cli_in_process: Any, cli_env: dict[str, str],
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma's first use assembles its 250 MB copy in the data dir: on a disk without room for it, that was the
+    bare `localgen: error: No space left on device`, naming no folder, after writing what fit. Its room is
+    checked first now, as pull's is (one line naming the folder, nothing written); a write that fails part-way
+    all the same (a file size limit, as a disk that fills meanwhile) names the file, and leaves nothing."""
+    import resource
+    import shutil
+    import subprocess
+
+    fresh = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})
+    folder = tmp_path / "data" / "embedded"
+    real = shutil.disk_usage
+
+    def little(path: Any) -> Any:
+        return real(path)._replace(free=100 << 20)
+
+    monkeypatch.setattr(shutil, "disk_usage", little)
+    r = fresh("run", "-m", "gemma3:270m", "-p", "Hi", "-n", "1")
+    monkeypatch.undo()
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("localgen: error: not enough disk space for gemma3:270m (assembled from its "), r.stderr
+    assert r.stderr.rstrip().endswith(f"have 100 MiB in {folder}"), r.stderr
+    assert list(folder.iterdir()) == []
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, 10 << 20))
+
+    own = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
+    r = subprocess.run(own.argv("run", "-m", "gemma3:270m", "-p", "Hi", "-n", "1"), env=own.env, capture_output=True,
+                       text=True, preexec_fn=small_files, timeout=600)
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr == f"localgen: error: cannot write {folder / 'gemma-3-270m-q4_k_m.gguf'}: File too large\n"
+    assert list(folder.iterdir()) == []
+
+
 def test_list_of_a_fresh_home_assembles_nothing(cli_in_process: Any, tmp_path: Path, gemma_path: Path) -> None:
     """`localgen create` of a preset of Gemma (four chunk packages), and `localgen list`, which names Gemma with its
     figures from its first chunk's header and the preset with the same figures, write nothing: the 250 MB copy is

@@ -13,6 +13,7 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -223,6 +224,30 @@ def test_no_log_and_logs_off(lcli: CLI) -> None:
     assert [x["prompt"] for x in _logged(lcli)] == ["One.", "Four."]
 
 
+def test_logs_off_on_a_full_disk_turns_logging_off(lcli: CLI) -> None:
+    """A disk with no room left for data (a file size limit, as a full disk: a file is made, nothing goes in it):
+    `logs off` said "No space left on device" with no path and exit 1, yet logging was off (its marker made, its
+    note not written). Now the marker is all it takes: logging is off, exit 0; one that cannot be made at all (a
+    read-only folder) is one line naming it, and logging stays on."""
+    import resource
+
+    def no_room() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    marker = Path(lcli.env["LOCALGEN_HOME"]) / "config" / "logs-off"
+    marker.parent.mkdir(parents=True)
+    r = subprocess.run(lcli.argv("logs", "off"), env=lcli.env, capture_output=True, text=True, preexec_fn=no_room,
+                       timeout=600)
+    assert (r.returncode, r.stderr) == (0, "logging is off\n"), r.stderr
+    assert "logging is off" in lcli("logs", "status").stdout
+    assert lcli("logs", "on").returncode == 0 and not marker.exists()
+    marker.parent.rmdir()
+    marker.parent.write_text("")  # a file where its folder should be: the marker cannot be made
+    r = lcli("logs", "off")
+    assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: cannot write {marker.parent}"), r.stderr
+    assert r.stderr.count("\n") == 1 and "logging is on" in lcli("logs", "status").stdout
+
+
 def test_chat_turns_are_logged_and_a_logged_conversation_resumes(lcli: CLI) -> None:
     r = lcli("chat", *N, input="Remember the word banana.\nWhat was the word?\n")
     assert r.returncode == 0, r.stderr
@@ -431,6 +456,32 @@ def test_a_fresh_home_on_a_read_only_disk_says_its_folder_cannot_be_written_in_w
     assert r.stderr == (f"warning: the log at {_db(lcli)} cannot be opened: its folder cannot be written "
                         f"({home / 'data'}: read-only file system); this answer was not logged\n"), r.stderr
     assert list(home.iterdir()) == []
+
+
+def test_a_lock_that_cannot_be_made_is_said_in_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log whose making takes the lock file beside it, on a disk with no inode left for that file: the warning
+    said Python's "[Errno 28] No space left on device: '.../logs.db.lock'"; now the cause in words, as the other
+    log warnings do, with the file named."""
+    import errno
+    import os
+
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    db = store.path()
+    _half_made(db, "empty file")
+    real = os.open
+
+    def no_inode(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).endswith("logs.db.lock"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_inode)
+    with pytest.raises(store.LogError) as caught:
+        store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r"))
+    assert str(caught.value) == (f"the log at {db} is unusable: no space is left on its disk ({db}.lock: no space "
+                                 "left on device)"), str(caught.value)
 
 
 def test_logs_status_counts_one_exchange_in_the_singular_and_refuses_the_listing_options(

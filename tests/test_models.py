@@ -577,6 +577,22 @@ def test_where_no_symlink_can_be_made_the_snapshot_is_a_hard_link_that_list_show
     assert not b.exists() and not q8.exists()
 
 
+def test_a_summary_that_cannot_be_kept_leaves_no_temporary_file(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """A cache dir with no room (a file size limit, as a full disk: a file is made, nothing goes in it): `show`
+    answers all the same, and the model's header summary is not kept; its empty temporary file
+    (cache/gguf-summaries/.KEY.json.PID.tmp) was left behind, one more on each command that read the model."""
+    import resource
+
+    def no_room() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    r = subprocess.run([sys.executable, "-m", "localgen", "show", "smollm2:135m", "--json"], cwd=ROOT,
+                       env={**cli_env, "LOCALGEN_HOME": str(tmp_path)}, capture_output=True, text=True,
+                       preexec_fn=no_room, timeout=600)
+    assert r.returncode == 0 and json.loads(r.stdout)["name"] == "smollm2:135m", r.stderr
+    assert list((tmp_path / "cache" / "gguf-summaries").iterdir()) == []
+
+
 def test_list_show_rm(env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> None:
     hub.repos["other/copy"] = hub_server.HubRepo(COMMIT, {"copy-Q4_1.gguf": model_file})
     assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0

@@ -5,6 +5,7 @@ experts its router picks (bytes_per_token)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -83,11 +84,6 @@ def remembered() -> float | None:
         pass
     measured = measure_isolated()
     if measured is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"machine": machine(), "at": time.time(), "bytes_per_s": measured}))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a cache that cannot be written costs the next bench a measurement, nothing more
+        with contextlib.suppress(OSError):  # a cache that cannot be written costs the next bench a measurement
+            paths.replace_text(path, json.dumps({"machine": machine(), "at": time.time(), "bytes_per_s": measured}))
     return measured

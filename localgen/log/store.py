@@ -21,7 +21,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,13 +91,16 @@ def enabled() -> bool:
 
 
 def set_enabled(on: bool) -> None:
-    """Turn logging on or off for every later run and chat."""
+    """Turn logging on or off for every later run and chat (an OSError naming the marker when it cannot be made or
+    removed: logging is then as it was)."""
     marker = _off_marker()
     if on:
         marker.unlink(missing_ok=True)
     else:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text("localgen does not log exchanges while this file exists (`localgen logs on`)\n")
+        marker.touch()  # its being there turns logging off: an empty file needs no room on a full disk
+        with suppress(OSError):  # a note for whoever finds it; a full disk leaves it empty
+            marker.write_text("localgen does not log exchanges while this file exists (`localgen logs on`)\n")
 
 
 def new_id() -> str:
@@ -170,6 +173,8 @@ def _why(e: sqlite3.Error | OSError, folder: Path) -> str:
     """SQLite's words, with the cause said where its words hide it ("disk I/O error" for a full disk)."""
     import shutil
 
+    if isinstance(e, OSError):  # the lock beside it (a disk with no inode left, a read-only folder)
+        return _os_why(e, folder)
     said = str(e)
     if said == "database is locked":
         return f"another process held it for the {BUSY_TIMEOUT_S:g} s a writer waits ({said})"

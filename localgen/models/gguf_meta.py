@@ -356,6 +356,7 @@ SUMMARY_FORMAT = 5
 def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> GGUFSummary:
     """summarize(), remembered per file (path, size, mtime) in the cache dir: every `run`, `show` and `list`
     reads each model's header once."""
+    import contextlib
     import dataclasses
     import hashlib
     import json
@@ -381,13 +382,9 @@ def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> 
     except (OSError, ValueError, TypeError, KeyError):
         pass
     summary = summarize(path, check_data=check_data)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"stamp": stamp, "summary": dataclasses.asdict(summary)}, default=_jsonable))
-        os.replace(tmp, cache)
-    except (OSError, TypeError, ValueError):
-        pass  # a cache: without it the next read parses again
+    with contextlib.suppress(OSError, TypeError, ValueError):  # a cache: without it the next read parses again
+        paths.replace_text(cache, json.dumps({"stamp": stamp, "summary": dataclasses.asdict(summary)},
+                                             default=_jsonable))
     return summary
 
 

@@ -54,13 +54,13 @@ def default_root() -> Path:
     return paths.data_dir() / "batches"
 
 
-def answered(path: Path) -> Iterator[dict[str, Any]]:
+def answered(path: Path, repair: bool = True) -> Iterator[dict[str, Any]]:
     """The records of a results file, whole ones only, read one line at a time (an embeddings batch's answers may
-    be gigabytes): a line a crash cut short is first removed from the file, so the next record starts on a line
-    of its own."""
+    be gigabytes): a line a crash cut short is first removed from the file (with `repair`; without, it is
+    skipped: a data folder that cannot be written), so the next record starts on a line of its own."""
     if not path.exists():
         return
-    with open(path, "rb+") as f:
+    with open(path, "rb+" if repair else "rb") as f:
         size = end = f.seek(0, os.SEEK_END)
         while end > 0:  # back from the end to the last newline: a torn line is all that follows it
             step = min(end, 1 << 16)
@@ -70,12 +70,14 @@ def answered(path: Path) -> Iterator[dict[str, Any]]:
                 end = end - step + found + 1
                 break
             end -= step
-        if end < size:
+        if end < size and repair:
             f.truncate(end)
             f.flush()
             os.fsync(f.fileno())
         f.seek(0)
         for raw in f:
+            if not raw.endswith(b"\n"):  # the torn line left (not repaired)
+                break
             with contextlib.suppress(ValueError):
                 doc = json.loads(raw)
                 if isinstance(doc, dict) and isinstance(doc.get("custom_id"), str):
@@ -115,11 +117,11 @@ class Progress:
     appending: threading.Lock = field(default_factory=threading.Lock)  # one write() at a time: see there
 
     @classmethod
-    def read(cls, folder: Path) -> Progress:
-        """The progress its results files hold (a torn last line dropped)."""
+    def read(cls, folder: Path, repair: bool = True) -> Progress:
+        """The progress its results files hold (a torn last line dropped: see answered())."""
         progress = cls(folder)
         for ok, name in ((True, "output.jsonl"), (False, "errors.jsonl")):
-            for record in answered(folder / name):
+            for record in answered(folder / name, repair):
                 progress.count(record, ok)
         return progress
 
@@ -224,19 +226,43 @@ class Desk:
             lock.release()
             raise
         self._lock = lock
-        found: dict[str, Any] = {}  # self.batches set once all are read: set before, a failure left them unread
+        # self.batches set once all are read: set before, a failure left them unread
+        self.batches = self._read(self.progress, sweep=True)
+        self.wake.set()  # the runner found no batches before: the unfinished ones go on at once
+
+    def _read(self, progress: dict[str, Progress], sweep: bool) -> dict[str, dict[str, Any]]:
+        """The batches on disk by id, oldest first, each running one's Progress put in `progress`; with `sweep`,
+        what a crash left half-written is removed (and a torn last answer: see answered())."""
+        found: dict[str, Any] = {}
         for folder in self.runs.glob("batch_*") if self.runs.is_dir() else []:
-            for left in folder.glob(".*.tmp"):  # an object a crash left half-written (its rename never came)
+            for left in folder.glob(".*.tmp") if sweep else []:  # an object a crash left half-written
                 with contextlib.suppress(OSError):
                     left.unlink()
             with contextlib.suppress(OSError, ValueError):
                 doc = json.loads((folder / "batch.json").read_bytes())
                 if doc.get("status") in RUNNING:
-                    self.progress[doc["id"]] = progress = Progress.read(folder)
-                    progress.shown(doc)
+                    progress[doc["id"]] = done = Progress.read(folder, repair=sweep)
+                    done.shown(doc)
                 found[doc["id"]] = doc
-        self.batches = dict(sorted(found.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))  # oldest first
-        self.wake.set()  # the runner found no batches before: the unfinished ones go on at once
+        return dict(sorted(found.items(), key=lambda kv: (kv[1]["created_at"], kv[0])))
+
+    def reading(self) -> bool:
+        """owner(), for a route that only reads: False where the data folder cannot be written (read-only, full: the
+        lock cannot be made), and the route reads what is on disk as it is, without holding it (nothing runs; the
+        next request tries to hold it again). docs/batch.md: only the routes that write answer 507 then."""
+        try:
+            self.owner()
+        except OSError as e:
+            if files.disk_fault(e) is None:
+                raise
+            return False
+        return True
+
+    def view(self) -> dict[str, dict[str, Any]]:
+        """The batches by id, oldest first, for a route that only reads (see reading())."""
+        if self.reading() and self.batches is not None:
+            return self.batches
+        return self._read({}, sweep=False)
 
     def release(self) -> None:
         """Let another server hold the batches (at shutdown)."""
@@ -348,8 +374,8 @@ def routes(desk: Desk) -> list[Route]:
         assert desk.batches is not None
         return desk.batches
 
-    def found(ident: str) -> dict[str, Any]:
-        doc = owned().get(ident)
+    def found(ident: str, reads: bool = False) -> dict[str, Any]:
+        doc = (desk.view() if reads else owned()).get(ident)
         if doc is None:
             raise HTTPError(404, f"No batch found with id '{ident[:100]}'.", "invalid_request_error", "batch_id")
         return doc
@@ -389,13 +415,13 @@ def routes(desk: Desk) -> list[Route]:
         return JSONResponse(doc)
 
     async def listed(request: Request) -> Response:
-        docs = list(reversed(owned().values()))
+        docs = list(reversed(desk.view().values()))
         query = request.query_params
         limit = files.limit_param(query.get("limit"), 20, MAX_BATCHES_LISTED)
         return JSONResponse(files.page([_shown(d) for d in docs], query.get("after"), limit))
 
     async def retrieve(request: Request) -> Response:
-        return JSONResponse(_shown(found(request.path_params["id"])))
+        return JSONResponse(_shown(found(request.path_params["id"], reads=True)))
 
     async def cancel(request: Request) -> Response:
         doc = found(request.path_params["id"])
@@ -417,4 +443,4 @@ def routes(desk: Desk) -> list[Route]:
     return [by_method("/v1/batches", POST=on_disk(create), GET=on_disk(listed)),
             by_method("/v1/batches/{id}", GET=on_disk(retrieve)),
             by_method("/v1/batches/{id}/cancel", POST=on_disk(cancel)),
-            *files.routes(desk.files, desk.owner, desk.in_use, lambda: desk.read_timeout)]
+            *files.routes(desk.files, desk.owner, desk.reading, desk.in_use, lambda: desk.read_timeout)]

@@ -185,10 +185,11 @@ def not_found(ident: str, param: str = "file_id") -> HTTPError:
     return HTTPError(404, f"No such File object: {ident[:100]}", "invalid_request_error", param)
 
 
-def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], str | None],
-           read_timeout: Callable[[], float]) -> list[Route]:
-    """The Files API's routes over `store`. `owner()` is called first by each (serve/batches.py: this server
-    holds the data dir's batches, or a 503); `in_use(id)` names the batch still reading a file, which may not be
+def routes(store: FileStore, owner: Callable[[], None], reader: Callable[[], bool],
+           in_use: Callable[[str], str | None], read_timeout: Callable[[], float]) -> list[Route]:
+    """The Files API's routes over `store`. `owner()` is called first by each that writes (serve/batches.py: this
+    server holds the data dir's batches, or a 503), `reader()` by each that only reads (the same, but a data folder
+    that cannot be written is read as it is); `in_use(id)` names the batch still reading a file, which may not be
     deleted meanwhile."""
 
     async def create(request: Request) -> Response:
@@ -203,7 +204,7 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         return JSONResponse(await _upload(request, store, read_timeout()))
 
     async def listed(request: Request) -> Response:
-        owner()
+        reader()
         query = request.query_params
         purpose = query.get("purpose")
         limit = limit_param(query.get("limit"), MAX_LIST, MAX_LIST)
@@ -217,7 +218,7 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         return JSONResponse(page(docs, query.get("after"), limit, order == "desc"))
 
     async def retrieve(request: Request) -> Response:
-        owner()
+        reader()
         ident = request.path_params["id"]
         doc = await asyncio.to_thread(store.get, ident)
         if doc is None:
@@ -225,7 +226,7 @@ def routes(store: FileStore, owner: Callable[[], None], in_use: Callable[[str], 
         return JSONResponse(doc)
 
     async def content(request: Request) -> Response:
-        owner()
+        reader()
         ident = request.path_params["id"]
         if await asyncio.to_thread(store.get, ident) is None:
             raise not_found(ident)
@@ -260,6 +261,12 @@ async def read_form(request: Request, body: AsyncGenerator[bytes, None], max_fie
         return await parser.parse()
     except MultiPartException as e:
         raise HTTPError(400, parser.explain(e, what), param="file") from None
+    except OSError as e:  # a file part past 1 MB is spooled to the temporary folder, not the data folder
+        if e.errno not in DISK_ERRNOS:
+            raise
+        raise HTTPError(507, f"the server's temporary folder (TMPDIR) cannot be written ({e.strerror or e}): free "
+                             "some space there, or start serve with TMPDIR set to a folder with room, then send it "
+                             "again", "server_error") from None
 
 
 class _Form(MultiPartParser):
