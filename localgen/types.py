@@ -223,6 +223,21 @@ class ModelRef:
         """The file's quantization, e.g. Q4_K_M."""
         return self.summary.quantization
 
+    @property
+    def file(self) -> str:
+        """`path` as valid text, for JSON, logs and the API (`path` itself opens the file): see shown_path."""
+        return shown_path(self.path)
+
+
+def shown_path(path: str) -> str:
+    """A file name or path as valid text: a byte that is not UTF-8 (which Python keeps as a lone surrogate in a
+    name from argv or the disk) written as \\xe8, any other lone surrogate as \\ud800. Such a string was a raw
+    byte in JSON output, and sqlite's and Starlette's UnicodeEncodeError."""
+    if not any("\ud800" <= c <= "\udfff" for c in path):
+        return path
+    return "".join((f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else f"\\u{ord(c):04x}")
+                   if "\ud800" <= c <= "\udfff" else c for c in path)
+
 
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id
 
