@@ -190,6 +190,29 @@ def test_ollama_client_chat_and_generate(server: Server) -> None:
                                                                              "localgen": localgen.__version__}
 
 
+def test_ollama_client_streams_an_answer_holding_unicode_line_separators(server: Server) -> None:
+    """U+2028, U+2029 and U+0085 are line ends to the ollama client's line reader (httpx's iter_lines, as
+    str.splitlines), and JSON leaves them unescaped: a streamed line was split mid-string, a JSONDecodeError. The
+    NDJSON lines escape them (as Go's encoding/json escapes U+2028 and U+2029)."""
+    import ollama
+
+    client = ollama.Client(host=server.url, headers=_auth())
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^x\u2028y\u2029z\u0085w$"}},
+              "required": ["a"]}
+    ask: dict[str, Any] = {"model": "smollm2:135m", "format": schema, "options": {"num_predict": 40, "temperature": 0}}
+    messages = [{"role": "user", "content": "Give JSON."}]
+    whole = client.chat(messages=messages, **ask)["message"]["content"]
+    assert json.loads(whole) == {"a": "x\u2028y\u2029z\u0085w"}, whole
+    streamed = "".join(p["message"]["content"] for p in client.chat(messages=messages, stream=True, **ask))
+    assert streamed == whole
+    generated = "".join(p["response"] for p in client.generate(prompt="Give JSON.", stream=True, **ask))
+    assert json.loads(generated) == {"a": "x\u2028y\u2029z\u0085w"}, generated
+    with httpx.stream("POST", f"{server.url}/api/chat", headers=_auth(), timeout=120,
+                      json={**ask, "messages": messages}) as r:
+        raw = r.read()
+    assert not {"\u2028", "\u2029", "\x85"} & set(raw.decode())  # escaped: \\u2028 on the wire
+
+
 def test_concurrent_requests_are_decoded_together(server: Server) -> None:
     before = server.health()
     results: list[int] = []
