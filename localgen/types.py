@@ -293,16 +293,37 @@ class Chunk:
 class TokenLogprob:
     """One generated token's log-probability under the model, with the likeliest alternatives."""
 
-    text: str
+    text: str  # a token that is part of a character shows U+FFFD here; its bytes are in `raw`
     token: int
     logprob: float
     top: tuple[tuple[str, float], ...] = ()
+    raw: bytes | None = None  # the token's own bytes; None: the text's UTF-8
+    top_raw: tuple[bytes, ...] = ()  # each alternative's, in `top`'s order (none: their texts' UTF-8)
+
+    def alternatives(self) -> list[tuple[str, float, bytes]]:
+        """`top` with each alternative's own bytes."""
+        raws = self.top_raw if len(self.top_raw) == len(self.top) else [t.encode("utf-8") for t, _ in self.top]
+        return [(t, lp, raw) for (t, lp), raw in zip(self.top, raws, strict=True)]
+
+    @property
+    def own_bytes(self) -> bytes:
+        """The token's bytes: those of a part of a character too (OpenAI's `bytes`, to join split characters)."""
+        return self.text.encode("utf-8") if self.raw is None else self.raw
 
     def to_dict(self) -> dict[str, Any]:
         """OpenAI's shape: token, logprob, bytes, top_logprobs."""
-        return {"token": self.text, "logprob": round(self.logprob, 5), "bytes": list(self.text.encode("utf-8")),
-                "top_logprobs": [{"token": t, "logprob": round(lp, 5), "bytes": list(t.encode("utf-8"))}
-                                 for t, lp in self.top]}
+        return {"token": self.text, "logprob": round(self.logprob, 5), "bytes": list(self.own_bytes),
+                "top_logprobs": [{"token": t, "logprob": round(lp, 5), "bytes": list(raw)}
+                                 for t, lp, raw in self.alternatives()]}
+
+
+def token_key(raw: bytes) -> str:
+    """A token as the legacy completions' `tokens` and `top_logprobs` keys name it: its text, or, for a part of a
+    character, OpenAI's `bytes:\\xe4\\xbd` (as U+FFFD, the alternatives that are such parts were one key)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
 @dataclass(frozen=True)
