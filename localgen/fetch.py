@@ -236,7 +236,7 @@ class Fetcher:
 
     def _body(self, r: httpx.Response, clock: _Clock) -> bytes:
         length = r.headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_bytes:
+        if length.isascii() and length.isdigit() and int(length) > self.max_bytes:
             raise FetchError(f"larger than {self.max_bytes // 2**20} MiB")
         buf = bytearray()
         for piece in r.iter_bytes():

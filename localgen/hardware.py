@@ -66,7 +66,7 @@ def _cpu_list(path: str) -> set[int]:
         if "-" in part:
             a, b = part.split("-", 1)
             out.update(range(int(a), int(b) + 1))
-        elif part.strip().isdigit():
+        elif part.isascii() and part.strip().isdigit():
             out.add(int(part))
     return out
 
@@ -79,7 +79,7 @@ def _sysctl_int(name: str) -> int | None:
         return None
     try:
         out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
-        return int(out) if out.isdigit() else None
+        return int(out) if out.isascii() and out.isdigit() else None
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -215,7 +215,7 @@ def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float
         if not (isinstance(item, (list, tuple)) and len(item) == 2):
             raise UsageError(f"bad {shown} item {item!r}")
         tok, bias = item
-        if isinstance(tok, str) and tok.strip().isdigit():
+        if isinstance(tok, str) and tok.strip().isascii() and tok.strip().isdigit():  # "²" is a digit int() refuses
             tok = int(tok)
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= INT32:
             raise UsageError(f"{shown}: a token id must be a non-negative integer, not {tok!r}")
@@ -239,7 +239,7 @@ def parse_bias(text: str) -> tuple[int, float]:
     """llama.cpp's TOKEN(+|-)BIAS: "15043+1.5", "15043-inf"."""
     s = text.strip()
     for i in range(1, len(s)):
-        if s[i] in "+-" and s[:i].isdigit():
+        if s[i] in "+-" and s[:i].isascii() and s[:i].isdigit():
             try:
                 return int(s[:i]), float(s[i:])
             except ValueError:

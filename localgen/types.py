@@ -223,6 +223,21 @@ class ModelRef:
         """The file's quantization, e.g. Q4_K_M."""
         return self.summary.quantization
 
+    @property
+    def file(self) -> str:
+        """`path` as valid text, for JSON, logs and the API (`path` itself opens the file): see shown_path."""
+        return shown_path(self.path)
+
+
+def shown_path(path: str) -> str:
+    """A file name or path as valid text: a byte that is not UTF-8 (which Python keeps as a lone surrogate in a
+    name from argv or the disk) written as \\xe8, any other lone surrogate as \\ud800. Such a string was a raw
+    byte in JSON output, and sqlite's and Starlette's UnicodeEncodeError."""
+    if not any("\ud800" <= c <= "\udfff" for c in path):
+        return path
+    return "".join((f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else f"\\u{ord(c):04x}")
+                   if "\ud800" <= c <= "\udfff" else c for c in path)
+
 
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id
 
@@ -278,16 +293,37 @@ class Chunk:
 class TokenLogprob:
     """One generated token's log-probability under the model, with the likeliest alternatives."""
 
-    text: str
+    text: str  # a token that is part of a character shows U+FFFD here; its bytes are in `raw`
     token: int
     logprob: float
     top: tuple[tuple[str, float], ...] = ()
+    raw: bytes | None = None  # the token's own bytes; None: the text's UTF-8
+    top_raw: tuple[bytes, ...] = ()  # each alternative's, in `top`'s order (none: their texts' UTF-8)
+
+    def alternatives(self) -> list[tuple[str, float, bytes]]:
+        """`top` with each alternative's own bytes."""
+        raws = self.top_raw if len(self.top_raw) == len(self.top) else [t.encode("utf-8") for t, _ in self.top]
+        return [(t, lp, raw) for (t, lp), raw in zip(self.top, raws, strict=True)]
+
+    @property
+    def own_bytes(self) -> bytes:
+        """The token's bytes: those of a part of a character too (OpenAI's `bytes`, to join split characters)."""
+        return self.text.encode("utf-8") if self.raw is None else self.raw
 
     def to_dict(self) -> dict[str, Any]:
         """OpenAI's shape: token, logprob, bytes, top_logprobs."""
-        return {"token": self.text, "logprob": round(self.logprob, 5), "bytes": list(self.text.encode("utf-8")),
-                "top_logprobs": [{"token": t, "logprob": round(lp, 5), "bytes": list(t.encode("utf-8"))}
-                                 for t, lp in self.top]}
+        return {"token": self.text, "logprob": round(self.logprob, 5), "bytes": list(self.own_bytes),
+                "top_logprobs": [{"token": t, "logprob": round(lp, 5), "bytes": list(raw)}
+                                 for t, lp, raw in self.alternatives()]}
+
+
+def token_key(raw: bytes) -> str:
+    """A token as the legacy completions' `tokens` and `top_logprobs` keys name it: its text, or, for a part of a
+    character, OpenAI's `bytes:\\xe4\\xbd` (as U+FFFD, the alternatives that are such parts were one key)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
 @dataclass(frozen=True)

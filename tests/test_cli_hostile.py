@@ -67,6 +67,16 @@ def test_a_json_schema_that_is_no_object_is_one_line(cli_in_process: InProcessCL
     assert line.startswith("localgen: error: the JSON schema is not valid: ") and len(line) < 200, line
 
 
+@pytest.mark.parametrize("index", ["²", "٠"])
+def test_a_schema_reference_with_a_unicode_digit_points_at_nothing(cli_in_process: InProcessCLI, index: str) -> None:
+    # a JSON Pointer's array index is ASCII digits: "²" was int()'s ValueError as the message, "٠" item 0
+    schema = ('{"type": "array", "prefixItems": [{"type": "string"}], "items": {"$ref": "#/prefixItems/'
+              + index + '"}}')
+    r = cli_in_process("run", "-m", "smollm2:135m", "-n", "1", "--json-schema", schema, input="hi\n")
+    said = f"localgen: error: the schema reference '#/prefixItems/{index}' points at nothing\n"
+    assert r.returncode == 2 and r.stderr == said, r.stderr
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["-j", '{"type": "string", "pattern": "^a{1,20000}$"}'], "pattern repeat {1,20000} is 20,000; at most 4,096"),
     (["-j", '{"type": "string", "pattern": "^' + "(" * 150 + "a" + ")" * 150 + '$"}'],

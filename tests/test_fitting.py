@@ -71,6 +71,21 @@ def test_a_long_input_of_its_own_is_folded_and_its_items_are_what_was_sent(serve
     assert listed == [(m["role"], m["content"]) for m in sent]
 
 
+def test_a_summary_heading_with_a_unicode_digit_is_folded_not_a_500(server: Server) -> None:
+    """A client's system message in a summary's form whose count is "²" (a digit int() refuses) was a 500."""
+    import httpx
+
+    note = {"role": "system", "content": f"{compact.HEADING} (² messages, summarized):\nThey met in Alder."}
+    sent = [note, {"role": "user", "content": PARA}, {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": PARA + "Where are the bells?"}]
+    r = httpx.post(f"{server.url}/v1/responses", json={"model": "smollm2:135m", "input": sent, "store": False,
+                                                        "max_output_tokens": 8, "temperature": 0,
+                                                        "truncation": "auto"}, timeout=600)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] + 8 <= 512
+    assert fitting._parts([note])[1] == ("They met in Alder.", 0)  # type: ignore[list-item]
+
+
 def test_the_parts_of_a_conversation_and_its_summary_round_trip() -> None:
     system = {"role": "system", "content": "Be brief."}
     call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",

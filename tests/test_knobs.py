@@ -246,3 +246,21 @@ def test_show_hashes_only_on_request(cli: CLI, smollm2_path: Path, tmp_path: Pat
     assert r.returncode == 0 and "not known yet (--sha256 computes it)" in r.stdout
     doc = json.loads(cli("show", str(copy), "--sha256", "--json").stdout)
     assert doc["sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest()
+
+
+def test_logprobs_bytes_are_each_tokens_own_bytes(cli: CLI, tmp_path: Path) -> None:
+    """OpenAI's `bytes` rebuild a character split over tokens: each token's own bytes. A token that was part of a
+    character had U+FFFD's bytes [239, 191, 189] (its text decoded, then encoded again), its alternatives too."""
+    grammar = tmp_path / "g.gbnf"
+    grammar.write_text('root ::= "😀🎉 你好"\n', encoding="utf-8")
+    r = cli("run", "--raw", "-p", "Emoji:", "-n", "12", "--temperature", "0", "--json", "--logprobs", "2",
+            "--grammar", str(grammar), "--ctx", "512")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["text"] == "😀🎉 你好"
+    lps = doc["logprobs"]
+    assert b"".join(bytes(t["bytes"]) for t in lps) == "😀🎉 你好".encode()
+    assert any("\ufffd" in t["token"] for t in lps), "the test needs a token that is part of a character"
+    for one in [*lps, *(a for t in lps for a in t["top_logprobs"])]:
+        if "\ufffd" in one["token"]:
+            assert one["bytes"] != [239, 191, 189], one

@@ -294,7 +294,7 @@ def test_a_cap_of_0_turns_the_cache_off(env: dict[str, str], asked: Asked) -> No
     assert not list((Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states").rglob("zero.*"))
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "٣"])  # "٣" is decimal to str.isdecimal(), 3 to int()
 def test_a_bad_cap_is_a_usage_error(env: dict[str, str], value: str) -> None:
     """configuration.md, run.md, caches.md: a cap that is not a whole number 0 or more is a usage error that says
     what it must be, for run and chat."""

@@ -131,6 +131,22 @@ def test_model_by_path(cli: CLI, smollm2_path: Path) -> None:
     assert json.loads(r.stdout)["model"]["source"] == "path"
 
 
+def test_a_model_file_whose_name_is_not_utf8_answers_in_valid_json_and_is_logged(cli: CLI, smollm2_path: Path,
+                                                                                    tmp_path: Path) -> None:
+    """run.md: stdout is UTF-8. A file name's byte that is not UTF-8 (0xe8, as Latin-1 writes è) went raw into
+    --json's model name and file, then the log's sqlite raised UnicodeEncodeError (a traceback, not logged)."""
+    link = tmp_path / "mod\udce8le.gguf"  # the byte 0xe8 on disk
+    link.symlink_to(smollm2_path)
+    r = subprocess.run(cli.argv("run", "-m", str(link), "-p", "Hi", "--json", *QUICK), capture_output=True,
+                       env=cli.env, timeout=600)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr.decode(errors="replace")
+    model = json.loads(r.stdout.decode("utf-8"))["model"]
+    assert model["name"] == "mod\\xe8le.gguf" and model["file"] == str(tmp_path / "mod\\xe8le.gguf"), model
+    logged = cli("logs", "-n", "1", "--json")
+    assert logged.returncode == 0, logged.stderr
+    assert json.loads(logged.stdout)[0]["model"] == "mod\\xe8le.gguf", logged.stdout
+
+
 def test_stop_sequence(cli: CLI) -> None:
     r = cli("run", "-p", "Count from 1 to 20, separated by commas.", "--temperature", "0", "-n", "60",
             "--stop", "5", "--json")

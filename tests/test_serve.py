@@ -160,6 +160,45 @@ def test_timings_logprobs_and_response_format(server: Server) -> None:
     assert len(lps) == doc["usage"]["completion_tokens"] and all(len(x["top_logprobs"]) == 2 for x in lps)
 
 
+def _token_bytes(key: str) -> bytes:
+    """A legacy completions token as bytes: its text, or OpenAI's bytes:\\xe4\\xbd for a part of a character."""
+    return bytes.fromhex(key[6:].replace("\\x", "")) if key.startswith("bytes:") else key.encode()
+
+
+def test_logprobs_bytes_of_tokens_that_are_parts_of_characters(server: Server, cli: CLI) -> None:
+    """Chat's `bytes` are each token's own (they were U+FFFD's [239, 191, 189] for a part of a character), and
+    the legacy `tokens` and `top_logprobs` keys name such a part as OpenAI does, bytes:\\xf0\\x9f (the
+    alternatives that were each U+FFFD were one key)."""
+    schema = {"type": "string", "pattern": "^😀🎉 你好$"}
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=120, json={
+        "model": "smollm2:135m", "messages": [{"role": "user", "content": "Emoji."}], "max_tokens": 16,
+        "temperature": 0, "logprobs": True, "top_logprobs": 3, "response_format": fmt})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["message"]["content"]
+    assert json.loads(content) == "😀🎉 你好"
+    lps = r.json()["choices"][0]["logprobs"]["content"]
+    assert b"".join(bytes(t["bytes"]) for t in lps) == content.encode()
+    parts = [one for one in [*lps, *(a for t in lps for a in t["top_logprobs"])] if "\ufffd" in one["token"]]
+    assert parts and all(one["bytes"] != [239, 191, 189] for one in parts), parts
+    r = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=120, json={
+        "model": "smollm2:135m", "prompt": "Emoji:", "max_tokens": 16, "temperature": 0, "logprobs": 3,
+        "response_format": fmt})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    tokens = choice["logprobs"]["tokens"]
+    assert b"".join(_token_bytes(t) for t in tokens) == choice["text"].encode() and json.loads(choice["text"])
+    assert any(t.startswith("bytes:") for t in tokens), tokens
+    assert all(len(top) == 3 for top in choice["logprobs"]["top_logprobs"]), choice["logprobs"]["top_logprobs"]
+    # run --endpoint keeps the server's bytes (it took the token's text, U+FFFD, and encoded it again)
+    r2 = CLI({**cli.env, "THE_KEY": KEY})("run", "--endpoint", server.url, "--api-key-env", "THE_KEY", "-m",
+                                          "smollm2:135m", "--json", "--logprobs", "2", "-n", "16", "--temperature",
+                                          "0", "-j", json.dumps(schema), "-p", "Emoji.")
+    assert r2.returncode == 0, r2.stderr
+    doc = json.loads(r2.stdout)
+    assert b"".join(bytes(t["bytes"]) for t in doc["logprobs"]) == doc["text"].encode() and json.loads(doc["text"])
+
+
 def test_greedy_answer_is_runs_answer(server: Server, cli: CLI) -> None:
     prompt = "The capital of Italy is"
     alone = cli("run", "--raw", "-p", prompt, "-n", "16", "--temperature", "0", "--ctx", "1024").stdout.rstrip("\n")
@@ -188,6 +227,29 @@ def test_ollama_client_chat_and_generate(server: Server) -> None:
 
     assert httpx.get(f"{server.url}/api/version", headers=_auth()).json() == {"version": "0.12.0",
                                                                              "localgen": localgen.__version__}
+
+
+def test_ollama_client_streams_an_answer_holding_unicode_line_separators(server: Server) -> None:
+    """U+2028, U+2029 and U+0085 are line ends to the ollama client's line reader (httpx's iter_lines, as
+    str.splitlines), and JSON leaves them unescaped: a streamed line was split mid-string, a JSONDecodeError. The
+    NDJSON lines escape them (as Go's encoding/json escapes U+2028 and U+2029)."""
+    import ollama
+
+    client = ollama.Client(host=server.url, headers=_auth())
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^x\u2028y\u2029z\u0085w$"}},
+              "required": ["a"]}
+    ask: dict[str, Any] = {"model": "smollm2:135m", "format": schema, "options": {"num_predict": 40, "temperature": 0}}
+    messages = [{"role": "user", "content": "Give JSON."}]
+    whole = client.chat(messages=messages, **ask)["message"]["content"]
+    assert json.loads(whole) == {"a": "x\u2028y\u2029z\u0085w"}, whole
+    streamed = "".join(p["message"]["content"] for p in client.chat(messages=messages, stream=True, **ask))
+    assert streamed == whole
+    generated = "".join(p["response"] for p in client.generate(prompt="Give JSON.", stream=True, **ask))
+    assert json.loads(generated) == {"a": "x\u2028y\u2029z\u0085w"}, generated
+    with httpx.stream("POST", f"{server.url}/api/chat", headers=_auth(), timeout=120,
+                      json={**ask, "messages": messages}) as r:
+        raw = r.read()
+    assert not {"\u2028", "\u2029", "\x85"} & set(raw.decode())  # escaped: \\u2028 on the wire
 
 
 def test_concurrent_requests_are_decoded_together(server: Server) -> None:

@@ -761,3 +761,23 @@ def test_a_downloaded_files_numbers_are_not_its_access_lines_tokens(child: Serve
     used = embedded.json()["usage"]["prompt_tokens"]
     line = child.access("files-embed")
     assert f" 200 {used}+0 tokens " in line or f" 200 {used} tokens " in line, line
+
+
+def test_a_model_file_whose_name_is_not_utf8_is_served(cli_env: dict[str, str], smollm2_path: Path,
+                                                       tmp_path: Path) -> None:
+    """A file name's byte that is not UTF-8 (0xe8) was kept as a lone surrogate in the model's name: every route
+    that names it (/health, /v1/models, an answer) was a 500 (Starlette's JSON encoding failed). It is named as
+    \\xe8 now, and the file opens."""
+    link = tmp_path / "mod\udce8le.gguf"
+    link.symlink_to(smollm2_path)
+    s = Server(cli_env, "-m", str(link), "--ctx", "512", "-np", "1")
+    try:
+        for route in ("/health", "/v1/models", "/api/tags", "/models"):
+            r = httpx.get(f"{s.url}{route}", timeout=60)
+            assert r.status_code == 200, (route, r.text)
+        assert httpx.get(f"{s.url}/v1/models").json()["data"][0]["id"] == "mod\\xe8le.gguf"
+        r = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
+            "model": "mod\\xe8le.gguf", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200 and r.json()["model"] == "mod\\xe8le.gguf", r.text
+    finally:
+        assert s.stop() == 0

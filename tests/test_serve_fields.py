@@ -117,6 +117,9 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/v1/chat/completions", {**_chat(), "messages": [{"role": "user", "content": None}]}, "messages.0.content"),
     ("/v1/chat/completions", {**_chat(), "model": 5}, "model"),
     ("/v1/chat/completions", _chat(logit_bias={"999999": 1}), "logit_bias"),
+    # "²" is a digit to str.isdigit() that int() refuses: a 500
+    ("/v1/chat/completions", _chat(logit_bias={"²": 1}), "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "logit_bias": {" ①": 1}}, "logit_bias"),
     # Anthropic's rule: the thinking is part of max_tokens
     ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
                       "thinking": {"type": "enabled", "budget_tokens": 8}},

@@ -188,7 +188,7 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
                         "compute": d.compute, "output": d.output, "total": d.total, "budget": budget,
                         **({"mapped": d.mapped} if d.device == "CPU" else {})})
     return {
-        "model": {"name": ref.name, "file": ref.path, "architecture": s.architecture, "layers": plan.n_layer,
+        "model": {"name": ref.name, "file": ref.file, "architecture": s.architecture, "layers": plan.n_layer,
                   "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe,
                   "encoder": s.encoder_only},
         "machine": {"ram": m.ram, "gpus": list(m.gpus), "unified": m.unified, "gpus_described": m.described,

@@ -195,10 +195,14 @@ def token_logprob(raw: Any, piece: Callable[[int], bytes], token: int, top: int)
     m = float(logits.max())
     logz = m + float(np.log(np.exp(logits - m).sum()))
     alternatives: tuple[tuple[str, float], ...] = ()
+    raws: tuple[bytes, ...] = ()
     if top > 0:
         k = min(top, logits.shape[0])
         idx = np.argpartition(-logits, k - 1)[:k]
         idx = idx[np.argsort(-logits[idx], kind="stable")]
-        alternatives = tuple((piece(int(t)).decode("utf-8", errors="replace"), float(logits[t]) - logz) for t in idx)
-    text = piece(token).decode("utf-8", errors="replace")
-    return TokenLogprob(text, token, float(logits[token]) - logz, alternatives)
+        raws = tuple(piece(int(t)) for t in idx)
+        alternatives = tuple((raw.decode("utf-8", errors="replace"), float(logits[t]) - logz)
+                             for raw, t in zip(raws, idx, strict=True))
+    raw = piece(token)  # a token may be part of a character: its own bytes kept beside the text shown
+    return TokenLogprob(raw.decode("utf-8", errors="replace"), token, float(logits[token]) - logz, alternatives,
+                        raw, raws)

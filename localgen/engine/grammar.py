@@ -55,7 +55,7 @@ def resolve_schema(schema: Any) -> Any:
         node = schema
         for raw in ref[2:].split("/"):
             part = unquote(raw).replace("~1", "/").replace("~0", "~")
-            if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            if isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             elif isinstance(node, dict) and part in node:
                 node = node[part]

@@ -257,7 +257,7 @@ class LocalBackend:
         load.update(self.engine.load_report.record())
         load["origins"] = dict(self.engine.origins)  # each tunable setting: flag, tuned on DATE, or rule: why
         return {
-            "model": {"name": ref.name, "file": ref.path, "source": ref.source, "quantization": ref.quantization,
+            "model": {"name": ref.name, "file": ref.file, "source": ref.source, "quantization": ref.quantization,
                       "architecture": ref.summary.architecture, "parameters": ref.summary.n_params,
                       "file_size": ref.summary.file_size},
             "load": load,

@@ -47,7 +47,7 @@ def cap_bytes() -> int:
     value = os.environ.get(CAP_ENV, "").strip()
     if not value:
         return DEFAULT_CAP_MB << 20
-    if not value.isdecimal():
+    if not (value.isascii() and value.isdecimal()):
         raise UsageError(f"{CAP_ENV} must be a whole number of megabytes, 0 or more (it is {value!r})",
                          hint=f"unset it for the default, {DEFAULT_CAP_MB}")
     return int(value) << 20

@@ -288,7 +288,7 @@ def prune_splits(root: Path) -> None:
     for folder in top.iterdir():
         if folder.name.startswith("."):  # another process's folder being made (or moved aside): its own
             pid = folder.name.rsplit(".", 2)[-2] if folder.name.count(".") >= 3 else ""
-            if pid.isdigit() and not running(int(pid)):
+            if pid.isascii() and pid.isdigit() and not running(int(pid)):
                 shutil.rmtree(folder, ignore_errors=True)
             continue
         links = list(folder.glob("*.gguf")) if folder.is_dir() else []

@@ -137,8 +137,8 @@ class Session:
             try:
                 with hub.open_url(self.url(what), {**self.headers(), "Accept": ACCEPT}, registry.TIMEOUT_S,
                                   self.guard) as resp:
-                    length = resp.headers.get("Content-Length")
-                    if length is not None and length.strip().isdigit() and int(length) > registry.MAX_MANIFEST:
+                    length = resp.headers.get("Content-Length") or ""
+                    if length.isascii() and length.strip().isdigit() and int(length) > registry.MAX_MANIFEST:
                         raise self._too_big(f"{int(length):,}")
                     raw: bytes = resp.read(registry.MAX_MANIFEST + 1)
                     if len(raw) > registry.MAX_MANIFEST:

@@ -245,7 +245,7 @@ def fetch_manifest(name: OllamaName, guard: Callable[[str, str], None] | None = 
             with hub.open_url(url, {"Accept": MANIFEST_TYPE}, TIMEOUT_S,
                                guard or redirect_guard(name.host)) as resp:
                 length = resp.headers.get("Content-Length")
-                if length is not None and length.strip().isdigit() and int(length) > MAX_MANIFEST:
+                if length is not None and length.isascii() and length.strip().isdigit() and int(length) > MAX_MANIFEST:
                     raise _too_big(name, f"{int(length):,}")
                 raw: bytes = resp.read(MAX_MANIFEST + 1)
                 if len(raw) > MAX_MANIFEST:
@@ -283,7 +283,7 @@ def retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²" is a digit int() refuses
         return float(min(int(text), MAX_RETRY_AFTER))
     import email.utils
     from datetime import UTC, datetime

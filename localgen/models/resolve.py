@@ -14,7 +14,7 @@ from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError,
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
 from localgen.models.quant import QuantOption, best_that_fits, group_options, pick, rank
-from localgen.types import ModelRef
+from localgen.types import ModelRef, shown_path
 
 if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
     from localgen.models import download, oci, ollamastore, presets
@@ -44,7 +44,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
     if isinstance(spec, names.PathSpec):
         if not spec.path.is_file() and not spec.path.exists():
             raise ModelNotFoundError(f"no such model file: {spec.path}")
-        return ModelRef(name=spec.path.name, path=str(spec.path), source="path",
+        return ModelRef(name=shown_path(spec.path.name), path=str(spec.path), source="path",
                         summary=read_summary(str(spec.path)))
     if isinstance(spec, names.CatalogueSpec):
         spec = _latest(spec)

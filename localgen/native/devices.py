@@ -157,7 +157,7 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     import struct
 
     host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit()):
         raise LocalgenError(f"bad RPC server {endpoint!r}: use HOST:PORT")
     try:
         s = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)

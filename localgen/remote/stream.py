@@ -139,10 +139,21 @@ def _take_logprobs(lp: Any, gen: RemoteGeneration) -> None:
         return
     for item in lp["content"]:
         if isinstance(item, dict) and isinstance(item.get("token"), str):
-            alts = item.get("top_logprobs")
-            top = tuple((t["token"], float(t.get("logprob", 0.0))) for t in (alts if isinstance(alts, list) else [])
-                        if isinstance(t, dict) and isinstance(t.get("token"), str))
-            gen.logprobs.append(TokenLogprob(item["token"], -1, float(item.get("logprob", 0.0)), top))
+            listed = item.get("top_logprobs")
+            alts = [t for t in (listed if isinstance(listed, list) else [])
+                    if isinstance(t, dict) and isinstance(t.get("token"), str)]
+            top = tuple((t["token"], float(t.get("logprob", 0.0))) for t in alts)
+            raws = [_raw(t) for t in alts]  # the server's bytes of a token that is part of a character
+            kept = tuple(r for r in raws if r is not None) if None not in raws else ()
+            gen.logprobs.append(TokenLogprob(item["token"], -1, float(item.get("logprob", 0.0)), top, _raw(item), kept))
+
+
+def _raw(item: dict[str, Any]) -> bytes | None:
+    """An OpenAI logprob's `bytes` (a list of 0-255), or None where it has none or another thing."""
+    got = item.get("bytes")
+    if isinstance(got, list) and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in got):
+        return bytes(got)
+    return None
 
 
 def _finish(reason: Any) -> FinishReason | None:

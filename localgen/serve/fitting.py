@@ -136,7 +136,7 @@ def _is_summary(m: Message) -> bool:
 def _read_summary(content: str) -> tuple[str, int]:
     """An earlier summary's text, and the number of messages its heading says it stands for."""
     first, _, text = content.partition(":\n")
-    digits = "".join(c for c in first.removeprefix(compact.HEADING).split("message")[0] if c.isdigit())
+    digits = "".join(c for c in first.removeprefix(compact.HEADING).split("message")[0] if c.isascii() and c.isdigit())
     return text, int(digits or 0)
 
 

@@ -235,7 +235,7 @@ class Gate:
         limit = self.policy.max_body
         declared = headers.get("content-length", "")
         too_big = HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body)")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             await _refuse(scope, receive, send, too_big)
             return
         body = bytearray()

@@ -54,7 +54,7 @@ def _model_routes(state: ServeState) -> list[Route]:
         offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
         return JSONResponse({"object": "list", "data": [
             # the file's name, not its folders: a client learns which file, never where it is (without_paths)
-            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path and os.path.basename(ref.path),
+            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path and os.path.basename(ref.file),
              "status": {"value": "loaded" if w is not None and w.loaded else "unloaded"}}
             for name, ref, w in offered]})
 

@@ -166,8 +166,14 @@ def _message(pieces: list[Said]) -> dict[str, Any]:
     return msg
 
 
+# characters Python's str.splitlines() ends a line at, which JSON leaves unescaped: the ollama client (httpx's
+# iter_lines) split a line at them, mid-string. Escaped as Go's encoding/json escapes U+2028 and U+2029.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def _line(doc: dict[str, Any]) -> bytes:
-    return (json.dumps(doc, ensure_ascii=False) + "\n").encode()
+    """One NDJSON line: no character in it a client's line reader may split at."""
+    return (json.dumps(doc, ensure_ascii=False).translate(_LINE_BREAKS) + "\n").encode()
 
 
 class _Encoder:

@@ -34,6 +34,7 @@ from localgen.serve.responsestore import check_metadata
 from localgen.serve.state import ServeState
 from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
+from localgen.types import token_key
 
 UNSUPPORTED = ("functions", "function_call", "prediction")
 # Names the chat template's renderer sets itself (engine/template.py's render(), and `tools` from the
@@ -306,5 +307,5 @@ class _Encoder:
         items = c.logprobs
         if self.chat:
             return {"content": [t.to_dict() for t in items]}
-        return {"tokens": [t.text for t in items], "token_logprobs": [t.logprob for t in items],
-                "top_logprobs": [{a: lp for a, lp in t.top} for t in items]}
+        return {"tokens": [token_key(t.own_bytes) for t in items], "token_logprobs": [t.logprob for t in items],
+                "top_logprobs": [{token_key(raw): lp for _, lp, raw in t.alternatives()} for t in items]}

@@ -248,7 +248,7 @@ def _public_registry(host: str) -> None:
 
     hostname, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
     try:
-        addresses(hostname, int(port) if port.isdigit() else 443, private=False)
+        addresses(hostname, int(port) if port.isascii() and port.isdigit() else 443, private=False)
     except FetchError as e:
         if e.message.startswith("refused: "):
             raise HTTPError(403, f"the registry {host} is {e.message.removeprefix('refused: ')}: a client may "

@@ -83,7 +83,7 @@ async def _form(request: Request, limit: int, timeout: float) -> dict[str, Any]:
     too_big = HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body)",
                         param="file")
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit + FORM_SLACK:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit + FORM_SLACK:
         raise too_big
     form = await read_form(request, bounded_body(request, timeout, limit + FORM_SLACK, too_big), 16, "the request")
     try:

@@ -570,7 +570,7 @@ def _pinned_client(headers: dict[str, str] | None, private: bool, refused: list[
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
             events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
             error = None
-            if size.isdigit() and int(size) > MAX_BODY:
+            if size.isascii() and size.isdigit() and int(size) > MAX_BODY:
                 error = too_big(f"a body of {int(size):,} bytes")
             elif encoding not in ("", "identity"):
                 error = too_big(f"a body encoded as {encoding[:32]}, not asked for (it could decode past any size)")

@@ -71,6 +71,7 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     (the model a continued conversation loads again); `seed`: the one the answer was drawn with (with tools,
     by its last round), as `run --json` reports it, so that a drawn seed can be given again."""
     from localgen.log import store
+    from localgen.types import shown_path
 
     if no_log or not store.enabled():
         return
@@ -83,7 +84,8 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     endpoint = info.get("endpoint")
     entry = store.Entry(
         conversation_id=cid, source=source, model=str(info.get("name") or ""), prompt=prompt, response=text,
-        model_spec=None if remote else model, endpoint=", ".join(endpoint) if endpoint else None,
+        model_spec=None if remote or model is None else shown_path(model),  # valid text, as the log holds only
+        endpoint=", ".join(endpoint) if endpoint else None,
         system=system, settings=_sent(request, seed) if remote else _settings(request.sampling, seed),
         finish_reason=finish_reason,
         prompt_tokens=stats.prompt_tokens if stats else 0, completion_tokens=stats.completion_tokens if stats else 0,

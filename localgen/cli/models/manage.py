@@ -94,7 +94,7 @@ def pull(
         else:
             ref = resolve.pull(target, make_progress())
     if json_out:
-        print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256,
+        print(json.dumps({"name": ref.name, "file": ref.file, "sha256": ref.sha256,
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
     else:
         print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")
@@ -148,7 +148,7 @@ def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> 
     print(f"{ref.name} is already installed: it ships inside the Python package {embedded.pip_names(model)[0]}",
           file=sys.stderr)
     if json_out:
-        print(json.dumps({"name": ref.name, "file": ref.path, "sha256": ref.sha256 or model.sha256,
+        print(json.dumps({"name": ref.name, "file": ref.file, "sha256": ref.sha256 or model.sha256,
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
     else:
         print(f"{ref.name}  {ref.quantization}  {format_bytes(ref.summary.file_size)}  {ref.path}")

@@ -90,7 +90,7 @@ def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
         sha = download.sha256_file(target, progress)
         progress.finish()
     return {
-        "name": ref.name, "file": ref.path, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
+        "name": ref.name, "file": ref.file, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
         "parameters": s.n_params, "quantization": s.quantization, "size": s.file_size,
         "context_length": s.context_length, "layers": s.n_layers, "embedding_length": s.n_embd,
         "heads": s.n_head, "kv_heads": s.n_head_kv, "vocab_size": s.vocab_size, "license": s.license,
