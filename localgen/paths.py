@@ -174,7 +174,7 @@ def replace_text(path: Path, text: str) -> None:
     reader finds the old file or the new one; a failure (a full disk) leaves no temporary file behind."""
     import threading
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # a name per writer
     try:
         tmp.write_text(text)

@@ -47,7 +47,11 @@ def rename_new(path: Path, target: Path) -> None:
         raise
     except OSError:  # no hard links here (FAT, some network shares)
         os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.replace(path, target)
+        try:
+            os.replace(path, target)
+        except BaseException:  # the name held for nothing: let go, never left as an empty result
+            target.unlink(missing_ok=True)
+            raise
         return
     path.unlink(missing_ok=True)
 

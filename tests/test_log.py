@@ -568,3 +568,66 @@ def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) 
     assert json.loads(r.stdout)["model"]["name"] == "smollm2:135m"
     r = under("run", "--continue", "-m", "gemma3:270m", "What is my name?", *N)  # -m typed: that model
     assert r.returncode == 1 and "gemma3:270m has no chat template" in r.stderr, r.stderr
+
+
+def test_a_log_another_user_owns_is_not_written_and_one_of_ours_is_made_private(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/logs.md: the log is mode 0600 in a 0700 folder. A log (or its folder) another user made first, in a
+    shared LOCALGEN_HOME or planted where ours was renamed away, took every prompt, readable by that user and
+    without a word: now it is not written (a LogError, one warning in run and chat). One of ours whose mode
+    another program loosened is made 0600 again at the next write."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+
+    def entry() -> store.Entry:
+        return store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="secret", response="r")
+
+    store.record(entry())
+    db = store.path()
+    os.chmod(db, 0o666)
+    store.record(entry())
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    monkeypatch.setattr(os, "geteuid", lambda: db.stat().st_uid + 4242)  # as another user sees these files
+    with pytest.raises(store.LogError) as caught:
+        store.record(entry())
+    assert str(caught.value) == (f"the log at {db} is not written: {db.parent} belongs to another user (uid "
+                                 f"{db.stat().st_uid}); set LOCALGEN_HOME to a folder of your own")
+    assert store.count() == 2  # still read
+
+
+def test_logs_off_never_writes_through_a_link_planted_in_its_place(lcli: CLI, tmp_path: Path) -> None:
+    """`localgen logs off` wrote its note through a symbolic link at config/logs-off, overwriting the file it
+    pointed at (outside the home); now the link is replaced by the marker, and the file is left as it was."""
+    victim = tmp_path / "victim"
+    victim.write_text("the user's own file\n")
+    config = Path(lcli.env["LOCALGEN_HOME"]) / "config"
+    config.mkdir(parents=True)
+    (config / "logs-off").symlink_to(victim)
+    r = lcli("logs", "off")
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "the user's own file\n"
+    marker = config / "logs-off"
+    assert not marker.is_symlink() and stat.S_IMODE(marker.stat().st_mode) == 0o600
+    assert lcli("logs", "status").stdout.startswith("logging is off")
+
+
+def test_a_config_folder_that_cannot_be_entered_leaves_logging_on(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`enabled()` asked whether config/logs-off exists, and Python 3.11's exists() raises PermissionError for a
+    folder that cannot be entered (a root-owned 0700 one under `sudo -E`): `run` answered, then ended with exit 1.
+    Now logging is taken as on, and the log's own write warns if it cannot."""
+    import errno
+
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    real = Path.exists
+
+    def denied(self: Path, *args: Any, **kwargs: Any) -> bool:
+        if self.name == "logs-off":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", denied)
+    assert store.enabled()

@@ -380,11 +380,11 @@ def test_a_verified_record_that_cannot_be_written_is_skipped(tmp_path: Path, mon
     folder.mkdir()
     monkeypatch.setattr(download, "_verified_db", lambda: folder / "verified-blobs.json")
 
-    def full(self: Path, *args: object, **kw: object) -> int:
+    def full(*args: object, **kw: object) -> None:
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(Path, "write_text", full)
+        m.setattr(os, "replace", full)  # the temporary file written, its rename failing
         download.mark_verified(blob)
     assert sorted(p.name for p in folder.iterdir()) == ["verified-blobs.json.lock"]  # no temporary file left
     download.mark_verified(blob)

@@ -1317,3 +1317,29 @@ def test_create_q_that_cannot_write_the_preset_quantizes_nothing(qcli: CLI, smol
     assert r.returncode == 1 and "quantized to" not in r.stderr, r.stderr
     assert _one_line(r.stderr).startswith(f"localgen: error: cannot write the preset {folder / 'mybot.json'}: ")
     assert _made(qcli) == []
+
+
+def test_a_rename_without_hard_links_that_fails_leaves_no_empty_result(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the disk has no hard links, the result's name is held by an empty file, then renamed over: a rename
+    that fails let go of nothing, and the empty file stayed as the result (refusing the next quantize as "exists",
+    listed as a model); now it is removed, and the finished file is left where it was."""
+    import errno
+
+    from localgen import unnamed
+
+    done = tmp_path / ".q.gguf.1.partial"
+    done.write_bytes(b"GGUF....")
+    target = tmp_path / "q.gguf"
+
+    def no_links(*args: object, **kw: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    def refused(*args: object, **kw: object) -> None:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(PermissionError):
+        unnamed.rename_new(done, target)
+    assert not target.exists() and done.read_bytes() == b"GGUF...."

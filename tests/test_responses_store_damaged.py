@@ -310,6 +310,27 @@ def test_a_store_another_process_has_locked_is_waited_for_without_holding_up_thi
     assert "ulimit" not in e.message and "permissions" not in e.message
 
 
+def test_a_first_read_of_a_store_another_process_is_writing_is_not_held_up(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's first GET /v1/responses/{id} or previous_response_id while another process writes the store: WAL
+    readers are not blocked, so it is answered (the table's setup took the write lock every time, even for a store
+    already up to date: a 503 after the 10 s wait)."""
+    from localgen.serve import responsestore
+    from localgen.serve.responsestore import ResponseStore
+
+    path = tmp_path / "responses.db"
+    ResponseStore(path).save("resp_1", {"id": "resp_1"}, [{"role": "user", "content": "Hi"}])
+    monkeypatch.setattr(responsestore, "BUSY_TIMEOUT_S", 1.0)  # the old setup's wait, short
+    locker = _locked_by_another_process(path)
+    try:
+        got = ResponseStore(path).load("resp_1")  # a server started meanwhile
+    finally:
+        assert locker.stdin is not None
+        locker.stdin.close()
+        locker.wait()
+    assert got is not None and got.response == {"id": "resp_1"}
+
+
 def test_a_server_whose_store_another_process_has_locked_answers_503(cli_env: dict[str, str], tmp_path: Path) -> None:
     """Over HTTP: a response that would be stored while another process holds the store's lock is a 503 in
     OpenAI's shape saying so; "store": false still answers."""

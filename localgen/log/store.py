@@ -86,8 +86,12 @@ def _off_marker() -> Path:
 
 
 def enabled() -> bool:
-    """Whether exchanges are logged (`localgen logs off` turns it off until `on`)."""
-    return not _off_marker().exists()
+    """Whether exchanges are logged (`localgen logs off` turns it off until `on`). A config folder that cannot be
+    entered says nothing either way: logged, as far as the log itself can be written (a warning if not)."""
+    try:
+        return not _off_marker().exists()
+    except OSError:
+        return True
 
 
 def set_enabled(on: bool) -> None:
@@ -97,15 +101,37 @@ def set_enabled(on: bool) -> None:
     if on:
         marker.unlink(missing_ok=True)
     else:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()  # its being there turns logging off: an empty file needs no room on a full disk
-        with suppress(OSError):  # a note for whoever finds it; a full disk leaves it empty
-            marker.write_text("localgen does not log exchanges while this file exists (`localgen logs on`)\n")
+        paths.make_dirs(marker.parent)
+        if marker.is_symlink():  # never written through: a link planted there would aim the note at another file
+            marker.unlink()
+        # its being there turns logging off: an empty file needs no room on a full disk
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            with suppress(OSError):  # a note for whoever finds it; a full disk leaves it empty
+                os.write(fd, b"localgen does not log exchanges while this file exists (`localgen logs on`)\n")
+        finally:
+            os.close(fd)
 
 
 def new_id() -> str:
     """A unique id that sorts by time: milliseconds, then randomness (20 hex digits)."""
     return f"{int(time.time() * 1000):012x}{os.urandom(4).hex()}"
+
+
+def _ours(db: Path) -> None:
+    """A log is written only where this user owns it and its folder: in one another user made first (a shared
+    LOCALGEN_HOME, a folder renamed away and planted), what people type would go where that user reads it. One of
+    ours made readable by others (made before this rule, or by hand) is made private again."""
+    if not hasattr(os, "geteuid"):  # Windows: no owners to compare
+        return
+    me = os.geteuid()
+    for where in (db.parent, db):
+        st = where.lstat()
+        if st.st_uid != me:
+            raise LogError(f"the log at {db} is not written: {where} belongs to another user (uid {st.st_uid}); "
+                           "set LOCALGEN_HOME to a folder of your own")
+    if db.lstat().st_mode & 0o077:
+        os.chmod(db, 0o600)
 
 
 @contextmanager
@@ -117,6 +143,8 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
             if not create:
                 raise LogError(f"there is no log yet at {db}")
             paths.private_file(db)  # SQLite gives its -wal and -shm files the same mode
+        if create:
+            _ours(db)
         conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     except OSError as e:  # its folder cannot be made, or the file in it (a read-only or full disk)
         raise LogError(f"the log at {db} cannot be opened: {_os_why(e, db.parent)}") from None

