@@ -183,3 +183,22 @@ def test_show_after_a_failed_save_says_the_conversation_is_not_saved_and_why(ucl
     assert len(shown) == 1 and shown[0].startswith("conversation shown · 4 messages · not saved (cannot write "), \
         r.stderr
     assert "Read-only file system" in shown[0] and shown[0].endswith(f"): {saved}"), shown
+
+
+@pytest.mark.parametrize("command", ["/clear", "/load other"])
+def test_clear_or_load_never_drops_a_conversation_that_is_not_saved(ucli: CLI, command: str) -> None:
+    """docs/chat.md: a conversation that cannot be saved is kept in memory and said. /clear and /load left it for
+    another, and it was gone (nothing saved, the chat ending with exit 0); now a save is tried again, and where it
+    fails too the command is refused, naming why (scripted, the chat ends there with exit 1, said)."""
+    first = ucli("chat", "trip", *N, input="Name a yellow fruit.\n")
+    assert first.returncode == 0, first.stderr
+    assert ucli("chat", "other", *N, input="Hi.\n").returncode == 0
+    saved = Path(ucli.env["LOCALGEN_HOME"]) / "data" / "chats" / "trip.json"
+    before = saved.read_bytes()
+    r = _read_only(ucli, "chat", "--resume", "trip", *N, input=f"Name a red fruit.\n{command}\nSay bye.\n",
+                   mount=FULL)
+    assert r.returncode == 1, r.stderr
+    assert len(r.stdout.splitlines()) == 1, r.stdout  # the red fruit answered; nothing after the refusal
+    assert f"localgen: error: {command} would drop this conversation, which is not saved (cannot write" in r.stderr
+    assert "No space left on device" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert saved.read_bytes() == before

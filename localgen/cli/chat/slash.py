@@ -152,6 +152,18 @@ def _system(runner: Any, view: Any, arg: str) -> None:
         view.info(f"system: {runner.session.system or 'none'}")
 
 
+def _kept_before_leaving(runner: Any, command: str) -> None:
+    """/clear and /load leave the conversation for another: one whose last save failed (a full or read-only disk,
+    its name taken by another chat) is saved again first, room may have come back; if that fails too, the command
+    is refused, as it would drop the only copy (it did, and the chat still ended with exit 0)."""
+    if runner.unsaved is None or not runner.session.messages:
+        return
+    runner.save(warn=False)
+    if runner.unsaved is not None:
+        raise LocalgenError(f"{command} would drop this conversation, which is not saved ({runner.unsaved})",
+                            hint="free some room, or /save NAME to keep it under another name, then try again")
+
+
 def _clear(runner: Any, view: Any, arg: str) -> None:
     """A new conversation, as a fresh chat starts one (a name from the clock, claimed at its first save, and its
     own conversation in the log), with the same model, system prompt and /set values: the one cleared stays
@@ -167,6 +179,7 @@ def _clear(runner: Any, view: Any, arg: str) -> None:
     if not old.messages:
         view.info("conversation cleared")
         return
+    _kept_before_leaving(runner, "/clear")
     save_state(runner)  # its KV state, for a later --resume or /load of it
     now = time.time()
     runner.adopt(dataclasses.replace(old, name=sessions.new_name(), messages=[], settings=dict(old.settings),
@@ -310,6 +323,7 @@ def _load(runner: Any, view: Any, arg: str) -> None:
         raise UsageError("usage: /load NAME")
     sessions.check_name(arg, model_hint="/model")  # a model's name typed here: /model takes it
     loaded = sessions.ChatSession.load(arg)
+    _kept_before_leaving(runner, f"/load {arg}")
     if loaded.log_id is None:  # a file written by hand or by another tool: its answers are logged from now on
         from localgen.log.store import new_id
 
