@@ -438,6 +438,33 @@ def test_a_prompt_cache_that_fails_is_turned_off_and_the_request_misses_it(smoll
     assert pc.slots.host is None and isinstance(pc.slots.host_error, RuntimeError)
 
 
+def test_a_closed_context_frees_its_saved_states_at_once(smollm2_engine: object) -> None:
+    """Closing a context (serve's unload) frees the slot states its host cache holds then, not at Python's next
+    full collection: the context sits in reference cycles, and serve's RSS grew by MBs at each model swap."""
+    import gc
+    import weakref
+
+    eng: Any = smollm2_engine
+    convs = [_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 12, "Hi.")
+             for i in range(2)]
+    pc = ParallelContext(eng, 1, 1024, pooled=True, cache_ram=-1)
+    sched = Scheduler(pc, reuse=True)
+    for i, t in enumerate(convs):
+        sched.add(Request(i, Prompt.text(t), _greedy(4)))
+    gc.disable()
+    try:
+        while not sched.idle:
+            sched.step()
+        assert pc.slots.host is not None and len(pc.slots.host.entries) == 1  # the first, saved for the second
+        saved = weakref.ref(pc.slots.host.entries[0])
+        sched.close()
+        pc.close()
+        del sched, pc
+        assert saved() is None
+    finally:
+        gc.enable()
+
+
 def test_an_exact_request_beside_the_batch_gets_the_answer_it_gets_alone(smollm2_engine: object) -> None:
     eng: Any = smollm2_engine
     sampling = SamplingParams(temperature=0.0, max_tokens=16)
