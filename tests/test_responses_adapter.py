@@ -98,6 +98,28 @@ def test_a_tool_left_out_is_said_once_for_each_type_in_the_servers_log() -> None
                      "function, file_search and mcp tools"]
 
 
+def test_tools_of_made_up_types_are_bounded_in_a_request_and_in_the_servers_log() -> None:
+    """Every tool counts toward the 256 of a request, whatever its type, before any is read; and types never
+    seen before, request after request, are said at most MAX_ONCE times in the server's life (each key said
+    once is remembered: they stay bounded too)."""
+    from localgen.serve.servelog import LOG, MAX_ONCE, ServeLog
+
+    with pytest.raises(HTTPError) as e:
+        r._tools([{"type": f"made_up_{i}"} for i in range(257)])
+    assert e.value.status == 400 and e.value.param == "tools"
+    assert e.value.message == "`tools` holds 257 tools; at most 256 in one request"
+    lines: list[str] = []
+    log = ServeLog(write=lines.append)
+    token = LOG.set(log)
+    try:
+        for n in range(4):
+            assert r._tools([{"type": f"made_up_{n}_{i}"} for i in range(256)]) is None
+    finally:
+        LOG.reset(token)
+    assert len(lines) == MAX_ONCE < 4 * 256 and len(log._said) == MAX_ONCE
+    assert lines[0].startswith("warning: /v1/responses leaves out tools of type 'made_up_0_0'")
+
+
 def test_function_tools_and_tool_choice_as_chat_completions() -> None:
     tools = r._tools([{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"},
                        "strict": True}])

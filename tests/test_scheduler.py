@@ -395,6 +395,76 @@ def test_host_memory_keeps_the_most_recent_states_under_its_limit(smollm2_engine
     assert counters["saves"] == 0
 
 
+def test_a_state_chosen_to_load_is_not_pushed_out_by_the_state_saved_before_it(smollm2_engine: object) -> None:
+    """Room for two saved states: A, B and C in turn fill it (A and B saved), then A again. Before A's state is
+    loaded, C's is saved, and the room it needs comes from B, never from the A about to be loaded (it once was,
+    and the step failed: `list.remove(x): x not in list`)."""
+    eng: Any = smollm2_engine
+    convs = [_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 12, "Hi.")
+             for i in range(3)]  # 83 tokens each, states of one size
+    reqs = [Request(i, Prompt.text(t), _greedy(4)) for i, t in enumerate(convs)]
+    _, unlimited = _one_slot(eng, reqs, -1)
+    two = unlimited["bytes"] + 4096  # A's and B's states, not a third
+    again = Request(3, Prompt.text(convs[0]), _greedy(4))
+    kept, _ = _one_slot(eng, [reqs[0], again], 0)  # A never left its slot
+    done, counters = _one_slot(eng, [*reqs, again], two)
+    assert counters["saves"] == 3 and counters["loads"] == 1 and counters["bytes"] <= two
+    assert done[3].cached_tokens == kept[3].cached_tokens > 0 and done[3].text == done[0].text
+
+
+def test_a_prompt_cache_that_fails_is_turned_off_and_the_request_misses_it(smollm2_engine: object,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault of the host cache (here llama.cpp refusing to read a state back with an error) fails no request:
+    the one at hand evaluates its prompt afresh and answers as it would have, and the cache is off from then on
+    (serve's worker logs the error once)."""
+    from localgen.native import context
+
+    eng: Any = smollm2_engine
+    a, b = (_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 12, "Hi.")
+            for i in range(2))
+
+    def broken(*args: Any) -> int:
+        raise RuntimeError("no state for you")
+
+    monkeypatch.setattr(context, "seq_state_set", broken)
+    pc = ParallelContext(eng, 1, 1024, cache_ram=-1)
+    done: dict[int, Any] = {}
+    try:
+        pc.run(iter([Request(0, Prompt.text(a), _greedy(4)), Request(1, Prompt.text(b), _greedy(4)),
+                     Request(2, Prompt.text(a), _greedy(4))]), lambda c: done.__setitem__(c.index, c), reuse=True)
+    finally:
+        pc.close()
+    assert done[2].cached_tokens < 10 and done[2].text == done[0].text and done[2].completion_tokens == 4
+    assert pc.slots.host is None and isinstance(pc.slots.host_error, RuntimeError)
+
+
+def test_a_closed_context_frees_its_saved_states_at_once(smollm2_engine: object) -> None:
+    """Closing a context (serve's unload) frees the slot states its host cache holds then, not at Python's next
+    full collection: the context sits in reference cycles, and serve's RSS grew by MBs at each model swap."""
+    import gc
+    import weakref
+
+    eng: Any = smollm2_engine
+    convs = [_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 12, "Hi.")
+             for i in range(2)]
+    pc = ParallelContext(eng, 1, 1024, pooled=True, cache_ram=-1)
+    sched = Scheduler(pc, reuse=True)
+    for i, t in enumerate(convs):
+        sched.add(Request(i, Prompt.text(t), _greedy(4)))
+    gc.disable()
+    try:
+        while not sched.idle:
+            sched.step()
+        assert pc.slots.host is not None and len(pc.slots.host.entries) == 1  # the first, saved for the second
+        saved = weakref.ref(pc.slots.host.entries[0])
+        sched.close()
+        pc.close()
+        del sched, pc
+        assert saved() is None
+    finally:
+        gc.enable()
+
+
 def test_an_exact_request_beside_the_batch_gets_the_answer_it_gets_alone(smollm2_engine: object) -> None:
     eng: Any = smollm2_engine
     sampling = SamplingParams(temperature=0.0, max_tokens=16)

@@ -27,18 +27,22 @@ class InProcess:
     """The real app and a real ModelWorker on SmolLM2, served by uvicorn in a thread of this process, so a
     test can break the worker's insides."""
 
-    def __init__(self, smollm2_path: Path, **policy: Any) -> None:
+    def __init__(self, smollm2_path: Path, parallel: int = 2, cache_ram: int = 0, lines: list[str] | None = None,
+                 **policy: Any) -> None:
         import uvicorn
 
         from localgen.models.resolve import resolve
         from localgen.serve.app import build
         from localgen.serve.guard import Policy
+        from localgen.serve.servelog import STDERR_LOG, ServeLog
         from localgen.serve.state import ServeState
         from localgen.serve.worker import ModelWorker
         from localgen.types import LoadParams
 
         ref = resolve(str(smollm2_path))
-        self.worker = ModelWorker(ref, LoadParams(n_ctx=1024), parallel=2, keep_alive=-1, max_queue=4)
+        log = STDERR_LOG if lines is None else ServeLog(write=lines.append)
+        self.worker = ModelWorker(ref, LoadParams(n_ctx=1024), parallel=parallel, keep_alive=-1, max_queue=4,
+                                  cache_ram=cache_ram, log=log)
         self.worker.preload()
         self.worker.start()
         self.state = ServeState(workers={MODEL: self.worker})
@@ -116,6 +120,41 @@ def test_any_exception_fails_one_job_and_health_tells(inproc: InProcess, monkeyp
     assert health["models"][MODEL]["failed_jobs"] == before + 1
     assert "preparing a request" in health["models"][MODEL]["last_error"]
     _still_answers(inproc.url)
+
+
+def test_a_failing_prompt_cache_fails_no_request_and_is_said_once(smollm2_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slot, a prompt cache in RAM: A, B, then A again, whose saved state llama.cpp fails to read back with
+    an error. A's second request is answered as its first was (it evaluates its prompt afresh), the cache is off
+    from then on (/health), and the log says so once, with the traceback."""
+    from localgen.native import context
+
+    lines: list[str] = []
+    s = InProcess(smollm2_path, parallel=1, cache_ram=-1, lines=lines)
+
+    def broken(*args: Any) -> int:
+        raise RuntimeError("no state for you")
+
+    def ask(who: str) -> httpx.Response:
+        system = f"System prompt {who}. " + "Answer briefly and politely. " * 12
+        return httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}]})
+
+    try:
+        first, other = ask("A"), ask("B")
+        monkeypatch.setattr(context, "seq_state_set", broken)
+        again, later = ask("A"), ask("B")
+        health = httpx.get(f"{s.url}/health", timeout=10).json()["models"][MODEL]
+    finally:
+        s.close()
+    assert [r.status_code for r in (first, other, again, later)] == [200] * 4
+    assert again.json()["choices"] == first.json()["choices"]
+    assert health["prompt_cache"] is None and health["alive"]
+    said = [line for line in lines if "prompt cache in host memory failed" in line]
+    assert said == [f"warning: {s.worker.name}: the prompt cache in host memory failed; it is off, the requests go "
+                    "on without it"], lines
+    assert any("internal error while caching a prompt" in line and "no state for you" in line for line in lines)
 
 
 def test_a_fault_mid_decode_fails_those_jobs_only(inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -95,6 +95,18 @@ def test_bad_tool_requests_are_400s(tool_server: Server) -> None:
     assert httpx.get(f"{tool_server.url}/health", timeout=5).status_code == 200
 
 
+def test_responses_with_more_than_256_tools_of_any_type_is_a_400(tool_server: Server) -> None:
+    """Hosted tools (which the server leaves out) count toward a request's 256 too: 257 of made-up types are a
+    400 naming the limit, read no further."""
+    body = {"model": "smollm2:135m", "input": "Hi", "max_output_tokens": 4,
+            "tools": [{"type": f"made_up_{i}"} for i in range(257)]}
+    r = httpx.post(f"{tool_server.url}/v1/responses", json=body, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "`tools` holds 257 tools; at most 256 in one request"
+    assert "made_up" not in tool_server.log()
+    assert httpx.get(f"{tool_server.url}/health", timeout=5).status_code == 200
+
+
 def test_tool_calls_match_llama_server(tool_server: Server) -> None:
     """The requests of scripts/tools_reference.py, whose answers from llama-server --jinja (same vendored
     llama.cpp, same model, Qwen2.5's template, greedy) are stored in tests/data/llama_server_tools.json: the

@@ -19,7 +19,7 @@ from localgen.native import context
 MIN_TOKENS = 64
 
 
-@dataclass
+@dataclass(eq=False)  # an entry is itself (list.remove, `in`), never equal to another by its bytes
 class Entry:
     """One saved slot: the tokens its KV cache held, the prompt length of the request that left them (the
     rest were generated), and the state bytes."""
@@ -57,22 +57,29 @@ class HostCache:
         self.entries.clear()
         self.bytes = 0
 
-    def save(self, ctx: Any, seq: int, tokens: list[int], prompt_len: int) -> bool:
+    def save(self, ctx: Any, seq: int, tokens: list[int], prompt_len: int, pinned: Entry | None = None) -> bool:
         """Copy sequence `seq`'s KV state (which holds `tokens`) out of the context; False when it is too short,
-        already saved (a prefix of an entry), or larger than the limit."""
+        already saved (a prefix of an entry), or larger than the limit. `pinned` (the entry about to be loaded)
+        is never pushed out: False when the state does not fit beside it."""
         if len(tokens) < MIN_TOKENS:
             return False
         if any(starts_with(e.tokens, tokens) for e in self.entries):
             return False
         size = context.seq_state_size(ctx, seq)
-        if size <= 0 or (self.limit > 0 and size > self.limit):
+        kept = pinned.size if pinned is not None and pinned in self.entries else 0
+        if size <= 0 or (self.limit > 0 and size + kept > self.limit):
             return False
         # entries that this one contains are obsolete; then the least recently used go until it fits
-        for e in [e for e in self.entries if len(e.tokens) < len(tokens) and starts_with(tokens, e.tokens)]:
+        for e in [e for e in self.entries if len(e.tokens) < len(tokens) and starts_with(tokens, e.tokens)
+                  and e is not pinned]:
             self.entries.remove(e)
             self.bytes -= e.size
-        while self.entries and self.limit > 0 and self.bytes + size > self.limit:
-            self.bytes -= self.entries.pop(0).size
+        for e in list(self.entries):
+            if self.limit <= 0 or self.bytes + size <= self.limit:
+                break
+            if e is not pinned:
+                self.entries.remove(e)
+                self.bytes -= e.size
         import numpy
 
         data = numpy.empty(size, dtype=numpy.uint8)  # not zeroed first: llama.cpp writes every byte
@@ -118,7 +125,9 @@ class HostCache:
         entry stays, most recently used, unless the slot now holds all of it, or, with `whole`, will hold all
         its prompt once the new one is evaluated (what it generated after is never reused). False when
         llama.cpp could not place it (the sequence is then left empty, and the entry, which would fail again,
-        is dropped)."""
+        is dropped, or it is no longer held)."""
+        if entry not in self.entries:
+            return False
         n = context.seq_state_set(ctx, seq, entry.data, entry.size)
         if n != entry.size:
             context.seq_rm(context.memory(ctx), seq, -1, -1)

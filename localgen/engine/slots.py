@@ -11,7 +11,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from localgen.engine.hostcache import MIN_TOKENS, HostCache
+from localgen.engine.hostcache import MIN_TOKENS, Entry, HostCache
 from localgen.engine.tokens import common_prefix, safe_prefix, starts_with
 from localgen.native import context
 from localgen.native.prompt import Prompt
@@ -32,6 +32,7 @@ class Slots:
         self.prompt_len: dict[int, int] = {}
         self.shared = 0
         self.host = HostCache(cache_ram) if cache_ram else None
+        self.host_error: BaseException | None = None  # why the host cache was turned off (_host_failed)
         self.reusable = reusable
 
     def reset(self) -> None:
@@ -70,16 +71,25 @@ class Slots:
         n = safe_prefix(prompt, n)
         entry, m = None, 0
         if reuse and self.host is not None:
-            entry, m = self.host.best(tokens)
-            if entry is not None and continuation_only and m < entry.prompt_len:
-                m = 0
-            if entry is not None:
-                m = safe_prefix(prompt, self.reusable(m, min(entry.prompt_len, len(entry.tokens)), len(tokens)))
-            self._spill(slot, keep if max(n, m) <= keep else 0)
+            try:
+                entry, m = self.host.best(tokens)
+                if entry is not None and continuation_only and m < entry.prompt_len:
+                    m = 0
+                if entry is not None:
+                    m = safe_prefix(prompt, self.reusable(m, min(entry.prompt_len, len(entry.tokens)), len(tokens)))
+                self._spill(slot, keep if max(n, m) <= keep else 0, entry if m > max(keep, n) else None)
+            except Exception as e:  # a fault of the prompt cache: this request misses it (host_failed)
+                self._host_failed(e)
+                entry, m = None, 0
         if self.host is not None and entry is not None and m > max(keep, n):
             context.seq_rm(mem, slot, -1, -1)
             whole = starts_with(tokens, entry.tokens[:entry.prompt_len])  # the slot will hold all it reuses
-            keep = m if self.host.load(self.ctx, slot, entry, m, whole) else 0
+            try:
+                keep = m if self.host.load(self.ctx, slot, entry, m, whole) else 0
+            except Exception as e:  # as above; the slot starts empty
+                context.seq_rm(mem, slot, -1, -1)
+                self._host_failed(e)
+                keep = 0
         elif n > keep:
             context.seq_rm(mem, slot, -1, -1)
             if self.one_pool:
@@ -125,15 +135,22 @@ class Slots:
         room = self.host.limit - self.host.bytes if self.host.limit > 0 else None
         return self.host.take(store.load(key, identity, room))
 
-    def _spill(self, slot: int, kept: int) -> None:
+    def _spill(self, slot: int, kept: int, loading: Entry | None) -> None:
         """Save to host memory what `slot` holds before it keeps only `kept` of it, unless that loses little or
-        another slot holds it all."""
+        another slot holds it all; never by pushing out `loading`, the entry about to be loaded into it."""
         held = self.held.get(slot)
         if self.host is None or not held or len(held) - kept < MIN_TOKENS:
             return
         if any(other != slot and starts_with(h, held) for other, h in self.held.items()):
             return
-        self.host.save(self.ctx, slot, held, self.prompt_len.get(slot, len(held)))
+        self.host.save(self.ctx, slot, held, self.prompt_len.get(slot, len(held)), pinned=loading)
+
+    def _host_failed(self, error: BaseException) -> None:
+        """Turn a failing prompt cache in host memory off for good: the request at hand and those after it go on
+        without it (serve's worker says so once in its log, with the traceback; engine/batch.py's stop_drafting
+        does as much for a draft model)."""
+        self.host = None
+        self.host_error = error
 
     def _best_source(self, tokens: list[int], slot: int) -> tuple[int, int]:
         """The slot other than `slot` whose evaluated tokens share the longest prefix with `tokens`, and how

@@ -36,7 +36,7 @@ from localgen.serve.responsestore import routes as store_routes
 from localgen.serve.schema import MAX_SCHEMA_CHARS
 from localgen.serve.servelog import LOG
 from localgen.serve.state import ServeState
-from localgen.serve.tooling import checked_tool
+from localgen.serve.tooling import MAX_TOOLS, checked_tool
 
 # reasoning.effort: none and minimal turn the template's thinking off, the others on
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -371,6 +371,8 @@ def _tools(raw: Any) -> Any:
         return None
     if not isinstance(raw, list):
         raise HTTPError(400, "tools must be a list", param="tools")
+    if len(raw) > MAX_TOOLS:  # every type counted, before any is read (chat completions' limit, tool_plan)
+        raise HTTPError(400, f"`tools` holds {len(raw):,} tools; at most {MAX_TOOLS:,} in one request", param="tools")
     out = []
     for i, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else None

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 MAX_ID = 128  # characters kept of a client's X-Request-Id
 BATCH_CLIENT = "batch_"  # a batch's requests come from a client named by the batch's id (serve/batchrun.py)
 MAX_MODEL_NAME = 200  # characters kept of a model's name as a request gives it
+MAX_ONCE = 100  # warnings said once (ServeLog.once) in a server's life: far more than any client's tool types
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:/+=@~-]")  # what an id may hold: no spaces, quotes, control characters
 
 
@@ -175,8 +176,9 @@ class ServeLog:
 
     def once(self, key: str, text: str) -> None:
         """A warning said once in the server's life, for `key`: what every request of a client would repeat
-        (an agent that sends a hosted tool with every turn)."""
-        if key not in self._said:
+        (an agent that sends a hosted tool with every turn). Past MAX_ONCE keys, which clients choose (a tool's
+        type), no more are said: the log and the memory that remembers them stay bounded."""
+        if key not in self._said and len(self._said) < MAX_ONCE:
             self._said.add(key)
             self.warning(text)
 

@@ -413,6 +413,7 @@ class ModelWorker:
             return
         finally:
             self._draft_failure()
+            self._cache_failure()
         self._stepped(sched.pc.evaluated - evaluated, time.perf_counter() - t0)
         for out in outputs:
             job = self._live.get(out.id)
@@ -458,6 +459,16 @@ class ModelWorker:
                          "on without drafts")
         if not isinstance(e, LocalgenError):  # a bug: its traceback
             self.faults.internal(e, "drafting")
+
+    def _cache_failure(self) -> None:
+        """Say once that the prompt cache in host memory failed and is off (engine/slots.py, _host_failed)."""
+        pc = self.residence.pc
+        if pc is None or pc.slots.host_error is None:
+            return
+        e, pc.slots.host_error = pc.slots.host_error, None
+        self.log.warning(f"{self.name}: the prompt cache in host memory failed; it is off, the requests go on "
+                         "without it")
+        self.faults.internal(e, "caching a prompt")
 
     def _finished(self, job: Job, c: Completion) -> None:
         """A generation job's end as its event: Done, or why it did not finish."""
