@@ -67,7 +67,7 @@ def drop_stale(target: Path) -> None:
     where the folder takes no unnamed file): its temp file, named by a process no longer running."""
     for path in target.parent.glob(f".{target.name}.*.partial"):
         pid = path.name[len(target.name) + 2: -len(".partial")]
-        if pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
+        if pid.isascii() and pid.isdigit() and int(pid) != os.getpid() and not running(int(pid)):
             path.unlink(missing_ok=True)
 
 

@@ -422,3 +422,10 @@ def test_a_summary_no_smaller_than_what_it_folds_is_not_kept(cli: CLI, home: Pat
     assert len(said) == 1 and "summary would not make the conversation smaller (" in said[0], r.stderr
     saved = json.loads((home / "data" / "chats" / "short-turns.json").read_text())
     assert saved.get("summary") is None and len(saved["messages"]) == 4
+
+
+def test_compact_with_a_unicode_digit_is_its_usage_error(cli: CLI) -> None:
+    """`/compact ²`: "²".isdigit() is true and int("²") raises, so the chat ended with a traceback; now its usage."""
+    r = cli("chat", "superscript", "-n", "4", "--temp", "0", input="/compact ²\n")
+    assert "usage: /compact [N] (keep the last N exchanges as they are; 1 unless given)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.returncode == 2, r.stderr

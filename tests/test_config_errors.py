@@ -4,6 +4,7 @@ from a file or LOCALGEN_API_KEY, and LOCALGEN_DEBUG=0."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -410,3 +411,20 @@ def test_a_unicode_digit_as_a_logit_bias_token_is_a_broken_entry_not_a_traceback
     assert r.returncode == 2 and _lines(r) == [f"localgen: error: {said}"], r.stderr
     r = own("run", "-m", "smollm2:135m", "-p", "hi", "-n", "1", "--logit-bias", "٣+1", timeout=60)
     assert r.returncode == 2 and "bad logit bias '٣+1'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_models_toml_and_a_saved_chat_an_editor_wrote_with_a_byte_order_mark_are_read(own: CLI) -> None:
+    """Windows' Notepad begins a UTF-8 file with a byte order mark: models.toml was then "not TOML" (a warning, its
+    entries ignored) and a saved chat "not JSON"; both are read as without it, as embed's files and Modelfiles are."""
+    _models(own, b'\xef\xbb\xbf[models."bommed:1b"]\nrepo = "acme/Bommed-GGUF"\ncontext = 8192\n'
+                 b'description = "a catalogue entry an editor saved"\n')
+    r = own("list", "--catalogue")
+    assert r.returncode == 0 and "bommed:1b" in r.stdout, (r.stdout, r.stderr)
+    assert "warning" not in r.stderr, r.stderr
+    chats = Path(own.env["LOCALGEN_HOME"]) / "data" / "chats"
+    chats.mkdir(parents=True)
+    doc = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"},
+                                                 {"role": "assistant", "content": "Hello"}]}
+    (chats / "bommed.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(doc).encode())
+    r = own("chat", "--list")
+    assert r.returncode == 0 and "bommed" in r.stdout and "warning" not in r.stderr, (r.stdout, r.stderr)

@@ -194,7 +194,7 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
         try:
             raw = read_regular(p, LIST_READ)  # a FIFO, a device or a folder of that name: skipped, never opened
             if len(raw) <= LIST_READ:
-                data = json.loads(raw.decode("utf-8"))
+                data = json.loads(raw.decode("utf-8-sig"))  # a byte order mark (an editor's) dropped
                 if not isinstance(data, dict):
                     raise TypeError
                 check_depth(data)
@@ -233,7 +233,7 @@ def _head(raw: bytes) -> tuple[dict[str, Any], Any]:
     content ("" when there is none); _TooBig when these are not all within them."""
     import codecs
 
-    text = codecs.getincrementaldecoder("utf-8")().decode(raw[:LIST_READ])  # a character cut at the end: held
+    text = codecs.getincrementaldecoder("utf-8-sig")().decode(raw[:LIST_READ])  # a character cut at the end: held
     dec = json.JSONDecoder()
     ws = re.compile(r"[ \t\n\r]*")
 

@@ -66,7 +66,8 @@ def new_name() -> str:
 def _next_name(name: str) -> str:
     """chat-...-061502 → chat-...-061502-2 → chat-...-061502-3."""
     base, _, n = name.rpartition("-")
-    return f"{base}-{int(n) + 1}" if base.count("-") >= 2 and n.isdigit() and len(n) < 4 else f"{name}-2"
+    numbered = base.count("-") >= 2 and n.isascii() and n.isdigit() and len(n) < 4  # "²" is a digit int() refuses
+    return f"{base}-{int(n) + 1}" if numbered else f"{name}-2"
 
 
 LOCK_WAIT_S = 30  # how long a save waits for another chat's to end before it fails (as a failed write does)

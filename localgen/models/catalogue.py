@@ -66,8 +66,8 @@ def _say(text: str) -> None:
 
 def _read(path: Path, required: bool = False) -> dict[str, Any]:
     """The [models] table of a file ({} where an optional one is missing); UsageError where it cannot be read."""
-    try:
-        text = read_regular(path, MAX_FILE, whole=True, what="a catalogue").decode("utf-8")
+    try:  # utf-8-sig: a byte order mark an editor wrote is dropped
+        text = read_regular(path, MAX_FILE, whole=True, what="a catalogue").decode("utf-8-sig")
         data = tomllib.loads(text)
     except FileNotFoundError:
         if required:

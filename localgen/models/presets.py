@@ -193,7 +193,7 @@ def _document(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise ValueError("it is empty")
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise ValueError(f"byte 0x{raw[e.start]:02x} at offset {e.start:,} is not UTF-8") from None
     except json.JSONDecodeError as e:

@@ -199,7 +199,7 @@ def routes(store: FileStore, owner: Callable[[], None], reader: Callable[[], boo
             raise HTTPError(415, "upload a file as multipart/form-data, with the fields file and purpose "
                                  f"(got {kind or 'no content type'!r})", param="file")
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BYTES + FORM_SLACK:
+        if declared.isascii() and declared.isdigit() and int(declared) > MAX_BYTES + FORM_SLACK:
             raise too_big()
         return JSONResponse(await _upload(request, store, read_timeout()))
 

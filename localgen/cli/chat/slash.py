@@ -110,7 +110,7 @@ def _compact(runner: Any, view: Any, arg: str) -> None:
     """Summarize every exchange but the last N (1) now; a summary that fails changes nothing."""
     from localgen.cli.chat.turn import summary_interrupts
 
-    if arg and not (arg.isdigit() and len(arg) < 6):
+    if arg and not (arg.isascii() and arg.isdigit() and len(arg) < 6):  # "²" is a digit int() refuses
         raise UsageError("usage: /compact [N] (keep the last N exchanges as they are; 1 unless given)")
     keep = int(arg) if arg else 1
     from localgen.cli.chat.turn import answering
