@@ -725,3 +725,30 @@ def test_a_scripted_chat_whose_name_another_chat_saved_first_answers_everything_
     assert p.returncode == 1
     r = scli("chat", "--resume", cid, *N, input="/show\n")
     assert r.returncode == 0 and f"conversation {cid} · 4 messages" in r.stderr, r.stderr
+
+
+def test_a_chats_folder_that_cannot_be_read_is_said_not_taken_for_an_empty_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chats folder root's `sudo -E localgen chat` left 0700: `chat --list` said "no saved conversations" and
+    `--resume` "there is no saved conversation to resume" (glob() took the folder it could not read for an empty
+    one); now one error names the folder and why."""
+    import errno
+
+    from localgen.chat import saved
+    from localgen.errors import LocalgenError
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    chats = saved.chats_dir()
+    chats.mkdir(parents=True)
+    real = Path.iterdir
+
+    def denied(self: Path) -> Any:
+        if self == chats:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", denied)
+    for ask in (saved.list_sessions, saved.latest):
+        with pytest.raises(LocalgenError) as caught:
+            ask()
+        assert caught.value.message == f"cannot read the saved conversations in {chats}: Permission denied"

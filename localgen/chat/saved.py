@@ -190,7 +190,13 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
     d = chats_dir()
     if not d.is_dir():
         return []
-    for p in d.glob("*.json"):
+    try:  # not glob(), which takes a folder it cannot read for an empty one ("no saved conversations")
+        found = [p for p in d.iterdir() if p.name.endswith(".json")]
+    except OSError as e:
+        raise LocalgenError(f"cannot read the saved conversations in {d}: {e.strerror or e}",
+                            hint="check the folder's owner and permissions (a chat run with sudo can leave it root's)"
+                            ) from None
+    for p in found:
         try:
             raw = read_regular(p, LIST_READ)  # a FIFO, a device or a folder of that name: skipped, never opened
             if len(raw) <= LIST_READ:
