@@ -282,7 +282,13 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     from localgen.chat.runner import SETTABLE
     from localgen.cli.chat.repl import LineInput, make_completer
 
-    completer = make_completer(SETTABLE, lambda: [s.name for s in saved.list_sessions()],
+    def saved_names() -> list[str]:  # what /load completes: none from a folder that cannot be read
+        try:
+            return [s.name for s in saved.list_sessions()]
+        except LocalgenError:
+            return []
+
+    completer = make_completer(SETTABLE, saved_names,
                                _model_names(endpoints))
     line_input = LineInput(paths.state_dir() / "chat_history", completer)
     # what a first message would import between Enter and its answer, where Ctrl-C would end the chat instead of
