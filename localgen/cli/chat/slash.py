@@ -160,8 +160,10 @@ def _kept_before_leaving(runner: Any, command: str) -> None:
         return
     runner.save(warn=False)
     if runner.unsaved is not None:
+        hint = ("/save NAME keeps it under another name; then try again" if runner.unsaved_taken else
+                "free some room, or /save NAME to keep it under another name, then try again")
         raise LocalgenError(f"{command} would drop this conversation, which is not saved ({runner.unsaved})",
-                            hint="free some room, or /save NAME to keep it under another name, then try again")
+                            hint=hint)
 
 
 def _clear(runner: Any, view: Any, arg: str) -> None:
