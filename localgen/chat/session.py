@@ -8,7 +8,7 @@ import errno
 import json
 import os
 import re
-import tempfile
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -222,8 +222,8 @@ class ChatSession:
         started in the same second never write over each other. A chosen name taken meanwhile: NameTaken."""
         self.updated = time.time()
         folder = paths.private_dir(chats_dir())
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{self.name}.", suffix=".tmp", dir=folder)  # 0600, one per writer
-        tmp = Path(tmp_name)
+        tmp = folder / f".{self.name}.{secrets.token_hex(6)}.tmp"  # one per writer
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
         try:
             os.close(fd)
             self._write(tmp)
@@ -258,7 +258,8 @@ class ChatSession:
 
     def _write(self, tmp: Path) -> None:
         """The saved form into `tmp`, whole and fsynced."""
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_BINARY", 0))  # Windows: \n stays \n
+        with open(fd, "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
             f.flush()
             os.fsync(f.fileno())
