@@ -412,6 +412,21 @@ def test_a_state_chosen_to_load_is_not_pushed_out_by_the_state_saved_before_it(s
     assert done[3].cached_tokens == kept[3].cached_tokens > 0 and done[3].text == done[0].text
 
 
+def test_two_conversations_in_turn_each_come_back_when_one_state_fits_at_a_time(smollm2_engine: object) -> None:
+    """Room for one saved state and a half: A and B in turn, each coming back with its prompt whole. Loading A takes
+    its entry out of the cache as it goes, so B's state, saved just before, has the room: B then comes back from
+    it. (B's save was refused for the room A's entry held until its load, and the cache was left empty: B missed
+    on every turn.)"""
+    eng: Any = smollm2_engine
+    a, b = (_conversation(eng, f"System prompt number {i}. " + "Answer briefly and politely. " * 12, "Hi.")
+            for i in range(2))
+    _, one = _one_slot(eng, [Request(0, Prompt.text(a), _greedy(4)), Request(1, Prompt.text(b), _greedy(4))], -1)
+    room = one["bytes"] * 3 // 2
+    done, counters = _one_slot(eng, [Request(i, Prompt.text((a, b)[i % 2]), _greedy(4)) for i in range(4)], room)
+    assert done[2].cached_tokens > 0 and done[3].cached_tokens > 0, (done[2].cached_tokens, done[3].cached_tokens)
+    assert done[3].text == done[1].text and counters["bytes"] <= room
+
+
 def test_a_prompt_cache_that_fails_is_turned_off_and_the_request_misses_it(smollm2_engine: object,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A fault of the host cache (here llama.cpp refusing to read a state back with an error) fails no request:

@@ -57,16 +57,18 @@ class HostCache:
         self.entries.clear()
         self.bytes = 0
 
-    def save(self, ctx: Any, seq: int, tokens: list[int], prompt_len: int, pinned: Entry | None = None) -> bool:
+    def save(self, ctx: Any, seq: int, tokens: list[int], prompt_len: int, pinned: Entry | None = None,
+             pinned_stays: bool = True) -> bool:
         """Copy sequence `seq`'s KV state (which holds `tokens`) out of the context; False when it is too short,
         already saved (a prefix of an entry), or larger than the limit. `pinned` (the entry about to be loaded)
-        is never pushed out: False when the state does not fit beside it."""
+        is never pushed out: False when the state does not fit beside it, where it stays once loaded
+        (`pinned_stays`); one its load takes out makes room as it goes, so it is not counted."""
         if len(tokens) < MIN_TOKENS:
             return False
         if any(starts_with(e.tokens, tokens) for e in self.entries):
             return False
         size = context.seq_state_size(ctx, seq)
-        kept = pinned.size if pinned is not None and pinned in self.entries else 0
+        kept = pinned.size if pinned is not None and pinned_stays and pinned in self.entries else 0
         if size <= 0 or (self.limit > 0 and size + kept > self.limit):
             return False
         # entries that this one contains are obsolete; then the least recently used go until it fits

@@ -77,7 +77,10 @@ class Slots:
                     m = 0
                 if entry is not None:
                     m = safe_prefix(prompt, self.reusable(m, min(entry.prompt_len, len(entry.tokens)), len(tokens)))
-                self._spill(slot, keep if max(n, m) <= keep else 0, entry if m > max(keep, n) else None)
+                loading = entry if m > max(keep, n) else None
+                stays = loading is not None and m < len(loading.tokens) and not starts_with(
+                    tokens, loading.tokens[:loading.prompt_len])  # what host.load keeps (its `whole` below)
+                self._spill(slot, keep if max(n, m) <= keep else 0, loading, stays)
             except Exception as e:  # a fault of the prompt cache: this request misses it (host_failed)
                 self._host_failed(e)
                 entry, m = None, 0
@@ -135,15 +138,16 @@ class Slots:
         room = self.host.limit - self.host.bytes if self.host.limit > 0 else None
         return self.host.take(store.load(key, identity, room))
 
-    def _spill(self, slot: int, kept: int, loading: Entry | None) -> None:
+    def _spill(self, slot: int, kept: int, loading: Entry | None, stays: bool = True) -> None:
         """Save to host memory what `slot` holds before it keeps only `kept` of it, unless that loses little or
-        another slot holds it all; never by pushing out `loading`, the entry about to be loaded into it."""
+        another slot holds it all; never by pushing out `loading`, the entry about to be loaded into it (counted
+        against the room only where it `stays` in the cache once loaded)."""
         held = self.held.get(slot)
         if self.host is None or not held or len(held) - kept < MIN_TOKENS:
             return
         if any(other != slot and starts_with(h, held) for other, h in self.held.items()):
             return
-        self.host.save(self.ctx, slot, held, self.prompt_len.get(slot, len(held)), pinned=loading)
+        self.host.save(self.ctx, slot, held, self.prompt_len.get(slot, len(held)), pinned=loading, pinned_stays=stays)
 
     def _host_failed(self, error: BaseException) -> None:
         """Turn a failing prompt cache in host memory off for good: the request at hand and those after it go on

@@ -273,7 +273,7 @@ class ModelWorker:
                 "queued": states.count(State.QUEUED) + sum(s in IN_SLOTS for s in states) - running,
                 "decode_calls": calls, "rows": rows,
                 "shared_prompt_tokens": pc.slots.shared if pc else 0,
-                "prompt_cache": pc.slots.host.status() if pc and pc.slots.host else None,
+                "prompt_cache": host.status() if (host := pc.slots.host if pc else None) is not None else None,
                 "batching": mode.name if mode else None, "batching_why": mode.why if mode else None,
                 "drafted": drafting.drafted if drafting else None,
                 "accepted": drafting.accepted if drafting else None,
