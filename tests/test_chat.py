@@ -686,11 +686,22 @@ def test_bad_input_in_scripted_chat_is_an_error(cli: CLI) -> None:
                         "'_' or '-', beginning with a letter or digit\n"), r.stderr
 
 
+def test_a_columns_no_terminal_has_is_ignored(cli_env: dict[str, str]) -> None:
+    """COLUMNS=99999999999 (a positive whole number) was taken as a width, and Rich's allocation of it was a
+    MemoryError traceback from `localgen --help`; past 10,000 it is ignored too."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "localgen", "--help"], env={**cli_env, "COLUMNS": "99999999999"},
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Usage" in r.stdout, r.stderr
+
+
 def test_a_conversation_name_takes_ascii_letters_only(cli_in_process: InProcessCLI) -> None:
     """chat.md: a NAME's letters are ASCII (A-Z, a-z): `café` is a usage error (the docs said "letters")."""
     r = cli_in_process("chat", "caf\u00e9", input="hi\n")
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
-    assert r.stderr.startswith("localgen: error: bad conversation name 'caf\u00e9': use at most 64 "), r.stderr
+    assert r.stderr.startswith("localgen: error: bad conversation name 'caf\u00e9': use at most 64 ASCII letters"), \
+        r.stderr
 
 
 def test_corrupt_save_is_reported_and_kept(cli: CLI, home: Path) -> None:

@@ -147,6 +147,23 @@ def test_a_model_file_whose_name_is_not_utf8_answers_in_valid_json_and_is_logged
     assert json.loads(logged.stdout)[0]["model"] == "mod\\xe8le.gguf", logged.stdout
 
 
+def test_a_chat_with_a_model_file_whose_name_is_not_utf8_saves_and_resumes(cli: CLI, smollm2_path: Path,
+                                                                            tmp_path: Path, home: Path) -> None:
+    """The chat's file held the path's raw byte: its save raised UnicodeEncodeError, and the prompt cache's key
+    another, two tracebacks after the first answer and nothing saved. The path is kept escaped in the JSON
+    (\\udce8, read back as the same path) and the keys hash its bytes."""
+    link = tmp_path / "mod\udce8le.gguf"
+    link.symlink_to(smollm2_path)
+    r = subprocess.run(cli.argv("chat", "latin1", "-m", str(link), *QUICK), input=b"Hi\n", capture_output=True,
+                       env=cli.env, timeout=600)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")
+    saved = json.loads((home / "data" / "chats" / "latin1.json").read_text(encoding="utf-8"))
+    assert saved["model"] == str(link) and len(saved["messages"]) == 2, saved
+    r = subprocess.run(cli.argv("chat", "--resume", "latin1", *QUICK), input=b"/show\n", capture_output=True,
+                       env=cli.env, timeout=600)
+    assert r.returncode == 0 and b"conversation latin1 \xc2\xb7 2 messages" in r.stderr, r.stderr
+
+
 def test_stop_sequence(cli: CLI) -> None:
     r = cli("run", "-p", "Count from 1 to 20, separated by commas.", "--temperature", "0", "-n", "60",
             "--stop", "5", "--json")

@@ -258,9 +258,15 @@ class ChatSession:
 
     def _write(self, tmp: Path) -> None:
         """The saved form into `tmp`, whole and fsynced."""
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=1)
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a model path not UTF-8 (kept as surrogates): escaped, read back as it was
+                text = json.dumps(self.to_dict(), indent=1)
         fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_BINARY", 0))  # Windows: \n stays \n
         with open(fd, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
 

@@ -82,13 +82,16 @@ def utf8_stdin() -> None:
         sys.stdin.reconfigure(encoding="utf-8-sig", errors="surrogateescape", newline=None)  # type: ignore[union-attr]
 
 
+MAX_SIZE = 10_000  # columns or lines no terminal has: Rich allocates by it (COLUMNS=99999999999 was a MemoryError)
+
+
 def sizes_that_are_sizes() -> None:
-    """A COLUMNS or LINES that is no terminal size (0, -1, `abc`, `²`) is unset, so the terminal's own size is used:
-    Rich took COLUMNS=0 as a width of 0 and the chat drew nothing, and `²` (a digit to str.isdigit) was a
-    ValueError traceback from every Rich console, --help's too."""
+    """A COLUMNS or LINES that is no terminal size (0, -1, `abc`, `²`, past MAX_SIZE) is unset, so the terminal's
+    own size is used: Rich took COLUMNS=0 as a width of 0 and the chat drew nothing, and `²` (a digit to
+    str.isdigit) was a ValueError traceback from every Rich console, --help's too."""
     for name in ("COLUMNS", "LINES"):
         given = os.environ.get(name)
-        if given is not None and not (given.isascii() and given.isdigit() and int(given) > 0):
+        if given is not None and not (given.isascii() and given.isdigit() and 0 < int(given) <= MAX_SIZE):
             del os.environ[name]
 
 

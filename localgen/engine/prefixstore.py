@@ -316,7 +316,7 @@ def _checksum(tokens: list[int], prompt_len: int, state: Any) -> str:
 
 
 def _digest(identity: str) -> str:
-    return hashlib.sha256(identity.encode()).hexdigest()
+    return hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()  # a path not UTF-8 too
 
 
 def _regular(folder: Path) -> list[tuple[Path, os.stat_result]]:

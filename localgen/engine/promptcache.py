@@ -64,7 +64,7 @@ class Attached:
 
 
 def _digest(engine: Engine, tokens: list[int] | None = None) -> str:
-    h = hashlib.sha256(engine.identity.encode())
+    h = hashlib.sha256(engine.identity.encode("utf-8", "surrogateescape"))  # a model path not UTF-8 too
     if tokens is not None:
         h.update(b"|".join(str(t).encode() for t in tokens))
     return h.hexdigest()

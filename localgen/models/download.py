@@ -220,8 +220,8 @@ def check_space(folder: Path, need: int, what: str) -> None:
     free = shutil.disk_usage(folder).free
     if free < need + MARGIN:
         raise DownloadError(
-            f"not enough disk space for {what}: need {format_bytes(need + MARGIN)}, have {format_bytes(free)} "
-            f"in {folder}",
+            f"not enough disk space for {what}: need {format_bytes(need + MARGIN)}, have "
+            f"{format_bytes(free) if free else 'none'} in {folder}",  # format_bytes(0) is "-"
         )
 
 

@@ -200,7 +200,8 @@ class Residence:
             # (--kv-unified makes the throughput scheduler's slots one pool; --exact keeps a stream per slot)
             pool = "|one pool" if self.pc is not None and self.pc.one_pool else ""
             identity = f"{self.backend.engine.identity}|{self.parallel}|{self.n_ctx}{pool}"
-            return act(self._store, hashlib.sha256(identity.encode()).hexdigest()[:24], identity)
+            key = hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:24]  # a path not UTF-8 too
+            return act(self._store, key, identity)
         except Exception as e:
             self._fault(e, "keeping the prompt cache on disk")
             return None
