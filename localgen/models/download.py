@@ -139,7 +139,7 @@ def mark_verified(blob: Path) -> None:
     target = _verified_db()
     try:
         paths.make_dirs(target.parent)
-        with FileLock(str(target) + ".lock", timeout=30, mode=0o600):
+        with FileLock(str(target) + ".lock", timeout=30):  # in a private folder (no mode: filelock would fchmod)
             db = _load_verified()
             db[k] = v
             tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")  # one per writer
