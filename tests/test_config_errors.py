@@ -428,3 +428,5 @@ def test_a_models_toml_and_a_saved_chat_an_editor_wrote_with_a_byte_order_mark_a
     (chats / "bommed.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(doc).encode())
     r = own("chat", "--list")
     assert r.returncode == 0 and "bommed" in r.stdout and "warning" not in r.stderr, (r.stdout, r.stderr)
+    r = own("chat", "--resume", "bommed", "-n", "2", input="/show\n")
+    assert r.returncode == 0 and "conversation bommed · 2 messages" in r.stderr, r.stderr

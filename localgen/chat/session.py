@@ -308,7 +308,7 @@ class ChatSession:
         check_name(name)
         path = chats_dir() / f"{name}.json"
         try:
-            data = json.loads(read_regular(path, LOAD_READ, whole=True, what="a conversation").decode("utf-8"))
+            data = json.loads(read_regular(path, LOAD_READ, whole=True, what="a conversation").decode("utf-8-sig"))
             check_depth(data)
         except FileNotFoundError:
             raise LocalgenError(f"no saved conversation named {name!r}", hint="see `localgen chat --list`") from None

@@ -91,7 +91,8 @@ def sizes_that_are_sizes() -> None:
     str.isdigit) was a ValueError traceback from every Rich console, --help's too."""
     for name in ("COLUMNS", "LINES"):
         given = os.environ.get(name)
-        if given is not None and not (given.isascii() and given.isdigit() and 0 < int(given) <= MAX_SIZE):
+        if given is not None and not (given.isascii() and given.isdigit() and len(given) <= 5
+                                      and 0 < int(given) <= MAX_SIZE):
             del os.environ[name]
 
 

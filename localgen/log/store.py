@@ -131,7 +131,8 @@ def _ours(db: Path) -> None:
             raise LogError(f"the log at {db} is not written: {where} belongs to another user (uid {st.st_uid}); "
                            "set LOCALGEN_HOME to a folder of your own")
     if db.lstat().st_mode & 0o077:
-        os.chmod(db, 0o600)
+        with suppress(OSError):  # a disk that keeps no modes (vfat): not ours to change
+            os.chmod(db, 0o600)
 
 
 @contextmanager

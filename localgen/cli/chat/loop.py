@@ -285,7 +285,7 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     def saved_names() -> list[str]:  # what /load completes: none from a folder that cannot be read
         try:
             return [s.name for s in saved.list_sessions()]
-        except LocalgenError:
+        except (LocalgenError, OSError):
             return []
 
     completer = make_completer(SETTABLE, saved_names,
@@ -391,6 +391,7 @@ def print_list() -> None:
     from localgen.chat import saved
     from localgen.cli.output import for_terminal
     from localgen.embeddings.retrieve import asked
+    from localgen.types import shown_path
 
     skipped: list[tuple[Path, str]] = []
     items = saved.list_sessions(asked, skipped)  # a --rag chat by its question, not the excerpts it begins with
@@ -406,4 +407,5 @@ def print_list() -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
         turns = f"{s.turns:3} turn{'' if s.turns == 1 else 's'}"
         # a saved prompt's ESC shows as \x1b on a terminal (it would set the title, write the clipboard)
-        print(for_terminal(f"{s.name:30} {when}  {turns:9}  {s.model:16} {s.preview}", sys.stdout))
+        model = shown_path(s.model)  # a path that is not UTF-8 shown escaped (\xe8), never a UnicodeEncodeError
+        print(for_terminal(f"{s.name:30} {when}  {turns:9}  {model:16} {s.preview}", sys.stdout))

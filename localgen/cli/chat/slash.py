@@ -324,8 +324,8 @@ def _load(runner: Any, view: Any, arg: str) -> None:
     if not arg:
         raise UsageError("usage: /load NAME")
     sessions.check_name(arg, model_hint="/model")  # a model's name typed here: /model takes it
+    _kept_before_leaving(runner, f"/load {arg}")  # first: /load of this conversation then reads what it saved
     loaded = sessions.ChatSession.load(arg)
-    _kept_before_leaving(runner, f"/load {arg}")
     if loaded.log_id is None:  # a file written by hand or by another tool: its answers are logged from now on
         from localgen.log.store import new_id
 
