@@ -725,7 +725,7 @@ def test_interrupted_save_keeps_the_previous_one(home: Path, monkeypatch: pytest
     def crash(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(json, "dump", crash)
+    monkeypatch.setattr(os, "fsync", crash)  # the new content written, never made durable: the save fails there
     with pytest.raises(OSError):
         s.save()
     monkeypatch.undo()

@@ -162,8 +162,11 @@ def test_a_chat_with_a_model_file_whose_name_is_not_utf8_saves_and_resumes(cli: 
     r = subprocess.run(cli.argv("chat", "--resume", "latin1", *QUICK), input=b"/show\n", capture_output=True,
                        env=cli.env, timeout=600)
     assert r.returncode == 0 and b"conversation latin1 \xc2\xb7 2 messages" in r.stderr, r.stderr
-    listed = subprocess.run(cli.argv("chat", "--list"), capture_output=True, env=cli.env, timeout=600)
-    assert listed.returncode == 0 and b"mod\\xe8le.gguf" in listed.stdout, listed.stderr  # escaped, as in the log
+    try:
+        listed = subprocess.run(cli.argv("chat", "--list"), capture_output=True, env=cli.env, timeout=600)
+        assert listed.returncode == 0 and b"mod\\xe8le.gguf" in listed.stdout, listed.stderr  # escaped, as logged
+    finally:  # the home is the worker's: its other `chat --list` tests need not meet it
+        (home / "data" / "chats" / "latin1.json").unlink(missing_ok=True)
 
 
 def test_stop_sequence(cli: CLI) -> None:
