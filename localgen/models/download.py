@@ -131,8 +131,6 @@ def mark_verified(blob: Path) -> None:
     """Record a blob as checked: the small JSON file read, changed and replaced whole under its lock, so pulls at
     once (in two processes, or two threads of a serve) each keep their record. A record that cannot be written is
     skipped."""
-    import secrets
-
     from filelock import FileLock, Timeout
 
     k, v = _key(blob)
@@ -142,12 +140,7 @@ def mark_verified(blob: Path) -> None:
         with FileLock(str(target) + ".lock", timeout=30):  # in a private folder (no mode: filelock would fchmod)
             db = _load_verified()
             db[k] = v
-            tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")  # one per writer
-            try:
-                tmp.write_text(json.dumps(db))
-                os.replace(tmp, target)
-            finally:
-                tmp.unlink(missing_ok=True)
+            paths.replace_text(target, json.dumps(db))
     except (Timeout, OSError):  # held that long by a stuck process, or a full or read-only data folder: unrecorded,
         return  # the blob is hashed again when next used (a record, never a reason for a run or a pull to fail)
 
