@@ -122,6 +122,12 @@ class HostCache:
                     best, n = e, k
         return (best, n) if best is not None else (None, 0)
 
+    @staticmethod
+    def stays(entry: Entry, used: int, whole: bool) -> bool:
+        """Whether `entry` is kept once `load` has copied it with `used` of its tokens spared (`whole`: the slot
+        will hold all its prompt once the new one is evaluated)."""
+        return used < len(entry.tokens) and not whole
+
     def load(self, ctx: Any, seq: int, entry: Entry, used: int, whole: bool = False) -> bool:
         """Copy `entry` into sequence `seq` (which must be empty) and count `used` of its tokens as spared; the
         entry stays, most recently used, unless the slot now holds all of it, or, with `whole`, will hold all
@@ -138,7 +144,7 @@ class HostCache:
             self.refused += 1
             return False
         self.entries.remove(entry)
-        if used < len(entry.tokens) and not whole:
+        if self.stays(entry, used, whole):
             self.entries.append(entry)
         else:
             self.bytes -= entry.size

@@ -69,7 +69,7 @@ class Slots:
         keep = safe_prefix(prompt, keep)  # an image is evaluated whole or not at all
         src, n = self._best_source(tokens, slot) if share and self.share else (-1, 0)
         n = safe_prefix(prompt, n)
-        entry, m = None, 0
+        entry, m, whole = None, 0, False
         if reuse and self.host is not None:
             try:
                 entry, m = self.host.best(tokens)
@@ -77,16 +77,15 @@ class Slots:
                     m = 0
                 if entry is not None:
                     m = safe_prefix(prompt, self.reusable(m, min(entry.prompt_len, len(entry.tokens)), len(tokens)))
+                    whole = starts_with(tokens, entry.tokens[:entry.prompt_len])  # the slot will hold all it reuses
                 loading = entry if m > max(keep, n) else None
-                stays = loading is not None and m < len(loading.tokens) and not starts_with(
-                    tokens, loading.tokens[:loading.prompt_len])  # what host.load keeps (its `whole` below)
+                stays = loading is not None and self.host.stays(loading, m, whole)
                 self._spill(slot, keep if max(n, m) <= keep else 0, loading, stays)
             except Exception as e:  # a fault of the prompt cache: this request misses it (host_failed)
                 self._host_failed(e)
                 entry, m = None, 0
         if self.host is not None and entry is not None and m > max(keep, n):
             context.seq_rm(mem, slot, -1, -1)
-            whole = starts_with(tokens, entry.tokens[:entry.prompt_len])  # the slot will hold all it reuses
             try:
                 keep = m if self.host.load(self.ctx, slot, entry, m, whole) else 0
             except Exception as e:  # as above; the slot starts empty
