@@ -18,6 +18,12 @@ def format_bytes(n: float | None, llama_bench: bool = False) -> str:
     return f"{n / 1024:,.0f} KiB" if n >= 1024 else f"{n:,.0f} bytes"
 
 
+def format_amount(n: int) -> str:
+    """format_bytes for an amount that may be none at all (the space left on a full disk, what a removal freed):
+    "0 bytes" there, where a table's "-" would read as a missing value in a sentence."""
+    return format_bytes(n) if n else "0 bytes"
+
+
 def parse_bytes(text: str) -> int:
     """A size as people type it: 16M, 512k, 1G, 1.5MB, 2TiB, or plain bytes (binary multiples); ValueError
     otherwise."""

@@ -75,6 +75,8 @@ def running(pid: int) -> bool:
     """Whether a process of that id is running (one of another user's counts, as does a check that fails otherwise)."""
     import sys
 
+    if pid <= 0 or pid >= 1 << 31:  # no process has such an id (os.kill would mean a group, or overflow)
+        return False
     if sys.platform == "win32":  # where os.kill(pid, 0) would send a Ctrl-C (signal 0 is CTRL_C_EVENT)
         return _running_windows(pid)
     try:

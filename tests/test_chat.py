@@ -437,8 +437,9 @@ def test_save_never_overwrites_another_conversation(cli: CLI, home: Path) -> Non
 def test_save_s_overwrite_question_shows_y_n_takes_ctrl_d_as_no_and_a_sigterm_ends_the_chat(
         cli: CLI, cli_env: dict[str, str], home: Path) -> None:
     """/save NAME over another conversation asks `[y/N]` (Rich took it for markup and showed none); Ctrl-D there is
-    no, and the chat goes on (it ended the chat as interrupted, 130); a SIGTERM while it asks ends the chat at once
-    with 143, as at the prompt (nothing happened until the user answered)."""
+    no, and the chat goes on (it ended the chat as interrupted, 130) on a line of its own (it went on after the
+    question); a SIGTERM while it asks ends the chat at once with 143, as at the prompt (nothing happened until the
+    user answered)."""
     cli("chat", "kept", "-n", "2", input="Remember the number 7.\n")
     before = (home / "data" / "chats" / "kept.json").read_text()
     child = spawn(cli_env, "asked", "-n", "2", "--temp", "0")
@@ -446,7 +447,9 @@ def test_save_s_overwrite_question_shows_y_n_takes_ctrl_d_as_no_and_a_sigterm_en
     child.sendline("/save kept")
     child.expect_exact("A conversation named 'kept' exists. Overwrite it? [y/N] ")
     child.sendcontrol("d")
-    send(child, "", r"not saved")
+    child.expect("not saved")
+    assert "\n" in str(child.before), repr(child.before)  # on a line of its own, not after the question
+    child.expect_exact(PROMPT)
     send(child, "/show", r"conversation asked · 2 messages")
     child.sendline("/save kept")
     child.expect_exact("Overwrite it? [y/N] ")
@@ -485,7 +488,7 @@ def test_a_signal_whose_handler_did_not_interrupt_the_read_of_an_answer_ends_the
         os.close(r)
         os.close(w)
     assert done.returncode == 143, done.stderr
-    assert done.stdout == "Overwrite it? [y/N] ", done.stdout
+    assert done.stdout == "Overwrite it? [y/N] \n", done.stdout  # the question's line ended
 
 
 def test_a_save_that_fails_leaves_the_chat_saving_under_its_name(cli_env: dict[str, str], home: Path) -> None:

@@ -341,6 +341,20 @@ def test_too_little_free_space_is_refused_before_writing(smollm2_f16: Path, tmp_
     assert shutil.disk_usage is not None
 
 
+def test_a_full_disk_is_said_to_have_0_bytes_free(smollm2_f16: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk with nothing left reads "0 bytes is free", not a table's "-" for a missing value."""
+    from collections import namedtuple
+
+    from localgen.errors import LocalgenError
+    from localgen.quant import quantize as q
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(q.shutil, "disk_usage", lambda _p: usage(1 << 30, 1 << 30, 0))
+    with pytest.raises(LocalgenError, match=r"the result needs 138 MiB, 0 bytes is free$"):
+        q.plan(smollm2_f16, "Q8_0", tmp_path / "q.gguf", q.Options())
+
+
 @pytest.mark.parametrize("written", ["unnamed", "named", "named, no hard links"])
 def test_a_result_another_quantization_made_meanwhile_is_kept_without_force(
         qcli: CLI, smollm2_f16: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str) -> None:

@@ -248,6 +248,18 @@ def test_a_temp_file_a_dead_process_left_is_removed_by_the_next_quantize(tmp_pat
     assert not stale.exists() and live.exists()
 
 
+def test_a_temp_file_named_by_an_id_no_process_can_have_is_removed(tmp_path: Path) -> None:
+    """A temp file whose number is beyond any pid (an 11-digit one overflowed os.kill) or 0 (os.kill would ask
+    about a process group) names no running writer: removed, with no OverflowError."""
+    from localgen.unnamed import drop_stale
+
+    huge, zero = tmp_path / ".m.gguf.99999999999.partial", tmp_path / ".m.gguf.0.partial"
+    huge.write_bytes(b"x")
+    zero.write_bytes(b"x")
+    drop_stale(tmp_path / "m.gguf")
+    assert not huge.exists() and not zero.exists()
+
+
 def test_a_temp_file_s_process_is_asked_for_without_a_signal_on_windows(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """On Windows os.kill(pid, 0) sends a Ctrl-C (signal 0 is CTRL_C_EVENT there): whether the process that left

@@ -29,7 +29,7 @@ from localgen import paths
 from localgen.errors import LocalgenError
 from localgen.models import hfcache, hub
 from localgen.models.quant import RemoteFile
-from localgen.units import format_bytes
+from localgen.units import format_amount, format_bytes
 
 CHUNK = 1 << 20
 ATTEMPTS = 6
@@ -214,7 +214,7 @@ def check_space(folder: Path, need: int, what: str) -> None:
     if free < need + MARGIN:
         raise DownloadError(
             f"not enough disk space for {what}: need {format_bytes(need + MARGIN)}, have "
-            f"{format_bytes(free) if free else 'none'} in {folder}",  # format_bytes(0) is "-"
+            f"{format_amount(free)} in {folder}",
         )
 
 

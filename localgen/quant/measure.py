@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import ModelRef
-from localgen.units import format_bytes
+from localgen.units import format_amount, format_bytes
 
 if TYPE_CHECKING:
     from localgen.engine.perplexity import Text
@@ -261,7 +261,7 @@ def check_space(folder: Path, need: int, what: str) -> None:
     """One clear error when `folder` has less free space than `need` bytes for `what` (the logits, named)."""
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise LocalgenError(f"{what} take {format_bytes(need)} and {folder} has {format_bytes(free)} free",
+        raise LocalgenError(f"{what} take {format_bytes(need)} and {folder} has {format_amount(free)} free",
                             hint="measure fewer windows (--chunks N), or free some space")
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from localgen.errors import LocalgenError, UsageError
 from localgen.models.download import Progress, Quiet
-from localgen.units import format_bytes
+from localgen.units import format_amount, format_bytes
 from localgen.unnamed import drop_stale, name_it, open_unnamed, rename_new, temp_path
 
 # ggml types that are not quantized (F32, F16, I8, I16, I32, I64, F64, BF16): what llama-quantize quantizes from
@@ -342,7 +342,7 @@ def _check_space(folder: Path, need: int, what: str = "the result needs") -> Non
     free = shutil.disk_usage(folder).free
     if free < need + SPACE_MARGIN:
         raise LocalgenError(f"not enough disk space in {folder}: {what} {format_bytes(need)}, "
-                            f"{format_bytes(free)} is free", hint="free some space, or write elsewhere with -o")
+                            f"{format_amount(free)} is free", hint="free some space, or write elsewhere with -o")
 
 
 def check_space_together(jobs: list[QuantizeJob], logits: tuple[Path, int] | None = None) -> None:
@@ -362,7 +362,7 @@ def check_space_together(jobs: list[QuantizeJob], logits: tuple[Path, int] | Non
         folder, free = group[0][0], shutil.disk_usage(group[0][0]).free
         if free < sum(n for _, n, _ in group) + (SPACE_MARGIN if jobs else 0):
             whats = " and ".join(f"{what} {format_bytes(n)}" for _, n, what in group)
-            raise LocalgenError(f"not enough disk space in {folder}: {whats}, {format_bytes(free)} is free",
+            raise LocalgenError(f"not enough disk space in {folder}: {whats}, {format_amount(free)} is free",
                                 hint="free some space, or measure fewer windows (--chunks N)" if logits else
                                 "free some space")
 
@@ -455,7 +455,7 @@ def run(job: QuantizeJob, progress: Progress | None = None, poll_s: float = 0.25
         free = shutil.disk_usage(job.out.parent).free
         if free < SPACE_MARGIN or "iostream" in why or "basic_ios" in why:
             raise LocalgenError(f"llama.cpp could not write {job.out}: the disk is full or the file too large "
-                                f"({format_bytes(free)} free; {why}); nothing was kept")
+                                f"({format_amount(free)} free; {why}); nothing was kept")
         raise LocalgenError(f"llama.cpp could not quantize {job.source} to {job.type_name}: {why}")
     if not tmp.keep(job.replace):
         raise UsageError(f"the quantized model {job.out_name} exists" if job.out_name else f"{job.out} exists",

@@ -39,7 +39,11 @@ class ChatView:
         if self.console is None:
             raise EOFError
         self.console.print(question, markup=False, end="")
-        return read_answer()
+        try:
+            return read_answer()
+        except BaseException:  # Ctrl-D, Ctrl-C, a signal: the question's line ends, as Enter would end it
+            self.console.print()
+            raise
 
     def __post_init__(self) -> None:
         if self.interactive:

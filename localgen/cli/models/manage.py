@@ -12,7 +12,7 @@ import typer
 from localgen.cli import options as o
 from localgen.cli.fit import GpuMemory, Ram, machine_for
 from localgen.errors import LocalgenError, UsageError
-from localgen.units import format_bytes
+from localgen.units import format_amount, format_bytes
 
 Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
 
@@ -302,7 +302,7 @@ def rm(
     links, blobs = store.remove(files)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
-    print(f"removed {len(links)} file(s), freed {format_bytes(freed) if freed else '0 bytes'}{kept}")
+    print(f"removed {len(links)} file(s), freed {format_amount(freed)}{kept}")
 
 
 def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
@@ -329,7 +329,7 @@ def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
         _confirm(f"{name.display}, pulled from {name.host}", size, yes)
     freed, kept = registry.remove(name, make_progress())  # says so while a pull holds a blob
     shared = f" ({kept} blob(s) another pulled model or unfinished pull uses were kept)" if kept else ""
-    print(f"removed {what}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
+    print(f"removed {what}, freed {format_amount(freed)}{shared}")
     return True
 
 
@@ -352,7 +352,7 @@ def _rm_pulled_oci(given: str, text: str, yes: bool) -> None:
         _confirm(f"{name.display}, pulled from {name.host}", size, yes)
     freed, kept = ocipull.remove(name, make_progress())
     shared = f" ({kept} blob(s) another pulled model uses were kept)" if kept else ""
-    print(f"removed {name.display}, freed {format_bytes(freed) if freed else '0 bytes'}{shared}")
+    print(f"removed {name.display}, freed {format_amount(freed)}{shared}")
 
 
 def _warn_presets_on(name: str) -> None:
@@ -390,5 +390,5 @@ def _rm_embedded(model: Any, yes: bool) -> None:
                             f"chunks ship inside Python packages (pip uninstall {pip} removes them)")
     _confirm(f"the assembled copy of {model.name} ({copy})", copy.stat().st_size, yes)
     freed = embedded.remove_assembled(model)
-    print(f"removed the assembled copy of {model.name}, freed {format_bytes(freed) if freed else '0 bytes'}; its "
+    print(f"removed the assembled copy of {model.name}, freed {format_amount(freed)}; its "
           f"chunks stay inside Python packages (pip uninstall {pip} removes them; the next use assembles it again)")
