@@ -283,6 +283,22 @@ def test_chat_list_warns_of_each_file_it_cannot_list_and_lists_the_others(
         for name, why in whys.items()), err
 
 
+def test_chat_list_lines_up_names_in_wide_characters(chats: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`chat --list`'s columns are counted in terminal cells: a name in Chinese (two cells a character) was padded
+    by characters, and its line's date stood 4 cells right of the others'."""
+    from rich.cells import cell_len
+
+    from localgen.cli.chat.loop import print_list
+
+    for name, t in (("ada", 1.7e9), ("日本語の会話", 1.7e9 + 60)):
+        (chats / f"{name}.json").write_text(json.dumps({"model": "smollm2:135m", "updated": t, "messages": ADA}))
+    print_list()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("日本語の会話 "), lines
+    dates = [cell_len(line[:line.index("20")]) for line in lines]  # the cells before each line's date
+    assert dates == [31, 31], lines
+
+
 def test_loading_a_file_that_cannot_be_read_is_one_error_never_a_hang(chats: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """--resume and /load of a FIFO, a device, a folder, a file nested too deeply or over 1 GiB: one error naming

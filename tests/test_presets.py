@@ -754,6 +754,7 @@ def test_a_damaged_preset_is_listed_as_a_warning_and_its_error_is_in_words(pcli:
     folder = tmp_path / "home" / "data" / "presets"
     damage = {"lst": (b"[]\n", "it holds a JSON list, not a preset's object"),
               "binary": (b"\xff\xfe", "byte 0xff at offset 0 is not UTF-8"),
+              "bom": (b'\xef\xbb\xbf{"a": "\xe9"}', "byte 0xe9 at offset 10 is not UTF-8"),  # the file's offset
               "empty": (b"", "it is empty"),
               "cut": (b'{"format', "it is not JSON (Unterminated string starting at: line 1, column 2)")}
     for name, (raw, _) in damage.items():

@@ -195,7 +195,8 @@ def _document(raw: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
-        raise ValueError(f"byte 0x{raw[e.start]:02x} at offset {e.start:,} is not UTF-8") from None
+        at = e.start + len(raw) - len(e.object)  # the file's offset: the codec counts after a byte order mark
+        raise ValueError(f"byte 0x{raw[at]:02x} at offset {at:,} is not UTF-8") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"it is not JSON ({e.msg}: line {e.lineno}, column {e.colno})") from None
     if not isinstance(doc, dict):

@@ -408,4 +408,12 @@ def print_list() -> None:
         turns = f"{s.turns:3} turn{'' if s.turns == 1 else 's'}"
         # a saved prompt's ESC shows as \x1b on a terminal (it would set the title, write the clipboard)
         model = shown_path(s.model)  # a path that is not UTF-8 shown escaped (\xe8), never a UnicodeEncodeError
-        print(for_terminal(f"{s.name:30} {when}  {turns:9}  {model:16} {s.preview}", sys.stdout))
+        print(for_terminal(f"{_padded(s.name, 30)} {when}  {turns:9}  {_padded(model, 16)} {s.preview}", sys.stdout))
+
+
+def _padded(text: str, cells: int) -> str:
+    """`text` padded with spaces to `cells` terminal cells: a wide character (CJK, most emoji) takes two, so a
+    column of names in Chinese lines up with one in English."""
+    from rich.cells import cell_len
+
+    return text + " " * max(0, cells - cell_len(text))
