@@ -239,6 +239,19 @@ def shown_path(path: str) -> str:
                    if "\ud800" <= c <= "\udfff" else c for c in path)
 
 
+def path_from_shown(text: str) -> str:
+    """The path a model spec that shown_path escaped names (the log holds only valid text): its \\xNN (80..ff) and
+    \\udNNN escapes made the lone surrogates Python reads such bytes as; `text` itself where a file has that very
+    name (a backslash in a name), or where it holds no escape."""
+    import os
+    import re
+
+    escape = re.compile(r"\\x([89a-f][0-9a-f])|\\u(d[89a-f][0-9a-f]{2})")
+    if not escape.search(text) or os.path.lexists(text):
+        return text
+    return escape.sub(lambda m: chr(0xDC00 + int(m[1], 16)) if m[1] else chr(int(m[2], 16)), text)
+
+
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id
 
 

@@ -134,7 +134,8 @@ def test_model_by_path(cli: CLI, smollm2_path: Path) -> None:
 def test_a_model_file_whose_name_is_not_utf8_answers_in_valid_json_and_is_logged(cli: CLI, smollm2_path: Path,
                                                                                     tmp_path: Path) -> None:
     """run.md: stdout is UTF-8. A file name's byte that is not UTF-8 (0xe8, as Latin-1 writes è) went raw into
-    --json's model name and file, then the log's sqlite raised UnicodeEncodeError (a traceback, not logged)."""
+    --json's model name and file, then the log's sqlite raised UnicodeEncodeError (a traceback, not logged); its
+    escaped path is opened again by --continue."""
     link = tmp_path / "mod\udce8le.gguf"  # the byte 0xe8 on disk
     link.symlink_to(smollm2_path)
     r = subprocess.run(cli.argv("run", "-m", str(link), "-p", "Hi", "--json", *QUICK), capture_output=True,
@@ -145,6 +146,10 @@ def test_a_model_file_whose_name_is_not_utf8_answers_in_valid_json_and_is_logged
     logged = cli("logs", "-n", "1", "--json")
     assert logged.returncode == 0, logged.stderr
     assert json.loads(logged.stdout)[0]["model"] == "mod\\xe8le.gguf", logged.stdout
+    r = subprocess.run(cli.argv("run", "--continue", "-p", "And?", "--json", *QUICK), capture_output=True,
+                       env=cli.env, timeout=600)  # the path, logged escaped, opens again (it said "not here any more")
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    assert json.loads(r.stdout.decode("utf-8"))["model"]["file"] == str(tmp_path / "mod\\xe8le.gguf"), r.stdout
 
 
 def test_a_chat_with_a_model_file_whose_name_is_not_utf8_saves_and_resumes(cli: CLI, smollm2_path: Path,

@@ -39,13 +39,15 @@ def thread_for(log: LogOptions) -> Thread:
 def logged_thread(cid: str) -> Thread:
     """A logged conversation's turns, system prompt and model (a LogError when there is none)."""
     from localgen.log import store
+    from localgen.types import path_from_shown
 
     entries = store.conversation(cid)
     turns: list[Message] = []
     for e in entries:
         turns += [{"role": "user", "content": e.prompt}, {"role": "assistant", "content": e.response}]
     last = entries[-1]
-    return Thread(cid, turns, last.system, last.model_spec if not last.endpoint else None)
+    spec = path_from_shown(last.model_spec) if last.model_spec and not last.endpoint else None  # a path as logged
+    return Thread(cid, turns, last.system, spec)
 
 
 def chat_from_log(cid: str, model: str | None) -> Any:
