@@ -589,14 +589,18 @@ def test_two_chats_resumed_on_one_conversation_both_keep_their_turns(cli: CLI, c
 def test_undo_and_retry_edit_the_saved_conversation_and_the_log_keeps_every_answer(cli: CLI, home: Path) -> None:
     """chat.md: /undo drops the last exchange and /retry the answer it replaces, from the conversation and its
     file; the log keeps them."""
-    r = cli("chat", "editme", "-n", "4", input="Hi\n/retry\nBye\n/undo\n")
+    # greedy, and the retry told to stop sooner: its answer differs from the one it replaces, whatever the model says
+    r = cli("chat", "editme", "--temperature", "0", "-n", "4", input="Hi\n/set max_tokens 2\n/retry\nBye\n/undo\n")
     assert r.returncode == 0, r.stderr
     saved = ChatSession.load("editme")
     assert [m["role"] for m in saved.messages] == ["user", "assistant"] and saved.messages[0]["content"] == "Hi"
     with sqlite3.connect(home / "data" / "logs" / "logs.db") as db:
-        logged = [p for (p,) in db.execute("SELECT prompt FROM responses WHERE conversation_id = ? ORDER BY id",
-                                          (saved.log_id,))]
-    assert logged == ["Hi", "Hi", "Bye"]
+        logged = list(db.execute("SELECT prompt, response FROM responses WHERE conversation_id = ? ORDER BY id",
+                                 (saved.log_id,)))
+    assert [p for p, _ in logged] == ["Hi", "Hi", "Bye"]
+    replaced, retried = logged[0][1], logged[1][1]
+    assert replaced != retried and retried, logged
+    assert saved.messages[1]["content"] == retried, "the saved conversation keeps the retried answer, not the old one"
 
 
 def test_load_clear_and_display_settings(cli: CLI) -> None:
