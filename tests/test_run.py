@@ -57,6 +57,9 @@ def test_json_reports_text_model_settings_and_stats(cli: CLI) -> None:
     assert doc["model"]["name"] == "smollm2:135m"
     assert doc["model"]["quantization"] == "Q4_1"
     assert doc["model"]["file"].endswith(".gguf")
+    # the model's own figures, not only their names: SmolLM2-135M is a llama of 134,515,008 weights (test_models)
+    assert doc["model"]["architecture"] == "llama" and doc["model"]["parameters"] == 134_515_008, doc["model"]
+    assert doc["model"]["file_size"] == Path(doc["model"]["file"]).stat().st_size
     assert doc["seed"] == 7
     assert doc["sampling"]["temperature"] == 0.5
     assert doc["load"]["n_ctx"] == 512 and doc["load"]["n_threads"] >= 1
