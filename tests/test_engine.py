@@ -51,6 +51,9 @@ def test_stats_are_filled(smollm2_engine: Any) -> None:
     assert s.ttft_s is not None and s.ttft_s > 0
     assert s.decode_tps is not None and s.decode_tps > 0
     assert s.total_s >= s.ttft_s
+    perf = smollm2_engine.perf()  # llama.cpp's own counters: the rate is its tokens over its seconds
+    assert perf.n_eval >= s.completion_tokens - 1
+    assert s.decode_tps == pytest.approx(perf.n_eval / (perf.t_eval_ms / 1000))
 
 
 def test_greedy_is_deterministic(smollm2_engine: Any) -> None:

@@ -45,6 +45,13 @@ def test_stats_go_to_stderr(cli: CLI) -> None:
     assert r.returncode == 0, r.stderr
     assert _stats_line().fullmatch(r.stderr), r.stderr
     assert "prompt tokens" not in r.stdout
+    # its figures agree: the tokens after the first were decoded between the first token and the end, so the
+    # decode rate is at least those tokens over that time (as shown: the rate to 0.1 tok/s, the times to 0.01 s)
+    shown = re.search(r"([\d,]+) generated · .* decode ([\d.,]+) tok/s · first token ([\d.,]+) s .* total ([\d.,]+) s",
+                      r.stderr)
+    assert shown is not None, r.stderr
+    n, rate, first, total = (float(f.replace(",", "")) for f in shown.groups())
+    assert n > 1 and (n - 1) / (rate + 0.05) <= total - first + 0.01, r.stderr
 
 
 def test_json_reports_text_model_settings_and_stats(cli: CLI) -> None:
