@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,11 @@ def test_jsonl_records_carry_llama_bench_fields_and_ours(jsonl_run: list[dict[st
             assert field in r, field
         assert len(r["samples_ts"]) == 2 and r["avg_ts"] > 0
         assert r["peak_rss_bytes"] > 50 << 20
+        # the rates are the record's own tokens over its own times (llama-bench's avg_ts: the mean of the samples')
+        assert r["avg_ts"] == pytest.approx(statistics.fmean(r["samples_ts"]), rel=1e-5)
+        if not r["test"].startswith("e2e"):  # an e2e test's tokens are those the run path gave (an EOS ends it)
+            tokens = r["n_prompt"] + r["n_gen"]
+            assert r["samples_ts"] == pytest.approx([tokens / (ns / 1e9) for ns in r["samples_ns"]], rel=1e-5), r
     by = {r["test"]: r for r in jsonl_run}
     assert by["pp16 @ d24"]["n_depth"] == 24 and by["pp16"]["n_prompt"] == 16 and by["tg4"]["n_gen"] == 4
     assert by["tg4"]["itl_p50_ms"] <= by["tg4"]["itl_p99_ms"]
@@ -258,6 +264,9 @@ def test_history_and_compare(benv: dict[str, str], bench_here: InProcessCLI,
     rows = json.loads(cmp.stdout)["results"]
     assert [r["test"] for r in rows] == ["pp16", "tg4"]
     assert all(r["ratio"] and 0.2 < r["ratio"] < 5 for r in rows)
+    ts = [{r["test"]: r["avg_ts"] for r in json.loads(run.stdout)} for run in (a, b)]
+    assert [(r["a_ts"], r["b_ts"]) for r in rows] == [(ts[0][t], ts[1][t]) for t in ("pp16", "tg4")]
+    assert [r["ratio"] for r in rows] == [pytest.approx(ts[1][t] / ts[0][t], abs=6e-5) for t in ("pp16", "tg4")]
     text = bench_here("bench", "compare", str(ids[0]), str(ids[1]))
     assert "B/A" in text.stdout and "█" in text.stdout and "x" in text.stdout
     missing = bench_here("bench", "history", "99999")
