@@ -211,10 +211,16 @@ def test_ollama_client_chat_and_generate(server: Server) -> None:
     import ollama
 
     client = ollama.Client(host=server.url, headers=_auth())
+    asked = time.perf_counter_ns()
     chat = client.chat(model="smollm2:135m", messages=[{"role": "user", "content": "Name a colour."}],
                        options={"num_predict": 8, "temperature": 0})
-    assert chat["message"]["content"] and chat["done"] and chat["eval_count"] <= 8
+    wall = time.perf_counter_ns() - asked
+    assert chat["message"]["content"] and chat["done"] and 1 < chat["eval_count"] <= 8
     assert chat["prompt_eval_count"] > 5 and chat["eval_duration"] > 0
+    # the durations are nanoseconds (Ollama's unit): within the request's own time as the client counts it, and
+    # of its size (in microseconds they would be a thousandth of it); decoding 7 tokens is more than 1% of the answer
+    assert chat["prompt_eval_duration"] + chat["eval_duration"] <= chat["total_duration"] <= wall, (chat, wall)
+    assert chat["total_duration"] >= wall // 10 and chat["eval_duration"] >= chat["total_duration"] // 100, (chat, wall)
     parts = list(client.generate(model="smollm2:135m", prompt="Hello", stream=True,
                                  options={"num_predict": 6, "temperature": 0}))
     assert parts[-1]["done"] and "".join(p["response"] for p in parts)
