@@ -698,13 +698,17 @@ def test_an_integer_past_a_floats_range_is_a_400_naming_the_field(child: Server,
     assert field in r.text and "finite" in r.text, r.text
 
 
-@pytest.mark.parametrize("bias", ['{"1": -HUGE}', "[[1, -HUGE]]"])
-def test_a_logit_bias_past_a_floats_range_is_minus_infinity(child: Server, bias: str) -> None:
-    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1, "logit_bias": "BIAS"})
-    body = body.replace('"BIAS"', bias.replace("HUGE", HUGE))
+@pytest.mark.parametrize("bias", ['{"TOKEN": -HUGE}', "[[TOKEN, -HUGE]]"])
+def test_a_logit_bias_past_a_floats_range_is_minus_infinity(child: Server, smollm2_engine: Any, bias: str) -> None:
+    ask = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "temperature": 0}
+    greedy = httpx.post(f"{child.url}/v1/completions", json=ask, timeout=120).json()["choices"][0]["text"]
+    token = smollm2_engine.tokenize(greedy, add_special=False)[0]  # the session's SmolLM2: same vocabulary
+    body = json.dumps({**ask, "logit_bias": "BIAS"})
+    body = body.replace('"BIAS"', bias.replace("TOKEN", str(token)).replace("HUGE", HUGE))
     r = httpx.post(f"{child.url}/v1/completions", content=body, headers={"Content-Type": "application/json"},
                    timeout=120)
-    assert r.status_code == 200, r.text  # as -1e400 is: a bias of -inf bans the token
+    assert r.status_code == 200, r.text  # as -1e400 is: a bias of -inf bans the token, the greedy first one here
+    assert greedy and r.json()["choices"][0]["text"] != greedy, (greedy, r.text)
 
 
 # ---- a worker thread that stops -----------------------------------------------------------------------
