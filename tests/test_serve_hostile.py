@@ -399,11 +399,14 @@ def test_more_messages_than_the_window_has_tokens_are_refused_before_the_templat
 def test_ollamas_chat_reads_a_message_without_content_as_empty(inproc: InProcess) -> None:
     """As Ollama reads it: a message with no `content` (or null) on /api/chat is "" (OpenAI's routes refuse a user
     message's null content with a 400 naming it)."""
-    for message in ({"role": "user"}, {"role": "user", "content": None}):
+    counts = []
+    for message in ({"role": "user", "content": ""}, {"role": "user"}, {"role": "user", "content": None}):
         r = httpx.post(f"{inproc.url}/api/chat", timeout=60, json={
             "model": MODEL, "stream": False, "options": {"num_predict": 1},
             "messages": [{"role": "system", "content": "Be brief."}, message]})
         assert r.status_code == 200 and r.json()["done"], r.text
+        counts.append(r.json()["prompt_eval_count"])
+    assert counts[1] == counts[2] == counts[0], f"the prompt is the one an empty content makes: {counts}"
 
 
 def test_truncation_auto_is_not_refused_by_its_count_of_messages() -> None:
