@@ -80,6 +80,16 @@ def test_quantize_writes_what_llama_quantize_writes_and_lists_it(qcli: CLI, smol
     canonical = type_name.upper()
     assert doc["name"] == f"smollm2-135m-instruct:{type_name.lower()}" and doc["type"] == canonical
     assert sha256_file(Path(doc["path"])) == REF["quantized"][canonical]["sha256"]  # llama-quantize's bytes, all
+    # its figures are the file's: its size, and its tensor data's bits over its weights (Q8_0 blocks hold 8.5 bits)
+    from gguf import GGUFReader
+
+    reader = GGUFReader(doc["path"])
+    size = Path(doc["path"]).stat().st_size
+    weights = sum(int(t.n_elements) for t in reader.tensors)
+    assert doc["size"] == size and weights == 134_515_008
+    assert doc["bits_per_weight"] == round((size - reader.data_offset) * 8 / weights, 2), doc
+    if canonical == "Q8_0":
+        assert 8.5 <= doc["bits_per_weight"] < 8.6, doc
     listed = {m["name"]: m for m in json.loads(qcli("list", "--json").stdout)}
     assert listed[doc["name"]]["quantization"] == canonical and listed[doc["name"]]["source"] == "quantized"
     # as quantize.md and models.md say: the source is in --json; plain list's columns are models.md's six
