@@ -349,9 +349,18 @@ def test_a_resumed_small_state_is_said_to_be_evaluated_again_at_most_whole(cli: 
     assert before <= min(restored, 71), r.stderr
 
 
-def test_resume_last_without_a_name(cli: CLI) -> None:
-    cli("chat", "latest-one", "-n", "4", input="Remember the number 7.\n")
-    r = cli("chat", "--resume", "-n", "4", input="/show\n")
+def test_resume_last_without_a_name(cli: CLI, tmp_path: Path) -> None:
+    """chat.md: --resume without a name takes the most recently updated conversation, whatever the names' order."""
+    own = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path)})  # a home of these conversations only
+    r = own("chat", "latest-one", "-n", "4", input="Remember the number 7.\n")
+    assert r.returncode == 0, r.stderr
+    chats = tmp_path / "data" / "chats"
+    saved = json.loads((chats / "latest-one.json").read_text(encoding="utf-8"))
+    for name in ("aa-older", "zz-older"):  # updated an hour before it, named before and after it
+        older = {**saved, "name": name, "updated": saved["updated"] - 3600, "created": saved["created"] - 3600}
+        (chats / f"{name}.json").write_text(json.dumps(older), encoding="utf-8")
+    assert {p.stem for p in chats.glob("*.json")} == {"latest-one", "aa-older", "zz-older"}
+    r = own("chat", "--resume", "-n", "4", input="/show\n")
     assert r.returncode == 0, r.stderr
     assert "conversation latest-one · 2 messages" in r.stderr
 
