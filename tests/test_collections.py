@@ -149,18 +149,18 @@ def test_show_lists_a_collections_ids_and_the_start_of_each_text(hcli: CLI, bert
     assert r.returncode == 0 and "\n\n" not in r.stdout and "entries       0\n" in r.stdout, r.stdout
     assert json.loads(hcli("collections", "show", "notes", "--json").stdout)["items"] == []
     r = hcli("collections", "show", "nope")
-    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert "no collection named 'nope' (there are: notes, other)" in r.stderr, r.stderr
 
 
 def test_rm_removes_whole_collections_and_checks_every_name_first(hcli: CLI, bert: str) -> None:
     r = hcli("collections", "rm", "notes")
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no collection named 'notes'" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no collection named 'notes'" in r.stderr, r.stderr
     _store(hcli, bert, "notes", input="\n".join(LINES) + "\n")
     _store(hcli, bert, "args", "one text", "two texts")
     _store(hcli, bert, "keep", "kept text")
     r = hcli("collections", "rm", "notes", "nope", "args")
-    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "no collection named 'nope' (there are: args, keep, notes)" in r.stderr, r.stderr
     assert [c["entries"] for c in _listed(hcli)] == [2, 1, 3], "an unknown name removes nothing"
     r = hcli("collections", "rm", "notes", "args")  # not on a terminal: only with --yes, as rm does
@@ -211,7 +211,7 @@ def test_rm_id_removes_only_those_entries_and_an_unknown_id_removes_none(hcli: C
     r = hcli("collections", "rm", "notes", "other", "--id", "1")
     assert r.returncode == 2 and "--id removes entries of one collection" in r.stderr, r.stderr
     r = hcli("collections", "rm", "nope", "--id", "1")
-    assert r.returncode == 1 and "no collection named 'nope'" in r.stderr, r.stderr
+    assert r.returncode == 2 and "no collection named 'nope'" in r.stderr, r.stderr
     r = hcli("collections", "rm", "notes", "--id", "1", "--id", "3", "--id", "1")
     assert r.returncode == 0 and r.stdout == "" and r.stderr == "notes: removed 2 entries, 1 left\n", r.stderr
     assert _held(hcli, "notes") == {"2": LINES[1]} and len(_held(hcli, "other")) == 3, "only those, only there"
@@ -633,9 +633,11 @@ def test_show_measures_a_text_holding_a_nul_whole(hcli: CLI, bert: str) -> None:
 
 
 def test_an_unknown_collection_s_error_lists_the_others_sorted(hcli: CLI, bert: str) -> None:
+    """embed.md, rag.md: a name that names no collection is a usage error, exit 2, whichever command is given it."""
     for name in ("zeta", "alpha", "mid"):
         _store(hcli, bert, name, "the cat")
-    for args in (["similar", "nope", "cat"], ["run", "--rag", "nope", "hi"], ["collections", "show", "nope"]):
+    for args in (["similar", "nope", "cat"], ["run", "--rag", "nope", "hi"], ["collections", "show", "nope"],
+                 ["collections", "rm", "nope", "--yes"], ["collections", "rm", "nope", "--id", "1"]):
         r = hcli(*args)
-        assert r.returncode in (1, 2) and "no collection named 'nope' (there are: alpha, mid, zeta)" in r.stderr, \
+        assert r.returncode == 2 and "no collection named 'nope' (there are: alpha, mid, zeta)" in r.stderr, \
             (args, r.stderr)

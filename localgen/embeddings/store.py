@@ -332,7 +332,7 @@ def _listed(r: Any) -> Listed:
 def described(name: str) -> Listed:
     """One collection as `localgen collections` lists it; an error naming the ones there are."""
     if not storedb.present():
-        raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
+        raise UsageError(f"no collection named {name!r}: there are no collections yet")
     with storedb.db(create=False) as db:
         rows = db.conn.execute(_listing(db, "WHERE c.name = ?"), (name,)).fetchall()
         error = None if rows else _missing(db.conn, [name])
@@ -358,23 +358,23 @@ def entries(name: str, chars: int) -> Iterator[tuple[str, str, int]]:
             yield ident, codecs.getincrementaldecoder("utf-8")().decode(head, final=False)[:chars], length
 
 
-def _missing(conn: sqlite3.Connection, names: list[str]) -> LocalgenError | None:
-    """The error for the names that are not collections, or None."""
+def _missing(conn: sqlite3.Connection, names: list[str]) -> UsageError | None:
+    """The error for the names that are not collections, or None: a usage error (exit 2), as get's is."""
     have = [r[0] for r in conn.execute("SELECT name FROM collections ORDER BY name")]
     unknown = [n for n in dict.fromkeys(names) if n not in have]
     if not unknown:
         return None
     which = ", ".join(repr(n) for n in unknown)
     there = f" (there are: {', '.join(have)})" if have else " (there are none)"
-    return LocalgenError(f"no collection named {which}{there}" if len(unknown) == 1
-                         else f"no collections named {which}{there}")
+    return UsageError(f"no collection named {which}{there}" if len(unknown) == 1
+                      else f"no collections named {which}{there}")
 
 
 def remove(names: list[str], waiting: Waiting | None = None) -> dict[str, int]:
     """Remove whole collections (their entries and their record), each name's entry count; every name is checked
     first, in the same transaction, and an unknown one removes nothing."""
     if not storedb.present():
-        raise LocalgenError(f"no collection named {names[0]!r}: there are no collections yet")
+        raise UsageError(f"no collection named {names[0]!r}: there are no collections yet")
     with storedb.db(create=False, write=True) as db:
         conn = db.conn
         with _writing(conn, waiting):
@@ -397,7 +397,7 @@ def remove_ids(name: str, ids: list[str], waiting: Waiting | None = None) -> tup
     import json
 
     if not storedb.present():
-        raise LocalgenError(f"no collection named {name!r}: there are no collections yet")
+        raise UsageError(f"no collection named {name!r}: there are no collections yet")
     wanted = sorted(set(ids))
     with storedb.db(create=False, write=True) as db:
         conn = db.conn
