@@ -132,20 +132,37 @@ def test_a_continued_conversation_with_tools_counts_the_tools_in_its_window(lcli
             "(the log keeps them; a larger --ctx sends more)") in r.stderr.splitlines(), r.stderr
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root enters a folder of any mode")
-def test_a_data_dir_that_cannot_be_entered_is_said_as_such_to_a_reader_not_as_a_write(lcli: CLI) -> None:
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
+def test_a_data_dir_that_cannot_be_entered_is_said_as_such_to_a_reader_not_as_a_write() -> None:
     """`logs` and `chat --list` only read, yet a data dir they could not enter was "cannot write PATH: Permission
-    denied"; the one line says the path cannot be used."""
-    data = Path(lcli.env["LOCALGEN_HOME"]) / "data"
-    data.mkdir(parents=True)
-    data.chmod(0)
+    denied"; the one line says the path cannot be used. Root enters a folder of any mode: as root, run as nobody."""
+    import shutil
+    import sys
+    import tempfile
+
+    as_nobody: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root, and no setpriv to run as another user")
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    top = Path(tempfile.mkdtemp(prefix="localgen-noentry-", dir="/tmp"))  # pytest's own folders are root's alone
     try:
-        for args, path in ((["logs"], _db(lcli)), (["chat", "--list"], data / "chats")):
-            r = lcli(*args)
+        top.chmod(0o777)
+        home = top / "home"
+        data = home / "data"
+        data.mkdir(parents=True)
+        home.chmod(0o777)  # the home is the user's; only its data dir cannot be entered
+        data.chmod(0)
+        env = {"PATH": os.environ.get("PATH", ""), "LOCALGEN_HOME": str(home), "HF_HOME": str(top / "hf"),
+               "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+        for args, path in ((["logs"], data / "logs" / "logs.db"), (["chat", "--list"], data / "chats")):
+            r = subprocess.run([*as_nobody, sys.executable, "-m", "localgen", *args], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
             assert (r.returncode, r.stdout) == (1, ""), r.stderr
             assert r.stderr == f"localgen: error: cannot use {path}: Permission denied\n"
     finally:
         data.chmod(0o700)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_logs_json_before_anything_is_logged_is_an_empty_array(lcli: CLI) -> None:
