@@ -6,12 +6,11 @@ import json
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, ROOT, InProcessCLI
+from tests.conftest import CLI, ROOT, SAFETY_NET_S, InProcessCLI
 
 QUICK = ["-n", "12", "--ctx", "512"]
 
@@ -263,18 +262,22 @@ def test_prompt_longer_than_context_is_refused_before_generating(cli: CLI) -> No
 
 
 def test_pipe_to_head_ends_quietly(cli: CLI) -> None:
-    p = cli.popen("run", "-p", "List fifty animals, one per line.", "-n", "400", "--temperature", "0",
+    """run.md: `localgen run ... | head -1` ends quietly, with status 0, and stops generating. --stats prints its
+    line when a generation ends: none, as this one stopped (decoding on unseen, it ended 306 tokens later with
+    `306 generated · ... · stop: eos` on stderr)."""
+    p = cli.popen("run", "-p", "List fifty animals, one per line.", "-n", "400", "--temperature", "0", "--stats",
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None and p.stderr is not None
     first = p.stdout.readline()
     p.stdout.close()  # what `head -1` does after its line
-    t0 = time.monotonic()
-    rc = p.wait(timeout=60)
+    try:
+        rc = p.wait(timeout=SAFETY_NET_S)
+    finally:
+        p.kill()
     err = p.stderr.read().decode()
     assert first.strip()
     assert rc == 0, err
-    assert "Traceback" not in err and err == ""
-    assert time.monotonic() - t0 < 30, "generation should stop soon after the reader goes away"
+    assert "Traceback" not in err and err == "", "the generation went on after the reader had gone"
 
 
 def test_ctrl_c_stops_generation_with_130(cli: CLI) -> None:
