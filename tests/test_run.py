@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,11 +236,14 @@ def test_bad_grammar_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
         assert r.stderr.startswith(f"localgen: error: the JSON schema is not valid {where}: "), r.stderr
 
 
-def test_system_prompt_is_used(cli: CLI) -> None:
+def test_system_prompt_is_used(cli: CLI, smollm2_engine: Any) -> None:
+    system = "You answer only in French, briefly."
     plain = json.loads(cli("run", "-p", "Hi", "--json", *QUICK).stdout)
-    with_sys = json.loads(cli("run", "-p", "Hi", "--system", "You answer only in French, briefly.", "--json",
-                              *QUICK).stdout)
+    with_sys = json.loads(cli("run", "-p", "Hi", "--system", system, "--json", *QUICK).stdout)
     assert with_sys["stats"]["prompt_tokens"] != plain["stats"]["prompt_tokens"]
+    # the prompt is the template's rendering of a system turn and the question (the session's SmolLM2)
+    said = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+    assert with_sys["stats"]["prompt_tokens"] == len(smollm2_engine.chat_tokens(said)), with_sys["stats"]
 
 
 def test_context_full_stops_with_warning(cli: CLI) -> None:
