@@ -32,10 +32,7 @@ def _expanded(value: str) -> Path:
 
 
 def user_home() -> Path | None:
-    """The user's home folder, or None where there is none to find (HOME unset and no password entry, or HOME set
-    to nothing, which Python would read as `/`)."""
-    if _empty_home():
-        return None
+    """The user's home folder, or None where there is none to find (HOME unset and no password entry)."""
     try:
         home = Path("~").expanduser()
     except RuntimeError:
@@ -45,37 +42,14 @@ def user_home() -> Path | None:
 
 def no_home(what: str, instead: str = "LOCALGEN_HOME to a folder for localgen's files") -> UsageError:
     """The usage error for a folder that needs the user's home folder when there is none to find."""
-    if _empty_home():
-        return UsageError(f"{what}: HOME is set to nothing (set HOME to your home folder, or {instead})")
     return UsageError(f"{what}: HOME is not set and this user has no home folder in the password database (set "
                       f"HOME, or {instead})")
-
-
-def _empty_home() -> bool:
-    """HOME set to nothing (`HOME= localgen ...`), which Python's expanduser and platformdirs would take as `/`
-    (root's `/.local/share`, or a permission error for anyone else); Windows does not read HOME."""
-    import sys
-
-    return os.environ.get("HOME") == "" and sys.platform != "win32"
-
-
-def _xdg_set(kind: str) -> bool:
-    """Whether an XDG_*_HOME variable says where platformdirs' folder of this `kind` is, not the home folder
-    (Linux and the BSDs)."""
-    import sys
-
-    name = {"user_config_dir": "XDG_CONFIG_HOME", "user_data_dir": "XDG_DATA_HOME",
-            "user_state_dir": "XDG_STATE_HOME", "user_cache_dir": "XDG_CACHE_HOME"}.get(kind)
-    return sys.platform != "darwin" and name is not None and bool(os.environ.get(name, "").strip())
 
 
 def _platform(kind: str) -> Path:
     """platformdirs' folder of this `kind` (user_config_dir ...) for localgen; a usage error where it needs the home
     folder and there is none."""
     import platformdirs
-
-    if _empty_home() and not _xdg_set(kind):
-        raise no_home("localgen cannot find where to keep its files")
 
     try:
         folder = Path(getattr(platformdirs, kind)(APP))

@@ -241,15 +241,16 @@ def shown_path(path: str) -> str:
 
 def path_from_shown(text: str) -> str:
     """The path a model spec that shown_path escaped names (the log holds only valid text): its \\xNN (80..ff) and
-    \\udNNN escapes made the lone surrogates Python reads such bytes as; `text` itself where a file has that very
-    name (a backslash in a name), or where it holds no escape."""
+    \\udNNN escapes made the lone surrogates Python reads such bytes as, where a file has that name; else `text`
+    as written (a backslash in a name, as in a Windows path, is no escape: shown_path leaves it as it is)."""
     import os
     import re
 
     escape = re.compile(r"\\x([89a-f][0-9a-f])|\\u(d[89a-f][0-9a-f]{2})")
     if not escape.search(text) or os.path.lexists(text):
         return text
-    return escape.sub(lambda m: chr(0xDC00 + int(m[1], 16)) if m[1] else chr(int(m[2], 16)), text)
+    path = escape.sub(lambda m: chr(0xDC00 + int(m[1], 16)) if m[1] else chr(int(m[2], 16)), text)
+    return path if os.path.lexists(path) else text
 
 
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id

@@ -290,13 +290,15 @@ def test_chat_list_lines_up_names_in_wide_characters(chats: Path, capsys: pytest
 
     from localgen.cli.chat.loop import print_list
 
-    for name, t in (("ada", 1.7e9), ("日本語の会話", 1.7e9 + 60)):
-        (chats / f"{name}.json").write_text(json.dumps({"model": "smollm2:135m", "updated": t, "messages": ADA}))
+    for name, model, t in (("ada", "smollm2:135m", 1.7e9), ("日本語の会話", "/m/模型.gguf", 1.7e9 + 60)):
+        (chats / f"{name}.json").write_text(json.dumps({"model": model, "updated": t, "messages": ADA}))
     print_list()
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("日本語の会話 "), lines
     dates = [cell_len(line[:line.index("20")]) for line in lines]  # the cells before each line's date
     assert dates == [31, 31], lines
+    previews = [cell_len(line[:line.index("My name")]) for line in lines]  # and before each preview, after the model
+    assert previews[0] == previews[1], lines
 
 
 def test_loading_a_file_that_cannot_be_read_is_one_error_never_a_hang(chats: Path,

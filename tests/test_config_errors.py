@@ -301,26 +301,33 @@ def test_with_no_home_folder_a_command_needing_one_says_to_set_home_and_others_g
     assert without_paths(f"cannot read {tmp_path}/data/x.json") == "cannot read x.json"
 
 
-def test_an_empty_home_is_not_taken_for_the_root_folder(tmp_path: Path) -> None:
-    """`HOME= localgen ...` (set to nothing): Python and platformdirs read it as `/`, so localgen kept its files in
-    `/.local/share` (as root) or failed to write there. It is one usage line saying to set HOME or LOCALGEN_HOME,
-    and with LOCALGEN_HOME set, commands go on (the Hugging Face cache's default, under ~, is said the same way)."""
+def test_an_empty_home_is_read_as_unset_not_as_the_root_folder(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`HOME= localgen ...` (set to nothing, as a service manager can leave it): Python's expanduser took it as
+    `/`, so a LOCALGEN_HOME of `~/lg` was `/lg` (and the Hugging Face cache `/.cache`). It is read as unset: the
+    password database's home folder, as platformdirs reads it; with none there either, one usage line."""
+    import pwd
+
     from tests.conftest import InProcessCLI
 
+    entry = pwd.getpwuid(os.getuid())
+    fake = pwd.struct_passwd((*entry[:5], str(tmp_path / "pwhome"), entry[6]))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: fake)
     gone: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("LOCALGEN_", "HF_", "XDG_"))}
     bare = {**gone, "HOME": "", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
     r = InProcessCLI(bare)("logs", "path")
-    assert r.returncode == 2 and r.stdout == "" and _lines(r) == [
-        "localgen: error: localgen cannot find where to keep its files: HOME is set to nothing (set HOME to your "
-        "home folder, or LOCALGEN_HOME to a folder for localgen's files)"], r.stderr
-    r = InProcessCLI({**bare, "LOCALGEN_HOME": str(tmp_path)})("list")
+    assert (r.returncode, r.stdout) == (0, f"{tmp_path}/pwhome/.local/share/localgen/logs/logs.db\n"), r.stderr
+    r = InProcessCLI({**bare, "LOCALGEN_HOME": "~/lg"})("logs", "path")
+    assert (r.returncode, r.stdout) == (0, f"{tmp_path}/pwhome/lg/data/logs/logs.db\n"), r.stderr
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    r = InProcessCLI({**bare, "LOCALGEN_HOME": "~/lg"})("logs", "path")
     assert r.returncode == 2 and _lines(r) == [
-        "localgen: error: the Hugging Face cache is under ~/.cache: HOME is set to nothing (set HOME to your home "
-        "folder, or HF_HUB_CACHE to the folder it is in)"], r.stderr
-    r = InProcessCLI({**bare, "LOCALGEN_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "hub")})("list")
-    assert r.returncode == 0 and "smollm2:135m" in r.stdout, r.stderr
-    r = InProcessCLI({**bare, "XDG_DATA_HOME": str(tmp_path / "xdg")})("logs", "path")  # says where: no HOME needed
-    assert (r.returncode, r.stdout) == (0, f"{tmp_path}/xdg/localgen/logs/logs.db\n"), r.stderr
+        "localgen: error: LOCALGEN_HOME is '~/lg', but ~ names no folder: HOME is not set and this user has no "
+        "home folder in the password database (set HOME, or LOCALGEN_HOME to a folder for localgen's files)"], r.stderr
 
 
 def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> None:

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         utf8_stdin()
         utf8_output()
         sizes_that_are_sizes()
+        empty_home_as_unset()
         _main(argv)
     except KeyboardInterrupt:  # before _main's own handling was set up (an import), or after it had done
         interrupted_early()
@@ -94,6 +95,14 @@ def sizes_that_are_sizes() -> None:
         if given is not None and not (given.isascii() and given.isdigit() and len(given) <= 5
                                       and 0 < int(given) <= MAX_SIZE):
             del os.environ[name]
+
+
+def empty_home_as_unset() -> None:
+    """HOME set to nothing (`HOME= localgen ...`, a service manager's empty value) is unset, so the home folder is
+    the password database's, as platformdirs reads it: Python's expanduser took it as `/`, so a LOCALGEN_HOME of
+    `~/lg` was `/lg` and the Hugging Face cache `/.cache`."""
+    if os.environ.get("HOME") == "" and sys.platform != "win32":  # Windows reads USERPROFILE
+        del os.environ["HOME"]
 
 
 def utf8_output() -> None:

@@ -408,7 +408,8 @@ def print_list() -> None:
         turns = f"{s.turns:3} turn{'' if s.turns == 1 else 's'}"
         # a saved prompt's ESC shows as \x1b on a terminal (it would set the title, write the clipboard)
         model = shown_path(s.model)  # a path that is not UTF-8 shown escaped (\xe8), never a UnicodeEncodeError
-        print(for_terminal(f"{_padded(s.name, 30)} {when}  {turns:9}  {_padded(model, 16)} {s.preview}", sys.stdout))
+        name, model = for_terminal(s.name, sys.stdout), for_terminal(model, sys.stdout)  # escaped, then padded
+        print(f"{_padded(name, 30)} {when}  {turns:9}  {_padded(model, 16)} {for_terminal(s.preview, sys.stdout)}")
 
 
 def _padded(text: str, cells: int) -> str:

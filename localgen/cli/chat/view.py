@@ -4,6 +4,7 @@ without asking."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,8 @@ class ChatView:
         try:
             return read_answer()
         except BaseException:  # Ctrl-D, Ctrl-C, a signal: the question's line ends, as Enter would end it
-            self.console.print()
+            with contextlib.suppress(OSError, ValueError):  # a terminal gone (EIO) never hides why the read ended
+                self.console.print()
             raise
 
     def __post_init__(self) -> None:
