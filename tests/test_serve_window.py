@@ -95,3 +95,20 @@ def test_ollama_cuts_a_prompt_the_window_cannot_hold_keeping_its_start_and_end(s
     assert r2.status_code == 400 and "options.num_keep" in r2.json()["error"], r2.text
     r3 = httpx.post(f"{server.url}/api/generate", json={**bad, "options": {}, "truncate": "no"}, timeout=60)
     assert r3.status_code == 400 and "truncate" in r3.json()["error"], r3.text
+
+
+def test_anthropic_says_the_window_not_max_tokens_ended_the_answer(server: Server) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="x")
+    words = "sea " * 200  # some 210 tokens with the template
+    ask: dict[str, Any] = {"model": MODEL, "max_tokens": 1000, "extra_body": {"ignore_eos": True},
+                           "messages": [{"role": "user", "content": f"Repeat these: {words}"}]}
+    m = client.messages.create(**ask)
+    assert m.stop_reason == "model_context_window_exceeded", m.stop_reason  # a StopReason the SDK knows
+    assert 0 < m.usage.output_tokens < 1000 and m.usage.input_tokens + m.usage.output_tokens == WINDOW, m.usage
+    with client.messages.stream(**ask) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "model_context_window_exceeded" and final.usage.output_tokens == m.usage.output_tokens
+    short = client.messages.create(**{**ask, "max_tokens": 8})
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 8, "max_tokens ended it"
