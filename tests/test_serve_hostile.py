@@ -465,8 +465,8 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(child: Server) ->
     r = _complete(child.url, prompt="word " * 30_000)  # 150,000 characters for a 4,096-token window
     assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
     assert r.json()["error"]["code"] == "context_length_exceeded"
-    r = httpx.post(f"{child.url}/api/chat", json={"model": MODEL, "stream": False, "messages": [
-        {"role": "user", "content": "word " * 30_000}]}, timeout=30)
+    r = httpx.post(f"{child.url}/api/chat", json={"model": MODEL, "stream": False, "truncate": False, "messages": [
+        {"role": "user", "content": "word " * 30_000}]}, timeout=30)  # (Ollama's truncate fits 4 times that)
     assert r.status_code == 400 and "characters" in r.json()["error"]
     r = httpx.post(f"{child.url}/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [
         {"role": "user", "content": "word " * 30_000}]}, timeout=30)
