@@ -390,7 +390,7 @@ def test_more_messages_than_the_window_has_tokens_are_refused_before_the_templat
                                   "most 1,024 (each takes a token at least)"
     assert {k: v for k, v in by_count.items() if k != "message"} == \
         {k: v for k, v in by_tokens.items() if k != "message"} == \
-        {"type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
+        {"type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
     r = chat(1_101, "/v1/messages")
     assert r.status_code == 400 and r.json()["error"]["message"] == \
         "prompt is too long: 1101 messages > 1024 maximum (a window of 1024 tokens holds at most one message a token)"

@@ -112,3 +112,19 @@ def test_anthropic_says_the_window_not_max_tokens_ended_the_answer(server: Serve
     assert final.stop_reason == "model_context_window_exceeded" and final.usage.output_tokens == m.usage.output_tokens
     short = client.messages.create(**{**ask, "max_tokens": 8})
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 8, "max_tokens ended it"
+
+
+@pytest.mark.parametrize(("path", "field"), [("/v1/chat/completions", "messages"), ("/v1/responses", "input"),
+                                             ("/v1/completions", "prompt")])
+def test_a_prompt_past_the_window_names_the_field_the_client_sent(server: Server, path: str, field: str) -> None:
+    """Chat Completions has no `prompt` field: a prompt past the window names `messages` there, `input` in the
+    Responses API and `prompt` for a completion, whether counted by its tokens or refused by its characters."""
+    for text, said in (("the cat sat on the mat " * 120, " tokens; each slot's context window is 256"),
+                       ("x" * 9000, "the prompt is 9,000 characters; a slot's window of 256 tokens takes at most "
+                                    "8,192 here")):
+        body: dict[str, Any] = {"model": MODEL, "max_tokens": 4}
+        body[field] = [{"role": "user", "content": text}] if field == "messages" else text
+        r = httpx.post(f"{server.url}{path}", json=body, timeout=120)
+        error = r.json()["error"]
+        assert r.status_code == 400 and (error["param"], error["code"]) == (field, "context_length_exceeded"), r.text
+        assert said in error["message"], r.text

@@ -166,6 +166,8 @@ def _in_request_words(e: HTTPError, ask: Ask, request: GenerationRequest | None 
     `messages`; a prompt past the window names it too, or a raw prompt's `prompt`), and inline media as the API
     names it (an image block's source.data), which the model's thread, decoding the media in OpenAI's words,
     does not know."""
+    if e.param is None and e.overflow is not None:
+        e.param = "prompt" if request is not None and request.raw else "messages"
     if e.param == "messages":
         e.param = ask.conversation
         default = OPENAI_WORDS.decoded
@@ -241,7 +243,7 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
 
 
 def check_prompt_size(worker: Served, messages: list[Any], fit: bool = False, trim: bool = False,
-                      param: str | None = None) -> None:
+                      param: str = "messages") -> None:
     """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (a raw
     prompt's characters, or a conversation's, and its count of messages), naming `param`. With `fit` (truncation
     folds the conversation to the window, serve/fitting.py) the window's bounds hold for what must fit word for
@@ -269,8 +271,7 @@ def check_prompt_size(worker: Served, messages: list[Any], fit: bool = False, tr
         _within(worker, texts(messages), 1, param)
 
 
-def _within(worker: Served, texts: list[Any], windows: int, param: str | None, extra: int = 0,
-            said: str = "") -> None:
+def _within(worker: Served, texts: list[Any], windows: int, param: str, extra: int = 0, said: str = "") -> None:
     from localgen.media import text_of
 
     most = worker.n_ctx * windows
@@ -279,11 +280,11 @@ def _within(worker: Served, texts: list[Any], windows: int, param: str | None, e
         # rendering them all through the template would take seconds first
         raise HTTPError(400, f"the conversation is {len(texts):,} messages; a slot's window of {worker.n_ctx:,} "
                              f"tokens holds at most {worker.n_ctx:,} (each takes a token at least){said}",
-                        overflow=(0, worker.n_ctx), messages=len(texts))
+                        param=param, overflow=(0, worker.n_ctx), messages=len(texts))
     chars = sum(len(text_of(t)) for t in texts) + extra
     if chars > CHARS_PER_TOKEN * most:
         raise HTTPError(400, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
-                             f"takes at most {CHARS_PER_TOKEN * worker.n_ctx:,} here{said}", param="prompt",
+                             f"takes at most {CHARS_PER_TOKEN * worker.n_ctx:,} here{said}", param=param,
                         overflow=(0, worker.n_ctx), chars=chars)
 
 
