@@ -128,3 +128,17 @@ def test_a_prompt_past_the_window_names_the_field_the_client_sent(server: Server
         error = r.json()["error"]
         assert r.status_code == 400 and (error["param"], error["code"]) == (field, "context_length_exceeded"), r.text
         assert said in error["message"], r.text
+
+
+def test_a_cut_keeps_num_keep_tokens_a_bos_besides_and_the_end_that_fits() -> None:
+    """As Ollama's runner cuts a prompt (docs/api.md): its first num_keep tokens (one more where it begins with the
+    BOS; -1: all that leave one token of its end), then its end, `limit` tokens in all."""
+    from localgen.native.prompt import Prompt
+    from localgen.serve.prepare import cut
+
+    tokens = Prompt.text(list(range(10)))
+    assert cut(tokens, 2, 6, bos=-1).tokens == [0, 1, 6, 7, 8, 9]
+    assert cut(tokens, 2, 6, bos=0).tokens == [0, 1, 2, 7, 8, 9]  # the BOS kept besides
+    assert cut(tokens, 0, 6, bos=-1).tokens == [4, 5, 6, 7, 8, 9]
+    assert cut(tokens, -1, 6, bos=-1).tokens == [0, 1, 2, 3, 4, 9]
+    assert cut(tokens, 100, 6, bos=-1).tokens == [0, 1, 2, 3, 4, 9]
