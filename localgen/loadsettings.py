@@ -120,7 +120,7 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
 # has no option for tensor placement (api/types.go's Runner: num_ctx, num_batch, num_gpu, main_gpu, use_mmap,
 # num_thread) and ignores one it does not know; llama.cpp's names for it are let be alike
 OLLAMA_LOAD_OPTIONS = frozenset({k.ollama for k in LOAD_KNOBS.values() if k.ollama} | {
-    "num_keep", "use_mmap", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"} | {
+    "use_mmap", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z"} | {
     "n_cpu_moe", "cpu_moe", "override_tensor", "kv_unified"})
 
 

@@ -283,6 +283,9 @@ class GenerationRequest:
     template_args: tuple[tuple[str, Any], ...] = ()  # more template variables (enable_thinking)
     # a final assistant message's text is continued (the answer goes on from it), not closed as a turn
     continue_final: bool = False
+    # Ollama's truncation: a prompt past a slot's window keeps this many tokens at its start (a BOS besides) and
+    # as many at its end as fit, the middle cut out (serve/prepare.py); None: it is refused
+    truncate_keep: int | None = None
 
     @property
     def raw(self) -> bool:

@@ -126,7 +126,7 @@ def test_the_routes_table_names_every_route_served_and_no_other() -> None:
 
 
 # Ollama's options that set how a model loads, and llama.cpp's: docs/api.md names each as ignored
-LOAD_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "num_keep", "main_gpu", "use_mmap", "use_mlock",
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "main_gpu", "use_mmap", "use_mlock",
                 "numa", "low_vram", "f16_kv", "vocab_only", "penalize_newline", "tfs_z", "n_cpu_moe", "cpu_moe",
                 "override_tensor", "kv_unified")
 

@@ -448,3 +448,22 @@ def test_a_window_at_the_models_trained_limit_does_not_suggest_a_larger_ctx(cli:
                                  "score the pair's first tokens)" in r.stderr, r.stderr
     r = cli("embed", "-m", bert, long, "--ctx", "256")
     assert r.returncode == 2 and "window is 256 (raise --ctx, or --truncate" in r.stderr, r.stderr
+
+
+def test_a_text_too_long_once_tokenized_is_named_by_its_index(server: Server) -> None:
+    """docs/api.md: a text longer than the window is a 400 naming it (param `input[N]`), also where it was found
+    too long only once tokenized (it was "a text", with param null)."""
+    import httpx
+
+    long = "the cat sat on the mat " * 120  # 2,760 characters: under 512 × 32, some 700 tokens
+    r = httpx.post(f"{server.url}/v1/embeddings", timeout=120,
+                   json={"model": "smollm2:135m", "input": ["hi", "hello", long]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[2]", r.text
+    assert re.fullmatch(r"`input\[2\]` is \d{3} tokens; the embeddings window is 512", r.json()["error"]["message"])
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    one = httpx.post(f"{server.url}/v1/embeddings", timeout=120, json={"model": "smollm2:135m", "input": long * 2})
+    assert one.json()["error"]["param"] == "input", one.text
+    assert re.fullmatch(r"`input` is 1,\d{3} tokens; the embeddings window is 512", one.json()["error"]["message"])
+    ollama = httpx.post(f"{server.url}/api/embed", timeout=120,
+                        json={"model": "smollm2:135m", "input": ["hi", long], "truncate": False})
+    assert ollama.status_code == 400 and ollama.json()["error"].startswith("`input[1]` is "), ollama.text

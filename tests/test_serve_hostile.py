@@ -390,7 +390,7 @@ def test_more_messages_than_the_window_has_tokens_are_refused_before_the_templat
                                   "most 1,024 (each takes a token at least)"
     assert {k: v for k, v in by_count.items() if k != "message"} == \
         {k: v for k, v in by_tokens.items() if k != "message"} == \
-        {"type": "invalid_request_error", "param": None, "code": "context_length_exceeded"}
+        {"type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
     r = chat(1_101, "/v1/messages")
     assert r.status_code == 400 and r.json()["error"]["message"] == \
         "prompt is too long: 1101 messages > 1024 maximum (a window of 1024 tokens holds at most one message a token)"
@@ -468,8 +468,8 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(child: Server) ->
     r = _complete(child.url, prompt="word " * 30_000)  # 150,000 characters for a 4,096-token window
     assert r.status_code == 400 and "characters" in r.json()["error"]["message"]
     assert r.json()["error"]["code"] == "context_length_exceeded"
-    r = httpx.post(f"{child.url}/api/chat", json={"model": MODEL, "stream": False, "messages": [
-        {"role": "user", "content": "word " * 30_000}]}, timeout=30)
+    r = httpx.post(f"{child.url}/api/chat", json={"model": MODEL, "stream": False, "truncate": False, "messages": [
+        {"role": "user", "content": "word " * 30_000}]}, timeout=30)  # (Ollama's truncate fits 4 times that)
     assert r.status_code == 400 and "characters" in r.json()["error"]
     r = httpx.post(f"{child.url}/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [
         {"role": "user", "content": "word " * 30_000}]}, timeout=30)

@@ -264,10 +264,15 @@ class EmbedTask:
         self.done: list[Embedding] = []
         self._next: list[int] | None = None  # the next text's tokens, made by a step that had no room for them
 
-    def _tokens(self, text: str) -> list[int]:
-        emb = self.embedder
-        return emb.pair_tokens(self.query, text, self.truncate) if self.query is not None else \
-            emb.tokens(text, self.truncate)
+    def _tokens(self, i: int) -> list[int]:
+        """Text `i`'s tokens; one too long for the window is a ContextTooSmall that says which (its `item`)."""
+        emb, text = self.embedder, self.texts[i]
+        try:
+            return emb.pair_tokens(self.query, text, self.truncate) if self.query is not None else \
+                emb.tokens(text, self.truncate)
+        except ContextTooSmall as e:
+            e.item = i
+            raise
 
     def step(self, budget: int | None = None) -> bool:
         """Encode the next slice (texts of up to `budget` tokens in all, else the window); True once all are."""
@@ -276,7 +281,7 @@ class EmbedTask:
         batch: list[list[int]] = []
         used = 0
         while len(self.done) + len(batch) < len(self.texts) and len(batch) < MAX_SEQS:
-            toks = self._next if self._next is not None else self._tokens(self.texts[len(self.done) + len(batch)])
+            toks = self._next if self._next is not None else self._tokens(len(self.done) + len(batch))
             self._next = None
             if batch and used + len(toks) > budget:
                 self._next = toks
@@ -314,6 +319,7 @@ class ContextTooSmall(UsageError, PromptTooLong):
             super().__init__(f"a text is {count} tokens; the embeddings window is {n_ctx:,}{limit}",
                              hint=f"{raise_ctx}--truncate to embed its first tokens")
         self.n, self.more = n, more
+        self.item: int | None = None  # which of a request's texts (EmbedTask), when known
 
 
 class QueryTooLong(UsageError, BadRequest):

@@ -114,6 +114,11 @@ class Engine:
         return native_vocab.is_eog(self.vocab, token)
 
     @property
+    def bos(self) -> int:
+        """The beginning-of-sequence token (-1 where the vocabulary has none)."""
+        return native_vocab.bos(self.vocab)
+
+    @property
     def eog_tokens(self) -> tuple[int, ...]:
         """Every end-of-generation token of the vocabulary (for --ignore-eos)."""
         if self._eog is None:

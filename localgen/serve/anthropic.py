@@ -346,13 +346,15 @@ class _Encoder:
         self.kind: str | None = None  # the open block's
 
     def _stop(self, c: Completion) -> dict[str, str | None]:
-        """stop_reason and stop_sequence (which one is known when only one was given)."""
-        if any(b["type"] == "tool_use" for b in self.blocks) and c.finish_reason not in ("length", "context"):
+        """stop_reason and stop_sequence (which one is known when only one was given). An answer the window cut
+        (not max_tokens) is Anthropic's model_context_window_exceeded."""
+        if c.finish_reason == "context":
+            return {"stop_reason": "model_context_window_exceeded", "stop_sequence": None}
+        if any(b["type"] == "tool_use" for b in self.blocks) and c.finish_reason != "length":
             return {"stop_reason": "tool_use", "stop_sequence": None}  # (cut by max_tokens: max_tokens, calls or not)
         if c.finish_reason == "stop" and self.stops:
             return {"stop_reason": "stop_sequence", "stop_sequence": self.stops[0] if len(self.stops) == 1 else None}
-        return {"stop_reason": "max_tokens" if c.finish_reason in ("length", "context") else "end_turn",
-                "stop_sequence": None}
+        return {"stop_reason": "max_tokens" if c.finish_reason == "length" else "end_turn", "stop_sequence": None}
 
     def _message(self, content: list[dict[str, Any]], stop: dict[str, str | None],
                  usage: dict[str, Any]) -> dict[str, Any]:

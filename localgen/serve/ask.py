@@ -48,6 +48,9 @@ class Ask:
     inline: Inline = OPENAI_WORDS  # how the API's errors name media sent inline (Anthropic: source.data)
     fit: bool = False  # fold the oldest turns into a summary where the window cannot hold them (serve/fitting.py)
     excerpts: Any = None  # texts found for the question, placed in it as the window allows (serve/filesearch.py)
+    # Ollama's `truncate`: a prompt past the window drops its oldest messages, then keeps this many tokens at its
+    # start and the end that fits (serve/ollamatrim.py); None: it is a 400
+    truncate_keep: int | None = None
 
 
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:

@@ -157,5 +157,18 @@ async def embed(worker: Served, texts: list[str], dimensions: int | None = None,
             watcher.cancel()
         job.cancelled.set()  # a no-op once done; stops the job at its next slice when the handler was cancelled
     if isinstance(result, Failed):
-        raise http_error(result)
+        raise _named(http_error(result), result.item, param, len(texts))
     return Embedded(list(result), job.load_s)
+
+
+def _named(e: HTTPError, item: int | None, param: str, count: int) -> HTTPError:
+    """An error about one of the texts, naming it as the request sent it (`input[2]`, or `input` for one text) in
+    its message and param, where the model's thread said "a text" or "a document"."""
+    if item is None:
+        return e
+    said = param if count == 1 else f"{param}[{item}]"
+    e.param = said
+    for words in ("a text ", "a document "):
+        if e.message.startswith(words):
+            e.message = f"`{said}` " + e.message[len(words):]
+    return e

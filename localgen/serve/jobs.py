@@ -61,6 +61,7 @@ class Failed:
     message: str
     param: str | None = None  # the request field at fault, when one is
     overflow: tuple[int, int] | None = None  # a prompt too long: its tokens and the window (each API words it)
+    item: int | None = None  # which of the request's texts is at fault, when one is (an embeddings input)
 
 
 Event = Text | Done | Failed
@@ -236,7 +237,8 @@ def failed(e: BaseException) -> Failed:
     asked for something this model cannot do), else an internal 500 whose details stay in the server's log."""
     if isinstance(e, ServeError):
         tokens, window = getattr(e, "tokens", None), getattr(e, "window", None)
-        return Failed(e.status, e.message, e.param, (tokens, window) if tokens and window else None)
+        return Failed(e.status, e.message, e.param, (tokens, window) if tokens and window else None,
+                      getattr(e, "item", None))
     if isinstance(e, MediaError):  # an image or clip that decoding found corrupt: the conversation's field
         return Failed(400, e.message, "messages")
     if isinstance(e, LocalgenError):

@@ -29,6 +29,7 @@ from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
 
 NS = 1_000_000_000
+NUM_KEEP = 4  # Ollama's default num_keep: the tokens a prompt cut to the window keeps at its start
 
 
 def routes(state: ServeState) -> list[Route]:
@@ -56,19 +57,24 @@ class Generate:
         if not isinstance(opts, dict):
             raise HTTPError(400, "`options` must be an object", param="options")
         # load-time options are ignored (`serve` loaded the model before any request); others are a 400
-        unknown = set(opts) - set(settings.spellings("ollama")) - loadsettings.OLLAMA_LOAD_OPTIONS - {"exact"}
+        known = {*settings.spellings("ollama"), *loadsettings.OLLAMA_LOAD_OPTIONS, "exact", "num_keep"}
+        unknown = set(opts) - known
         if unknown:
             raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}", param="options")
         think = body.get("think")
         if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
             raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"", param="think")
         fmt = body.get("format")
+        keep = NUM_KEEP if opts.get("num_keep") is None else opts["num_keep"]
+        if isinstance(keep, bool) or not isinstance(keep, int):  # a negative one keeps all it can, as Ollama's
+            raise HTTPError(400, "`options.num_keep` must be an integer", param="options.num_keep")
         common: dict[str, Any] = dict(
             values=sampling_values(opts, "ollama", "options."),
             schema=Schema(fmt, "format") if fmt not in (None, "") else None,
             thinking=None if think is None else think is not False, effort=think if isinstance(think, str) else None,
             exact=flag(opts, "exact", "options.exact"), split_reasoning=split_reasoning(body),
-            stream=flag(body, "stream", default=True), keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"))
+            stream=flag(body, "stream", default=True), keep_alive=keep_alive(body.get("keep_alive"), "keep_alive"),
+            truncate_keep=keep if flag(body, "truncate", default=True) else None)
         if self.chat:
             return Ask(messages=_with_content(body.get("messages")), tools=body.get("tools"),
                        tool_choice=body.get("tool_choice"),

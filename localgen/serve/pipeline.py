@@ -126,20 +126,31 @@ async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, An
     except HTTPError as e:
         _retry_if_taken_away(state, worker, e, again)
         raise
-    request = apply_plan(plan, request)
+    asked, request = request, apply_plan(plan, request)
     encoder = api.encoder(body, ask, Made(worker.name, request, said, folded))
     # the answer stage reads a chat's answer, and a prompt put through the chat template (Ollama's /api/generate:
     # its thinking apart, in `thinking`); a raw prompt's text is given as it is
     answer = stream_for(worker, plan, request, ask.split_reasoning) if ask.chat or request.messages else None
-    try:
-        if not ask.stream:
-            watch = stream_for(worker, plan, request, ask.split_reasoning) if plan is not None else None
-            job, final = await run_whole(worker, request, http, ask.keep_alive, watch)
-        else:
-            job, first = await run_job(worker, request, http, ask.keep_alive)
-    except HTTPError as e:  # the model's thread names the conversation `messages`: the request's own field
-        _retry_if_taken_away(state, worker, e, again)
-        raise _in_request_words(e, ask) from None
+    for fitting in (True, False):
+        try:
+            if not ask.stream:
+                watch = stream_for(worker, plan, request, ask.split_reasoning) if plan is not None else None
+                job, final = await run_whole(worker, request, http, ask.keep_alive, watch)
+            else:
+                job, first = await run_job(worker, request, http, ask.keep_alive)
+            break
+        except HTTPError as e:  # the model's thread names the conversation `messages`: the request's own field
+            _retry_if_taken_away(state, worker, e, again)
+            if not (fitting and ask.truncate_keep is not None and e.overflow is not None and e.overflow[0]):
+                raise _in_request_words(e, ask, asked) from None
+            tokens = e.overflow[0]
+        # past the window, and the API fits it as Ollama does: asked again, fitted (its refusal, the first time,
+        # was made before anything was evaluated)
+        from localgen.serve.ollamatrim import trimmed
+
+        asked = await trimmed(worker, dataclasses.replace(asked, truncate_keep=ask.truncate_keep), plan, http,
+                              ask.keep_alive, tokens, ask.chat)
+        request = apply_plan(plan, asked)
     if not ask.stream:
         if answer is not None:
             answer.feed(final.text)
@@ -150,10 +161,13 @@ async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, An
                              headers=STREAM_HEADERS)
 
 
-def _in_request_words(e: HTTPError, ask: Ask) -> HTTPError:
+def _in_request_words(e: HTTPError, ask: Ask, request: GenerationRequest | None = None) -> HTTPError:
     """An error about the conversation in the request's own words: the field it came in (`input`, not
-    `messages`), and inline media as the API names it (an image block's source.data), which the model's thread,
-    decoding the media in OpenAI's words, does not know."""
+    `messages`; a prompt past the window names it too, or a raw prompt's `prompt`), and inline media as the API
+    names it (an image block's source.data), which the model's thread, decoding the media in OpenAI's words,
+    does not know."""
+    if e.param is None and e.overflow is not None:
+        e.param = "prompt" if request is not None and request.raw else "messages"
     if e.param == "messages":
         e.param = ask.conversation
         default = OPENAI_WORDS.decoded
@@ -173,7 +187,7 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
         if _has_media(ask.messages):
             raise HTTPError(400, f"{worker.name} has no chat template to place `images` in", param="images")
         assert ask.prompt is not None
-        check_prompt_size(worker, [ask.prompt])
+        check_prompt_size(worker, [ask.prompt], trim=ask.truncate_keep is not None, param="prompt")
         return GenerationRequest(prompt=ask.prompt, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact), ()
     summary = worker.ref.summary
     if not summary.chat_template and not summary.encoder_only and not worker.ref.mmproj \
@@ -183,9 +197,10 @@ async def generation(state: ServeState, worker: Served, ask: Ask) -> tuple[Gener
                              "at /v1/completions, or Ollama's /api/generate", param="model")
     try:
         msgs = await read_messages(ask.messages, state.allow_image_urls, ask.inline)
+        # truncation folds a long one, Ollama's truncate leaves its oldest messages out
+        check_prompt_size(worker, list(msgs), fit=ask.fit, trim=ask.truncate_keep is not None)
     except HTTPError as e:
         raise _in_request_words(e, ask) from None
-    check_prompt_size(worker, list(msgs), fit=ask.fit)  # truncation folds a long one
     # a final assistant message is continued, as llama-server, Ollama and Anthropic's API do (docs/api.md)
     return GenerationRequest(messages=msgs, sampling=chosen, logprobs=ask.logprobs, exact=ask.exact,
                              template_args=template_args(ask), continue_final=True), msgs
@@ -227,13 +242,16 @@ def template_args(ask: Ask) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(args.items()))
 
 
-def check_prompt_size(worker: Served, messages: list[Any], fit: bool = False) -> None:
+def check_prompt_size(worker: Served, messages: list[Any], fit: bool = False, trim: bool = False,
+                      param: str = "messages") -> None:
     """A 400 for text that cannot fit a slot's window whatever the tokenizer does, before tokenizing it (a raw
-    prompt's characters, or a conversation's, and its count of messages). With `fit` (truncation folds the
-    conversation to the window, serve/fitting.py) the window's bounds hold for what must fit word for word, the
-    instructions and the turn being answered, and the whole conversation may be FOLD_WINDOWS times them: a
-    fold's summary costs the model's time for every turn it reads."""
+    prompt's characters, or a conversation's, and its count of messages), naming `param`. With `fit` (truncation
+    folds the conversation to the window, serve/fitting.py) the window's bounds hold for what must fit word for
+    word, the instructions and the turn being answered, and the whole conversation may be FOLD_WINDOWS times
+    them: a fold's summary costs the model's time for every turn it reads. With `trim` (Ollama's truncate,
+    serve/ollamatrim.py) the prompt may be TRIM_WINDOWS times them."""
     from localgen.serve.fitting import FOLD_WINDOWS, must_fit
+    from localgen.serve.ollamatrim import TRIM_WINDOWS
 
     def texts(ms: list[Any]) -> list[Any]:
         return [m.get("content") if isinstance(m, dict) else m for m in ms]
@@ -243,26 +261,30 @@ def check_prompt_size(worker: Served, messages: list[Any], fit: bool = False) ->
                    for c in (m.get("tool_calls") or ()) if isinstance(c, dict))
 
     if fit:
-        _within(worker, texts(must_fit(messages)), 1)
-        _within(worker, texts(messages), FOLD_WINDOWS, arguments(messages))
+        _within(worker, texts(must_fit(messages)), 1, param)
+        _within(worker, texts(messages), FOLD_WINDOWS, param, arguments(messages),
+                f"truncation \"auto\" folds at most {FOLD_WINDOWS} times that")
+    elif trim:
+        _within(worker, texts(messages), TRIM_WINDOWS, param,
+                said=f"`truncate` fits at most {TRIM_WINDOWS} times that")
     else:
-        _within(worker, texts(messages), 1)
+        _within(worker, texts(messages), 1, param)
 
 
-def _within(worker: Served, texts: list[Any], windows: int, extra: int = 0) -> None:
+def _within(worker: Served, texts: list[Any], windows: int, param: str, extra: int = 0, said: str = "") -> None:
     from localgen.media import text_of
 
     most = worker.n_ctx * windows
-    said = "" if windows == 1 else f" (truncation \"auto\" folds at most {windows} times that)"
+    said = f" ({said})" if said else ""
     if len(texts) > most:  # a conversation's messages: each takes a token at least (its turn's marks), and
         # rendering them all through the template would take seconds first
         raise HTTPError(400, f"the conversation is {len(texts):,} messages; a slot's window of {worker.n_ctx:,} "
                              f"tokens holds at most {worker.n_ctx:,} (each takes a token at least){said}",
-                        overflow=(0, worker.n_ctx), messages=len(texts))
+                        param=param, overflow=(0, worker.n_ctx), messages=len(texts))
     chars = sum(len(text_of(t)) for t in texts) + extra
     if chars > CHARS_PER_TOKEN * most:
         raise HTTPError(400, f"the prompt is {chars:,} characters; a slot's window of {worker.n_ctx:,} tokens "
-                             f"takes at most {CHARS_PER_TOKEN * worker.n_ctx:,} here{said}", param="prompt",
+                             f"takes at most {CHARS_PER_TOKEN * worker.n_ctx:,} here{said}", param=param,
                         overflow=(0, worker.n_ctx), chars=chars)
 
 

@@ -94,10 +94,24 @@ def request(backend: Any, pc: Any, job_id: int, job: Job, prompt: Prompt | None 
     if n == 0 and job.request.sampling.max_tokens != 0:  # "" without a BOS: nothing llama.cpp can decode
         raise EmptyPrompt("messages" if job.request.messages else "prompt")
     if n >= pc.n_ctx_seq and job.request.sampling.max_tokens != 0:  # nothing to generate: counted (count_tokens)
-        raise prompt_too_long(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}", n,
-                              pc.n_ctx_seq)
+        if job.request.truncate_keep is None or prompt.spans:  # media are never cut through
+            raise prompt_too_long(f"the prompt is {n:,} tokens; each slot's context window is {pc.n_ctx_seq:,}", n,
+                                  pc.n_ctx_seq)
+        prompt = cut(prompt, job.request.truncate_keep, pc.n_ctx_seq - 1, backend.engine.bos)
     return Request(job_id, prompt, job.request.sampling, job.seed, job.request.logprobs, exact=job.request.exact,
                    cancelled=job.cancelled.is_set)
+
+
+def cut(prompt: Prompt, keep: int, limit: int, bos: int) -> Prompt:
+    """A text prompt past the window cut to `limit` tokens as Ollama's runner cuts one: its first `keep` tokens
+    (one more where it begins with the BOS; a negative `keep`: all that leave one token of its end), then its end
+    (serve/ollamatrim.py logs it)."""
+    from localgen.native.prompt import Prompt
+
+    tokens = prompt.tokens
+    head = len(tokens) if keep < 0 else keep + (1 if tokens and tokens[0] == bos >= 0 else 0)
+    head = min(head, limit - 1)
+    return Prompt.text(tokens[:head] + tokens[len(tokens) - (limit - head):])
 
 
 def task(backend: Any, job_id: int, job: EmbedJob) -> Any:

@@ -108,7 +108,8 @@ class Responses:
         if searching is not None and choice != "none":  # the stores searched for the question (placed by the
             # pipeline, as many as the window holds); no tool runs with tool_choice none. A prompt that cannot fit
             # is refused before any embedding, as the pipeline would refuse it after
-            check_prompt_size(self.state.worker(body.get("model")), messages, fit=body.get("truncation") == "auto")
+            check_prompt_size(self.state.worker(body.get("model")), messages, fit=body.get("truncation") == "auto",
+                              param="input")
             excerpts = await filesearch.run(self.state, searching, messages, len(lead) + len(history),
                                             "file_search_call.results" in (body.get("include") or []), new_id("fs"))
         if searching is not None and choice == "required" and tools is None:  # file_search ran: nothing more to call
