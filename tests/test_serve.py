@@ -1336,3 +1336,32 @@ def test_ctx_0_is_each_models_training_context_before_and_after_it_loads(cli_env
         assert httpx.get(f"{s.url}/api/ps", timeout=10).json()["models"][0]["context_length"] == 8192
     finally:
         assert s.stop() == 0
+
+
+def test_ollama_client_gets_logprobs_as_ollama_sends_them(server: Server) -> None:
+    """The ollama client sends `logprobs` and `top_logprobs` (Ollama's native API has them since 0.12.11) and reads
+    `logprobs` at the top of the answer: they were ignored, and it read None. Each generated token's log-probability
+    comes back, with its alternatives, the same as chat completions' for the same request; streamed, the lines carry
+    them all; `top_logprobs` past 20 is Ollama's 400."""
+    import ollama
+
+    client = ollama.Client(host=server.url, headers=_auth())
+    messages = [{"role": "user", "content": "Name a colour."}]
+    options = {"num_predict": 6, "temperature": 0}
+    chat = client.chat(model="smollm2:135m", messages=messages, options=options, logprobs=True, top_logprobs=2)
+    assert chat.logprobs is not None and len(chat.logprobs) == chat["eval_count"], chat
+    assert "".join(t.token for t in chat.logprobs) == chat["message"]["content"]
+    assert all(len(t.top_logprobs or []) == 2 and t.logprob <= 0 for t in chat.logprobs), chat.logprobs
+    openai = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=120, json={
+        "model": "smollm2:135m", "messages": messages, "max_tokens": 6, "temperature": 0, "logprobs": True,
+        "top_logprobs": 2}).json()["choices"][0]["logprobs"]["content"]
+    assert [(t.token, t.logprob) for t in chat.logprobs] == [(t["token"], t["logprob"]) for t in openai]
+    streamed = list(client.generate(model="smollm2:135m", prompt="Name a colour.", options=options, stream=True,
+                                    logprobs=True))
+    tokens = [t for part in streamed for t in (part.logprobs or [])]
+    assert "".join(t.token for t in tokens) == "".join(p["response"] for p in streamed) and tokens
+    assert all(not t.top_logprobs for t in tokens)  # none asked for: left out, as Ollama leaves them
+    assert client.chat(model="smollm2:135m", messages=messages, options=options).logprobs is None
+    with pytest.raises(ollama.ResponseError, match="top_logprobs must be between 0 and 20") as e:
+        client.chat(model="smollm2:135m", messages=messages, options=options, logprobs=True, top_logprobs=21)
+    assert e.value.status_code == 400

@@ -69,6 +69,7 @@ class Generate:
         if isinstance(keep, bool) or not isinstance(keep, int):  # a negative one keeps all it can, as Ollama's
             raise HTTPError(400, "`options.num_keep` must be an integer", param="options.num_keep")
         common: dict[str, Any] = dict(
+            logprobs=_logprobs(body),
             values=sampling_values(opts, "ollama", "options."),
             schema=Schema(fmt, "format") if fmt not in (None, "") else None,
             thinking=None if think is None else think is not False, effort=think if isinstance(think, str) else None,
@@ -106,7 +107,7 @@ class Generate:
         return Ask(messages=[*head, user], prompt=prompt, chat=False, conversation="prompt", **common)
 
     def encoder(self, body: dict[str, Any], ask: Ask, made: Made) -> _Encoder:
-        return _Encoder(self.chat, made.model)
+        return _Encoder(self.chat, made.model, ask.logprobs is not None)
 
 
 CHAT, GENERATE = Generate(chat=True), Generate(chat=False)
@@ -187,8 +188,8 @@ class _Encoder:
 
     media_type = "application/x-ndjson"
 
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat, self.model = chat, model
+    def __init__(self, chat: bool, model: str, logprobs: bool = False) -> None:
+        self.chat, self.model, self.logprobs = chat, model, logprobs
 
     def opening(self, first: Event) -> list[bytes]:
         return []
@@ -215,7 +216,23 @@ class _Encoder:
                 "done_reason": "length" if c.finish_reason in ("length", "context") else "stop",
                 "total_duration": int((time.perf_counter() - job.enqueued) * NS), "load_duration": int(job.load_s * NS),
                 "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": int(c.prompt_s * NS),
-                "eval_count": c.completion_tokens, "eval_duration": int(c.decode_s * NS)}
+                "eval_count": c.completion_tokens, "eval_duration": int(c.decode_s * NS),
+                **({"logprobs": [_logprob(t.to_dict()) for t in c.logprobs]} if self.logprobs else {})}
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """`logprobs: true` (and `top_logprobs`, 0 to 20, the alternatives at each token), as Ollama's native API takes
+    them (v0.12.11): the top_logprobs to ask for, or None where logprobs are not asked for."""
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise HTTPError(400, "top_logprobs must be between 0 and 20", param="top_logprobs")
+    return (top or 0) if flag(body, "logprobs") else None
+
+
+def _logprob(entry: dict[str, Any]) -> dict[str, Any]:
+    """One token's log-probability in Ollama's shape: OpenAI's, with `bytes` and `top_logprobs` left out when
+    empty (Ollama's omitempty)."""
+    return {k: v for k, v in entry.items() if v != [] or k not in ("bytes", "top_logprobs")}
 
 
 def _generated(message: dict[str, Any]) -> dict[str, Any]:
