@@ -219,6 +219,8 @@ def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float
             tok = int(tok)
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= INT32:
             raise UsageError(f"{shown}: a token id must be a non-negative integer, not {tok!r}")
+        if isinstance(bias, str) and bias.strip().lower() in ("-inf", "inf", "+inf"):  # run --json's spelling
+            bias = float(bias)
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(as_float(bias)):
             raise UsageError(f"{shown}: the bias of token {tok} must be a number, not {bias!r}")
         out.append((tok, as_float(bias)))
