@@ -190,3 +190,19 @@ def test_an_error_never_sends_back_the_megabytes_it_was_sent(client: Any, route:
     assert 400 <= r.status_code < 500, r.text[:300]
     assert len(r.content) < 5_000, f"{len(r.content):,} bytes of error"
     assert "x" * 50 + "…" in r.text, "the value is named, cut"
+
+
+@pytest.mark.parametrize("top", [21, -1, 2.5, "3"])
+def test_responses_top_logprobs_past_20_is_the_400_chat_completions_gives(client: Any, top: Any) -> None:
+    """docs/api.md: the Responses API's top_logprobs is OpenAI's 0 to 20, as chat completions' (21 was a 200)."""
+    chat = client.post("/v1/chat/completions", json=_chat(logprobs=True, top_logprobs=top))
+    resp = client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 1,
+                                              "top_logprobs": top})
+    assert resp.status_code == chat.status_code == 400, resp.text
+    assert resp.json()["error"]["message"] == chat.json()["error"]["message"] == \
+        "top_logprobs must be an integer from 0 to 20"
+    assert resp.json()["error"]["param"] == "top_logprobs"
+    for fine in (0, 20, None):
+        r = client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 1, "store": False,
+                                               "top_logprobs": fine})
+        assert r.status_code == 200, r.text
