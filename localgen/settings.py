@@ -178,6 +178,8 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
             raise UsageError(f"{shown}: at most {MAX_TEXTS} strings of at most {MAX_TEXT_CHARS} characters each")
         for x in value:
             checked_text(x, shown)
+        if name == "stop" and "" in value:  # it would end every answer before its first token
+            raise UsageError(f"{shown} holds an empty string: give the text, or leave it out")
         return tuple(x for x in value if x)
     if k.kind == BIAS:
         return _check_bias(value, shown)

@@ -206,3 +206,31 @@ def test_responses_top_logprobs_past_20_is_the_400_chat_completions_gives(client
         r = client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 1, "store": False,
                                                "top_logprobs": fine})
         assert r.status_code == 200, r.text
+
+
+def test_an_empty_stop_string_is_dropped_as_llama_server_drops_it_and_anthropic_refuses_it(client: Any) -> None:
+    """docs/api.md: OpenAI's and Ollama's `stop` drop an empty string (as llama-server does: the answer is the one
+    without it, never cut before it starts), Anthropic's stop_sequences refuse it (as Anthropic does)."""
+    def chat(**stop: Any) -> str:
+        r = client.post("/v1/chat/completions", json=_chat(max_tokens=4, temperature=0, **stop))
+        assert r.status_code == 200, r.text
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    def responses(**stop: Any) -> str:
+        r = client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 4,
+                                               "temperature": 0, "store": False, **stop})
+        assert r.status_code == 200, r.text
+        return str(r.json()["output"][-1]["content"][0]["text"])
+
+    def ollama(**stop: Any) -> str:
+        r = client.post("/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                           "stream": False, "options": {"num_predict": 4, "temperature": 0, **stop}})
+        assert r.status_code == 200, r.text
+        return str(r.json()["message"]["content"])
+
+    for answer in (chat, responses, ollama):
+        plain = answer()
+        assert plain and answer(stop="") == answer(stop=[""]) == plain, answer
+    r = client.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "stop_sequences": [""],
+                                          "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 400 and "empty string" in r.json()["error"]["message"], r.text
