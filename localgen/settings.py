@@ -178,6 +178,8 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
             raise UsageError(f"{shown}: at most {MAX_TEXTS} strings of at most {MAX_TEXT_CHARS} characters each")
         for x in value:
             checked_text(x, shown)
+        if name == "stop" and "" in value:  # it would end every answer before its first token
+            raise UsageError(f"{shown} holds an empty string: give the text, or leave it out")
         return tuple(x for x in value if x)
     if k.kind == BIAS:
         return _check_bias(value, shown)
@@ -219,6 +221,8 @@ def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float
             tok = int(tok)
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= INT32:
             raise UsageError(f"{shown}: a token id must be a non-negative integer, not {tok!r}")
+        if isinstance(bias, str) and bias.strip().lower() in ("-inf", "inf", "+inf"):  # run --json's spelling
+            bias = float(bias)
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(as_float(bias)):
             raise UsageError(f"{shown}: the bias of token {tok} must be a number, not {bias!r}")
         out.append((tok, as_float(bias)))

@@ -62,12 +62,13 @@ class SamplingParams:
         return self.temperature <= 0 or (self.top_k == 1 and self.mirostat == 0)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON output and saved sessions."""
+        """Plain dict for JSON output (valid JSON: a bias of ±inf is the string "-inf" or "inf")."""
         d = asdict(self)
         del d["asked"]
         d["stop"] = list(self.stop)
         d["dry_sequence_breaker"] = list(self.dry_sequence_breaker)
-        d["logit_bias"] = [list(x) for x in self.logit_bias]
+        # a ban (-inf) as JSON can carry it: the string "-inf", as --logit-bias spells it (and reads it back)
+        d["logit_bias"] = [[tok, str(bias) if math.isinf(bias) else bias] for tok, bias in self.logit_bias]
         return d
 
 

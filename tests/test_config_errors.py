@@ -459,3 +459,14 @@ def test_a_models_toml_and_a_saved_chat_an_editor_wrote_with_a_byte_order_mark_a
     assert r.returncode == 0 and "bommed" in r.stdout and "warning" not in r.stderr, (r.stdout, r.stderr)
     r = own("chat", "--resume", "bommed", "-n", "2", input="/show\n")
     assert r.returncode == 0 and "conversation bommed · 2 messages" in r.stderr, r.stderr
+
+
+def test_an_empty_stop_string_in_models_toml_is_a_broken_entry_as_run_stop_is_refused(own: CLI) -> None:
+    """docs/api.md's one rule for an empty stop string: localgen's own inputs refuse it (`--stop ''`, a --file line,
+    and models.toml, where `stop = ""` was quietly dropped), naming the setting."""
+    path = _models(own, b'[models.nostop]\nrepo = "a/b"\n[models.nostop.sampling]\nstop = ["END", ""]\n')
+    said = f"{path}: [models.nostop] sampling: stop holds an empty string: give the text, or leave it out"
+    r = own("list", timeout=60)
+    assert r.returncode == 0 and _lines(r) == [f"warning: {said} (nostop cannot be used until this is fixed)"]
+    r = own("run", "-m", "nostop", "-p", "hi", "-n", "1", timeout=60)
+    assert r.returncode == 2 and _lines(r) == [f"localgen: error: {said}"], r.stderr

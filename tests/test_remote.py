@@ -552,3 +552,30 @@ def test_without_m_the_servers_default_is_picked(monkeypatch: pytest.MonkeyPatch
     listed[1].pop("default")
     with pytest.raises(UsageError, match="serves 2 models"):
         backend.pick_model([ep])
+
+
+def test_a_banned_token_is_sent_as_json_can_carry_it_and_the_server_bans_it(cli: CLI, two: tuple[Server, Server],
+                                                                             smollm2_path: Path,
+                                                                             tmp_path: Path) -> None:
+    """docs/remote.md: `--logit-bias 15043-inf` (JSON has no infinity) is sent as -1e30, which bans the token on
+    localgen serve as -inf does here: the remote answer is the local one with the same ban, never a traceback;
+    so from chat's /set and a --file line's own -1e400."""
+    from tests.model_shapes import _tokenizer
+
+    a, _ = two
+    args = ("-p", "The capital of Italy is", "--raw", "-n", "4", "--temperature", "0")
+    first = json.loads(cli("run", *args, "--ctx", "1024", "--logprobs", "0", "--json").stdout)["logprobs"][0]
+    vocab = next(v for n, v, _, _ in _tokenizer(str(smollm2_path)) if n == "tokenizer.ggml.tokens")
+    ban = f"{list(vocab).index(first['token'].replace(' ', 'Ġ'))}-inf"  # GPT-2's byte-level spelling of a space
+    local = json.loads(cli("run", *args, "--ctx", "1024", "--logit-bias", ban, "--json").stdout)["text"]
+    remote = cli("run", "--endpoint", a.url, *args, "--logit-bias", ban, "--json")
+    assert remote.returncode == 0, remote.stderr
+    doc = json.loads(remote.stdout)
+    assert doc["text"] == local and not local.startswith(first["token"]), (doc["text"], local, first)
+    assert doc["sampling"]["logit_bias"] == {ban[:-4]: -1e30}
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"prompt": "hi", "max_tokens": 2, "logit_bias": {"504": -1e400}}\n')
+    r = cli("run", "--endpoint", a.url, "--file", str(lines), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["text"], r.stderr
+    r = cli("chat", "--endpoint", a.url, "-n", "2", input="/set logit_bias 504-inf\nhi\n")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -461,3 +461,27 @@ def test_ctx_0_is_the_models_training_context(cli: CLI) -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["load"]["n_ctx"] == 8192, r.stderr
     r = cli("fit", "--ctx", "0", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["ctx"] == 8192, r.stderr
+
+
+def _strict(text: str) -> object:
+    """JSON as a strict reader (JavaScript's JSON.parse, jq) takes it: NaN and Infinity are refused."""
+    def refuse(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_writes_a_ban_as_the_string_inf_and_a_file_line_reads_it_back(cli: CLI, tmp_path: Path) -> None:
+    """docs/run.md: `--json`'s `sampling` has a ban's bias as "-inf" (it was the -Infinity JSON lacks), and a
+    --file line's logit_bias takes that spelling back: the same answer, in valid JSON too."""
+    r = cli("run", "-p", "hi", "-n", "4", "--temperature", "0", "--logit-bias", "504-inf", "--logit-bias", "7+1.5",
+            "--json")
+    assert r.returncode == 0, r.stderr
+    doc = _strict(r.stdout)
+    assert isinstance(doc, dict) and doc["sampling"]["logit_bias"] == [[504, "-inf"], [7, 1.5]], doc
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"prompt": "hi", "max_tokens": 4, "temperature": 0,
+                                 "logit_bias": doc["sampling"]["logit_bias"]}) + "\n")
+    again = cli("run", "--file", str(lines), "--json")
+    assert again.returncode == 0, again.stderr
+    line = _strict(again.stdout)
+    assert isinstance(line, dict) and line["text"] == doc["text"], (line, doc["text"])

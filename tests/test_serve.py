@@ -3,6 +3,7 @@ keys, streaming, batching, disconnects, a full queue, errors in each API's shape
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -1365,3 +1366,49 @@ def test_ollama_client_gets_logprobs_as_ollama_sends_them(server: Server) -> Non
     with pytest.raises(ollama.ResponseError, match="top_logprobs must be between 0 and 20") as e:
         client.chat(model="smollm2:135m", messages=messages, options=options, logprobs=True, top_logprobs=21)
     assert e.value.status_code == 400
+
+
+def _stops_in(tokens: list[str]) -> tuple[int, str, int, str]:
+    """Two stop strings for a greedy answer of these tokens, each found first where it is meant: one that begins
+    where token i begins, one that begins inside token j (after its first character)."""
+    text = "".join(tokens)
+    starts = [len("".join(tokens[:k])) for k in range(len(tokens))]
+    i = next(k for k in range(1, len(tokens) - 1) if text.find(tokens[k] + tokens[k + 1]) == starts[k])
+    j = next(k for k in range(1, len(tokens) - 1) if len(tokens[k]) > 1 and tokens[k].strip()
+             and text.find(tokens[k][1:] + tokens[k + 1]) == starts[k] + 1)
+    return i, tokens[i] + tokens[i + 1], j, tokens[j][1:] + tokens[j + 1]
+
+
+def test_logprobs_leave_out_the_stop_strings_tokens(server: Server, cli: CLI) -> None:
+    """docs/api.md, docs/run.md: the log-probabilities are the answer's tokens: a stop string's are left out (they
+    ran on to its end), and a token the answer ends inside is kept, whole; streamed and not, and in run --json."""
+    def chat(stream: bool, **stop: Any) -> tuple[str, list[str]]:
+        body = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Write one sentence about the sea."}],
+                "max_tokens": 24, "temperature": 0, "logprobs": True, "top_logprobs": 1, "stream": stream, **stop}
+        r = httpx.post(f"{server.url}/v1/chat/completions", headers=_auth(), timeout=120, json=body)
+        assert r.status_code == 200, r.text
+        if not stream:
+            choice = r.json()["choices"][0]
+            return choice["message"]["content"], [t["token"] for t in choice["logprobs"]["content"]]
+        chunks = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        deltas = [c["choices"][0] for c in chunks if c["choices"]]
+        return ("".join(d["delta"].get("content") or "" for d in deltas),
+                [t["token"] for d in deltas if d.get("logprobs") for t in d["logprobs"]["content"]])
+
+    def run(*stop: str) -> tuple[str, list[str]]:
+        r = cli("run", "-p", "Write one sentence about the sea.", "-n", "24", "--temperature", "0", "--logprobs", "0",
+                "--json", *stop)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        return doc["text"], [t["token"] for t in doc["logprobs"]]
+
+    for answer in (functools.partial(chat, False), functools.partial(chat, True)):
+        text, tokens = answer()
+        assert "".join(tokens) == text
+        i, at, j, inside = _stops_in(tokens)
+        assert answer(stop=[at]) == ("".join(tokens[:i]), tokens[:i])
+        assert answer(stop=inside) == ("".join(tokens[:j]) + tokens[j][0], tokens[:j + 1])
+    text, tokens = run()
+    i, at, j, inside = _stops_in(tokens)
+    assert run("--stop", at) == ("".join(tokens[:i]), tokens[:i])
+    assert run("--stop", inside) == ("".join(tokens[:j]) + tokens[j][0], tokens[:j + 1])

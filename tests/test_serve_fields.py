@@ -190,3 +190,47 @@ def test_an_error_never_sends_back_the_megabytes_it_was_sent(client: Any, route:
     assert 400 <= r.status_code < 500, r.text[:300]
     assert len(r.content) < 5_000, f"{len(r.content):,} bytes of error"
     assert "x" * 50 + "…" in r.text, "the value is named, cut"
+
+
+@pytest.mark.parametrize("top", [21, -1, 2.5, "3"])
+def test_responses_top_logprobs_past_20_is_the_400_chat_completions_gives(client: Any, top: Any) -> None:
+    """docs/api.md: the Responses API's top_logprobs is OpenAI's 0 to 20, as chat completions' (21 was a 200)."""
+    chat = client.post("/v1/chat/completions", json=_chat(logprobs=True, top_logprobs=top))
+    resp = client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 1,
+                                              "top_logprobs": top})
+    assert resp.status_code == chat.status_code == 400, resp.text
+    assert resp.json()["error"]["message"] == chat.json()["error"]["message"] == \
+        "top_logprobs must be an integer from 0 to 20"
+    assert resp.json()["error"]["param"] == "top_logprobs"
+    for fine in (0, 20, None):
+        r = client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 1, "store": False,
+                                               "top_logprobs": fine})
+        assert r.status_code == 200, r.text
+
+
+def test_an_empty_stop_string_is_dropped_as_llama_server_drops_it_and_anthropic_refuses_it(client: Any) -> None:
+    """docs/api.md: OpenAI's and Ollama's `stop` drop an empty string (as llama-server does: the answer is the one
+    without it, never cut before it starts), Anthropic's stop_sequences refuse it (as Anthropic does)."""
+    def chat(**stop: Any) -> str:
+        r = client.post("/v1/chat/completions", json=_chat(max_tokens=4, temperature=0, **stop))
+        assert r.status_code == 200, r.text
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    def responses(**stop: Any) -> str:
+        r = client.post("/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 4,
+                                               "temperature": 0, "store": False, **stop})
+        assert r.status_code == 200, r.text
+        return str(r.json()["output"][-1]["content"][0]["text"])
+
+    def ollama(**stop: Any) -> str:
+        r = client.post("/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                           "stream": False, "options": {"num_predict": 4, "temperature": 0, **stop}})
+        assert r.status_code == 200, r.text
+        return str(r.json()["message"]["content"])
+
+    for answer in (chat, responses, ollama):
+        plain = answer()
+        assert plain and answer(stop="") == answer(stop=[""]) == plain, answer
+    r = client.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "stop_sequences": [""],
+                                          "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 400 and "empty string" in r.json()["error"]["message"], r.text

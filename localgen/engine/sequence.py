@@ -7,6 +7,7 @@ finish go here, once."""
 
 from __future__ import annotations
 
+import bisect
 import codecs
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ def limit_for(s: SamplingParams, prompt_len: int, n_ctx: int) -> Limit:
 class SequenceDecoder:
     """One sequence's sampled tokens → its text. `push` takes each token and returns the text that is now
     safe to show; once `reason` is set the sequence has ended. Log-probabilities appended to `logprobs` (one
-    per pushed token, by the caller that has the logits) are kept only for tokens of the answer."""
+    per pushed token, by the caller that has the logits) are kept only for tokens of the answer: a stop string's
+    tokens are dropped (as llama-server drops them), and a token whose text the answer ends inside is kept."""
 
     def __init__(self, piece: Callable[[int], bytes], is_eog: Callable[[int], bool], stops: Iterable[str],
                  limit: Limit, ignore_eos: bool = False) -> None:
@@ -51,6 +53,7 @@ class SequenceDecoder:
         self.stops = StopMatcher(tuple(stops))
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.tokens: list[int] = []
+        self.starts: list[int] = []  # where each token's text begins in `text` (to cut the logprobs at a stop)
         self.logprobs: list[TokenLogprob] = []
         self.text = ""
         self.emitted = 0  # characters of text already returned
@@ -70,10 +73,12 @@ class SequenceDecoder:
             del self.logprobs[len(self.tokens):]  # the end token is not part of the answer
             return self._flush()
         self.tokens.append(token)
+        self.starts.append(len(self.text))
         self.text += self.utf8.decode(self.piece(token))
         hit = self.stops.find(self.text)
         if hit is not None:
             self.text = self.text[:hit]
+            del self.logprobs[bisect.bisect_left(self.starts, hit):]  # the tokens that begin at the stop or after
             self.reason = "stop"
             return self._take(len(self.text))
         out = self._take(self.stops.safe(self.text))

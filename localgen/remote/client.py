@@ -33,6 +33,9 @@ GET_S = 10.0  # a GET (/models, /props): each wait, and the whole answer
 # piece; one that sends more is stopped, at the latest, once the text is this many characters a token long)
 TOKEN_CHARS = 64
 BACKOFF_S = 0.5  # doubled each time, with jitter; a Retry-After header wins (up to 30 s)
+# a bias of ±inf (15043-inf bans a token) as JSON can carry it: llama-server and localgen serve add it to the
+# logit, where -1e30 bans as -inf does (vLLM clamps a bias to OpenAI's -100..100, which bans too)
+INF_BIAS = 1e30
 
 
 def request_body(model: str, request: GenerationRequest, seed: int) -> dict[str, Any]:
@@ -71,7 +74,7 @@ def sent_sampling(request: GenerationRequest, seed: int) -> dict[str, Any]:
         if k.name == "seed" or (value == k.default and k.name not in s.asked):
             continue
         if k.name == "logit_bias":
-            value = {str(tok): bias for tok, bias in value}
+            value = {str(tok): math.copysign(INF_BIAS, bias) if math.isinf(bias) else bias for tok, bias in value}
         elif isinstance(value, tuple):
             value = list(value)
         sent[k.name] = value

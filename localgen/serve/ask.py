@@ -60,13 +60,25 @@ def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dic
     out: dict[str, Any] = {}
     for theirs, ours in settings.spellings(api).items():
         if theirs in where:
-            if where[theirs] is not None:
+            value = where[theirs]
+            if ours == "stop" and api != "anthropic":  # an empty stop string is dropped, as llama-server drops it
+                value = _without_empty(value)  # (Anthropic's stop_sequences refuse one, as Anthropic does)
+            if value is not None:
                 try:
-                    settings.check(ours, where[theirs], prefix + theirs)
+                    settings.check(ours, value, prefix + theirs)
                 except UsageError as e:
                     raise HTTPError(400, e.message, param=prefix + theirs) from None
-            out[ours] = where[theirs]
+            out[ours] = value
     return out
+
+
+def _without_empty(stop: Any) -> Any:
+    """A stop field without its empty strings ("" alone: none given); any other shape, as sent (checked after)."""
+    if stop == "":
+        return None
+    if isinstance(stop, list) and "" in stop:
+        return [x for x in stop if x != ""]
+    return stop
 
 
 def split_reasoning(body: Mapping[str, Any]) -> bool:

@@ -156,6 +156,9 @@ def _check_options(body: dict[str, Any]) -> None:
     include = body.get("include")
     if include is not None and (not isinstance(include, list) or any(i not in INCLUDABLE for i in include)):
         raise HTTPError(400, f"include must be a list of: {', '.join(INCLUDABLE)}", param="include")
+    top = body.get("top_logprobs")  # no log-probabilities come back here (`logprobs` is []), but OpenAI's bound holds
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise HTTPError(400, "top_logprobs must be an integer from 0 to 20", param="top_logprobs")  # as chat's
     for key in ("background", "conversation", "prompt"):
         if flag(body, key) if key == "background" else body.get(key):  # background: a true/false field
             raise HTTPError(400, f"`{key}` is not supported by this server", param=key)

@@ -477,7 +477,7 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = N
                 doc["logprobs"] = [t.to_dict() for t in c.logprobs]
             if exact is not None:
                 doc["exact"] = exact
-        out = json.dumps(doc, ensure_ascii=False)
+        out = json.dumps(doc, ensure_ascii=False, allow_nan=False)  # NaN and Infinity are no JSON
     else:
         if ln.error:
             print(f"localgen: line {ln.number}: {ln.error}", file=sys.stderr, flush=True)
