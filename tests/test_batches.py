@@ -1310,3 +1310,20 @@ def test_a_request_that_never_reached_its_route_is_kept_with_openais_code(tmp_pa
     assert record["response"] is None and record["custom_id"] == "a"
     assert record["error"] == {"code": "server_error", "message": "internal error (the server's log has the details)"}
     assert progress.failed == 1 and "a batch request failed" in said[0] and "RuntimeError: a bug" in said[0]
+
+
+def test_a_line_with_nan_or_infinity_is_refused_naming_where(server: Server) -> None:
+    """docs/batch.md, Refused input: NaN, Infinity and 1e999 are no JSON numbers; such a line ran, and its answer
+    (echoing a tool's schema) was a 500 in the error file after the whole generation."""
+    client = _client(server)
+    lines = [_line("a", {**_chat(1), "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number", "maximum": "BIG"}}}}}]}),
+             _line("b", {**_chat(1), "temperature": "NAN"}), _line("c", _chat(1))]
+    data = _jsonl(lines).replace(b'"BIG"', b"1e999").replace(b'"NAN"', b"NaN")
+    upload = client.files.create(file=("odd.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.status == "failed" and batch.output_file_id is None and batch.error_file_id is None
+    assert [(x.code, x.line, x.param) for x in batch.errors.data] == [
+        ("invalid_json_line", 1, "body.tools.0.function.parameters.properties.x.maximum"),
+        ("invalid_json_line", 2, "body.temperature")]
+    assert "is 1e999, not a finite number" in batch.errors.data[0].message

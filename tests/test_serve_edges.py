@@ -781,3 +781,52 @@ def test_a_model_file_whose_name_is_not_utf8_is_served(cli_env: dict[str, str], 
         assert r.status_code == 200 and r.json()["model"] == "mod\\xe8le.gguf", r.text
     finally:
         assert s.stop() == 0
+
+
+# ---- a number JSON has not: NaN, Infinity, past a double's range --------------------------------------
+
+NOT_FINITE = [  # (route, body as JSON text, the param the 400 names: where the number is)
+    ("/v1/responses", '{"input": "hi", "max_output_tokens": 16, "tools": [{"type": "function", "name": "f", '
+     '"parameters": {"type": "object", "properties": {"a": {"type": "number", "maximum": 1e999}}}}]}',
+     "tools.0.parameters.properties.a.maximum"),
+    ("/v1/responses", '{"input": "hi", "max_output_tokens": 16, "stream": true, "text": {"format": {"type": '
+     '"json_schema", "name": "n", "schema": {"type": "number", "minimum": NaN}}}}', "text.format.schema.minimum"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "metadata": '
+     '{"a": "b"}, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"default": -Infinity}}}]}',
+     "tools.0.function.parameters.default"),
+    ("/v1/messages", '{"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+     "temperature"),
+    ("/api/chat", '{"stream": false, "messages": [{"role": "user", "content": "hi"}], "format": {"maximum": 2e308}}',
+     "format.maximum"),
+]
+
+
+@pytest.mark.parametrize(("path", "text", "where"), NOT_FINITE, ids=[w for _, _, w in NOT_FINITE])
+def test_nan_infinity_and_a_number_past_a_doubles_range_are_a_400_naming_where(child: Server, path: str, text: str,
+                                                                                where: str) -> None:
+    """Python's json reads NaN, Infinity and 1e999 (as an infinity): in a Responses request's tool schema the whole
+    answer was generated, then a 500 "internal error" (the answer, echoing the tools, could not be written as
+    JSON); streamed, its events carried a bare Infinity; stored, every GET of it was a 500."""
+    body = text.replace("{", '{"model": "' + MODEL + '", ', 1)
+    before = child.health()["failed_jobs"]
+    r = httpx.post(f"{child.url}{path}", content=body, headers={"Content-Type": "application/json"}, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "not a finite number" in r.text and where in r.text, r.text
+    if path.startswith("/v1/") and path != "/v1/messages":
+        assert r.json()["error"]["param"] == where, r.text
+    elif path == "/v1/messages":
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error", r.text
+    else:
+        assert isinstance(r.json()["error"], str), r.text
+    assert child.health()["failed_jobs"] == before
+    _still_answers(child.url)
+
+
+def test_a_number_near_a_doubles_range_is_answered_stored_and_read_back(child: Server) -> None:
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "number", "maximum": 1.7e308, "minimum": -5e-324}}}}]
+    r = httpx.post(f"{child.url}/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2,
+                                                      "tools": tools}, timeout=120)
+    assert r.status_code == 200, r.text
+    got = httpx.get(f"{child.url}/v1/responses/{r.json()['id']}", timeout=30)
+    assert got.status_code == 200 and got.json()["tools"][0]["parameters"] == tools[0]["parameters"], got.text
