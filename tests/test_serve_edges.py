@@ -830,3 +830,34 @@ def test_a_number_near_a_doubles_range_is_answered_stored_and_read_back(child: S
     assert r.status_code == 200, r.text
     got = httpx.get(f"{child.url}/v1/responses/{r.json()['id']}", timeout=30)
     assert got.status_code == 200 and got.json()["tools"][0]["parameters"] == tools[0]["parameters"], got.text
+
+
+# ---- an Upgrade this server does not take -----------------------------------------------------------
+
+@pytest.mark.parametrize("upgrade", [
+    b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    b"Sec-WebSocket-Version: 13\r\n",
+    b"Upgrade: websocket\r\nConnection: upgrade\r\n",  # no key: any client may send it
+    b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+], ids=["websocket", "websocket-no-key", "h2c"])
+def test_an_upgrade_is_answered_as_http_1_1_with_no_warning(child: Server, upgrade: bytes) -> None:
+    """RFC 9110 §7.8: a server may ignore Upgrade. Each such request made uvicorn log two warnings (the second
+    telling the operator to `pip install 'uvicorn[standard]'` or websockets, which localgen has no use for); it is
+    answered as the route answers it, and the log says nothing of it."""
+    ident = f"up-{len(upgrade)}".encode()
+    before = len(child.log())
+    with socket.create_connection(("127.0.0.1", child.port), timeout=30) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: " + ident + b"\r\n" + upgrade +
+                  b"\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), got[:300]
+    assert json.loads(body)["data"][0]["id"] == MODEL
+    assert child.access(ident.decode()).startswith("GET /v1/models 200 "), child.log()[before:]
+    said = child.log()[before:]
+    assert "WARNING" not in said and "upgrade" not in said.lower() and "pip install" not in said, said
