@@ -861,3 +861,32 @@ def test_an_upgrade_is_answered_as_http_1_1_with_no_warning(child: Server, upgra
     assert child.access(ident.decode()).startswith("GET /v1/models 200 "), child.log()[before:]
     said = child.log()[before:]
     assert "WARNING" not in said and "upgrade" not in said.lower() and "pip install" not in said, said
+
+
+@pytest.mark.parametrize("upgrade", [
+    b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+    b"Upgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n"], ids=["h2c", "websocket"])
+def test_an_upgrade_with_a_body_is_a_400_and_its_connection_closed(child: Server, upgrade: bytes) -> None:
+    """The HTTP parser takes what follows an upgrading request's head for the new protocol's bytes: the route read
+    an empty body (a completion's 400 said `prompt` was missing), and a body that came in a later packet was read
+    as requests of its own (here a /health, answered). It is a 400 that says why, and the connection is closed."""
+    smuggled = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: smuggled\r\n\r\n"
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1, "x": "y" * 10}).encode()
+    before = len(child.log())
+    with socket.create_connection(("127.0.0.1", child.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n" % (len(body) + len(smuggled)) + upgrade + b"\r\n" + body)
+        time.sleep(0.5)  # the rest of the body in a packet of its own
+        with contextlib.suppress(OSError):
+            s.sendall(smuggled)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in head.lower(), got[:400]
+    err = json.loads(rest)["error"]
+    assert err["message"].startswith("a request that asks to Upgrade (to another protocol: websocket, h2c) cannot "
+                                     "have a body here"), err
+    assert b"HTTP/1.1" not in rest and child.access("smuggled", timeout=1) == "", got
+    assert "WARNING" not in child.log()[before:], child.log()[before:]
+    _still_answers(child.url)
