@@ -1310,3 +1310,43 @@ def test_a_request_that_never_reached_its_route_is_kept_with_openais_code(tmp_pa
     assert record["response"] is None and record["custom_id"] == "a"
     assert record["error"] == {"code": "server_error", "message": "internal error (the server's log has the details)"}
     assert progress.failed == 1 and "a batch request failed" in said[0] and "RuntimeError: a bug" in said[0]
+
+
+def test_a_line_with_nan_or_infinity_is_refused_naming_where(server: Server) -> None:
+    """docs/batch.md, Refused input: NaN, Infinity and 1e999 are no JSON numbers; such a line ran, and its answer
+    (echoing a tool's schema) was a 500 in the error file after the whole generation."""
+    client = _client(server)
+    lines = [_line("a", {**_chat(1), "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number", "maximum": "BIG"}}}}}]}),
+             _line("b", {**_chat(1), "temperature": "NAN"}), _line("c", _chat(1))]
+    data = _jsonl(lines).replace(b'"BIG"', b"1e999").replace(b'"NAN"', b"NaN")
+    upload = client.files.create(file=("odd.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.status == "failed" and batch.output_file_id is None and batch.error_file_id is None
+    assert [(x.code, x.line, x.param) for x in batch.errors.data] == [
+        ("invalid_json_line", 1, "body.tools.0.function.parameters.properties.x.maximum"),
+        ("invalid_json_line", 2, "body.temperature")]
+    assert "is 1e999, not a finite number" in batch.errors.data[0].message
+
+
+def test_a_files_content_takes_a_range_as_rfc_9110_has_it(server: Server) -> None:
+    """docs/batch.md: a Range of another unit, or one that cannot be read, was Starlette's plain-text 400 ("Only
+    support bytes range"); one past the end its plain-text 416. RFC 9110 §14.2: an unknown unit is ignored, an
+    invalid range may be (the whole file, 200); none of it in the file is a 416 in the API's shape, with
+    Content-Range: bytes */SIZE."""
+    data = _jsonl([_line("a", _chat(1))])
+    upload = _client(server).files.create(file=("in.jsonl", data), purpose="batch")
+    url, key = f"{server.url}/v1/files/{upload.id}/content", {"Authorization": f"Bearer {KEY}"}
+    for whole in ("items=0-1", "bytes=abc", "bytes=100-50", "bytes", "bytes=0-1;x", "bytes=1-2-3"):
+        r = httpx.get(url, headers={**key, "Range": whole})
+        assert r.status_code == 200 and r.content == data and "content-range" not in r.headers, (whole, r.text)
+    for past in ("bytes=999999-", f"bytes={len(data)}-", "bytes=-0"):
+        r = httpx.get(url, headers={**key, "Range": past})
+        assert r.status_code == 416 and r.headers["content-range"] == f"bytes */{len(data)}", (past, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == 416, r.text
+        assert err["message"] == f"The range asked for is past the end of {upload.id}, which has {len(data):,} bytes"
+    for asked, got in (("bytes=0-1", data[:2]), ("bytes=-3", data[-3:]), ("bytes=2-", data[2:]),
+                       ("bytes=0-1, 999999-", data[:2]), ("bytes=0-1,,1-3", data[:4])):
+        r = httpx.get(url, headers={**key, "Range": asked})
+        assert r.status_code == 206 and r.content == got, (asked, r.status_code, r.text)

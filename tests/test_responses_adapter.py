@@ -387,3 +387,15 @@ def test_the_output_of_a_namespace_call_left_out_goes_with_it() -> None:
         {"role": "user", "content": "Go on."},
     ])
     assert [(m["role"], m["content"]) for m in msgs] == [("user", "Plan it."), ("user", "Go on.")]
+
+
+def test_the_store_never_keeps_a_number_json_has_not(tmp_path: Path) -> None:
+    """A NaN or an infinity kept in a stored response made every GET of it a 500 until it was deleted: it is
+    refused as it is saved (that request's fault), and nothing is kept."""
+    store = ResponseStore(tmp_path / "responses.db")
+    for odd in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            store.save("resp_odd", {"id": "resp_odd", "tools": [{"maximum": odd}]}, [])
+        with pytest.raises(ValueError):
+            store.save("resp_odd", {"id": "resp_odd"}, [{"role": "user", "content": "hi", "x": odd}])
+    assert store.load("resp_odd") is None

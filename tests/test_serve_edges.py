@@ -785,3 +785,112 @@ def test_a_model_file_whose_name_is_not_utf8_is_served(cli_env: dict[str, str], 
         assert r.status_code == 200 and r.json()["model"] == "mod\\xe8le.gguf", r.text
     finally:
         assert s.stop() == 0
+
+
+# ---- a number JSON has not: NaN, Infinity, past a double's range --------------------------------------
+
+NOT_FINITE = [  # (route, body as JSON text, the param the 400 names: where the number is)
+    ("/v1/responses", '{"input": "hi", "max_output_tokens": 16, "tools": [{"type": "function", "name": "f", '
+     '"parameters": {"type": "object", "properties": {"a": {"type": "number", "maximum": 1e999}}}}]}',
+     "tools.0.parameters.properties.a.maximum"),
+    ("/v1/responses", '{"input": "hi", "max_output_tokens": 16, "stream": true, "text": {"format": {"type": '
+     '"json_schema", "name": "n", "schema": {"type": "number", "minimum": NaN}}}}', "text.format.schema.minimum"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "metadata": '
+     '{"a": "b"}, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"default": -Infinity}}}]}',
+     "tools.0.function.parameters.default"),
+    ("/v1/messages", '{"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+     "temperature"),
+    ("/api/chat", '{"stream": false, "messages": [{"role": "user", "content": "hi"}], "format": {"maximum": 2e308}}',
+     "format.maximum"),
+]
+
+
+@pytest.mark.parametrize(("path", "text", "where"), NOT_FINITE, ids=[w for _, _, w in NOT_FINITE])
+def test_nan_infinity_and_a_number_past_a_doubles_range_are_a_400_naming_where(child: Server, path: str, text: str,
+                                                                                where: str) -> None:
+    """Python's json reads NaN, Infinity and 1e999 (as an infinity): in a Responses request's tool schema the whole
+    answer was generated, then a 500 "internal error" (the answer, echoing the tools, could not be written as
+    JSON); streamed, its events carried a bare Infinity; stored, every GET of it was a 500."""
+    body = text.replace("{", '{"model": "' + MODEL + '", ', 1)
+    before = child.health()["failed_jobs"]
+    r = httpx.post(f"{child.url}{path}", content=body, headers={"Content-Type": "application/json"}, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "not a finite number" in r.text and where in r.text, r.text
+    if path.startswith("/v1/") and path != "/v1/messages":
+        assert r.json()["error"]["param"] == where, r.text
+    elif path == "/v1/messages":
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error", r.text
+    else:
+        assert isinstance(r.json()["error"], str), r.text
+    assert child.health()["failed_jobs"] == before
+    _still_answers(child.url)
+
+
+def test_a_number_near_a_doubles_range_is_answered_stored_and_read_back(child: Server) -> None:
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "number", "maximum": 1.7e308, "minimum": -5e-324}}}}]
+    r = httpx.post(f"{child.url}/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2,
+                                                      "tools": tools}, timeout=120)
+    assert r.status_code == 200, r.text
+    got = httpx.get(f"{child.url}/v1/responses/{r.json()['id']}", timeout=30)
+    assert got.status_code == 200 and got.json()["tools"][0]["parameters"] == tools[0]["parameters"], got.text
+
+
+# ---- an Upgrade this server does not take -----------------------------------------------------------
+
+@pytest.mark.parametrize("upgrade", [
+    b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    b"Sec-WebSocket-Version: 13\r\n",
+    b"Upgrade: websocket\r\nConnection: upgrade\r\n",  # no key: any client may send it
+    b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+], ids=["websocket", "websocket-no-key", "h2c"])
+def test_an_upgrade_is_answered_as_http_1_1_with_no_warning(child: Server, upgrade: bytes) -> None:
+    """RFC 9110 §7.8: a server may ignore Upgrade. Each such request made uvicorn log two warnings (the second
+    telling the operator to `pip install 'uvicorn[standard]'` or websockets, which localgen has no use for); it is
+    answered as the route answers it, and the log says nothing of it."""
+    ident = f"up-{len(upgrade)}".encode()
+    before = len(child.log())
+    with socket.create_connection(("127.0.0.1", child.port), timeout=30) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: " + ident + b"\r\n" + upgrade +
+                  b"\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), got[:300]
+    assert json.loads(body)["data"][0]["id"] == MODEL
+    assert child.access(ident.decode()).startswith("GET /v1/models 200 "), child.log()[before:]
+    said = child.log()[before:]
+    assert "WARNING" not in said and "upgrade" not in said.lower() and "pip install" not in said, said
+
+
+@pytest.mark.parametrize("upgrade", [
+    b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+    b"Upgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n"], ids=["h2c", "websocket"])
+def test_an_upgrade_with_a_body_is_a_400_and_its_connection_closed(child: Server, upgrade: bytes) -> None:
+    """The HTTP parser takes what follows an upgrading request's head for the new protocol's bytes: the route read
+    an empty body (a completion's 400 said `prompt` was missing), and a body that came in a later packet was read
+    as requests of its own (here a /health, answered). It is a 400 that says why, and the connection is closed."""
+    smuggled = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: smuggled\r\n\r\n"
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1, "x": "y" * 10}).encode()
+    before = len(child.log())
+    with socket.create_connection(("127.0.0.1", child.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n" % (len(body) + len(smuggled)) + upgrade + b"\r\n" + body)
+        time.sleep(0.5)  # the rest of the body in a packet of its own
+        with contextlib.suppress(OSError):
+            s.sendall(smuggled)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in head.lower(), got[:400]
+    err = json.loads(rest)["error"]
+    assert err["message"].startswith("a request that asks to Upgrade (to another protocol: websocket, h2c) cannot "
+                                     "have a body here"), err
+    assert b"HTTP/1.1" not in rest and child.access("smuggled", timeout=1) == "", got
+    assert "WARNING" not in child.log()[before:], child.log()[before:]
+    _still_answers(child.url)

@@ -2173,3 +2173,16 @@ def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> No
     note = article.locator(".note").inner_text()
     assert note.startswith("Cannot reach the server: is localgen serve still running?"), note
     assert page.locator("article.user .text").inner_text() == "Are you there?"
+
+
+def test_if_none_match_is_read_with_rfc_9110s_weak_comparison(server: Server) -> None:
+    """docs/webui.md: a weak tag (W/"..."), as a proxy that compresses the file sends back, a list of tags, or `*`
+    was a 200 with the whole file again; each is a 304. A tag that is not the file's is a 200."""
+    first = httpx.get(f"{server.url}/webui/app.js")
+    tag = first.headers["etag"]
+    for asked in (f"W/{tag}", f'"0123", {tag}', f'W/"x", W/{tag}', "*", f"{tag},"):
+        r = httpx.get(f"{server.url}/webui/app.js", headers={"If-None-Match": asked})
+        assert r.status_code == 304 and not r.content and r.headers["etag"] == tag, asked
+    for asked in ('"0123"', tag.strip('"'), f'"{tag}"', ""):
+        r = httpx.get(f"{server.url}/webui/app.js", headers={"If-None-Match": asked})
+        assert r.status_code == 200 and r.content == first.content, asked

@@ -148,12 +148,42 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     app.router.redirect_slashes = False
     app.state.drain = drain
     app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
-    # each added outside the ones before it: FrontDoor, the Gate, Unhandled, then Http10 around the routes
+    # each added outside the ones before it: FrontDoor, UpgradeWithBody, the Gate, Unhandled, then Http10 around
+    # the routes
     app.add_middleware(Http10)  # type: ignore[arg-type]  # a 1.0 client's stream held whole
     app.add_middleware(Unhandled)  # type: ignore[arg-type]
     app.add_middleware(Gate, policy=policy, routes=routes)  # type: ignore[arg-type]
+    app.add_middleware(UpgradeWithBody)  # type: ignore[arg-type]
     app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]
     return app
+
+
+class UpgradeWithBody:
+    """Pure ASGI, outside the Gate: a request that asks to Upgrade (websocket, h2c: serve takes none, and answers
+    such a request over HTTP/1.1) and has a body is a 400, its connection closed. The HTTP parser (httptools) takes
+    all that follows an upgrading request's head for the new protocol's bytes: the route read an empty body, and
+    the body's later packets were read as requests of their own (where a proxy that passes Upgrade on saw one)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and _upgrade_with_body(scope["headers"]):
+            refused = HTTPError(400, "a request that asks to Upgrade (to another protocol: websocket, h2c) cannot "
+                                     "have a body here: send it without the Upgrade header")
+            await error_response(Request(scope), refused, {"Connection": "close"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _upgrade_with_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's headers ask to Upgrade (Upgrade, and Connection naming it, as the parser reads them) and
+    declare a body (a Content-Length other than 0, or a Transfer-Encoding)."""
+    named = {name.lower(): value for name, value in headers}
+    tokens = {token.strip().lower() for token in named.get(b"connection", b"").split(b",")}
+    length = named.get(b"content-length", b"0").strip()
+    return b"upgrade" in named and b"upgrade" in tokens and (
+        b"transfer-encoding" in named or not (length.isdigit() and int(length) == 0))
 
 
 class Unhandled:

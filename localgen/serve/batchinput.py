@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localgen.serve.jsonbody import NotFinite, decode
+
 MAX_LINES = 50_000  # OpenAI's bound on the requests of one batch
 MAX_ERRORS = 100  # the input's faults a failed batch lists (errors.data), the first ones
 MAX_LINE = 16 << 20  # a line's bound in bytes: the server's --max-body (serve/guard.py's Policy), set by the app
@@ -54,7 +56,10 @@ def parse(number: int, raw: bytes | None, endpoint: str) -> Line | dict[str, Any
         return fault("invalid_request", "This line is longer than a request's body may be (serve --max-body).",
                      "body")
     try:
-        doc = json.loads(raw)
+        doc = decode(raw)
+    except NotFinite as e:  # as a request's body with one is a 400 (serve/jsonbody.py)
+        return fault("invalid_json_line", f"This line's {e.where or 'value'} is {e.literal}, not a finite number: "
+                     "JSON has no NaN or Infinity, and a number must be within a double's range.", e.where or None)
     except (ValueError, RecursionError):  # bad JSON or UTF-8, a number too long, nesting too deep
         return fault("invalid_json_line", "This line is not parseable as valid JSON.")
     if not isinstance(doc, dict):

@@ -29,7 +29,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from localgen import paths
-from localgen.serve.apierror import HTTPError
+from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.routing import by_method
 from localgen.serve.stalls import BodyClock
 
@@ -234,7 +234,7 @@ def routes(store: FileStore, owner: Callable[[], None], reader: Callable[[], boo
         if not await asyncio.to_thread(path.is_file):  # its bytes removed by hand from the data dir
             raise HTTPError(404, f"The content of {ident} is gone from the data dir", "invalid_request_error",
                             "file_id")
-        return FileResponse(path, media_type="application/octet-stream")
+        return _Content(path, ident)
 
     async def delete(request: Request) -> Response:
         owner()
@@ -251,6 +251,83 @@ def routes(store: FileStore, owner: Callable[[], None], reader: Callable[[], boo
             by_method("/v1/files/{id}", GET=on_disk(retrieve), DELETE=on_disk(delete)),
             by_method("/v1/files/{id}/content", GET=on_disk(content))]
 
+
+
+class _Unsatisfiable(Exception):
+    """A Range none of whose ranges begins within the file (RFC 9110 §14.1.1): a 416."""
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.size = size
+
+
+class _Content(FileResponse):
+    """A file's bytes, with Range read as RFC 9110 §14 has it (Starlette's FileResponse answered a range unit it
+    does not know, or a range it cannot read, with a plain-text 400; one past the end with a plain-text 416): an
+    unknown unit or an invalid range is ignored (the whole file, 200); one no part of which is in the file is a
+    416 in the API's error shape, with Content-Range: bytes */SIZE."""
+
+    def __init__(self, path: Path, ident: str):
+        super().__init__(path, media_type="application/octet-stream")
+        self.ident = ident
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except _Unsatisfiable as e:  # raised as the ranges are read, before anything is sent
+            refused = HTTPError(416, f"The range asked for is past the end of {self.ident}, which has {e.size:,} "
+                                     "bytes")
+            await error_response(Request(scope), refused, {"Content-Range": f"bytes */{e.size}"})(scope, receive,
+                                                                                                 send)
+
+    @classmethod
+    def _parse_range_header(cls, http_range: str, file_size: int) -> list[tuple[int, int]]:
+        """The byte ranges to send, as (start, end) past its last, sorted and merged; none for the whole file."""
+        return byte_ranges(http_range, file_size, cls.max_ranges)
+
+
+_RANGE_SPEC = re.compile(r"([0-9]+)-([0-9]*)|-([0-9]+)")
+
+
+def byte_ranges(header: str, size: int, most: int) -> list[tuple[int, int]]:
+    """A Range header's byte ranges within a file of `size` bytes as (start, end) past its last, sorted and merged;
+    none (the whole file) for a unit other than bytes, which a server must ignore, for an invalid range set (one
+    not bytes=FIRST-[LAST] or bytes=-SUFFIX, or with LAST before FIRST), which it may ignore, for more than `most`
+    ranges, and for an empty file; _Unsatisfiable where no range has a byte of the file (RFC 9110 §14.1.2-3)."""
+    unit, eq, spec = header.partition("=")
+    if not eq or unit.strip().lower() != "bytes" or size == 0:
+        return []
+    parts = [part.strip() for part in spec.split(",") if part.strip()]  # a list's empty elements are ignored
+    if not parts or len(parts) > most:
+        return []
+    ranges: list[tuple[int, int]] = []
+    for part in parts:
+        found = _RANGE_SPEC.fullmatch(part)
+        if found is None:
+            return []
+        first, last, suffix = found.groups()
+        if suffix is not None:
+            if _number(suffix) > 0:
+                ranges.append((max(size - _number(suffix), 0), size))
+        elif last and _number(last) < _number(first):
+            return []
+        elif _number(first) < size:
+            ranges.append((_number(first), min(_number(last) + 1, size) if last else size))
+    if not ranges:
+        raise _Unsatisfiable(size)
+    ranges.sort()
+    merged = [ranges[0]]
+    for start, end in ranges[1:]:
+        if start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _number(digits: str) -> int:
+    """A range's position (past any file's size where it has more digits than int() will read)."""
+    return int(digits) if len(digits) <= 30 else 10 ** 30
 
 
 async def read_form(request: Request, body: AsyncGenerator[bytes, None], max_fields: int, what: str) -> FormData:

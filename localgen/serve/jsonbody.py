@@ -1,9 +1,10 @@
-"""A request's body as a JSON object of valid Unicode, bounded in depth, or a 400 (its size and content type
-were checked by serve/guard.py before the route ran)."""
+"""A request's body as a JSON object of valid Unicode and finite numbers, bounded in depth, or a 400 (its size and
+content type were checked by serve/guard.py before the route ran)."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from starlette.requests import Request
@@ -14,10 +15,71 @@ from localgen.serve.apierror import HTTPError
 MAX_DEPTH = 64
 
 
+class NotFinite(ValueError):
+    """A JSON text's NaN, Infinity or number past a double's range (1e400), which Python's json reads but no answer
+    can carry back (JSON has no such number): `where` it is, as a dotted path ("tools.0.parameters.maximum"; "" for
+    the whole text)."""
+
+    def __init__(self, where: str, literal: str):
+        super().__init__(f"{where or 'the body'} is {literal}, not a finite number")
+        self.where = where
+        self.literal = literal
+
+
+class _Odd:
+    """A non-finite number as decoded, to be found and named where it is."""
+
+    def __init__(self, literal: str):
+        self.literal = literal if len(literal) <= 40 else literal[:37] + "..."
+
+
+def decode(raw: bytes | str) -> Any:
+    """JSON text decoded as json.loads does it (its errors too), with NotFinite for the first NaN, Infinity or
+    number past a double's range: echoed into an answer, a stored response or a tool's schema, it made them
+    invalid JSON (or the answer a 500 after the whole generation ran)."""
+    odd: list[_Odd] = []
+
+    def constant(literal: str) -> _Odd:
+        odd.append(_Odd(literal))
+        return odd[-1]
+
+    def number(literal: str) -> float | _Odd:
+        value = float(literal)
+        return value if math.isfinite(value) else constant(literal)
+
+    doc = json.loads(raw, parse_constant=constant, parse_float=number)
+    if odd:
+        where, found = _find(doc)
+        raise NotFinite(where, found.literal)
+    return doc
+
+
+def _find(doc: Any) -> tuple[str, _Odd]:
+    """Where in a decoded document its first _Odd is (iteratively, each node's path a link to its parent's: no
+    recursion to exhaust, no path copied per node)."""
+    todo: list[tuple[Any, Any]] = [(doc, None)]  # (node, its link: (its key, its parent's link), None at the top)
+    while todo:
+        node, link = todo.pop()
+        if isinstance(node, _Odd):
+            keys: list[str] = []
+            while link is not None:
+                keys.append(link[0])
+                link = link[1]
+            where = ".".join(reversed(keys))
+            return (where if len(where) <= 200 else where[:197] + "..."), node
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        todo.extend(reversed([(child, (str(key), link)) for key, child in children]))
+    raise AssertionError("no non-finite number in the document")
+
+
 async def read_json(request: Request) -> dict[str, Any]:
-    """The body as a JSON object of valid Unicode, or a 400."""
+    """The body as a JSON object of valid Unicode and finite numbers, or a 400."""
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = decode(await request.body() or b"{}")
+    except NotFinite as e:
+        raise HTTPError(400, f"{e.where or 'the body'} is {e.literal}, not a finite number: JSON has no NaN or "
+                             "Infinity, and a number must be within a double's range (about 1.8e308)",
+                        param=e.where or None) from None
     except RecursionError:
         raise HTTPError(400, f"the request body is nested too deeply (at most {MAX_DEPTH} levels)") from None
     except json.JSONDecodeError as e:  # where, in our words: Python's own message is no client's business

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Awaitable, Callable
 from importlib import resources
 
@@ -43,10 +44,23 @@ def _file(name: str) -> tuple[bytes, str]:
 def _send(request: Request, name: str) -> Response:
     body, etag = _file(name)
     headers = {**HEADERS, "ETag": etag}
-    if request.headers.get("if-none-match") == etag:
+    if matches(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
     # HEAD too: its Content-Length is GET's (RFC 9110); uvicorn sends no body for a HEAD
     return Response(body, headers=headers, media_type=FILES[name])
+
+
+def matches(if_none_match: str | None, etag: str) -> bool:
+    """Whether an If-None-Match header names this ETag (RFC 9110 §13.1.2): `*`, or a list of tags one of which is
+    it by the weak comparison (W/"x" matches "x"), as a browser sends one back after a proxy weakened it."""
+    if if_none_match is None:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    return etag.removeprefix("W/") in (tag.removeprefix("W/") for tag in _ETAG.findall(if_none_match))
+
+
+_ETAG = re.compile(r'(?:W/)?"[^"]*"')  # an entity-tag: its opaque part may hold a comma, so it is matched, not split
 
 
 def wants_html(request: Request) -> bool:

@@ -174,8 +174,10 @@ class ResponseStore:
         `inputs`: how many of the conversation's messages before the answer were the request's input; `given`:
         that input as sent, where truncation folded some of it."""
         now = self.clock()
-        doc, said = json.dumps(response, ensure_ascii=False), json.dumps(conversation, ensure_ascii=False)
-        sent = None if given is None else json.dumps(given, ensure_ascii=False)
+        # never a NaN or Infinity (a ValueError here, a 500 for this request): stored, it was a 500 on every read
+        doc = json.dumps(response, ensure_ascii=False, allow_nan=False)
+        said = json.dumps(conversation, ensure_ascii=False, allow_nan=False)
+        sent = None if given is None else json.dumps(given, ensure_ascii=False, allow_nan=False)
         size = len(doc.encode()) + len(said.encode()) + (len(sent.encode()) if sent is not None else 0)
         def work(db: sqlite3.Connection) -> None:
             db.execute("INSERT OR REPLACE INTO responses (id, created, response, conversation, bytes, inputs, given) "

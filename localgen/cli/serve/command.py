@@ -254,8 +254,17 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     # whose request line and headers pass 64 KiB gets a 431 (httptools, a dependency, is the parser: serve/stalls.py);
     # past the cap of connections open at once, the one idle longest is closed (serve/descriptors.py)
     cap = connection_cap(raise_limit())  # counted once the models have loaded: their descriptors are taken
+
+    class _UpgradeIgnored(HttpToolsProtocol):  # type: ignore[misc]
+        """An Upgrade (websocket, h2c) answered as HTTP/1.1, as RFC 9110 §7.8 lets a server: serve has no WebSocket
+        routes (ws="none"), and uvicorn's two warnings per such request told the operator to install a WebSocket
+        library."""
+
+        def _unsupported_upgrade_warning(self) -> None:
+            pass
+
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
-                            http=with_header_deadline(HttpToolsProtocol, listen.read_timeout, cap),
+                            http=with_header_deadline(_UpgradeIgnored, listen.read_timeout, cap), ws="none",
                             timeout_keep_alive=math.ceil(listen.read_timeout),
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
                             lifespan="on", **_uvicorn_logging(log.json))
