@@ -4,7 +4,10 @@ makes uvicorn's HTTP protocol close a connection whose next request's headers ar
 read timeout of its opening or of the previous response's end. (A stalled body is serve/guard.py's: a 408.)
 httptools, which serve's uvicorn uses, bounds neither the request line nor a header, and builds each at a cost
 quadratic in its length on the event loop: a request's head (its line and headers) past `MAX_HEAD` bytes is
-answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them. Past `cap`
+answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them. Requests
+pipelined on a connection are parsed one at a time: the bytes after a whole request wait unparsed (and past
+MAX_HEAD of them the connection is not read) until its answer has gone; uvicorn parsed every one that came and
+queued it, without bound, and answered a malformed one 400 before the answers of those ahead of it. Past `cap`
 connections open at once (serve/descriptors.py), a new one closes the one that has waited longest for a
 request's headers (none: the new one is closed): a flood of idle connections holds none of the server's
 descriptors for long, and never those of a request in hand."""
@@ -12,6 +15,7 @@ descriptors for long, and never those of a request in hand."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +28,8 @@ DEFAULT_READ_TIMEOUT_S = 30.0  # serve --read-timeout: headers, and each part of
 MIN_BODY_RATE = 500
 TIE = 0.05  # seconds: a whole body's deadline this close to a stall's is said as a stall
 MAX_HEAD = 64 << 10  # bytes of a request's line and headers together (llama-server's and nginx's are of this order)
+# where a request's head (or a chunked body, its last chunk and trailers) may end: a line with nothing on it
+HEAD_END = re.compile(rb"\n\r?\n")
 TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
@@ -76,9 +82,13 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
         _seen: Any = None  # the request in hand when last looked at
         _timer: asyncio.TimerHandle | None = None
         _head: int | None = 0  # bytes read of the request's head so far (None: its headers are complete)
+        _held: bytearray  # bytes come and not yet parsed: those after a whole request, until it is answered
+        _tail = b""  # the last bytes of a head parsed (where its blank line began)
+        _left: int | None = None  # bytes of the body still to come, by its Content-Length (None: chunked)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            self._held = bytearray()
             self._since = time.monotonic()
             self._timer = self.loop.call_later(seconds, self._check)
             if cap is not None and len(self.connections) > cap and \
@@ -96,32 +106,54 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
             oldest = min(idle, key=lambda c: c._since, default=self)
             oldest.transport.close()
 
-        def data_received(self, data: bytes) -> None:
-            while data:  # a head's bytes are fed only up to the bound: the parser never holds more of one
-                if self._head is None:  # a body: the Gate's --max-body bounds it
-                    self._feed(data)
-                    return
-                room = MAX_HEAD - self._head
-                if room <= 0:
-                    self._too_large()
-                    return
-                part, data = data[:room], data[room:]
-                self._head += len(part)
-                self._feed(part)
-                if self.transport.is_closing():
-                    return
+        def _answering(self) -> bool:
+            """Whether a request has all come and its answer has not all gone (or one waits behind it): the
+            bytes after it wait, unparsed, so that a client pipelining requests it never reads the answers of
+            queues none of them in the server."""
+            return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete
+                                           and not self.cycle.more_body)
 
-        def _feed(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.cycle is not None and self.cycle is not self._seen:  # a request's headers are complete
-                self._seen, self._since = self.cycle, None
+        def data_received(self, data: bytes) -> None:
+            self._held += data
+            self._pump()
+            if len(self._held) > MAX_HEAD:  # (a body's bytes never wait here: the parser takes them)
+                self.flow.pause_reading()  # until the answer in hand has gone (uvicorn's on_response_complete)
+
+        def _pump(self) -> None:
+            """Parse the bytes held, up to the end of a whole request, then the next once it is answered."""
+            while self._held and not self.transport.is_closing() and not self._answering():
+                held = self._held
+                if self._head is not None:  # a head's bytes are fed only up to the bound: the parser never
+                    room = MAX_HEAD - self._head  # holds more of one
+                    if room <= 0:
+                        self._too_large()
+                        return
+                    end = HEAD_END.search(self._tail + held[:room])
+                    size = min(len(held), room) if end is None else end.end() - len(self._tail)
+                    self._head += size
+                elif self._left is not None:  # a body: the Gate's --max-body bounds it
+                    end = None
+                    size = min(len(held), self._left) or len(held)
+                    self._left -= min(size, self._left)
+                else:  # a chunked one: it can end only at a blank line (its last chunk, "0", then the trailers')
+                    end = HEAD_END.search(self._tail + held)
+                    size = len(held) if end is None else end.end() - len(self._tail)
+                part = bytes(held[:size])
+                del held[:size]
+                self._tail = b"" if end is not None else (self._tail + part)[-2:]
+                super().data_received(part)
+                if self.cycle is not None and self.cycle is not self._seen:  # a request's headers are complete
+                    self._seen, self._since = self.cycle, None
 
         def on_headers_complete(self) -> None:
             self._head = None
+            coding = any(k == b"transfer-encoding" for k, _ in self.headers)
+            length = next((v for k, v in self.headers if k == b"content-length"), b"0")
+            self._left = None if coding else int(length) if length.strip().isdigit() else 0
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
-            self._head = 0  # the next request's head begins (a pipelined one's bytes may already be here)
+            self._head, self._tail = 0, b""  # the next request's head begins (its bytes may already be here)
             super().on_message_complete()
 
         def _too_large(self) -> None:
@@ -133,6 +165,8 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._since = time.monotonic()  # the next request's headers are due (unless one was pipelined)
+            if self._held:
+                self.loop.call_soon(self._pump)  # the requests held behind it (after the answer's last send)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._timer is not None:

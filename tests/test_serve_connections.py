@@ -1,0 +1,79 @@
+"""`serve` and the connections its clients hold (docs/serve.md, Limits): requests pipelined on a connection whose
+answers are never read, a client that never reads what it asked for, a malformed request after good ones, a
+client that half-closes its side once it has asked, and bodies trickled after a burst. Each runs against a
+`localgen serve` child with a short --read-timeout, on raw sockets; what is asserted is what a client or the
+server's log sees, never how long it took."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.test_serve import Server
+
+MODEL = "smollm2:135m"
+pytestmark = pytest.mark.slow  # every test talks to a server on SmolLM2
+SAFETY_NET_S = 60  # a connection the server should have closed by then fails the test
+
+
+@pytest.fixture(scope="module")
+def child(cli_env: dict[str, str]) -> Iterator[Server]:
+    s = Server(cli_env, "-np", "2", "--ctx", "2048", "--read-timeout", "1", "--max-body", "1M")
+    yield s
+    assert s.stop() == 0
+
+
+def _rss(pid: int) -> int:
+    """The process's resident memory, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) << 10
+
+
+def _all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a safety net: a connection held open fails)."""
+    sock.settimeout(SAFETY_NET_S)
+    out = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+GET = b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+# serve.md: requests pipelined on a connection are parsed one at a time, each once the one before is answered: one
+# client that sent GET /v1/models 500,000 times and read nothing grew the server by 700 MB (uvicorn queued each)
+def test_requests_pipelined_by_a_client_that_reads_nothing_are_not_queued_in_the_server(child: Server) -> None:
+    before = _rss(child.proc.pid)
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.settimeout(10)  # once the server stops reading, what the client still sends waits in the buffers
+        with contextlib.suppress(TimeoutError):
+            for _ in range(50):
+                sock.sendall(GET * 5000)  # 10 MB in all
+        grown = _rss(child.proc.pid) - before
+        assert grown < 64 << 20, f"the server grew by {grown >> 20} MB"
+        assert httpx.get(f"{child.url}/health", timeout=30).status_code == 200
+
+
+# serve.md: a malformed request after good ones pipelined is answered 400 after their answers (uvicorn wrote it
+# inside the stream before them, and logged a traceback for the answer it then could not write)
+def test_a_malformed_request_pipelined_after_a_stream_is_answered_after_it(child: Server) -> None:
+    body = b'{"model": "smollm2:135m", "prompt": "Once upon a time", "max_tokens": 8, "stream": true}'
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"X-Request-Id: beforebad\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                     + GET + b"NOT HTTP AT ALL\r\n\r\n")
+        out = _all(sock)
+    stream, _, rest = out.partition(b"data: [DONE]")
+    assert stream.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 400" not in stream, out[:600]
+    answers = re.findall(rb"HTTP/1\.1 (\d+)", rest)
+    assert answers == [b"200", b"400"], rest[:600]
+    assert " 200 " in child.access("beforebad"), child.log()[-2000:]
+    assert "Traceback" not in child.log() and "Exception in ASGI application" not in child.log()
+
