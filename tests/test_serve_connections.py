@@ -77,3 +77,28 @@ def test_a_malformed_request_pipelined_after_a_stream_is_answered_after_it(child
     assert " 200 " in child.access("beforebad"), child.log()[-2000:]
     assert "Traceback" not in child.log() and "Exception in ASGI application" not in child.log()
 
+
+# serve.md: a client that half-closes its side once it has asked (`nc -N`, HTTP/1.0 tools) still reads the answers
+# (the server closed the connection at its end of file: 0 bytes back)
+@pytest.mark.parametrize("asked", [GET, GET + b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                                   b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                                   b"Content-Length: 2\r\n\r\n{}"], ids=["one", "two", "an error"])
+def test_a_client_that_half_closes_after_asking_gets_the_answers(child: Server, asked: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(asked)
+        sock.shutdown(socket.SHUT_WR)
+        out = _all(sock)
+    answers = re.findall(rb"HTTP/1\.1 (\d+)", out)
+    assert answers == ([b"400"] if b"POST" in asked else [b"200"] * asked.count(b"GET")), out[:600]
+    assert out.rstrip().endswith(b"}"), out[-300:]
+
+
+def test_a_generation_whose_client_half_closes_stops_as_for_one_that_left(child: Server) -> None:
+    # serve.md: the server cannot tell a half-close from a client that left, and a generation stops for one that left
+    body = b'{"model": "smollm2:135m", "prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": true}'
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"X-Request-Id: halfgen\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.shutdown(socket.SHUT_WR)
+        assert _all(sock) == b""
+    assert " 499 " in child.access("halfgen"), child.log()[-2000:]

@@ -7,7 +7,9 @@ quadratic in its length on the event loop: a request's head (its line and header
 answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them. Requests
 pipelined on a connection are parsed one at a time: the bytes after a whole request wait unparsed (and past
 MAX_HEAD of them the connection is not read) until its answer has gone; uvicorn parsed every one that came and
-queued it, without bound, and answered a malformed one 400 before the answers of those ahead of it. Past `cap`
+queued it, without bound, and answered a malformed one 400 before the answers of those ahead of it. A client that
+half-closes its side once it has asked still has its answers written (uvicorn closed the connection at its end of
+file), save where a handler waits to hear that its client left (a generation): the two look alike. Past `cap`
 connections open at once (serve/descriptors.py), a new one closes the one that has waited longest for a
 request's headers (none: the new one is closed): a flood of idle connections holds none of the server's
 descriptors for long, and never those of a request in hand."""
@@ -85,6 +87,7 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
         _held: bytearray  # bytes come and not yet parsed: those after a whole request, until it is answered
         _tail = b""  # the last bytes of a head parsed (where its blank line began)
         _left: int | None = None  # bytes of the body still to come, by its Content-Length (None: chunked)
+        _eof = False  # the client has closed its side (half-closed: it may still read the answers)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -144,6 +147,8 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                 super().data_received(part)
                 if self.cycle is not None and self.cycle is not self._seen:  # a request's headers are complete
                     self._seen, self._since = self.cycle, None
+            if self._eof and not self._answering() and not self.transport.is_closing():
+                self.transport.close()  # a half-closed client has had every answer
 
         def on_headers_complete(self) -> None:
             self._head = None
@@ -151,6 +156,32 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
             length = next((v for k, v in self.headers if k == b"content-length"), b"0")
             self._left = None if coding else int(length) if length.strip().isdigit() else 0
             super().on_headers_complete()
+            if self.cycle is not None:  # (read by its task when it starts, after this)
+                self.cycle.receive = self._watched(self.cycle.receive)
+
+        def _watched(self, receive: Any) -> Any:
+            """A request's receive that, once its body has all been read and the client has half-closed, says the
+            client left: a handler that waits for that (a generation) stops as for one that left (the two look
+            alike), while one that answers without waiting has its answer written."""
+            read = False  # the handler has had the body's end
+
+            async def receiving() -> Any:
+                nonlocal read
+                if read and self._eof:
+                    self.transport.close()  # its client left: what uvicorn's receive then says
+                message = await receive()
+                read = read or message["type"] != "http.request" or not message.get("more_body", False)
+                return message
+
+            return receiving
+
+        def eof_received(self) -> bool | None:
+            if self.cycle is None or (self.cycle.response_complete and not self._held):
+                return None  # (uvicorn's answer: the transport closes)
+            self._eof = True  # the answers to the requests that came are still written, then it closes
+            self.cycle.message_event.set()  # a handler waiting on receive() asks again, and hears the client left
+            self._pump()
+            return True
 
         def on_message_complete(self) -> None:
             self._head, self._tail = 0, b""  # the next request's head begins (its bytes may already be here)
@@ -165,7 +196,7 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._since = time.monotonic()  # the next request's headers are due (unless one was pipelined)
-            if self._held:
+            if self._held or self._eof:
                 self.loop.call_soon(self._pump)  # the requests held behind it (after the answer's last send)
 
         def connection_lost(self, exc: Exception | None) -> None:
