@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -102,3 +103,31 @@ def test_a_generation_whose_client_half_closes_stops_as_for_one_that_left(child:
         sock.shutdown(socket.SHUT_WR)
         assert _all(sock) == b""
     assert " 499 " in child.access("halfgen"), child.log()[-2000:]
+
+
+# serve.md: a connection whose answers wait --read-timeout seconds for its client to read them is closed (uvicorn
+# has no write timeout: such clients were never closed, and past the cap of connections new ones were refused)
+def test_a_client_that_never_reads_its_answers_is_closed(child: Server) -> None:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: the window stays small)
+        sock.connect(("127.0.0.1", child.port))
+        sock.settimeout(10)  # once the server stops reading, what the client still sends waits in the buffers
+        with contextlib.suppress(TimeoutError):
+            for _ in range(20):
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n" * 1000)  # 1.4 KB answers
+        end = time.monotonic() + SAFETY_NET_S
+        while (state := _server_side(child.port, sock.getsockname()[1])) == "01" and time.monotonic() < end:
+            time.sleep(0.1)  # (read nothing: reading would let the answers go)
+        assert state != "01", "the connection that reads nothing was left open"
+    assert httpx.get(f"{child.url}/health", timeout=30).status_code == 200
+
+
+def _server_side(port: int, client: int) -> str:
+    """The TCP state of the server's end of the connection from port `client` ("01": established), as the kernel
+    lists it; "" once it is gone."""
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if local.endswith(f":{port:04X}") and remote.endswith(f":{client:04X}"):
+                return state
+    return ""

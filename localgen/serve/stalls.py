@@ -9,10 +9,12 @@ pipelined on a connection are parsed one at a time: the bytes after a whole requ
 MAX_HEAD of them the connection is not read) until its answer has gone; uvicorn parsed every one that came and
 queued it, without bound, and answered a malformed one 400 before the answers of those ahead of it. A client that
 half-closes its side once it has asked still has its answers written (uvicorn closed the connection at its end of
-file), save where a handler waits to hear that its client left (a generation): the two look alike. Past `cap`
+file), save where a handler waits to hear that its client left (a generation): the two look alike. A connection
+whose answers have waited --read-timeout seconds for its client to read them (the transport's buffer past its
+high-water mark) is closed, its request in hand as one whose client left: uvicorn has no write timeout. Past `cap`
 connections open at once (serve/descriptors.py), a new one closes the one that has waited longest for a
-request's headers (none: the new one is closed): a flood of idle connections holds none of the server's
-descriptors for long, and never those of a request in hand."""
+request's headers or for its client to read (none: the new one is closed): a flood of idle connections holds
+none of the server's descriptors for long, and never those of a request in hand that its client reads."""
 
 from __future__ import annotations
 
@@ -79,6 +81,20 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
     a request's headers, and answering 431 to one whose request line and headers pass `MAX_HEAD` bytes; past
     `cap` connections open, the one idle longest (or the new one) is closed."""
 
+    from uvicorn.protocols.http.flow_control import FlowControl  # (uvicorn's: serve has imported it by now)
+
+    class HeldFlow(FlowControl):
+        """uvicorn's flow control of a connection, which reads on at each answer's end and at each receive() of
+        a handler: not while `full()` (the requests held unparsed are past MAX_HEAD bytes)."""
+
+        def __init__(self, transport: Any, full: Any) -> None:
+            super().__init__(transport)
+            self.full = full
+
+        def resume_reading(self) -> None:
+            if not self.full():
+                super().resume_reading()
+
     class HeaderDeadline(base):  # type: ignore[valid-type,misc]
         _since: float | None = None  # when the wait for the next request's headers began (None: one is in hand)
         _seen: Any = None  # the request in hand when last looked at
@@ -88,10 +104,13 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
         _tail = b""  # the last bytes of a head parsed (where its blank line began)
         _left: int | None = None  # bytes of the body still to come, by its Content-Length (None: chunked)
         _eof = False  # the client has closed its side (half-closed: it may still read the answers)
+        _full = False  # reading is paused for the bytes held
+        _stuck: float | None = None  # since when the answers have waited for the client to read (None: they don't)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._held = bytearray()
+            self.flow = HeldFlow(transport, lambda: len(self._held) > MAX_HEAD)
             self._since = time.monotonic()
             self._timer = self.loop.call_later(seconds, self._check)
             if cap is not None and len(self.connections) > cap and \
@@ -99,15 +118,22 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                 self._make_room()
 
         def _idle(self) -> bool:
-            """Whether it waits for a request's headers (none in hand), still open."""
-            return self._since is not None and not self.transport.is_closing() and (
-                self.cycle is None or self.cycle.response_complete)
+            """Whether it waits for a request's headers (none in hand), or for its client to read, still open."""
+            return not self.transport.is_closing() and (self._stuck is not None or (self._since is not None and (
+                self.cycle is None or self.cycle.response_complete)))
+
+        def _waited(self) -> float:
+            """Since when it has waited for its client (for a request, or to read the answers)."""
+            return min(t for t in (self._since, self._stuck, time.monotonic()) if t is not None)
 
         def _make_room(self) -> None:
-            """Past the cap: close the connection that has waited longest for a request, else this one."""
+            """Past the cap: close the connection that has waited longest for its client, else this one."""
             idle = [c for c in self.connections if c is not self and getattr(c, "_idle", None) and c._idle()]
-            oldest = min(idle, key=lambda c: c._since, default=self)
-            oldest.transport.close()
+            oldest = min(idle, key=lambda c: c._waited(), default=self)
+            if oldest._stuck is not None:
+                oldest.transport.abort()  # (close() would wait for the answers it holds to be read)
+            else:
+                oldest.transport.close()
 
         def _answering(self) -> bool:
             """Whether a request has all come and its answer has not all gone (or one waits behind it): the
@@ -120,7 +146,8 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
             self._held += data
             self._pump()
             if len(self._held) > MAX_HEAD:  # (a body's bytes never wait here: the parser takes them)
-                self.flow.pause_reading()  # until the answer in hand has gone (uvicorn's on_response_complete)
+                self._full = True
+                self.flow.pause_reading()  # until the answers have taken the requests held below it
 
         def _pump(self) -> None:
             """Parse the bytes held, up to the end of a whole request, then the next once it is answered."""
@@ -147,6 +174,9 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                 super().data_received(part)
                 if self.cycle is not None and self.cycle is not self._seen:  # a request's headers are complete
                     self._seen, self._since = self.cycle, None
+            if self._full and len(self._held) <= MAX_HEAD:
+                self._full = False
+                self.flow.resume_reading()
             if self._eof and not self._answering() and not self.transport.is_closing():
                 self.transport.close()  # a half-closed client has had every answer
 
@@ -199,6 +229,14 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
             if self._held or self._eof:
                 self.loop.call_soon(self._pump)  # the requests held behind it (after the answer's last send)
 
+        def pause_writing(self) -> None:
+            super().pause_writing()  # the answers fill the buffers: the client reads nothing
+            self._stuck = time.monotonic() if self._stuck is None else self._stuck
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._stuck = None
+
         def connection_lost(self, exc: Exception | None) -> None:
             if self._timer is not None:
                 self._timer.cancel()
@@ -211,10 +249,15 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                 return
             if self.cycle is not None and not self.cycle.response_complete:  # a request in hand (pipelined too)
                 self._seen, self._since = self.cycle, None
-            waited = 0.0 if self._since is None else time.monotonic() - self._since
+            now = time.monotonic()
+            if self._stuck is not None and now - self._stuck >= seconds:  # a client that reads no answer: its
+                self.transport.abort()  # request in hand is one whose client left (close() would wait for it)
+                return
+            waited = 0.0 if self._since is None else now - self._since
             if waited >= seconds:
                 self.transport.close()
                 return
-            self._timer = self.loop.call_later(seconds - waited, self._check)
+            stuck = 0.0 if self._stuck is None else now - self._stuck
+            self._timer = self.loop.call_later(seconds - max(waited, stuck), self._check)
 
     return HeaderDeadline
