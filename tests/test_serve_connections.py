@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -131,3 +132,55 @@ def _server_side(port: int, client: int) -> str:
             if local.endswith(f":{port:04X}") and remote.endswith(f":{client:04X}"):
                 return state
     return ""
+
+
+def _trickled_after(port: int, burst: bytes, every: float, piece: bytes) -> bytes:
+    """What the server answers a body sent `burst` first, then `piece` each `every` seconds (each well within
+    --read-timeout of the one before), until it answers or closes (a safety net: a body held that long fails)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(burst)
+        sock.settimeout(every)
+        out = b""
+        end = time.monotonic() + SAFETY_NET_S
+        while time.monotonic() < end:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                with contextlib.suppress(OSError):
+                    sock.sendall(piece)
+                continue
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def _json_head(size: int, rid: bytes = b"x") -> bytes:
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"X-Request-Id: %s\r\nContent-Length: %d\r\n\r\n{" % (rid, size))
+
+
+# serve.md: what a body sent fast is no credit for a trickle after it past --read-timeout seconds (16 MB sent at
+# once, then a byte every 29 s, held its connection and its 16 MB for nine hours: one second each 500 bytes)
+def test_a_body_sent_fast_then_trickled_is_a_408(child: Server) -> None:
+    out = _trickled_after(child.port, _json_head(900_000) + b" " * 800_000, 0.3, b" ")
+    assert out.startswith(b"HTTP/1.1 408") and b"the request body came too slowly" in out, out[:400]
+
+
+# serve.md: the bodies still arriving hold at most 4 x --max-body (here 1M) at once, all connections together;
+# past it a body is a 503 (30 clients each holding 16 MB short of its end held 520 MB)
+def test_bodies_held_past_four_times_max_body_are_a_503(child: Server) -> None:
+    answers: list[bytes] = []
+
+    def hold(i: int) -> None:  # 990 KB at once, then the rest at some 3 KB/s: never too slow
+        answers.append(_trickled_after(child.port, _json_head(1_000_000, b"held%d" % i) + b" " * 990_000, 0.3,
+                                       b" " * 1000))
+
+    threads = [threading.Thread(target=hold, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+    assert refused and b"too many request bodies" in refused[0], [a[:200] for a in answers]
+    assert httpx.get(f"{child.url}/health", timeout=30).status_code == 200

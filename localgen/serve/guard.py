@@ -49,6 +49,10 @@ SINGLE_HEADERS = ("Host", "Content-Type", "Content-Length", "Content-Encoding")
 # --max-body and --read-timeout here. A DELETE's type is not asked for: OpenAI's clients send none.
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
+# The bytes of the bodies still arriving, all connections together, are at most this many times --max-body: past
+# it a body is a 503, so that N clients each holding a body short of its end never hold N x --max-body.
+BODIES_HELD = 4
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -171,6 +175,7 @@ class Gate:
         self.routes = routes  # None: every request is taken to reach a route (an app that answers 404s itself)
         self.key = policy.api_key.encode() if policy.api_key else None
         self.cors = _cors(self._after_origin, policy)
+        self.arriving = 0  # bytes of the bodies being read, not all come yet (BODIES_HELD)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -239,25 +244,14 @@ class Gate:
             await _refuse(scope, receive, send, too_big)
             return
         body = bytearray()
-        clock = BodyClock(self.policy.read_timeout)
-        while True:  # read it all here (Starlette would too), counting, so no route sees a body over the limit
-            try:
-                message = await asyncio.wait_for(receive(), clock.wait())
-            except TimeoutError:  # a stalled or trickled body (slow-loris) holds a connection and a task: closed
-                await _refuse(scope, receive, send, clock.late("the request body"), {"Connection": "close"})
-                return
-            except HTTPError as e:  # the server is stopping (serve/app.py's FrontDoor): a 503 before uvicorn's cancel
-                await _refuse(scope, receive, send, e, {"Connection": "close"})
-                return
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            clock.took(message.get("body", b""))
-            if len(body) > limit:
-                await _refuse(scope, receive, send, too_big)
-                return
-            if not message.get("more_body", False):
-                break
+        try:
+            refused = await self._read(body, receive, too_big)
+        finally:
+            self.arriving -= len(body)
+        if refused is not None:
+            if refused.status != 499:  # (a body cut short is not read on: closed, but for one over the size)
+                await _refuse(scope, receive, send, refused, {"Connection": "close"} if refused.status != 413 else None)
+            return
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding not in ("", "identity"):
             try:
@@ -278,6 +272,31 @@ class Gate:
             return dict(await receive())
 
         await self.app(scope, replay, send)
+
+    async def _read(self, body: bytearray, receive: Any, too_big: HTTPError) -> HTTPError | None:
+        """Read a request's body into `body`, counted, so no route sees one over the limit (Starlette would read it
+        all too); the error to answer instead, where one is due (499: the client left, nothing is)."""
+        clock = BodyClock(self.policy.read_timeout)
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), clock.wait())
+            except TimeoutError:  # a stalled or trickled body (slow-loris) holds a connection and a task: closed
+                return clock.late("the request body")
+            except HTTPError as e:  # the server is stopping (serve/app.py's FrontDoor): a 503 before uvicorn's cancel
+                return e
+            if message["type"] == "http.disconnect":
+                return HTTPError(499, "the client left")
+            part = message.get("body", b"")
+            if self.arriving + len(part) > BODIES_HELD * self.policy.max_body:
+                return HTTPError(503, f"the server is reading too many request bodies at once (over {BODIES_HELD} x "
+                                      "--max-body, all connections together): try again shortly", "server_error")
+            body += part
+            self.arriving += len(part)
+            clock.took(part)
+            if len(body) > self.policy.max_body:
+                return too_big
+            if not message.get("more_body", False):
+                return None
 
     def _routed(self, scope: dict[str, Any]) -> bool:
         """Whether a route takes this path and method: the body's type and size are checked only then, so a
