@@ -7,6 +7,7 @@ server's log sees, never how long it took."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import threading
@@ -184,3 +185,31 @@ def test_bodies_held_past_four_times_max_body_are_a_503(child: Server) -> None:
     refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
     assert refused and b"too many request bodies" in refused[0], [a[:200] for a in answers]
     assert httpx.get(f"{child.url}/health", timeout=30).status_code == 200
+
+
+# api.md: a gzip body of several members (RFC 1952; `cat a.gz b.gz`, which gzip -d reads) is their contents one
+# after the other, within --max-body; it was a 400 "bytes after its end"
+def test_a_gzip_body_of_two_members_is_read_whole(child: Server) -> None:
+    import gzip
+
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).encode()
+    packed = gzip.compress(body[:20]) + gzip.compress(body[20:])
+    r = httpx.post(f"{child.url}/v1/completions", content=packed, timeout=60,
+                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text
+    bomb = gzip.compress(b'{"prompt": "' + b" " * 600_000) + gzip.compress(b" " * 600_000 + b'"}')
+    r = httpx.post(f"{child.url}/v1/completions", content=bomb, timeout=60,
+                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert r.status_code == 413 and "once decompressed" in r.json()["error"]["message"], r.text
+
+
+# api.md: another coding is a 415 that names it, on an upload too (gzip there was a misleading multipart error,
+# and `br` was stored as sent)
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+def test_an_upload_with_a_content_encoding_is_a_415_that_names_it(child: Server, coding: str) -> None:
+    r = httpx.post(f"{child.url}/v1/files", data={"purpose": "batch"}, timeout=60,
+                   files={"file": ("in.jsonl", b'{"custom_id": "a"}\n', "application/jsonl")},
+                   headers={"Content-Encoding": coding})
+    assert r.status_code == 415 and f"Content-Encoding {coding} is not supported" in r.text, r.text
+    listed = httpx.get(f"{child.url}/v1/files", timeout=30).json()["data"]
+    assert not any(f["filename"] == "in.jsonl" for f in listed), listed

@@ -227,6 +227,12 @@ class Gate:
             await self.app(scope, receive, send)  # a path no route serves, a method it does not take: 404, 405
             return
         if path in self.policy.uploads:  # multipart, up to its route's own bound (serve/files.py), read as it comes
+            coding = headers.get("content-encoding", "").strip().lower()
+            if coding not in ("", "identity"):  # (it was read as multipart as it came: a misleading 400, or stored)
+                await _refuse(scope, receive, send, HTTPError(
+                    415, f"Content-Encoding {coding[:40]} is not supported on an upload: send the file as it is"),
+                    {"Connection": "close"})
+                return
             await self.app(scope, receive, send)
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -307,24 +313,30 @@ class Gate:
 def decoded(body: bytes, encoding: str, limit: int) -> bytes:
     """A body sent with Content-Encoding gzip (or deflate), as OpenAI's and Anthropic's APIs take it, decoded
     within `limit` bytes (a few KB of gzip can hold gigabytes: a 413, never the memory); a 415 for another
-    coding."""
+    coding. Gzip of several members (RFC 1952: `cat a.gz b.gz`) is their contents one after the other."""
     import zlib
 
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise HTTPError(415, f"Content-Encoding {encoding[:40]} is not supported: send the body as it is, or with "
                              "gzip or deflate")
-    inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in encoding else zlib.MAX_WBITS)
-    try:
-        out = inflate.decompress(body, limit + 1)
-    except zlib.error:
-        raise HTTPError(400, f"the request body is not valid {encoding} data (Content-Encoding: {encoding})") from None
-    if len(out) > limit:
-        raise HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body) once "
-                             f"decompressed")
-    if not inflate.eof or inflate.unused_data:
+    out, rest = bytearray(), body
+    while True:
+        inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in encoding else zlib.MAX_WBITS)
+        try:
+            out += inflate.decompress(rest, limit + 1 - len(out))  # (at least 1: 0 would be no bound)
+        except zlib.error:
+            raise HTTPError(400, f"the request body is not valid {encoding} data (Content-Encoding: {encoding})") \
+                from None
+        if len(out) > limit:
+            raise HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body) once "
+                                 f"decompressed")
+        rest = inflate.unused_data
+        if not inflate.eof or not rest or "gzip" not in encoding:
+            break
+    if not inflate.eof or rest:
         raise HTTPError(400, f"the request body is not valid {encoding} data: it is cut short or has bytes after "
                              "its end")
-    return out
+    return bytes(out)
 
 
 async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError,
