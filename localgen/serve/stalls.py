@@ -190,8 +190,9 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
             coding = any(k == b"transfer-encoding" for k, _ in self.headers)
             length = next((v for k, v in self.headers if k == b"content-length"), b"0")
             self._left = None if coding else int(length) if length.strip().isdigit() else 0
+            before = self.cycle
             super().on_headers_complete()
-            if self.cycle is not None:  # (read by its task when it starts, after this)
+            if self.cycle is not before:  # a request's (not an upgrade's): read by its task when it starts, after this
                 self.cycle.receive = self._watched(self.cycle.receive)
 
         def _watched(self, receive: Any) -> Any:
