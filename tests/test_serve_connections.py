@@ -208,8 +208,8 @@ def test_a_gzip_body_of_two_members_is_read_whole(child: Server) -> None:
 @pytest.mark.parametrize("coding", ["gzip", "br"])
 def test_an_upload_with_a_content_encoding_is_a_415_that_names_it(child: Server, coding: str) -> None:
     r = httpx.post(f"{child.url}/v1/files", data={"purpose": "batch"}, timeout=60,
-                   files={"file": ("in.jsonl", b'{"custom_id": "a"}\n', "application/jsonl")},
+                   files={"file": (f"sent-{coding}.jsonl", b'{"custom_id": "a"}\n', "application/jsonl")},
                    headers={"Content-Encoding": coding})
     assert r.status_code == 415 and f"Content-Encoding {coding} is not supported" in r.text, r.text
     listed = httpx.get(f"{child.url}/v1/files", timeout=30).json()["data"]
-    assert not any(f["filename"] == "in.jsonl" for f in listed), listed
+    assert not any(f["filename"] == f"sent-{coding}.jsonl" for f in listed), listed
