@@ -49,6 +49,10 @@ SINGLE_HEADERS = ("Host", "Content-Type", "Content-Length", "Content-Encoding")
 # --max-body and --read-timeout here. A DELETE's type is not asked for: OpenAI's clients send none.
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
+# The bytes of the bodies still arriving, all connections together, are at most this many times --max-body: past
+# it a body is a 503, so that N clients each holding a body short of its end never hold N x --max-body.
+BODIES_HELD = 4
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -171,6 +175,7 @@ class Gate:
         self.routes = routes  # None: every request is taken to reach a route (an app that answers 404s itself)
         self.key = policy.api_key.encode() if policy.api_key else None
         self.cors = _cors(self._after_origin, policy)
+        self.arriving = 0  # bytes of the bodies being read, not all come yet (BODIES_HELD)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -222,6 +227,12 @@ class Gate:
             await self.app(scope, receive, send)  # a path no route serves, a method it does not take: 404, 405
             return
         if path in self.policy.uploads:  # multipart, up to its route's own bound (serve/files.py), read as it comes
+            coding = headers.get("content-encoding", "").strip().lower()
+            if coding not in ("", "identity"):  # (it was read as multipart as it came: a misleading 400, or stored)
+                await _refuse(scope, receive, send, HTTPError(
+                    415, f"Content-Encoding {coding[:40]} is not supported on an upload: send the file as it is"),
+                    {"Connection": "close"})
+                return
             await self.app(scope, receive, send)
             return
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -239,25 +250,14 @@ class Gate:
             await _refuse(scope, receive, send, too_big)
             return
         body = bytearray()
-        clock = BodyClock(self.policy.read_timeout)
-        while True:  # read it all here (Starlette would too), counting, so no route sees a body over the limit
-            try:
-                message = await asyncio.wait_for(receive(), clock.wait())
-            except TimeoutError:  # a stalled or trickled body (slow-loris) holds a connection and a task: closed
-                await _refuse(scope, receive, send, clock.late("the request body"), {"Connection": "close"})
-                return
-            except HTTPError as e:  # the server is stopping (serve/app.py's FrontDoor): a 503 before uvicorn's cancel
-                await _refuse(scope, receive, send, e, {"Connection": "close"})
-                return
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            clock.took(message.get("body", b""))
-            if len(body) > limit:
-                await _refuse(scope, receive, send, too_big)
-                return
-            if not message.get("more_body", False):
-                break
+        try:
+            refused = await self._read(body, receive, too_big)
+        finally:
+            self.arriving -= len(body)
+        if refused is not None:
+            if refused.status != 499:  # (a body cut short is not read on: closed, but for one over the size)
+                await _refuse(scope, receive, send, refused, {"Connection": "close"} if refused.status != 413 else None)
+            return
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding not in ("", "identity"):
             try:
@@ -279,6 +279,31 @@ class Gate:
 
         await self.app(scope, replay, send)
 
+    async def _read(self, body: bytearray, receive: Any, too_big: HTTPError) -> HTTPError | None:
+        """Read a request's body into `body`, counted, so no route sees one over the limit (Starlette would read it
+        all too); the error to answer instead, where one is due (499: the client left, nothing is)."""
+        clock = BodyClock(self.policy.read_timeout)
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), clock.wait())
+            except TimeoutError:  # a stalled or trickled body (slow-loris) holds a connection and a task: closed
+                return clock.late("the request body")
+            except HTTPError as e:  # the server is stopping (serve/app.py's FrontDoor): a 503 before uvicorn's cancel
+                return e
+            if message["type"] == "http.disconnect":
+                return HTTPError(499, "the client left")
+            part = message.get("body", b"")
+            if self.arriving + len(part) > BODIES_HELD * self.policy.max_body:
+                return HTTPError(503, f"the server is reading too many request bodies at once (over {BODIES_HELD} x "
+                                      "--max-body, all connections together): try again shortly", "server_error")
+            body += part
+            self.arriving += len(part)
+            clock.took(part)
+            if len(body) > self.policy.max_body:
+                return too_big
+            if not message.get("more_body", False):
+                return None
+
     def _routed(self, scope: dict[str, Any]) -> bool:
         """Whether a route takes this path and method: the body's type and size are checked only then, so a
         POST to a path no route serves is a 404 and one to a route that takes no POST a 405, whatever its body."""
@@ -288,24 +313,30 @@ class Gate:
 def decoded(body: bytes, encoding: str, limit: int) -> bytes:
     """A body sent with Content-Encoding gzip (or deflate), as OpenAI's and Anthropic's APIs take it, decoded
     within `limit` bytes (a few KB of gzip can hold gigabytes: a 413, never the memory); a 415 for another
-    coding."""
+    coding. Gzip of several members (RFC 1952: `cat a.gz b.gz`) is their contents one after the other."""
     import zlib
 
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise HTTPError(415, f"Content-Encoding {encoding[:40]} is not supported: send the body as it is, or with "
                              "gzip or deflate")
-    inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in encoding else zlib.MAX_WBITS)
-    try:
-        out = inflate.decompress(body, limit + 1)
-    except zlib.error:
-        raise HTTPError(400, f"the request body is not valid {encoding} data (Content-Encoding: {encoding})") from None
-    if len(out) > limit:
-        raise HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body) once "
-                             f"decompressed")
-    if not inflate.eof or inflate.unused_data:
+    out, rest = bytearray(), body
+    while True:
+        inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in encoding else zlib.MAX_WBITS)
+        try:
+            out += inflate.decompress(rest, limit + 1 - len(out))  # (at least 1: 0 would be no bound)
+        except zlib.error:
+            raise HTTPError(400, f"the request body is not valid {encoding} data (Content-Encoding: {encoding})") \
+                from None
+        if len(out) > limit:
+            raise HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body) once "
+                                 f"decompressed")
+        rest = inflate.unused_data
+        if not inflate.eof or not rest or "gzip" not in encoding:
+            break
+    if not inflate.eof or rest:
         raise HTTPError(400, f"the request body is not valid {encoding} data: it is cut short or has bytes after "
                              "its end")
-    return out
+    return bytes(out)
 
 
 async def _refuse(scope: dict[str, Any], receive: Any, send: Any, e: HTTPError,

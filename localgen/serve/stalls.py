@@ -4,14 +4,22 @@ makes uvicorn's HTTP protocol close a connection whose next request's headers ar
 read timeout of its opening or of the previous response's end. (A stalled body is serve/guard.py's: a 408.)
 httptools, which serve's uvicorn uses, bounds neither the request line nor a header, and builds each at a cost
 quadratic in its length on the event loop: a request's head (its line and headers) past `MAX_HEAD` bytes is
-answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them. Past `cap`
+answered 431 and the connection closed, counted as bytes arrive, before the parser sees more of them. Requests
+pipelined on a connection are parsed one at a time: the bytes after a whole request wait unparsed (and past
+MAX_HEAD of them the connection is not read) until its answer has gone; uvicorn parsed every one that came and
+queued it, without bound, and answered a malformed one 400 before the answers of those ahead of it. A client that
+half-closes its side once it has asked still has its answers written (uvicorn closed the connection at its end of
+file), save where a handler waits to hear that its client left (a generation): the two look alike. A connection
+whose answers have waited --read-timeout seconds for its client to read them (the transport's buffer past its
+high-water mark) is closed, its request in hand as one whose client left: uvicorn has no write timeout. Past `cap`
 connections open at once (serve/descriptors.py), a new one closes the one that has waited longest for a
-request's headers (none: the new one is closed): a flood of idle connections holds none of the server's
-descriptors for long, and never those of a request in hand."""
+request's headers or for its client to read (none: the new one is closed): a flood of idle connections holds
+none of the server's descriptors for long, and never those of a request in hand that its client reads."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -20,28 +28,34 @@ if TYPE_CHECKING:
 
 DEFAULT_READ_TIMEOUT_S = 30.0  # serve --read-timeout: headers, and each part of a body, within this
 # bytes a second a body must average past its first --read-timeout seconds (Apache's mod_reqtimeout MinRate):
-# a body trickled a byte every few seconds is never idle for --read-timeout, yet holds its connection for ever
+# a body trickled a byte every few seconds is never idle for --read-timeout, yet holds its connection for ever.
+# What comes faster is no credit for later past --read-timeout seconds ahead: 16 MB sent at once, then a byte every
+# 29 s, held its 16 MB for nine hours.
 MIN_BODY_RATE = 500
 TIE = 0.05  # seconds: a whole body's deadline this close to a stall's is said as a stall
 MAX_HEAD = 64 << 10  # bytes of a request's line and headers together (llama-server's and nginx's are of this order)
+# where a request's head (or a chunked body, its last chunk and trailers) may end: a line with nothing on it
+HEAD_END = re.compile(rb"\n\r?\n")
 TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
 
 class BodyClock:
     """A request body's deadlines: each part within `seconds` of the one before (a stall), and the whole within
-    `seconds` plus one second for each MIN_BODY_RATE bytes that came (a trickle). A body on a slow link of a few
-    KB/s is never cut, whatever its size within --max-body; one a slow-loris trickles is a 408."""
+    `seconds` plus one second for each MIN_BODY_RATE bytes that came (a trickle), that deadline never more than
+    `seconds` ahead of the last part. A body on a slow link of a few KB/s is never cut, whatever its size within
+    --max-body; one a slow-loris trickles is a 408, sent fast first or not."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.start = time.monotonic()
+        self.due = self.start + seconds  # the whole body's deadline, as it stands
         self.got = 0  # bytes received so far
         self.whole = False  # whether the last wait was cut short by the whole body's deadline (not a stall's)
 
     def wait(self) -> float:
         """Seconds the next part may take."""
-        left = self.start + self.seconds + self.got / MIN_BODY_RATE - time.monotonic()
+        left = self.due - time.monotonic()
         # where the two deadlines are within TIE of each other (a body that sent nothing, or its first bytes with
         # its headers, and no more), no byte came for about --read-timeout: a stall
         self.whole = left < self.seconds - TIE
@@ -50,6 +64,7 @@ class BodyClock:
     def took(self, part: bytes) -> None:
         """A part came."""
         self.got += len(part)
+        self.due = min(self.due + len(part) / MIN_BODY_RATE, time.monotonic() + self.seconds)
 
     def late(self, what: str) -> HTTPError:
         """The 408 of a body that missed its deadline: `what` ("the request body") stalled or came too slowly,
@@ -62,7 +77,7 @@ class BodyClock:
             return HTTPError(408, f"{what} stalled: no byte came for {self.seconds:g} s (serve --read-timeout)")
         return HTTPError(408, f"{what} came too slowly: {self.got:,} bytes in {taken:.0f} s (a body has "
                               f"--read-timeout seconds, {self.seconds:g}, and one more for each {MIN_BODY_RATE} "
-                              "bytes that come)")
+                              "bytes that come, never more than --read-timeout seconds ahead)")
 
 
 def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
@@ -71,14 +86,36 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
     a request's headers, and answering 431 to one whose request line and headers pass `MAX_HEAD` bytes; past
     `cap` connections open, the one idle longest (or the new one) is closed."""
 
+    from uvicorn.protocols.http.flow_control import FlowControl  # (uvicorn's: serve has imported it by now)
+
+    class HeldFlow(FlowControl):
+        """uvicorn's flow control of a connection, which reads on at each answer's end and at each receive() of
+        a handler: not while `full()` (the requests held unparsed are past MAX_HEAD bytes)."""
+
+        def __init__(self, transport: Any, full: Any) -> None:
+            super().__init__(transport)
+            self.full = full
+
+        def resume_reading(self) -> None:
+            if not self.full():
+                super().resume_reading()
+
     class HeaderDeadline(base):  # type: ignore[valid-type,misc]
         _since: float | None = None  # when the wait for the next request's headers began (None: one is in hand)
         _seen: Any = None  # the request in hand when last looked at
         _timer: asyncio.TimerHandle | None = None
         _head: int | None = 0  # bytes read of the request's head so far (None: its headers are complete)
+        _held: bytearray  # bytes come and not yet parsed: those after a whole request, until it is answered
+        _tail = b""  # the last bytes of a head parsed (where its blank line began)
+        _left: int | None = None  # bytes of the body still to come, by its Content-Length (None: chunked)
+        _eof = False  # the client has closed its side (half-closed: it may still read the answers)
+        _full = False  # reading is paused for the bytes held
+        _stuck: float | None = None  # since when the answers have waited for the client to read (None: they don't)
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            self._held = bytearray()
+            self.flow = HeldFlow(transport, lambda: len(self._held) > MAX_HEAD)
             self._since = time.monotonic()
             self._timer = self.loop.call_later(seconds, self._check)
             if cap is not None and len(self.connections) > cap and \
@@ -86,42 +123,104 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                 self._make_room()
 
         def _idle(self) -> bool:
-            """Whether it waits for a request's headers (none in hand), still open."""
-            return self._since is not None and not self.transport.is_closing() and (
-                self.cycle is None or self.cycle.response_complete)
+            """Whether it waits for a request's headers (none in hand), or for its client to read, still open."""
+            return not self.transport.is_closing() and (self._stuck is not None or (self._since is not None and (
+                self.cycle is None or self.cycle.response_complete)))
+
+        def _waited(self) -> float:
+            """Since when it has waited for its client (for a request, or to read the answers)."""
+            return min(t for t in (self._since, self._stuck, time.monotonic()) if t is not None)
 
         def _make_room(self) -> None:
-            """Past the cap: close the connection that has waited longest for a request, else this one."""
+            """Past the cap: close the connection that has waited longest for its client, else this one."""
             idle = [c for c in self.connections if c is not self and getattr(c, "_idle", None) and c._idle()]
-            oldest = min(idle, key=lambda c: c._since, default=self)
-            oldest.transport.close()
+            oldest = min(idle, key=lambda c: c._waited(), default=self)
+            if oldest._stuck is not None:
+                oldest.transport.abort()  # (close() would wait for the answers it holds to be read)
+            else:
+                oldest.transport.close()
+
+        def _answering(self) -> bool:
+            """Whether a request has all come and its answer has not all gone (or one waits behind it): the
+            bytes after it wait, unparsed, so that a client pipelining requests it never reads the answers of
+            queues none of them in the server."""
+            return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete
+                                           and not self.cycle.more_body)
 
         def data_received(self, data: bytes) -> None:
-            while data:  # a head's bytes are fed only up to the bound: the parser never holds more of one
-                if self._head is None:  # a body: the Gate's --max-body bounds it
-                    self._feed(data)
-                    return
-                room = MAX_HEAD - self._head
-                if room <= 0:
-                    self._too_large()
-                    return
-                part, data = data[:room], data[room:]
-                self._head += len(part)
-                self._feed(part)
-                if self.transport.is_closing():
-                    return
+            self._held += data
+            self._pump()
+            if len(self._held) > MAX_HEAD:  # (a body's bytes never wait here: the parser takes them)
+                self._full = True
+                self.flow.pause_reading()  # until the answers have taken the requests held below it
 
-        def _feed(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.cycle is not None and self.cycle is not self._seen:  # a request's headers are complete
-                self._seen, self._since = self.cycle, None
+        def _pump(self) -> None:
+            """Parse the bytes held, up to the end of a whole request, then the next once it is answered."""
+            while self._held and not self.transport.is_closing() and not self._answering():
+                held = self._held
+                if self._head is not None:  # a head's bytes are fed only up to the bound: the parser never
+                    room = MAX_HEAD - self._head  # holds more of one
+                    if room <= 0:
+                        self._too_large()
+                        return
+                    end = HEAD_END.search(self._tail + held[:room])
+                    size = min(len(held), room) if end is None else end.end() - len(self._tail)
+                    self._head += size
+                elif self._left is not None:  # a body: the Gate's --max-body bounds it
+                    end = None
+                    size = min(len(held), self._left) or len(held)
+                    self._left -= min(size, self._left)
+                else:  # a chunked one: it can end only at a blank line (its last chunk, "0", then the trailers')
+                    end = HEAD_END.search(self._tail + held)
+                    size = len(held) if end is None else end.end() - len(self._tail)
+                part = bytes(held[:size])
+                del held[:size]
+                self._tail = b"" if end is not None else (self._tail + part)[-2:]
+                super().data_received(part)
+                if self.cycle is not None and self.cycle is not self._seen:  # a request's headers are complete
+                    self._seen, self._since = self.cycle, None
+            if self._full and len(self._held) <= MAX_HEAD:
+                self._full = False
+                self.flow.resume_reading()
+            if self._eof and not self._answering() and not self.transport.is_closing():
+                self.transport.close()  # a half-closed client has had every answer
 
         def on_headers_complete(self) -> None:
             self._head = None
+            coding = any(k == b"transfer-encoding" for k, _ in self.headers)
+            length = next((v for k, v in self.headers if k == b"content-length"), b"0")
+            self._left = None if coding else int(length) if length.strip().isdigit() else 0
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not before:  # a request's (not an upgrade's): read by its task when it starts, after this
+                self.cycle.receive = self._watched(self.cycle.receive)
+
+        def _watched(self, receive: Any) -> Any:
+            """A request's receive that, once its body has all been read and the client has half-closed, says the
+            client left: a handler that waits for that (a generation) stops as for one that left (the two look
+            alike), while one that answers without waiting has its answer written."""
+            read = False  # the handler has had the body's end
+
+            async def receiving() -> Any:
+                nonlocal read
+                if read and self._eof:
+                    self.transport.close()  # its client left: what uvicorn's receive then says
+                message = await receive()
+                read = read or message["type"] != "http.request" or not message.get("more_body", False)
+                return message
+
+            return receiving
+
+        def eof_received(self) -> bool | None:
+            if self.cycle is None or (self.cycle.response_complete and not self._held):
+                return None  # (uvicorn's answer: the transport closes)
+            self._eof = True  # the answers to the requests that came are still written, then it closes
+            self.cycle.message_event.set()  # a handler waiting on receive() asks again, and hears the client left
+            self._pump()
+            return True
 
         def on_message_complete(self) -> None:
-            self._head = 0  # the next request's head begins (a pipelined one's bytes may already be here)
+            self._head, self._tail = 0, b""  # the next request's head begins (its bytes may already be here)
             super().on_message_complete()
 
         def _too_large(self) -> None:
@@ -133,6 +232,16 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._since = time.monotonic()  # the next request's headers are due (unless one was pipelined)
+            if self._held or self._eof:
+                self.loop.call_soon(self._pump)  # the requests held behind it (after the answer's last send)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()  # the answers fill the buffers: the client reads nothing
+            self._stuck = time.monotonic() if self._stuck is None else self._stuck
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._stuck = None
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._timer is not None:
@@ -146,10 +255,15 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                 return
             if self.cycle is not None and not self.cycle.response_complete:  # a request in hand (pipelined too)
                 self._seen, self._since = self.cycle, None
-            waited = 0.0 if self._since is None else time.monotonic() - self._since
+            now = time.monotonic()
+            if self._stuck is not None and now - self._stuck >= seconds:  # a client that reads no answer: its
+                self.transport.abort()  # request in hand is one whose client left (close() would wait for it)
+                return
+            waited = 0.0 if self._since is None else now - self._since
             if waited >= seconds:
                 self.transport.close()
                 return
-            self._timer = self.loop.call_later(seconds - waited, self._check)
+            stuck = 0.0 if self._stuck is None else now - self._stuck
+            self._timer = self.loop.call_later(seconds - max(waited, stuck), self._check)
 
     return HeaderDeadline
