@@ -3,10 +3,17 @@ folder a temporary file can be written to, resource limits (`ulimit`), streams i
 
 from __future__ import annotations
 
+import fcntl
+import os
 import resource
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.conftest import CLI, ROOT, SAFETY_NET_S
 
@@ -38,3 +45,59 @@ def test_with_no_temporary_folder_a_schema_and_a_grammar_still_constrain_the_ans
     r = _limited(cli, resource.RLIMIT_FSIZE, 0, "run", "--grammar", str(tmp_path / "bad.gbnf"), "hi", *N,
                  "--no-log")
     assert r.returncode == 2 and r.stderr == "localgen: error: the grammar does not parse: unexpected end of input\n"
+
+
+F_SETPIPE_SZ = 1031  # Linux's fcntl for a pipe's capacity
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pipe's size and /proc/PID/wchan: Linux")
+
+
+def _pipe(nonblocking_end: int) -> tuple[int, int]:
+    """A pipe of one page whose read (0) or write (1) end is non-blocking, as a Node.js parent leaves its pipes."""
+    ends = os.pipe()
+    os.set_blocking(ends[nonblocking_end], False)
+    fcntl.fcntl(ends[1], F_SETPIPE_SZ, 4096)
+    return ends
+
+
+def _until_waiting(p: subprocess.Popen[Any], on: str) -> None:
+    """Until the process waits in the kernel function `on` (its pipe full, or empty), or has ended."""
+    wchan = Path(f"/proc/{p.pid}/wchan")
+    while p.poll() is None and on not in wchan.read_text():
+        time.sleep(0.05)
+
+
+@linux_only
+def test_a_non_blocking_stdout_gets_the_whole_output_and_is_left_non_blocking(cli: CLI) -> None:
+    """stdout shared non-blocking with a parent that reads it only once the pipe is full: the output waits for
+    the reader (it was cut at the first pipe-full: `write could not complete without blocking`, exit 1), and the
+    pipe is non-blocking again, as the parent left it, when the command ends."""
+    import select
+
+    read_end, write_end = _pipe(1)
+    p = subprocess.Popen(cli.argv("--help"), stdout=write_end, stderr=subprocess.PIPE, env=cli.env, cwd=ROOT)
+    _until_waiting(p, "pipe_write")
+    got = bytearray()
+    while p.poll() is None:
+        if select.select([read_end], [], [], 0.1)[0]:
+            got += os.read(read_end, 65536)
+    assert not os.get_blocking(write_end), "the parent's pipe is non-blocking again"
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as rest:
+        text = (got + rest.read()).decode()
+    assert p.returncode == 0 and p.stderr is not None and p.stderr.read() == b""
+    assert len(text) > 4096 and text.rstrip().endswith("╯"), text[-300:]
+
+
+@linux_only
+def test_a_non_blocking_stdin_is_waited_for(cli: CLI) -> None:
+    """stdin inherited non-blocking, its data not written yet: run waits for the prompt (it said "no prompt",
+    and chat ended having done nothing, exit 0)."""
+    read_end, write_end = _pipe(0)
+    p = subprocess.Popen(cli.argv("run", *N, "--no-log"), stdin=read_end, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=cli.env, cwd=ROOT, text=True)
+    os.close(read_end)
+    _until_waiting(p, "pipe_read")
+    with os.fdopen(write_end, "wb") as feed:
+        feed.write(b"Name a yellow fruit.\n")
+    out, err = p.communicate(timeout=SAFETY_NET_S)
+    assert p.returncode == 0 and out.strip() and err == "", err
