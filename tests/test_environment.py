@@ -3,6 +3,7 @@ folder a temporary file can be written to, resource limits (`ulimit`), streams i
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import resource
@@ -101,3 +102,33 @@ def test_a_non_blocking_stdin_is_waited_for(cli: CLI) -> None:
         feed.write(b"Name a yellow fruit.\n")
     out, err = p.communicate(timeout=SAFETY_NET_S)
     assert p.returncode == 0 and out.strip() and err == "", err
+
+
+def test_out_of_descriptors_is_said_so_not_a_full_disk(cli: CLI, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ulimit -n` too low for a database: the collections say so (they said "no space is left on its disk"), and
+    the log's warning names the limit, not the Python module whose import met it."""
+    from localgen.embeddings import storedb
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    storedb.path().parent.mkdir(parents=True)
+    storedb.make_schema(storedb.path())
+    env = {**cli.env, "LOCALGEN_HOME": str(tmp_path)}
+    r = _limited(CLI(env), resource.RLIMIT_NOFILE, 6, "collections")
+    assert r.returncode == 1 and r.stderr == (f"localgen: error: the collections database {storedb.path()} cannot be "
+                                              "used: too many open files (raise `ulimit -n`)\n"), r.stderr
+    from localgen.log.store import _os_why
+
+    met = OSError(errno.EMFILE, "Too many open files", str(ROOT / "localgen" / "sqlitedb.py"))
+    assert _os_why(met, tmp_path) == "too many open files (raise `ulimit -n`)"
+    too_big = OSError(errno.EFBIG, "File too large", str(tmp_path / "logs.db"))
+    assert _os_why(too_big, tmp_path) == "the file size limit (`ulimit -f`) is reached"
+
+
+def test_the_file_size_limit_is_said_so_not_a_disk_io_error(cli: CLI, tmp_path: Path) -> None:
+    """`ulimit -f` reached by the benchmark history: said so, without "disk I/O error" and the hint to move the data
+    folder elsewhere, which would meet the same limit."""
+    r = _limited(CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path)}), resource.RLIMIT_FSIZE, 0, "bench", "history")
+    history = tmp_path / "data" / "bench.sqlite"
+    assert r.returncode == 1 and r.stderr == (f"localgen: error: the benchmark history {history} cannot be used: "
+                                              "the file size limit (`ulimit -f`) is reached\n"), r.stderr
