@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,10 +97,91 @@ def _cgroup_cpu_quota() -> int | None:
 
 
 def total_ram_bytes() -> int | None:
-    """Physical memory, or None where it cannot be read."""
+    """Physical memory, or the memory limit of the container (cgroup) this process runs in where that is lower;
+    None where it cannot be read."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
+        return None
+    limited = memory_limit()
+    return min(physical, limited[0]) if limited else physical
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"  # where cgroups are mounted (a test points it at a folder of its own)
+PROC_CGROUP = "/proc/self/cgroup"  # this process's cgroup, by path under CGROUP_ROOT
+NO_LIMIT = 1 << 60  # cgroup v1's "no limit" is a page-rounded 2**63 - 1: any limit this high is none
+
+
+def memory_limit() -> tuple[int, int] | None:
+    """The tightest memory limit on this process's cgroups (`docker run --memory`, systemd's MemoryMax) and the
+    memory charged to that cgroup that the kernel cannot drop (its usage less its inactive file cache), in
+    bytes; None where no limit is set (or no cgroup can be read: not Linux). cgroup v2, else v1's memory
+    controller."""
+    found = [m for m in (_cgroup2_limits() or _cgroup1_limits()) if m[0] < NO_LIMIT]
+    return min(found, key=lambda m: m[0] - m[1]) if found else None
+
+
+def _cgroup2_limits() -> list[tuple[int, int]]:
+    """(memory.max, charged) of this process's cgroup v2 and each above it, those that set one."""
+    path = _own_cgroup(lambda controllers: controllers == "")
+    found = []
+    while path is not None:
+        folder = os.path.join(CGROUP_ROOT, path.lstrip("/"))
+        limit = _read_int(os.path.join(folder, "memory.max"))
+        if limit is not None:
+            found.append((limit, _charged(folder, "memory.current", "inactive_file")))
+        path = None if path in ("", "/") else os.path.dirname(path.rstrip("/"))
+    return found
+
+
+def _cgroup1_limits() -> list[tuple[int, int]]:
+    """(memory.limit_in_bytes, charged) of the memory controller's cgroup v1 this process is in, and its root's
+    (a container's view)."""
+    path = _own_cgroup(lambda controllers: "memory" in controllers.split(","))
+    found = []
+    for sub in dict.fromkeys([(path or "").lstrip("/"), ""]):
+        folder = os.path.join(CGROUP_ROOT, "memory", sub)
+        limit = _read_int(os.path.join(folder, "memory.limit_in_bytes"))
+        if limit is not None:
+            found.append((limit, _charged(folder, "memory.usage_in_bytes", "total_inactive_file")))
+    return found
+
+
+def _own_cgroup(controllers_match: Callable[[str], bool]) -> str | None:
+    """This process's cgroup path in the hierarchy whose controllers field matches (None: none)."""
+    try:
+        with open(PROC_CGROUP) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers_match(controllers):
+                    return path
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _charged(folder: str, usage: str, inactive: str) -> int:
+    """A cgroup's memory use the kernel cannot reclaim: its usage less its inactive file cache."""
+    used = _read_int(os.path.join(folder, usage)) or 0
+    cache = 0
+    try:
+        with open(os.path.join(folder, "memory.stat")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == inactive:
+                    cache = int(value)
+                    break
+    except (OSError, ValueError):
+        pass
+    return max(0, used - cache)
+
+
+def _read_int(path: str) -> int | None:
+    """A cgroup file holding one number (None: missing, unreadable, or `max`)."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
         return None
 
 
@@ -119,7 +201,12 @@ def available_ram_bytes() -> int | None:
     """Memory available to new allocations (Linux MemAvailable; on macOS what vm_stat says apps, the kernel and
     the compressor do not hold), or None."""
     found = proc_kib_field("/proc/meminfo", "MemAvailable")
-    return found if found is not None else _vm_stat_available()
+    found = found if found is not None else _vm_stat_available()
+    limited = memory_limit()  # a container's limit: what is left of it, where less
+    if limited:
+        left = max(0, limited[0] - limited[1])
+        found = left if found is None else min(found, left)
+    return found
 
 
 def _darwin_output(argv: list[str]) -> str | None:

@@ -204,3 +204,17 @@ def test_an_exception_is_the_apis_500_with_the_request_id_and_the_access_line_sa
     assert json.loads(sent[1]["body"]) == {"error": INTERNAL, "request_id": rid}
     assert headers[b"content-length"] == str(len(sent[1]["body"])).encode()
     assert lines[0].startswith("POST /api/pull 500 "), lines
+
+
+def test_with_no_temporary_folder_an_error_is_still_its_own_status(app_client: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server in a read-only container (or under `ulimit -f`) has no folder tempfile can use: an error naming a
+    path still answers its own 4xx, not a 500 from looking for that folder."""
+    def none_usable() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(tempfile, "gettempdir", none_usable)
+    r = app_client.post("/v1/nothing/x", content=b"{}", headers={"Content-Type": "application/json"})
+    assert r.status_code == 404 and "/v1/nothing/x" in r.json()["error"]["message"], r.text
+    assert without_paths("cannot read /tmp/x/model.gguf") == "cannot read model.gguf"

@@ -1112,3 +1112,22 @@ def test_help_in_a_scripted_chat_lists_the_commands_and_no_keys(cli: CLI) -> Non
     assert "/exit" in r.stderr and "/compact" in r.stderr
     assert all(alias in r.stderr for alias in ("/bye", "/quit", "/?")), r.stderr  # each name it takes
     assert "Alt-Enter" not in r.stderr and "Ctrl-G" not in r.stderr, r.stderr
+
+
+def test_a_terminal_that_takes_no_escape_codes_gets_no_bracketed_paste_codes(cli_env: dict[str, str]) -> None:
+    """TERM=dumb (Emacs' shell, a serial console): the held terminal asks for no bracketed paste around an answer
+    (`\x1b[?2004h` and `\x1b[?2004l` showed there as text)."""
+    import io
+
+    env = {k: v for k, v in cli_env.items() if k != "NO_COLOR"}
+    env.update(TERM="dumb", PROMPT_TOOLKIT_NO_CPR="1")
+    child = terminal.spawn(env, ["chat", "dumbterm", "-n", "6", "--temp", "0"], timeout=60, dimensions=SCREEN)
+    child.logfile_read = shown = io.StringIO()
+    child.expect("ready in")
+    child.sendline("Hi.")
+    child.expect("tok/s")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and "Hi." in shown.getvalue(), shown.getvalue()
+    assert "\x1b[?2004" not in shown.getvalue(), shown.getvalue()

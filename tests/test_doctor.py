@@ -211,3 +211,47 @@ def test_metal_may_use_two_thirds_up_to_32_gib_and_three_quarters_above(monkeypa
         assert fit.this_machine(True).gpus == (gpu.total,)
     _as_a_mac(monkeypatch, 16 << 30, {"vm_stat": _OLD_VM_STAT})  # 4 GiB available: models loaded hold the rest
     assert fit.this_machine(True).gpus == (4 << 30,) and fit.this_machine(True).ram == 4 << 30
+
+
+def _in_a_container(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, version: int) -> None:
+    """This process under `docker run --memory 4g` as hardware.py sees it: a cgroup (v2 or v1) limited to 4 GiB,
+    with 1 GiB charged of which 0.5 GiB is inactive file cache (the kernel drops it before it runs out)."""
+    from localgen import hardware
+
+    gib = 1 << 30
+    if version == 2:
+        own = tmp_path / "system.slice" / "docker-1.scope"
+        own.mkdir(parents=True)
+        (tmp_path / "system.slice" / "memory.max").write_text("max\n")
+        (own / "memory.max").write_text(f"{4 * gib}\n")
+        (own / "memory.current").write_text(f"{gib}\n")
+        (own / "memory.stat").write_text(f"anon {gib // 2}\nfile {gib // 2}\ninactive_file {gib // 2}\n")
+        (tmp_path / "self").write_text("0::/system.slice/docker-1.scope\n")
+    else:
+        own = tmp_path / "memory" / "docker" / "1"
+        own.mkdir(parents=True)
+        (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+        (own / "memory.limit_in_bytes").write_text(f"{4 * gib}\n")
+        (own / "memory.usage_in_bytes").write_text(f"{gib}\n")
+        (own / "memory.stat").write_text(f"cache {gib // 2}\ntotal_inactive_file {gib // 2}\n")
+        (tmp_path / "self").write_text("12:memory:/docker/1\n11:cpu,cpuacct:/docker/1\n0::/\n")
+    monkeypatch.setattr(hardware, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(hardware, "PROC_CGROUP", str(tmp_path / "self"))
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_a_containers_memory_limit_is_the_ram_plans_and_doctor_see(
+        cli_in_process: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, version: int) -> None:
+    """Under `docker run --memory 4g` (cgroup v2's memory.max, v1's memory.limit_in_bytes) the RAM is the limit and
+    what is available is what the limit leaves (the host's RAM was taken: a load the plan allowed met the OOM
+    killer), and doctor says where the figure comes from."""
+    from localgen import hardware
+
+    _in_a_container(monkeypatch, tmp_path, version)
+    gib = 1 << 30
+    assert hardware.memory_limit() == (4 * gib, gib // 2)
+    assert hardware.total_ram_bytes() == 4 * gib
+    assert (hardware.available_ram_bytes() or 0) <= 3.5 * gib
+    ram = _lines(cli_in_process("doctor", "--no-check").stdout)["RAM"]
+    assert re.fullmatch(r"4\.0 GiB \([\d.]+ [KMG]iB available\) · the container's memory limit \(cgroup\): plans and "
+                        r"serve's loads keep within it", ram), ram

@@ -5,7 +5,9 @@ an in-process server (the real model, worker thread, app and uvicorn, on loopbac
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -866,3 +868,51 @@ def test_a_flood_of_idle_connections_starves_neither_requests_nor_the_model(
             c.close()
         s.stop()
     assert "Too many open files" not in s.log() and "internal error" not in s.log(), s.log()
+
+
+LOW_FD_LIMIT = 64  # `ulimit -n 64`: the reserve of 128 descriptors took all of it, and serve held 8 connections
+BURST = 12
+
+
+def test_under_a_low_open_files_limit_a_burst_of_clients_keeps_its_connections_and_the_cap_is_said(
+        cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve under a low limit on open files keeps a reserve in proportion to it: BURST clients connected at once
+    keep their connections (past a cap of 8, the ninth closed the first, unanswered the next time, and nothing said
+    why), and the start says the cap in one line, with what raises it."""
+    import resource
+    import subprocess
+    import sys
+
+    import tests.test_serve as ts
+
+    def limited() -> None:
+        ts.default_sigint()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_FD_LIMIT, LOW_FD_LIMIT))
+
+    def popen(env: dict[str, str], args: list[str], stderr: int) -> Any:
+        return subprocess.Popen([sys.executable, "-m", "localgen", "serve", *args], env=env, cwd=ts.ROOT,
+                                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, preexec_fn=limited)
+
+    monkeypatch.setattr(ts, "serve_process", popen)
+    s = Server(cli_env, "-np", "2", "--ctx", "1024")
+    clients = [http.client.HTTPConnection("127.0.0.1", s.port, timeout=60) for _ in range(BURST)]
+
+    def health(c: http.client.HTTPConnection) -> str:
+        try:
+            c.request("GET", "/health")  # kept alive: the client holds its connection, as a burst's would
+            with c.getresponse() as r:
+                return f"{r.status} {r.read()[:0]!r}"
+        except (OSError, http.client.HTTPException) as e:
+            return type(e).__name__
+
+    try:
+        first = [health(c) for c in clients]  # one by one: each connection open, and idle, before the next
+        again = [health(c) for c in clients]
+    finally:
+        for c in clients:
+            c.close()
+        s.stop()
+    assert first == again == ["200 b''"] * BURST, (first, again)
+    said = [ln for ln in s.log().splitlines() if "connections at once" in ln]
+    assert len(said) == 1 and re.fullmatch(r"warning: serve holds at most \d+ connections at once under a limit of "
+                                           r"64 open files: raise `ulimit -n`", said[0]), s.log()

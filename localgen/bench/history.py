@@ -13,6 +13,7 @@ from typing import Any
 
 from localgen import paths
 from localgen.errors import LocalgenError
+from localgen.oslimits import limit_cause, sqlite_files
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -46,6 +47,9 @@ def _db() -> Iterator[sqlite3.Connection]:
             conn.executescript(SCHEMA)
             yield conn
     except (sqlite3.OperationalError, sqlite3.IntegrityError, OSError) as e:  # it cannot be opened or written here
+        limit = limit_cause(e, sqlite_files(path))
+        if limit:  # the limit says what raises it: no other folder would do better
+            raise LocalgenError(f"the benchmark history {path} cannot be used: {limit}") from None
         why = _why(e, path.parent)
         hint = ("free some space" if why.startswith("no space") or "disk is full" in why else
                 "another localgen holds it: try again" if "locked" in why else

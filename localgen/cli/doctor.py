@@ -66,8 +66,11 @@ def doctor(
           f"{platform.machine()}")
     print(f"CPU       {hardware.cpu_name()} · threads: {hardware.physical_cores()} for generation (physical "
           f"performance cores), {hardware.usable_cores()} for prompts and batches (logical CPUs usable)")
+    limited = hardware.memory_limit()
     print(f"RAM       {format_bytes(ram)} ("
-          f"{f'{format_bytes(avail)} available' if avail else 'available: not reported'})")
+          f"{f'{format_bytes(avail)} available' if avail else 'available: not reported'})"
+          + (" · the container's memory limit (cgroup): plans and serve's loads keep within it"
+             if limited and limited[0] <= ram else ""))
     gpus, left_out = hardware.gpu_listing()
     if gpus:
         for g in gpus:

@@ -107,6 +107,9 @@ class EchoOff:
 def _bracketed_paste(fd: int, on: bool) -> None:
     """Ask the terminal `fd` to mark pastes (ESC[200~ ... ESC[201~) or not. Chat's prompt asks for it while it reads,
     and while an answer streams the held terminal asks for it too: a paste made then reaches the next prompt marked,
-    as one message with its newlines, not as a line sent at each of them."""
+    as one message with its newlines, not as a line sent at each of them. Not on a terminal that says it takes no
+    escape codes (TERM=dumb: Emacs' shell, a serial console), where they show as text."""
+    if os.environ.get("TERM") == "dumb":
+        return
     with contextlib.suppress(OSError):
         os.write(fd, b"\x1b[?2004h" if on else b"\x1b[?2004l")

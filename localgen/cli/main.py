@@ -42,9 +42,11 @@ def switch_on(name: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; errors become `localgen: error: ...` (plus a hint) on stderr, never a traceback. Ctrl-C at any
     moment, even while the command's modules are imported, is one "interrupted" line and exit 130."""
+    made_blocking: list[int] = []
     try:
         keep_ctrl_c()
         stop_serve_on_term(sys.argv[1:] if argv is None else argv)
+        made_blocking = blocking_stdio(sys.argv[1:] if argv is None else argv)
         closed_stdio_to_devnull()
         utf8_stdin()
         utf8_output()
@@ -57,6 +59,35 @@ def main(argv: list[str] | None = None) -> None:
         native = sys.modules.get("localgen.native.lib")
         if native is not None:  # --rpc's watch for a main thread stuck in llama.cpp ends with the command
             native.stop_watching()
+        nonblocking_again(made_blocking)
+
+
+def blocking_stdio(args: list[str]) -> list[int]:
+    """stdin, stdout and stderr inherited non-blocking (a Node.js tool or a CI runner that shares its pipes) made
+    blocking for the command, and the descriptors so changed: a write past a full pipe was a BlockingIOError (the
+    answer cut, exit 1) and a read before the data came read as empty (chat ended, run said "no prompt"). The
+    flag belongs to a description the parent shares, so nonblocking_again() puts it back when the command ends.
+    Not serve's: it only writes log lines, which it drops rather than wait on a reader that never comes."""
+    if next((a for a in args if not a.startswith("-")), None) == "serve":
+        return []
+    changed = []
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError, ValueError):  # closed (`>&-`), or no such flag for it (Windows)
+            if not os.get_blocking(fd):
+                os.set_blocking(fd, True)
+                changed.append(fd)
+    return changed
+
+
+def nonblocking_again(fds: list[int]) -> None:
+    """The descriptors blocking_stdio() changed made non-blocking again, as the parent left them, once what
+    this process wrote is out."""
+    for stream in (sys.stdout, sys.stderr) if fds else ():
+        with contextlib.suppress(Exception):  # a full disk, a closed pipe: the command has said so already
+            stream.flush()  # type: ignore[union-attr]
+    for fd in fds:
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(fd, False)
 
 
 def closed_stdio_to_devnull() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from localgen import paths
 from localgen.errors import LocalgenError, UsageError
+from localgen.oslimits import limit_cause, sqlite_files
 
 
 def path() -> Path:
@@ -30,6 +31,9 @@ def unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
     from localgen.sqlitedb import DAMAGED, cannot_write
 
     said = str(e)
+    limit = limit_cause(e, sqlite_files(db_path))
+    if limit:
+        return LocalgenError(f"the collections database {db_path} cannot be used: {limit}")
     if said in DAMAGED:
         return LocalgenError(f"the collections database {db_path} is unusable: {said}",
                              hint="move it aside and store the collections again with `localgen embed --store`")
@@ -44,10 +48,14 @@ def unusable(db_path: Path, e: sqlite3.Error) -> LocalgenError:
     return LocalgenError(f"the collections database {db_path} is unusable: {said}")
 
 
-def unwritable(db_path: Path) -> LocalgenError:
-    """The error for a database that cannot be written (its folder read-only, or its disk full), which is read."""
+def unwritable(db_path: Path, e: OSError | None = None) -> LocalgenError:
+    """The error for a database that cannot be written (its folder read-only, or its disk full), which is read;
+    for `e`, the OSError met, out of descriptors or past the file size limit, that limit's."""
     import os
 
+    limit = limit_cause(e) if e is not None else None
+    if limit:
+        return LocalgenError(f"the collections database {db_path} cannot be used: {limit}")
     folder = db_path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -110,8 +118,8 @@ def db(create: bool, write: bool = False) -> Iterator[Any]:
             raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
         try:
             paths.private_file(db_path)
-        except OSError:
-            raise unwritable(db_path) from None
+        except OSError as e:
+            raise unwritable(db_path, e) from None
     conn = None
     try:
         conn = connect(db_path, create or write)
@@ -131,8 +139,8 @@ def db(create: bool, write: bool = False) -> Iterator[Any]:
         yield db
     except sqlite3.Error as e:  # sqlite3.DatabaseError and kin: a damaged file, a lock held past the timeout
         raise unusable(db_path, e) from None
-    except OSError:  # the lock file the tables are made under (a read-only folder)
-        raise unwritable(db_path) from None
+    except OSError as e:  # the lock file the tables are made under (a read-only folder), a module's import
+        raise unwritable(db_path, e) from None
     finally:
         if conn is not None:
             conn.close()

@@ -344,6 +344,8 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
     except MemoryError:
         raise GrammarError("cannot turn the JSON schema into a grammar: it needs more memory than this process "
                            "may take") from None
+    except OSError:  # the machine's, not the schema's fault (no descriptors left): not a usage error
+        raise
     except Exception as e:  # the converter raises bare Exceptions of many kinds for schemas it cannot handle
         raise GrammarError(f"cannot turn the JSON schema into a grammar: {str(e) or type(e).__name__}") from None
 

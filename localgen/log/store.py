@@ -189,7 +189,13 @@ def _os_why(e: OSError, folder: Path) -> str:
     "[Errno 30] Read-only file system: '...'"."""
     import errno
 
-    where = Path(e.filename) if e.filename else folder
+    # met anywhere (a module's import opens a file too): the limit is the cause, not that file (no import here:
+    # one would need a descriptor)
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        return "too many open files (raise `ulimit -n`)"
+    if e.errno == errno.EFBIG:
+        return "the file size limit (`ulimit -f`) is reached"
+    where = Path(e.filename) if e.filename and Path(e.filename).is_relative_to(folder) else folder
     cause = (e.strerror or "unknown error").lower()
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return f"its folder cannot be written ({where}: {cause})"

@@ -95,19 +95,50 @@ _FD2 = threading.Lock()
 
 @contextlib.contextmanager
 def _capture_fd2() -> Iterator[Any]:
-    """Capture what native code writes straight to fd 2 (llama.cpp's grammar parser uses fprintf)."""
+    """Capture what native code writes straight to fd 2 (llama.cpp's grammar parser uses fprintf), through a pipe
+    drained by a thread: no temporary file, so a machine with no folder to write to (a read-only container,
+    `ulimit -f`) parses grammars all the same."""
     import sys
-    import tempfile
 
     lines: list[str] = []
-    with _FD2, tempfile.TemporaryFile() as tmp:
+    chunks: list[bytes] = []
+    with _FD2:
+        fds = _pipe_and_saved_fd2()
+        if fds is None:  # out of descriptors: parse all the same, a bad grammar's error without the parser's why
+            yield lambda: lines
+            return
+        read_end, write_end, saved = fds
+
+        def drain() -> None:
+            try:
+                while chunk := os.read(read_end, 65536):
+                    chunks.append(chunk)
+            finally:
+                os.close(read_end)
+
+        reader = threading.Thread(target=drain, name="localgen-fd2", daemon=True)
+        reader.start()
         sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
+        os.dup2(write_end, 2)
+        os.close(write_end)
         try:
             yield lambda: lines
         finally:
-            os.dup2(saved, 2)
+            os.dup2(saved, 2)  # the pipe's last writer closed: the reader sees its end
             os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read().decode("utf-8", errors="replace").splitlines())
+            reader.join(timeout=5)  # a process started meanwhile holds the pipe as its stderr: what came is enough
+            lines.extend(b"".join(chunks).decode("utf-8", errors="replace").splitlines())
+
+
+def _pipe_and_saved_fd2() -> tuple[int, int, int] | None:
+    """A pipe's read and write ends and a copy of fd 2, or None when the process has no descriptors left."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        return read_end, write_end, os.dup(2)
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return None

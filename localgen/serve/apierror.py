@@ -132,13 +132,21 @@ def _roots() -> list[str]:
     from localgen.errors import UsageError
     from localgen.models import hfcache
 
-    found = {str(p) for p in (Path(sys.prefix), Path(sys.base_prefix), paths.user_home(), Path(tempfile.gettempdir()))
-             if p is not None}
+    found = {str(p) for p in (Path(sys.prefix), Path(sys.base_prefix), paths.user_home()) if p is not None}
+    found |= _temp_folders()
     for folder in (paths.data_dir, paths.cache_dir, paths.config_dir, hfcache.hub_cache):
         with contextlib.suppress(UsageError):  # one that needs a home folder when there is none: nothing to hide
             found.add(str(folder()))
     found |= {os.path.realpath(p) for p in found}
     return sorted((p for p in found if len(p) > 1), key=len, reverse=True)
+
+
+def _temp_folders() -> set[str]:
+    """The temporary folders this process may use, named without touching the disk: tempfile.gettempdir() writes a
+    file to find one, and raises where none can be written (a read-only container, `ulimit -f`), which would
+    turn an error's answer into a 500."""
+    named = {tempfile.tempdir} if tempfile.tempdir else {os.environ.get(k, "") for k in ("TMPDIR", "TEMP", "TMP")}
+    return {os.path.abspath(p) for p in named | {"/tmp", "/var/tmp", "/usr/tmp"} if p}
 
 
 def error_response(request: Request, e: HTTPError, headers: Mapping[str, str] | None = None) -> Response:

@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 
 RESERVE = 128  # descriptors kept for what is not a connection: model files, logs, the prefix store, fetches
+# under a low limit, a quarter of it: 128 kept of a limit of 128 (`ulimit -n 128`) left room for 8 connections,
+# and a burst of clients was closed unanswered
+RESERVE_SHARE = 4
+LOW_CAP = 64  # a cap under this many connections is said at start, with what raises it
 MAX_CONNECTIONS = 8192  # connections open at once, at most, however high the limit
 # the soft limit asked for, at most: a hard limit of a billion (some containers') would be handed on to every
 # program serve starts (MCP servers), and some close each descriptor up to it; macOS refuses an unlimited one
@@ -52,7 +56,16 @@ def open_now() -> int:
 
 def connection_cap(limit: int) -> int | None:
     """The connections serve keeps open at once under a soft limit of `limit` descriptors: what is left of it
-    after those open now and the RESERVE, at least 8 and at most MAX_CONNECTIONS (None: no limit known)."""
+    after those open now and a reserve (RESERVE, or a quarter of a low limit), at least 8 and at most
+    MAX_CONNECTIONS (None: no limit known)."""
     if limit <= 0:
         return None
-    return max(8, min(MAX_CONNECTIONS, limit - open_now() - RESERVE))
+    return max(8, min(MAX_CONNECTIONS, limit - open_now() - min(RESERVE, limit // RESERVE_SHARE)))
+
+
+def low_cap_line(cap: int | None, limit: int) -> str | None:
+    """The start's line for a cap of connections low enough that clients will meet it (None: not so low)."""
+    if cap is None or cap >= LOW_CAP:
+        return None
+    return (f"serve holds at most {cap} connections at once under a limit of {limit:,} open files: "
+            "raise `ulimit -n`")

@@ -242,7 +242,7 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from localgen.fetch import Fetcher, FetchPool
-    from localgen.serve.descriptors import connection_cap, raise_limit
+    from localgen.serve.descriptors import connection_cap, low_cap_line, raise_limit
     from localgen.serve.stalls import with_header_deadline
 
     listen, fetching = f.listen, f.fetching
@@ -253,7 +253,11 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     # wait forever); so is one idle between requests (uvicorn's keep-alive timeout is no shorter: serve.md); one
     # whose request line and headers pass 64 KiB gets a 431 (httptools, a dependency, is the parser: serve/stalls.py);
     # past the cap of connections open at once, the one idle longest is closed (serve/descriptors.py)
-    cap = connection_cap(raise_limit())  # counted once the models have loaded: their descriptors are taken
+    limit = raise_limit()
+    cap = connection_cap(limit)  # counted once the models have loaded: their descriptors are taken
+    low = low_cap_line(cap, limit)
+    if low:
+        log.warning(low)
 
     class _UpgradeIgnored(HttpToolsProtocol):  # type: ignore[misc]
         """An Upgrade (websocket, h2c) answered as HTTP/1.1, as RFC 9110 §7.8 lets a server: serve has no WebSocket
