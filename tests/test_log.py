@@ -631,3 +631,26 @@ def test_a_config_folder_that_cannot_be_entered_leaves_logging_on(tmp_path: Path
 
     monkeypatch.setattr(Path, "exists", denied)
     assert store.enabled()
+
+
+def test_a_continued_conversation_of_megabytes_leaves_its_oldest_turns_out(lcli: CLI,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A logged thread past what the window could hold by its characters alone (1.2 million characters here) was refused
+    whole, "the prompt is 1,175,482 characters; the context window of 512 tokens holds at most 16,384", where
+    its oldest turns are to be left out: the thread is cut by its characters, then by its tokens."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", lcli.env["LOCALGEN_HOME"])
+    filler = "the quick brown fox jumps over the lazy dog. " * 1300  # 58,500 characters a turn
+    for i in range(20):
+        store.record(store.Entry(conversation_id="longone", source="run", model="smollm2:135m", prompt=filler,
+                                 response=filler[:200], datetime_utc=f"2026-01-01T00:00:{i:02d}"))
+    store.record(store.Entry(conversation_id="longone", source="run", model="smollm2:135m",
+                             prompt="The code word is PELICAN.", response="Noted.",
+                             datetime_utc="2026-01-01T00:01:00"))
+    r = lcli("run", "--cid", "longone", "What is the code word?", *N, "--ctx", "512", "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    assert ("the conversation's first 40 of 42 logged messages are left out to fit the 512-token context window "
+            "(the log keeps them; a larger --ctx sends more)") in r.stderr.splitlines(), r.stderr
+    assert "PELICAN" in r.stderr and "quick brown fox" not in r.stderr
+    assert r.stdout.strip()

@@ -147,25 +147,38 @@ def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: Er
     """A continued conversation's logged turns that fit the window with the prompt, the tools as sent, and room
     for the answer (as chat's window: whole exchanges, the oldest left out first, said in one line); all of them
     where they fit. The log keeps every turn. A prompt too long even alone goes without them, to the model's own
-    error."""
+    error. A thread of megabytes is cut by its characters first, then by its tokens: never tokenized whole."""
+    import bisect
+
     from localgen.cli.options.rag import answer_room
+    from localgen.errors import ContextOverflowError
+    from localgen.media import text_of
+    from localgen.text import CHARS_PER_TOKEN
 
     n_ctx = int(backend.n_ctx)
     limit = n_ctx - answer_room(n_ctx, plan.send.sampling.params(backend.defaults).max_tokens)
+    after = [0] * (len(turns) + 1)  # after[i]: the characters of turns[i:]
+    for i in range(len(turns) - 1, -1, -1):
+        after[i] = after[i + 1] + len(text_of(turns[i].get("content")))
 
     def fits(start: int) -> bool:
-        return int(backend.count(_as_sent(plan.send.tools, backend, single_request(plan, backend, turns[start:]),
-                                          toolbox))) <= limit
+        if after[start] > CHARS_PER_TOKEN * limit:  # more tokens than the window holds whatever the tokenizer makes
+            return False
+        request = _as_sent(plan.send.tools, backend, single_request(plan, backend, turns[start:]), toolbox)
+        try:
+            return int(backend.count(request)) <= limit
+        except ContextOverflowError:  # past what the window holds by its size: too long, not an error here
+            return False
 
     if fits(0):
         return turns
     if not fits(len(turns)):  # the prompt alone is too long: the model's own error says so, with no turn sent
         return []
-    import bisect
-
     starts = [i for i, m in enumerate(turns) if m["role"] == "user" and i > 0] + [len(turns)]
-    # the first start that fits (the last, every turn left out, does): fewer turns never fit worse
-    start = starts[bisect.bisect_left(starts, True, hi=len(starts) - 1, key=fits)]
+    # the first start that fits (the last, every turn left out, does): fewer turns never fit worse; those whose
+    # characters alone are too many are passed over without a count
+    low = bisect.bisect_left(starts, True, hi=len(starts) - 1, key=lambda i: after[i] <= CHARS_PER_TOKEN * limit)
+    start = starts[bisect.bisect_left(starts, True, lo=low, hi=len(starts) - 1, key=fits)]
     err.line(f"the conversation's first {start:,} of {len(turns):,} logged messages are left out to fit the "
              f"{n_ctx:,}-token context window (the log keeps them; a larger --ctx sends more)")
     return turns[start:]
