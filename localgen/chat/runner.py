@@ -399,10 +399,15 @@ class ChatRunner:
         if not self.session.messages:
             self.first = 0
 
-    def context_used(self) -> tuple[int, int]:
-        """(tokens the conversation takes now, context window)."""
-        conv = self.sent()
-        return (self.count(conv) if conv else 0), int(self.backend.n_ctx)
+    def context_used(self) -> tuple[int, int, int]:
+        """(tokens the conversation takes as the next prompt sends it, context window, the first message sent): the
+        window fitted as a send fits it (a resumed or loaded conversation's whole history is not what is sent),
+        compaction aside."""
+        limit = int(self.backend.n_ctx) - self.reserve()
+        first = self.session.window_start(lambda conv: self._fits(conv, limit), max(self.first, self.covered()),
+                                          head=self.head())
+        conv = self.head() + self.session.messages[first:]
+        return (self.count(conv) if conv else 0), int(self.backend.n_ctx), first
 
     def switch(self, backend: Backend, model_name: str) -> None:
         """Use another model for the rest of the conversation."""
