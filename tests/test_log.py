@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import stat
 import subprocess
@@ -691,3 +692,22 @@ def test_logs_reads_its_rows_as_it_writes_them(cli_in_process: InProcessCLI, tmp
         read.clear()
         r = lcli("logs", *args)
         assert r.returncode == 0 and len(read) <= 2, (args, len(read))
+
+
+def test_a_continued_conversation_whose_system_prompt_fills_the_window_says_so(lcli: CLI) -> None:
+    """`run -C` sends the conversation's system prompt: one that alone takes more than the window was said as "the
+    prompt is 317 tokens; the context window is 256", blaming the four words typed. The error says the system
+    prompt's share, as chat's does ("this message needs N tokens with the system prompt")."""
+    system = "Be brief. " * 100
+    assert lcli("run", "--system", system, "hi", *N, "--ctx", "1024").returncode == 0
+    r = lcli("run", "-C", "and?", *N, "--ctx", "256")
+    told = re.fullmatch(r"localgen: error: this prompt needs ([\d,]+) tokens with the conversation's system prompt "
+                        r"\(([\d,]+) of them\); the context window is 256 \(--continue sends the conversation's "
+                        r"system prompt: give a shorter one with --system, or raise --ctx\)\n", r.stderr)
+    assert r.returncode == 1 and told is not None and r.stdout == "", r.stderr
+    need, share = (int(n.replace(",", "")) for n in told.groups())
+    assert need > 256 and 256 < share < need, (need, share)
+    r = lcli("run", "--system", system, "and?", *N, "--ctx", "256")  # given: "the system prompt" (no turn fits)
+    assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: this prompt needs {need:,} tokens with the "
+                                                     f"system prompt ({share:,} of them); the context window is 256 "
+                                                     "(shorten the system prompt or the prompt"), r.stderr

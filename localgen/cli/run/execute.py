@@ -19,7 +19,7 @@ from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
-from localgen.errors import ModelNotFoundError, UsageError
+from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError
 from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ def execute(plan: RunPlan) -> None:
         if toolbox is not None:
             toolbox.close()
         raise
+    request: GenerationRequest | None = None
     try:
         if not load.remote:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
@@ -90,6 +91,10 @@ def execute(plan: RunPlan) -> None:
     except KeyboardInterrupt:  # between whole lines: an answer under way ends its line and says it itself
         err.interrupted(at_line_start=True)
         raise typer.Exit(130) from None
+    except ContextOverflowError as e:  # a system prompt that takes the window is said as chat says it
+        if request is None:
+            raise
+        raise _with_system_share(e, plan, backend, request, toolbox) from None
     finally:
         backend.close()
         if toolbox is not None:
@@ -182,6 +187,31 @@ def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: Er
     err.line(f"the conversation's first {start:,} of {len(turns):,} logged messages are left out to fit the "
              f"{n_ctx:,}-token context window (the log keeps them; a larger --ctx sends more)")
     return turns[start:]
+
+
+def _with_system_share(e: ContextOverflowError, plan: RunPlan, backend: Backend, request: GenerationRequest,
+                       toolbox: Any) -> ContextOverflowError:
+    """A prompt past the window that holds a system prompt (a continued conversation's own, say): the error says the
+    system prompt's share of the tokens, as chat's does, where "the prompt is N tokens" blamed the prompt alone."""
+    if request.messages is None or not any(m["role"] == "system" for m in request.messages):
+        return e
+    alone = dataclasses.replace(request, messages=tuple(m for m in request.messages if m["role"] != "system"))
+    try:
+        need, without = (int(backend.count(_as_sent(plan.send.tools, backend, r, toolbox))) for r in (request, alone))
+    except LocalgenError:  # past the window by its characters alone: that error says so
+        return e
+    n_ctx = int(backend.n_ctx)
+    if need <= n_ctx:  # not the prompt's overflow
+        return e
+    thread = plan.thread
+    inherited = thread is not None and bool(thread.turns) and thread.system is not None \
+        and thread.system == plan.send.system
+    whose = "the conversation's" if inherited else "the"
+    return ContextOverflowError(
+        f"this prompt needs {need:,} tokens with {whose} system prompt ({need - without:,} of them); the context "
+        f"window is {n_ctx:,}",
+        hint=("--continue sends the conversation's system prompt: give a shorter one with --system, or raise --ctx"
+              if inherited else "shorten the system prompt or the prompt, or raise --ctx"))
 
 
 def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None, hits: list[Any],
