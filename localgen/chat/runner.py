@@ -300,18 +300,19 @@ class ChatRunner:
 
         bound = compact.FOLD_WINDOWS * int(self.backend.n_ctx)
         counted: list[int] = []  # the tokens of lines end-1, end-2, ... (a line cut to enough characters to pass it)
+        total = 0
         for i in range(end - 1, covered - 1, -1):
             line = compact.line_of(self.session.messages[i])[:CHARS_PER_TOKEN * bound + 1]
-            counted.append(int(self.backend.count(GenerationRequest(prompt=line))))
-            if sum(counted) > bound and len(counted) > 1:
-                counted.pop()
+            tokens = int(self.backend.count(GenerationRequest(prompt=line)))
+            if counted and total + tokens > bound:
                 break
+            counted.append(tokens)
+            total += tokens
         begin = end - len(counted)
         if begin > covered:  # from a user turn, as a window begins
             turn = next((j for j in range(begin, end) if self.session.messages[j]["role"] == "user"), begin)
-            del counted[len(counted) - (turn - begin):]
+            total -= sum(counted[len(counted) - (turn - begin):])
             begin = turn
-        total = sum(counted)
         return begin, total
 
     def _summary_request(self, previous: str | None, lines: list[str], size: int) -> GenerationRequest:
