@@ -21,6 +21,7 @@ INSTRUCTION = (
 )
 HEADING = "Summary of the earlier conversation"
 CUT = " [...]"
+FOLD_WINDOWS = 2  # a compaction folds at most this many windows of transcript tokens, the newest (older ones: left out)
 _THINK = re.compile(r"<think>.*?</think>", re.S)
 
 

@@ -1131,3 +1131,24 @@ def test_a_terminal_that_takes_no_escape_codes_gets_no_bracketed_paste_codes(cli
     child.close()
     assert child.exitstatus == 0 and "Hi." in shown.getvalue(), shown.getvalue()
     assert "\x1b[?2004" not in shown.getvalue(), shown.getvalue()
+
+
+def test_context_after_a_resume_counts_the_window_the_next_prompt_sends(cli: CLI, home: Path) -> None:
+    """/context on a resumed (or /load-ed) conversation counted its whole saved history ("8,505 of 256 tokens used
+    (3322 %)"), the window being worked out only as a message was sent; it is the window the next prompt sends."""
+    s = ChatSession(name="ctx-resumed", model="smollm2:135m")
+    for i in range(100):
+        s.add("user", f"Tell me about the number {i}.")
+        s.add("assistant", f"The number {i} comes after {i - 1} and before {i + 1}.")
+    s.save()
+    try:
+        for args, script in ((("--resume", "ctx-resumed"), "/context\n"), ((), "/load ctx-resumed\n/context\n")):
+            r = cli("chat", *args, "--ctx", "256", "-n", "16", input=script)
+            assert r.returncode == 0, r.stderr
+            told = re.search(r"([\d,]+) of 256 tokens used \((\d+) %\).* · 200 messages \((\d+) in the window\)",
+                             r.stderr)
+            assert told is not None, r.stderr
+            used, share, sent = (int(n.replace(",", "")) for n in told.groups())
+            assert used <= 256 - 16 and share < 100 and 0 < sent < 200, r.stderr
+    finally:  # the home is the session's: `chat --list` elsewhere would list it
+        (home / "data" / "chats" / "ctx-resumed.json").unlink()

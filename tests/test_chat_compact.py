@@ -429,3 +429,41 @@ def test_compact_with_a_unicode_digit_is_its_usage_error(cli: CLI) -> None:
     r = cli("chat", "superscript", "-n", "4", "--temp", "0", input="/compact ²\n")
     assert "usage: /compact [N] (keep the last N exchanges as they are; 1 unless given)" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and r.returncode == 2, r.stderr
+
+
+class Capped(Spy):
+    """A Spy that fails the test past `most` generations (a fold of a whole long history makes hundreds)."""
+
+    def __init__(self, backend: Any, most: int) -> None:
+        super().__init__(backend)
+        self.most = most
+
+    def generate(self, request: Any, started: float | None = None) -> Any:
+        assert len(self.generated) < self.most, f"more than {self.most} requests"
+        return super().generate(request, started)
+
+
+@pytest.mark.slow
+def test_a_long_history_resumed_compacts_only_its_newest_part_in_few_requests(small_backend: Any) -> None:
+    """A resumed history of 3,000 messages with --compact folded all of it, one window at a time: hundreds of
+    summary requests (90 s, silent) for one message. A fold now takes at most two windows of transcript tokens,
+    the newest, said in one line with the older ones left out (as without --compact); and a fold of more than one
+    request's worth says it is under way before the model's time is spent."""
+    runner = _runner(small_backend, 150)
+    runner.backend = Capped(small_backend, 6)
+    notes: list[str] = []
+    runner.note = notes.append
+    runner.alert = lambda text: pytest.fail(text)
+    runner.start("And now? (the last question)")
+    s = runner.session.summary
+    assert s is not None and s.compactions == 1, notes
+    assert len(runner.backend.generated) <= 5, len(runner.backend.generated)  # the summary requests, the answer apart
+    assert len(notes) == 3, notes
+    left = notes[0]
+    assert left.startswith("(a compaction folds at most 2 windows of tokens at a time: the ") and left.endswith(
+        "are left out, as without --compact; the saved conversation keeps every message)"), left
+    assert notes[1].startswith("(compacting ") and notes[1].endswith(" into a summary, in several requests ...)")
+    assert notes[2].startswith("(compacted "), notes
+    folded = int(notes[2].split()[1])
+    assert 0 < folded < 20 and s.covers == runner.first, (folded, s.covers)
+    assert runner.sent()[2:] == runner.session.messages[s.covers:]

@@ -543,17 +543,17 @@ def test_run_says_when_the_model_does_not_fit_even_at_the_floor(smollm2_path: Pa
     open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory, machine=tiny)
     hint = f"(`localgen fit -m {ref.name}` shows the plan)"
     assert made[0].n_ctx == fit.MIN_CTX  # it loads anyway, at the floor
-    assert said == [f"context {fit.MIN_CTX} tokens, not 8192, and the model does not fit RAM even there: "
+    assert said == [f"context {fit.MIN_CTX:,} tokens, not 8,192, and the model does not fit RAM even there: "
                     f"loading it anyway {hint}"]
     said.clear()
     open_engine(ref, LoadParams(n_ctx=2048), warn=said.append, factory=factory, machine=tiny)
-    assert made[1].n_ctx == 2048 and said == [f"the model does not fit RAM at 2048 tokens: loading it anyway {hint}"]
+    assert made[1].n_ctx == 2048 and said == [f"the model does not fit RAM at 2,048 tokens: loading it anyway {hint}"]
     # every layer asked for on a card too small for them at the floor: the GPU is what is short
     said.clear()
     small = fit.Machine(ram=64 * GB, gpus=(fit.GPU_CONTEXT_RESERVE + fit.GPU_MARGIN + (50 << 20),), described=True)
     open_engine(ref, LoadParams(n_ctx=8192, n_gpu_layers=99), warn=said.append, factory=factory, machine=small)
     assert made[2].n_ctx == fit.MIN_CTX and made[2].n_gpu_layers == 99
-    assert said == [f"context {fit.MIN_CTX} tokens, not 8192, and the model does not fit the GPU's memory even "
+    assert said == [f"context {fit.MIN_CTX:,} tokens, not 8,192, and the model does not fit the GPU's memory even "
                     f"there: loading it anyway {hint}"]
 
 
@@ -724,7 +724,7 @@ def test_run_loads_by_the_plan_and_says_when_it_shrinks_the_context(smollm2_path
     ram = int((need_8k - 1) / fit.RAM_SHARE)  # one byte short of the 8192-token plan
     open_engine(ref, LoadParams(n_ctx=8192), warn=said.append, factory=factory, machine=fit.Machine(ram=ram))
     assert fit.MIN_CTX <= made[0].n_ctx < 8192 and made[0].n_ctx % 256 == 0
-    assert said == [f"context {made[0].n_ctx} tokens, not 8192: at 8192 the model does not fit RAM "
+    assert said == [f"context {made[0].n_ctx:,} tokens, not 8,192: at 8,192 the model does not fit RAM "
                     f"(`localgen fit -m {ref.name}` shows the plan)"]
     made.clear()
     said.clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import stat
 import subprocess
@@ -653,3 +654,82 @@ def test_a_config_folder_that_cannot_be_entered_leaves_logging_on(tmp_path: Path
 
     monkeypatch.setattr(Path, "exists", denied)
     assert store.enabled()
+
+
+def test_a_continued_conversation_of_megabytes_leaves_its_oldest_turns_out(lcli: CLI,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A logged thread past what the window could hold by its characters alone (1.2 million characters here) was refused
+    whole, "the prompt is 1,175,482 characters; the context window of 512 tokens holds at most 16,384", where
+    its oldest turns are to be left out: the thread is cut by its characters, then by its tokens."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", lcli.env["LOCALGEN_HOME"])
+    filler = "the quick brown fox jumps over the lazy dog. " * 1300  # 58,500 characters a turn
+    for i in range(20):
+        store.record(store.Entry(conversation_id="longone", source="run", model="smollm2:135m", prompt=filler,
+                                 response=filler[:200], datetime_utc=f"2026-01-01T00:00:{i:02d}"))
+    store.record(store.Entry(conversation_id="longone", source="run", model="smollm2:135m",
+                             prompt="The code word is PELICAN.", response="Noted.",
+                             datetime_utc="2026-01-01T00:01:00"))
+    r = lcli("run", "--cid", "longone", "What is the code word?", *N, "--ctx", "512", "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    assert ("the conversation's first 40 of 42 logged messages are left out to fit the 512-token context window "
+            "(the log keeps them; a larger --ctx sends more)") in r.stderr.splitlines(), r.stderr
+    assert "PELICAN" in r.stderr and "quick brown fox" not in r.stderr
+    assert r.stdout.strip()
+
+
+def test_logs_reads_its_rows_as_it_writes_them(cli_in_process: InProcessCLI, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logs -n 0 --json` of a 50,000-row log took 847 MB (every row fetched, then one json.dumps of the list), and
+    `logs -n 0 | head -1` read every row before its first line. The rows are read as they are written: a reader
+    gone after the first ends the reading there; the JSON array is the bytes json.dumps writes of it whole."""
+    from dataclasses import asdict
+
+    from localgen.cli.output import TextWriter
+    from localgen.log import store
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALGEN_HOME", str(home))
+    for i in range(120):
+        store.record(store.Entry(conversation_id=f"c{i % 7}", source="run", model="smollm2:135m",
+                                 prompt=f"question {i}\nits second line", response=f"answer {i} — «ok»",
+                                 settings={"temperature": 0.5, "stop": ["\n", "x"]},
+                                 datetime_utc=f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}"))
+    lcli = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(home)})
+    for args, entries in ((("-n", "0"), store.recent(0)), (("-n", "0", "--cid", "c3"), store.recent(0, cid="c3")),
+                          (("-n", "5", "--cid", "c3"), store.recent(5, cid="c3")),
+                          (("-q", "answer", "-n", "9"), store.recent(9, query="answer")),
+                          (("-n", "200"), store.recent(200))):
+        r = lcli("logs", "--json", *args)
+        assert r.returncode == 0 and r.stdout == json.dumps([asdict(e) for e in entries], ensure_ascii=False,
+                                                            indent=1) + "\n", args
+    assert [x["prompt"] for x in json.loads(lcli("logs", "-n", "2", "--json").stdout)] == [
+        "question 118\nits second line", "question 119\nits second line"]
+    read: list[object] = []
+    entry = store._entry
+    monkeypatch.setattr(store, "_entry", lambda row: read.append(row) or entry(row))
+    monkeypatch.setattr(TextWriter, "write", lambda self, text: False)  # the reader gone at the first row
+    for args in (("-n", "0"), ("-n", "0", "--json"), ("-n", "100")):
+        read.clear()
+        r = lcli("logs", *args)
+        assert r.returncode == 0 and len(read) <= 2, (args, len(read))
+
+
+def test_a_continued_conversation_whose_system_prompt_fills_the_window_says_so(lcli: CLI) -> None:
+    """`run -C` sends the conversation's system prompt: one that alone takes more than the window was said as "the
+    prompt is 317 tokens; the context window is 256", blaming the four words typed. The error says the system
+    prompt's share, as chat's does ("this message needs N tokens with the system prompt")."""
+    system = "Be brief. " * 100
+    assert lcli("run", "--system", system, "hi", *N, "--ctx", "1024").returncode == 0
+    r = lcli("run", "-C", "and?", *N, "--ctx", "256")
+    told = re.fullmatch(r"localgen: error: this prompt needs ([\d,]+) tokens with the conversation's system prompt "
+                        r"\(([\d,]+) of them\); the context window is 256 \(--continue sends the conversation's "
+                        r"system prompt: give a shorter one with --system, or raise --ctx\)\n", r.stderr)
+    assert r.returncode == 1 and told is not None and r.stdout == "", r.stderr
+    need, share = (int(n.replace(",", "")) for n in told.groups())
+    assert need > 256 and 256 < share < need, (need, share)
+    r = lcli("run", "--system", system, "and?", *N, "--ctx", "256")  # given: "the system prompt" (no turn fits)
+    assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: this prompt needs {need:,} tokens with the "
+                                                     f"system prompt ({share:,} of them); the context window is 256 "
+                                                     "(shorten the system prompt or the prompt"), r.stderr

@@ -313,6 +313,7 @@ def test_oserror_messages_name_the_path() -> None:
 
 
 def test_out_of_memory_retries_with_fewer_layers_then_the_cpu_alone(smollm2_path: Path) -> None:
+    from localgen.models import fit
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
     from localgen.types import LoadParams
@@ -328,7 +329,8 @@ def test_out_of_memory_retries_with_fewer_layers_then_the_cpu_alone(smollm2_path
         return "engine"
 
     warnings: list[str] = []
-    got = open_engine(ref, LoadParams(n_gpu_layers=-1), warn=warnings.append, factory=full_gpu)
+    gpu = fit.Machine(ram=64 << 30, gpus=(8 << 30,), described=True)  # (the retry is for a machine with a GPU)
+    got = open_engine(ref, LoadParams(n_gpu_layers=-1), warn=warnings.append, factory=full_gpu, machine=gpu)
     assert got == "engine"
     assert tried == [(-1, False), (15, False), (7, False), (3, False), (1, False), (0, True)]
     assert warnings[0] == "not enough GPU memory for all layers; retrying with 15"
@@ -338,7 +340,7 @@ def test_out_of_memory_retries_with_fewer_layers_then_the_cpu_alone(smollm2_path
         raise ModelLoadError("llama.cpp could not load the model: bad magic")
 
     with pytest.raises(ModelLoadError, match="bad magic"):
-        open_engine(ref, LoadParams(n_gpu_layers=-1), factory=other_error)
+        open_engine(ref, LoadParams(n_gpu_layers=-1), factory=other_error, machine=gpu)
 
 
 # ---- tests that assert: context, content and order, sampler paths, environment ---------------------------
@@ -585,3 +587,48 @@ def test_flash_attn_value_is_checked() -> None:
     assert normalize_argv(["run", "-p", "x", "--", "-fa"]) == ["run", "-p", "x", "--", "-fa"]
     assert normalize_argv(["bench", "-fa", "0,1"]) == ["bench", "-fa", "0,1"]
 
+
+
+def test_out_of_memory_with_no_gpu_is_one_error_that_says_ram(smollm2_path: Path) -> None:
+    """On a machine with no GPU an out-of-memory load was said as "not enough GPU memory for 0 layers; running on
+    the CPU alone" and the model loaded a second time, to the same error: now one error that says RAM."""
+    from localgen.models import fit
+    from localgen.models.load import open_engine
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    ref = resolve(str(smollm2_path))
+    tried: list[bool] = []
+
+    def full_ram(ref: Any, params: LoadParams, verbose: bool = False, cpu_only: bool = False) -> str:
+        tried.append(cpu_only)
+        raise ModelLoadError("llama.cpp could not create a context for smollm2:135m: ggml_aligned_malloc: "
+                             "insufficient memory (attempted to allocate 18821.25 MB)")
+
+    warnings: list[str] = []
+    with pytest.raises(ModelLoadError) as e:
+        open_engine(ref, LoadParams(), warn=warnings.append, factory=full_ram, machine=fit.Machine(ram=64 << 30))
+    assert e.value.message.startswith("not enough RAM: llama.cpp could not create a context"), e.value.message
+    assert tried == [False] and not warnings, (tried, warnings)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="ulimit")
+def test_a_context_past_what_ram_holds_is_said_with_separators_and_one_ram_error(cli_env: dict[str, str]) -> None:
+    """`--ctx 1000000000 --rope-scaling linear` under a 2 GB address-space limit said "context 885248 tokens, not
+    1000000000", then "not enough GPU memory for 0 layers" on a machine with no GPU, and loaded again; --ctx
+    2147483647 was said as "not 2147483648" (the value rounded). Now the numbers have their separators, the
+    value given is the one said, and the shortage is one error that says RAM."""
+    from localgen.native.devices import backend_info
+
+    if backend_info()["gpu_offload"]:
+        pytest.skip("a GPU build retries with fewer layers (test_out_of_memory_retries_with_fewer_layers...)")
+    for ctx, rope in (("1000000000", "linear"), ("2147483647", "yarn")):
+        r = subprocess.run(["bash", "-c", 'ulimit -v 2000000; exec "$@"', "sh", sys.executable, "-m", "localgen",
+                            "run", "-p", "hi", "-n", "2", "--ctx", ctx, "--rope-scaling", rope],
+                           env=cli_env, capture_output=True, text=True, timeout=600)
+        given = f"{int(ctx):,}"
+        lines = r.stderr.splitlines()
+        assert r.returncode == 1 and "GPU" not in r.stderr, r.stderr
+        assert re.fullmatch(rf"warning: context [\d,]+ tokens, not {given}: at {given} the model does not fit RAM "
+                            r"\(`localgen fit -m smollm2:135m` shows the plan\)", lines[0]), lines
+        assert len(lines) == 2 and lines[1].startswith("localgen: error: not enough RAM: "), lines

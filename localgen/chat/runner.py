@@ -115,6 +115,22 @@ class ChatRunner:
         except (ContextOverflowError, TemplateError):  # past the template's 4 MiB of output, or the window's size
             return False
 
+    def _window(self, limit: int, start: int, head: list[Message]) -> int:
+        """The first message of the window that fits `limit` tokens with `head` (session.window_start), past those
+        whose characters alone are too many first: counted once, not again at each step (thousands of turns)."""
+        from localgen.media import text_of
+        from localgen.text import CHARS_PER_TOKEN
+
+        messages = self.session.messages
+        chars = sum(len(text_of(m.get("content"))) for m in messages[start:])
+        i = start
+        while i < len(messages) - 1 and chars > CHARS_PER_TOKEN * limit:
+            chars -= len(text_of(messages[i].get("content")))
+            i += 1
+        while start < i < len(messages) - 1 and messages[i]["role"] != "user":
+            i += 1  # a window restarts at a user turn
+        return self.session.window_start(lambda conv: self._fits(conv, limit), i, head=head)
+
     def template(self) -> str | None:
         """The chat template the model renders with (None for a remote one)."""
         from localgen.tools.plan import template_of
@@ -194,8 +210,7 @@ class ChatRunner:
         limit = n_ctx - self.reserve()
         if self.compact and not self._fits(self.sent(), limit):
             self._auto_compact(limit)
-        self.first = self.session.window_start(lambda conv: self._fits(conv, limit),
-                                               max(self.first, self.covered()), head=self.head())
+        self.first = self._window(limit, max(self.first, self.covered()), self.head())
         need = self.count(self.sent())
         if need > limit:
             raise ContextOverflowError(
@@ -212,8 +227,7 @@ class ChatRunner:
         A summary that fails or is stopped is one alert, and the window then leaves those turns out."""
         room = limit // 2 - compact.budget(int(self.backend.n_ctx))
         empty = Summary(text="", covers=1, tokens=0, compactions=0, model="", created=0.0)
-        end = self.session.window_start(lambda conv: self._fits(conv, room), max(self.first, self.covered()),
-                                        head=self.head(empty))
+        end = self._window(room, max(self.first, self.covered()), self.head(empty))
         try:
             self.fold_to(end)
         except compact.CompactionError as e:
@@ -234,12 +248,20 @@ class ChatRunner:
         as many requests as the window needs; the messages stay in the conversation. Raises CompactionError
         (stopped, or an empty summary) or the backend's error, and then nothing changes. None: nothing to fold."""
         covered = self.covered()
-        folding = self.session.messages[covered:end]
-        if not folding:
+        if end <= covered:
             return None
         n_ctx = int(self.backend.n_ctx)
+        begin, tokens = self._fold_start(covered, end)
+        folding = self.session.messages[begin:end]
+        if begin > covered:  # the older ones are left out, as the window leaves them without compaction
+            self.note(f"(a compaction folds at most {compact.FOLD_WINDOWS} windows of tokens at a time: the "
+                      f"{_n(begin - covered, 'older message')} before the newest {len(folding):,} are left out, as "
+                      "without --compact; the saved conversation keeps every message)")
+        if tokens > n_ctx:  # more than one request's worth: said before the model's time is spent
+            self.note(f"(compacting {_n(len(folding), 'message')} ({tokens:,} tokens) into a summary, in several "
+                      "requests ...)")
         size = compact.budget(n_ctx)
-        before = self.count(self.sent())
+        before = self.count(self.head() + self.session.messages[max(self.first, begin):])
         old = self.session.summary
         written: list[int] = []
 
@@ -268,6 +290,30 @@ class ChatRunner:
                   f"summary{f' in {pieces} requests' if pieces > 1 else ''}: the conversation now takes "
                   f"{after:,} tokens instead of {before:,}; the saved conversation keeps every message)")
         return self.session.summary
+
+    def _fold_start(self, covered: int, end: int) -> tuple[int, int]:
+        """Where a fold of messages[covered:end] begins, and the tokens of its transcript: the newest messages
+        whose lines take at most FOLD_WINDOWS windows of tokens (at least the newest one), from a user turn, so
+        that the summary requests a compaction makes are few whatever the history (thousands of turns resumed).
+        Each line is counted from the newest back, only until the bound is passed."""
+        from localgen.text import CHARS_PER_TOKEN
+
+        bound = compact.FOLD_WINDOWS * int(self.backend.n_ctx)
+        counted: list[int] = []  # the tokens of lines end-1, end-2, ... (a line cut to enough characters to pass it)
+        total = 0
+        for i in range(end - 1, covered - 1, -1):
+            line = compact.line_of(self.session.messages[i])[:CHARS_PER_TOKEN * bound + 1]
+            tokens = int(self.backend.count(GenerationRequest(prompt=line)))
+            if counted and total + tokens > bound:
+                break
+            counted.append(tokens)
+            total += tokens
+        begin = end - len(counted)
+        if begin > covered:  # from a user turn, as a window begins
+            turn = next((j for j in range(begin, end) if self.session.messages[j]["role"] == "user"), begin)
+            total -= sum(counted[len(counted) - (turn - begin):])
+            begin = turn
+        return begin, total
 
     def _summary_request(self, previous: str | None, lines: list[str], size: int) -> GenerationRequest:
         """The request for a summary of `lines` (into `previous`), at most `size` tokens: the chat's sampling
@@ -399,10 +445,14 @@ class ChatRunner:
         if not self.session.messages:
             self.first = 0
 
-    def context_used(self) -> tuple[int, int]:
-        """(tokens the conversation takes now, context window)."""
-        conv = self.sent()
-        return (self.count(conv) if conv else 0), int(self.backend.n_ctx)
+    def context_used(self) -> tuple[int, int, int]:
+        """(tokens the conversation takes as the next prompt sends it, context window, the first message sent): the
+        window fitted as a send fits it (a resumed or loaded conversation's whole history is not what is sent),
+        compaction aside."""
+        limit = int(self.backend.n_ctx) - self.reserve()
+        first = self._window(limit, max(self.first, self.covered()), self.head())
+        conv = self.head() + self.session.messages[first:]
+        return (self.count(conv) if conv else 0), int(self.backend.n_ctx), first
 
     def switch(self, backend: Backend, model_name: str) -> None:
         """Use another model for the rest of the conversation."""

@@ -409,9 +409,10 @@ def count() -> int:
         return 0
 
 
-def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None) -> list[Entry]:
+def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None) -> Iterator[Entry]:
     """The latest `n` exchanges (0: all), oldest first; with `query`, the best full-text matches of prompts
-    and answers (its words, as plain words: fts_query); filtered by model and conversation."""
+    and answers (its words, as plain words: fts_query); filtered by model and conversation. Yielded as they are
+    read, the log held open meanwhile: tens of thousands of rows are never in memory at once."""
     where, args = [], []
     if model:
         where.append("r.model = ?")
@@ -420,31 +421,46 @@ def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: 
         where.append("r.conversation_id = ?")
         args.append(cid)
     match = search_words(query) if query else ""
-    limit = f" LIMIT {min(int(n), 2**63 - 1)}" if n else ""  # more than SQLite counts to: all of them
     filters = " WHERE " + " AND ".join(where) if where else ""
     try:
-        return _recent(query, match, limit, filters, args)
+        if query:
+            yield from _matches(match, f" LIMIT {min(int(n), 2**63 - 1)}" if n else "", filters, args)
+        else:
+            yield from _latest(n, filters, args)
     except _Empty:
-        return []
+        return
 
 
-def _recent(query: str | None, match: str, limit: str, filters: str, args: list[str]) -> list[Entry]:
-    if not query:
-        with _connect(create=False) as conn:
-            conn.row_factory = sqlite3.Row
-            rows = conn.execute(f"SELECT r.* FROM responses r{filters} ORDER BY r.datetime_utc DESC, r.id DESC{limit}",
-                                args).fetchall()[::-1]
-        return [_entry(dict(r)) for r in rows]
+def _latest(n: int, filters: str, args: list[str]) -> Iterator[Entry]:
+    """The latest `n` (0: all) in the order they were logged: the rows before them skipped, not read into memory."""
+    with _connect(create=False) as conn:
+        conn.row_factory = sqlite3.Row
+        conn.execute("BEGIN")  # one snapshot for the count and the rows: a row logged meanwhile moves neither
+        skip = max(0, int(conn.execute(f"SELECT count(*) FROM responses r{filters}", args).fetchone()[0]) - n) \
+            if n else 0
+        for row in conn.execute(f"SELECT r.* FROM responses r{filters} ORDER BY r.datetime_utc, r.id "
+                                f"LIMIT -1 OFFSET {skip}", args):
+            yield _entry(dict(row))
+
+
+def _matches(match: str, limit: str, filters: str, args: list[str]) -> Iterator[Entry]:
+    """The best full-text matches, best first (the index made again once where it is missing)."""
     sql = ("SELECT r.* FROM responses r JOIN (SELECT rowid, rank FROM responses_fts WHERE responses_fts MATCH ?) f "
            f"ON f.rowid = r.rowid{filters} ORDER BY f.rank{limit}")
     for again in (False, True):
         with _connect(create=False) as conn:
             conn.row_factory = sqlite3.Row
             try:
-                rows = conn.execute(sql, [match, *args]).fetchall()
-                break
+                rows = conn.execute(sql, [match, *args])
+                first = rows.fetchone()  # a missing index is found here, before anything is yielded
             except sqlite3.OperationalError as e:
                 if again or not _fts_missing(conn, e):
                     raise
+                rows = None
+            if rows is not None:
+                if first is not None:
+                    yield _entry(dict(first))
+                    for row in rows:
+                        yield _entry(dict(row))
+                return
         _rebuild_fts(path())
-    return [_entry(dict(r)) for r in rows]

@@ -81,20 +81,22 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     if (params.cpu_moe or params.n_cpu_moe) and layout is not None and not layout.moe:
         flag = "--cpu-moe" if params.cpu_moe else f"--n-cpu-moe {params.n_cpu_moe}"
         warn(f"{flag}: {ref.name} is not a mixture of experts (it has no experts to keep in RAM), so it moves nothing")
+    # a GPU to move layers off (a shortage then is the GPU's, and fewer layers can help); without one, RAM's
+    offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
     if layout is not None and not params.rpc:  # with RPC servers every layer goes to the devices
-        offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
         plan = fit.plan(ref.summary, layout, machine or fit.this_machine(offload), params, ctx=params.n_ctx,
                         parallel=parallel)
         see = f"(`localgen fit -m {ref.name}` shows the plan)"
+        asked = f"{plan.asked if plan.capped else params.n_ctx:,}"  # the --ctx given (not rounded), where not capped
         if not plan.fits:  # its verdict is "won't fit"; the load is tried all the same (mapped weights may page)
             short = plan.short_of.replace("GPU memory", "the GPU's memory")
-            warn(f"context {plan.ctx} tokens, not {plan.asked}, and the model does not fit {short} even there: "
+            warn(f"context {plan.ctx:,} tokens, not {asked}, and the model does not fit {short} even there: "
                  f"loading it anyway {see}" if plan.shrunk else
-                 f"the model does not fit {short} at {plan.ctx} tokens: loading it anyway {see}")
+                 f"the model does not fit {short} at {plan.ctx:,} tokens: loading it anyway {see}")
         elif plan.shrunk:
             where = "the GPU" if plan.machine.gpus else "RAM"
-            warn(f"context {plan.ctx} tokens, not {plan.asked}: at {plan.asked} the model does not fit {where} {see}")
+            warn(f"context {plan.ctx:,} tokens, not {asked}: at {asked} the model does not fit {where} {see}")
         params = plan.load(params)
         cpu_only = offload and plan.gpu_layers == 0 and "gpu_layers" not in plan.fixed
     while True:
@@ -103,6 +105,8 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
             moved_bytes(engine, ref.path, layout)
             return engine
         except ModelLoadError as e:
+            if not offload and is_oom(e):  # no GPU: nothing to move off it, and the memory short is RAM
+                raise ModelLoadError(f"not enough RAM: {e.message}", e.hint, e.log) from None
             if cpu_only or not is_oom(e):
                 raise
             layers = params.n_gpu_layers or 0

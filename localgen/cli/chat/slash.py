@@ -367,11 +367,11 @@ def _stats(runner: Any, view: Any, arg: str) -> None:
 
 
 def _context(runner: Any, view: Any, arg: str) -> None:
-    used, n_ctx = runner.context_used()
+    used, n_ctx, first = runner.context_used()
     n = len(runner.session.messages)
-    window = f" ({n - runner.first} in the window)" if runner.first else ""
+    window = f" ({n - first:,} in the window)" if first else ""
     if runner.session.summary is not None:
-        window = f" (the first {runner.session.summary.covers:,} sent as a summary; {n - runner.first} in the window)"
+        window = f" (the first {runner.session.summary.covers:,} sent as a summary; {n - first:,} in the window)"
     view.info(f"{used:,} of {n_ctx:,} tokens used ({used * 100 // n_ctx} %) as the next prompt sends the conversation "
               f"(the footer's figure: as the last answer ended, before its turn was closed) · "
               f"{plural(n, 'message')}{window}")

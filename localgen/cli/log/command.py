@@ -37,6 +37,7 @@ def logs(
                 raise UsageError(f"{flag} lists exchanges: `logs {ctx.invoked_subcommand}` takes no options",
                                  hint="drop it: it goes with `localgen logs` alone")
         return
+    import itertools
     import json
     import sys
 
@@ -60,15 +61,26 @@ def logs(
             out.write("[]\n")
         return
     entries = store.recent(count, query=query, model=model, cid=cid)
-    _say_damage()  # (a log that cannot be read at all is the one error line of recent())
-    if not entries:
+    first = next(entries, None)  # (a log that cannot be read at all is the one error line of recent())
+    _say_damage()
+    if first is None:
         what = " and ".join(f"{k} {v[:80] + '…' if len(v) > 80 else v!r}"  # a long one cut, as errors are
                             for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
         ErrWriter().line(f"no logged exchange matches {what}" if what else "the log holds no exchange yet")
+        if json_out:
+            out.write("[]\n")
+        return
+    entries = itertools.chain([first], entries)
     if json_out:
-        from dataclasses import asdict
+        from dataclasses import fields
 
-        out.write(json.dumps([asdict(e) for e in entries], ensure_ascii=False, indent=1) + "\n")
+        # the array written an exchange at a time, as json.dumps(indent=1) writes it whole: the same bytes
+        for i, e in enumerate(entries):
+            item = json.dumps({f.name: getattr(e, f.name) for f in fields(e)}, ensure_ascii=False,
+                              indent=1).replace("\n", "\n ")
+            if not out.write(("[\n " if i == 0 else ",\n ") + item):
+                return
+        out.write("\n]\n")
         return
     for e in entries:
         head = f"# {e.datetime_utc.replace('T', ' ')}  {e.model}  conversation {e.conversation_id}"

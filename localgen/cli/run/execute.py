@@ -19,7 +19,7 @@ from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
-from localgen.errors import ModelNotFoundError, UsageError
+from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError
 from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ def execute(plan: RunPlan) -> None:
         if toolbox is not None:
             toolbox.close()
         raise
+    request: GenerationRequest | None = None
     try:
         if not load.remote:
             backend.check_generates()  # type: ignore[attr-defined]  # LocalBackend: an encoder cannot
@@ -90,6 +91,10 @@ def execute(plan: RunPlan) -> None:
     except KeyboardInterrupt:  # between whole lines: an answer under way ends its line and says it itself
         err.interrupted(at_line_start=True)
         raise typer.Exit(130) from None
+    except ContextOverflowError as e:  # a system prompt that takes the window is said as chat says it
+        if request is None:
+            raise
+        raise _with_system_share(e, plan, backend, request, toolbox) from None
     finally:
         backend.close()
         if toolbox is not None:
@@ -147,28 +152,66 @@ def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: Er
     """A continued conversation's logged turns that fit the window with the prompt, the tools as sent, and room
     for the answer (as chat's window: whole exchanges, the oldest left out first, said in one line); all of them
     where they fit. The log keeps every turn. A prompt too long even alone goes without them, to the model's own
-    error."""
+    error. A thread of megabytes is cut by its characters first, then by its tokens: never tokenized whole."""
+    import bisect
+
     from localgen.cli.options.rag import answer_room
+    from localgen.errors import ContextOverflowError
+    from localgen.media import text_of
+    from localgen.text import CHARS_PER_TOKEN
 
     n_ctx = int(backend.n_ctx)
     limit = n_ctx - answer_room(n_ctx, plan.send.sampling.params(backend.defaults).max_tokens)
+    after = [0] * (len(turns) + 1)  # after[i]: the characters of turns[i:]
+    for i in range(len(turns) - 1, -1, -1):
+        after[i] = after[i + 1] + len(text_of(turns[i].get("content")))
 
     def fits(start: int) -> bool:
-        return int(backend.count(_as_sent(plan.send.tools, backend, single_request(plan, backend, turns[start:]),
-                                          toolbox))) <= limit
+        if after[start] > CHARS_PER_TOKEN * limit:  # more tokens than the window holds whatever the tokenizer makes
+            return False
+        request = _as_sent(plan.send.tools, backend, single_request(plan, backend, turns[start:]), toolbox)
+        try:
+            return int(backend.count(request)) <= limit
+        except ContextOverflowError:  # past what the window holds by its size: too long, not an error here
+            return False
 
     if fits(0):
         return turns
     if not fits(len(turns)):  # the prompt alone is too long: the model's own error says so, with no turn sent
         return []
-    import bisect
-
     starts = [i for i, m in enumerate(turns) if m["role"] == "user" and i > 0] + [len(turns)]
-    # the first start that fits (the last, every turn left out, does): fewer turns never fit worse
-    start = starts[bisect.bisect_left(starts, True, hi=len(starts) - 1, key=fits)]
+    # the first start that fits (the last, every turn left out, does): fewer turns never fit worse; those whose
+    # characters alone are too many are passed over without a count
+    low = bisect.bisect_left(starts, True, hi=len(starts) - 1, key=lambda i: after[i] <= CHARS_PER_TOKEN * limit)
+    start = starts[bisect.bisect_left(starts, True, lo=low, hi=len(starts) - 1, key=fits)]
     err.line(f"the conversation's first {start:,} of {len(turns):,} logged messages are left out to fit the "
              f"{n_ctx:,}-token context window (the log keeps them; a larger --ctx sends more)")
     return turns[start:]
+
+
+def _with_system_share(e: ContextOverflowError, plan: RunPlan, backend: Backend, request: GenerationRequest,
+                       toolbox: Any) -> ContextOverflowError:
+    """A prompt past the window that holds a system prompt (a continued conversation's own, say): the error says the
+    system prompt's share of the tokens, as chat's does, where "the prompt is N tokens" blamed the prompt alone."""
+    if request.messages is None or not any(m["role"] == "system" for m in request.messages):
+        return e
+    alone = dataclasses.replace(request, messages=tuple(m for m in request.messages if m["role"] != "system"))
+    try:
+        need, without = (int(backend.count(_as_sent(plan.send.tools, backend, r, toolbox))) for r in (request, alone))
+    except LocalgenError:  # past the window by its characters alone: that error says so
+        return e
+    n_ctx = int(backend.n_ctx)
+    if need <= n_ctx:  # not the prompt's overflow
+        return e
+    thread = plan.thread
+    inherited = thread is not None and bool(thread.turns) and thread.system is not None \
+        and thread.system == plan.send.system
+    whose = "the conversation's" if inherited else "the"
+    return ContextOverflowError(
+        f"this prompt needs {need:,} tokens with {whose} system prompt ({need - without:,} of them); the context "
+        f"window is {n_ctx:,}",
+        hint=("--continue sends the conversation's system prompt: give a shorter one with --system, or raise --ctx"
+              if inherited else "shorten the system prompt or the prompt, or raise --ctx"))
 
 
 def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None, hits: list[Any],
