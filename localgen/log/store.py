@@ -195,7 +195,8 @@ def _os_why(e: OSError, folder: Path) -> str:
         return "too many open files (raise `ulimit -n`)"
     if e.errno == errno.EFBIG:
         return "the file size limit (`ulimit -f`) is reached"
-    where = Path(e.filename) if e.filename and Path(e.filename).is_relative_to(folder) else folder
+    met = Path(e.filename) if e.filename else folder  # a file in the log's folder, or a folder on the way to it
+    where = met if met.is_relative_to(folder) or folder.is_relative_to(met) else folder
     cause = (e.strerror or "unknown error").lower()
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return f"its folder cannot be written ({where}: {cause})"
