@@ -341,6 +341,13 @@ def test_out_of_memory_retries_with_fewer_layers_then_the_cpu_alone(smollm2_path
 
     with pytest.raises(ModelLoadError, match="bad magic"):
         open_engine(ref, LoadParams(n_gpu_layers=-1), factory=other_error, machine=gpu)
+    # --rpc from a machine with no GPU: the layers went to the servers' devices, whose memory ran short (fewer
+    # layers help), not this machine's RAM
+    tried.clear()
+    cpu = fit.Machine(ram=64 << 30, gpus=(), described=True)
+    got = open_engine(ref, LoadParams(n_gpu_layers=-1, rpc=("127.0.0.1:50052",)), warn=warnings.append,
+                      factory=full_gpu, machine=cpu)
+    assert got == "engine" and tried[:2] == [(-1, False), (15, False)], tried
 
 
 # ---- tests that assert: context, content and order, sampler paths, environment ---------------------------

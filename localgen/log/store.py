@@ -433,14 +433,15 @@ def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: 
 
 
 def _latest(n: int, filters: str, args: list[str]) -> Iterator[Entry]:
-    """The latest `n` (0: all) in the order they were logged: the rows before them skipped, not read into memory."""
+    """The latest `n` (0: all) in the order they were logged, read as they are written out (all of them are never
+    in memory at once): the latest n through the index, newest first, turned round by SQLite (which spills a
+    large sort to disk); all of them, oldest first."""
     with _connect(create=False) as conn:
         conn.row_factory = sqlite3.Row
-        conn.execute("BEGIN")  # one snapshot for the count and the rows: a row logged meanwhile moves neither
-        skip = max(0, int(conn.execute(f"SELECT count(*) FROM responses r{filters}", args).fetchone()[0]) - n) \
-            if n else 0
-        for row in conn.execute(f"SELECT r.* FROM responses r{filters} ORDER BY r.datetime_utc, r.id "
-                                f"LIMIT -1 OFFSET {skip}", args):
+        sql = (f"SELECT * FROM (SELECT r.* FROM responses r{filters} ORDER BY r.datetime_utc DESC, r.id DESC "
+               f"LIMIT {min(int(n), 2**63 - 1)}) ORDER BY datetime_utc, id" if n else
+               f"SELECT r.* FROM responses r{filters} ORDER BY r.datetime_utc, r.id")
+        for row in conn.execute(sql, args):
             yield _entry(dict(row))
 
 

@@ -82,7 +82,8 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
         flag = "--cpu-moe" if params.cpu_moe else f"--n-cpu-moe {params.n_cpu_moe}"
         warn(f"{flag}: {ref.name} is not a mixture of experts (it has no experts to keep in RAM), so it moves nothing")
     # a GPU to move layers off (a shortage then is the GPU's, and fewer layers can help); without one, RAM's
-    offload = bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)
+    # (RPC servers' devices count: their memory is short too, and fewer layers help, as engine/llama.py has it)
+    offload = (bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)) or bool(params.rpc)
     if layout is not None and not params.rpc:  # with RPC servers every layer goes to the devices
         parallel = max(1, -(-kv_tokens // params.n_ctx)) if kv_tokens else 1
         plan = fit.plan(ref.summary, layout, machine or fit.this_machine(offload), params, ctx=params.n_ctx,

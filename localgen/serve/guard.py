@@ -310,6 +310,10 @@ class Gate:
         return self.routes is None or any(r.matches(scope)[0] is Match.FULL for r in self.routes)
 
 
+SLICE = 64 << 10  # a compressed body is decoded this much at a time
+MAX_MEMBERS = 1000  # gzip members in one body (`cat a.gz b.gz` has two; a million empty ones are an attack)
+
+
 def decoded(body: bytes, encoding: str, limit: int) -> bytes:
     """A body sent with Content-Encoding gzip (or deflate), as OpenAI's and Anthropic's APIs take it, decoded
     within `limit` bytes (a few KB of gzip can hold gigabytes: a 413, never the memory); a 415 for another
@@ -319,21 +323,27 @@ def decoded(body: bytes, encoding: str, limit: int) -> bytes:
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise HTTPError(415, f"Content-Encoding {encoding[:40]} is not supported: send the body as it is, or with "
                              "gzip or deflate")
-    out, rest = bytearray(), body
-    while True:
+    out, view, at, members = bytearray(), memoryview(body), 0, 0
+    while True:  # fed in slices: each member's leftover (unused_data) is a copy of at most one slice
+        members += 1
+        if members > MAX_MEMBERS:
+            raise HTTPError(400, f"the request body is not valid {encoding} data: more than {MAX_MEMBERS:,} gzip "
+                                 "members")
         inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in encoding else zlib.MAX_WBITS)
-        try:
-            out += inflate.decompress(rest, limit + 1 - len(out))  # (at least 1: 0 would be no bound)
-        except zlib.error:
-            raise HTTPError(400, f"the request body is not valid {encoding} data (Content-Encoding: {encoding})") \
-                from None
-        if len(out) > limit:
-            raise HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body) once "
-                                 f"decompressed")
-        rest = inflate.unused_data
-        if not inflate.eof or not rest or "gzip" not in encoding:
+        while at < len(view) and not inflate.eof:
+            piece = view[at:at + SLICE]
+            try:
+                out += inflate.decompress(piece, limit + 1 - len(out))  # (at least 1: 0 would be no bound)
+            except zlib.error:
+                raise HTTPError(400, f"the request body is not valid {encoding} data (Content-Encoding: "
+                                     f"{encoding})") from None
+            if len(out) > limit:  # (what max_length left undone is past the limit too)
+                raise HTTPError(413, f"the request body is over the limit of {limit:,} bytes (serve --max-body) "
+                                     "once decompressed")
+            at += len(piece) - len(inflate.unused_data)
+        if not inflate.eof or at >= len(view) or "gzip" not in encoding:
             break
-    if not inflate.eof or rest:
+    if not inflate.eof or at < len(view):
         raise HTTPError(400, f"the request body is not valid {encoding} data: it is cut short or has bytes after "
                              "its end")
     return bytes(out)
