@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -230,3 +231,77 @@ def test_a_gzip_body_of_many_members_is_decoded_in_slices_and_their_number_bound
     with pytest.raises(HTTPError, match=f"more than {MAX_MEMBERS:,} gzip members") as e:
         decoded(gzip.compress(b"") * 800_000, "gzip", 16 << 20)  # 16 MB: refused at the 1,001st member
     assert e.value.status == 400
+
+
+
+def test_a_closing_connection_whose_client_reads_nothing_is_cut_off_after_read_timeout() -> None:
+    """An answer written before the connection closes (HTTP/1.0, `Connection: close`, a 408 or 431) that its client
+    never reads: asyncio's close() waits for it to be read, with no limit, and the deadline stopped looking at a
+    connection once it was closing, so such clients held their descriptors for ever, past the cap too (uvicorn's
+    protocol here over a transport that never drains; a real socket's buffers take too much to fill in a test)."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.server import ServerState
+
+    from localgen.serve.stalls import with_header_deadline
+
+    class Stuck(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.closing = self.aborted = False
+
+        def write(self, data: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            self.closing = True
+
+        def abort(self) -> None:
+            self.closing = self.aborted = True
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def get_write_buffer_size(self) -> int:
+            return 0 if self.aborted else 80_000  # written, never read
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+    async def main() -> bool:
+        config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", ws="none")
+        config.load()
+        protocol = with_header_deadline(HttpToolsProtocol, 0.05)(
+            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = Stuck()
+        protocol.connection_made(transport)
+        transport.close()  # an answer sent with Connection: close
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if transport.aborted:
+                break
+        return transport.aborted
+
+    assert asyncio.run(main()), "a closing connection that drains nothing was left open"
+
+
+def test_a_blank_line_is_found_in_place_across_the_bytes_before() -> None:
+    """The end of a head or of a chunked body is found in what is held without copying it (a copy at each blank
+    line made a body of blank lines quadratic), and a blank line begun in the bytes before counts."""
+    from localgen.serve.stalls import _blank_line
+
+    assert _blank_line(b"", bytearray(b"ab\n\ncd"), 8) == 4
+    assert _blank_line(b"", bytearray(b"ab\n\r\ncd"), 8) == 5
+    assert _blank_line(b"x\n", bytearray(b"\r\nz"), 4) == 2  # begun before: "\n" then "\r\n"
+    assert _blank_line(b"\n\r", bytearray(b"\nz"), 2) == 1
+    assert _blank_line(b"", bytearray(b"ab\ncd\n\n"), 5) is None  # past `within`: not looked at
+    assert _blank_line(b"ab", bytearray(b"\n\n" * 100_000), 200_000) == 2
+

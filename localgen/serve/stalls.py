@@ -80,6 +80,17 @@ class BodyClock:
                               "bytes that come, never more than --read-timeout seconds ahead)")
 
 
+def _blank_line(tail: bytes, held: bytearray, within: int) -> int | None:
+    """Where, in `held`'s first `within` bytes, the first blank line ends (its bytes counted from held's start), the
+    one that begins in `tail` (the 2 bytes before held) too; None where there is none. Searched in place: a copy of
+    what is held at each blank line made a chunked body of blank lines quadratic."""
+    across = HEAD_END.search(tail + bytes(held[:min(2, within)]))  # (a blank line is at most 3 bytes)
+    if across is not None and across.start() < len(tail):
+        return across.end() - len(tail)
+    found = HEAD_END.search(held, 0, within)
+    return None if found is None else found.end()
+
+
 def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                          cap: int | None = None) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol class `base`, closing a connection that takes longer than `seconds` to send
@@ -111,6 +122,7 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
         _eof = False  # the client has closed its side (half-closed: it may still read the answers)
         _full = False  # reading is paused for the bytes held
         _stuck: float | None = None  # since when the answers have waited for the client to read (None: they don't)
+        _closing: float | None = None  # since when, closing, it has waited for the client to read what is left
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -163,16 +175,16 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
                     if room <= 0:
                         self._too_large()
                         return
-                    end = HEAD_END.search(self._tail + held[:room])
-                    size = min(len(held), room) if end is None else end.end() - len(self._tail)
+                    end = _blank_line(self._tail, held, room)
+                    size = min(len(held), room) if end is None else end
                     self._head += size
                 elif self._left is not None:  # a body: the Gate's --max-body bounds it
                     end = None
                     size = min(len(held), self._left) or len(held)
                     self._left -= min(size, self._left)
                 else:  # a chunked one: it can end only at a blank line (its last chunk, "0", then the trailers')
-                    end = HEAD_END.search(self._tail + held)
-                    size = len(held) if end is None else end.end() - len(self._tail)
+                    end = _blank_line(self._tail, held, len(held))
+                    size = len(held) if end is None else end
                 part = bytes(held[:size])
                 del held[:size]
                 self._tail = b"" if end is not None else (self._tail + part)[-2:]
@@ -251,11 +263,18 @@ def with_header_deadline(base: type[asyncio.Protocol], seconds: float,
 
         def _check(self) -> None:
             self._timer = None
-            if self.transport.is_closing():
+            now = time.monotonic()
+            if self.transport.is_closing():  # close() waits for the answers written to be read, however long:
+                if not self.transport.get_write_buffer_size():  # a client that reads none is cut off
+                    return
+                self._closing = now if self._closing is None else self._closing
+                if now - self._closing >= seconds:
+                    self.transport.abort()
+                else:
+                    self._timer = self.loop.call_later(seconds - (now - self._closing), self._check)
                 return
             if self.cycle is not None and not self.cycle.response_complete:  # a request in hand (pipelined too)
                 self._seen, self._since = self.cycle, None
-            now = time.monotonic()
             if self._stuck is not None and now - self._stuck >= seconds:  # a client that reads no answer: its
                 self.transport.abort()  # request in hand is one whose client left (close() would wait for it)
                 return
