@@ -113,12 +113,15 @@ NO_LIMIT = 1 << 60  # cgroup v1's "no limit" is a page-rounded 2**63 - 1: any li
 
 
 def memory_limit() -> tuple[int, int] | None:
-    """The tightest memory limit on this process's cgroups (`docker run --memory`, systemd's MemoryMax) and the
-    memory charged to that cgroup that the kernel cannot drop (its usage less its inactive file cache), in
-    bytes; None where no limit is set (or no cgroup can be read: not Linux). cgroup v2, else v1's memory
-    controller."""
+    """The lowest memory limit on this process's cgroups (`docker run --memory`, systemd's MemoryMax) and the least
+    room left under any of them (its limit less the memory charged to it that the kernel cannot drop: its usage
+    less its inactive file cache), in bytes: the two may be different cgroups' (a parent's near-full 8 GiB over a
+    child's 4 GiB); None where no limit is set (or no cgroup can be read: not Linux). cgroup v2, else v1's
+    memory controller."""
     found = [m for m in (_cgroup2_limits() or _cgroup1_limits()) if m[0] < NO_LIMIT]
-    return min(found, key=lambda m: m[0] - m[1]) if found else None
+    if not found:
+        return None
+    return min(limit for limit, _ in found), max(0, min(limit - charged for limit, charged in found))
 
 
 def _cgroup2_limits() -> list[tuple[int, int]]:
@@ -204,8 +207,7 @@ def available_ram_bytes() -> int | None:
     found = found if found is not None else _vm_stat_available()
     limited = memory_limit()  # a container's limit: what is left of it, where less
     if limited:
-        left = max(0, limited[0] - limited[1])
-        found = left if found is None else min(found, left)
+        found = limited[1] if found is None else min(found, limited[1])
     return found
 
 

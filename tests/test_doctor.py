@@ -249,9 +249,15 @@ def test_a_containers_memory_limit_is_the_ram_plans_and_doctor_see(
 
     _in_a_container(monkeypatch, tmp_path, version)
     gib = 1 << 30
-    assert hardware.memory_limit() == (4 * gib, gib // 2)
+    assert hardware.memory_limit() == (4 * gib, 3.5 * gib)  # the limit, and the room it leaves
     assert hardware.total_ram_bytes() == 4 * gib
     assert (hardware.available_ram_bytes() or 0) <= 3.5 * gib
+    if version == 2:  # a parent's near-full 8 GiB over the container's 4: RAM is the 4, room what the parent leaves
+        (tmp_path / "system.slice" / "memory.max").write_text(f"{8 * gib}\n")
+        (tmp_path / "system.slice" / "memory.current").write_text(f"{7 * gib}\n")
+        (tmp_path / "system.slice" / "memory.stat").write_text("inactive_file 0\n")
+        assert hardware.memory_limit() == (4 * gib, gib)
+        assert hardware.total_ram_bytes() == 4 * gib and (hardware.available_ram_bytes() or 0) <= gib
     ram = _lines(cli_in_process("doctor", "--no-check").stdout)["RAM"]
     assert re.fullmatch(r"4\.0 GiB \([\d.]+ [KMG]iB available\) · the container's memory limit \(cgroup\): plans and "
                         r"serve's loads keep within it", ram), ram
