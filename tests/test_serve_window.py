@@ -142,3 +142,15 @@ def test_a_cut_keeps_num_keep_tokens_a_bos_besides_and_the_end_that_fits() -> No
     assert cut(tokens, 0, 6, bos=-1).tokens == [4, 5, 6, 7, 8, 9]
     assert cut(tokens, -1, 6, bos=-1).tokens == [0, 1, 2, 3, 4, 9]
     assert cut(tokens, 100, 6, bos=-1).tokens == [0, 1, 2, 3, 4, 9]
+
+
+def test_ollama_s_num_predict_minus_2_fills_the_window(server: Server) -> None:
+    """Ollama's `num_predict: -2` ("fill the context") was a 400 (localgen's range starts at -1): it is -1 here,
+    until the model stops or the window is full."""
+    import ollama
+
+    client = ollama.Client(host=server.url)
+    r = client.generate(model=MODEL, prompt="Count to a thousand.",
+                        options={"num_predict": -2, "temperature": 0, "ignore_eos": True})
+    assert r.done_reason == "length" and (r.prompt_eval_count or 0) + (r.eval_count or 0) == WINDOW, r
+

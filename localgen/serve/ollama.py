@@ -56,6 +56,8 @@ class Generate:
         opts = body.get("options") or {}
         if not isinstance(opts, dict):
             raise HTTPError(400, "`options` must be an object", param="options")
+        if opts.get("num_predict") == -2 and not isinstance(opts["num_predict"], bool):  # Ollama's "fill the
+            opts = {**opts, "num_predict": -1}  # context": here -1, until the model stops or the window is full
         # load-time options are ignored (`serve` loaded the model before any request); others are a 400
         known = {*settings.spellings("ollama"), *loadsettings.OLLAMA_LOAD_OPTIONS, "exact", "num_keep"}
         unknown = set(opts) - known
