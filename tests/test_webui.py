@@ -2163,18 +2163,6 @@ def test_the_server_out_of_reach_is_no_longer_said_once_it_answers(tab: Tab) -> 
     assert page.locator("#banner").is_hidden()
 
 
-def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:
-    """The last test of the module: it stops the server. The page then says the server cannot be reached,
-    and keeps the message for a Regenerate."""
-    page = tab.open()
-    settings(page, max_tokens=4)
-    assert server.stop() == 0
-    article = ask(page, "Are you there?")
-    note = article.locator(".note").inner_text()
-    assert note.startswith("Cannot reach the server: is localgen serve still running?"), note
-    assert page.locator("article.user .text").inner_text() == "Are you there?"
-
-
 def test_if_none_match_is_read_with_rfc_9110s_weak_comparison(server: Server) -> None:
     """docs/webui.md: a weak tag (W/"..."), as a proxy that compresses the file sends back, a list of tags, or `*`
     was a 200 with the whole file again; each is a 304. A tag that is not the file's is a 200."""
@@ -2186,3 +2174,15 @@ def test_if_none_match_is_read_with_rfc_9110s_weak_comparison(server: Server) ->
     for asked in ('"0123"', tag.strip('"'), f'"{tag}"', ""):
         r = httpx.get(f"{server.url}/webui/app.js", headers={"If-None-Match": asked})
         assert r.status_code == 200 and r.content == first.content, asked
+
+
+def test_a_server_that_went_away_is_said_plainly(tab: Tab, server: Server) -> None:
+    """The last test of the module: it stops the server. The page then says the server cannot be reached,
+    and keeps the message for a Regenerate."""
+    page = tab.open()
+    settings(page, max_tokens=4)
+    assert server.stop() == 0
+    article = ask(page, "Are you there?")
+    note = article.locator(".note").inner_text()
+    assert note.startswith("Cannot reach the server: is localgen serve still running?"), note
+    assert page.locator("article.user .text").inner_text() == "Are you there?"
