@@ -84,7 +84,7 @@ async def fit(worker: Served, request: GenerationRequest, said: tuple[Message, .
     apart = await _shows_second_system(tokens)
     budget = compact.budget(window)
     # the fewest oldest turns to fold so that the rest fits beside a summary of full size
-    keep_from = await _least(len(middle), lambda k: fits([*head, *middle[k:], *tail], limit - budget))
+    keep_from = await least(len(middle), lambda k: fits([*head, *middle[k:], *tail], limit - budget))
     keep_from = _not_a_result(middle, keep_from)
     spent = [0]
     summary = await _summary(worker, request, http, keep_alive, previous, middle[:keep_from], window, budget, loop,
@@ -184,7 +184,7 @@ async def _shows_second_system(tokens: Callable[[list[Message]], Coroutine[Any, 
     return a is not None and b is not None and b > a
 
 
-async def _least(n: int, ok: Callable[[int], Coroutine[Any, Any, bool]]) -> int:
+async def least(n: int, ok: Callable[[int], Coroutine[Any, Any, bool]]) -> int:
     """The least k in 1..n for which ok(k) holds (ok is monotone), else n."""
     lo, hi = 1, n
     while lo < hi:

@@ -12,6 +12,7 @@ import dataclasses
 from starlette.requests import Request
 
 from localgen.serve.apierror import HTTPError
+from localgen.serve.fitting import least
 from localgen.serve.running import run_whole
 from localgen.serve.served import Served
 from localgen.serve.tooling import apply_plan
@@ -51,14 +52,7 @@ async def trimmed(worker: Served, request: GenerationRequest, plan: ToolPlan | N
 
     start, kept = 0, len(messages)
     if chat and len(messages) > 1:  # the fewest oldest messages whose leaving out makes it fit (Ollama's first)
-        lo, hi = 1, len(messages) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if await fits(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        start = lo
+        start = await least(len(messages) - 1, fits)
         request = dataclasses.replace(request, messages=tuple(_kept(messages, start)))
         kept = len(request.messages)
     now = await count(start)
