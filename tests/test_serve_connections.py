@@ -242,10 +242,9 @@ def test_a_closing_connection_whose_client_reads_nothing_is_cut_off_after_read_t
     import asyncio
 
     import uvicorn
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     from uvicorn.server import ServerState
 
-    from localgen.serve.stalls import with_header_deadline
+    from localgen.serve.connection import with_header_deadline
 
     class Stuck(asyncio.Transport):
         def __init__(self) -> None:
@@ -279,7 +278,7 @@ def test_a_closing_connection_whose_client_reads_nothing_is_cut_off_after_read_t
     async def main() -> bool:
         config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", ws="none")
         config.load()
-        protocol = with_header_deadline(HttpToolsProtocol, 0.05)(
+        protocol = with_header_deadline(0.05)(
             config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
         transport = Stuck()
         protocol.connection_made(transport)
@@ -296,7 +295,7 @@ def test_a_closing_connection_whose_client_reads_nothing_is_cut_off_after_read_t
 def test_a_blank_line_is_found_in_place_across_the_bytes_before() -> None:
     """The end of a head or of a chunked body is found in what is held without copying it (a copy at each blank
     line made a body of blank lines quadratic), and a blank line begun in the bytes before counts."""
-    from localgen.serve.stalls import _blank_line
+    from localgen.serve.connection import _blank_line
 
     assert _blank_line(b"", bytearray(b"ab\n\ncd"), 8) == 4
     assert _blank_line(b"", bytearray(b"ab\n\r\ncd"), 8) == 5

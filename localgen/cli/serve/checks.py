@@ -305,7 +305,7 @@ def _api_key(f: ServeArgs) -> str | None:
 
 
 MAX_KEY = 4096  # an API key's characters: the Authorization header must fit the 64 KiB of a request's line and
-# headers the server reads (serve/stalls.py's MAX_HEAD), beside the client's other headers
+# headers the server reads (serve/connection.py's MAX_HEAD), beside the client's other headers
 
 
 def _checked_key(key: str, where: str) -> str:

@@ -239,11 +239,10 @@ def _sigterm(handler: Any) -> None:
 def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     """uvicorn's server for `app`, with its fetch pool, our access line and the read deadlines; drained on exit."""
     import uvicorn
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from localgen.fetch import Fetcher, FetchPool
+    from localgen.serve.connection import with_header_deadline
     from localgen.serve.descriptors import connection_cap, low_cap_line, raise_limit
-    from localgen.serve.stalls import with_header_deadline
 
     listen, fetching = f.listen, f.fetching
     app.state.front.pool = FetchPool(Fetcher(private=fetching.allow_private_urls, timeout=fetching.fetch_timeout),
@@ -251,7 +250,8 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     app.state.front.log = log  # our access line (serve/app.py's FrontDoor) replaces uvicorn's, off even with -v
     # a connection that sends no request, or half its headers, is closed after --read-timeout (uvicorn would
     # wait forever); so is one idle between requests (uvicorn's keep-alive timeout is no shorter: serve.md); one
-    # whose request line and headers pass 64 KiB gets a 431 (httptools, a dependency, is the parser: serve/stalls.py);
+    # whose request line and headers pass 64 KiB gets a 431 (httptools, a dependency, is the parser:
+    # serve/connection.py);
     # past the cap of connections open at once, the one idle longest is closed (serve/descriptors.py)
     limit = raise_limit()
     cap = connection_cap(limit)  # counted once the models have loaded: their descriptors are taken
@@ -259,16 +259,8 @@ def _listener(app: Any, f: ServeArgs, log: ServeLog) -> Any:
     if low:
         log.warning(low)
 
-    class _UpgradeIgnored(HttpToolsProtocol):  # type: ignore[misc]
-        """An Upgrade (websocket, h2c) answered as HTTP/1.1, as RFC 9110 §7.8 lets a server: serve has no WebSocket
-        routes (ws="none"), and uvicorn's two warnings per such request told the operator to install a WebSocket
-        library."""
-
-        def _unsupported_upgrade_warning(self) -> None:
-            pass
-
     config = uvicorn.Config(app, host=listen.host, port=listen.port, log_level="warning" if not f.verbose else "info",
-                            http=with_header_deadline(_UpgradeIgnored, listen.read_timeout, cap), ws="none",
+                            http=with_header_deadline(listen.read_timeout, cap), ws="none",
                             timeout_keep_alive=math.ceil(listen.read_timeout),
                             timeout_graceful_shutdown=math.ceil(f.drain_timeout) + 1, access_log=False,
                             lifespan="on", **_uvicorn_logging(log.json))
