@@ -467,3 +467,24 @@ def test_a_long_history_resumed_compacts_only_its_newest_part_in_few_requests(sm
     folded = int(notes[2].split()[1])
     assert 0 < folded < 20 and s.covers == runner.first, (folded, s.covers)
     assert runner.sent()[2:] == runner.session.messages[s.covers:]
+    # the summary stands for the messages it folded, not for the older ones left out: its heading, its saved form
+    # and what a resumed chat says count those (they counted every message before the window as summarized)
+    assert s.count == folded < s.covers, (s.count, folded, s.covers)
+    assert f"({folded} messages, summarized)" in str(runner.head()[-1]["content"]), runner.head()
+    saved = s.to_dict()
+    assert saved["summarized"] == folded and Summary.from_dict(saved, len(runner.session.messages)) == s
+    from localgen.cli.chat.view import summarized
+
+    assert summarized(runner.session) == (f" (the first {s.covers:,}: {folded:,} sent as a summary, the "
+                                          f"{s.covers - folded:,} before left out)")
+
+
+def test_a_summary_saved_before_it_counted_what_it_summarized_stands_for_all_it_covers() -> None:
+    """A conversation saved before a summary kept its count reads as one of every message it covers; a count
+    that is not one of those messages is a damaged summary."""
+    old = {"text": "t", "covers": 4, "tokens": 3, "compactions": 1, "model": "m", "created": 1.0}
+    s = Summary.from_dict(old, 6)
+    assert (s.count, s.to_dict()["summarized"]) == (4, 4)
+    for bad in (0, 5, "2", True):
+        with pytest.raises(ValueError):
+            Summary.from_dict({**old, "summarized": bad}, 6)

@@ -69,6 +69,35 @@ def test_the_gate_lets_a_bracketed_loopback_page_in_with_cors_headers() -> None:
     assert refused.status_code == 403 and "--cors http://1:5173" in refused.json()["error"]["message"]
 
 
+def test_a_preflight_for_a_method_not_allowed_is_refused_in_the_routes_api_shape() -> None:
+    """A preflight asking for a method serve does not take was Starlette's plain-text "Disallowed CORS method";
+    it is the route's API error now (OpenAI's, Ollama's, Anthropic's), its CORS headers kept."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from localgen.serve.guard import Gate, Policy
+
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hi")
+
+    routes = [Route(p, hello, methods=["POST"]) for p in ("/v1/chat/completions", "/api/chat", "/v1/messages")]
+    client = TestClient(Gate(Starlette(routes=routes), Policy(check_host=False)))
+    page = {"Origin": "http://localhost:5173", "Access-Control-Request-Method": "PATCH"}
+    openai = client.options("/v1/chat/completions", headers=page)
+    assert openai.status_code == 400 and openai.headers["access-control-allow-origin"] == "http://localhost:5173"
+    error = openai.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"] == (
+        "the CORS preflight asks for the method PATCH, which serve does not take (it takes GET, POST, DELETE, "
+        "OPTIONS, HEAD)"), error
+    assert client.options("/api/chat", headers=page).json()["error"].startswith("the CORS preflight asks")
+    anthropic = client.options("/v1/messages", headers=page).json()
+    assert anthropic["type"] == "error" and anthropic["error"]["type"] == "invalid_request_error", anthropic
+    allowed = client.options("/v1/chat/completions", headers={**page, "Access-Control-Request-Method": "POST"})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "http://localhost:5173"
+
+
 # ---- #47.6: the projector pull picks --------------------------------------------------------------------
 
 @pytest.mark.parametrize(("names", "want"), [

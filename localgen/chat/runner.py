@@ -160,7 +160,7 @@ class ChatRunner:
         head: list[Message] = [{"role": "system", "content": system}] if system else []
         if summary is None:
             return head
-        text = compact.summary_text(summary.covers, summary.text)
+        text = compact.summary_text(summary.count, summary.text)
         if system and not self._summary_apart():
             return [{"role": "system", "content": f"{system}\n\n{text}"}]
         return [*head, {"role": "system", "content": text}]
@@ -276,9 +276,10 @@ class ChatRunner:
         self.summary_stopped = False
         text, pieces = compact.fold([compact.line_of(m) for m in folding], old.text if old else None, fits, write)
         first = self.first
+        count = (old.count if old else 0) + end - begin  # (those before `begin` left out, not summarized)
         self.session.summary = Summary(text=text, covers=end, tokens=written[-1],
                                        compactions=(old.compactions if old else 0) + 1, model=self.session.model,
-                                       created=time.time())
+                                       created=time.time(), summarized=None if count == end else count)
         self.first = max(self.first, end)
         after = self.count(self.sent())
         if after >= before:  # a summary as long as what it folds (short turns): nothing gained, nothing changes

@@ -111,11 +111,19 @@ class Summary:
     compactions: int  # how many compactions made it (each folds the summary before it in)
     model: str  # the model that wrote it
     created: float
+    # how many of messages[:covers] the text stands for: the rest (the oldest) were left out, a compaction folding
+    # at most compact.FOLD_WINDOWS windows of tokens; None: all of them
+    summarized: int | None = None
+
+    @property
+    def count(self) -> int:
+        """How many messages the text stands for."""
+        return self.covers if self.summarized is None else self.summarized
 
     def to_dict(self) -> dict[str, Any]:
         """The saved form."""
-        return {"text": self.text, "covers": self.covers, "tokens": self.tokens, "compactions": self.compactions,
-                "model": self.model, "created": self.created}
+        return {"text": self.text, "covers": self.covers, "summarized": self.count, "tokens": self.tokens,
+                "compactions": self.compactions, "model": self.model, "created": self.created}
 
     @classmethod
     def from_dict(cls, data: Any, n_messages: int) -> Summary:
@@ -123,12 +131,14 @@ class Summary:
         if not isinstance(data, dict) or not isinstance(data.get("text"), str):
             raise ValueError("summary")
         covers, tokens, count = data.get("covers", 0), data.get("tokens", 0), data.get("compactions", 1)
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (covers, tokens, count)):
+        summarized: Any = data.get("summarized", covers)  # (saved before it was kept: all of them)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (covers, tokens, count, summarized)):
             raise ValueError("summary")
-        if not 0 < covers <= n_messages:
+        if not 0 < covers <= n_messages or not 0 < summarized <= covers:
             raise ValueError("summary")
         return cls(text=data["text"], covers=covers, tokens=tokens, compactions=count,
-                   model=str(data.get("model") or ""), created=float(data.get("created", 0)))
+                   model=str(data.get("model") or ""), created=float(data.get("created", 0)),
+                   summarized=None if summarized == covers else summarized)
 
 
 @dataclass

@@ -15,15 +15,17 @@ import hmac
 import ipaddress
 import re
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 
 from localgen.errors import UsageError
-from localgen.serve.apierror import HTTPError, error_response
+from localgen.serve.apierror import HTTPError, api_of, error_body, error_response
 from localgen.serve.stalls import DEFAULT_READ_TIMEOUT_S, BodyClock
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -364,6 +366,31 @@ def _cors(app: ASGIApp, policy: Policy) -> ASGIApp:
     class Cors(CORSMiddleware):
         def is_allowed_origin(self, origin: str) -> bool:
             return policy.origin_allowed(origin)
+
+        def preflight_response(self, request_headers: Any) -> Response:
+            """Starlette's, but a refusal (a method or headers not allowed) is the route's API error, not a line
+            of plain text; its CORS headers kept, so that the page's script can read it."""
+            response = super().preflight_response(request_headers)
+            if response.status_code < 400:
+                return response
+            what = bytes(response.body).decode("utf-8", "replace").removeprefix("Disallowed CORS ")
+            asked = request_headers.get("access-control-request-method", "")[:100]
+            message = (f"the CORS preflight asks for the method {asked}, which serve does not take (it takes "
+                       f"{', '.join(self.allow_methods)})" if "method" in what.split(", ") else
+                       f"the CORS preflight asks for what serve does not allow: {what}")
+            e = HTTPError(response.status_code, message)
+            kept = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+            body = error_body(api_of(self._path.get(), request_headers), e)
+            return JSONResponse(body, status_code=e.status, headers=kept)
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            token = self._path.set(scope.get("path", ""))
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self._path.reset(token)
+
+        _path: ContextVar[str] = ContextVar("localgen_preflight_path", default="")
 
     return Cors(app, allow_methods=["GET", "POST", "DELETE", "OPTIONS", "HEAD"],  # type: ignore[arg-type]
                 allow_headers=["*"], max_age=600, allow_private_network=True)

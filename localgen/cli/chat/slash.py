@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import settings
+from localgen.cli.chat.view import covered
 from localgen.cli.output import plural
 from localgen.errors import LocalgenError, UsageError
 
@@ -102,7 +103,9 @@ def _summary_line(runner: Any) -> str:
     s = runner.session.summary
     if s is None:
         return "summary: none (nothing compacted)"
-    return (f"summary of the first {plural(s.covers, 'message')} ({plural(s.compactions, 'compaction')}, "
+    of = f"{s.count:,} of the first {plural(s.covers, 'message')}" if s.count < s.covers else \
+        f"the first {plural(s.covers, 'message')}"
+    return (f"summary of {of} ({plural(s.compactions, 'compaction')}, "
             f"{plural(s.tokens, 'token')}; the messages stay saved): {s.text}")
 
 
@@ -371,7 +374,7 @@ def _context(runner: Any, view: Any, arg: str) -> None:
     n = len(runner.session.messages)
     window = f" ({n - first:,} in the window)" if first else ""
     if runner.session.summary is not None:
-        window = f" (the first {runner.session.summary.covers:,} sent as a summary; {n - first:,} in the window)"
+        window = f" ({covered(runner.session.summary)}; {n - first:,} in the window)"
     view.info(f"{used:,} of {n_ctx:,} tokens used ({used * 100 // n_ctx} %) as the next prompt sends the conversation "
               f"(the footer's figure: as the last answer ended, before its turn was closed) · "
               f"{plural(n, 'message')}{window}")

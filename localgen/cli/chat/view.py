@@ -85,7 +85,14 @@ class ChatView:
 def summarized(session: Any) -> str:
     """What a resumed or loaded conversation's summary covers, for the line that says it goes on."""
     s = session.summary
-    return f" (the first {s.covers:,} sent as a summary)" if s is not None else ""
+    return f" ({covered(s)})" if s is not None else ""
+
+
+def covered(s: Any) -> str:
+    """What a summary stands for: the first N messages, or M of them where the oldest were left out."""
+    if s.count < s.covers:
+        return f"the first {s.covers:,}: {s.count:,} sent as a summary, the {s.covers - s.count:,} before left out"
+    return f"the first {s.covers:,} sent as a summary"
 
 
 WAKE_S = 0.1  # how often a wait for an answer lets Python run a signal's handler
