@@ -1076,6 +1076,57 @@ def test_serve_takes_a_changed_presets_worker_away_once_and_sees_a_change_made_w
     assert not state.current(third)
 
 
+def test_serve_takes_away_the_worker_of_a_model_removed_or_replaced_on_disk(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    """A model (not a preset) that serve had loaded on demand and `localgen rm` removed in another process stayed
+    in /v1/models and /api/tags, and a request for it was a 500 (its file gone) once it had unloaded: its worker is
+    taken away as a changed preset's is, so the model is listed no more (a 404); one whose file a new pull replaced
+    is loaded afresh."""
+    from localgen.serve.ondemand import OnDemand
+    from localgen.serve.state import ServeState
+    from localgen.types import LoadParams, ModelRef
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF one")
+    said: list[str] = []
+    on_disk = ["org/m:Q4_K_M"]
+
+    class W:
+        pinned, busy = False, False
+
+        def __init__(self, ref: ModelRef) -> None:
+            self.ref, self.name = ref, ref.name
+
+        def close(self, why: str) -> None:
+            said.append(f"close {why}")
+
+        def stop(self) -> None:
+            said.append("stop")
+
+    def lookup(name: str) -> Any:
+        return ModelRef(name=name, path=str(model), source="hf", summary=None)  # type: ignore[arg-type]
+
+    state = ServeState(workers={}, on_demand=OnDemand(W, lookup, lambda: list(on_disk), LoadParams()))
+    first = state.worker("org/m:Q4_K_M")
+    assert first is not None and state.current(first) and list(state.current_workers()) == ["org/m:Q4_K_M"]
+    model.unlink()  # localgen rm in another process
+    on_disk.clear()
+    assert list(state.current_workers()) == [] and said[:1] == ["close org/m:Q4_K_M changed on disk"], said
+    from localgen.serve.apierror import HTTPError
+
+    with pytest.raises(HTTPError) as gone:
+        state.worker("org/m:Q4_K_M")
+    assert gone.value.status == 404, gone.value.message
+    on_disk.append("org/m:Q4_K_M")
+    model.write_bytes(b"GGUF two, pulled again")
+    second = state.worker("org/m:Q4_K_M")
+    assert second is not None and second is not first and state.current(second)
+    model.unlink()
+    model.write_bytes(b"GGUF three, a new revision")  # replaced in place: a new file
+    assert not state.current(second)
+
+
 def test_a_request_whose_worker_is_taken_away_while_it_is_read_goes_to_the_new_one(cli_env: dict[str, str],
                                                                                     tmp_path: Path) -> None:
     """A request took the worker of a preset, then waited (here for its image URL) while the preset was replaced

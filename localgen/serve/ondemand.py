@@ -5,6 +5,7 @@ name a file path, a Hub repo to download, or anything else `run -m` would take."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,8 +29,9 @@ class OnDemand:
         self.listing = listing  # the names of the models on disk
         self.peek = peek or lookup  # as lookup, for the listings: nothing assembled (an embedded model in chunks)
         self.aliases: dict[str, str] = {}  # a name asked for → the worker's name, when they differ
-        # a preset's worker's name → that worker, and its file's stamp (presets.stamp) as it was looked up
-        self.stamps: dict[str, tuple[ModelWorker, tuple[int, ...]]] = {}
+        # a worker's name → that worker, what its file's stamp was as it was looked up (a preset's file: presets.stamp;
+        # another model's: its GGUF's), and how to take it again
+        self.stamps: dict[str, tuple[ModelWorker, tuple[int, ...], Callable[[], tuple[int, ...] | None]]] = {}
 
     def worker(self, name: str, workers: dict[str, ModelWorker]) -> ModelWorker | None:
         """The worker for `name` (made now unless one serves that model), or None when no such model is here;
@@ -56,20 +58,21 @@ class OnDemand:
             raise HTTPError(400, f"model {name!r} cannot be loaded here: {e}", param="model",
                             logged=f"model {name!r} was asked for and cannot be loaded here: {e}") from None
         if same is None and stamp is not None and presets.canonical(name) == w.name:
-            self.stamps[w.name] = (w, stamp)
+            self.stamps[w.name] = (w, stamp, lambda: presets.stamp(w.name))
+        elif same is None and stamp is None and (found := file_stamp(ref.path)) is not None:
+            self.stamps[w.name] = (w, found, lambda: file_stamp(ref.path))
         if w.name != name:
             self.aliases[name] = w.name
         return w
 
     def current(self, w: ModelWorker) -> bool:
-        """Whether a worker made here serves its model as it is on disk: false once its preset's file was
-        replaced (`localgen create --force` in another process) or removed (`localgen rm`). One stat."""
+        """Whether a worker made here serves its model as it is on disk: false once its preset's file, or its
+        model's, was replaced (`localgen create --force`, a pull of a new revision, in another process) or removed
+        (`localgen rm`). One stat."""
         made = self.stamps.get(w.name)
-        if made is None or made[0] is not w:  # no preset's worker, or one taken away (a new one has its name)
+        if made is None or made[0] is not w:  # no worker of a file, or one taken away (a new one has its name)
             return True
-        from localgen.models import presets
-
-        return presets.stamp(w.name) == made[1]
+        return made[2]() == made[1]
 
     def forget(self, w: ModelWorker) -> None:
         """A worker taken away: its stamp and the names that meant it, while they are its own (not those of a
@@ -100,3 +103,15 @@ class OnDemand:
             if (ref.name, ref.path) not in held:
                 out.append((name, ref))
         return out
+
+
+def file_stamp(path: str | None) -> tuple[int, ...] | None:
+    """What tells a model's file was removed or replaced (the file its link in the cache leads to): its device,
+    inode, size and modification time; None when there is none."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
