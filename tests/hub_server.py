@@ -1,7 +1,8 @@
 """A loopback stand-in for the Hugging Face Hub, enough for huggingface_hub and localgen's transfers:
 GET /api/models/{repo}[/revision/{rev}] (with siblings and LFS SHA-256s), GET /api/models/{repo}/tree/{rev},
 HEAD/GET /{repo}/resolve/{rev}/{file} with X-Repo-Commit, X-Linked-Etag, X-Linked-Size and byte ranges,
-X-Error-Code on 4xx. Faults on demand: dropped connections, wrong bytes, 5xx, gated repos, slow transfers.
+X-Error-Code on 4xx. Faults on demand: dropped connections, wrong bytes, 5xx, gated repos, slow transfers, and
+answers that are not the file (a captive portal's 200, a 206 of the wrong range or of none said, a redirect loop).
 Like the real Hub's LFS and Xet files, file downloads can answer with a redirect to a second host (a "CDN"
 on 127.0.0.2), which records the headers it is sent. Both bind to loopback only and stop with the session."""
 
@@ -80,6 +81,10 @@ class FakeHub:
     cdn_port: int = 0
     cdn_requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization header)
     hub_auth: list[str | None] = field(default_factory=list)  # Authorization headers the Hub itself saw
+    # file -> the next GETs' wrong answers, used once each: "portal" (200, a 55-byte HTML page), "from0" (206 of
+    # the file from byte 0 whatever was asked, its Content-Range saying so), "norange" (206 with no Content-Range:
+    # the file's first 64 KiB whatever was asked), "loop" (302 to itself)
+    answers: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -97,6 +102,7 @@ class FakeHub:
             self.redirect_files = False
             self.cdn_requests.clear()
             self.hub_auth.clear()
+            self.answers.clear()
 
 
 def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
@@ -209,9 +215,13 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 return
             with hub.lock:
                 failure = hub.fail_downloads.pop(0) if self.command == "GET" and hub.fail_downloads else None
+                wrong = hub.answers.get(name, [])
+                answer = wrong.pop(0) if self.command == "GET" and wrong else None
             if failure:
                 self._error(failure, None, f"injected {failure} into the download")
                 return
+            if answer:  # ("": the file itself, this once)
+                return self._wrong(answer, f)
             start, end = 0, f.size
             rng = self.headers.get("Range")
             status = 200
@@ -262,6 +272,33 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 pos += n
                 if hub.delay_per_mb:
                     time.sleep(hub.delay_per_mb)
+
+        def _wrong(self, answer: str, f: HubFile) -> None:
+            """An answer that is not the file, or not the part asked for (FakeHub.answers)."""
+            if answer == "loop":
+                self.send_response(302)
+                self.send_header("Location", self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if answer == "portal":
+                body = b"<html><body>Captive portal: please log in</body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+            else:
+                body = f.read(0, f.size if answer == "from0" else 1 << 16)
+                self.send_response(206)
+                self.send_header("Content-Type", "application/octet-stream")
+                if answer == "from0":
+                    self.send_header("Content-Range", f"bytes 0-{f.size - 1}/{f.size}")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            with hub.lock:
+                hub.sent[self.path] = hub.sent.get(self.path, 0) + len(body)
 
     return Handler
 

@@ -973,3 +973,185 @@ def test_an_empty_hf_endpoint_is_the_hub_as_unset(monkeypatch: pytest.MonkeyPatc
         assert hub.endpoint() == "https://huggingface.co"
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:18450/")
     assert hub.endpoint() == "http://127.0.0.1:18450"
+
+
+# ---- answers that are not the file, credentials, whole-pull space, projectors, presets, shared tags ------------
+
+
+def _partial(env: dict[str, str], sha: str, repo: str = REPO) -> Path:
+    return blob(env, sha, repo).with_name(sha + ".incomplete")
+
+
+def test_a_portal_page_answered_for_the_file_is_never_written(env: dict[str, str], hub: hub_server.FakeHub,
+                                                               model_file: hub_server.HubFile) -> None:
+    """A 200 whose length is not the file's (a captive portal's 55-byte page) is a failed try, nothing of it kept:
+    it was written as the file's start, the next try resumed from it and the whole download failed its SHA-256."""
+    hub.answers[FILE] = ["portal"]
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert "the server answered 200 with 55 bytes of text/html, not the file's 94 MiB; retrying" in r.stderr
+    assert blob(env, model_file.sha256).is_file() and not _partial(env, model_file.sha256).exists()
+
+
+def test_a_portal_page_every_time_leaves_nothing_to_resume_from(env: dict[str, str], hub: hub_server.FakeHub,
+                                                                 model_file: hub_server.HubFile) -> None:
+    hub.answers[FILE] = ["portal"] * 6
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        f"localgen: error: downloading {FILE} failed after 6 tries: the server answered 200 with 55 bytes of "
+        "text/html, not the file's 94 MiB (run the same command again: it resumes where it stopped)"), r.stderr
+    assert not _partial(env, model_file.sha256).exists(), "no portal page is left as the file's start"
+
+
+def test_a_206_of_another_range_is_a_failed_try_not_appended(env: dict[str, str], hub: hub_server.FakeHub,
+                                                              model_file: hub_server.HubFile) -> None:
+    """Resumed at 10 MB, a 206 from byte 0 (its Content-Range says so) was appended: "the server sent more bytes
+    than the file has", naming no file."""
+    hub.drop_after[FILE] = [10_000_000]
+    hub.answers[FILE] = ["", "from0"]  # the first GET is the file (dropped at 10 MB), the resumed one is not
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert "the server sent bytes 0-" in r.stderr and "when asked for bytes 10000000-" in r.stderr, r.stderr
+    assert blob(env, model_file.sha256).is_file()
+
+
+def test_a_206_with_no_content_range_counts_as_a_failed_try(env: dict[str, str], hub: hub_server.FakeHub,
+                                                            model_file: hub_server.HubFile) -> None:
+    """A 206 whose range is not said, with a short body each time, brought bytes every try and so reset the count
+    of failed tries for ever: now each is a failed try, nothing written."""
+    hub.answers[FILE] = ["norange"] * 6
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1].startswith(
+        f"localgen: error: downloading {FILE} failed after 6 tries: the server answered 206 with no byte range "
+        "(Content-Range) it sent"), r.stderr
+    assert not _partial(env, model_file.sha256).exists()
+
+
+def test_a_redirect_loop_is_said_at_once(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    hub.answers[FILE] = ["loop"] * 40
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 1 and "retrying" not in r.stderr, r.stderr
+    last = r.stderr.splitlines()[-1]
+    assert last == f"localgen: error: the Hub redirects the download of {FILE} in a loop (HTTP 302)", r.stderr
+
+
+def test_a_stalled_read_says_how_long_no_byte_came() -> None:
+    from localgen.models import download
+
+    assert download._reason(TimeoutError("timed out")) == f"no byte came for {download.TIMEOUT_S} s"
+    import urllib.error
+
+    assert download._reason(urllib.error.URLError(TimeoutError())) == f"no byte came for {download.TIMEOUT_S} s"
+
+
+@pytest.mark.parametrize(("frm", "to", "keeps"), [
+    ("http://h:8080/a", "http://h:8080/b", True),
+    ("https://h/a", "https://h:443/b", True),
+    ("http://h:8080/a", "http://h:9090/b", False),  # another port of the same host: another service
+    ("https://h/a", "https://h:8443/b", False),
+    ("https://h/a", "http://h/b", False),
+    ("http://h/a", "https://h/b", False),
+    ("https://h/a", "https://cdn.h/b", False),
+])
+def test_the_token_goes_only_to_the_same_origin(frm: str, to: str, keeps: bool) -> None:
+    from localgen.models import hub
+
+    assert hub.keeps_token(frm, to) is keeps
+
+
+def test_credentials_in_hf_endpoint_are_never_shown(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    r = lg({**env, "HF_ENDPOINT": "http://user:pw123@127.0.0.1:9"}, "pull", REPO)
+    assert r.returncode == 1 and "pw123" not in r.stderr and "user:" not in r.stderr, r.stderr
+    assert "cannot reach the Hub at http://127.0.0.1:9: " in r.stderr, r.stderr
+    r = lg({**env, "HF_ENDPOINT": "ftp://user:pw123@mirror"}, "pull", REPO)
+    assert r.returncode == 2 and "pw123" not in r.stderr and "'ftp://mirror'" in r.stderr, r.stderr
+
+
+def test_free_space_is_checked_for_the_whole_pull_first(env: dict[str, str], hub: hub_server.FakeHub,
+                                                       split_parts: list[Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each part fit alone, so the first came and the second had no room; the projector was not counted."""
+    import shutil
+
+    from localgen.models import download, resolve
+
+    files = {p.name: hub_server.HubFile(p) for p in split_parts}
+    files["mmproj-smol-f16.gguf"] = hub_server.HubFile(b"\0" * (4 << 20))
+    hub.repos["acme/Split-GGUF"] = hub_server.HubRepo(COMMIT, files)
+    for k in ("HF_ENDPOINT", "HF_HUB_CACHE", "LOCALGEN_HOME"):
+        monkeypatch.setenv(k, env[k])
+    total = sum(f.size for f in files.values())
+    free = max(f.size for f in files.values()) + (64 << 20) + (1 << 20)
+    assert free < total + (64 << 20)
+    real = shutil.disk_usage
+    monkeypatch.setattr(download.shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+    need = f"{(total + (64 << 20)) / (1 << 20):.0f} MiB"
+    with pytest.raises(LocalgenError, match=rf"not enough disk space for {split_parts[0].name} and 2 more file\(s\): "
+                                            rf"need {need}"):
+        resolve.pull(resolve.target("acme/Split-GGUF:Q4_1"), download.Quiet())
+    assert not hub.sent, "nothing was downloaded"
+
+
+def test_rm_removes_the_projector_pulled_with_the_model(env: dict[str, str], hub: hub_server.FakeHub,
+                                                       model_file: hub_server.HubFile) -> None:
+    proj = hub_server.HubFile(b"\1" * 4096)
+    hub.repos["acme/Vision-GGUF"] = hub_server.HubRepo(COMMIT, {"vis-Q4_1.gguf": model_file,
+                                                                "mmproj-vis-f16.gguf": proj})
+    assert lg(env, "pull", "acme/Vision-GGUF").returncode == 0
+    blobs = Path(env["HF_HUB_CACHE"]) / "models--acme--Vision-GGUF" / "blobs"
+    assert (blobs / proj.sha256).is_file()
+    r = lg(env, "rm", "acme/Vision-GGUF", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("removed 2 file(s), freed 94 MiB"), r.stdout
+    assert not list(blobs.iterdir()), "the projector went with its model"
+    assert not list((blobs.parent / "snapshots").rglob("*.gguf"))
+    # a projector an older localgen's rm left alone is removed by rm of its repo
+    assert lg(env, "pull", "acme/Vision-GGUF").returncode == 0
+    link = next((blobs.parent / "snapshots").rglob("vis-Q4_1.gguf"))
+    link.resolve().unlink()
+    link.unlink()
+    r = lg(env, "rm", "acme/Vision-GGUF", "--yes")
+    assert r.returncode == 0 and r.stdout.startswith("removed 1 file(s)"), r.stdout + r.stderr
+    assert not list(blobs.iterdir())
+
+
+@pytest.mark.parametrize("spelled", [REPO, f"hf.co/{REPO}:Q4_1", f"{REPO}:q4_1"])
+def test_rm_warns_of_presets_on_the_model_however_it_is_spelled(env: dict[str, str], hub: hub_server.FakeHub,
+                                                                tmp_path: Path, spelled: str) -> None:
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text(f"FROM {REPO}:Q4_1\n")
+    assert lg(env, "create", "mine", "-f", str(modelfile)).returncode == 0
+    r = lg(env, "rm", spelled, "--yes")
+    assert r.returncode == 0, r.stderr
+    assert f"the preset mine is made on {spelled}: without it they cannot run" in r.stderr, r.stderr
+
+
+def test_two_files_of_one_quantization_are_told_apart(env: dict[str, str], hub: hub_server.FakeHub,
+                                                      model_file: hub_server.HubFile) -> None:
+    repo = "acme/Twin-GGUF"
+    hub.repos[repo] = hub_server.HubRepo(COMMIT, {"a-Q4_1.gguf": model_file, "b-Q4_1.gguf": model_file})
+    r = lg(env, "pull", f"{repo}:Q4_1")
+    assert r.returncode == 2 and not hub.sent, r.stderr
+    assert r.stderr.splitlines() == [f"localgen: error: {repo}:Q4_1 names 2 files of {repo}: a-Q4_1.gguf, "
+                                     f"b-Q4_1.gguf (name one by its file path: {repo}/a-Q4_1.gguf)"], r.stderr
+    r = lg(env, "pull", repo, "--list")
+    assert r.returncode == 0, r.stderr
+    assert "Q4_1 (a-Q4_1.gguf)" in r.stdout and "Q4_1 (b-Q4_1.gguf)" in r.stdout, r.stdout
+    assert lg(env, "pull", f"{repo}/a-Q4_1.gguf").returncode == 0
+    assert lg(env, "pull", f"{repo}/b-Q4_1.gguf").returncode == 0
+    listed = [i["name"] for i in json.loads(lg(env, "list", "--json").stdout) if i["name"].startswith(repo)]
+    assert sorted(listed) == [f"{repo}/a-Q4_1.gguf", f"{repo}/b-Q4_1.gguf"], listed
+    for name in (f"{repo}:Q4_1", repo):
+        r = lg(env, "run", "-m", name, "--offline", "-p", "hi", "-n", "1")
+        assert r.returncode == 2 and "names 2 files" in r.stderr, r.stderr
+    r = lg(env, "pull", f"{repo}:Q8_0")
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].endswith("(it has: Q4_1)"), r.stderr
+
+
+def test_a_revision_of_dots_is_refused_before_any_request(env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    r = lg(env, "pull", f"hf.co/{REPO}/resolve/../{FILE}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not hub.requests

@@ -17,13 +17,14 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from localgen import paths
 from localgen.errors import LocalgenError
@@ -218,6 +219,22 @@ def check_space(folder: Path, need: int, what: str) -> None:
         )
 
 
+def still_to_come(repo: str, files: list[RemoteFile]) -> int:
+    """Bytes a pull of these repo files has yet to download: a file whose blob is there whole needs none, one with
+    a partial download what it lacks."""
+    need = 0
+    for f in files:
+        if not f.sha256:
+            continue
+        blob = hfcache.blob_path(repo, f.sha256)
+        if blob.is_file() and blob.stat().st_size == f.size:
+            continue
+        partial = partial_path(blob)
+        have = partial.stat().st_size if partial.is_file() else 0
+        need += f.size - have if have <= f.size else f.size
+    return need
+
+
 def verify_blob(blob: Path, sha256: str, label: str, progress: Progress) -> bool:
     """Hash a blob once (recorded afterwards) and compare it with the SHA-256 it should have."""
     if is_verified(blob):
@@ -270,11 +287,11 @@ def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, bl
             try:
                 # headers() for each try: a registry's token that ran out while a try was streaming is renewed
                 have, restarted = _stream(url, headers(), have, f.size, out, digest, progress, source,
-                                          redirect=redirect)
+                                          redirect=redirect, name=f.name)
                 if restarted:
                     digest = hashlib.sha256()
                     have, _ = _stream(url, headers(), 0, f.size, out, digest, progress, source, truncate=True,
-                                      redirect=redirect)
+                                      redirect=redirect, name=f.name)
                 failures = 0
             except _Transient as e:
                 _flush(out, f.size)
@@ -282,6 +299,8 @@ def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, bl
                 failures = 1 if have > before else failures + 1  # a try that got bytes starts the count again
                 if failures >= ATTEMPTS:
                     progress.finish()
+                    if not have:  # nothing arrived: no empty .incomplete is left to resume from
+                        partial.unlink(missing_ok=True)
                     raise DownloadError(
                         f"downloading {f.name} failed after {ATTEMPTS} tries: {e}",
                         hint="run the same command again: it resumes where it stopped",
@@ -336,9 +355,11 @@ def _write(out: object, block: bytes) -> None:
 
 def _stream(
     url: str, headers: dict[str, str], start: int, size: int, out: object, digest: object, progress: Progress,
-    source: Source, truncate: bool = False, redirect: Callable[[str, str], None] | None = None,
+    source: Source, truncate: bool = False, redirect: Callable[[str, str], None] | None = None, name: str = "",
 ) -> tuple[int, bool]:
-    """Fetch bytes from `start`; returns (bytes now held, whether the server ignored the range)."""
+    """Fetch bytes from `start`; returns (bytes now held, whether the server ignored the range). An answer that is
+    not (the asked part of) the file is a failed try, nothing of it written: a 200 whose length is not the file's
+    (a captive portal's page), a 206 whose Content-Range is missing or starts anywhere but `start`."""
     from io import BufferedWriter
 
     assert isinstance(out, BufferedWriter)
@@ -353,10 +374,15 @@ def _stream(
                                hint=source.refused_hint) from None
         if e.code == 404:
             raise DownloadError(f"the file is gone from {source.name} (404)") from None
+        if 300 <= e.code < 400:  # urllib gives up on a redirect that comes back to itself, or on too many
+            raise DownloadError(f"{source.name} redirects the download of {name} in a loop (HTTP {e.code})") from None
         raise _Transient(f"HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-        raise _Transient(str(getattr(e, "reason", e))) from None
+        raise _Transient(_reason(e)) from None
     with resp:
+        wrong = _not_the_file(resp, start, size)
+        if wrong is not None:
+            raise _Transient(wrong)
         if (resp.status == 200 and start > 0) or truncate:
             if not truncate:
                 return start, True  # no range support: start again from 0
@@ -370,18 +396,49 @@ def _stream(
                 if not block:
                     break
                 if have + len(block) > size:
-                    raise DownloadError("the server sent more bytes than the file has")
+                    raise DownloadError(f"the server sent more bytes than {name} has ({format_bytes(size)})")
                 _write(out, block)
                 digest.update(block)  # type: ignore[attr-defined]
                 have += len(block)
                 progress.advance(len(block))
         except (TimeoutError, OSError, http.client.HTTPException) as e:
             _flush(out, size)
-            raise _Transient(f"connection dropped at {format_bytes(have)}: {type(e).__name__}") from None
+            raise _Transient(f"connection dropped at {format_bytes(have)}: {_reason(e, reading=True)}") from None
     _flush(out, size)
     if have < size:
         raise _Transient(f"connection closed at {format_bytes(have)} of {format_bytes(size)}")
     return have, False
+
+
+def _reason(e: BaseException, reading: bool = False) -> str:
+    """Why a try failed, in words: a wait of TIMEOUT_S with no byte says so, never the exception's class name
+    (`reading`: the error cut the body short, where a class is all some errors say)."""
+    reason = getattr(e, "reason", e)
+    if isinstance(reason, TimeoutError) or isinstance(e, TimeoutError):
+        return f"no byte came for {TIMEOUT_S} s"
+    return hub.connection_reason(e) if reading else str(reason)
+
+
+def _not_the_file(resp: Any, start: int, size: int) -> str | None:
+    """Why an answer to `Range: bytes=START-` is not the file (or its part from START), or None when it is."""
+    length = resp.headers.get("Content-Length")
+    what = f"{length} bytes" if length is not None else "a body of no stated length"
+    kind = resp.headers.get("Content-Type")
+    if kind:
+        what += f" of {kind.split(';')[0].strip()}"
+    if resp.status == 200:
+        if length is None or not length.strip().isdigit() or int(length) != size:
+            return f"the server answered 200 with {what}, not the file's {format_bytes(size)}"
+        return None
+    if resp.status == 206:
+        found = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", resp.headers.get("Content-Range") or "")
+        if found is None:
+            return "the server answered 206 with no byte range (Content-Range) it sent"
+        first, last, total = int(found.group(1)), int(found.group(2)), found.group(3)
+        if first != start or last < first or (total != "*" and int(total) != size) or last >= size:
+            return f"the server sent bytes {first}-{last}/{total} when asked for bytes {start}- of {size}"
+        return None
+    return f"the server answered {resp.status}, not the file"
 
 
 def _flush(out: BinaryIO, size: int) -> None:

@@ -47,7 +47,7 @@ def endpoint() -> str:
     if not ok:
         from localgen.errors import UsageError
 
-        raise UsageError(f"HF_ENDPOINT must be an http:// or https:// URL (the Hub or a mirror), not {value!r}",
+        raise UsageError(f"HF_ENDPOINT must be an http:// or https:// URL (the Hub or a mirror), not {shown(value)!r}",
                          hint="unset it for https://huggingface.co")
     return value.rstrip("/")
 
@@ -142,10 +142,27 @@ def _public_peer_handlers() -> list[Any]:
 
 
 def keeps_token(url: str, redirected_to: str) -> bool:
-    """Whether a redirect may carry the Authorization header: only to the same host, and never from https
-    down to http (where anyone on the path could read the token)."""
-    old, new = urlsplit(url), urlsplit(redirected_to)
-    return new.hostname == old.hostname and not (old.scheme == "https" and new.scheme != "https")
+    """Whether a redirect may carry the Authorization header: only to the same origin (scheme, host and port, a
+    scheme's default port as itself), as huggingface_hub's HTTP client keeps it; any other port of the same host may
+    be another service."""
+    return _origin(url) == _origin(redirected_to)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), port if port is not None else {"http": 80, "https": 443}.get(scheme)
+
+
+def shown(url: str) -> str:
+    """A URL as messages show it: without the user and password that HF_ENDPOINT may carry (http://user:pw@host)."""
+    import re
+
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@", r"\1", url)  # any URL, even one urlsplit refuses
 
 
 def auth_headers() -> dict[str, str]:
@@ -193,7 +210,7 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
         except (OSError, *_transport_errors()) as e:  # type: ignore[misc]
             if attempt + 1 == RETRIES:
                 raise HubUnreachableError(
-                    f"cannot reach the Hub at {endpoint()}: {connection_reason(e)}",
+                    f"cannot reach the Hub at {shown(hub_url)}: {connection_reason(e)}",
                     hint="`localgen list` shows the models already here, which --offline uses without the Hub",
                 ) from None
         time.sleep(0.5 * 2**attempt)

@@ -31,13 +31,20 @@ def installed() -> list[dict[str, Any]]:
         except LocalgenError:
             continue
         items.append(_item(name, str(path) if path.is_file() else None, "embedded", summary))
-    for f in store.cached_files():
+    cached = list(store.cached_files())
+    files_of: dict[tuple[str, str], set[str]] = {}  # (repo, quant): the file names of it, over every commit
+    for f in cached:
+        files_of.setdefault((f.repo, (f.quant or "?").upper()), set()).add(f.filename)
+    for f in cached:
         try:
             summary = read_summary(str(f.link), check_data=False)
         except LocalgenError:
             continue
         quant = (f.quant or "?").upper()
-        name = by_repo.get((f.repo, quant), f"{f.repo}:{quant}")
+        if len(files_of[(f.repo, quant)]) > 1:  # two files of one quantization: only the file path tells them apart
+            name = f"{f.repo}/{f.filename}"
+        else:
+            name = by_repo.get((f.repo, quant), f"{f.repo}:{quant}")
         item = _item(name, str(f.link), "hf cache", summary)
         item["size"] = store.total_size(f)
         items.append(item)

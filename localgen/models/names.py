@@ -140,6 +140,8 @@ def _hub_spec(ref: str, original: str) -> HubSpec:
         if marker in ref:
             repo, _, rest = ref.partition(marker)
             revision, _, filename = rest.partition("/")
+            if revision in (".", "..") or "\\" in revision:  # a path trick, refused before any request
+                raise LocalgenError(f"unsafe revision name {revision!r}")
             return HubSpec(check_repo_id(repo), filename=safe_filename(filename), revision=revision or "main")
     parts = ref.split("/")
     if len(parts) < 2:

@@ -96,6 +96,21 @@ def best_that_fits(options: list[QuantOption]) -> QuantOption:
     return max(fitting, key=lambda o: rank(o.tag))
 
 
+def same_tag(options: list[QuantOption], tag: str) -> list[QuantOption]:
+    """The options a tag names (case-insensitive, with or without UD-): more than one where a repo has two files of
+    one quantization (a-Q4_K_M.gguf, b-Q4_K_M.gguf), which only a file name tells apart."""
+    want = tag.upper()
+    return [o for o in options if o.tag.upper() == want or o.tag.upper().removeprefix("UD-") == want]
+
+
+def shared_tags(options: list[QuantOption]) -> set[str]:
+    """The tags (upper-cased) that more than one option has."""
+    seen: dict[str, int] = {}
+    for o in options:
+        seen[o.tag.upper()] = seen.get(o.tag.upper(), 0) + 1
+    return {t for t, n in seen.items() if n > 1}
+
+
 def pick(options: list[QuantOption], tag: str | None) -> QuantOption | None:
     """The option for a tag (case-insensitive; also a full file name), or None."""
     if tag is None:

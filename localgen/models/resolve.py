@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, NotDownloadedError
+from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, NotDownloadedError, UsageError
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
-from localgen.models.quant import QuantOption, best_that_fits, group_options, pick, rank
+from localgen.models.quant import QuantOption, best_that_fits, group_options, pick, rank, same_tag
 from localgen.types import ModelRef, shown_path
 
 if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
@@ -236,10 +236,7 @@ def _entry(name: str) -> catalogue.CatalogueEntry:
 def _hub_model(t: Target, flag: bool, progress: download.Progress, pull_missing: bool) -> ModelRef:
     """The model from the cache, else pulled (unless offline: `flag`, --offline's, or HF_HUB_OFFLINE)."""
     offline = flag or hfcache.offline_env()
-    s = t.spec
-    cached = store.find_cached(s.repo, s.revision, s.quant, s.filename)
-    if not s.quant and not s.filename and cached:
-        cached.sort(key=lambda f: ((f.quant or "").upper() != t.default_quant.upper(), -rank(f.quant or "")))
+    cached = cached_files_of(t)
     lost = _lost_part(cached[0], t, offline, flag) if cached else None
     if cached and lost is None:
         return _from_cache(cached[0], t, progress)
@@ -256,6 +253,21 @@ def _hub_model(t: Target, flag: bool, progress: download.Progress, pull_missing:
         raise NotDownloadedError(f"{t.display} is not downloaded", hint=f"localgen pull {t.display}",
                                  name=t.display)
     return pull(t, progress)
+
+
+def cached_files_of(t: Target) -> list[store.CachedFile]:
+    """The cached files a Hub target may mean, the one it resolves to first (a UsageError where its tag names two
+    files of the repo's)."""
+    s = t.spec
+    cached = store.find_cached(s.repo, s.revision, s.quant, s.filename)
+    if s.quant and not s.filename:
+        ambiguous(s.repo, s.quant, sorted({f.filename for f in cached}))
+    if not s.quant and not s.filename and cached:
+        cached.sort(key=lambda f: ((f.quant or "").upper() != t.default_quant.upper(), -rank(f.quant or "")))
+        tag = (cached[0].quant or "").upper()
+        if tag:
+            ambiguous(s.repo, tag, sorted({f.filename for f in cached if (f.quant or "").upper() == tag}))
+    return cached
 
 
 def _lost_part(f: store.CachedFile, t: Target, offline: bool, flag: bool) -> NotDownloadedError | None:
@@ -307,14 +319,29 @@ def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
                 return o
         raise ModelNotFoundError(f"{repo} has no file {s.filename}")
     if s.quant:
+        _one_of(options, s.quant, repo)
         found = pick(options, s.quant)
         if found is None:
-            tags = ", ".join(o.tag for o in options) or "no GGUF files"
+            tags = ", ".join(dict.fromkeys(o.tag for o in options)) or "no GGUF files"
             raise ModelNotFoundError(f"{repo} has no quantization {s.quant.upper()}", hint=f"it has: {tags}")
         return found
     if not options:
         raise ModelNotFoundError(f"{repo} has no GGUF model files")
+    _one_of(options, t.default_quant, repo)
     return pick(options, t.default_quant) or best_that_fits(options)
+
+
+def _one_of(options: list[QuantOption], tag: str, repo: str) -> None:
+    """A UsageError where a tag names more than one file of the repo (a-Q4_K_M.gguf and b-Q4_K_M.gguf): which
+    one is meant only its file name says."""
+    ambiguous(repo, tag, [o.first.name for o in same_tag(options, tag)])
+
+
+def ambiguous(repo: str, tag: str, files: list[str]) -> None:
+    """A UsageError where `files` (of one quantization `tag` in `repo`) are more than one."""
+    if len(files) > 1:
+        raise UsageError(f"{repo}:{tag.upper()} names {len(files)} files of {repo}: {', '.join(files)}",
+                         hint=f"name one by its file path: {repo}/{files[0]}")
 
 
 def cached(t: Target, progress: download.Progress, flag: bool = True) -> ModelRef:
@@ -332,13 +359,16 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
     option = choose(group_options(list(listing.files)), t, s.repo)
     from localgen.models import download
 
-    paths = [download.fetch(s.repo, listing.commit, s.revision, f, progress) for f in option.files]
     # a vision or audio model's projector comes with it (llama.cpp's convention: mmproj-*.gguf in the repo)
     proj_name = mmproj.choose([f.name for f in listing.files])
-    proj = None
-    if proj_name is not None:
-        entry = next(f for f in listing.files if f.name == proj_name)
-        proj = download.fetch(s.repo, listing.commit, s.revision, entry, progress)
+    entry = next((f for f in listing.files if f.name == proj_name), None) if proj_name is not None else None
+    wanted = [*option.files, *([entry] if entry is not None else [])]
+    need = download.still_to_come(s.repo, wanted)  # the whole pull's, before any byte of it
+    if need:
+        what = option.first.name if len(wanted) == 1 else f"{option.first.name} and {len(wanted) - 1} more file(s)"
+        download.check_space(hfcache.repo_dir(s.repo) / "blobs", need, what)
+    paths = [download.fetch(s.repo, listing.commit, s.revision, f, progress) for f in option.files]
+    proj = download.fetch(s.repo, listing.commit, s.revision, entry, progress) if entry is not None else None
     name = t.display if s.quant or s.filename else f"{s.repo}:{option.tag}"
     try:
         summary = read_summary(str(paths[0]))

@@ -120,12 +120,46 @@ def find_cached(repo: str, revision: str, want: str | None, filename: str | None
     return found
 
 
-def remove(files: list[CachedFile]) -> tuple[list[Path], list[Path]]:
-    """Remove the snapshot links of these models; delete a blob only when no other link in the whole
-    cache still points at it. Returns (links removed, blobs deleted)."""
+def removal(files: list[CachedFile]) -> list[Path]:
+    """The snapshot links `remove` takes away for these models: every part, and the projector pulled with them
+    (mmproj-*.gguf in the same snapshot) where no model that stays in that snapshot uses it."""
     targets: list[Path] = []
     for f in files:
         targets.extend(p for p in split_parts(f) if p.is_symlink() or p.exists())
+    going = {p.absolute() for p in targets}
+    staying = {o.link.parent for repo in {f.repo for f in files} for o in cached_files(repo)
+               if o.link.absolute() not in going}
+    for folder in dict.fromkeys(f.link.parent for f in files):
+        if folder not in staying:
+            targets.extend(projectors(folder))
+    return targets
+
+
+def projectors(folder: Path) -> list[Path]:
+    """The projector links (mmproj-*.gguf) in one snapshot folder."""
+    from localgen.models.mmproj import is_mmproj
+
+    try:
+        return sorted(p for p in folder.iterdir() if is_mmproj(p.name) and (p.is_symlink() or p.is_file()))
+    except OSError:
+        return []
+
+
+def orphan_projectors(repo: str) -> list[Path]:
+    """Projectors left in a repo's snapshots with no model beside them (an older localgen's rm kept them)."""
+    snaps = hfcache.repo_dir(repo) / "snapshots"
+    models = {f.link.parent for f in cached_files(repo)}
+    found: list[Path] = []
+    for folder in sorted({p.parent for p in snaps.rglob("*.gguf")} if snaps.is_dir() else set()):
+        if folder not in models:
+            found.extend(projectors(folder))
+    return found
+
+
+def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[list[Path], list[Path]]:
+    """Remove the snapshot links of these models (`removal`'s, or `links`); delete a blob only when no other link in
+    the whole cache still points at it. Returns (links removed, blobs deleted)."""
+    targets = removal(files) if links is None else links
     seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
     blobs = {blob_of(p, seen) for p in targets if p.exists()}
     removing = {p.absolute() for p in targets}

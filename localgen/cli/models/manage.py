@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -157,7 +158,7 @@ def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> 
 def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
     """Each quantization's size and the planner's verdict for `machine` (this one, or one described)."""
     from localgen.models import fit, hub, store
-    from localgen.models.quant import group_options, rank
+    from localgen.models.quant import group_options, rank, shared_tags
     from localgen.types import LoadParams
 
     s = target.spec
@@ -180,7 +181,8 @@ def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
             "memory": plan.footprint.total, "fit": plan.verdict, "context": plan.ctx,
             "downloaded": opt.first.name in cached,
         })
-    ok = [r for r in rows if r["fit"] != fit.WONT_FIT]
+    shared = shared_tags(options)  # two files of one quantization: each row names its file
+    ok = [r for r in rows if r["fit"] != fit.WONT_FIT and r["quantization"].upper() not in shared]
     default = next((r for r in ok if r["quantization"].upper() == target.default_quant.upper()), None)
     best = default or (max(ok, key=lambda r: rank(r["quantization"])) if ok else None)
     for r in rows:
@@ -196,7 +198,8 @@ def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
           f"memory estimated at --ctx {ctx}{judged}")
     _table(
         ["QUANT", "SIZE", "BPW", "MEMORY", "FIT", ""],
-        [[r["quantization"], format_bytes(r["size"]), str(r["bits_per_weight"] or "-"), format_bytes(r["memory"]),
+        [[r["quantization"] + (f" ({r['files'][0]})" if r["quantization"].upper() in shared else ""),
+          format_bytes(r["size"]), str(r["bits_per_weight"] or "-"), format_bytes(r["memory"]),
           r["fit"],
           " ".join(x for x in ("★ recommended" if r["recommended"] else "",
                                "✓ downloaded" if r["downloaded"] else "") if x)]
@@ -258,6 +261,7 @@ def rm(
     tool removes them (a preset named ollama:X or lmstudio:X made before those names meant their stores is
     removed)."""
     from localgen.models import names, presets, store
+    from localgen.models.mmproj import is_mmproj
     from localgen.models.resolve import embedded_model, target
 
     spec = names.parse(name)
@@ -293,13 +297,18 @@ def rm(
     t = target(name)
     quant = t.spec.quant if (isinstance(spec, names.CatalogueSpec) or t.spec.quant) else None
     files = store.find_cached(t.spec.repo, t.spec.revision, quant, t.spec.filename)
+    going = store.removal(files)
     if not files:
-        raise LocalgenError(f"{t.display} is not in the cache", hint="localgen list shows what is")
-    total = sum(store.total_size(f) for f in files)
-    _warn_presets_on(name)
-    _confirm(", ".join(f"{f.repo}/{f.filename}" for f in files), total, yes)
-    sizes = {(b := store.blob_of(p)): b.stat().st_size for f in files for p in store.split_parts(f) if p.exists()}
-    links, blobs = store.remove(files)
+        going = store.orphan_projectors(t.spec.repo) if not quant and not t.spec.filename else []
+        if not going:
+            raise LocalgenError(f"{t.display} is not in the cache", hint="localgen list shows what is")
+    total = sum(p.stat().st_size for p in going if p.exists())
+    _warn_presets_on(name, going)
+    shown = [f"{f.repo}/{f.filename}" for f in files]
+    shown += [f"{t.spec.repo}/{p.name} (projector)" for p in going if is_mmproj(p.name)]
+    _confirm(", ".join(shown), total, yes)
+    sizes = {(b := store.blob_of(p)): b.stat().st_size for p in going if p.exists()}
+    links, blobs = store.remove(files, going)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
     print(f"removed {len(links)} file(s), freed {format_amount(freed)}{kept}")
@@ -355,15 +364,30 @@ def _rm_pulled_oci(given: str, text: str, yes: bool) -> None:
     print(f"removed {name.display}, freed {format_amount(freed)}{shared}")
 
 
-def _warn_presets_on(name: str) -> None:
-    """One warning line naming the presets whose FROM is `name`: removing it leaves them without a model."""
+def _warn_presets_on(name: str, going: list[Path] | None = None) -> None:
+    """One warning line naming the presets whose FROM is `name`, or (a Hub model's `going` links) whose FROM, in
+    whatever spelling (ok/Tiny-GGUF, hf.co/ok/Tiny-GGUF:Q4_K_M), resolves to a file that goes: removing it leaves
+    them without a model."""
     from localgen.cli.output import ErrWriter
     from localgen.models import presets
 
-    users = sorted(p.name for p in presets.all_presets() if p.base.lower() == name.strip().lower())
+    gone = {p.absolute() for p in going or []}
+    users = sorted(p.name for p in presets.all_presets()
+                   if p.base.lower() == name.strip().lower() or (gone and _resolves_into(p.base, gone)))
     if users:
         these = f"the preset {users[0]} is" if len(users) == 1 else f"the presets {', '.join(users)} are"
         ErrWriter().warn(f"{these} made on {name}: without it they cannot run")
+
+
+def _resolves_into(base: str, gone: set[Path]) -> bool:
+    """Whether a preset's base, a Hub model in the cache, is (a part of) one of the `gone` links."""
+    from localgen.models import resolve, store
+
+    try:
+        cached = resolve.cached_files_of(resolve.target(base, local=False))
+    except LocalgenError:  # no Hub model (a path, an Ollama model, a damaged name): not one of these files
+        return False
+    return bool(cached) and any(p.absolute() in gone for p in store.split_parts(cached[0]))
 
 
 def _confirm(desc: str, total: int, yes: bool, size: bool = True) -> None:
