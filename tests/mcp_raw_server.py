@@ -3,7 +3,8 @@ does is set by its arguments: `badutf8` adds `bad`, whose answer holds bytes tha
 `sch`, whose input schema nests N objects (a listing pydantic cannot read past its recursion limit); `resource`
 adds `res` and `blob`, which answer with an embedded text resource and a blob one; `big:MB` adds `big`, whose
 answer is one line of MB megabytes; `jsonlog` writes a structured logger's JSON line (no "jsonrpc", no "id") at
-start and before each answer; `pidfile:PATH` writes its process id there. `add` adds, always."""
+start and before each answer; `pidfile:PATH` writes its process id there; `badlist` answers tools/list with a
+listing that is not MCP's (`"tools": "nope"`). `add` adds, always."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ while line := sys.stdin.buffer.readline():
         send({"jsonrpc": "2.0", "id": rid, "result": {"protocolVersion": msg["params"]["protocolVersion"],
               "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}}})
     elif method == "tools/list":
-        send({"jsonrpc": "2.0", "id": rid, "result": {"tools": tools()}})
+        send({"jsonrpc": "2.0", "id": rid, "result": {"tools": "nope" if "badlist" in opts else tools()}})
     elif method == "tools/call":
         name, args = msg["params"]["name"], msg["params"].get("arguments") or {}
         if name == "add":

@@ -649,6 +649,15 @@ def test_a_listing_in_pages_is_read_to_its_end_and_one_that_never_ends_is_one_li
     assert "listed 1,007 tools: at most 1,000 are read" in r.stderr, r.stderr
 
 
+def test_a_listing_that_is_not_mcps_is_one_line_naming_the_field(cli_in_process: InProcessCLI,
+                                                                  tmp_path: Path) -> None:
+    """A tools/list answer pydantic cannot read ("tools": "nope") was the SDK's ValidationError, in several lines
+    that said nothing of where: it is one line naming the MCP server and the field at fault."""
+    r = cli_in_process("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", f"{RAW} badlist", "--yes", "Go.")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "tools/list answer is not MCP's: tools: " in r.stderr and "ValidationError" not in r.stderr, r.stderr
+
+
 def test_run_hides_thinking_unless_asked(cli: CLI) -> None:
     base = ("run", "-m", "smollm2:135m", "--chat-template-file", str(R1), "--temperature", "0", "-n", "16")
     hidden = cli(*base, "Why is the sky blue?")

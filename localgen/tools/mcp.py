@@ -241,14 +241,19 @@ class McpServer:
         import json
 
         from mcp.types import PaginatedRequestParams
+        from pydantic import ValidationError
 
         tools: list[Any] = []
         cursor: str | None = None
         seen: set[bytes] = set()
         text = 0
         for _ in range(MAX_PAGES):
-            page = await self._session.list_tools(
-                params=None if cursor is None else PaginatedRequestParams(cursor=cursor))
+            try:
+                page = await self._session.list_tools(
+                    params=None if cursor is None else PaginatedRequestParams(cursor=cursor))
+            except ValidationError as e:  # (pydantic's, in many lines): the field at fault, in one
+                raise ToolError(f"the MCP server {self.label}'s tools/list answer is not MCP's: {_first_fault(e)}"
+                                ) from None
             if len(tools) + len(page.tools) > MAX_TOOLS:
                 raise ToolError(f"the MCP server {self.label} listed {len(tools) + len(page.tools):,} tools: at most "
                                 f"{MAX_TOOLS:,} are read")
@@ -629,3 +634,13 @@ def _why(e: BaseException) -> str:
 def _quoted(name: str) -> str:
     """A name a server sent, quoted on one line and cut to 80 characters."""
     return repr(name[:80] + ("..." if len(name) > 80 else ""))
+
+
+def _first_fault(e: Any) -> str:
+    """A pydantic ValidationError's first fault in one line: where (`tools.0.name`) and what."""
+    faults = e.errors()
+    if not faults:
+        return "it does not validate"
+    where = ".".join(str(p) for p in faults[0].get("loc", ())) or "the answer"
+    more = f" (and {len(faults) - 1:,} more)" if len(faults) > 1 else ""
+    return f"{where}: {str(faults[0].get('msg', 'invalid'))[:200]}{more}"
