@@ -8,6 +8,7 @@ on 127.0.0.2), which records the headers it is sent. Both bind to loopback only 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -83,7 +84,8 @@ class FakeHub:
     hub_auth: list[str | None] = field(default_factory=list)  # Authorization headers the Hub itself saw
     # file -> the next GETs' wrong answers, used once each: "portal" (200, a 55-byte HTML page), "from0" (206 of
     # the file from byte 0 whatever was asked, its Content-Range saying so), "norange" (206 with no Content-Range:
-    # the file's first 64 KiB whatever was asked), "loop" (302 to itself)
+    # the file's first 64 KiB whatever was asked), "loop" (302 to itself), "streamed" (200, the whole file with no
+    # Content-Length, to the connection's close, as a proxy streams it), "streamedpage" (a page sent that way)
     answers: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -280,6 +282,16 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Location", self.path)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if answer in ("streamed", "streamedpage"):
+                page = answer == "streamedpage"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html" if page else "application/octet-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(b"<html>proxy error</html>" if page else f.read(0, f.size))
                 return
             if answer == "portal":
                 body = b"<html><body>Captive portal: please log in</body></html>"

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from localgen.errors import LocalgenError
+from localgen.errors import LocalgenError, UsageError
 from localgen.models import fit, names
 from localgen.models.quant import RemoteFile, group_options, pick, quant_tag
 from tests import hub_server
@@ -993,6 +993,22 @@ def test_a_portal_page_answered_for_the_file_is_never_written(env: dict[str, str
     assert blob(env, model_file.sha256).is_file() and not _partial(env, model_file.sha256).exists()
 
 
+def test_a_file_streamed_with_no_stated_length_is_taken_and_a_page_so_sent_is_not(
+        env: dict[str, str], hub: hub_server.FakeHub, model_file: hub_server.HubFile) -> None:
+    """A proxy or mirror may stream the file (chunked, or to the connection's close) with no Content-Length: it is
+    the file, checked by its size and SHA-256 as ever (the portal fix refused it, six times); a page sent so is not."""
+    hub.answers[FILE] = ["streamed"]
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0 and "retrying" not in r.stderr, r.stderr
+    assert blob(env, model_file.sha256).is_file()
+    r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
+    assert r.returncode == 0, r.stderr
+    hub.answers[FILE] = ["streamedpage"]
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert "the server answered 200 with a body of no stated length of text/html, not the file; retrying" in r.stderr
+
+
 def test_a_portal_page_every_time_leaves_nothing_to_resume_from(env: dict[str, str], hub: hub_server.FakeHub,
                                                                  model_file: hub_server.HubFile) -> None:
     hub.answers[FILE] = ["portal"] * 6
@@ -1052,7 +1068,8 @@ def test_a_stalled_read_says_how_long_no_byte_came() -> None:
     ("http://h:8080/a", "http://h:9090/b", False),  # another port of the same host: another service
     ("https://h/a", "https://h:8443/b", False),
     ("https://h/a", "http://h/b", False),
-    ("http://h/a", "https://h/b", False),
+    ("http://h/a", "https://h/b", True),  # an upgrade to https on the default ports (httpx and requests keep it)
+    ("http://h:8080/a", "https://h/b", False),
     ("https://h/a", "https://cdn.h/b", False),
 ])
 def test_the_token_goes_only_to_the_same_origin(frm: str, to: str, keeps: bool) -> None:
@@ -1062,9 +1079,13 @@ def test_the_token_goes_only_to_the_same_origin(frm: str, to: str, keeps: bool) 
 
 
 def test_credentials_in_hf_endpoint_are_never_shown(env: dict[str, str], hub: hub_server.FakeHub) -> None:
-    r = lg({**env, "HF_ENDPOINT": "http://user:pw123@127.0.0.1:9"}, "pull", REPO)
-    assert r.returncode == 1 and "pw123" not in r.stderr and "user:" not in r.stderr, r.stderr
-    assert "cannot reach the Hub at http://127.0.0.1:9: " in r.stderr, r.stderr
+    """urllib sends no user:password of a URL: it took one as a bad port (and said it, password and all, after six
+    tries) or as the host. HF_ENDPOINT with one is a usage error before any request, the password never shown."""
+    for mirror in ("http://user:pw123@127.0.0.1:9", "http://user:pw123@mirror.example"):
+        for args in (("pull", REPO), ("pull", REPO, "--list")):
+            r = lg({**env, "HF_ENDPOINT": mirror}, *args)
+            assert r.returncode == 2 and r.stderr.count("\n") <= 2, r.stderr
+            assert "pw123" not in r.stderr and "user:" not in r.stderr and "may not carry a user name" in r.stderr
     r = lg({**env, "HF_ENDPOINT": "ftp://user:pw123@mirror"}, "pull", REPO)
     assert r.returncode == 2 and "pw123" not in r.stderr and "'ftp://mirror'" in r.stderr, r.stderr
 
@@ -1149,6 +1170,32 @@ def test_two_files_of_one_quantization_are_told_apart(env: dict[str, str], hub: 
         assert r.returncode == 2 and "names 2 files" in r.stderr, r.stderr
     r = lg(env, "pull", f"{repo}:Q8_0")
     assert r.returncode == 1 and r.stderr.splitlines()[-1].endswith("(it has: Q4_1)"), r.stderr
+
+
+def test_a_plain_tag_beside_its_ud_variant_and_an_older_snapshots_name_are_no_second_file(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """M-Q4_K_M.gguf beside M-UD-Q4_K_M.gguf: Q4_K_M is the first (as before the two-files check, which took UD-
+    off every tag and called them two files). A file renamed since an older snapshot (tiny-q4_k_m.gguf then,
+    Tiny-Q4_K_M.gguf at the revision) is one file: only the snapshot a name resolves to is looked at."""
+    from localgen.models import resolve, store
+    from localgen.models.names import HubSpec
+    from localgen.models.quant import QuantOption, RemoteFile, pick, same_tag
+
+    plain, ud = (QuantOption(tag, (RemoteFile(name, 1, None),)) for tag, name in (
+        ("Q4_K_M", "M-Q4_K_M.gguf"), ("UD-Q4_K_M", "M-UD-Q4_K_M.gguf")))
+    assert same_tag([ud, plain], "Q4_K_M") == [plain] and pick([ud, plain], "q4_k_m") is plain
+    assert same_tag([ud], "Q4_K_M") == [ud] and pick([ud], "Q4_K_M") is ud  # (a UD- file alone: its tag too)
+    target = resolve.Target(HubSpec("ok/Tiny-GGUF"), "ok/Tiny-GGUF", {})
+    assert resolve.choose([ud, plain], target, "ok/Tiny-GGUF") is plain
+    new, old = (store.CachedFile("ok/Tiny-GGUF", commit, name, tmp_path / commit / name, tmp_path / "blob")
+                for commit, name in (("2222", "Tiny-Q4_K_M.gguf"), ("1111", "tiny-q4_k_m.gguf")))
+    monkeypatch.setattr(store, "find_cached", lambda *a: [new, old])
+    for spec in (HubSpec("ok/Tiny-GGUF", "Q4_K_M"), HubSpec("ok/Tiny-GGUF")):
+        assert resolve.cached_files_of(resolve.Target(spec, spec.display, {}))[0] is new
+    twin = store.CachedFile("ok/Tiny-GGUF", "2222", "b-Q4_K_M.gguf", tmp_path / "b", tmp_path / "blob")
+    monkeypatch.setattr(store, "find_cached", lambda *a: [new, twin, old])
+    with pytest.raises(UsageError, match="names 2 files"):
+        resolve.cached_files_of(resolve.Target(HubSpec("ok/Tiny-GGUF", "Q4_K_M"), "ok/Tiny-GGUF:Q4_K_M", {}))
 
 
 def test_a_revision_of_dots_is_refused_before_any_request(env: dict[str, str], hub: hub_server.FakeHub) -> None:

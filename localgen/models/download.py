@@ -427,7 +427,11 @@ def _not_the_file(resp: Any, start: int, size: int) -> str | None:
     if kind:
         what += f" of {kind.split(';')[0].strip()}"
     if resp.status == 200:
-        if length is None or not length.strip().isdigit() or int(length) != size:
+        if length is None:  # streamed (chunked, or to the connection's close): the size and SHA-256 checks stay,
+            if (kind or "").split(";")[0].strip().lower() not in ("text/html", "application/xhtml+xml"):
+                return None  # and a page (a portal's, a proxy's) is no model file
+            return f"the server answered 200 with {what}, not the file"
+        if not length.strip().isdigit() or int(length) != size:
             return f"the server answered 200 with {what}, not the file's {format_bytes(size)}"
         return None
     if resp.status == 206:

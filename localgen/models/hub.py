@@ -49,6 +49,11 @@ def endpoint() -> str:
 
         raise UsageError(f"HF_ENDPOINT must be an http:// or https:// URL (the Hub or a mirror), not {shown(value)!r}",
                          hint="unset it for https://huggingface.co")
+    if "@" in parts.netloc:  # urllib sends no user:password of a URL (it reads one as the host, or a bad port)
+        from localgen.errors import UsageError
+
+        raise UsageError(f"HF_ENDPOINT may not carry a user name or password ({shown(value)!r})",
+                         hint="give a mirror's token in HF_TOKEN instead")
     return value.rstrip("/")
 
 
@@ -143,9 +148,12 @@ def _public_peer_handlers() -> list[Any]:
 
 def keeps_token(url: str, redirected_to: str) -> bool:
     """Whether a redirect may carry the Authorization header: only to the same origin (scheme, host and port, a
-    scheme's default port as itself), as huggingface_hub's HTTP client keeps it; any other port of the same host may
-    be another service."""
-    return _origin(url) == _origin(redirected_to)
+    scheme's default port as itself), or the same host upgraded from http on its default port to https on its
+    (as httpx, huggingface_hub's HTTP client, and requests keep it); any other port of the same host may be another
+    service."""
+    before, after = _origin(url), _origin(redirected_to)
+    upgrade = before == ("http", after[1], 80) and after[0] == "https" and after[2] == 443
+    return before == after or upgrade
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

@@ -97,10 +97,12 @@ def best_that_fits(options: list[QuantOption]) -> QuantOption:
 
 
 def same_tag(options: list[QuantOption], tag: str) -> list[QuantOption]:
-    """The options a tag names (case-insensitive, with or without UD-): more than one where a repo has two files of
-    one quantization (a-Q4_K_M.gguf, b-Q4_K_M.gguf), which only a file name tells apart."""
+    """The options a tag names (case-insensitive; those with UD- before it only where none is the tag itself, so
+    Q4_K_M is M-Q4_K_M.gguf beside M-UD-Q4_K_M.gguf): more than one where a repo has two files of one quantization
+    (a-Q4_K_M.gguf, b-Q4_K_M.gguf), which only a file name tells apart."""
     want = tag.upper()
-    return [o for o in options if o.tag.upper() == want or o.tag.upper().removeprefix("UD-") == want]
+    exact = [o for o in options if o.tag.upper() == want]
+    return exact or [o for o in options if o.tag.upper().removeprefix("UD-") == want]
 
 
 def shared_tags(options: list[QuantOption]) -> set[str]:
@@ -115,10 +117,9 @@ def pick(options: list[QuantOption], tag: str | None) -> QuantOption | None:
     """The option for a tag (case-insensitive; also a full file name), or None."""
     if tag is None:
         return None
-    want = tag.upper()
-    for o in options:
-        if o.tag.upper() == want or o.tag.upper().removeprefix("UD-") == want:
-            return o
+    named = same_tag(options, tag)
+    if named:
+        return named[0]
     for o in options:
         if any(f.name == tag or f.name.rsplit("/", 1)[-1] == tag for f in o.files):
             return o

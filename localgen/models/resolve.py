@@ -260,13 +260,13 @@ def cached_files_of(t: Target) -> list[store.CachedFile]:
     files of the repo's)."""
     s = t.spec
     cached = store.find_cached(s.repo, s.revision, s.quant, s.filename)
-    if s.quant and not s.filename:
-        ambiguous(s.repo, s.quant, sorted({f.filename for f in cached}))
     if not s.quant and not s.filename and cached:
         cached.sort(key=lambda f: ((f.quant or "").upper() != t.default_quant.upper(), -rank(f.quant or "")))
-        tag = (cached[0].quant or "").upper()
+    if cached and not s.filename:  # two files of one tag in the snapshot it resolves to (older snapshots may
+        tag = (s.quant or cached[0].quant or "").upper()  # have the file under an older name: not a second one)
         if tag:
-            ambiguous(s.repo, tag, sorted({f.filename for f in cached if (f.quant or "").upper() == tag}))
+            mine = [f for f in cached if f.commit == cached[0].commit and (f.quant or "").upper() == tag]
+            ambiguous(s.repo, tag, sorted({f.filename for f in mine}))
     return cached
 
 
