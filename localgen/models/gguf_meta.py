@@ -244,8 +244,8 @@ def _check_count(path: str, key: str, value: Any) -> None:
             if isinstance(v, _ArrayLen):
                 shown = f"a list of {v:,} values"
             raise ModelFormatError(
-                f"{path} is not a usable GGUF file: its header says {key[:200]} is {shown}, not a count "
-                f"(a whole number from 0 to {MAX_COUNT:,})", hint="the file is corrupt or hostile; download it again")
+                f"{path} is not a usable GGUF file: its header says {key[:200]} is {shown}, not a whole "
+                f"number from 0 to {MAX_COUNT:,}", hint="the file is corrupt or hostile; download it again")
 
 
 def _split_totals(first: str, count: int, n_params: int, size: int, check_data: bool,
