@@ -634,18 +634,7 @@ def test_sizes_take_tebibytes_up_to_a_pebibyte(cli_in_process: InProcessCLI, smo
 
 
 def _claims_layers(path: Path, block_count: int | None, tensor: str = "token_embd.weight") -> Path:
-    import numpy as np
-    from gguf import GGUFWriter
-
-    w = GGUFWriter(str(path), "llama")
-    if block_count is not None:
-        w.add_uint32("llama.block_count", block_count)
-    w.add_tensor(tensor, np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _header_with(path, block_count=block_count, tensor=tensor, name=None, context_length=None)
 
 
 @pytest.mark.parametrize(("block_count", "tensor", "claim"), [
@@ -870,3 +859,69 @@ def test_a_draft_model_loads_without_the_models_placement_flags(cli: CLI, moe_pa
     assert r.returncode == 0, r.stderr[-2000:]
     assert "not a mixture of experts" not in r.stderr, r.stderr
     assert json.loads(r.stdout)["load"]["moved"]["CPU"]["experts"] == read_summary(str(moe_path)).n_layers * 3
+
+
+def _header_with(path: Path, arch: str = "llama", name: str | None = "tiny", template: str | None = None,
+                 head_count_kv: float | None = None, block_count: int | None = 1, context_length: int | None = 2048,
+                 tensor: str = "blk.0.attn_q.weight") -> Path:
+    """A model GGUF of one F32 tensor, its header as given (the keys given None left out)."""
+    import numpy as np
+    from gguf import GGUFValueType, GGUFWriter
+
+    w = GGUFWriter(str(path), arch)
+    if name is not None:
+        w.add_name(name)
+    for key, value in (("block_count", block_count), ("context_length", context_length)):
+        if value is not None:
+            w.add_uint32(f"{arch}.{key}", value)
+    if head_count_kv is not None:
+        w.add_key_value(f"{arch}.attention.head_count_kv", head_count_kv, GGUFValueType.FLOAT64)
+    if template is not None:
+        w.add_chat_template(template)
+    w.add_tensor(tensor, np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_count_no_model_has_is_one_line_for_fit_show_and_run(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """A header's 1e300 KV heads: `fit` ended in a traceback (an OverflowError printing the plan), and serve's
+    completions in a 500. Now the file is a damaged one, said in one line naming the key and the file."""
+    bad = _header_with(tmp_path / "kvf.gguf", head_count_kv=1e300)
+    for args in (["fit", "-m", str(bad)], ["show", str(bad)], ["run", "-m", str(bad), "-p", "hi", "-n", "1"]):
+        r = cli_in_process(*args)
+        assert (r.returncode, r.stdout) == (1, ""), (args, r.stderr)
+        assert r.stderr.startswith(f"localgen: error: {bad} is not a usable GGUF file: its header says "
+                                   "llama.attention.head_count_kv is 1e+300, not a whole number from 0 to "
+                                   "4,294,967,295") \
+            and r.stderr.count("\n") == 1, (args, r.stderr)
+
+
+def test_show_and_fit_escape_a_headers_control_characters_on_a_terminal(cli_env: dict[str, str], tmp_path: Path,
+                                                                         cli_in_process: InProcessCLI) -> None:
+    """A model's name, architecture and chat template are the file's text: on a terminal their ESC and BEL show
+    escaped (they cleared the screen and wrote the clipboard by OSC 52), and a line break in a field shows as \\n;
+    `show --template` into a pipe is the template as written, as run's answers are."""
+    import pexpect
+
+    from tests import terminal
+
+    template = "\x1b]52;c;ZWNobw==\x07{{ messages[0].content }}"
+    bad = _header_with(tmp_path / "esc.gguf", arch="llama\x1b[31m", name="\x1b[2JEVIL\x07\r\nnext", template=template)
+    seen = {}
+    for args in (["show", str(bad)], ["show", str(bad), "--template"], ["fit", "-m", str(bad), "--gpu-memory", "0"]):
+        child = terminal.spawn({**cli_env, "TERM": "xterm"}, args)
+        try:
+            child.expect(pexpect.EOF)
+            seen[args[-1]] = str(child.before)
+        finally:
+            child.close()
+        assert child.exitstatus == 0, (args, seen)
+    assert not any("\x1b" in out or "\x07" in out for out in seen.values()), seen
+    assert "model           \\x1b[2JEVIL\\x07\\r\\nnext\r\n" in seen[str(bad)], seen
+    assert "architecture    llama\\x1b[31m\r\n" in seen[str(bad)], seen
+    assert seen["--template"] == "\\x1b]52;c;ZWNobw==\\x07{{ messages[0].content }}\r\n", seen
+    assert seen["0"].startswith("model     esc.gguf · llama\\x1b[31m · 1 layers"), seen
+    assert cli_in_process("show", str(bad), "--template").stdout == template + "\n"

@@ -24,14 +24,15 @@ def _by_gguf(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int], int
     for key, field in r.fields.items():
         if key.startswith("GGUF."):
             continue
-        long = field.types[0] == GGUFValueType.ARRAY and len(field.data) > gguf_meta.MAX_ARRAY_KEEP
+        keep = gguf_meta.MAX_ARRAY_KEEP if field.types[-1] == GGUFValueType.STRING else gguf_meta.MAX_NUMBERS_KEEP
+        long = field.types[0] == GGUFValueType.ARRAY and len(field.data) > keep
         meta[key] = len(field.data) if long else field.contents()
     tensors = [(t.name, [int(d) for d in t.shape], int(t.tensor_type), t.data_offset - r.data_offset)
                for t in r.tensors]
     return meta, tensors, r.data_offset
 
 
-def _write(path: Path, tensors: bool = True, nested: bool = True) -> Path:
+def _write(path: Path, tensors: bool = True) -> Path:
     """A small model GGUF with a value of every type, long arrays, a 64-byte alignment and quantized tensors."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
@@ -57,8 +58,6 @@ def _write(path: Path, tensors: bool = True, nested: bool = True) -> Path:
         w.add_key_value(f"test.{name}", value, vtype)
     w.add_array("test.short", [3, 1, 4])
     w.add_array("test.words", ["a", "bc"])
-    if nested:  # GGUFReader flattens these, so gguf_split cannot copy them
-        w.add_array("test.nested", [[1, 2], [3]])
     if tensors:
         w.add_tensor("token_embd.weight", np.arange(64 * 8, dtype=np.float32).reshape(8, 64))
         w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float16))
@@ -89,7 +88,6 @@ def test_reads_what_gguf_writes(tmp_path: Path) -> None:
     path = _write(tmp_path / "tiny.gguf")
     meta, tensors, data_offset = gguf_meta.read_gguf(str(path))
     want_meta, want_tensors, want_offset = _by_gguf(path)
-    want_meta["test.nested"] = [[1, 2], [3]]  # GGUFReader flattens nested arrays; llama.cpp does not
     assert meta == want_meta
     assert isinstance(meta["tokenizer.ggml.tokens"], gguf_meta._ArrayLen)
     assert (tensors, data_offset) == (want_tensors, want_offset) and data_offset % 64 == 0
@@ -123,7 +121,7 @@ def _cut_at(data: bytes, tmp_path: Path, key: str) -> str:
 def test_split_models_add_up_their_parts(tmp_path: Path) -> None:
     from tests.gguf_split import split_model
 
-    one = _write(tmp_path / "one.gguf", nested=False)
+    one = _write(tmp_path / "one.gguf")
     parts = split_model(one, tmp_path / "split", "tiny-Q8_0", 1)
     assert len(parts) == 3
     whole, first = gguf_meta.summarize(str(one)), gguf_meta.summarize(str(parts[0]))
@@ -171,10 +169,14 @@ HOSTILE = {
     "100 kB of floats past the end": (_head(0, 1) + _kv("k", 9, _array(6, 25_000)) + bytes(90_000),
                                       "ends in the middle of its header"),
     "arrays nested 4 deep": (_head(0, 1) + _kv("k", 9, _array(9, 1, _array(9, 1, _array(9, 1, _array(9, 1))))),
-                             "arrays nested too deeply"),
+                             "'k' holds an array of arrays, which llama.cpp does not read"),
+    "200,000 empty arrays in an array": (_head(0, 1) + _kv("k", 9, _array(9, 200_000, _array(0, 0) * 200_000)),
+                                         "'k' holds an array of arrays, which llama.cpp does not read"),
     "an unknown value type": (_head(0, 1) + _kv("k", 99, b""), "unknown metadata value type 99"),
     "an unknown array item type": (_head(0, 1) + _kv("k", 9, _array(77, 1)), "unknown array item type 77"),
     "2^31 dimensions": (_head(1, 1) + ARCH + _s("t") + struct.pack("<I", 1 << 31), "has 2147483648 dimensions"),
+    "a tensor of 2^64 elements": (_head(1, 1) + ARCH + _s("t") + struct.pack("<IQQIQ", 2, 1 << 32, 1 << 32, 0, 0),
+                                  "tensor 't' claims 2^63 elements or more, past what llama.cpp takes"),
     "alignment 3": (_head(0, 2) + ARCH + _kv("general.alignment", 4, struct.pack("<I", 3)), "bad alignment 3"),
     "alignment 0": (_head(0, 2) + ARCH + _kv("general.alignment", 4, struct.pack("<I", 0)), "bad alignment 0"),
     "version 1": (_head(0, 0, version=1), "unsupported GGUF version 1"),
@@ -206,3 +208,86 @@ def test_paths_that_are_not_files(tmp_path: Path) -> None:
         gguf_meta.read_gguf(str(tmp_path))
     with pytest.raises(ModelFormatError, match=r"cannot read .*missing\.gguf: No such file"):
         gguf_meta.read_gguf(str(tmp_path / "missing.gguf"))
+
+
+def _model(*kvs: bytes) -> bytes:
+    """A GGUF of the llama architecture with the key-values given and one F32 tensor of 4 values."""
+    head = _head(1, 1 + len(kvs)) + ARCH + b"".join(kvs) + _s("token_embd.weight") + struct.pack("<IQIQ", 1, 4, 0, 0)
+    return head + bytes(-len(head) % 32) + bytes(16)
+
+
+OUT_OF_RANGE = {
+    "head_count_kv 1e300": (_kv("llama.attention.head_count_kv", 12, struct.pack("<d", 1e300)),
+                            "llama.attention.head_count_kv is 1e+300"),
+    "key_length 1e300": (_kv("llama.attention.key_length", 12, struct.pack("<d", 1e300)),
+                         "llama.attention.key_length is 1e+300"),
+    "head_count -1": (_kv("llama.attention.head_count", 5, struct.pack("<i", -1)), "llama.attention.head_count is -1"),
+    "embedding_length -1": (_kv("llama.embedding_length", 5, struct.pack("<i", -1)), "llama.embedding_length is -1"),
+    "context_length -2^62": (_kv("llama.context_length", 11, struct.pack("<q", -(1 << 62))),
+                             "llama.context_length is -4,611,686,018,427,387,904"),
+    "context_length 2^40": (_kv("llama.context_length", 10, struct.pack("<Q", 1 << 40)),
+                            "llama.context_length is 1,099,511,627,776"),
+    "expert_used_count 2^40": (_kv("llama.expert_used_count", 10, struct.pack("<Q", 1 << 40)),
+                               "llama.expert_used_count is 1,099,511,627,776"),
+    "one layer's head count negative": (_kv("llama.attention.head_count", 9, _array(5, 2, struct.pack("<2i", 4, -4))),
+                                        "llama.attention.head_count is -4"),
+    "a head count as text": (_kv("llama.attention.head_count", 8, _s("12")), "llama.attention.head_count is '12'"),
+}
+
+
+@pytest.mark.parametrize("name", list(OUT_OF_RANGE))
+def test_a_count_out_of_range_is_a_damaged_header_naming_the_key(tmp_path: Path, name: str) -> None:
+    """Every number the planner reads is a whole number from 0 to 2^32 - 1 (what llama.cpp reads them as): 1e300 KV
+    heads ended in an OverflowError printing the plan, a negative head count in a negative KV cache, a context of -1
+    in `max_model_len: -1`."""
+    kv, says = OUT_OF_RANGE[name]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(_model(kv))
+    with pytest.raises(ModelFormatError) as caught:
+        gguf_meta.summarize(str(path))
+    assert str(caught.value) == (f"{path} is not a usable GGUF file: its header says {says}, not a whole number from "
+                                 "0 to 4,294,967,295")
+
+
+def test_a_per_layer_list_is_read_for_its_values_not_its_length(tmp_path: Path) -> None:
+    """A model of 80 layers with a KV head count per layer (deci, Nemotron-H): its first value, 8, not the list's
+    length (lists past 64 items kept only their length, and that was taken for the count)."""
+    path = tmp_path / "per-layer.gguf"
+    path.write_bytes(_model(_kv("llama.block_count", 4, struct.pack("<I", 80)),
+                            _kv("llama.attention.head_count_kv", 9, _array(4, 80, struct.pack("<80I", *[8] * 80)))))
+    s = gguf_meta.summarize(str(path))
+    assert (s.n_layers, s.n_head_kv) == (80, 8)
+
+
+def test_a_plan_after_a_summary_reads_no_header_again(tmp_path: Path, home: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_summary keeps the tensor table with the summary (a split model's, each part's), and the planner's layout()
+    reads it from there: `fit` on a model with a large header read it twice."""
+    from localgen.models import footprint
+    from tests.gguf_split import split_model
+
+    path = _write(tmp_path / "tiny.gguf")
+    parts = split_model(path, tmp_path / "split", "tiny-Q8_0", 1)
+    want = {str(p): footprint.layout(str(p)) for p in (path, parts[0])}
+    for p in want:
+        gguf_meta.read_summary(p)
+
+    def read_again(path: str) -> None:
+        raise AssertionError(f"{path} read again")
+
+    monkeypatch.setattr(gguf_meta, "read_gguf", read_again)
+    monkeypatch.setattr(footprint, "read_gguf", read_again, raising=False)
+    assert {p: footprint.layout(p) for p in want} == want
+
+
+def test_a_split_models_part_cut_short_is_truncated(tmp_path: Path) -> None:
+    """Each part's tensor data must fit inside its file, as a single file's must: a part cut short was planned as
+    whole."""
+    from tests.gguf_split import split_model
+
+    parts = split_model(_write(tmp_path / "one.gguf"), tmp_path / "split", "tiny-Q8_0", 1)
+    parts[1].write_bytes(parts[1].read_bytes()[:-50])
+    with pytest.raises(ModelFormatError, match=r"part 2 of the split model .*-00001-of-00003\.gguf is truncated: its "
+                                               r"tensors need [\d,]+ bytes, the file has [\d,]+$"):
+        gguf_meta.summarize(str(parts[0]))
+    assert gguf_meta.summarize(str(parts[0]), check_data=False).architecture == "llama"  # `list` lists it all the same

@@ -5,6 +5,7 @@ by their memory (--gpu-memory 24GB), so the question "does it fit a 24 GB card?"
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +14,7 @@ from localgen.cli import options as o
 from localgen.cli.inputfile import check_model
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs, typed_by_user
+from localgen.cli.output import for_terminal
 from localgen.errors import UsageError
 from localgen.types import LoadParams
 from localgen.units import format_bytes, parse_bytes
@@ -277,11 +279,18 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
     return ", ".join([f"{asked:,} asked{by}", *done])
 
 
+def header_text(text: str) -> str:
+    """A value from a model's file (its name, architecture, license) on one line of `fit` or `show`: a line break or a
+    carriage return shown as \\n or \\r, and on a terminal every other control character escaped (output.visible),
+    so a header cannot clear the screen or write the clipboard; in a pipe it stays as written."""
+    return for_terminal(text.replace("\r", "\\r").replace("\n", "\\n"), sys.stdout)
+
+
 def _print(doc: dict[str, Any], why: str) -> None:
     md, m = doc["model"], doc["machine"]
     trained = f"trained to {md['context_length']:,} tokens" if md["context_length"] else "no training context"
-    print(f"model     {md['name']} · {md['architecture']}{' (MoE)' if md['moe'] else ''} · {md['layers']} layers · "
-          f"{format_bytes(md['weights'])} of weights · {trained}")
+    print(f"model     {header_text(md['name'])} · {header_text(md['architecture'])}{' (MoE)' if md['moe'] else ''} · "
+          f"{md['layers']} layers · {format_bytes(md['weights'])} of weights · {trained}")
     how = "described" if m["ram_described"] else "available here"
     gpus = " + ".join(format_bytes(g) for g in m["gpus"]) if m["gpus"] else "no GPU"
     kind = "unified memory" if m["unified"] else "GPU memory"

@@ -43,7 +43,7 @@ from typing import Any
 
 from localgen import placement
 from localgen.errors import ModelFormatError
-from localgen.models.gguf_meta import GGML_BLOCKS, MAX_LAYERS, read_gguf, repackable_types
+from localgen.models.gguf_meta import GGML_BLOCKS, MAX_LAYERS, read_table, repackable_types
 from localgen.types import GGUFSummary, LoadParams
 
 COMPUTE_TOLERANCE = 0.05  # the compute buffers, relative to what llama.cpp reports
@@ -171,10 +171,11 @@ class WeightLayout:
 
 
 def layout(path: str) -> WeightLayout:
-    """Read the tensor tables (bounded, no weights; every part of a split model)."""
+    """Read the tensor tables (bounded, no weights; every part of a split model), each remembered with its file's
+    summary (gguf_meta.read_table)."""
     tensors: list[tuple[Any, ...]] = []
     for i, part in enumerate(_parts(path)):
-        tensors.extend((*row, i) for row in read_gguf(part)[1])
+        tensors.extend((*row, i) for row in read_table(part))
     out = layout_of(tensors)
     if out.n_layer > MAX_LAYERS:  # a tensor named blk.N of a hostile N: every plan walks each layer
         raise ModelFormatError(f"{path} is not a usable GGUF file: its tensors name {out.n_layer:,} layers, "

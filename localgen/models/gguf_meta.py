@@ -23,9 +23,16 @@ MAGIC = b"GGUF"
 MAX_KV = 65_536
 MAX_TENSORS = 1_000_000
 MAX_STRING = 32 << 20  # chat templates can be large; nothing legitimate is near this
-MAX_ARRAY_KEEP = 64  # arrays longer than this keep only their length
+MAX_ARRAY_KEEP = 64  # arrays of strings longer than this keep only their length
 MAX_DIMS = 8
+MAX_ELEMENTS = 1 << 63  # a tensor's elements: llama.cpp refuses INT64_MAX and more
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS: a model with more does not load
+MAX_NUMBERS_KEEP = MAX_LAYERS  # arrays of numbers up to this long are kept whole: per-layer values (head counts)
+MAX_COUNT = (1 << 32) - 1  # llama.cpp reads the counts and sizes below as uint32
+# the header's numbers the planner reads ({arch}.KEY): each a whole number from 0 to MAX_COUNT, or one per layer
+COUNTS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+          "attention.head_count_kv", "attention.key_length", "attention.value_length", "expert_count",
+          "expert_used_count", "expert_feed_forward_length")
 DEFAULT_ALIGNMENT = 32
 
 # GGUF value types: struct format for the scalars.
@@ -79,32 +86,32 @@ class _Reader:
             raise self.fail(f"a string of {n} bytes in the header is beyond any sane size")
         return self.read(n).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, depth: int = 0) -> Any:
+    def value(self, vtype: int, key: str = "a key") -> Any:
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype])
         if vtype == _STRING:
             return self.string()
-        if vtype == _ARRAY:
-            if depth > 2:
-                raise self.fail("arrays nested too deeply")
-            itype = self.scalar("<I")
-            count = self.scalar("<Q")
-            if count > self.size:  # every item takes at least one byte
-                raise self.fail(f"an array claims {count} items, more than the file could hold")
-            if itype in _SCALARS:
-                width = struct.calcsize(_SCALARS[itype])
-                if count > MAX_ARRAY_KEEP:
-                    self.read(width * count) if width * count < (1 << 20) else self._skip(width * count)
-                    return _ArrayLen(count)
-                return [self.value(itype, depth + 1) for _ in range(count)]
-            if itype not in (_STRING, _ARRAY):
-                raise self.fail(f"unknown array item type {itype}")
-            if itype == _STRING and count > MAX_ARRAY_KEEP:
+        if vtype != _ARRAY:
+            raise self.fail(f"unknown metadata value type {vtype}")
+        itype = self.scalar("<I")
+        count = self.scalar("<Q")
+        if itype == _ARRAY:  # refused at once, never walked: an array of empty arrays costs 12 bytes an item
+            raise self.fail(f"{key[:200]!r} holds an array of arrays, which llama.cpp does not read")
+        if itype != _STRING and itype not in _SCALARS:
+            raise self.fail(f"unknown array item type {itype}")
+        if count > self.size:  # every item takes at least one byte
+            raise self.fail(f"an array claims {count} items, more than the file could hold")
+        if itype == _STRING:
+            if count > MAX_ARRAY_KEEP:
                 self._skip_strings(count)  # token lists and merges: only their length is kept
                 return _ArrayLen(count)
-            items = [self.value(itype, depth + 1) for _ in range(count)]
-            return items if count <= MAX_ARRAY_KEEP else _ArrayLen(count)
-        raise self.fail(f"unknown metadata value type {vtype}")
+            return [self.string() for _ in range(count)]
+        fmt = _SCALARS[itype]
+        width = struct.calcsize(fmt)
+        if count > MAX_NUMBERS_KEEP:  # token scores and types: only their length is kept
+            self._skip(width * count)
+            return _ArrayLen(count)
+        return list(struct.unpack(f"<{count}{fmt[1]}", self.read(width * count)))
 
     def _skip_strings(self, count: int) -> None:
         """Walk past `count` length-prefixed strings by their lengths alone (no decoding, no copies)."""
@@ -203,7 +210,7 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int
         for _ in range(n_kv):
             key = r.string(cap=1 << 16)
             vtype = r.scalar("<I")
-            meta[key] = r.value(vtype)
+            meta[key] = r.value(vtype, key)
         tensors: list[tuple[str, list[int], int, int]] = []
         for _ in range(n_tensors):
             name = r.string(cap=1 << 16)
@@ -211,6 +218,8 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int
             if n_dims > MAX_DIMS:
                 raise r.fail(f"tensor {name!r} has {n_dims} dimensions")
             dims = [r.scalar("<Q") for _ in range(n_dims)]
+            if math.prod(dims) >= MAX_ELEMENTS:  # llama.cpp's own bound; past it, sizes and counts are nonsense
+                raise r.fail(f"tensor {name[:200]!r} claims 2^63 elements or more, past what llama.cpp takes")
             ttype = r.scalar("<I")
             offset = r.scalar("<Q")
             tensors.append((name, dims, ttype, offset))
@@ -222,7 +231,25 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int
     return meta, tensors, data_offset
 
 
-def _split_totals(first: str, count: int, n_params: int, size: int) -> tuple[int, int]:
+def _check_count(path: str, key: str, value: Any) -> None:
+    """A ModelFormatError unless `value` (the header's, for `key`; None: no such key) is a count llama.cpp reads: a
+    whole number from 0 to MAX_COUNT, or a list of them (one per layer). A negative head count made plans of negative
+    sizes; 1e300 ended in an OverflowError formatting them."""
+    items = value if isinstance(value, list) else [] if value is None else [value]
+    for v in items:
+        whole = (isinstance(v, int) and not isinstance(v, bool | _ArrayLen)) or (
+            isinstance(v, float) and math.isfinite(v) and v.is_integer())
+        if not (whole and 0 <= v <= MAX_COUNT):
+            shown = f"{v:g}" if isinstance(v, float) else f"{v:,}" if whole else repr(v)[:80]
+            if isinstance(v, _ArrayLen):
+                shown = f"a list of {v:,} values"
+            raise ModelFormatError(
+                f"{path} is not a usable GGUF file: its header says {key[:200]} is {shown}, not a whole "
+                f"number from 0 to {MAX_COUNT:,}", hint="the file is corrupt or hostile; download it again")
+
+
+def _split_totals(first: str, count: int, n_params: int, size: int, check_data: bool,
+                  parts_read: list[Any] | None) -> tuple[int, int]:
     import re
 
     m = re.search(r"-00001-of-(\d{5})\.gguf$", first)
@@ -231,16 +258,21 @@ def _split_totals(first: str, count: int, n_params: int, size: int) -> tuple[int
     for i in range(2, count + 1):
         part = first[: m.start()] + f"-{i:05d}-of-{m.group(1)}.gguf"
         try:
-            _meta, tensors, _off = read_gguf(part)
-            size += os.path.getsize(part)
+            _meta, tensors, offset = read_gguf(part)
+            st = os.stat(part)
+            part_size = st.st_size
         except (ModelFormatError, OSError):
             raise ModelFormatError(f"part {i} of the split model {first} is missing or unreadable",
                                    hint="pull the model again") from None
-        for _name, dims, _t, _o in tensors:
-            n = 1
-            for d in dims:
-                n *= d
-            n_params += n
+        part_params, end, *_ = _tensor_totals(tensors, offset)
+        if check_data and end > part_size:  # as the first part's (summarize): a part cut short is no model
+            raise ModelFormatError(
+                f"part {i} of the split model {first} is truncated: its tensors need {end:,} bytes, the file has "
+                f"{part_size:,}", hint="pull the model again (localgen pull verifies files)")
+        n_params += part_params
+        size += part_size
+        if parts_read is not None:
+            parts_read.append((part, st, tensors, offset))
     return n_params, size
 
 
@@ -284,10 +316,16 @@ def _tensor_totals(tensors: list[tuple[str, list[int], int, int]],
     return n_params, end, repackable, weights, exact_rows
 
 
-def summarize(path: str, file_size: int | None = None, check_data: bool = True) -> GGUFSummary:
+Header = tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]  # read_gguf's
+
+
+def summarize(path: str, file_size: int | None = None, check_data: bool = True,
+              header: Header | None = None, parts_read: list[Any] | None = None) -> GGUFSummary:
     """Read a GGUF header and summarize it; raises ModelFormatError for anything llama.cpp would choke on.
-    `file_size` stands in for the real size when `path` holds only the start of a remote file."""
-    meta, tensors, data_offset = read_gguf(path)
+    `file_size` stands in for the real size when `path` holds only the start of a remote file; `header`: read_gguf's
+    result for it, read already; `parts_read` gets a split model's other parts as read: (path, stat, tensor table,
+    data offset) each."""
+    meta, tensors, data_offset = header or read_gguf(path)
     size = file_size if file_size is not None else os.path.getsize(path)
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or not arch:
@@ -301,16 +339,14 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
             hint="download it again (localgen pull verifies files)",
         )
 
+    for key in COUNTS:
+        _check_count(path, f"{arch}.{key}", meta.get(f"{arch}.{key}"))
+
     def get_int(key: str) -> int | None:
         v = meta.get(f"{arch}.{key}")
         if isinstance(v, list):  # per-layer values (some models): take the first
             v = v[0] if v else None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return None
-        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer() and v >= 0):
-            raise ModelFormatError(f"{path} is not a usable GGUF file: {arch}.{key} is {v!r}, not a whole number",
-                                   hint="the file is corrupt or hostile; download it again")
-        return int(v)
+        return None if v is None else int(v)
 
     n_layers = get_int("block_count")
     if n_layers is not None and n_layers > MAX_LAYERS:  # llama.cpp refuses it; our planner would walk every layer
@@ -319,7 +355,7 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
     parts = meta.get("split.count")
     if isinstance(parts, int) and parts > 1 and file_size is None:
         # A split model: parameters and bytes of every part (each part lists only its own tensors).
-        n_params, size = _split_totals(path, parts, n_params, size)
+        n_params, size = _split_totals(path, parts, n_params, size, check_data, parts_read)
     n_embd, n_head = get_int("embedding_length"), get_int("attention.head_count")
     head_k = get_int("attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
     tokens = meta.get("tokenizer.ggml.tokens")
@@ -350,18 +386,17 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True) 
     )
 
 
-SUMMARY_FORMAT = 5
+SUMMARY_FORMAT = 6  # 6: counts checked (_check_count), per-layer lists kept whole
+
+
+TABLE_FORMAT = 1
 
 
 def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> GGUFSummary:
     """summarize(), remembered per file (path, size, mtime) in the cache dir: every `run`, `show` and `list`
-    reads each model's header once."""
-    import contextlib
+    reads each model's header once (and its tensor table with it: read_table)."""
     import dataclasses
-    import hashlib
-    import json
-
-    from localgen import paths
+    import platform
 
     if not use_cache:
         return summarize(path, check_data=check_data)
@@ -369,23 +404,76 @@ def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> 
         st = os.stat(path)
     except OSError:
         return summarize(path, check_data=check_data)  # raises the proper error
-    real = os.path.realpath(path)
-    import platform
+    stamp = [SUMMARY_FORMAT, os.path.realpath(path), st.st_size, st.st_mtime_ns, check_data, platform.machine()]
+    doc = _cached(stamp)
+    if doc is not None:
+        try:
+            return GGUFSummary(**doc)
+        except TypeError:
+            pass
+    header = read_gguf(path)
+    parts: list[Any] = []
+    summary = summarize(path, check_data=check_data, header=header, parts_read=parts)
+    _remember(stamp, dataclasses.asdict(summary))
+    for part, part_st, tensors, offset in [(path, st, header[1], header[2]), *parts]:  # for the plan's layout()
+        _remember(_table_stamp(part, part_st), {"tensors": tensors, "data_offset": offset})
+    return summary
 
-    stamp = [SUMMARY_FORMAT, real, st.st_size, st.st_mtime_ns, check_data, platform.machine()]
-    key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32]
-    cache = paths.cache_dir() / "gguf-summaries" / f"{key}.json"
+
+def read_table(path: str) -> list[tuple[str, list[int], int, int]]:
+    """read_gguf()'s tensor table, as read_summary remembered it with the summary (and a split model's summary, each
+    part's): a plan after a summary reads no header again. Read from the file where none was remembered (a remote
+    header's start in a temporary file: nothing is written for it)."""
     try:
-        doc = json.loads(cache.read_text())
-        if doc.get("stamp") == stamp:
-            return GGUFSummary(**doc["summary"])
+        st = os.stat(path)
+    except OSError:
+        return read_gguf(path)[1]  # raises the proper error
+    stamp = _table_stamp(path, st)
+    doc = _cached(stamp)
+    if doc is not None:
+        try:
+            return [(str(name), [int(d) for d in dims], int(ttype), int(offset))
+                    for name, dims, ttype, offset in doc["tensors"]]
+        except (KeyError, TypeError, ValueError):
+            pass
+    return read_gguf(path)[1]
+
+
+def _table_stamp(path: str, st: os.stat_result) -> list[Any]:
+    return ["table", TABLE_FORMAT, os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+
+def _cache_file(stamp: list[Any]) -> Any:
+    import hashlib
+    import json
+
+    from localgen import paths
+
+    key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32]
+    return paths.cache_dir() / "gguf-summaries" / f"{key}.json"
+
+
+def _cached(stamp: list[Any]) -> Any:
+    """What _remember kept for `stamp` (None: nothing, or something unreadable)."""
+    import json
+
+    try:
+        doc = json.loads(_cache_file(stamp).read_text())
+        if isinstance(doc, dict) and doc.get("stamp") == stamp:
+            return doc["summary"]
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    summary = summarize(path, check_data=check_data)
+    return None
+
+
+def _remember(stamp: list[Any], value: Any) -> None:
+    import contextlib
+    import json
+
+    from localgen import paths
+
     with contextlib.suppress(OSError, TypeError, ValueError):  # a cache: without it the next read parses again
-        paths.replace_text(cache, json.dumps({"stamp": stamp, "summary": dataclasses.asdict(summary)},
-                                             default=_jsonable))
-    return summary
+        paths.replace_text(_cache_file(stamp), json.dumps({"stamp": stamp, "summary": value}, default=_jsonable))
 
 
 def _jsonable(value: Any) -> Any:

@@ -4,12 +4,15 @@ alone, a Modelfile that makes it again, or all of it as JSON."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any
 
 import typer
 
 from localgen.cli import options as o
+from localgen.cli.fit import header_text
 from localgen.cli.models.manage import Json, shown_params
+from localgen.cli.output import for_terminal
 from localgen.errors import LocalgenError, UsageError
 from localgen.units import format_bytes
 
@@ -45,7 +48,7 @@ def show(
     if template:
         if not s.chat_template:
             raise LocalgenError(f"{ref.name} has no chat template")
-        print(s.chat_template)
+        print(for_terminal(s.chat_template, sys.stdout))  # as run's answers: escaped on a terminal, whole in a pipe
         return
     doc = _show_doc(ref, sha256)
     preset = _preset_doc(name, ref)
@@ -156,7 +159,7 @@ def _print_preset(preset: dict[str, Any]) -> None:
     kept += [f"context {preset['inherited_context']}"] if preset["inherited_context"] is not None else []
     print(f"{'settings':15} {' · '.join(given) or 'none'}")
     if preset["system"]:
-        print(f"{'system':15} " + preset["system"].replace("\n", "\n" + " " * 16))
+        print(f"{'system':15} " + for_terminal(preset["system"], sys.stdout).replace("\n", "\n" + " " * 16))
     if preset["messages"]:
         print(f"{'messages':15} {len(preset['messages'])} before the conversation")
     if preset["template"]:
@@ -194,7 +197,8 @@ def _print_doc(doc: dict[str, Any]) -> None:
             v = ", ".join(v)
         elif k == "load":
             v = " · ".join(f"{name} {_shown(x)}" for name, x in v.items())
-        print(f"{_LABELS.get(k, k.replace('_', ' ')):15} {v if v is not None else '-'}")
+        print(f"{_LABELS.get(k, k.replace('_', ' ')):15} {header_text(str(v)) if v is not None else '-'}")
+
 
 
 def _shown(value: Any) -> str:
