@@ -61,7 +61,7 @@ class Entry:
     model: str  # the model's name as shown (or the server's model id)
     prompt: str
     response: str
-    model_spec: str | None = None  # what -m said (None: the default), to load the same model again with -c
+    model_spec: str | None = None  # -m's model, else the default's name (None: remote), to load it again with -c
     endpoint: str | None = None  # the remote endpoint, if any
     system: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
