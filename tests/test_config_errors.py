@@ -184,6 +184,7 @@ def test_a_preset_file_of_bad_bytes_is_named_and_list_goes_on(own: CLI) -> None:
     ("k\u20acy".encode(), None, "a character outside ASCII (U+20AC)"),
     (None, "k\u00e9y", "LOCALGEN_API_KEY: the key has a character outside ASCII (U+00E9)"),
     (None, " ", "LOCALGEN_API_KEY is blank"),
+    (None, "", "LOCALGEN_API_KEY is blank"),  # set to nothing ($UNSET): Click took it as unset, an open API
     (None, "a key", "LOCALGEN_API_KEY: the key has spaces"),
 ])
 def test_serve_refuses_a_key_no_client_could_send(own: CLI, tmp_path: Path, key: bytes | None, env: str | None,
