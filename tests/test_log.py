@@ -651,6 +651,20 @@ def test_a_log_another_user_owns_is_not_written_and_one_of_ours_is_made_private(
     assert store.count() == 2  # still read
 
 
+def test_the_logs_lock_is_private_as_the_log_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/logs.md: the log's files are 0600. Its lock beside it was 0644, 0666 under umask 000."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    old = os.umask(0)
+    try:
+        store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r"))
+    finally:
+        os.umask(old)
+    lock = Path(str(store.path()) + ".lock")
+    assert lock.exists() and stat.S_IMODE(lock.stat().st_mode) == 0o600
+
+
 def test_logs_off_never_writes_through_a_link_planted_in_its_place(lcli: CLI, tmp_path: Path) -> None:
     """`localgen logs off` wrote its note through a symbolic link at config/logs-off, overwriting the file it
     pointed at (outside the home); now the link is replaced by the marker, and the file is left as it was."""

@@ -236,7 +236,7 @@ def _make_schema(db: Path) -> None:
 
     sqlite_utils = sqlite_utils_module()
 
-    with FileLock(str(db) + ".lock"):
+    with FileLock(str(db) + ".lock", mode=0o600):  # private as the log (filelock made it 0644, 0666 under umask 0)
         conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
         try:
             if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
@@ -324,7 +324,7 @@ def _rebuild_fts(db: Path) -> None:
 
     sqlite_utils = sqlite_utils_module()
     try:
-        with FileLock(str(db) + ".lock"):
+        with FileLock(str(db) + ".lock", mode=0o600):
             conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
             try:
                 if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses_fts'").fetchone() is not None:
