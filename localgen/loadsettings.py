@@ -75,8 +75,8 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
     LoadKnob("kv_unified", SWITCH, ("--kv-unified/--no-kv-unified", "-kvu/-no-kvu"), "The KV cells of the "
              "sequences batched for throughput (run --file, serve, bench -npl), as llama.cpp's -kvu: one pool shared "
              "by every sequence, or a stream of cells per sequence "
-             "(default: one pool for serve and run --file with layers on a GPU, else a stream per sequence, as "
-             "llama-server -np N and llama-batched-bench keep them; --exact always keeps a stream per sequence).",
+             "(default: a stream per sequence, on a CPU and on a GPU alike, as llama-server -np N and "
+             "llama-batched-bench keep them; --exact always keeps a stream per sequence).",
              "kv_unified", envvar="LLAMA_ARG_KV_UNIFIED"),
     LoadKnob("repack", SWITCH, ("--repack/--no-repack",), "llama.cpp's repacked CPU weight layouts (default: the "
              "model's tuning record, else on where at least half the weights are of a repackable type, off on a "

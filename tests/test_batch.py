@@ -230,7 +230,7 @@ def test_parallel_greedy_is_exact_with_repacked_weights(cli: CLI, tmp_path: Path
     assert got == _alone_in_process(gemma_path, prompts, 8, n_ctx=512, repack=True)
     assert _rows_per_call(err) <= 3  # never through the 4-row GEMM
     # --no-exact: all four in each call. Only the rows per call are read: the first call evaluates the
-    # prompts (no decoding rows), the 7 after it carry four rows each, 3.5 a call
+    # prompts (no decoding rows, so no decode call of --stats), the 7 after it carry four rows each
     _, err = _batched(cli, f, "4", common, "--no-exact")
     assert _rows_per_call(err) > 3 and "32 tokens generated" in err
     # By default Gemma is not repacked (5 % of its weights could be); its K-quant matrices go through ggml's
@@ -747,3 +747,19 @@ def test_resume_from_reads_a_big_output_a_line_at_a_time(cli: CLI, tmp_path: Pat
     lines = r.stdout.splitlines()
     assert [lines[0], lines[1], lines[3]] == done, lines
     assert [json.loads(x)["line"] for x in lines] == [1, 2, 3, 4, 5] and "text" in json.loads(lines[4]), lines
+
+
+def test_stats_counts_the_decode_calls_that_generate_and_names_no_endpoints_for_a_local_model(
+        cli: CLI, tmp_path: Path) -> None:
+    """docs/exactness.md: "sequences per decode call". A call that only evaluated prompts counted as one, so one
+    sequence at a time read 0.8 (0.0 with one token each); a local model's run with no decode call at all (every
+    line answered before) said "0 endpoints"."""
+    f = _prompt_file(tmp_path, PROMPTS[:2])
+    common = ["-n", "4", "--temperature", "0", "--ctx", "512", "--no-exact"]
+    out, err = _batched(cli, f, "1", common, "--json")
+    assert _rows_per_call(err) == 1.0, err
+    _, err = _batched(cli, f, "1", [*common[2:], "-n", "1"])  # the first token comes from the prompt's own call
+    assert "sequences per decode call" not in err and "endpoint" not in err and "throughput batching" in err, err
+    (tmp_path / "out.jsonl").write_text("\n".join(out) + "\n")
+    _, err = _batched(cli, f, "1", common, "--json", "--resume-from", str(tmp_path / "out.jsonl"))
+    assert "2 already answered" in err and "endpoint" not in err and "throughput batching" in err, err

@@ -184,6 +184,7 @@ def test_a_preset_file_of_bad_bytes_is_named_and_list_goes_on(own: CLI) -> None:
     ("k\u20acy".encode(), None, "a character outside ASCII (U+20AC)"),
     (None, "k\u00e9y", "LOCALGEN_API_KEY: the key has a character outside ASCII (U+00E9)"),
     (None, " ", "LOCALGEN_API_KEY is blank"),
+    (None, "", "LOCALGEN_API_KEY is blank"),  # set to nothing ($UNSET): Click took it as unset, an open API
     (None, "a key", "LOCALGEN_API_KEY: the key has spaces"),
 ])
 def test_serve_refuses_a_key_no_client_could_send(own: CLI, tmp_path: Path, key: bytes | None, env: str | None,
@@ -224,6 +225,9 @@ def test_localgen_debug_off_values_keep_the_one_line_error(own: CLI, value: str)
 def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
     r = CLI({**own.env, "LOCALGEN_DEBUG": "true"})("show", "no-such-model:1b")
     assert r.returncode == 1 and "Traceback" in r.stderr and "ModelNotFoundError" in r.stderr
+    r = CLI({**own.env, "LOCALGEN_DEBUG": "1"})("run", "--ctx", "abc", "hi")  # configuration.md: the command
+    assert r.returncode == 2 and len(_lines(r)) == 1 and "Traceback" not in r.stderr, r.stderr  # line's own: one line
+    assert r.stderr.startswith("localgen: error: Invalid value for '--ctx'"), r.stderr
 
 
 @pytest.mark.parametrize(("given", "said"), [

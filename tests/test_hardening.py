@@ -231,8 +231,9 @@ def test_credentials_in_an_endpoint_url_are_refused_and_never_shown(cli: CLI, fa
     (config / "endpoints.toml").write_text(f'[box]\nurl = "{url}"\n')
     try:
         r = cli("run", "-m", "box/plain", "-p", "hi")
-        _one_line_error(r, 2, "[box] --endpoint URLs may not carry credentials")
-        assert "hunter2" not in r.stderr
+        _one_line_error(r, 2, "[box] url may not carry credentials")  # it said --endpoint, which was not given
+        assert "hunter2" not in r.stderr and 'api_key_env = "NAME" in its entry' in r.stderr, r.stderr
+        assert "--api-key-env" not in r.stderr and "--endpoint" not in r.stderr, r.stderr
     finally:
         (config / "endpoints.toml").unlink()
 

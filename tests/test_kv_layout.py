@@ -28,6 +28,10 @@ def test_a_stream_each_by_default_on_a_cpu_and_a_gpu_one_pool_when_asked() -> No
         assert not kv_pool(_engine(offloaded, None), throughput=True)  # type: ignore[arg-type]
         assert kv_pool(_engine(offloaded, True), throughput=True)  # type: ignore[arg-type]
         assert not kv_pool(_engine(offloaded, False), throughput=True)  # type: ignore[arg-type]
+    from localgen.loadsettings import LOAD_KNOBS
+
+    help_ = LOAD_KNOBS["kv_unified"].help  # --help said one pool on a GPU by default, which kv_pool never kept
+    assert "(default: a stream per sequence, on a CPU and on a GPU alike," in help_ and "one pool for" not in help_
     # the exact scheduler keeps a stream per sequence: a row's attention spans only its own cells, as alone
     assert not kv_pool(_engine(True, True), throughput=False)  # type: ignore[arg-type]
 

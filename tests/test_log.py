@@ -593,6 +593,38 @@ def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) 
     assert r.returncode == 1 and "gemma3:270m has no chat template" in r.stderr, r.stderr
 
 
+def test_a_conversation_begun_on_the_default_model_keeps_it_under_localgen_model(lcli: CLI) -> None:
+    """logs.md, configuration.md: a conversation gone on with keeps its own model, the default's too. The log kept
+    no model for one begun without -m, so LOCALGEN_MODEL replaced it: `run -C` and `chat --resume ID` answered with
+    (or failed on) that model instead."""
+    first = lcli("run", "My name is Ada.", *N, "--json")
+    assert first.returncode == 0, first.stderr
+    cid = str(json.loads(first.stdout)["conversation_id"])
+    under = CLI({**lcli.env, "LOCALGEN_MODEL": "gemma3:270m"})  # no chat template: it would fail to go on
+    r = under("run", "--continue", "What is my name?", *N, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["name"] == "smollm2:135m"
+    r = under("chat", "--resume", cid, *N, input="Again?\n")
+    assert r.returncode == 0, r.stderr
+    assert [row["model"] for row in _logged(lcli, "--cid", cid)] == ["smollm2:135m"] * 3
+
+
+def test_a_conversation_logged_without_a_model_goes_on_with_the_default(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logs written before the default's name was kept hold no model for a conversation begun on the default:
+    that model goes on with it, not LOCALGEN_MODEL's (a remote one keeps none: its endpoint names it)."""
+    from localgen.cli.log.conversation import logged_thread
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    monkeypatch.setenv("LOCALGEN_MODEL", "gemma3:270m")
+    store.record(store.Entry(conversation_id="old", source="run", model="smollm2:135m", prompt="p", response="r"))
+    store.record(store.Entry(conversation_id="far", source="run", model="m", prompt="p", response="r",
+                             endpoint="http://127.0.0.1:9/v1"))
+    assert logged_thread("old").model_spec == "smollm2:135m"
+    assert logged_thread("far").model_spec is None
+
+
 def test_a_log_another_user_owns_is_not_written_and_one_of_ours_is_made_private(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/logs.md: the log is mode 0600 in a 0700 folder. A log (or its folder) another user made first, in a
@@ -617,6 +649,20 @@ def test_a_log_another_user_owns_is_not_written_and_one_of_ours_is_made_private(
     assert str(caught.value) == (f"the log at {db} is not written: {db.parent} belongs to another user (uid "
                                  f"{db.stat().st_uid}); set LOCALGEN_HOME to a folder of your own")
     assert store.count() == 2  # still read
+
+
+def test_the_logs_lock_is_private_as_the_log_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/logs.md: the log's files are 0600. Its lock beside it was 0644, 0666 under umask 000."""
+    from localgen.log import store
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    old = os.umask(0)
+    try:
+        store.record(store.Entry(conversation_id=store.new_id(), source="run", model="m", prompt="p", response="r"))
+    finally:
+        os.umask(old)
+    lock = Path(str(store.path()) + ".lock")
+    assert lock.exists() and stat.S_IMODE(lock.stat().st_mode) == 0o600
 
 
 def test_logs_off_never_writes_through_a_link_planted_in_its_place(lcli: CLI, tmp_path: Path) -> None:

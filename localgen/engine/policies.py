@@ -343,8 +343,9 @@ class Throughput:
             alone.filled = begun
             s.finish(alone)
             return
-        pc.steps += 1
-        pc.rows += len(decoding_seqs)
+        if decoding_seqs:  # a call that only evaluates prompts generates nothing: not a decode call of --stats
+            pc.steps += 1
+            pc.rows += len(decoding_seqs)
         now = time.perf_counter()
         for seq in done:
             seq.prefilled = now

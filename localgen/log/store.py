@@ -61,7 +61,7 @@ class Entry:
     model: str  # the model's name as shown (or the server's model id)
     prompt: str
     response: str
-    model_spec: str | None = None  # what -m said (None: the default), to load the same model again with -c
+    model_spec: str | None = None  # -m's model, else the default's name (None: remote), to load it again with -c
     endpoint: str | None = None  # the remote endpoint, if any
     system: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -236,7 +236,7 @@ def _make_schema(db: Path) -> None:
 
     sqlite_utils = sqlite_utils_module()
 
-    with FileLock(str(db) + ".lock"):
+    with FileLock(str(db) + ".lock", mode=0o600):  # private as the log (filelock made it 0644, 0666 under umask 0)
         conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
         try:
             if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
@@ -324,7 +324,7 @@ def _rebuild_fts(db: Path) -> None:
 
     sqlite_utils = sqlite_utils_module()
     try:
-        with FileLock(str(db) + ".lock"):
+        with FileLock(str(db) + ".lock", mode=0o600):
             conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
             try:
                 if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses_fts'").fetchone() is not None:

@@ -51,9 +51,10 @@ def endpoints_file() -> Path:
     return paths.endpoints_file()
 
 
-def base_url(url: str, flag: str = "--endpoint") -> str:
+def base_url(url: str, flag: str = "--endpoint", key_by: str = "--api-key-env NAME") -> str:
     """A user's URL as the API base: `http://host:8080` and `http://host:8080/` mean `.../v1`; a URL with
-    a path (`https://api.example.com/openai/v1`) is taken as it is. `flag` names where the URL came from."""
+    a path (`https://api.example.com/openai/v1`) is taken as it is. `flag` names where the URL came from, `key_by`
+    where its key is named instead (endpoints.toml's entries: their `api_key_env`)."""
     from localgen.redact import url_shown
 
     text = url.strip()
@@ -71,15 +72,16 @@ def base_url(url: str, flag: str = "--endpoint") -> str:
         raise UsageError(f"{flag} {bare}: the port must be 1 to 65535")
     shown = url_shown(text)  # a password or a ?api_key= stays out of the message
     if "@" in parts.netloc:  # it would end up in errors, --json and the bench history
-        raise UsageError(f"{flag} URLs may not carry credentials ({shown})",
-                         hint="put the key in an environment variable and name it with --api-key-env NAME")
+        urls = " URLs" if flag.startswith("-") or flag.isupper() else ""  # an entry's `url` is one
+        raise UsageError(f"{flag}{urls} may not carry credentials ({shown})",
+                         hint=f"put the key in an environment variable and name it with {key_by}")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"{flag} needs an http:// or https:// URL, not {shown!r}")
     if fault := host_fault(parts.hostname or ""):
         raise UsageError(f"{flag}: {shown!r} has {fault}", hint="e.g. http://host:8000/v1")
     if parts.query or parts.fragment:
         raise UsageError(f"{flag} takes a base URL without ?query or #fragment: {shown!r}",
-                         hint="a key goes in an environment variable named with --api-key-env NAME")
+                         hint=f"a key goes in an environment variable named with {key_by}")
     path = parts.path.rstrip("/")
     return f"{parts.scheme}://{parts.netloc}{path or '/v1'}"
 
@@ -173,7 +175,7 @@ def entry(head: str, warn: Callable[[str], None]) -> Endpoint | None:
     if key_env is not None and not isinstance(key_env, str):
         raise UsageError(f"{path}: [{head}] api_key_env must be a variable name")
     try:
-        url = base_url(table["url"])
+        url = base_url(table["url"], "url", 'api_key_env = "NAME" in its entry')
     except UsageError as e:
         raise UsageError(f"{path}: [{head}] {e.message}", hint=e.hint) from None
     key = None

@@ -19,7 +19,7 @@ class Thread:
     cid: str
     turns: list[Message] = field(default_factory=list)
     system: str | None = None
-    model_spec: str | None = None  # the model the conversation used, to load again unless -m is given
+    model_spec: str | None = None  # the model the conversation used, to load again unless -m is given (None: remote)
 
 
 def thread_for(log: LogOptions) -> Thread:
@@ -46,7 +46,14 @@ def logged_thread(cid: str) -> Thread:
     for e in entries:
         turns += [{"role": "user", "content": e.prompt}, {"role": "assistant", "content": e.response}]
     last = entries[-1]
-    spec = path_from_shown(last.model_spec) if last.model_spec and not last.endpoint else None  # a path as logged
+    if last.endpoint:
+        spec = None
+    elif last.model_spec:
+        spec = path_from_shown(last.model_spec)  # a path as logged
+    else:  # logged before the default's name was: the default answered it, whatever LOCALGEN_MODEL says now
+        from localgen.models.embedded import DEFAULT_MODEL
+
+        spec = DEFAULT_MODEL
     return Thread(cid, turns, last.system, spec)
 
 
@@ -73,6 +80,7 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     (the model a continued conversation loads again); `seed`: the one the answer was drawn with (with tools,
     by its last round), as `run --json` reports it, so that a drawn seed can be given again."""
     from localgen.log import store
+    from localgen.models.embedded import DEFAULT_MODEL
     from localgen.types import shown_path
 
     if no_log or not store.enabled():
@@ -86,7 +94,8 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     endpoint = info.get("endpoint")
     entry = store.Entry(
         conversation_id=cid, source=source, model=str(info.get("name") or ""), prompt=prompt, response=text,
-        model_spec=None if remote or model is None else shown_path(model),  # valid text, as the log holds only
+        # the model that answered, the default's name too: a conversation gone on with keeps it (not LOCALGEN_MODEL's)
+        model_spec=None if remote else shown_path(model or DEFAULT_MODEL),  # valid text, as the log holds only
         endpoint=", ".join(endpoint) if endpoint else None,
         system=system, settings=_sent(request, seed) if remote else _settings(request.sampling, seed),
         finish_reason=finish_reason,

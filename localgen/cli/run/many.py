@@ -285,7 +285,9 @@ def _print_stats(state: dict[str, int], secs: float, counters: dict[str, Any], p
     drafts = ("" if drafted is None else f", {drafted:,} tokens drafted, {counters['accepted']:,} kept"
               + (f" ({counters['accepted'] / drafted:.0%})" if drafted else "")
               + f", a drafted row costing {counters['row_cost']:.2f} of a step")
-    how = (f"{mode}, {per_call:.1f} sequences per decode call{shared}{drafts}{why}" if counters.get("steps") else
+    # a local model's calls (none where no line needed one: all answered before, or one token each); else endpoints
+    calls = f", {per_call:.1f} sequences per decode call" if counters.get("steps") else ""
+    how = (f"{mode}{calls}{shared}{drafts}{why}" if not endpoints else
            _plural(endpoints, "endpoint") + (
                f", {_plural(int(counters['retried']), 'line')} moved off a failed one" if counters.get("retried")
                else ""))

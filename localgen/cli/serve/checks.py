@@ -297,6 +297,8 @@ def _api_key(f: ServeArgs) -> str | None:
                        listen.api_key if listen.api_key and typed_by_user(f.context, "api_key") else None)
         return _checked_key(key, f"the API key file {listen.api_key_file}")
     if listen.api_key is None:
+        if os.environ.get("LOCALGEN_API_KEY") == "":  # Click reads it as unset: an open API the user did not ask for
+            raise UsageError("LOCALGEN_API_KEY is blank: no client could send it", hint="give a key, or unset it")
         return None
     where = "--api-key" if typed_by_user(f.context, "api_key") else "LOCALGEN_API_KEY"
     if not listen.api_key.strip():
