@@ -607,6 +607,9 @@ def test_a_conversation_begun_on_the_default_model_keeps_it_under_localgen_model
     r = under("chat", "--resume", cid, *N, input="Again?\n")
     assert r.returncode == 0, r.stderr
     assert [row["model"] for row in _logged(lcli, "--cid", cid)] == ["smollm2:135m"] * 3
+    # the chat's turn is logged under the model that answered it, not LOCALGEN_MODEL's: the run after goes on
+    r = under("run", "--cid", cid, "And now?", *N, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["model"]["name"] == "smollm2:135m", r.stderr
 
 
 def test_a_conversation_logged_without_a_model_goes_on_with_the_default(tmp_path: Path,

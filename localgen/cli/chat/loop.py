@@ -66,7 +66,7 @@ def start(plan: ChatPlan) -> None:
                 raise model_gone(session.name, session.model, e, "resume") from None
             raise
         try:
-            runner = _runner(plan, session, backend, view, toolbox, model)
+            runner = _runner(plan, session, backend, view, toolbox)
         except BaseException:
             backend.close()
             raise
@@ -97,7 +97,7 @@ def _unsaved_hint(runner: Any, plan: ChatPlan) -> str:
     return f"its answers are above and in the log: `localgen chat --resume {cid}` goes on with them"
 
 
-def _runner(plan: ChatPlan, session: Any, backend: Any, view: ChatView, toolbox: Any, model: str | None) -> Any:
+def _runner(plan: ChatPlan, session: Any, backend: Any, view: ChatView, toolbox: Any) -> Any:
     """The ChatRunner of the conversation on the loaded model, with the plan's sampling, tools, thinking,
     compaction and prompt cache, and its answers logged."""
     from localgen.chat.runner import ChatRunner
@@ -112,8 +112,10 @@ def _runner(plan: ChatPlan, session: Any, backend: Any, view: ChatView, toolbox:
     log_warn = _Warn(view)
     runner.warn = log_warn.warn  # a conversation that cannot be saved: a warning, and the chat goes on
     remote = bool(plan.load.endpoints)
-    runner.on_answer = lambda request, gen, text: _log_turn(log_warn, runner, request, gen, text, model=model,
-                                                            no_log=plan.no_log, remote=remote)
+    # logged under the model that answered (the conversation's, or /model's), never LOCALGEN_MODEL's in its place
+    runner.on_answer = lambda request, gen, text: _log_turn(log_warn, runner, request, gen, text,
+                                                            model=runner.session.model, no_log=plan.no_log,
+                                                            remote=remote)
     if tools is not None:
         runner.toolbox, runner.tool_steps, runner.tool_timeout = toolbox, tools.tool_steps, tools.tool_timeout
         runner.tool_choice = tools.tool_choice
