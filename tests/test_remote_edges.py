@@ -81,6 +81,31 @@ def test_when_every_endpoint_is_gone_no_line_is_said_to_be_moved_or_partial(cli:
     assert "moved" not in r.stderr and "3 failed" in r.stderr, r.stderr
 
 
+def test_when_two_endpoints_are_gone_each_says_why_and_no_line_counts_as_moved(cli: CLI, tmp_path: Path) -> None:
+    """A line taken back off one dead endpoint and failed on the other was counted as moved ("1 line moved off a
+    failed one · 3 failed"), and `last:` named whichever died last by a race: each endpoint's reason is said, in
+    the order they were given, and only a line another endpoint answered counts as moved."""
+    ports = []
+    for _ in range(2):  # two ports nothing listens on (bound, then closed): refused
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        ports.append(s.getsockname()[1])
+        s.close()
+    prompts = tmp_path / "in.txt"
+    prompts.write_text("a\nb\nc\n")
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    r = cli("run", "--file", str(prompts), "--endpoint", urls[0], "--endpoint", urls[1], "-m", "plain", "--json",
+            "--stats", timeout=120)
+    assert r.returncode == 1, r.stderr
+    docs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [d["line"] for d in docs] == [1, 2, 3], r.stdout
+    for d in docs:
+        error = d["error"]
+        assert error.startswith("every endpoint is gone (") and "last:" not in error, error
+        assert error.index(f"127.0.0.1:{ports[0]}") < error.index(f"127.0.0.1:{ports[1]}"), error
+    assert "moved" not in r.stderr and "3 failed" in r.stderr, r.stderr
+
+
 def test_resume_from_appends_a_blank_lines_record_once(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
     """A blank input line's `{"line": N}` counts as answered: resuming twice with `>>` adds nothing."""
     prompts = tmp_path / "in.txt"

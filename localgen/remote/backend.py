@@ -134,7 +134,8 @@ class RemoteBackend:
         retry: deque[Indexed] = deque()
         stop = threading.Event()
         counts = {"requests": 0.0, "retried": 0.0}
-        last_error: list[str] = []
+        moved: set[int] = set()  # lines taken back off an endpoint that died (counted once another answers them)
+        gone: dict[int, str] = {}  # each dead endpoint's reason, by its place in the list
         flying = [0]  # lines in flight: while any is, a line may yet come back from an endpoint that dies
         failed: list[BaseException] = []  # what stopped a worker (the reader of stdout went away): raised here
 
@@ -143,7 +144,7 @@ class RemoteBackend:
                 while not stop.is_set() and client.dead is None:
                     if retry:
                         item = retry.popleft()
-                        counts["retried"] += 1  # moved: a live endpoint takes it
+                        moved.add(item.index)  # moved: counted once a live endpoint answers it
                     else:
                         try:
                             item = next(source)
@@ -181,9 +182,10 @@ class RemoteBackend:
                         retry.appendleft(item)
                         # the reason the endpoint went, not this line's fate: no line that fails for it has a part
                         reason = client.dead.message if client.dead else "gone"
-                        last_error[:] = [reason.removesuffix("; the answer is partial")]
+                        gone[self.clients.index(client)] = reason.removesuffix("; the answer is partial")
                         return
                     counts["requests"] += 1
+                    counts["retried"] += item.index in moved
                     on_done(c)
 
         threads = [threading.Thread(target=work, args=(c,), daemon=True)
@@ -200,7 +202,9 @@ class RemoteBackend:
         if failed:
             raise failed[0]
         # every endpoint is gone: what is left fails, each line with the reason
-        reason = f"every endpoint is gone (last: {last_error[0]})" if last_error else "every endpoint is gone"
+        said = [gone[i] for i in sorted(gone)]  # in the order they were given (the last to die is a race's)
+        reason = ("every endpoint is gone" if not said else f"every endpoint is gone (last: {said[0]})"
+                  if len(said) == 1 else f"every endpoint is gone ({'; '.join(said)})")
         for item in itertools.chain(retry, source):
             on_done(Completion(item.index, "", f"error: {reason}", 0, 0, 0.0, 0.0, item.seed))
         return {"steps": 0.0, "rows": 0.0, **counts}
