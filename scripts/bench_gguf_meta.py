@@ -43,7 +43,8 @@ def read_with_gguf(path: str) -> Meta:
     for key, field in r.fields.items():
         if key.startswith("GGUF."):
             continue
-        if field.types[0] == GGUFValueType.ARRAY and len(field.data) > gguf_meta.MAX_ARRAY_KEEP:
+        keep = gguf_meta.MAX_ARRAY_KEEP if field.types[-1] == GGUFValueType.STRING else gguf_meta.MAX_NUMBERS_KEEP
+        if field.types[0] == GGUFValueType.ARRAY and len(field.data) > keep:
             meta[key] = gguf_meta._ArrayLen(len(field.data))
         else:
             meta[key] = field.contents()

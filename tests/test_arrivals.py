@@ -199,7 +199,7 @@ def test_a_burst_read_while_its_first_job_waits_is_evaluated_in_one_step(worker:
     pc = worker.residence.pc
     with TestClient(build(ServeState(workers={MODEL: worker}), Policy(check_host=False), webui=False)) as client:
         reading = arrivals.ARRIVALS.enter()
-        steps = pc.steps
+        steps = pc.rounds  # scheduler steps (pc.steps counts only decode calls that generate)
         answers: list[Any] = []
 
         def chat(i: int) -> None:
@@ -215,14 +215,14 @@ def test_a_burst_read_while_its_first_job_waits_is_evaluated_in_one_step(worker:
                 if sched is not None and sched.policy.waiting == 3:
                     break
                 threading.Event().wait(0.005)
-            assert worker.residence.sched.policy.waiting == 3 and pc.steps == steps  # held, nothing evaluated
+            assert worker.residence.sched.policy.waiting == 3 and pc.rounds == steps  # held, nothing evaluated
         finally:
             reading.done()
             for t in threads:
                 t.join(60)
     assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
     assert all(a.json()["usage"]["completion_tokens"] == 1 for a in answers)
-    assert pc.steps == steps + 1
+    assert pc.rounds == steps + 1
 
 
 def test_a_chat_is_no_longer_counted_once_handed_to_its_model(worker: Any, monkeypatch: pytest.MonkeyPatch) -> None:

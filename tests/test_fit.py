@@ -925,3 +925,7 @@ def test_show_and_fit_escape_a_headers_control_characters_on_a_terminal(cli_env:
     assert seen["--template"] == "\\x1b]52;c;ZWNobw==\\x07{{ messages[0].content }}\r\n", seen
     assert seen["0"].startswith("model     esc.gguf · llama\\x1b[31m · 1 layers"), seen
     assert cli_in_process("show", str(bad), "--template").stdout == template + "\n"
+    from localgen.cli.output import visible
+
+    # a template with Windows line ends showed \x0d at each line's end on a terminal: a CRLF is a line break
+    assert visible("{{ a }}\r\n{{ b }}\r") == "{{ a }}\r\n{{ b }}\\x0d"

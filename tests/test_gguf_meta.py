@@ -291,3 +291,17 @@ def test_a_split_models_part_cut_short_is_truncated(tmp_path: Path) -> None:
                                                r"tensors need [\d,]+ bytes, the file has [\d,]+$"):
         gguf_meta.summarize(str(parts[0]))
     assert gguf_meta.summarize(str(parts[0]), check_data=False).architecture == "llama"  # `list` lists it all the same
+
+
+def test_a_split_part_cut_short_after_its_summary_was_remembered_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The remembered summary was keyed by the first part alone: a later part cut short (or replaced) after a
+    `show` was planned from the old summary. Each part's size and time are in its key now."""
+    from tests.gguf_split import split_model
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    parts = split_model(_write(tmp_path / "one.gguf"), tmp_path / "split", "tiny-Q8_0", 1)
+    assert gguf_meta.read_summary(str(parts[0])).architecture == "llama"
+    parts[1].write_bytes(parts[1].read_bytes()[:-50])
+    with pytest.raises(ModelFormatError, match=r"part 2 of the split model .* is truncated"):
+        gguf_meta.read_summary(str(parts[0]))

@@ -182,7 +182,7 @@ def test_a_bad_url_from_the_variable_the_file_or_serve_is_a_usage_error(cli_in_p
     assert r.returncode == 2 and "'http://[::1' is not a valid URL" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     toml, r = _run_with_endpoints(cli_in_process, home, "http://127.0.0.1:99999")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert f"{toml}: [box] --endpoint http://127.0.0.1:99999: the port must be 1 to 65535" in r.stderr, r.stderr
+    assert f"{toml}: [box] url http://127.0.0.1:99999: the port must be 1 to 65535" in r.stderr, r.stderr
 
 
 LONG_LABEL = f"http://{'a' * 64}.com"
@@ -198,4 +198,4 @@ def test_a_host_name_that_cannot_be_looked_up_is_a_usage_error_everywhere(cli_in
                                                      "with an empty label"), r.stderr
     assert r.stderr.count("\n") == 1 and r.stdout == ""
     toml, r = _run_with_endpoints(cli_in_process, home, "http://a..b:1")
-    assert r.returncode == 2 and f"{toml}: [box] --endpoint: 'http://a..b:1' has a host name" in r.stderr, r.stderr
+    assert r.returncode == 2 and f"{toml}: [box] url: 'http://a..b:1' has a host name" in r.stderr, r.stderr

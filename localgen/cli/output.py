@@ -180,7 +180,8 @@ def format_stats(s: Stats) -> str:
 ERROR_HEAD, ERROR_TAIL = 600, 400  # what an error line keeps of its start and end when it quotes a huge value
 # characters that would act on a terminal instead of showing (ESC, BEL, CR, ...) or reorder the line (bidi controls)
 _INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but line break and tab, DEL, C1
+# C0 but a line break and a tab, DEL, C1; a CR is one only alone (a CRLF line end, a Windows file's, is a line break)
+_CONTROLS = re.compile(r"\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _escaped(m: re.Match[str]) -> str:
@@ -191,9 +192,9 @@ def _escaped(m: re.Match[str]) -> str:
 
 
 def visible(text: str) -> str:
-    """Text a model or a user wrote, as a terminal must get it: every control character but a line break and a tab
-    (ESC, BEL, CR, DEL, C1) shown escaped (`\\x1b`, `\\u009b`), so a saved prompt or an answer cannot set the
-    window's title, write the clipboard (OSC 52) or move the cursor. For text bound for a terminal only: piped, an
+    """Text a model or a user wrote, as a terminal must get it: every control character but a line break (CRLF too)
+    and a tab (ESC, BEL, a CR alone, DEL, C1) shown escaped (`\\x1b`, `\\u009b`), so a saved prompt or an answer
+    cannot set the window's title, write the clipboard (OSC 52) or move the cursor. For text bound for a terminal only: piped, an
     answer stays byte for byte (for_terminal)."""
     return _CONTROLS.sub(_escaped, text)
 

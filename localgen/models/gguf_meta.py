@@ -397,6 +397,7 @@ def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> 
     reads each model's header once (and its tensor table with it: read_table)."""
     import dataclasses
     import platform
+    import re
 
     if not use_cache:
         return summarize(path, check_data=check_data)
@@ -405,6 +406,13 @@ def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> 
     except OSError:
         return summarize(path, check_data=check_data)  # raises the proper error
     stamp = [SUMMARY_FORMAT, os.path.realpath(path), st.st_size, st.st_mtime_ns, check_data, platform.machine()]
+    split = re.search(r"-00001-of-(\d{5})\.gguf$", path)
+    for i in range(2, int(split.group(1)) + 1 if split else 0):  # each part as it is now (one cut short since, or
+        try:  # replaced, is read again: it is refused, or its figures are new)
+            part = os.stat(path[: split.start()] + f"-{i:05d}-of-{split.group(1)}.gguf")  # type: ignore[union-attr]
+            stamp += [part.st_size, part.st_mtime_ns]
+        except OSError:
+            stamp.append(None)
     doc = _cached(stamp)
     if doc is not None:
         try:
