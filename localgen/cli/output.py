@@ -194,8 +194,8 @@ def _escaped(m: re.Match[str]) -> str:
 def visible(text: str) -> str:
     """Text a model or a user wrote, as a terminal must get it: every control character but a line break (CRLF too)
     and a tab (ESC, BEL, a CR alone, DEL, C1) shown escaped (`\\x1b`, `\\u009b`), so a saved prompt or an answer
-    cannot set the window's title, write the clipboard (OSC 52) or move the cursor. For text bound for a terminal only: piped, an
-    answer stays byte for byte (for_terminal)."""
+    cannot set the window's title, write the clipboard (OSC 52) or move the cursor. For text bound for a terminal
+    only: piped, an answer stays byte for byte (for_terminal)."""
     return _CONTROLS.sub(_escaped, text)
 
 
