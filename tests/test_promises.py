@@ -180,6 +180,74 @@ def test_hostile_template_from_a_gguf_is_one_line(cli: CLI, smollm2_path: Path, 
     one_line_error(cli("run", "-m", str(bad), "-p", "hi", *QUICK), 1, "chat template tried something unsafe")
 
 
+# Each ran one C-level call for minutes or built gigabytes before a cap (the time limit never fires inside one):
+# Python's sum adding lists, a list of one list held many times (small in memory, huge as text, to compare or
+# print), amplifying filters and methods, the text of a block collected in a loop.
+_BIG = "'a'*1000000"
+_NESTED = ("{% set ns = namespace(s=[1]) %}{% for i in range(40) %}{% set ns.s = STEP %}{% endfor %}"
+           "{{ ns.s == ns.s|list }}")
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ([[0]]*1000000)|sum(start=[])|length }}",
+    f"{{{{ (({_BIG})|replace('a','b'*2000))|length }}}}", f"{{{{ ('%s'*1000)|format(*([{_BIG}]*1000))|length }}}}",
+    f"{{{{ [{_BIG}]*500 }}}}", f"{{{{ ('%s' % ([{_BIG}]*50,))|length }}}}", f"{{{{ ([{_BIG}]*50)|tojson|length }}}}",
+    f"{{{{ ([{_BIG}]*50)|string|length }}}}", f"{{{{ ('%(a)s'*100) % {{'a': {_BIG}}} }}}}",
+    f"{{{{ ('{{0}}'*100).format({_BIG}) }}}}", _NESTED.replace("STEP", "[ns.s, ns.s]"),
+    _NESTED.replace("STEP", "{'a': ns.s, 'b': ns.s}"), _NESTED.replace("STEP", "{}.fromkeys(range(3), ns.s)"),
+    _NESTED.replace("STEP", "range(3)|map(attribute='x', default=ns.s)|list"),
+    f"{{% set x %}}{{% for i in range(100000) %}}{{{{ {_BIG} }}}}{{% endfor %}}{{% endset %}}{{{{ x|length }}}}",
+    f"{{% macro m() %}}{{% for i in range(100000) %}}{{{{ {_BIG} }}}}{{% endfor %}}{{% endmacro %}}"
+    "{{ m()|length }}",
+    "{{ ('\t'*1000000).expandtabs(100000)|length }}", "{{ ('a\n'*500000)|indent(100000)|length }}",
+    "{{ [1]|batch(1000000000, 'x')|list|length }}", "{{ ('&'*1000000)|e|length }}",
+])
+def test_a_template_can_run_no_long_c_level_step(source: str) -> None:
+    """No single step of a template runs long or builds past the output's cap: each is refused before (a
+    template summing lists froze run, chat, bench and the whole serve process, which only SIGKILL ended)."""
+    with pytest.raises(TemplateError, match=r"unsafe: [a-z]+ (too long|count too large)"):
+        ChatTemplate(source, "<s>", "</s>").render([{"role": "user", "content": "hi"}])
+
+
+def test_what_bytes_and_translate_would_amplify_is_refused() -> None:
+    for source in ("{{ ('a'.encode()*10)|length }}", "{{ 'abc'.translate({97: 'x'*1000}) }}"):
+        with pytest.raises(TemplateError, match="unsafe: access to attribute"):
+            ChatTemplate(source, "<s>", "</s>").render([{"role": "user", "content": "hi"}])
+
+
+def test_a_template_too_big_to_compile_is_refused_before_compiling() -> None:
+    """Compiling is not under the time limit: 300,000 `{{ bos_token }}` took 52 s and 2.9 GB."""
+    with pytest.raises(TemplateError, match=r"too long to compile: it has more than 50,000 Jinja tokens"):
+        ChatTemplate("{{ bos_token }}" * 20_000, "<s>", "</s>")
+    with pytest.raises(TemplateError, match=r"too long to compile: it has 1,048,577 characters, more than the "
+                                             r"1,048,576 allowed"):
+        ChatTemplate("x" * ((1 << 20) + 1), "<s>", "</s>")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "tests" / "data" / "templates").iterdir()))
+def test_published_templates_render_under_the_caps(name: str) -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "f", "description": "d" * 1000, "parameters": schema}}]
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u" * 1_000_000},
+                {"role": "assistant", "content": "a"}, {"role": "user", "content": "again"}]
+    out = ChatTemplate((ROOT / "tests" / "data" / "templates" / name).read_text(), "<s>", "</s>").render(
+        messages, tools=tools)
+    assert "u" * 1_000_000 in out and "again" in out
+
+
+def test_a_template_summing_lists_or_rendering_nothing_is_one_line(cli: CLI, smollm2_path: Path,
+                                                                    tmp_path: Path) -> None:
+    """The sum froze `localgen run` (only kill -9 ended it); a template that renders nothing was reported as the
+    user's empty prompt (exit 2)."""
+    bad = rewrite_strings(smollm2_path, tmp_path / "sum.gguf",
+                          {"tokenizer.chat_template": "{{ ([[0]]*1000000)|sum(start=[])|length }}"})
+    one_line_error(cli("run", "-m", str(bad), "-p", "hi", *QUICK), 1, "template tried something unsafe: list too")
+    empty = rewrite_strings(smollm2_path, tmp_path / "empty.gguf",
+                            {"tokenizer.chat_template": "{% if 0 %}x{% endif %}"})
+    one_line_error(cli("run", "-m", str(empty), "-p", "hello there", *QUICK), 1,
+                   "the model's chat template rendered nothing for this conversation")
+
+
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_gguf_with_inf_or_nan_for_an_integer_is_a_format_error(cli: CLI, smollm2_path: Path, tmp_path: Path,
                                                                value: float) -> None:
