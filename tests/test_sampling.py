@@ -105,6 +105,21 @@ def test_greedy_picks_before_numpy_is_imported_are_the_same_tokens(decoded: Any,
     assert len(rows) > 2 and chain.copied == 2 * pc.n_vocab
 
 
+def test_a_fed_token_the_grammar_does_not_allow_is_an_error_not_an_abort(decoded: Any) -> None:
+    """A token fed to a grammar chain (a reasoning budget's close tag) that the grammar does not allow: llama.cpp's
+    grammar threw accepting it, through ctypes, and the process aborted."""
+    from localgen.errors import GrammarError
+
+    pc, _ = decoded
+    chain = pc.sampler(SamplingParams(temperature=0.0, grammar='root ::= "yes"'), 0)
+    try:
+        with pytest.raises(GrammarError, match="does not allow a token the answer was given"):
+            sampling.accept(chain, pc.engine.tokenize("no", add_special=False)[0])
+        sampling.accept(chain, pc.engine.tokenize("yes", add_special=False)[0])  # one it allows is taken
+    finally:
+        sampling.free(chain)
+
+
 def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:
     """ignore_eos bans the end tokens with a bias of -inf; the greedy shortcut masks them the same way."""
     pc, rows = decoded

@@ -258,8 +258,13 @@ def _pickers(lc: Any, s: SamplingParams, n_vocab: int, seed: int) -> list[Any]:
 
 def accept(chain: Chain, tok: int) -> None:
     """Tell the chain a token was chosen without it (fed, as a reasoning budget's close tag): its penalties
-    and grammar see it as they see what they pick."""
-    lib().llama_sampler_accept(chain.ptr, tok)
+    and grammar see it as they see what they pick. A token its grammar does not allow is a GrammarError, not
+    accepted (llama.cpp's grammar would throw, aborting the process)."""
+    lc = lib()
+    if chain.grammar is not None and allowed(lc, chain.grammar, (tok,)) is None:
+        raise GrammarError("the grammar does not allow a token the answer was given (a reasoning budget's close "
+                           "tag): the answer cannot go on")
+    lc.llama_sampler_accept(chain.ptr, tok)
 
 
 def free(chain: Chain) -> None:
