@@ -111,19 +111,26 @@ def check_grammar(vocab: Any, gbnf: str) -> None:
 
 def _admits_a_token(lc: Any, vocab: Any, sampler: Any) -> bool:
     """Whether a grammar's sampler, fresh, allows any of the vocabulary's tokens (end-of-generation ones among
-    them): one pass of the grammar over the vocabulary, as each pick makes."""
+    them): the grammar applied to the first FIRST_TOKENS (single bytes and the commonest pieces, where a grammar
+    that admits anything mostly finds a token), then, only if none is allowed there, to the rest."""
     import ctypes
 
     import numpy as np
 
     n = int(lc.llama_vocab_n_tokens(vocab))
-    if n <= 0:
-        return True
-    buf = np.zeros(n, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-    buf["id"] = np.arange(n, dtype=np.int32)
-    arr = lc.llama_token_data_array(buf.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), n, -1, False)
-    lc.llama_sampler_apply(sampler, ctypes.byref(arr))
-    return bool(np.isfinite(buf["logit"]).any())
+    for lo, hi in ((0, min(n, FIRST_TOKENS)), (FIRST_TOKENS, n)):
+        if hi <= lo:
+            continue
+        buf = np.zeros(hi - lo, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+        buf["id"] = np.arange(lo, hi, dtype=np.int32)
+        arr = lc.llama_token_data_array(buf.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)), hi - lo, -1, False)
+        lc.llama_sampler_apply(sampler, ctypes.byref(arr))
+        if np.isfinite(buf["logit"]).any():
+            return True
+    return n <= 0
+
+
+FIRST_TOKENS = 2048  # tokens a grammar is tried on first (a JSON schema's grammar took 23 ms over all 49,152)
 
 
 def _logged_why() -> str:
