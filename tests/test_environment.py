@@ -48,6 +48,39 @@ def test_with_no_temporary_folder_a_schema_and_a_grammar_still_constrain_the_ans
     assert r.returncode == 2 and r.stderr == "localgen: error: the grammar does not parse: unexpected end of input\n"
 
 
+_OTHER_THREAD = """
+import os, sys, threading
+from localgen.errors import GrammarError
+from localgen.native import grammar
+from localgen.native.lib import lib
+
+lc = lib()
+parse = lc.llama_sampler_init_grammar
+
+def writing_meanwhile(*args):  # another thread (a server's access log) writes while the grammar is parsed
+    t = threading.Thread(target=lambda: os.write(2, b"another thread's line\\n"))
+    t.start()
+    t.join()
+    return parse(*args)
+
+lc.llama_sampler_init_grammar = writing_meanwhile
+try:
+    grammar.check_grammar(None, 'root ::= "a" (')
+except GrammarError as e:
+    print(e.message)
+"""
+
+
+def test_what_other_threads_write_while_a_grammar_is_parsed_reaches_stderr() -> None:
+    # fd 2 is the process's while llama.cpp's parser writes to it: serve's access lines written meanwhile were
+    # lost (48 requests, 41 lines); the parser's own error stays out of stderr and in the one-line error
+    r = subprocess.run([sys.executable, "-c", _OTHER_THREAD], capture_output=True, text=True, cwd=ROOT,
+                       timeout=SAFETY_NET_S, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "the grammar does not parse: expecting ')' at the end of the grammar\n"
+    assert r.stderr == "another thread's line\n"
+
+
 F_SETPIPE_SZ = 1031  # Linux's fcntl for a pipe's capacity
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pipe's size and /proc/PID/wchan: Linux")
 

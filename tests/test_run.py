@@ -236,6 +236,54 @@ def test_bad_grammar_is_a_clear_error(cli: CLI, tmp_path: Path) -> None:
         assert r.stderr.startswith(f"localgen: error: the JSON schema is not valid {where}: "), r.stderr
 
 
+def test_a_grammar_that_allows_no_token_is_an_error_or_the_end_not_an_abort(cli: CLI) -> None:
+    # every token -inf (a grammar complete while ignore_eos bans the end, or one that admits nothing this model
+    # has): the chain still picked one, llama.cpp's grammar threw accepting it, and the process aborted (rc 134)
+    for temperature in ("0", "0.8"):
+        r = cli("run", "-p", "hi", "-n", "10", "--ignore-eos", "-j", '{"const": 1}', "--temperature", temperature,
+                "--json", "--ctx", "512")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["text"] == "1"
+    for grammar in ('root ::= "\\x00"', "root ::= [^\\x00-\\U0010FFFF]", "root ::= <|im_end|>",
+                    "root ::= <[99999999]>"):
+        r = cli("run", "-p", "hi", "--grammar", grammar, *QUICK)
+        assert r.returncode == 2 and r.stdout == "", (grammar, r.returncode, r.stderr)
+        assert r.stderr.startswith("localgen: error: the grammar admits no token of this model at its start"), r.stderr
+        assert r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_grammar_llama_cpp_refuses_after_parsing_says_why(cli: CLI) -> None:
+    for grammar, why in (('root ::= root "a"', "a rule is left-recursive"),
+                         ('x ::= "a"', "it has no root rule (root ::= ...)")):
+        r = cli("run", "-p", "hi", "--grammar", grammar, *QUICK)
+        assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: the grammar does not parse: {why}"), \
+            r.stderr
+
+
+def test_a_json_schema_answer_holds_no_raw_control_character(cli: CLI) -> None:
+    # the schema's `char` admitted U+0000-U+001F raw: a poem's line break made the answer invalid JSON
+    r = cli("run", "-p", "Write a short poem.", "--temperature", "0", "-n", "60", "--ctx", "512", "-j",
+            '{"type": "string", "maxLength": 80}')
+    assert r.returncode == 0, r.stderr
+    assert isinstance(json.loads(r.stdout), str), r.stdout
+
+
+@pytest.mark.parametrize(("schema", "said"), [
+    ('{"allOf": [{"type": "string"}, {"type": "integer"}]}', "allOf whose parts allow no type in common"),
+    ('{"type": "string", "enum": [1, 2]}', "enum with no string among its values"),
+    ('{"type": "integer", "const": "a"}', 'const "a", which is not of type integer'),
+    ('{"not": {}}', "has not: {}"),
+    ('{"properties": {"a": false}, "required": ["a"]}', "requires the property 'a', whose schema is false"),
+    ("false", "the JSON schema is false"),
+    ('{"type": "object", "properties": {"x": {"type": "null", "const": 0}}}', "part at properties/x has const 0"),
+])
+def test_a_json_schema_no_value_meets_is_refused_naming_the_part(cli: CLI, schema: str, said: str) -> None:
+    # they became grammars whose answers broke the schema (`-j false` answered null, exit 0)
+    r = cli("run", "-p", "hi", "-j", schema, *QUICK)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert said in r.stderr and "no value meets it" in r.stderr, r.stderr
+
+
 def test_system_prompt_is_used(cli: CLI, smollm2_engine: Any) -> None:
     system = "You answer only in French, briefly."
     plain = json.loads(cli("run", "-p", "Hi", "--json", *QUICK).stdout)

@@ -53,11 +53,29 @@ def test_which_chains_take_a_shortcut() -> None:
     assert sampling.shortcut(S(temperature=0.8, repeat_penalty=1.1, repeat_last_n=0), n) == sampling.TOP_K
     for s in (S(temperature=0, repeat_penalty=1.1), S(temperature=0.8, presence_penalty=0.5),
               S(temperature=0, frequency_penalty=0.1), S(temperature=0.8, dry_multiplier=0.8),
-              S(temperature=0, logit_bias=((5, 2.0),)), S(temperature=0.8, grammar='root ::= "a"'),
+              S(temperature=0, logit_bias=((5, 2.0),)),
               S(temperature=0.8, mirostat=2), S(temperature=0.8, top_n_sigma=1.0), S(temperature=0.8, top_k=0),
               S(temperature=0.8, top_k=1000)):
         assert sampling.shortcut(s, n) == sampling.FULL, s
     assert sampling.shortcut(S(temperature=0.8), 1000) == sampling.FULL  # too few tokens for 512 groups
+    for s in (S(temperature=0.8, grammar='root ::= "a"'), S(temperature=0, grammar='root ::= "a"', top_k=1000)):
+        assert sampling.shortcut(s, n) == sampling.GRAMMAR, s
+
+
+@pytest.mark.parametrize("s", [
+    SamplingParams(temperature=0.0, grammar='root ::= [a-z]+ "."'),
+    SamplingParams(temperature=0.8, grammar='root ::= ("yes" | "no" | [0-9]+) " " [A-Za-z ]*'),
+    SamplingParams(temperature=1.0, top_k=0, grammar='root ::= [^x]*', repeat_penalty=1.2),
+], ids=["greedy", "sampled", "penalties"])
+def test_grammar_picks_are_the_full_pass_s(decoded: Any, s: SamplingParams) -> None:
+    """A grammar chain is applied and its token accepted apart (so a token the grammar does not allow is never
+    accepted): the same draws as llama_sampler_sample's."""
+    pc, rows = decoded
+    assert sampling.shortcut(s, pc.n_vocab) == sampling.GRAMMAR
+    for row in rows:
+        for seed in range(4):
+            a, b = _both(pc, s, seed, row, draws=4)
+            assert a == b, (row, seed)
 
 
 def test_greedy_shortcut_is_the_greedy_stage(decoded: Any) -> None:
@@ -85,6 +103,21 @@ def test_greedy_picks_before_numpy_is_imported_are_the_same_tokens(decoded: Any,
     finally:
         lib().llama_sampler_free(chain.ptr)
     assert len(rows) > 2 and chain.copied == 2 * pc.n_vocab
+
+
+def test_a_fed_token_the_grammar_does_not_allow_is_an_error_not_an_abort(decoded: Any) -> None:
+    """A token fed to a grammar chain (a reasoning budget's close tag) that the grammar does not allow: llama.cpp's
+    grammar threw accepting it, through ctypes, and the process aborted."""
+    from localgen.errors import GrammarError
+
+    pc, _ = decoded
+    chain = pc.sampler(SamplingParams(temperature=0.0, grammar='root ::= "yes"'), 0)
+    try:
+        with pytest.raises(GrammarError, match="does not allow a token the answer was given"):
+            sampling.accept(chain, pc.engine.tokenize("no", add_special=False)[0])
+        sampling.accept(chain, pc.engine.tokenize("yes", add_special=False)[0])  # one it allows is taken
+    finally:
+        sampling.free(chain)
 
 
 def test_banned_end_of_generation_tokens_stay_banned(decoded: Any) -> None:

@@ -783,6 +783,49 @@ def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(child: Serve
     _still_answers(child.url)
 
 
+# ---- 9b. grammars that leave no token, schemas no value meets, schemas that fan out --------------------
+
+def test_a_grammar_complete_under_ignore_eos_ends_the_answer_and_the_server_lives(child: Server) -> None:
+    # ignore_eos bans the end with -inf; once the grammar was complete only the end was allowed, every token was
+    # -inf, the chain picked one anyway and llama.cpp's grammar threw accepting it: the server aborted (rc 134)
+    r = httpx.post(f"{child.url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "ignore_eos": True,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": 1}}}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "1"
+    r = httpx.post(f"{child.url}/api/chat", timeout=120, json={
+        "model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}], "format": "json",
+        "options": {"num_predict": 20, "ignore_eos": True, "temperature": 0}})
+    assert r.status_code == 200, r.text
+    _still_answers(child.url)
+
+
+def test_schema_answers_are_json_and_schemas_no_grammar_should_hold_are_400s(child: Server) -> None:
+    def chat(fmt: Any, **body: Any) -> httpx.Response:
+        return httpx.post(f"{child.url}/v1/chat/completions", timeout=120, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Write a short poem."}], "max_tokens": 60,
+            "temperature": 0, "response_format": fmt, **body})
+
+    r = chat({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string", "maxLength": 80}}})
+    assert r.status_code == 200, r.text
+    assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), str)  # no raw control character
+    r = chat({"type": "json_schema", "json_schema": {"name": "x", "strict": True}})  # was any JSON
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "response_format.json_schema.schema"), r.text
+    r = chat({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "enum": [1, 2]}}})
+    assert r.status_code == 400 and "no value meets it" in r.json()["error"]["message"], r.text
+    # 38 tools whose $refs fan out 2 ways for 12 levels: a 46 MB grammar that llama.cpp parsed before the 400
+    defs: dict[str, Any] = {f"n{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/n{i + 1}"},
+                                                                      "b": {"$ref": f"#/$defs/n{i + 1}"}},
+                                      "required": ["a", "b"]} for i in range(12)}
+    defs["n12"] = {"type": "integer"}
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/n0"}}}}} for i in range(38)]
+    r = chat(None, tools=tools)
+    assert r.status_code == 400 and "a grammar of more than 131,072 characters" in r.json()["error"]["message"], \
+        r.text
+    _still_answers(child.url)
+
+
 # ---- 10. keep_alive that is not a duration, and /api/ps ----------------------------------------------
 
 def test_keep_alive_inf_and_nan_are_400s_and_ps_still_answers(child: Server) -> None:

@@ -220,6 +220,37 @@ WEATHER_FN = '''
 '''
 
 
+def test_run_s_tools_are_bounded_as_their_grammar_is_built() -> None:
+    """run's and chat's tools (MCP's, --functions) had no bound: 1,000 MCP tools each spelling out 480 enum values
+    made 4.5 MB of grammar (20 s for 20 tokens), and $refs that fan out 2 ways for 12 levels 1.2 MB a tool.
+    The converter stops once the grammar passes its bound (131,072 characters, or 1,024 a tool), the tool
+    named; a thousand plain tools still fit."""
+    from localgen.errors import GrammarError
+    from localgen.tools.loop import Toolbox, plan_for
+    from localgen.tools.spec import ToolSpec
+
+    defs: dict[str, Any] = {f"n{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/n{i + 1}"},
+                                                                      "b": {"$ref": f"#/$defs/n{i + 1}"}},
+                                      "required": ["a", "b"]} for i in range(12)}
+    defs["n12"] = {"type": "integer"}
+    fan = {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/n0"}}, "required": ["x"]}
+    enums = {"type": "object", "properties": {f"p{j}": {"enum": [f"v{k}" for k in range(60)]} for j in range(8)}}
+    plain = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    for schema, n, said in ((fan, 3, "tool f0: the JSON schemas make a grammar of more than 131,072 characters"),
+                            (enums, 1000, "the JSON schemas make a grammar of more than 1,025,024 characters"),
+                            (plain, 1000, None)):
+        box = Toolbox()
+        for i in range(n):
+            box._add(ToolSpec(f"f{i}", "d", schema), lambda args: "", "mcp: evil")
+        if said is None:
+            plan = plan_for(None, box)
+            assert plan is not None and plan.constraint is not None and len(plan.constraint.grammar) > 131_072
+            continue
+        with pytest.raises(GrammarError) as e:
+            plan_for(None, box)
+        assert said in e.value.message and e.value.message.startswith("the MCP server evil's tool f"), e.value.message
+
+
 def test_a_call_repeated_in_the_next_round_makes_that_round_answer(tmp_path: Path) -> None:
     """SmolLM2 given a tool's result asks for the same call again; the loop does not run it again but
     makes the model answer (the generic format: a grammar that admits only {"response": ...})."""

@@ -13,6 +13,7 @@ llama.cpp parses a grammar in native code that Ctrl-C cannot reach (a 3 MB enum 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 from urllib.parse import unquote
@@ -21,6 +22,7 @@ from localgen.errors import GrammarError
 
 MAX_SCHEMA_CHARS = 64 * 1024  # a JSON schema, as text
 MAX_GRAMMAR_CHARS = 128 * 1024  # a GBNF grammar, given or made from a schema
+TOOL_GRAMMAR_CHARS = 1024  # a tool's share where many make one grammar (run takes 1,000 MCP tools of ~300 each)
 MAX_REPEAT = 4096  # minLength/minItems/minProperties/minContains, and a pattern's {m,n}; a maxLength/maxItems/
 # maxProperties/maxContains above it is left out of the grammar (the answer is bounded by its tokens anyway)
 MAX_GRAMMAR_DEPTH = 1000  # groups in groups: llama.cpp's parser recurses on each, and overflows near 20,000
@@ -37,6 +39,9 @@ _MAP = ("properties", "patternProperties", "dependentSchemas")
 _SHAPE = ("type", "properties", "additionalProperties", "items", "prefixItems", "anyOf", "oneOf", "allOf",
           "const", "enum", "pattern")
 _TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+# a JSON string's character as llama.cpp's own converter writes it: the bindings' admits raw control characters
+# (U+0000-U+001F), which JSON's text never holds (an answer with one is not JSON)
+CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})'
 # any JSON value, in the converter's own words (it reads an empty schema as any *object*)
 ANY: dict[str, Any] = {"type": "value"}
 
@@ -169,11 +174,18 @@ def grammar_from_json_schema(schema_text: str) -> str:
     return grammar
 
 
-def check_grammar_size(grammar: str, what: str = "the grammar") -> None:
-    """A GrammarError for a GBNF grammar past MAX_GRAMMAR_CHARS or nested past MAX_GRAMMAR_DEPTH (llama.cpp would
+def grammar_limit(schemas: int) -> int:
+    """The most characters a grammar made from `schemas` schemas together (a request's or a run's tools) may
+    have: MAX_GRAMMAR_CHARS, or TOOL_GRAMMAR_CHARS a schema where there are more (serve's 256 tools fit
+    MAX_GRAMMAR_CHARS; a run's 1,000 MCP tools get 1 MB, and 4.5 MB of enums is refused)."""
+    return max(MAX_GRAMMAR_CHARS, TOOL_GRAMMAR_CHARS * schemas)
+
+
+def check_grammar_size(grammar: str, what: str = "the grammar", limit: int = MAX_GRAMMAR_CHARS) -> None:
+    """A GrammarError for a GBNF grammar past `limit` characters or nested past MAX_GRAMMAR_DEPTH (llama.cpp would
     parse it where Ctrl-C cannot reach, and recurses on each group: 20,000 overflow its stack)."""
-    if len(grammar) > MAX_GRAMMAR_CHARS:
-        raise GrammarError(f"{what} is {len(grammar):,} characters; at most {MAX_GRAMMAR_CHARS:,}")
+    if len(grammar) > limit:
+        raise GrammarError(f"{what} is {len(grammar):,} characters; at most {limit:,}")
     check_grammar_depth(grammar, what)
 
 
@@ -290,6 +302,88 @@ def check_bounds(schema: Any, path: str = "") -> None:
             check_bounds(child, f"{path}/{key}")
 
 
+def check_satisfiable(schema: Any, path: str = "") -> None:
+    """A GrammarError naming the part of a schema (as given: before its allOf is merged) that no value meets: the
+    schema false, `not: {}`, a type that none of its enum's values (or its const) has, an allOf whose parts allow
+    no type in common, a required property whose schema is false. A grammar for it would admit values that break
+    it; $refs are not followed, and `not` and `if` hold parts no value meets by design."""
+    at = f"the JSON schema's part at {path.lstrip('/')}" if path else "the JSON schema"
+    if schema is False:
+        raise GrammarError(f"{at} is false: no value meets it")
+    if not isinstance(schema, dict):
+        return
+    if schema.get("not") in ({}, True):
+        raise GrammarError(f"{at} has not: {json.dumps(schema['not'])}, which every value meets: no value meets it")
+    kinds = _kinds(schema.get("type"))
+    all_of = schema.get("allOf")
+    parts: list[Any] = all_of if isinstance(all_of, list) else []
+    if any(part is False for part in parts):
+        raise GrammarError(f"{at} has false in its allOf: no value meets it")
+    for part in parts:
+        theirs = _kinds(part.get("type")) if isinstance(part, dict) else None
+        if theirs is not None:
+            kinds = theirs if kinds is None else {k if k == m else "integer" for k in kinds for m in theirs
+                                                  if k == m or {k, m} == {"integer", "number"}}
+            if not kinds:
+                raise GrammarError(f"{at} has an allOf whose parts allow no type in common: no value meets it")
+    for node in (schema, *(p for p in parts if isinstance(p, dict))):
+        if kinds is not None and "const" in node and not _has_kind(node["const"], kinds):
+            raise GrammarError(f"{at} has const {_shown(node['const'])}, which is not of type "
+                               f"{' or '.join(sorted(kinds))}: no value meets it")
+        if kinds is not None and isinstance(node.get("enum"), list) and node["enum"] and \
+                not any(_has_kind(v, kinds) for v in node["enum"]):
+            raise GrammarError(f"{at} has an enum with no {' or '.join(sorted(kinds))} among its values: no value "
+                               "meets it")
+    props = schema.get("properties")
+    required = schema.get("required")
+    for name in required if isinstance(required, list) and isinstance(props, dict) else ():
+        if isinstance(name, str) and isinstance(props, dict) and props.get(name) is False:
+            raise GrammarError(f"{at} requires the property {name!r}, whose schema is false: no value meets it")
+    for key, child in _raw_parts(schema):
+        if key not in ("not", "if"):
+            check_satisfiable(child, f"{path}/{key}")
+
+
+def _kinds(kind: Any) -> set[str] | None:
+    """A schema's `type` as a set of type names (None: any type)."""
+    if isinstance(kind, str):
+        return {kind} if kind in _TYPES else None
+    if isinstance(kind, list):
+        return {k for k in kind if k in _TYPES} or None
+    return None
+
+
+def _has_kind(value: Any, kinds: set[str]) -> bool:
+    """Whether a JSON value is of one of the types (an integer is a number; 1.0 an integer)."""
+    if value is None:
+        return "null" in kinds
+    if isinstance(value, bool):
+        return "boolean" in kinds
+    if isinstance(value, (int, float)):
+        return "number" in kinds or ("integer" in kinds and float(value).is_integer())
+    return (isinstance(value, str) and "string" in kinds) or (isinstance(value, list) and "array" in kinds) or \
+        (isinstance(value, dict) and "object" in kinds)
+
+
+def _shown(value: Any) -> str:
+    shown = json.dumps(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def _raw_parts(node: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A schema's subschemas as given (its $defs left out: one is checked where a $ref uses it), each with its
+    key path below the node."""
+    out: list[tuple[str, Any]] = []
+    for key, value in node.items():
+        if key in _MAP and isinstance(value, dict):
+            out += [(f"{key}/{name}", v) for name, v in value.items()]
+        elif key in _LIST and isinstance(value, list):
+            out += [(f"{key}/{j}", v) for j, v in enumerate(value)]
+        elif key in _ONE:
+            out.append((key, value))
+    return [(k, v) for k, v in out if isinstance(v, dict)]  # false: an empty array's items, say (allOf's: above)
+
+
 def _num(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
@@ -318,7 +412,9 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
     rooted at `root`."""
     from localgen.native.grammar import schema_converter
 
-    converter = schema_converter()
+    # bounded as it builds: a schema whose $refs fan out (2 per level, 12 levels) made 46 MB for llama.cpp to parse
+    converter = schema_converter(grammar_limit(len(schemas)), "the JSON schemas make" if len(schemas) > 1 else
+                                 "the JSON schema makes")
     names: list[str] = []
     try:
         for i, schema in enumerate(schemas):
@@ -326,12 +422,14 @@ def schema_rules(schemas: Sequence[Any], prefix: str) -> tuple[str, list[str]]:
                 big = big_repeat(schema)  # before any of it is converted: tools come here unchecked
                 if big:
                     raise GrammarError(f"the JSON schema's {big[0]} is {big[1]:,}; at most {MAX_REPEAT:,}")
+                check_satisfiable(schema)
                 resolved = resolve_schema(loosen(schema))
                 check_bounds(resolved)
                 names.append(str(converter.visit(resolved, f"{prefix}{i}")))
             except GrammarError as e:
                 raise GrammarError(e.message, e.hint, part=i) from None
-        rules = str(converter.format_grammar())
+        rules = re.sub(r"^char\s*::=.*$", lambda m: CHAR_RULE, str(converter.format_grammar()), count=1,
+                       flags=re.MULTILINE)
         grammar = f"root ::= {' | '.join(names)}\n{rules}"
         check_grammar_depth(grammar, "the grammar made from the JSON schema")
         if not _parses(grammar):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from localgen.errors import GrammarError
 from localgen.native.lib import lib, logits_row
 from localgen.types import SamplingParams
 
-GREEDY, TOP_K, FULL = "greedy", "top-k", "full"
+GREEDY, TOP_K, FULL, GRAMMAR = "greedy", "top-k", "full", "grammar"
 TOKEN_DATA = [("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]  # llama_token_data
 NUMPY_IMPORT_ENTRIES = 50_000_000  # logits llama.cpp's pass copies in the time numpy takes to import
 BLOCKS = 512  # groups of logits whose maxima bound top-k from below (k at most BLOCKS // 4)
@@ -40,7 +41,7 @@ class Chain:
     """A llama.cpp sampler chain (`ptr`, free it with `free`) and how `pick` may shortcut it."""
 
     ptr: Any
-    shortcut: str  # GREEDY, TOP_K or FULL
+    shortcut: str  # GREEDY, TOP_K, FULL or GRAMMAR
     k: int
     banned: tuple[int, ...]  # end-of-generation tokens a logit bias of -inf bans (ignore_eos)
     # the top-k shortcut's candidate buffer (llama_token_data entries) and the llama_token_data_array that
@@ -50,14 +51,18 @@ class Chain:
     arr: Any = None
     data: Any = None  # buf's address as arr.data wants it (a stage may move arr.data: XTC drops the best)
     copied: int = 0  # logits copied by greedy picks made through llama.cpp's full pass, numpy not imported
+    grammar: Any = None  # the chain's grammar stage (GRAMMAR: owned by the chain)
 
 
 def shortcut(s: SamplingParams, n_vocab: int) -> str:
     """Which of `pick`'s shortcuts the chain for `s` allows. Stages before greedy or top-k that read the whole
-    vocabulary (a logit bias other than ignore_eos's ban, penalties, DRY, a grammar) rule both out."""
+    vocabulary (a logit bias other than ignore_eos's ban, penalties, DRY, a grammar) rule both out; a grammar's
+    chain is GRAMMAR (`pick` applies it and accepts the token apart, never one the grammar does not allow)."""
     neutral = s.repeat_last_n == 0 or (s.repeat_penalty == 1.0 and s.frequency_penalty == 0.0
                                        and s.presence_penalty == 0.0)
-    if s.logit_bias or not neutral or s.dry_multiplier > 0 or s.grammar:
+    if s.grammar:
+        return GRAMMAR
+    if s.logit_bias or not neutral or s.dry_multiplier > 0:
         return FULL
     if s.temperature <= 0:
         return GREEDY
@@ -85,6 +90,8 @@ def pick(ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = False) ->
             masked = logits.copy()
             masked[list(chain.banned)] = -np.inf
             tok = int(masked.argmax())
+    elif how == GRAMMAR:
+        return _grammar_pick(lc, chain, logits, n_vocab)
     else:
         ids = top_k_candidates(logits, chain.k, chain.banned)
         if ids is None:
@@ -107,6 +114,46 @@ def pick(ctx: Any, chain: Chain, row: int, n_vocab: int, top_k: bool = False) ->
         tok = int(arr.data[arr.selected].id)
     lc.llama_sampler_accept(chain.ptr, tok)
     return tok
+
+
+def _grammar_pick(lc: Any, chain: Chain, logits: Any, n_vocab: int) -> int:
+    """A grammar chain's pick, as llama_sampler_sample makes it but with the chain applied and the token accepted
+    apart: llama.cpp's grammar throws a C++ exception (which aborts the process) when it accepts a token it does
+    not allow, and the chain picks one when the grammar allows none (every logit -inf: a grammar complete while
+    ignore_eos bans the end, or one that admits nothing this model has). A complete grammar under ignore_eos
+    gives an end-of-generation token (the answer ends); one that allows nothing is a GrammarError."""
+    import numpy as np
+
+    if chain.buf is None:
+        chain.buf = np.zeros(n_vocab, dtype=TOKEN_DATA)
+        chain.fields = (chain.buf["id"], chain.buf["logit"], chain.buf["p"], np.arange(n_vocab, dtype=np.int32))
+        chain.data = chain.buf.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
+        chain.arr = lc.llama_token_data_array(chain.data, 0, -1, False)
+    tid, logit, p, ids = chain.fields
+    tid[:] = ids  # a stage may have sorted the buffer last time
+    logit[:] = logits
+    p[:] = 0.0
+    arr = chain.arr
+    arr.data, arr.size, arr.selected, arr.sorted = chain.data, n_vocab, -1, False
+    lc.llama_sampler_apply(chain.ptr, ctypes.byref(arr))
+    if 0 <= arr.selected < arr.size and arr.data[arr.selected].logit != float("-inf"):
+        tok = int(arr.data[arr.selected].id)
+        lc.llama_sampler_accept(chain.ptr, tok)
+        return tok
+    end = allowed(lc, chain.grammar, chain.banned)
+    if end is None:
+        raise GrammarError("the grammar allows no token of this model here: the answer cannot go on")
+    return end
+
+
+def allowed(lc: Any, grammar: Any, tokens: Sequence[int]) -> int | None:
+    """The first of `tokens` the grammar stage alone allows now, or None."""
+    if not tokens:
+        return None
+    arr_t = (lc.llama_token_data * len(tokens))(*((t, 0.0, 0.0) for t in tokens))
+    arr = lc.llama_token_data_array(arr_t, len(tokens), -1, False)
+    lc.llama_sampler_apply(grammar, ctypes.byref(arr))
+    return next((int(arr_t[i].id) for i in range(len(tokens)) if arr_t[i].logit != float("-inf")), None)
 
 
 def numpy_imported() -> bool:
@@ -183,9 +230,11 @@ def build(vocab: Any, n_vocab: int, s: SamplingParams, seed: int, n_ctx: int,
             lc.llama_sampler_free(chain)
             raise GrammarError("the grammar does not parse")
         add(g)
+    else:
+        g = None
     for stage in _pickers(lc, s, n_vocab, seed):
         add(stage)
-    return Chain(chain, shortcut(s, n_vocab), s.top_k, tuple(eog) if s.ignore_eos else ())
+    return Chain(chain, shortcut(s, n_vocab), s.top_k, tuple(eog) if s.ignore_eos else (), grammar=g)
 
 
 def _pickers(lc: Any, s: SamplingParams, n_vocab: int, seed: int) -> list[Any]:
@@ -209,8 +258,13 @@ def _pickers(lc: Any, s: SamplingParams, n_vocab: int, seed: int) -> list[Any]:
 
 def accept(chain: Chain, tok: int) -> None:
     """Tell the chain a token was chosen without it (fed, as a reasoning budget's close tag): its penalties
-    and grammar see it as they see what they pick."""
-    lib().llama_sampler_accept(chain.ptr, tok)
+    and grammar see it as they see what they pick. A token its grammar does not allow is a GrammarError, not
+    accepted (llama.cpp's grammar would throw, aborting the process)."""
+    lc = lib()
+    if chain.grammar is not None and allowed(lc, chain.grammar, (tok,)) is None:
+        raise GrammarError("the grammar does not allow a token the answer was given (a reasoning budget's close "
+                           "tag): the answer cannot go on")
+    lc.llama_sampler_accept(chain.ptr, tok)
 
 
 def free(chain: Chain) -> None:

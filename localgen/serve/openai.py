@@ -159,7 +159,10 @@ def _response_format(fmt: Any) -> Schema | None:
             raise HTTPError(400, "response_format of type json_schema needs `json_schema`, an object with the "
                                  "`schema`", param="response_format.json_schema")
         spec = fmt["json_schema"]
-        return Schema(spec.get("schema", spec), "response_format")
+        if "schema" not in spec:  # its name and strict alone constrain nothing: not taken as "any JSON"
+            raise HTTPError(400, "response_format.json_schema.schema is required: the JSON schema the answer must "
+                                 "match", param="response_format.json_schema.schema")
+        return Schema(spec["schema"], "response_format")
     if kind == "json_object":
         assert isinstance(fmt, dict)
         return Schema(fmt.get("schema", "json"), "response_format")

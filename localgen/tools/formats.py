@@ -95,12 +95,11 @@ def generic_system_prompt(tools: tuple[ToolSpec, ...], forced: bool, parallel: b
 # lines and indent; the bindings' Python port allows one space. Calls follow llama-server's whitespace, so
 # that a model writes the same call under both.
 SPACE_RULE = r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
-CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})'  # no raw control characters
 
 
 def _fix_space(gbnf: str) -> str:
-    gbnf = re.sub(r"^space\s*::=.*$", lambda m: SPACE_RULE, gbnf, count=1, flags=re.MULTILINE)
-    return re.sub(r"^char\s*::=.*$", lambda m: CHAR_RULE, gbnf, count=1, flags=re.MULTILINE)
+    """The rules with llama-server's whitespace (their `char` is llama.cpp's already: engine/grammar.py)."""
+    return re.sub(r"^space\s*::=.*$", lambda m: SPACE_RULE, gbnf, count=1, flags=re.MULTILINE)
 
 
 def _literal(text: str) -> str:

@@ -417,9 +417,14 @@ def plan_for(template: str | None, toolbox: Toolbox | None, choice: str = "auto"
     auto, required, none, or a tool's name."""
     if toolbox is None or not toolbox.specs:
         return None
+    from localgen.engine.grammar import check_grammar_size, grammar_limit
+
     specs = toolbox.specs
     try:
-        return make_plan(template, specs, named_choice(choice), True)
+        plan = make_plan(template, specs, named_choice(choice), True)
+        if plan.constraint is not None:  # the calls' frame around the schemas' rules, bounded as serve's tools are
+            check_grammar_size(plan.constraint.grammar, "the tools' grammar", grammar_limit(len(specs) + 1))
+        return plan
     except GrammarError as e:  # a tool's schema that cannot become a grammar: the tool and where it is from named
         if e.part is None or e.part >= len(specs):
             raise
