@@ -792,7 +792,8 @@ def test_a_grammar_complete_under_ignore_eos_ends_the_answer_and_the_server_live
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "ignore_eos": True,
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": 1}}}})
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == "1"
+    choice = r.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("1", "stop"), r.text
     r = httpx.post(f"{child.url}/api/chat", timeout=120, json={
         "model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}], "format": "json",
         "options": {"num_predict": 20, "ignore_eos": True, "temperature": 0}})

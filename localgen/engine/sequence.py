@@ -45,11 +45,13 @@ class SequenceDecoder:
     tokens are dropped (as llama-server drops them), and a token whose text the answer ends inside is kept."""
 
     def __init__(self, piece: Callable[[int], bytes], is_eog: Callable[[int], bool], stops: Iterable[str],
-                 limit: Limit, ignore_eos: bool = False) -> None:
+                 limit: Limit, ignore_eos: bool = False, grammar: bool = False) -> None:
         self.piece = piece
         self.is_eog = is_eog
         self.limit = limit
-        self.ignore_eos = ignore_eos
+        # ignore_eos bans the end tokens (a bias of -inf): one sampled all the same is a grammar's, complete (only the
+        # end is left to it; native/sampler.py), and ends the answer
+        self.ignore_eos = ignore_eos and not grammar
         self.stops = StopMatcher(tuple(stops))
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.tokens: list[int] = []
@@ -63,7 +65,7 @@ class SequenceDecoder:
     def for_request(cls, piece: Callable[[int], bytes], is_eog: Callable[[int], bool], s: SamplingParams,
                     prompt_len: int, n_ctx: int) -> SequenceDecoder:
         """A decoder with the request's stop strings, ignore_eos and limit."""
-        return cls(piece, is_eog, s.stop, limit_for(s, prompt_len, n_ctx), s.ignore_eos)
+        return cls(piece, is_eog, s.stop, limit_for(s, prompt_len, n_ctx), s.ignore_eos, s.grammar is not None)
 
     def push(self, token: int) -> str:
         """Take one sampled token; returns the text it makes safe to show ("" if none)."""

@@ -28,8 +28,8 @@ MAX_SEQUENCE = 1 << 20  # result size of `*` on strings and lists
 # so the bound is the output's. Every C-level step a template can take (str() of a list, a comparison, a sort,
 # json.dumps) is linear in the sizes it is given, so with them bounded no single one runs for long.
 MAX_BUILT = MAX_OUTPUT
-# A template's size before it is compiled (compiling is not under the time limit; it costs about 25 µs a
-# token): the longest chat templates published are about 20 KB, 5,000 tokens.
+# A template's size before it is compiled (compiling is not under the time limit, and its cost grows with the
+# tokens): the longest chat templates published are about 20 KB, 5,000 tokens.
 MAX_SOURCE = 1 << 20  # characters
 MAX_TOKENS = 50_000
 # Put after the text of a message to be continued, to find where the template wrote it: no template writes it

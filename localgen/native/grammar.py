@@ -130,7 +130,7 @@ def _admits_a_token(lc: Any, vocab: Any, sampler: Any) -> bool:
     return n <= 0
 
 
-FIRST_TOKENS = 2048  # tokens a grammar is tried on first (a JSON schema's grammar took 23 ms over all 49,152)
+FIRST_TOKENS = 2048  # tokens a grammar is tried on first (all of a large vocabulary cost a request too much)
 
 
 def _logged_why() -> str:
