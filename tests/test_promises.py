@@ -209,6 +209,21 @@ def test_a_template_can_run_no_long_c_level_step(source: str) -> None:
         ChatTemplate(source, "<s>", "</s>").render([{"role": "user", "content": "hi"}])
 
 
+def test_a_tool_call_of_many_floats_renders() -> None:
+    """A float was measured as '%f' of 1e308 writes it (330 characters) wherever it was: a tool call of 13,000
+    floats (93 KB of JSON: plot data, coordinates) was refused as past the 4 MiB cap. Its repr or JSON is at most
+    24 characters; a format's measure keeps the 330."""
+    points = [i / 7 for i in range(13_000)]
+    t = ChatTemplate("{% for m in messages %}{{ m.tool_calls[0].function.arguments|tojson }}"
+                     "{{ m.tool_calls[0].function.arguments }}{% endfor %}", "<s>", "</s>")
+    call = {"function": {"name": "plot", "arguments": {"points": points}}}
+    out = t.render([{"role": "assistant", "content": "", "tool_calls": [call]}])
+    assert out.startswith(json.dumps({"points": points})), out[:100]
+    with pytest.raises(TemplateError, match=r"unsafe: string too long"):  # '%f' of a large float is 316 characters
+        ChatTemplate("{{ ('%f' * 13000) % x }}", "<s>", "</s>").render(
+            [{"role": "user", "content": "hi"}], x=tuple([1e308] * 13_000))
+
+
 def test_what_bytes_and_translate_would_amplify_is_refused() -> None:
     for source in ("{{ ('a'.encode()*10)|length }}", "{{ 'abc'.translate({97: 'x'*1000}) }}"):
         with pytest.raises(TemplateError, match="unsafe: access to attribute"):

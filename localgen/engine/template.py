@@ -28,6 +28,8 @@ MAX_SEQUENCE = 1 << 20  # result size of `*` on strings and lists
 # so the bound is the output's. Every C-level step a template can take (str() of a list, a comparison, a sort,
 # json.dumps) is linear in the sizes it is given, so with them bounded no single one runs for long.
 MAX_BUILT = MAX_OUTPUT
+FLOAT_REPR = 24  # characters of a float's repr or JSON at most: -1.7976931348623157e+308
+FLOAT_FORMATTED = 330  # of one formatted ('%f' of 1e308 writes every digit)
 # A template's size before it is compiled (compiling is not under the time limit, and its cost grows with the
 # tokens): the longest chat templates published are about 20 KB, 5,000 tokens.
 MAX_SOURCE = 1 << 20  # characters
@@ -60,8 +62,9 @@ class _Measure:
     once per object, and given up once past the limit."""
 
     def __init__(self, json_style: bool = False, ensure_ascii: bool = False, per_item: int = 2,
-                 indent: int = 0) -> None:
+                 indent: int = 0, floats: int = FLOAT_REPR) -> None:
         self.json_style = json_style
+        self.floats = floats  # a float's characters: its repr's (or JSON's), or a format's ('%f' of 1e308: 330)
         self.ensure_ascii = ensure_ascii
         self.per_item = per_item  # separators between items, between a key and its value
         self.indent = indent  # json's indent: each item on its own line, indented by its depth
@@ -82,7 +85,7 @@ class _Measure:
         if isinstance(value, int):
             return value.bit_length() // 3 + 2
         if isinstance(value, float):
-            return 330  # '%f' of 1e308
+            return self.floats
         key = (id(value), depth if self.indent else 0)
         if key in self.seen:
             return self.seen[key]
@@ -127,7 +130,7 @@ class _Measure:
         if kinds <= {int, bool}:
             return sum(map(int.bit_length, items)) // 3 + 5 * len(items) + extra
         if kinds <= {float}:
-            return 330 * len(items) + extra
+            return self.floats * len(items) + extra
         return None
 
     def _string(self, s: str) -> int:
@@ -228,7 +231,7 @@ def _texts(listed: list[Any]) -> int:
 def _percent_bound(fmt: str, args: Any) -> int:
     """An upper bound of `fmt % args`'s length, its widths and precisions refused past MAX_WIDTH."""
     widths = _check_percent_format(fmt, args)
-    measure = _Measure()
+    measure = _Measure(floats=FLOAT_FORMATTED)
     if isinstance(args, tuple):  # each placeholder takes its own argument
         filled = sum(measure.of(a) for a in args)
     else:  # one argument, or a mapping whose keys a placeholder may name again and again
@@ -301,7 +304,14 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separato
     width = len(indent) if isinstance(indent, str) else indent if isinstance(indent, int) else 0
     seps = separators if isinstance(separators, (tuple, list)) and len(separators) == 2 else (", ", ": ")
     per_item = sum(len(s) if isinstance(s, str) else 2 for s in seps)
-    _check_built(_Measure(True, bool(ensure_ascii), per_item, width).of(value))
+    if indent is None:  # every value a template holds was bounded as it was built (its repr, each place that holds an
+        # object counted), and its JSON with no indent is at most a few times that (12 characters for an astral
+        # character under ensure_ascii): made first, then checked, as a Python walk of it under the time limit's
+        # tracer cost ten times json.dumps (a request's tools, rendered for each request)
+        out = json.dumps(value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
+        _check_built(len(out))
+        return out
+    _check_built(_Measure(True, bool(ensure_ascii), per_item, width).of(value))  # an indent grows with the depth
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -466,6 +476,9 @@ def _sandbox_class() -> Any:
                     _check_built(_percent_bound(left, right))
                 return left % right
             if operator == "+":
+                if type(left) is str and type(right) is str:  # (the common case, measured without a _Measure)
+                    _check_built(len(left) + len(right), "string")
+                    return left + right
                 if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
                     measure = _Measure()
                     _check_built(measure.text(left) + measure.text(right), _what(left))
@@ -504,7 +517,7 @@ def _sandbox_class() -> Any:
                 values = [*args, *kwargs.values()]
                 if len(args) == 1 and not kwargs and isinstance(args[0], dict):  # format_map
                     values = list(args[0].values())
-                measure = _Measure()
+                measure = _Measure(floats=FLOAT_FORMATTED)
                 # each field (at most one per `{`) filled by the longest argument, or a part of one
                 longest = max((measure.of(v) for v in values), default=0)
                 _check_built(len(fmt) + fmt.count("{") * longest + widths)
