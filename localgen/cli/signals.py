@@ -1,6 +1,7 @@
 """How the process takes the signals that stop it: Ctrl-C at any moment (even inside a finaliser or while a
 module is imported) is one "interrupted" line and exit 130; serve's SIGTERM or SIGHUP before it listens is one line
-and 128 + the signal's number (once it listens, serve's own handling drains it)."""
+and 128 + the signal's number (once it listens, serve's own handling drains it); a SIGTERM or SIGHUP that ends a
+command while it holds the terminal (its echo off, the cursor hidden) puts the terminal back first (RestoreOnTerm)."""
 
 from __future__ import annotations
 
@@ -162,3 +163,58 @@ def watch_sigint() -> None:
 
     with contextlib.suppress(ValueError):  # not the main thread
         signal.signal(signal.SIGINT, on_sigint)
+
+
+class RestoreOnTerm:
+    """A SIGTERM or SIGHUP (a kill, `timeout`, the terminal closed) whose default action would end the command with
+    the terminal as it had set it (its echo off, the cursor hidden) first runs `restore`, which puts the terminal
+    back, then ends the command by that signal as before (exit 143 or 129). Between install() and uninstall() (or as
+    a context manager); nested ones each restore theirs, the innermost first. A signal another handler takes (chat's,
+    serve's) or ignored (`nohup`) is left to it; so is one outside the main thread."""
+
+    def __init__(self, restore: Any) -> None:
+        self.restore = restore
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> RestoreOnTerm:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def install(self) -> None:
+        import signal
+
+        if self._previous:
+            return
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:  # no SIGHUP (Windows)
+                continue
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                previous = signal.getsignal(sig)
+                if previous is signal.SIG_DFL or isinstance(getattr(previous, "__self__", None), RestoreOnTerm):
+                    signal.signal(sig, self._on_term)
+                    self._previous[sig] = previous
+
+    def uninstall(self) -> None:
+        import signal
+
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        import os
+        import signal
+
+        previous = self._previous.get(signum, signal.SIG_DFL)  # before restore(), which may uninstall this
+        with contextlib.suppress(Exception):  # the terminal gone: nothing to put back
+            self.restore()
+        if callable(previous):  # an outer one's: it restores its own, then ends the command
+            previous(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # ends the process as the signal did before: its status says which
+        os._exit(128 + signum)  # (not reached where the signal's default action ends it)
