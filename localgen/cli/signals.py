@@ -218,3 +218,28 @@ class RestoreOnTerm:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)  # ends the process as the signal did before: its status says which
         os._exit(128 + signum)  # (not reached where the signal's default action ends it)
+
+
+@contextlib.contextmanager
+def sigint_taken_by(handler: Any) -> Any:
+    """Ctrl-C taken by `handler` while inside, the previous handler put back after. Outside the main thread (where
+    no handler can be set) it is left as it is."""
+    import signal
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def ignoring_ctrl_c() -> Any:
+    """While the command does what must not be cut short on its way out after a Ctrl-C (the log of a partial
+    answer, the figures measured so far): more presses of a burst are ignored."""
+    import signal
+
+    return sigint_taken_by(signal.SIG_IGN)

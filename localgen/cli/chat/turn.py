@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from localgen.cli.echo import EchoOff
+from localgen.cli.signals import sigint_taken_by
 
 EXACT_SLACK = 71  # the most tokens of a reused prompt evaluated again for exactness (engine/tokens.py reusable_prefix)
 
@@ -66,15 +67,8 @@ def summary_interrupts(runner: Any) -> Iterator[None]:
             return  # raised once llama.cpp returns (native/logs.py): a handler that stops decodes must defer
         raise KeyboardInterrupt
 
-    try:
-        previous = signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:  # not the main thread: keep the default behaviour
+    with sigint_taken_by(on_sigint):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> bool:
@@ -405,16 +399,8 @@ class _Presses:
 def _cancel_on_sigint(runner: Any, drop_typed: Callable[[], None]) -> Iterator[_Presses]:
     """Ctrl-C is the answer's (_Presses) until the turn is recorded and its footer printed."""
     presses = _Presses(runner, drop_typed)
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        signal.signal(signal.SIGINT, presses)
-    except ValueError:  # not the main thread: keep the default behaviour
+    with sigint_taken_by(presses):
         yield presses
-        return
-    try:
-        yield presses
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _footer(s: Any, used: int, n_ctx: int) -> str:
