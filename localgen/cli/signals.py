@@ -243,3 +243,27 @@ def ignoring_ctrl_c() -> Any:
     import signal
 
     return sigint_taken_by(signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def one_ctrl_c() -> Any:
+    """Ctrl-C stops the command once: while inside, the presses after the first (a user pressing again while it
+    winds down: the model freed, the figures measured so far printed) are ignored, where one would cut that short
+    and lose them. The first is taken as before."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # ignored (a background job), or Python's own: left as it is
+        yield
+        return
+    pressed = False
+
+    def once(signum: int, frame: Any) -> None:
+        nonlocal pressed
+        if pressed:
+            return
+        pressed = True
+        previous(signum, frame)
+
+    with sigint_taken_by(once):
+        yield
