@@ -1152,3 +1152,40 @@ def test_context_after_a_resume_counts_the_window_the_next_prompt_sends(cli: CLI
             assert used <= 256 - 16 and share < 100 and 0 < sent < 200, r.stderr
     finally:  # the home is the session's: `chat --list` elsewhere would list it
         (home / "data" / "chats" / "ctx-resumed.json").unlink()
+
+
+def test_a_burst_of_ctrl_c_as_an_answer_stops_never_cuts_its_save_short(home: Path, capsys: Any) -> None:
+    """Ctrl-C pressed again and again to stop an answer (a burst, each press 30 ms apart): one that came once the
+    answer had stopped, as its turn was saved, raised inside the save, which wrote nothing; /show counted the turn,
+    and /exit and --resume lost it (the log had it). The press now leaves the save whole, and the line saying the
+    answer was stopped still comes."""
+    from types import SimpleNamespace
+
+    from localgen.chat.runner import ChatRunner
+    from localgen.cli.chat import turn as chat_turn
+    from localgen.cli.chat.view import ChatView
+    from localgen.types import SamplingParams
+
+    session = ChatSession(name="burst", model="smollm2:135m")
+    session.add("user", "Hi")
+    runner = ChatRunner(session, SimpleNamespace(n_ctx=512), SamplingParams())  # type: ignore[arg-type]
+    real_save = session.save
+
+    def reply(show: Any, approve: Any, turn: Any) -> None:
+        turn.messages.append({"role": "assistant", "content": "Hel"})
+        os.kill(os.getpid(), signal.SIGINT)  # the first press: the answer stops there
+
+    def save() -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # the burst goes on while the turn is saved
+        return real_save()
+
+    runner.reply = reply  # type: ignore[method-assign]
+    session.save = save  # type: ignore[method-assign]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as the chat has it (a background job's
+    try:  # pytest ignores SIGINT)
+        assert chat_turn.stream(runner, ChatView(interactive=True, plain=True, stats=False), 0) is False
+        assert [m["content"] for m in ChatSession.load("burst").messages] == ["Hi", "Hel"]
+        assert "(stopped; the partial answer is kept)" in capsys.readouterr().out
+    finally:  # the home is the session's: `chat --list` elsewhere would list it
+        signal.signal(signal.SIGINT, previous)
+        session.path.unlink(missing_ok=True)

@@ -197,6 +197,8 @@ if system == "windows":
     import localgen.childserver
     localgen.childserver.sys = copy(sys)
     localgen.childserver.sys.platform = "win32"
+    import localgen.cli.launch
+    localgen.cli.launch.sys = localgen.childserver.sys
 import localgen.cli.launch
 localgen.cli.launch.TERM_WAIT_S = 1
 from localgen.cli.main import main
@@ -647,8 +649,9 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def test_a_killed_launch_leaves_no_server(env: dict[str, str]) -> None:
-    """SIGKILL cannot be caught: the server, told at its start to end with its parent (Linux), ends anyway."""
+def test_a_killed_launch_leaves_no_server_and_no_agent(env: dict[str, str]) -> None:
+    """SIGKILL cannot be caught: the server, told at its start to end with its parent (Linux), ends anyway; so does
+    the agent, told the same (it ran on, an orphan talking to a server that was gone)."""
     p = subprocess.Popen([sys.executable, "-m", "localgen", "launch", "claude", "--ctx", CTX], cwd=ROOT,
                          env={**env, "FAKE_WAIT": "1"}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
@@ -665,6 +668,11 @@ def test_a_killed_launch_leaves_no_server(env: dict[str, str]) -> None:
         while not all(_gone(c) or b"serve" not in Path(f"/proc/{c}/cmdline").read_bytes() for c in children):
             assert time.monotonic() < deadline, "the server outlived launch"
             time.sleep(0.2)
+        while not all(_gone(c) for c in children):
+            assert time.monotonic() < deadline, "the agent outlived launch"
+            time.sleep(0.2)
+        told = json.loads(p.stdout.readline())  # the agent's report: the signal it was sent
+        assert told["signals"] == [signal.SIGTERM], told
     finally:
         for c in children:  # the agent, left running as a shell leaves a job whose parent was killed
             if not _gone(c):

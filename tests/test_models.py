@@ -23,7 +23,7 @@ from localgen.errors import LocalgenError, UsageError
 from localgen.models import fit, names
 from localgen.models.quant import RemoteFile, group_options, pick, quant_tag
 from tests import hub_server
-from tests.conftest import ROOT, InProcessCLI, default_sigint
+from tests.conftest import ROOT, SAFETY_NET_S, InProcessCLI, default_sigint
 from tests.forkserver import ForkServer
 
 REPO = "acme/SmolLM2-GGUF"
@@ -467,6 +467,40 @@ def test_the_download_bar_counts_in_binary_units() -> None:
     shown = screen.export_text()
     assert "80.0/100.0 MiB" in shown and "MiB/s" in shown, shown
     assert " MB" not in shown
+
+
+BAR_CUT = """
+import sys, time
+from localgen.cli.progress import BarProgress
+bar = BarProgress()
+bar.start("model.gguf", 100 << 20, 0)
+sys.stdout.write("started\\n"); sys.stdout.flush()
+while True:
+    bar.advance(1 << 10)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_sigterm_or_sighup_under_a_bar_shows_the_cursor_again(signum: int) -> None:
+    """`timeout 1.5 localgen quantize ...` on a terminal: the bar hides the cursor while it shows, and the SIGTERM
+    ended the command with it hidden (tmux's cursor_flag 0). It is shown again, on the line below the bar; the
+    command still ends by the signal."""
+    import pexpect
+
+    child = pexpect.spawn(sys.executable, ["-c", BAR_CUT], env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"},
+                          cwd=str(ROOT), encoding="utf-8", timeout=SAFETY_NET_S, dimensions=(24, 100))
+    child.logfile_read = log = io.StringIO()
+    try:
+        child.expect_exact("\x1b[?25l")  # the bar hid the cursor
+        child.expect("started")
+        child.kill(signum)
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    shown = log.getvalue()
+    assert shown.rfind("\x1b[?25h") > shown.rfind("\x1b[?25l"), repr(shown[-200:])
+    assert child.signalstatus == signum, (child.exitstatus, child.signalstatus)
 
 
 def test_not_enough_disk(env: dict[str, str], hub: hub_server.FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:

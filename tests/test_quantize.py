@@ -734,6 +734,42 @@ def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: P
     assert list(tmp_path.glob("*kept.logits*")) == []
 
 
+def test_a_second_ctrl_c_as_perplexity_winds_down_keeps_the_figures(qcli: CLI, test_text: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second Ctrl-C a moment after the first (here: while the model is freed) printed only "interrupted": the
+    figures of the windows measured and the "interrupted after N of M windows" line were lost. They are kept."""
+    from types import SimpleNamespace
+
+    from localgen.models import resolve
+    from localgen.quant import measure as ms
+
+    measured = SimpleNamespace(model="m", chunks=2, chunks_total=8, n_ctx=128, tokens=254, tokens_per_s=100.0,
+                               divergence=None, ppl=12.5, ppl_err=0.25)
+
+    def measure(*args: Any, **kw: Any) -> Any:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the first press, two windows in
+        except KeyboardInterrupt:
+            raise ms.Interrupted(measured) from None
+        raise AssertionError("the first Ctrl-C was not taken")
+
+    def press(*args: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # the second, as the model is freed
+
+    monkeypatch.setattr(resolve, "resolve", lambda *a, **kw: SimpleNamespace(name="m"))
+    monkeypatch.setattr(ms, "open_model", lambda *a: SimpleNamespace(close=press))
+    monkeypatch.setattr(ms, "perplexity", measure)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a command on a terminal has it
+    try:
+        r = InProcessCLI(qcli.env)("perplexity", "-m", "m", "-f", str(test_text), "-c", "128", "-b", "128")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert r.returncode == 130, r.stderr
+    assert "Final estimate: PPL = 12.5000" in r.stdout, (r.stdout, r.stderr)
+    assert r.stderr.strip().splitlines()[-1] == "interrupted after 2 of 8 windows: the figures above cover those", \
+        r.stderr
+
+
 def test_ctrl_c_stops_a_decode_under_way(qcli: CLI, test_text: Path) -> None:
     """A decode of 16 windows (-c 128 -b 2048), seconds long, is stopped where it is by Ctrl-C (llama.cpp's abort
     callback), not run to its end: none of its windows is measured."""

@@ -314,11 +314,13 @@ def test_prompt_longer_than_context_is_refused_before_generating(cli: CLI) -> No
     assert r.stdout == ""
 
 
-def test_pipe_to_head_ends_quietly(cli: CLI) -> None:
+def test_pipe_to_head_ends_quietly(cli: CLI, tmp_path: Path) -> None:
     """run.md: `localgen run ... | head -1` ends quietly, with status 0, and stops generating. --stats prints its
     line when a generation ends: none, as this one stopped (decoding on unseen, it ended 306 tokens later with
-    `306 generated · ... · stop: eos` on stderr)."""
-    p = cli.popen("run", "-p", "List fifty animals, one per line.", "-n", "400", "--temperature", "0", "--stats",
+    `306 generated · ... · stop: eos` on stderr). logs.md: the answer is logged as far as it came (it was not
+    logged at all, and `run --continue` went on with the conversation before it)."""
+    lg = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    p = lg.popen("run", "-p", "List fifty animals, one per line.", "-n", "400", "--temperature", "0", "--stats",
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None and p.stderr is not None
     first = p.stdout.readline()
@@ -331,18 +333,28 @@ def test_pipe_to_head_ends_quietly(cli: CLI) -> None:
     assert first.strip()
     assert rc == 0, err
     assert "Traceback" not in err and err == "", "the generation went on after the reader had gone"
+    [logged] = json.loads(lg("logs", "-n", "1", "--json").stdout)
+    assert logged["prompt"] == "List fifty animals, one per line." and logged["finish_reason"] == "cancelled", logged
+    assert logged["response"].startswith(first.decode().rstrip("\n")), (first, logged["response"])
 
 
-def test_ctrl_c_stops_generation_with_130(cli: CLI) -> None:
-    p = cli.popen("run", "-p", "Write a long essay about rivers.", "-n", "2000", "--temperature", "0",
-                  "--ignore-eos", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # long enough on a GPU too
+def test_ctrl_c_stops_generation_with_130(cli: CLI, tmp_path: Path) -> None:
+    """The partial answer is logged, as chat logs one (logs.md: every run and chat exchange is logged)."""
+    lg = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    p = lg.popen("run", "-p", "Write a long essay about rivers.", "-n", "2000", "--temperature", "0",
+                 "--ignore-eos", stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # long enough on a GPU too
     assert p.stdout is not None and p.stderr is not None
-    p.stdout.read(8)  # generation has started
+    said = p.stdout.read(8)  # generation has started
     p.send_signal(signal.SIGINT)
     rc = p.wait(timeout=30)
     err = p.stderr.read().decode()
+    said += p.stdout.read()
     assert rc == 130
     assert "interrupted" in err and "Traceback" not in err
+    [logged] = json.loads(lg("logs", "-n", "1", "--json").stdout)
+    assert logged["prompt"] == "Write a long essay about rivers." and logged["finish_reason"] == "cancelled", logged
+    assert said.decode().rstrip("\n") and logged["response"].startswith(said.decode().rstrip("\n")), \
+        (said, logged["response"])
 
 
 @pytest.mark.parametrize(

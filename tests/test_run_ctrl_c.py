@@ -13,7 +13,10 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import subprocess
+import sys
+import termios
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ import pexpect
 import pytest
 
 from tests import terminal
-from tests.conftest import SAFETY_NET_S
+from tests.conftest import ROOT, SAFETY_NET_S
 from tests.test_user_processes import BIN, as_user, user_env
 
 ARGS = ["run", "--temperature", "0", "-n", "300", "--ignore-eos", "Write a long story about a river."]
@@ -153,3 +156,25 @@ def test_ctrl_c_while_the_answer_waits_on_a_full_terminal_shows_what_it_was_writ
     assert child.exitstatus == 130, child.signalstatus
     shown = shown_answer(screen_text(log), answer)
     assert waiting and shown.endswith(waiting.decode()), f"{waiting!r} was not shown: ...{shown[-80:]!r}"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_sigterm_or_sighup_mid_answer_gives_the_terminal_its_echo_back(home: Path, signum: int) -> None:
+    """`timeout 12 localgen run ...` on a terminal: the answer turns the terminal's echo off while it streams, and a
+    SIGTERM (or SIGHUP) then ended the run with the echo still off, so the shell took keys unseen. It is put back;
+    the run still ends by the signal."""
+    child = pexpect.spawn(sys.executable, ["-m", "localgen", "run", "--temperature", "0", "-n", "3000", "--ignore-eos",
+                                           "Write a long essay about rivers."],
+                          env=user_env(home, TERM="xterm", PYTHONPATH=str(ROOT)), cwd=str(home), encoding="utf-8",
+                          timeout=SAFETY_NET_S, dimensions=(40, 120), preexec_fn=as_user)
+    fd = child.child_fd
+    try:
+        while termios.tcgetattr(fd)[3] & termios.ECHO:  # until the answer streams (its echo off), reading what comes
+            child.expect([pexpect.TIMEOUT, r"\S"], timeout=0.2)
+        child.kill(signum)
+        child.expect(pexpect.EOF)
+        echo = termios.tcgetattr(fd)[3] & termios.ECHO
+    finally:
+        child.close()
+    assert echo, "the terminal was left with its echo off"
+    assert child.signalstatus == signum, (child.exitstatus, child.signalstatus)

@@ -50,6 +50,7 @@ class ChatRunner:
         self.warn: Callable[[str], None] = lambda text: None  # told when the conversation's file cannot be written
         self.unsaved: str | None = None  # why the conversation's file is behind it (its last save failed), or None
         self.unsaved_taken = False  # it failed as another chat took the chosen name first (NameTaken)
+        self.saving = False  # a save is under way, or an interrupt (Ctrl-C, a signal) cut the last one short
         self.compact = False  # fold the turns the window leaves out into a summary (--compact, /set compact on)
         self.summarizing = False  # a summary is being written: Ctrl-C then stops only it (cli/chat/turn.py)
         self.summary_stopped = False
@@ -409,6 +410,7 @@ class ChatRunner:
         takes the name), unless `empty` (/save NAME asks for the file): its first exchange writes it all."""
         if self.session.fresh and not self.session.messages and not empty:
             return None
+        self.saving = True  # until it ends, however it ends: an interrupt leaves it set (save_behind)
         try:
             path = self.session.save()
         except OSError as e:
@@ -418,18 +420,26 @@ class ChatRunner:
             why = f"cannot write {where or self.session.path}: {e.strerror or e}"
             self._unsaved(why, f"{why}; the chat goes on, but the conversation is not saved", warn)
             self.unsaved_taken = False
+            self.saving = False
             return None
         except NameTaken as e:  # another chat saved a conversation of this chat's chosen name first: never overwritten
             self._unsaved(e.message, f"{e.message}; the chat goes on, but this conversation is not saved: /save NAME "
                                      "keeps it under another name", warn)
             self.unsaved_taken = True
+            self.saving = False
             return None
-        self.unsaved = None
+        self.unsaved, self.saving = None, False
         if self.session.forked is not None:
             self.warn(f"the conversation {self.session.forked!r} was saved by another chat since this one read it: "
                       f"this chat's turns are kept as {self.session.name!r} (nothing was overwritten)")
             self.session.forked = None
         return path
+
+    def save_behind(self) -> None:
+        """Save again where an interrupt cut the last save short (the file may lack the turns the chat holds): at
+        the chat's end, before anything closes."""
+        if self.saving:
+            self.save()
 
     def _unsaved(self, why: str, warning: str, warn: bool) -> None:
         """A save that failed: the first is a warning (where `warn`), and `unsaved` says why until one succeeds."""

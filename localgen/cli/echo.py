@@ -29,6 +29,8 @@ import os
 import sys
 from typing import Any, TextIO
 
+from localgen.cli.signals import RestoreOnTerm
+
 
 class EchoOff:
     """off() turns the echo of the terminal on `stream` (stdin by default) off, and its discarding of output at
@@ -37,13 +39,16 @@ class EchoOff:
     and Alt-Enter (ESC CR) typed ahead would reach the prompt as ESC LF, which it reads as Enter), and Ctrl-D,
     Backspace and the other keys cooked mode edits the line with (ICANON: see the module's docstring). Nothing
     happens where `stream` is not a terminal, the process is not in its foreground (a background job would be stopped by
-    SIGTTOU), or the platform has no termios. As a context manager: off() on entry, restore() on exit."""
+    SIGTTOU), or the platform has no termios. As a context manager: off() on entry, restore() on exit. While it is
+    off, a SIGTERM or SIGHUP that would end the command where it is (no handler of the command's own takes it: `run`)
+    puts the terminal back first, then ends it as before (exit 143 or 129; cli/signals.py RestoreOnTerm)."""
 
     def __init__(self, stream: TextIO | None = None, for_prompt: bool = False) -> None:
         self.stream = stream
         self.for_prompt = for_prompt
         self.fd = -1  # the terminal, once off() has changed it
         self.saved: list[Any] | None = None  # the terminal's attributes from before off(), while the echo is off
+        self._term = RestoreOnTerm(self.restore)  # SIGTERM, SIGHUP: restore(), then the end they make as before
 
     def __enter__(self) -> EchoOff:
         self.off()
@@ -76,6 +81,7 @@ class EchoOff:
         except (OSError, ValueError, AttributeError, termios.error):  # no descriptor, or the terminal refused
             return
         self.fd, self.saved = fd, saved
+        self._term.install()  # a SIGTERM or SIGHUP now would leave the shell's terminal without its echo
         if self.for_prompt:
             _bracketed_paste(fd, True)
 
@@ -97,6 +103,7 @@ class EchoOff:
         import termios
 
         saved, self.saved = self.saved, None
+        self._term.uninstall()
         if self.for_prompt:
             _bracketed_paste(self.fd, False)
         with contextlib.suppress(OSError, termios.error):  # the terminal is gone: nothing to put back

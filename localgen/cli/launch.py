@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,6 +19,7 @@ from localgen.types import MIN_CTX_FLAG
 
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Callable
 
     from localgen.agents import Agent, Endpoint
 
@@ -290,7 +292,7 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
     env.update(setup.env)
     argv = [a.path() or a.program, *setup.argv, *extra]
     try:
-        p = subprocess.Popen(argv, env=env)
+        p = subprocess.Popen(argv, env=env, preexec_fn=_ends_with_launch())
     except OSError as e:
         raise LocalgenError(f"{a.program} could not start: {e.strerror or e}") from None
     if not hasattr(signal, "sigtimedwait"):  # no siginfo here (macOS, Windows): the terminal's Ctrl-C is the agent's
@@ -339,6 +341,25 @@ def _run_agent(a: Agent, endpoint: Endpoint, extra: list[str]) -> int:
             p.wait()
         _unblock_signals(blocked)
     return _status(p.returncode)
+
+
+def _ends_with_launch() -> Callable[[], None] | None:
+    """Linux: what the agent's process runs before the agent starts, so that a SIGTERM reaches it when launch ends
+    however it ends (a SIGKILL too, which launch cannot pass on): no agent is left talking to a server that stopped
+    with launch. Elsewhere, None (no such request: an agent outlives a launch killed so)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    launch, pr_set_pdeathsig, term = os.getpid(), 1, int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, term)
+        if os.getppid() != launch:  # launch ended before the request was made: its signal is not to come
+            os.kill(os.getpid(), term)
+
+    return preexec
 
 
 def _ended(p: subprocess.Popen[bytes]) -> bool:

@@ -14,6 +14,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.inputfile import check_input, check_model
+from localgen.cli.signals import RestoreOnTerm, one_ctrl_c
 from localgen.errors import UsageError
 from localgen.types import MIN_CTX_FLAG
 
@@ -97,40 +98,41 @@ def perplexity(
     out: dict[str, Any] = {"text": file or "default", "ctx": ctx}
     temp = None
     measuring = ref  # which model the windows under way belong to: an interrupt says so
-    try:
-        if ref_model is not None:
-            measuring = ref_model
-            assert text is not None
-            temp = ms.temp_logits("model")
-            engine = ms.open_model(ref_model, s)
+    with one_ctrl_c():  # a second press while the model is freed would lose the figures measured
+        try:
+            if ref_model is not None:
+                measuring = ref_model
+                assert text is not None
+                temp = ms.temp_logits("model")
+                engine = ms.open_model(ref_model, s)
+                try:
+                    with _writing(temp):
+                        base = ms.perplexity(engine, text, s, save=temp, on_chunk=view.chunk,
+                                             saving=f"the reference {ref_model.name}'s logits (measured first)")
+                finally:
+                    engine.close()
+                out["reference"] = {"model": ref_model.name, "ppl": base.ppl, "ppl_err": base.ppl_err}
+                ref_file = temp
+                measuring = ref
+            engine = ms.open_model(ref, s)
             try:
-                with _writing(temp):
-                    base = ms.perplexity(engine, text, s, save=temp, on_chunk=view.chunk,
-                                         saving=f"the reference {ref_model.name}'s logits (measured first)")
+                if ref_file is not None:
+                    result = ms.against(engine, ref_file, s, text, view.chunk, users_text=ref_model is None)
+                    out.setdefault("reference", {"file": str(ref_file)})
+                else:
+                    assert text is not None
+                    with _writing(save_logits):
+                        result = ms.perplexity(engine, text, s, save=save_logits, on_chunk=view.chunk)
             finally:
                 engine.close()
-            out["reference"] = {"model": ref_model.name, "ppl": base.ppl, "ppl_err": base.ppl_err}
-            ref_file = temp
-            measuring = ref
-        engine = ms.open_model(ref, s)
-        try:
-            if ref_file is not None:
-                result = ms.against(engine, ref_file, s, text, view.chunk, users_text=ref_model is None)
-                out.setdefault("reference", {"file": str(ref_file)})
-            else:
-                assert text is not None
-                with _writing(save_logits):
-                    result = ms.perplexity(engine, text, s, save=save_logits, on_chunk=view.chunk)
+        except ms.Interrupted as stop:
+            view.end()
+            _interrupted(stop.measured, measuring, ref, out, json_out, save_logits is not None)
+            raise typer.Exit(130) from None
         finally:
-            engine.close()
-    except ms.Interrupted as stop:
-        view.end()
-        _interrupted(stop.measured, measuring, ref, out, json_out, save_logits is not None)
-        raise typer.Exit(130) from None
-    finally:
-        view.end()
-        if temp is not None:
-            temp.unlink(missing_ok=True)
+            view.end()
+            if temp is not None:
+                temp.unlink(missing_ok=True)
     _check_numbers(result, out.get("reference"))
     _show(result, out, json_out)
     if save_logits is not None and not json_out:
@@ -296,6 +298,7 @@ class ChunkView:
     def __init__(self, quiet: bool) -> None:
         self.tty = sys.stderr.isatty()
         self.bar: Any = None
+        self.term: Any = None
         self.task: Any = None
         self.label = ""
         self.next_mark = 0
@@ -324,8 +327,12 @@ class ChunkView:
 
         self.end()
         self.label = label
+        from localgen.cli.progress import cursor_back
+
         self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                             TextColumn("windows"), TimeRemainingColumn(), console=rich_console(stderr=True))
+        self.term = RestoreOnTerm(lambda: cursor_back(self.bar.console))  # SIGTERM, SIGHUP: the cursor shown again
+        self.term.install()
         self.bar.start()
         self.task = self.bar.add_task(label, total=total)
 
@@ -333,4 +340,5 @@ class ChunkView:
         """Stop the bar (idempotent)."""
         if self.bar is not None:
             self.bar.stop()
+            self.term.uninstall()
             self.bar = None

@@ -1,11 +1,15 @@
-"""Download progress on stderr: a Rich bar (bytes, rate, ETA) on a terminal, a few plain lines otherwise."""
+"""Download progress on stderr: a Rich bar (bytes, rate, ETA) on a terminal, a few plain lines otherwise. A SIGTERM
+or SIGHUP while the bar shows (`timeout 1.5 localgen quantize ...`) shows the cursor again, then ends the command
+by that signal as before (exit 143 or 129)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from localgen.cli.signals import RestoreOnTerm
 from localgen.units import format_bytes
 
 
@@ -32,9 +36,11 @@ class BarProgress:
             TimeRemainingColumn(), console=rich_console(stderr=True), transient=False,
         )
         self._task: Any = None
+        self._term = RestoreOnTerm(lambda: cursor_back(self._p.console))
 
     def start(self, name: str, total: int, done: int) -> None:
         if self._task is None:
+            self._term.install()  # before the bar hides the cursor
             self._p.start()
         self._task = self._p.add_task(name, total=total, completed=done)
 
@@ -44,10 +50,19 @@ class BarProgress:
 
     def finish(self) -> None:
         self._p.stop()
+        self._term.uninstall()
         self._task = None
 
     def note(self, text: str) -> None:
         self._p.console.print(text, style="dim", markup=False)
+
+
+def cursor_back(console: Any) -> None:
+    """A Rich bar (or another live display) cut off by a SIGTERM or SIGHUP (`timeout`, a kill, the terminal closed):
+    the cursor it hid is shown again, on the line below it, so the shell's terminal is not left without one (its own
+    stop() cannot run there). For RestoreOnTerm (cli/signals.py), which then ends the command as the signal did."""
+    if console.is_terminal:
+        os.write(console.file.fileno(), b"\n\x1b[?25h")
 
 
 class LineProgress:

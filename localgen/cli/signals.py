@@ -1,6 +1,7 @@
 """How the process takes the signals that stop it: Ctrl-C at any moment (even inside a finaliser or while a
 module is imported) is one "interrupted" line and exit 130; serve's SIGTERM or SIGHUP before it listens is one line
-and 128 + the signal's number (once it listens, serve's own handling drains it)."""
+and 128 + the signal's number (once it listens, serve's own handling drains it); a SIGTERM or SIGHUP that ends a
+command while it holds the terminal (its echo off, the cursor hidden) puts the terminal back first (RestoreOnTerm)."""
 
 from __future__ import annotations
 
@@ -162,3 +163,107 @@ def watch_sigint() -> None:
 
     with contextlib.suppress(ValueError):  # not the main thread
         signal.signal(signal.SIGINT, on_sigint)
+
+
+class RestoreOnTerm:
+    """A SIGTERM or SIGHUP (a kill, `timeout`, the terminal closed) whose default action would end the command with
+    the terminal as it had set it (its echo off, the cursor hidden) first runs `restore`, which puts the terminal
+    back, then ends the command by that signal as before (exit 143 or 129). Between install() and uninstall() (or as
+    a context manager); nested ones each restore theirs, the innermost first. A signal another handler takes (chat's,
+    serve's) or ignored (`nohup`) is left to it; so is one outside the main thread."""
+
+    def __init__(self, restore: Any) -> None:
+        self.restore = restore
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> RestoreOnTerm:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def install(self) -> None:
+        import signal
+
+        if self._previous:
+            return
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:  # no SIGHUP (Windows)
+                continue
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                previous = signal.getsignal(sig)
+                if previous is signal.SIG_DFL or isinstance(getattr(previous, "__self__", None), RestoreOnTerm):
+                    signal.signal(sig, self._on_term)
+                    self._previous[sig] = previous
+
+    def uninstall(self) -> None:
+        import signal
+
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        import os
+        import signal
+
+        previous = self._previous.get(signum, signal.SIG_DFL)  # before restore(), which may uninstall this
+        with contextlib.suppress(Exception):  # the terminal gone: nothing to put back
+            self.restore()
+        if callable(previous):  # an outer one's: it restores its own, then ends the command
+            previous(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # ends the process as the signal did before: its status says which
+        os._exit(128 + signum)  # (not reached where the signal's default action ends it)
+
+
+@contextlib.contextmanager
+def sigint_taken_by(handler: Any) -> Any:
+    """Ctrl-C taken by `handler` while inside, the previous handler put back after. Outside the main thread (where
+    no handler can be set) it is left as it is."""
+    import signal
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def ignoring_ctrl_c() -> Any:
+    """While the command does what must not be cut short on its way out after a Ctrl-C (the log of a partial
+    answer, the figures measured so far): more presses of a burst are ignored."""
+    import signal
+
+    return sigint_taken_by(signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def one_ctrl_c() -> Any:
+    """Ctrl-C stops the command once: while inside, the presses after the first (a user pressing again while it
+    winds down: the model freed, the figures measured so far printed) are ignored, where one would cut that short
+    and lose them. The first is taken as before."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # ignored (a background job), or Python's own: left as it is
+        yield
+        return
+    pressed = False
+
+    def once(signum: int, frame: Any) -> None:
+        nonlocal pressed
+        if pressed:
+            return
+        pressed = True
+        previous(signum, frame)
+
+    with sigint_taken_by(once):
+        yield

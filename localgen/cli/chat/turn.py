@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from localgen.cli.echo import EchoOff
+from localgen.cli.signals import sigint_taken_by
 
 EXACT_SLACK = 71  # the most tokens of a reused prompt evaluated again for exactness (engine/tokens.py reusable_prefix)
 
@@ -45,7 +46,9 @@ def restore_state(runner: Any, view: Any) -> None:
 
 
 def save_state(runner: Any) -> None:
-    """Keep the conversation's KV state for a later --resume or /load (never with --no-prompt-cache)."""
+    """Keep the conversation's KV state for a later --resume or /load (never with --no-prompt-cache); at the chat's
+    end, the conversation too where an interrupt cut its last save short (ChatRunner.save_behind)."""
+    runner.save_behind()
     if runner.prompt_cache:
         with contextlib.suppress(OSError):  # a cache: losing it costs time, never data
             runner.backend.save_conversation(runner.session.name)
@@ -64,15 +67,8 @@ def summary_interrupts(runner: Any) -> Iterator[None]:
             return  # raised once llama.cpp returns (native/logs.py): a handler that stops decodes must defer
         raise KeyboardInterrupt
 
-    try:
-        previous = signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:  # not the main thread: keep the default behaviour
+    with sigint_taken_by(on_sigint):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None) -> bool:
@@ -92,10 +88,13 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     runner.stopping = False  # before Ctrl-C is ours: a press from now on stops this turn, even before it begins
     if Hangup.current is not None and Hangup.current.signum:  # a SIGTERM while the turn was prepared: it stops too
         runner.stop()
-    with _cancel_on_sigint(runner, screen.drop_typed) as pressed:
+    with _cancel_on_sigint(runner, screen.drop_typed) as presses:
         try:
             screen.hold()
-            runner.reply(screen.show, lambda call: _approve(call, runner, view, screen), turn)
+            try:
+                runner.reply(screen.show, lambda call: _approve(call, runner, view, screen), turn)
+            finally:
+                presses.settle()  # from here on a press cannot cut the turn's record and save short
         except KeyboardInterrupt:  # a second Ctrl-C: stop even inside a long prompt evaluation
             if runner.gen is not None:
                 runner.gen.close()
@@ -122,7 +121,14 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
             except (ReaderGone, OSError):  # the answer's last lines could not go (a terminal closed under it)
                 _keep_what_was_said(runner, turn)
                 raise
-        interrupted = pressed() or runner.stopping
+        return _settle(runner, view, turn, screen, presses.count > 0 or runner.stopping, restore)
+
+
+def _settle(runner: Any, view: Any, turn: Any, screen: _Screen, interrupted: bool, restore: list[Any] | None) -> bool:
+    """The answer over: the turn recorded and saved, and its footer printed (or, stopped before a word was said, the
+    message taken back). Ctrl-C is still the turn's here (_Presses.settle): the presses of a burst that stopped the
+    answer, which go on after it ends, cannot stop the save half-way (the conversation's file would lack the turn
+    while the chat holds it). True when the turn was taken back."""
     if interrupted and not turn.results and not any(m.get("content") or m.get("reasoning_content")
                                                     for m in turn.messages):
         _take_back(runner, restore)  # stopped before a word was said: as if the message had not been sent
@@ -363,33 +369,38 @@ def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any]
     return not turn.messages
 
 
-@contextlib.contextmanager
-def _cancel_on_sigint(runner: Any, drop_typed: Callable[[], None]) -> Iterator[Callable[[], bool]]:
-    """First Ctrl-C cancels the answer between two tokens (the screen stays whole); a second raises. Each drops the
-    keys typed before it (`drop_typed`)."""
-    presses = 0
-    previous = signal.getsignal(signal.SIGINT)
+class _Presses:
+    """Ctrl-C during one answer: the first cancels it between two tokens (the screen stays whole); a second raises,
+    to stop even inside a long prompt evaluation, until settle(): once the answer is over, while its turn is recorded
+    and saved and its footer printed, a press only stops what is left of the turn. Each drops the keys typed before
+    it (`drop_typed`)."""
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal presses
-        presses += 1
-        drop_typed()
-        runner.stop()
-        if presses > 1:
+    def __init__(self, runner: Any, drop_typed: Callable[[], None]) -> None:
+        self.runner = runner
+        self.drop_typed = drop_typed
+        self.count = 0
+        self.settled = False
+
+    def settle(self) -> None:
+        self.settled = True
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        self.drop_typed()
+        self.runner.stop()
+        if self.count > 1 and not self.settled:
             logs = sys.modules.get("localgen.native.logs")
             if logs is not None and logs.defer_interrupt(frame):
                 return  # raised once llama.cpp returns (native/logs.py)
             raise KeyboardInterrupt
 
-    try:
-        signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:  # not the main thread: keep the default behaviour
-        yield lambda: False
-        return
-    try:
-        yield lambda: presses > 0
-    finally:
-        signal.signal(signal.SIGINT, previous)
+
+@contextlib.contextmanager
+def _cancel_on_sigint(runner: Any, drop_typed: Callable[[], None]) -> Iterator[_Presses]:
+    """Ctrl-C is the answer's (_Presses) until the turn is recorded and its footer printed."""
+    presses = _Presses(runner, drop_typed)
+    with sigint_taken_by(presses):
+        yield presses
 
 
 def _footer(s: Any, used: int, n_ctx: int) -> str:

@@ -4,6 +4,7 @@ the output."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -19,6 +20,7 @@ from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
+from localgen.cli.signals import ignoring_ctrl_c
 from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError
 from localgen.types import GenerationRequest, Message, thinking_args
 
@@ -66,6 +68,13 @@ def execute(plan: RunPlan) -> None:
         if plan.report.verbose_prompt:
             err.line("prompt:\n" + backend.render(_as_sent(send.tools, backend, request, toolbox)))
         seed = None  # the seed the answer was drawn with, as --json's "seed" (beams draw none)
+
+        def cut_off(g: Any, said: str, finish: str) -> None:
+            """An answer cut off (Ctrl-C, its reader gone, a remote stream broken): logged as far as it came, as
+            chat's is."""
+            conversation.record(err, backend, request, thread.cid, said, g.stats, finish, model=load.model,
+                                no_log=plan.no_log, remote=load.remote, seed=g.seed)
+
         if plan.decoding.beams:
             text, stats, finish = run_beams(plan.decoding, plan.report, backend, request, err)  # type: ignore[arg-type]
         elif toolbox is not None:
@@ -73,14 +82,10 @@ def execute(plan: RunPlan) -> None:
 
             assert send.tools is not None
             text, stats, finish, seed = run_with_tools(send.tools, plan.report, backend, request, toolbox, err,
-                                                       thread.cid)
+                                                       thread.cid, cut_off)
         else:
             extra = {"sources": [{"id": h.id, "score": h.shown_score} for h in sources]} if sources is not None else {}
-            def partial(g: Any) -> None:  # a remote answer cut off: logged as far as it came, as chat's is
-                conversation.record(err, backend, request, thread.cid, g.text, g.stats, "error", model=load.model,
-                                    no_log=plan.no_log, remote=load.remote, seed=g.seed)
-
-            gen, text = stream(plan.report, backend, request, err, thread.cid, extra, partial)
+            gen, text = stream(plan.report, backend, request, err, thread.cid, extra, cut_off)
             stats, finish, seed = gen.stats, str(gen.finish_reason), gen.seed
             if sources is not None and (err.tty or load.verbose) and not plan.report.json_out:
                 from localgen.embeddings.retrieve import sources_line
@@ -373,10 +378,12 @@ def single_request(plan: RunPlan, backend: Backend, turns: list[Message] | None 
 
 def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, err: ErrWriter,
            cid: str | None = None, extra: dict[str, Any] | None = None,
-           on_partial: Callable[[Any], None] | None = None) -> tuple[Any, str]:
+           on_partial: Callable[[Any, str, str], None] | None = None) -> tuple[Any, str]:
     """Stream one answer to stdout (or one JSON object at the end), its reasoning apart (to stderr with
-    --show-thinking); returns the finished Generation and the answer without the reasoning. `on_partial` hears
-    of a remote answer cut off with part of it arrived (the log keeps it), before its error is raised."""
+    --show-thinking); returns the finished Generation and the answer without the reasoning. `on_partial` hears of
+    an answer cut off, with what was said of it and why (the log keeps it, as chat's): a remote one with part of it
+    arrived ("error", before its error is raised), and one that Ctrl-C stopped or whose reader went away
+    (`| head -c 5`) ("cancelled", before the command ends, 130 or 0)."""
     from localgen.cli.output import AnswerWriter
     from localgen.errors import RemoteError
     from localgen.tools.stream import answer_stream, template_of
@@ -389,6 +396,7 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
             for chunk in gen:
                 if not writer.show(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
                     gen.close()
+                    _cut_off(gen, answer, on_partial)
                     raise typer.Exit(0)
             writer.show(answer.finish())
         except KeyboardInterrupt:
@@ -396,6 +404,7 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
             gen.close()
             writer.end()
             err.interrupted()
+            _cut_off(gen, answer, on_partial)
             raise typer.Exit(130) from None
         except RemoteError as e:
             writer.end()
@@ -405,7 +414,7 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
                 TextWriter(sys.stdout).write(json.dumps({"text": gen.text, "partial": True, "error": e.message},
                                                         ensure_ascii=False) + "\n")
             if e.partial and on_partial is not None:
-                on_partial(gen)
+                on_partial(gen, gen.text, "error")
             raise
         writer.end()
     assert gen.stats is not None
@@ -422,6 +431,18 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
         fields = {"text": answer.content, "reasoning": answer.reasoning} if answer.reasoning else {}
         TextWriter(sys.stdout).write(answer_json(backend, gen, request.sampling, cid, fields | (extra or {})) + "\n")
     return gen, answer.content
+
+
+def _cut_off(gen: Any, answer: Any, on_partial: Callable[[Any, str, str], None] | None) -> None:
+    """An answer Ctrl-C stopped, or whose reader went away, told to `on_partial` as far as it came, its finish reason
+    "cancelled" (a remote stream closed has none of its own), as chat logs one. A Ctrl-C from now on (the rest of a
+    burst) cannot cut that short: the command is ending anyway."""
+    if on_partial is None:
+        return
+    with ignoring_ctrl_c():
+        with contextlib.suppress(Exception):  # what was held back (a tag's start) is the answer's too
+            answer.finish()
+        on_partial(gen, answer.content, str(gen.finish_reason or "cancelled"))
 
 
 def run_beams(decoding: DecodingOptions, report: ReportOptions, backend: LocalBackend, request: GenerationRequest,

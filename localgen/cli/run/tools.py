@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -14,14 +15,17 @@ from localgen.cli.echo import EchoOff
 from localgen.cli.options import ToolOptions
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
 from localgen.cli.run.options import ReportOptions
+from localgen.cli.signals import ignoring_ctrl_c
 from localgen.types import GenerationRequest
 
 
 def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, request: GenerationRequest, toolbox: Any,
-                   err: ErrWriter, cid: str | None) -> tuple[str, Any, str, int]:
+                   err: ErrWriter, cid: str | None,
+                   on_partial: Callable[[Any, str, str], None] | None = None) -> tuple[str, Any, str, int]:
     """`run --functions/--mcp --yes`: the loop, the answer on stdout; returns text, stats, finish reason and the
-    seed of the last round (the one that wrote the answer, as --json's "seed")."""
-    from localgen.tools.loop import plan_for, run_turn
+    seed of the last round (the one that wrote the answer, as --json's "seed"). An answer Ctrl-C stopped, or whose
+    reader went away, is told to `on_partial` as far as it came (its last round, what it said, "cancelled")."""
+    from localgen.tools.loop import Turn, plan_for, run_turn
     from localgen.tools.stream import template_of
 
     writer = AnswerWriter(err, json_out=report.json_out, show_thinking=report.show_thinking)
@@ -31,16 +35,30 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
         if not writer.show([event]):
             raise typer.Exit(0)
 
+    def cut_off() -> None:  # as far as it came, as run's stream logs one (execute.py _cut_off)
+        if on_partial is not None and turn.generations:
+            gen = turn.generations[-1]
+            gen.close()  # settled: its stats as far as it came
+            on_partial(gen, turn.text, str(gen.finish_reason or "cancelled"))
+
     t0 = time.perf_counter()
+    turn = Turn()
     with EchoOff(sys.stdout) as terminal:  # to the end of the "interrupted" line: it knows no `^C` was echoed
         try:
-            turn = run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
-                            tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox))
+            run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
+                     tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox),
+                     turn=turn)
         except KeyboardInterrupt:
             terminal.drop_typed()
             writer.end()
             err.interrupted()
+            with ignoring_ctrl_c():
+                cut_off()
             raise typer.Exit(130) from None
+        except typer.Exit:  # the reader went away
+            with ignoring_ctrl_c():
+                cut_off()
+            raise
         writer.end()
     gen, stats = turn.generations[-1], turn.stats()
     assert stats is not None  # the loop returns once a round has ended
