@@ -471,24 +471,32 @@ def test_the_download_bar_counts_in_binary_units() -> None:
 
 BAR_CUT = """
 import sys, time
-from localgen.cli.progress import BarProgress
-bar = BarProgress()
-bar.start("model.gguf", 100 << 20, 0)
+which = sys.argv[1]
+if which == "pull":
+    from localgen.cli.progress import BarProgress
+    bar = BarProgress()
+    bar.start("model.gguf", 100 << 20, 0)
+elif which == "bench":
+    from localgen.cli.bench.view import ProgressView
+    ProgressView("2 rows", 2, lambda: None, "Ctrl-C stops").begin(2)
+else:
+    from localgen.cli.tune import _View
+    _View(10)
 sys.stdout.write("started\\n"); sys.stdout.flush()
 while True:
-    bar.advance(1 << 10)
     time.sleep(0.05)
 """
 
 
+@pytest.mark.parametrize("which", ["pull", "bench", "tune"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_a_sigterm_or_sighup_under_a_bar_shows_the_cursor_again(signum: int) -> None:
-    """`timeout 1.5 localgen quantize ...` on a terminal: the bar hides the cursor while it shows, and the SIGTERM
-    ended the command with it hidden (tmux's cursor_flag 0). It is shown again, on the line below the bar; the
+def test_a_sigterm_or_sighup_under_a_bar_shows_the_cursor_again(signum: int, which: str) -> None:
+    """`timeout 1.5 localgen quantize ...` (pull's bar), `bench` or `tune` on a terminal: the bar hides the cursor
+    while it shows, and the SIGTERM ended the command with it hidden (tmux's cursor_flag 0). It is shown again, on the line below the bar; the
     command still ends by the signal."""
     import pexpect
 
-    child = pexpect.spawn(sys.executable, ["-c", BAR_CUT], env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"},
+    child = pexpect.spawn(sys.executable, ["-c", BAR_CUT, which], env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"},
                           cwd=str(ROOT), encoding="utf-8", timeout=SAFETY_NET_S, dimensions=(24, 100))
     child.logfile_read = log = io.StringIO()
     try:

@@ -465,6 +465,12 @@ class _View:
 
             self._p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), TimeRemainingColumn(),
                                console=rich_console(stderr=True), transient=True)
+            from localgen.cli.progress import cursor_back
+            from localgen.cli.signals import RestoreOnTerm
+
+            console = self._p.console
+            self._term = RestoreOnTerm(lambda: cursor_back(console))  # a SIGTERM or SIGHUP: the cursor shown again
+            self._term.install()  # before the bar hides it
             self._p.start()
             self._task = self._p.add_task("tuning", total=total)
 
@@ -486,4 +492,5 @@ class _View:
     def end(self) -> None:
         if self._p is not None:
             self._p.stop()
+            self._term.uninstall()
             self._p = None

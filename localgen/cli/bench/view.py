@@ -60,6 +60,12 @@ class ProgressView:
         self._p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                            TimeRemainingColumn(), console=rich_console(stderr=True), transient=True,
                            redirect_stdout=sys.stdout.isatty())
+        from localgen.cli.progress import cursor_back
+        from localgen.cli.signals import RestoreOnTerm
+
+        console = self._p.console
+        self._term = RestoreOnTerm(lambda: cursor_back(console))  # a SIGTERM or SIGHUP: the cursor shown again
+        self._term.install()  # before the bar hides it
         self._p.start()
         self._task = self._p.add_task("warming up", total=total)
 
@@ -108,6 +114,7 @@ class ProgressView:
     def end(self) -> None:
         if self._p is not None:
             self._p.stop()
+            self._term.uninstall()
             self._p = None
 
 
