@@ -492,12 +492,12 @@ while True:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_sigterm_or_sighup_under_a_bar_shows_the_cursor_again(signum: int, which: str) -> None:
     """`timeout 1.5 localgen quantize ...` (pull's bar), `bench` or `tune` on a terminal: the bar hides the cursor
-    while it shows, and the SIGTERM ended the command with it hidden (tmux's cursor_flag 0). It is shown again, on the line below the bar; the
-    command still ends by the signal."""
+    while it shows, and the SIGTERM ended the command with it hidden (tmux's cursor_flag 0). It is shown again, on
+    the line below the bar; the command still ends by the signal."""
     import pexpect
 
-    child = pexpect.spawn(sys.executable, ["-c", BAR_CUT, which], env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"},
-                          cwd=str(ROOT), encoding="utf-8", timeout=SAFETY_NET_S, dimensions=(24, 100))
+    child = pexpect.spawn(sys.executable, ["-c", BAR_CUT, which],
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"}, cwd=str(ROOT), encoding="utf-8", timeout=SAFETY_NET_S, dimensions=(24, 100))
     child.logfile_read = log = io.StringIO()
     try:
         child.expect_exact("\x1b[?25l")  # the bar hid the cursor
