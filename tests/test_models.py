@@ -497,7 +497,8 @@ def test_a_sigterm_or_sighup_under_a_bar_shows_the_cursor_again(signum: int, whi
     import pexpect
 
     child = pexpect.spawn(sys.executable, ["-c", BAR_CUT, which],
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"}, cwd=str(ROOT), encoding="utf-8", timeout=SAFETY_NET_S, dimensions=(24, 100))
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"}, cwd=str(ROOT),
+                          encoding="utf-8", timeout=SAFETY_NET_S, dimensions=(24, 100))
     child.logfile_read = log = io.StringIO()
     try:
         child.expect_exact("\x1b[?25l")  # the bar hid the cursor
