@@ -276,13 +276,32 @@ def test_a_json_schema_answer_holds_no_raw_control_character(cli: CLI) -> None:
     ('{"not": {}}', "has not: {}"),
     ('{"properties": {"a": false}, "required": ["a"]}', "requires the property 'a', whose schema is false"),
     ("false", "the JSON schema is false"),
-    ('{"type": "object", "properties": {"x": {"type": "null", "const": 0}}}', "part at properties/x has const 0"),
+    ('{"type": "object", "properties": {"x": {"type": "null", "const": 0}}, "required": ["x"]}',
+     "part at properties/x has const 0"),
+    ('{"anyOf": [{"type": "string", "enum": [1]}, false]}', "an anyOf of which no part can be met"),
 ])
 def test_a_json_schema_no_value_meets_is_refused_naming_the_part(cli: CLI, schema: str, said: str) -> None:
     # they became grammars whose answers broke the schema (`-j false` answered null, exit 0)
     r = cli("run", "-p", "hi", "-j", schema, *QUICK)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert said in r.stderr and "no value meets it" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"not": {}}}, "required": ["a"]},  # zod's never
+    {"type": "object", "additionalProperties": {"not": {}}}, {"patternProperties": {"^x": {"not": {}}}},
+    {"type": "array", "prefixItems": [{"type": "string"}], "items": {"not": {}}},
+    {"if": {"required": ["a"]}, "then": {"not": {}}},
+    {"anyOf": [{"type": "string"}, {"type": "integer", "enum": ["x"]}]},
+    {"type": "integer", "const": 10**400}, {"type": ["string", "null"], "enum": ["a", None]},
+])
+def test_a_schema_saying_never_this_where_a_value_may_be_absent_is_taken(schema: Any) -> None:
+    """Only the parts every value must meet are checked: a property not required, additionalProperties, items,
+    then/else or one anyOf branch that no value meets says "never this" (zod writes z.never() as not: {}); they
+    were refused, and a tool with one broke every request that offered it. A huge integer const is no float."""
+    from localgen.engine.grammar import check_satisfiable
+
+    check_satisfiable(schema)
 
 
 def test_system_prompt_is_used(cli: CLI, smollm2_engine: Any) -> None:

@@ -339,9 +339,25 @@ def check_satisfiable(schema: Any, path: str = "") -> None:
     for name in required if isinstance(required, list) and isinstance(props, dict) else ():
         if isinstance(name, str) and isinstance(props, dict) and props.get(name) is False:
             raise GrammarError(f"{at} requires the property {name!r}, whose schema is false: no value meets it")
-    for key, child in _raw_parts(schema):
-        if key not in ("not", "if"):
-            check_satisfiable(child, f"{path}/{key}")
+    # only the parts every value must meet: a property not required, additionalProperties, items, then/else or a
+    # single anyOf branch that no value meets is how a schema says "never this" (zod's z.never() is not: {})
+    for i, part in enumerate(parts):
+        check_satisfiable(part, f"{path}/allOf/{i}")
+    for name in required if isinstance(required, list) and isinstance(props, dict) else ():
+        if isinstance(name, str) and isinstance(props, dict) and name in props:
+            check_satisfiable(props[name], f"{path}/properties/{name}")
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if not isinstance(branches, list) or not branches:
+            continue
+        failed: list[GrammarError] = []
+        for i, branch in enumerate(branches):
+            try:
+                check_satisfiable(branch, f"{path}/{key}/{i}")
+            except GrammarError as e:
+                failed.append(e)
+        if len(failed) == len(branches):
+            raise GrammarError(f"{at} has an {key} of which no part can be met ({failed[0].message})")
 
 
 def _kinds(kind: Any) -> set[str] | None:
@@ -360,7 +376,7 @@ def _has_kind(value: Any, kinds: set[str]) -> bool:
     if isinstance(value, bool):
         return "boolean" in kinds
     if isinstance(value, (int, float)):
-        return "number" in kinds or ("integer" in kinds and float(value).is_integer())
+        return "number" in kinds or ("integer" in kinds and (isinstance(value, int) or value.is_integer()))
     return (isinstance(value, str) and "string" in kinds) or (isinstance(value, list) and "array" in kinds) or \
         (isinstance(value, dict) and "object" in kinds)
 
