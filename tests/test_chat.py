@@ -1186,6 +1186,14 @@ def test_a_burst_of_ctrl_c_as_an_answer_stops_never_cuts_its_save_short(home: Pa
         assert chat_turn.stream(runner, ChatView(interactive=True, plain=True, stats=False), 0) is False
         assert [m["content"] for m in ChatSession.load("burst").messages] == ["Hi", "Hel"]
         assert "(stopped; the partial answer is kept)" in capsys.readouterr().out
+        # scripted: a press that came only as the (whole) answer was saved still ends the script, 130, the save
+        # whole; the press was counted and forgotten, and the script answered its next message
+        session.add("user", "Again")
+        runner.reply = lambda show, approve, turn: turn.messages.append(  # type: ignore[method-assign]
+            {"role": "assistant", "content": "Hello"})
+        with pytest.raises(KeyboardInterrupt):
+            chat_turn.stream(runner, ChatView(interactive=False, plain=True, stats=False), 0)
+        assert [m["content"] for m in ChatSession.load("burst").messages] == ["Hi", "Hel", "Again", "Hello"]
     finally:  # the home is the session's: `chat --list` elsewhere would list it
         signal.signal(signal.SIGINT, previous)
         session.path.unlink(missing_ok=True)

@@ -376,6 +376,21 @@ def test_ctrl_c_stops_generation_with_130(cli: CLI, tmp_path: Path) -> None:
         (said, logged["response"])
 
 
+def test_ctrl_c_before_the_first_word_logs_nothing() -> None:
+    """Ctrl-C while the prompt was read logged an empty answer (cancelled), which `run --continue` then sent as an
+    empty assistant turn; chat takes such a message back. Nothing said, nothing logged; a word said, logged."""
+    from types import SimpleNamespace
+
+    from localgen.cli.run.execute import _cut_off
+
+    told: list[str] = []
+    gen = SimpleNamespace(finish_reason=None)
+    for content, reasoning in (("", ""), ("Hel", ""), ("", "Let me think")):
+        answer = SimpleNamespace(content=content, reasoning=reasoning, finish=lambda: "")
+        _cut_off(gen, answer, lambda g, text, why: told.append(f"{text}|{why}"))
+    assert told == ["Hel|cancelled", "|cancelled"], told
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -280,39 +280,41 @@ def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, bl
             while block := existing.read(CHUNK * 4):
                 digest.update(block)
     progress.start(f.name, f.size, have)
-    failures = 0
-    with _open_partial(partial) as out:
-        while have < f.size:
-            before = have
-            try:
-                # headers() for each try: a registry's token that ran out while a try was streaming is renewed
-                have, restarted = _stream(url, headers(), have, f.size, out, digest, progress, source,
+    try:
+        failures = 0
+        with _open_partial(partial) as out:
+            while have < f.size:
+                before = have
+                try:
+                    # headers() for each try: a registry's token that ran out while a try was streaming is renewed
+                    have, restarted = _stream(url, headers(), have, f.size, out, digest, progress, source,
+                                              redirect=redirect, name=f.name)
+                    if restarted:
+                        digest = hashlib.sha256()
+                        have, _ = _stream(url, headers(), 0, f.size, out, digest, progress, source, truncate=True,
                                           redirect=redirect, name=f.name)
-                if restarted:
-                    digest = hashlib.sha256()
-                    have, _ = _stream(url, headers(), 0, f.size, out, digest, progress, source, truncate=True,
-                                      redirect=redirect, name=f.name)
-                failures = 0
-            except _Transient as e:
-                _flush(out, f.size)
-                have = out.tell()  # what arrived before the error is kept and hashed
-                failures = 1 if have > before else failures + 1  # a try that got bytes starts the count again
-                if failures >= ATTEMPTS:
-                    progress.finish()
-                    if not have:  # nothing arrived: no empty .incomplete is left to resume from
-                        partial.unlink(missing_ok=True)
-                    raise DownloadError(
-                        f"downloading {f.name} failed after {ATTEMPTS} tries: {e}",
-                        hint="run the same command again: it resumes where it stopped",
-                    ) from None
-                progress.note(f"{f.name}: {e}; retrying")
-                time.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
-        try:
-            out.flush()
-            os.fsync(out.fileno())
-        except OSError as e:
-            progress.finish()
-            raise _disk_error(e, partial) from None
+                    failures = 0
+                except _Transient as e:
+                    _flush(out, f.size)
+                    have = out.tell()  # what arrived before the error is kept and hashed
+                    failures = 1 if have > before else failures + 1  # a try that got bytes starts the count again
+                    if failures >= ATTEMPTS:
+                        if not have:  # nothing arrived: no empty .incomplete is left to resume from
+                            partial.unlink(missing_ok=True)
+                        raise DownloadError(
+                            f"downloading {f.name} failed after {ATTEMPTS} tries: {e}",
+                            hint="run the same command again: it resumes where it stopped",
+                        ) from None
+                    progress.note(f"{f.name}: {e}; retrying")
+                    time.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
+            try:
+                out.flush()
+                os.fsync(out.fileno())
+            except OSError as e:
+                raise _disk_error(e, partial) from None
+    except BaseException:  # (a Ctrl-C, an error no retry mends): the bar ends, its SIGTERM handler goes
+        progress.finish()
+        raise
     progress.finish()
     if digest.hexdigest() != f.sha256:
         partial.unlink(missing_ok=True)

@@ -121,10 +121,12 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
             except (ReaderGone, OSError):  # the answer's last lines could not go (a terminal closed under it)
                 _keep_what_was_said(runner, turn)
                 raise
-        return _settle(runner, view, turn, screen, presses.count > 0 or runner.stopping, restore)
+        return _settle(runner, view, turn, screen, presses.count > 0 or runner.stopping, restore,
+                       lambda: presses.count > 0)
 
 
-def _settle(runner: Any, view: Any, turn: Any, screen: _Screen, interrupted: bool, restore: list[Any] | None) -> bool:
+def _settle(runner: Any, view: Any, turn: Any, screen: _Screen, interrupted: bool, restore: list[Any] | None,
+            pressed: Any = lambda: False) -> bool:
     """The answer over: the turn recorded and saved, and its footer printed (or, stopped before a word was said, the
     message taken back). Ctrl-C is still the turn's here (_Presses.settle): the presses of a burst that stopped the
     answer, which go on after it ends, cannot stop the save half-way (the conversation's file would lack the turn
@@ -145,7 +147,8 @@ def _settle(runner: Any, view: Any, turn: Any, screen: _Screen, interrupted: boo
         view.info("(stopped; the partial answer is kept)")
     if s is not None:
         _show_footer(s, turn, runner, view)
-    if interrupted and not view.interactive:  # scripted: the answer is kept, and Ctrl-C ends the script (130)
+    # scripted: the answer is kept, and Ctrl-C ends the script (130), one pressed while the turn was saved too
+    if (interrupted or pressed()) and not view.interactive:
         _end_script(view)
     return False
 

@@ -442,7 +442,8 @@ def _cut_off(gen: Any, answer: Any, on_partial: Callable[[Any, str, str], None] 
     with ignoring_ctrl_c():
         with contextlib.suppress(Exception):  # what was held back (a tag's start) is the answer's too
             answer.finish()
-        on_partial(gen, answer.content, str(gen.finish_reason or "cancelled"))
+        if answer.content or getattr(answer, "reasoning", ""):  # stopped before a word: nothing to log, as chat
+            on_partial(gen, answer.content, str(gen.finish_reason or "cancelled"))  # takes such a message back
 
 
 def run_beams(decoding: DecodingOptions, report: ReportOptions, backend: LocalBackend, request: GenerationRequest,

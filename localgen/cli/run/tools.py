@@ -36,7 +36,7 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
             raise typer.Exit(0)
 
     def cut_off() -> None:  # as far as it came, as run's stream logs one (execute.py _cut_off)
-        if on_partial is not None and turn.generations:
+        if on_partial is not None and turn.generations and (turn.text or turn.results):  # (a word said, or a call)
             gen = turn.generations[-1]
             gen.close()  # settled: its stats as far as it came
             on_partial(gen, turn.text, str(gen.finish_reason or "cancelled"))
