@@ -57,6 +57,14 @@ class BarProgress:
         self._p.console.print(text, style="dim", markup=False)
 
 
+def cursor_guard(console: Any) -> RestoreOnTerm:
+    """A RestoreOnTerm, installed, that shows a Rich bar's cursor again on a SIGTERM or SIGHUP (cursor_back): made
+    before the bar starts (which hides the cursor), uninstalled once it stops."""
+    term = RestoreOnTerm(lambda: cursor_back(console))
+    term.install()
+    return term
+
+
 def cursor_back(console: Any) -> None:
     """A Rich bar (or another live display) cut off by a SIGTERM or SIGHUP (`timeout`, a kill, the terminal closed):
     the cursor it hid is shown again, on the line below it, so the shell's terminal is not left without one (its own

@@ -465,12 +465,9 @@ class _View:
 
             self._p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), TimeRemainingColumn(),
                                console=rich_console(stderr=True), transient=True)
-            from localgen.cli.progress import cursor_back
-            from localgen.cli.signals import RestoreOnTerm
+            from localgen.cli.progress import cursor_guard
 
-            console = self._p.console
-            self._term = RestoreOnTerm(lambda: cursor_back(console))  # a SIGTERM or SIGHUP: the cursor shown again
-            self._term.install()  # before the bar hides it
+            self._term = cursor_guard(self._p.console)  # a SIGTERM or SIGHUP: the cursor shown again
             self._p.start()
             self._task = self._p.add_task("tuning", total=total)
 
