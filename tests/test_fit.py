@@ -902,14 +902,16 @@ def test_a_count_no_model_has_is_one_line_for_fit_show_and_run(cli_in_process: I
 def test_show_and_fit_escape_a_headers_control_characters_on_a_terminal(cli_env: dict[str, str], tmp_path: Path,
                                                                          cli_in_process: InProcessCLI) -> None:
     """A model's name, architecture and chat template are the file's text: on a terminal their ESC and BEL show
-    escaped (they cleared the screen and wrote the clipboard by OSC 52), and a line break in a field shows as \\n;
+    escaped (they cleared the screen and wrote the clipboard by OSC 52), a bidi override (U+202E, which showed the rest
+    of the name reversed) too, and a line break in a field shows as \\n;
     `show --template` into a pipe is the template as written, as run's answers are."""
     import pexpect
 
     from tests import terminal
 
     template = "\x1b]52;c;ZWNobw==\x07{{ messages[0].content }}"
-    bad = _header_with(tmp_path / "esc.gguf", arch="llama\x1b[31m", name="\x1b[2JEVIL\x07\r\nnext", template=template)
+    bad = _header_with(tmp_path / "esc.gguf", arch="llama\x1b[31m", name="\x1b[2JEVIL\x07\r\nnext\u202efdp.exe",
+                       template=template)
     seen = {}
     for args in (["show", str(bad)], ["show", str(bad), "--template"], ["fit", "-m", str(bad), "--gpu-memory", "0"]):
         child = terminal.spawn({**cli_env, "TERM": "xterm"}, args)
@@ -919,8 +921,8 @@ def test_show_and_fit_escape_a_headers_control_characters_on_a_terminal(cli_env:
         finally:
             child.close()
         assert child.exitstatus == 0, (args, seen)
-    assert not any("\x1b" in out or "\x07" in out for out in seen.values()), seen
-    assert "model           \\x1b[2JEVIL\\x07\\r\\nnext\r\n" in seen[str(bad)], seen
+    assert not any("\x1b" in out or "\x07" in out or "\u202e" in out for out in seen.values()), seen
+    assert "model           \\x1b[2JEVIL\\x07\\r\\nnext\\u202efdp.exe\r\n" in seen[str(bad)], seen
     assert "architecture    llama\\x1b[31m\r\n" in seen[str(bad)], seen
     assert seen["--template"] == "\\x1b]52;c;ZWNobw==\\x07{{ messages[0].content }}\r\n", seen
     assert seen["0"].startswith("model     esc.gguf · llama\\x1b[31m · 1 layers"), seen

@@ -5,7 +5,6 @@ by their memory (--gpu-memory 24GB), so the question "does it fit a 24 GB card?"
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +13,7 @@ from localgen.cli import options as o
 from localgen.cli.inputfile import check_model
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs, typed_by_user
-from localgen.cli.output import for_terminal
+from localgen.cli.output import header_text
 from localgen.errors import UsageError
 from localgen.types import LoadParams
 from localgen.units import format_bytes, parse_bytes
@@ -277,13 +276,6 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
     by = {"preset": " by the preset", "ollama": " by its Ollama params",
           "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")
     return ", ".join([f"{asked:,} asked{by}", *done])
-
-
-def header_text(text: str) -> str:
-    """A value from a model's file (its name, architecture, license) on one line of `fit` or `show`: a line break or a
-    carriage return shown as \\n or \\r, and on a terminal every other control character escaped (output.visible),
-    so a header cannot clear the screen or write the clipboard; in a pipe it stays as written."""
-    return for_terminal(text.replace("\r", "\\r").replace("\n", "\\n"), sys.stdout)
 
 
 def _print(doc: dict[str, Any], why: str) -> None:

@@ -220,6 +220,17 @@ def for_terminal(text: str, stream: Any) -> str:
     return visible(text) if is_terminal(stream) else text
 
 
+def header_text(text: str) -> str:
+    """A value from a model's file (its name, architecture, license) on one line of `fit` or `show`: a line break or a
+    carriage return shown as \\n or \\r, and on a terminal every other control character escaped (visible()) and
+    every bidi control too (U+202E would show the rest of the line reversed, a name posing as another), so a header
+    cannot clear the screen, write the clipboard or disguise itself; in a pipe it stays as written."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    if not is_terminal(sys.stdout):
+        return text
+    return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def error_text(line: str) -> str:
     """An error line as it is printed: a control character a quoted value carried is shown escaped (\\x1b), not
     obeyed by the terminal, and a line past ERROR_HEAD + ERROR_TAIL characters (a 100 KB flag value quoted) keeps

@@ -10,9 +10,8 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.fit import header_text
 from localgen.cli.models.manage import Json, shown_params
-from localgen.cli.output import for_terminal
+from localgen.cli.output import for_terminal, header_text
 from localgen.errors import LocalgenError, UsageError
 from localgen.units import format_bytes
 
