@@ -177,6 +177,10 @@ HOSTILE = {
     "2^31 dimensions": (_head(1, 1) + ARCH + _s("t") + struct.pack("<I", 1 << 31), "has 2147483648 dimensions"),
     "a tensor of 2^64 elements": (_head(1, 1) + ARCH + _s("t") + struct.pack("<IQQIQ", 2, 1 << 32, 1 << 32, 0, 0),
                                   "tensor 't' claims 2^63 elements or more, past what llama.cpp takes"),
+    # llama.cpp refuses both; the last key taken would plan a model it never loads
+    "a key twice": (_head(0, 2) + ARCH + ARCH, "the key 'general.architecture' appears twice in its header"),
+    "a tensor twice": (_head(2, 1) + ARCH + (_s("t") + struct.pack("<IQIQ", 1, 4, 0, 0)) * 2,
+                       "the tensor 't' appears twice in its table"),
     "alignment 3": (_head(0, 2) + ARCH + _kv("general.alignment", 4, struct.pack("<I", 3)), "bad alignment 3"),
     "alignment 0": (_head(0, 2) + ARCH + _kv("general.alignment", 4, struct.pack("<I", 0)), "bad alignment 0"),
     "version 1": (_head(0, 0, version=1), "unsupported GGUF version 1"),

@@ -209,11 +209,17 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int
         meta: dict[str, Any] = {}
         for _ in range(n_kv):
             key = r.string(cap=1 << 16)
+            if key in meta:  # llama.cpp refuses the file; taking the last would plan a model it never loads
+                raise r.fail(f"the key {key[:200]!r} appears twice in its header")
             vtype = r.scalar("<I")
             meta[key] = r.value(vtype, key)
         tensors: list[tuple[str, list[int], int, int]] = []
+        names: set[str] = set()
         for _ in range(n_tensors):
             name = r.string(cap=1 << 16)
+            if name in names:
+                raise r.fail(f"the tensor {name[:200]!r} appears twice in its table")
+            names.add(name)
             n_dims = r.scalar("<I")
             if n_dims > MAX_DIMS:
                 raise r.fail(f"tensor {name!r} has {n_dims} dimensions")
