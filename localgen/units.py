@@ -12,7 +12,7 @@ def format_bytes(n: float | None, llama_bench: bool = False) -> str:
     if llama_bench:
         return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.2f} MiB"
     if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GiB"
+        return f"{n / (1 << 30):,.1f} GiB"
     if n >= 1 << 20:
         return f"{n / (1 << 20):,.0f} MiB"
     return f"{n / 1024:,.0f} KiB" if n >= 1024 else f"{n:,.0f} bytes"

@@ -931,3 +931,13 @@ def test_show_and_fit_escape_a_headers_control_characters_on_a_terminal(cli_env:
 
     # a template with Windows line ends showed \x0d at each line's end on a terminal: a CRLF is a line break
     assert visible("{{ a }}\r\n{{ b }}\r") == "{{ a }}\r\n{{ b }}\\x0d"
+
+
+def test_a_huge_size_reads_with_separators() -> None:
+    """A plan of 2^31 KV heads × 2^31 key length printed `70368744177664.0 GiB`; GiB have thousands separators as
+    MiB, KiB and bytes do."""
+    from localgen.units import format_bytes
+
+    assert format_bytes(70368744177664 << 30) == "70,368,744,177,664.0 GiB"
+    assert format_bytes(1536 << 30) == "1,536.0 GiB"
+    assert format_bytes(3 << 29) == "1.5 GiB"
