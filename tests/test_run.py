@@ -376,6 +376,27 @@ def test_ctrl_c_stops_generation_with_130(cli: CLI, tmp_path: Path) -> None:
         (said, logged["response"])
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_kill_mid_answer_logs_it_as_far_as_it_came(cli: CLI, tmp_path: Path, sig: signal.Signals) -> None:
+    """`timeout 10 localgen run ...`, a kill, the terminal closed: the answer was lost from the log (only Ctrl-C and
+    `| head` kept it). It is logged as far as it came, finish reason cancelled, and the process still ends by the
+    signal, nothing said on stderr."""
+    lg = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    p = lg.popen("run", "-p", "Write a long essay about rivers.", "-n", "2000", "--temperature", "0",
+                 "--ignore-eos", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    said = p.stdout.read(8)  # generation has started
+    p.send_signal(sig)
+    rc = p.wait(timeout=30)
+    err = p.stderr.read().decode()
+    said += p.stdout.read()
+    assert (rc, err) == (-sig, ""), (rc, err)
+    [logged] = json.loads(lg("logs", "-n", "1", "--json").stdout)
+    assert logged["prompt"] == "Write a long essay about rivers." and logged["finish_reason"] == "cancelled", logged
+    assert said.decode().rstrip("\n") and logged["response"].startswith(said.decode().rstrip("\n")), \
+        (said, logged["response"])
+
+
 def test_ctrl_c_before_the_first_word_logs_nothing() -> None:
     """Ctrl-C while the prompt was read logged an empty answer (cancelled), which `run --continue` then sent as an
     empty assistant turn; chat takes such a message back. Nothing said, nothing logged; a word said, logged."""

@@ -267,3 +267,56 @@ def one_ctrl_c() -> Any:
 
     with sigint_taken_by(once):
         yield
+
+
+_ended_by = {"signal": 0}  # the SIGTERM or SIGHUP that stopped an answer inside term_as_interrupt (0: none)
+
+
+def ended_by_term() -> int:
+    """The SIGTERM or SIGHUP that stopped the answer inside term_as_interrupt (0: none did, or a Ctrl-C)."""
+    return _ended_by["signal"]
+
+
+@contextlib.contextmanager
+def term_as_interrupt() -> Any:
+    """While inside, a SIGTERM or SIGHUP (a kill, `timeout`, the terminal closed) stops what runs as Ctrl-C does (a
+    KeyboardInterrupt, deferred past llama.cpp's callbacks as a press is), so the answer so far can be kept (run
+    logs it, ended_by_term() naming the signal); on the way out, the process then ends by that signal as its
+    default action would have (exit 143 or 129), after the contexts inside (the terminal's echo) have put back what
+    they set. The signals of a burst after the first are ignored, so they cannot cut that short. A signal ignored
+    (`nohup`), taken by another handler, or outside the main thread is left as it is."""
+    import os
+    import signal
+
+    _ended_by["signal"] = 0
+    previous: dict[int, Any] = {}
+
+    def on_term(signum: int, frame: Any) -> None:
+        if _ended_by["signal"]:
+            return
+        _ended_by["signal"] = signum
+        logs = sys.modules.get("localgen.native.logs")
+        defer = getattr(logs, "defer_interrupt", None)
+        if defer is not None and defer(frame):
+            return  # raised once llama.cpp returns: an exception cannot cross its C frames
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is None:  # no SIGHUP (Windows)
+            continue
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                previous[sig] = signal.signal(sig, on_term)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+        signum, _ended_by["signal"] = _ended_by["signal"], 0
+        if signum:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):  # a closed terminal, a reader gone
+                    stream.flush()
+            os.kill(os.getpid(), signum)  # its default action again: the status says which signal ended it
+            os._exit(128 + signum)  # (not reached where the signal's default action ends it)

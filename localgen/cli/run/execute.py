@@ -20,7 +20,7 @@ from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
-from localgen.cli.signals import ignoring_ctrl_c
+from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt
 from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError
 from localgen.types import GenerationRequest, Message, thinking_args
 
@@ -391,7 +391,9 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
     gen = backend.generate(request, started=time.perf_counter())
     writer = AnswerWriter(err, json_out=report.json_out, show_thinking=report.show_thinking)
     answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
-    with EchoOff(sys.stdout) as terminal:  # to the end of the "interrupted" line: it knows no `^C` was echoed
+    # a SIGTERM or SIGHUP stops the answer as Ctrl-C does, so it is logged as far as it came; the process then ends
+    # by that signal, the terminal's echo put back first
+    with term_as_interrupt(), EchoOff(sys.stdout) as terminal:  # EchoOff: to the end of the "interrupted" line
         try:
             for chunk in gen:
                 if not writer.show(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
@@ -402,6 +404,11 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
         except KeyboardInterrupt:
             terminal.drop_typed()
             gen.close()
+            if ended_by_term():  # logged before anything is written: a closed terminal may fail the writes
+                _cut_off(gen, answer, on_partial)
+                with contextlib.suppress(OSError):
+                    writer.end()
+                raise typer.Exit(128 + ended_by_term()) from None
             writer.end()
             err.interrupted()
             _cut_off(gen, answer, on_partial)

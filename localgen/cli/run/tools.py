@@ -15,7 +15,7 @@ from localgen.cli.echo import EchoOff
 from localgen.cli.options import ToolOptions
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
 from localgen.cli.run.options import ReportOptions
-from localgen.cli.signals import ignoring_ctrl_c
+from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt
 from localgen.types import GenerationRequest
 
 
@@ -43,13 +43,18 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
 
     t0 = time.perf_counter()
     turn = Turn()
-    with EchoOff(sys.stdout) as terminal:  # to the end of the "interrupted" line: it knows no `^C` was echoed
+    # a SIGTERM or SIGHUP stops the turn as Ctrl-C does (logged as far as it came), then ends the process by it
+    with term_as_interrupt(), EchoOff(sys.stdout) as terminal:  # EchoOff: to the end of the "interrupted" line
         try:
             run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
                      tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox),
                      turn=turn)
         except KeyboardInterrupt:
             terminal.drop_typed()
+            if ended_by_term():  # logged before anything is written: a closed terminal may fail the writes
+                with ignoring_ctrl_c():
+                    cut_off()
+                raise typer.Exit(128 + ended_by_term()) from None
             writer.end()
             err.interrupted()
             with ignoring_ctrl_c():
