@@ -383,6 +383,9 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
     ("bot", "SYSTEM hi\n", ["no FROM line"]),
     ("bot", "FROM nosuch:model\n", ["FROM nosuch:model", "unknown model"]),
     ("bot", "FROM ./nowhere.gguf\n", ["FROM ./nowhere.gguf", "no such model file"]),
+    # a base not downloaded said "localgen is offline" of a machine that was not
+    ("bot", "FROM acme/Nowhere-GGUF:Q4_K_M\n", ["FROM acme/Nowhere-GGUF:Q4_K_M: acme/Nowhere-GGUF:Q4_K_M is not "
+                                              "downloaded (pull it first: localgen pull acme/Nowhere-GGUF:Q4_K_M)"]),
     ("bot", "FROM smollm2:135m\nTEMPLATE {{ .Prompt }}\n", ["Ollama Go template"]),
     ("bot", "FROM smollm2:135m\nTEMPLATE {% if %}\n", ["TEMPLATE does not compile"]),
     ("bot", "FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["ADAPTER takes an absolute path here"]),

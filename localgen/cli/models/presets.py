@@ -98,7 +98,13 @@ def _done(preset: object, json_out: bool) -> None:
 
 def _on_disk(name: str) -> Any:
     """The model a preset's base names, from what is on this machine (no download). Its header is all a preset
-    needs: an embedded model in chunks is not assembled for it."""
+    needs: an embedded model in chunks is not assembled for it. One not downloaded is said so, with the pull that
+    brings it (resolving offline, its error said "localgen is offline" of a machine that was not)."""
+    from localgen.errors import NotDownloadedError
     from localgen.models.resolve import resolve
 
-    return resolve(name, offline=True, pull_missing=False, assemble=False)
+    try:
+        return resolve(name, offline=True, pull_missing=False, assemble=False)
+    except NotDownloadedError as e:
+        raise NotDownloadedError(f"{e.name} is not downloaded", hint=f"pull it first: localgen pull {e.name}",
+                                 name=e.name) from None
