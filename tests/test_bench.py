@@ -126,6 +126,42 @@ def test_e2e_and_no_e2e_each_say_whether_the_run_path_is_measured(benv: dict[str
         assert [json.loads(line)["test"] for line in r.stdout.splitlines()] == tests, flag
 
 
+def test_a_broken_chat_template_warns_and_e2e_sends_the_prompt_as_plain_text(benv: dict[str, str], tmp_path: Path,
+                                                                            smollm2_path: Path) -> None:
+    """A model whose chat template fails: bench measured its rows, then ended in the template's error (naming
+    `--raw`, no bench flag) and lost the e2e row. It is a warning, once, and e2e sends its prompt as plain text, as
+    for a base model."""
+    from tests.gguf_edit import rewrite_strings
+
+    bad = rewrite_strings(smollm2_path, tmp_path / "badtpl.gguf",
+                          {"tokenizer.chat_template": '{{ raise_exception("no") }}'})
+    r = bench(benv, "-m", str(bad), "-p", "0", "-n", "4", "-r", "2", "-o", "jsonl")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["test"] for line in r.stdout.splitlines()] == ["tg4", "e2e4"]
+    assert r.stderr.count("warning: the model's chat template failed: no: e2e sends its prompt as plain text, as "
+                          "`run --raw` does\n") == 1, r.stderr
+
+
+def test_an_e2e_answer_without_a_token_has_no_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base model sampled EOS first (seeds 2 and 3 of SmolLM2 on the raw essay prompt): a division by zero, a
+    traceback. A repetition with no token is left out of the row; a row of none is one error line."""
+    from types import SimpleNamespace
+
+    from localgen.bench import runner
+    from localgen.errors import LocalgenError
+
+    engine = SimpleNamespace(load_s=0.1)
+    bench_ = SimpleNamespace(clear=lambda: None)
+    test = sweep.Test("e2e", 0, 4, 0)
+    answers = iter([None, (0.5, 0.1, [0.1, 0.1, 0.1], 4), None])
+    monkeypatch.setattr(runner, "_e2e", lambda *a, **k: next(answers))
+    result = runner._measure(engine, bench_, None, test, {"name": "m"}, 3, runner.Progress(), None)  # type: ignore
+    assert result.samples_ts == [8.0]
+    monkeypatch.setattr(runner, "_e2e", lambda *a, **k: None)
+    with pytest.raises(LocalgenError, match="e2e4: each answer ended before its first token, so it has no rate"):
+        runner._measure(engine, bench_, None, test, {"name": "m"}, 3, runner.Progress(), None)  # type: ignore
+
+
 def test_every_output_format(benv: dict[str, str], bench_here: InProcessCLI) -> None:
     args = ["-p", "16", "-n", "4", "-r", "1", "--no-e2e"]
     md = bench(benv, *args, "-o", "md")

@@ -233,7 +233,12 @@ def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[s
     for rep in range(reps):
         bench.clear()
         if test.kind == "e2e":
-            seconds, ttft, itl, n = _e2e(engine, test.n_gen, seed=rep + 1)
+            measured = _e2e(engine, test.n_gen, seed=rep + 1,
+                            warn=progress.warning if rep == 0 else lambda _: None)  # once
+            if measured is None:  # no token: the repetition has no rate; the others make the row
+                progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+                continue
+            seconds, ttft, itl, n = measured
             samples.append(seconds)
             ttfts.append(ttft)
             token_times += itl
@@ -253,6 +258,11 @@ def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[s
             samples.append(seconds)
             tokens = test.n_prompt + test.n_gen
         progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+    if not samples:  # every repetition's answer ended before its first token (only e2e's can)
+        from localgen.errors import LocalgenError
+
+        raise LocalgenError(f"{test.label}: each answer ended before its first token, so it has no rate",
+                            hint="--no-e2e skips it")
     ts = [tokens / s for s in samples]
     return Result(
         config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples], samples_ts=ts,
@@ -298,14 +308,23 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
     )
 
 
-def _e2e(engine: Any, n: int, seed: int) -> tuple[float, float, list[float], int]:
+def _e2e(engine: Any, n: int, seed: int,
+         warn: Callable[[str], None]) -> tuple[float, float, list[float], int] | None:
     """The `run` path: chat template, tokenize, sample, detokenize. Returns (generation seconds, time to
-    first token, inter-token times, tokens generated); the rate counts generated tokens only."""
+    first token, inter-token times, tokens generated), the rate counting generated tokens only; None where the
+    answer ended before its first token (a base model's sampled EOS), which has no rate. A chat template that
+    fails is said (`warn`), and the prompt goes as plain text, as a base model's: the rows measured before it and
+    this one are kept (it ended the whole run, its rows measured)."""
+    from localgen.errors import TemplateError
     from localgen.native.prompt import Prompt
 
+    tokens = None
     if engine.model.summary.chat_template:
-        tokens = engine.chat_tokens([{"role": "user", "content": E2E_PROMPT}])
-    else:  # a base model: the prompt as a plain completion, as `run --raw` sends it
+        try:
+            tokens = engine.chat_tokens([{"role": "user", "content": E2E_PROMPT}])
+        except TemplateError as e:
+            warn(f"{e.message}: e2e sends its prompt as plain text, as `run --raw` does")
+    if tokens is None:  # a base model: the prompt as a plain completion, as `run --raw` sends it
         tokens = engine.raw_tokens(E2E_PROMPT)
     gen = engine.generate(Prompt.text(tokens), SamplingParams(seed=seed, max_tokens=n))
     t0 = time.perf_counter()
@@ -315,7 +334,9 @@ def _e2e(engine: Any, n: int, seed: int) -> tuple[float, float, list[float], int
         stamps.append((time.perf_counter(), chunk.n_tokens))
         count = chunk.n_tokens
     t_end = time.perf_counter()
-    first = stamps[0][0] if stamps else t_end
+    if not count:  # the answer ended before its first token: no rate to measure (it was a division by zero)
+        return None
+    first = stamps[0][0]
     gaps = [(b - a) / max(1, nb - na) for (a, na), (b, nb) in itertools.pairwise(stamps)]
     gen_s = max(t_end - first, 1e-9)
     return gen_s * count / max(1, count - 1), first - t0, gaps, max(count, 1)
