@@ -397,6 +397,8 @@ def test_list_hides_an_ollama_model_run_refuses_and_show_names_the_damage(lg_in:
                                                                          odd: OllamaStore) -> None:
     items = {i["name"] for i in _json(lg_in("list", "--json"))}
     assert "ollama:badparams:1" not in items and "ollama:folder:1" not in items
+    # a GGUF whose tensor data is cut short: list read its header alone and listed it, which serve leaves out
+    assert "ollama:cut:1" not in items and "ollama:twomodel:1" in items
     r = lg_in("show", "ollama:badparams:1")
     assert r.returncode == 1 and "the params layer of ollama:badparams:1" in r.stderr and "not JSON" in r.stderr
     assert "`ollama pull badparams:1` fetches it again" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -37,7 +37,7 @@ def installed() -> list[dict[str, Any]]:
         files_of.setdefault((f.repo, (f.quant or "?").upper()), set()).add(f.filename)
     for f in cached:
         try:
-            summary = read_summary(str(f.link), check_data=False)
+            summary = read_summary(str(f.link))
         except LocalgenError:
             continue
         quant = (f.quant or "?").upper()
@@ -50,7 +50,7 @@ def installed() -> list[dict[str, Any]]:
         items.append(item)
     for name, path in quantized.all_models():  # made here by `localgen quantize`
         try:
-            summary = read_summary(str(path), check_data=False)
+            summary = read_summary(str(path))
         except LocalgenError:
             continue
         items.append(_item(name, str(path), "quantized", summary))
@@ -70,7 +70,7 @@ def _other_stores() -> list[dict[str, Any]]:
     for m in ollamastore.all_manifests():
         try:
             parts = ollamastore.read_parts(m, warn=False)
-            summary = read_summary(str(parts.blob), check_data=False)
+            summary = read_summary(str(parts.blob))
         except LocalgenError:
             continue
         item = _item(m.name.display, str(parts.blob), "ollama", summary)
@@ -87,7 +87,7 @@ def _other_stores() -> list[dict[str, Any]]:
         items.append(item)
     for name, path, size in lmstudio.all_models():
         try:
-            summary = read_summary(str(path), check_data=False)
+            summary = read_summary(str(path))
         except LocalgenError:
             continue
         item = _item(name, str(path), "lmstudio", summary)
