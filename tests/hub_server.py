@@ -1,7 +1,8 @@
 """A loopback stand-in for the Hugging Face Hub, enough for huggingface_hub and localgen's transfers:
 GET /api/models/{repo}[/revision/{rev}] (with siblings and LFS SHA-256s), GET /api/models/{repo}/tree/{rev},
 HEAD/GET /{repo}/resolve/{rev}/{file} with X-Repo-Commit, X-Linked-Etag, X-Linked-Size and byte ranges,
-X-Error-Code on 4xx. Faults on demand: dropped connections, wrong bytes, 5xx, gated repos, slow transfers, and
+X-Error-Code on 4xx. Faults on demand: dropped connections, wrong bytes, 5xx and 429 (with a Retry-After), gated
+repos, slow transfers, and
 answers that are not the file (a captive portal's 200, a 206 of the wrong range or of none said, a redirect loop).
 Like the real Hub's LFS and Xet files, file downloads can answer with a redirect to a second host (a "CDN"
 on 127.0.0.2), which records the headers it is sent. Both bind to loopback only and stop with the session."""
@@ -72,7 +73,9 @@ class FakeHub:
     repos: dict[str, HubRepo] = field(default_factory=dict)
     drop_after: dict[str, list[int]] = field(default_factory=dict)  # file -> byte offsets to drop at, used once each
     fail_statuses: list[int] = field(default_factory=list)  # next API/resolve answers, used once each
+    fail_listings: list[int] = field(default_factory=list)  # next /api/models/ answers (the listing), once each
     fail_downloads: list[int] = field(default_factory=list)  # next file GETs (the download loop), used once each
+    retry_after: str | None = None  # the Retry-After header each injected failure (above) is sent with
     delay_per_mb: float = 0.0
     sent: dict[str, int] = field(default_factory=dict)  # file -> bytes sent in total
     requests: list[str] = field(default_factory=list)
@@ -98,6 +101,8 @@ class FakeHub:
             self.drop_after.clear()
             self.fail_statuses.clear()
             self.fail_downloads.clear()
+            self.fail_listings.clear()
+            self.retry_after = None
             self.delay_per_mb = 0.0
             self.sent.clear()
             self.requests.clear()
@@ -117,9 +122,11 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-        def _error(self, status: int, code: str | None, message: str) -> None:
+        def _error(self, status: int, code: str | None, message: str, injected: bool = False) -> None:
             body = json.dumps({"error": message}).encode()
             self.send_response(status)
+            if injected and hub.retry_after is not None:
+                self.send_header("Retry-After", hub.retry_after)
             if code:
                 self.send_header("X-Error-Code", code)
                 self.send_header("X-Error-Message", message)
@@ -133,7 +140,7 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
             with hub.lock:
                 status = hub.fail_statuses.pop(0) if hub.fail_statuses else None
             if status:
-                self._error(status, None, f"injected {status}")
+                self._error(status, None, f"injected {status}", injected=True)
                 return True
             return False
 
@@ -152,6 +159,10 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 return
             m = api.match(path)
             if m:
+                with hub.lock:
+                    failure = hub.fail_listings.pop(0) if hub.fail_listings else None
+                if failure:
+                    return self._error(failure, None, f"injected {failure} into the listing", injected=True)
                 return self._api(m.group(1), m.group(2) or m.group(3) or "main", tree=m.group(3) is not None)
             m = resolve.match(path)
             if m:
@@ -220,7 +231,7 @@ def _handler(hub: FakeHub, cdn: bool = False) -> type[BaseHTTPRequestHandler]:
                 wrong = hub.answers.get(name, [])
                 answer = wrong.pop(0) if self.command == "GET" and wrong else None
             if failure:
-                self._error(failure, None, f"injected {failure} into the download")
+                self._error(failure, None, f"injected {failure} into the download", injected=True)
                 return
             if answer:  # ("": the file itself, this once)
                 return self._wrong(answer, f)

@@ -1245,3 +1245,63 @@ def test_a_revision_of_dots_is_refused_before_any_request(env: dict[str, str], h
     r = lg(env, "pull", f"hf.co/{REPO}/resolve/../{FILE}")
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     assert not hub.requests
+
+
+def test_a_429_from_the_hubs_api_waits_its_retry_after_and_the_pull_goes_on(env: dict[str, str],
+                                                                             hub: hub_server.FakeHub) -> None:
+    """The Hub over a user's rate answers the listing 429 with Retry-After: the pull says so, waits, asks again."""
+    hub.fail_listings.append(429)
+    hub.retry_after = "1"
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert "the Hub asked to wait 1 s (HTTP 429); trying again after that" in r.stderr, r.stderr
+    kinds = ["api" if q.startswith("GET /api/models/") else "file" for q in hub.requests if "/api/agent" not in q]
+    assert kinds == ["api", "api", "file"], hub.requests  # asked again, and only then the download
+
+
+def test_a_429_from_the_hubs_api_every_time_is_one_line_with_a_hint(env: dict[str, str],
+                                                                    hub: hub_server.FakeHub) -> None:
+    hub.fail_listings.extend([429] * 3)
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"the Hub answered 429 for {REPO}" in r.stderr and "HF_TOKEN" in r.stderr, r.stderr
+    assert len([q for q in hub.requests if q.startswith("GET /api/models/")]) == 3, hub.requests
+
+
+def test_a_file_download_429_waits_its_retry_after_once_said(env: dict[str, str], hub: hub_server.FakeHub,
+                                                             model_file: hub_server.HubFile) -> None:
+    hub.fail_downloads.append(429)
+    hub.retry_after = "1"
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    said = f"{FILE}: the Hub asked to wait 1 s (HTTP 429); trying again after that"
+    assert r.stderr.count(said) == 1 and "HTTP 429; retrying" not in r.stderr, r.stderr
+    gets = [q for q in hub.requests if q.startswith("GET") and FILE in q]
+    assert len(gets) == 2 and hub.sent[FILE] == model_file.size, gets
+
+
+@pytest.mark.parametrize(("header", "waits"), [
+    ("86400", [60.0]),  # a day: waited at most MAX_WAIT, then asked again
+    ("Fri, 31 Dec 9999 23:59:59 GMT", [60.0]),
+    ("-5", [0.5]),  # no delay-seconds, nor a date: the usual backoff
+    ("soon", [0.5]),
+    ("99999999999999999999999999999999999999999999", [60.0]),
+])
+def test_an_absurd_retry_after_never_hangs_a_download(hub: hub_server.FakeHub, tmp_path: Path, header: str,
+                                                      waits: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    from localgen.models import download
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    slept: list[float] = []
+    monkeypatch.setattr(download.time, "sleep", slept.append)
+    notes: list[str] = []
+    progress = download.Quiet()
+    monkeypatch.setattr(progress, "note", notes.append)
+    readme = hub.repos[REPO].files["README.md"]
+    hub.fail_downloads.append(429)
+    hub.retry_after = header
+    blob = tmp_path / "blob"
+    download.fetch_file(f"{hub.url}/{REPO}/resolve/{COMMIT}/README.md", dict, blob, tmp_path / "lock",
+                        RemoteFile("README.md", readme.size, readme.sha256), progress, download.HUB)
+    assert blob.read_bytes() == b"# readme\n" and slept == waits, (slept, notes)
+    assert len(notes) == 1 and ("asked to wait" in notes[0]) == (waits == [60.0]), notes

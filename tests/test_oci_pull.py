@@ -357,17 +357,19 @@ def test_a_pull_asks_the_guard_about_its_realm_and_its_blobs(reg: FakeOci, tmp_p
 
 
 def test_retry_after_http_date_is_honoured_and_capped() -> None:
-    """registry.retry_after reads an HTTP-date as the seconds until it, capped as the seconds form is."""
+    """hub.retry_after reads an HTTP-date as the seconds until it, capped (a registry's manifest: MAX_RETRY_AFTER) as
+    the seconds form is."""
     import email.utils
     import time
 
-    from localgen.models.registry import MAX_RETRY_AFTER, retry_after
+    from localgen.models.hub import retry_after
+    from localgen.models.registry import MAX_RETRY_AFTER
 
-    assert retry_after("Thu, 01 Jan 1970 00:00:00 GMT") == 0.0
+    assert retry_after("Thu, 01 Jan 1970 00:00:00 GMT", MAX_RETRY_AFTER) == 0.0
     soon = email.utils.formatdate(time.time() + 2, usegmt=True)
-    assert 0.5 < (retry_after(soon) or 0) <= 2.0
-    assert retry_after(email.utils.formatdate(time.time() + 3600, usegmt=True)) == MAX_RETRY_AFTER
-    assert retry_after("3") == 3.0 and retry_after("soon") is None
+    assert 0.5 < (retry_after(soon, MAX_RETRY_AFTER) or 0) <= 2.0
+    assert retry_after(email.utils.formatdate(time.time() + 3600, usegmt=True), MAX_RETRY_AFTER) == MAX_RETRY_AFTER
+    assert retry_after("3", MAX_RETRY_AFTER) == 3.0 and retry_after("soon", MAX_RETRY_AFTER) is None
 
 
 def test_503_with_a_retry_after_date_is_retried(lg: Lg, reg: FakeOci) -> None:

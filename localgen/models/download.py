@@ -305,8 +305,14 @@ def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, bl
                             f"downloading {f.name} failed after {ATTEMPTS} tries: {e}",
                             hint="run the same command again: it resumes where it stopped",
                         ) from None
-                    progress.note(f"{f.name}: {e}; retrying")
-                    time.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
+                    asked = hub.retry_after(e.retry_after) if e.status in (429, 503) else None
+                    if asked is None:
+                        progress.note(f"{f.name}: {e}; retrying")
+                        time.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
+                    else:  # a server over a user's rate (429) or busy (503) says when to come back: up to MAX_WAIT
+                        wait = min(asked, hub.MAX_WAIT)
+                        progress.note(f"{f.name}: {hub.waiting(source.name, asked, wait, e.status)}")
+                        time.sleep(wait)
             try:
                 out.flush()
                 os.fsync(out.fileno())
@@ -328,7 +334,12 @@ def _transfer(url: str, headers: Callable[[], dict[str, str]], f: RemoteFile, bl
 
 
 class _Transient(Exception):
-    pass
+    """A failed try that another may mend: its HTTP status and Retry-After, where it was an HTTP error."""
+
+    def __init__(self, message: str, status: int | None = None, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
 
 
 @contextlib.contextmanager
@@ -378,7 +389,8 @@ def _stream(
             raise DownloadError(f"the file is gone from {source.name} (404)") from None
         if 300 <= e.code < 400:  # urllib gives up on a redirect that comes back to itself, or on too many
             raise DownloadError(f"{source.name} redirects the download of {name} in a loop (HTTP {e.code})") from None
-        raise _Transient(f"HTTP {e.code}") from None
+        raise _Transient(f"HTTP {e.code}", e.code,
+                         e.headers.get("Retry-After") if e.headers is not None else None) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         raise _Transient(_reason(e)) from None
     with resp:

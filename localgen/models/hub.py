@@ -17,6 +17,7 @@ from localgen.models.hfcache import COMMIT, check_repo_id, safe_filename
 from localgen.models.quant import RemoteFile
 
 RETRIES = 3
+MAX_WAIT = 60  # seconds: the most one retry waits for a Retry-After (the Hub's API, and every file download)
 _peers = threading.local()  # public_peers_only's flag, for the thread that set it
 
 
@@ -181,8 +182,9 @@ def auth_headers() -> dict[str, str]:
     return dict(build_hf_headers(library_name="localgen"))
 
 
-def list_repo(repo: str, revision: str = "main") -> RepoListing:
-    """The repo's files at a revision, with the SHA-256 the Hub publishes for each LFS file."""
+def list_repo(repo: str, revision: str = "main", note: Callable[[str], None] | None = None) -> RepoListing:
+    """The repo's files at a revision, with the SHA-256 the Hub publishes for each LFS file. `note`: told of each
+    wait a 429 or 503's Retry-After asks for."""
     hub_url = endpoint()  # before huggingface_hub's import, which a bad HF_ENDPOINT breaks
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hf_errors
@@ -211,8 +213,16 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
                     f"the Hub refused access to {repo} ({status}): it is gated or private",
                     hint="accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)",
                 ) from None
-            if attempt + 1 == RETRIES or (status is not None and status < 500):
-                raise LocalgenError(f"the Hub answered {status or 'an error'} for {repo}") from None
+            if attempt + 1 == RETRIES or (status is not None and status < 500 and status != 429):
+                raise LocalgenError(f"the Hub answered {status or 'an error'} for {repo}",
+                                    hint=RATE_HINT if status == 429 else None) from None
+            asked = retry_after(e.response.headers.get("Retry-After")) if status in (429, 503) else None
+            if asked is not None:  # the Hub over a user's rate (429) or busy (503) says when to come back
+                wait = min(asked, MAX_WAIT)
+                if note is not None:
+                    note(waiting("the Hub", asked, wait, status))
+                time.sleep(wait)
+                continue
         except hf_errors.OfflineModeIsEnabled:
             raise HubUnreachableError("HF_HUB_OFFLINE is set; only cached models can be used") from None
         except (OSError, *_transport_errors()) as e:  # type: ignore[misc]
@@ -232,6 +242,38 @@ def list_repo(repo: str, revision: str = "main") -> RepoListing:
         size = s.lfs.size if s.lfs else (s.size or 0)
         files.append(RemoteFile(name=name, size=int(size), sha256=sha))
     return RepoListing(repo=repo, revision=revision, commit=commit, files=tuple(files))
+
+
+RATE_HINT = "the Hub limits requests per user: try again in a few minutes (with HF_TOKEN set the limit is higher)"
+
+
+def retry_after(value: str | None, cap: float | None = None) -> float | None:
+    """Retry-After in seconds (RFC 9110: delay-seconds, or an HTTP-date, read as the seconds from now to it), at
+    most `cap` where one is given: a server asking for longer gets a retry at that point all the same; None for
+    a value that is neither (a negative number, garbage)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():  # "²" is a digit int() refuses
+        seconds = float(min(int(text), 1 << 40))  # digits enough to overflow a float are as absurd as 2**40 s
+    else:
+        import email.utils
+        from datetime import UTC, datetime
+
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:  # an HTTP-date is GMT
+            when = when.replace(tzinfo=UTC)
+        seconds = max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    return seconds if cap is None else min(seconds, float(cap))
+
+
+def waiting(who: str, asked: float, wait: float, status: int | None) -> str:
+    """The line a retry that waits for a Retry-After says: what the server asked, and what is waited."""
+    then = "trying again after that" if wait >= asked else f"trying again in {wait:.0f} s"
+    return f"{who} asked to wait {asked:.0f} s (HTTP {status}); {then}"
 
 
 def connection_reason(e: BaseException) -> str:

@@ -158,7 +158,8 @@ class Session:
                 if (e.code < 500 and e.code != 429) or attempt + 1 == registry.RETRIES:
                     raise LocalgenError(f"{self.name.host} answered {e.code} for the manifest of "
                                         f"{self.name.short}") from None
-                wait = registry.retry_after(e.headers.get("Retry-After") if e.headers is not None else None)
+                wait = hub.retry_after(e.headers.get("Retry-After") if e.headers is not None else None,
+                                       registry.MAX_RETRY_AFTER)
                 if wait is not None:
                     time.sleep(wait)
                     continue

@@ -260,7 +260,7 @@ def fetch_manifest(name: OllamaName, guard: Callable[[str, str], None] | None = 
                                     "private or needs a login, which localgen cannot give") from None
             if (e.code < 500 and e.code != 429) or attempt + 1 == RETRIES:
                 raise LocalgenError(f"{name.host} answered {e.code} for the manifest of {name.ollama}") from None
-            wait = retry_after(e.headers.get("Retry-After") if e.headers is not None else None)
+            wait = hub.retry_after(e.headers.get("Retry-After") if e.headers is not None else None, MAX_RETRY_AFTER)
             if wait is not None:  # a registry over its rate (429) or busy (503) says when to come back
                 time.sleep(wait)
                 continue
@@ -274,27 +274,6 @@ def fetch_manifest(name: OllamaName, guard: Callable[[str, str], None] | None = 
                 ) from None
         time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")  # the loop returns or raises
-
-
-def retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (RFC 9110: delay-seconds, or an HTTP-date, read as the seconds from now to it), at
-    most MAX_RETRY_AFTER: a registry asking for longer gets a retry at that point all the same; None for a value
-    that is neither."""
-    if value is None:
-        return None
-    text = value.strip()
-    if text.isascii() and text.isdigit():  # "²" is a digit int() refuses
-        return float(min(int(text), MAX_RETRY_AFTER))
-    import email.utils
-    from datetime import UTC, datetime
-
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP-date is GMT
-        when = when.replace(tzinfo=UTC)
-    return float(min(max((when - datetime.now(UTC)).total_seconds(), 0.0), MAX_RETRY_AFTER))
 
 
 def _too_big(name: OllamaName, size: str) -> LocalgenError:

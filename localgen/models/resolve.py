@@ -355,7 +355,7 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
     from localgen.models import hub
 
     s = t.spec
-    listing = hub.list_repo(s.repo, s.revision)
+    listing = hub.list_repo(s.repo, s.revision, progress.note)
     option = choose(group_options(list(listing.files)), t, s.repo)
     from localgen.models import download
 
