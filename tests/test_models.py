@@ -1257,6 +1257,11 @@ def test_a_429_from_the_hubs_api_waits_its_retry_after_and_the_pull_goes_on(env:
     assert "the Hub asked to wait 1 s (HTTP 429); trying again after that" in r.stderr, r.stderr
     kinds = ["api" if q.startswith("GET /api/models/") else "file" for q in hub.requests if "/api/agent" not in q]
     assert kinds == ["api", "api", "file"], hub.requests  # asked again, and only then the download
+    hub.requests.clear()
+    hub.fail_listings.append(429)
+    listed = lg(env, "pull", REPO, "--list")  # it waited without a word
+    assert listed.returncode == 0, listed.stderr
+    assert "the Hub asked to wait 1 s (HTTP 429); trying again after that" in listed.stderr, listed.stderr
 
 
 def test_a_429_from_the_hubs_api_every_time_is_one_line_with_a_hint(env: dict[str, str],

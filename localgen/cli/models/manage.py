@@ -162,7 +162,7 @@ def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
     from localgen.types import LoadParams
 
     s = target.spec
-    listing = hub.list_repo(s.repo, s.revision)
+    listing = hub.list_repo(s.repo, s.revision, lambda line: print(line, file=sys.stderr, flush=True))
     options = group_options(list(listing.files))
     if not options:
         raise LocalgenError(f"{s.repo} has no GGUF model files")
