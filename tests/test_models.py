@@ -314,10 +314,12 @@ def test_hub_errors_are_one_line(env: dict[str, str], hub: hub_server.FakeHub, s
 
 def test_transient_5xx_is_retried(env: dict[str, str], hub: hub_server.FakeHub,
                                   model_file: hub_server.HubFile) -> None:
-    hub.fail_statuses.append(503)  # the listing
+    hub.fail_listings.append(503)  # the listing (/api/models/...), once
     hub.fail_downloads.extend([503, 502])  # the file's own download loop, twice
     r = lg(env, "pull", f"{REPO}:Q4_1")
     assert r.returncode == 0, r.stderr
+    listings = [q for q in hub.requests if q.startswith("GET /api/models/")]
+    assert len(listings) >= 2 and not hub.fail_listings, "the listing's 503 was retried"
     gets = [q for q in hub.requests if q.startswith("GET") and FILE in q]
     assert len(gets) == 3, gets
     assert "HTTP 503; retrying" in r.stderr and "HTTP 502; retrying" in r.stderr
