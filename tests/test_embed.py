@@ -10,13 +10,16 @@ import json
 import math
 import os
 import re
+import signal
 import struct
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from localgen.cli.embed import STEP
 from localgen.embeddings.store import text_id
 from tests.conftest import CLI, ROOT, reference_kernels
 from tests.test_serve import Server
@@ -51,6 +54,28 @@ def test_embed_prints_one_normalised_vector_per_text(cli: CLI) -> None:
     assert _cos(alone, vecs[2]) > 0.99999, "a text batched with others embeds as it does alone"
     piped = cli("embed", input="\n".join(TEXTS) + "\n\n")
     assert _vectors(piped) == vecs, "stdin lines, blank ones skipped"
+
+
+def test_printed_vectors_stream_a_step_at_a_time(cli: CLI, tmp_path: Path) -> None:
+    """The NDJSON lines come out as each step of texts is embedded, not all at the end: Ctrl-C after the first
+    leaves those printed (and `| head -1` ends the work). A text too long for the window, wherever it is, is the
+    error before any line is printed."""
+    f = tmp_path / "many.txt"
+    f.write_text("".join(f"line {n} of many\n" for n in range(1, 1001)))
+    # (base64 of 2 floats: a step's lines are a few KB, written whole to the pipe)
+    p = cli.popen("embed", "--file", str(f), "--dimensions", "2", "--format", "base64", stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE, text=True)
+    first = p.stdout.readline()
+    p.send_signal(signal.SIGINT)
+    rest, err = p.communicate(timeout=120)
+    lines = [first, *rest.splitlines(keepends=True)]
+    assert p.returncode == 130 and 1 <= len(lines) < 1000, (p.returncode, len(lines), err)
+    assert len(lines) % STEP == 0, f"{len(lines)} lines: whole steps printed as each was embedded"
+    assert [json.loads(line)["id"] for line in lines] == [str(n) for n in range(1, len(lines) + 1)]
+    f.write_text("".join(f"line {n}\n" for n in range(1, 100)) + "word " * 300 + "\n")
+    r = cli("embed", "--file", str(f), "--ctx", "128")
+    assert r.returncode != 0 and r.stdout == "", r.stdout[:200]
+    assert "a text is" in r.stderr and "tokens" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_embed_options(cli: CLI, tmp_path: Path) -> None:

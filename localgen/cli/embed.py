@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -333,8 +333,11 @@ def run_embed(f: EmbedArgs) -> None:
             skip, todo = set(), items
         vectors: list[Any] = []
         interrupted = False
+        # printed vectors stream (each step's lines as it ends, none kept): `| head -1` ends it, and 100,000 texts
+        # do not hold 100,000 vectors; --json is one object and --store one transaction, made at the end
+        emit = None if f.store or f.json_out else _vector_lines(f, todo)
         try:
-            _embed_steps(backend, [t for _, t in todo], f, vectors)
+            _embed_steps(backend, [t for _, t in todo], f, vectors, emit)
         except KeyboardInterrupt:
             if not (f.store and vectors) or f.replace:  # --replace: the collection as it was, or as asked
                 raise
@@ -367,7 +370,8 @@ def run_embed(f: EmbedArgs) -> None:
         if f.docs and reused:  # a document's texts came from another: the same file by another path?
             _warn_copies(err, f.store, [d for d, _ in docs])
         return
-    _print_vectors(f, name, pooling, todo, vectors)
+    if emit is None:
+        _print_vectors(f, name, pooling, todo, vectors)
 
 
 NAMED_COPIES = 3  # documents named in warnings that they hold texts stored already; the rest counted
@@ -426,33 +430,65 @@ def _check_flags(f: EmbedArgs) -> None:
                          "--store prints none (it stores them)", hint="leave out " + " and ".join(shaping))
 
 
-def _print_vectors(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, str]], vectors: list[Any]) -> None:
-    """NDJSON lines {"id", "embedding", "tokens"}, or with --json one object with the model's name and pooling."""
+def _vector(f: EmbedArgs, ident: str, v: Any) -> dict[str, Any]:
+    """One text's printed entry: {"id", "embedding", "tokens"}, the vector as floats or (--format base64) float32."""
     from localgen.embeddings import store as collections
 
-    data = [{"id": i, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
-            for (i, _), v in zip(todo, vectors, strict=True)]
-    if f.json_out:
-        doc = {"model": model, "pooling": pooling, "dimensions": len(vectors[0].vector), "normalized": f.normalize,
-               "data": data, "tokens": sum(v.tokens for v in vectors)}
-        _ndjson([doc])
-        return
-    _ndjson(data)
+    return {"id": ident, "embedding": collections.b64(v.vector) if f.fmt == "base64" else v.vector, "tokens": v.tokens}
+
+
+def _print_vectors(f: EmbedArgs, model: str, pooling: str, todo: list[tuple[str, str]], vectors: list[Any]) -> None:
+    """With --json: one object with the model's name and pooling, and every text's entry."""
+    data = [_vector(f, i, v) for (i, _), v in zip(todo, vectors, strict=True)]
+    doc = {"model": model, "pooling": pooling, "dimensions": len(vectors[0].vector), "normalized": f.normalize,
+           "data": data, "tokens": sum(v.tokens for v in vectors)}
+    _ndjson([doc])
+
+
+def _vector_lines(f: EmbedArgs, todo: list[tuple[str, str]]) -> Callable[[int, list[Any]], bool]:
+    """What prints each step's vectors as NDJSON lines, `todo[start]`'s first; it says False once the reader has
+    gone away."""
+    import json
+
+    from localgen.cli.output import TextWriter
+
+    out = TextWriter(sys.stdout)
+
+    def emit(start: int, vectors: list[Any]) -> bool:
+        lines = [json.dumps(_vector(f, todo[start + k][0], v), ensure_ascii=False) + "\n"
+                 for k, v in enumerate(vectors)]
+        return out.write("".join(lines))
+
+    return emit
 
 
 STEP = 64  # texts embedded at a time: how far it is shows on a terminal, and Ctrl-C with --store keeps them
 
 
-def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any]) -> None:
-    """Embed the texts into `done`, STEP at a time (so an interrupt leaves what was embedded there), saying how far
-    on stderr when it is a terminal and there is more than one step."""
+def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any],
+                 emit: Callable[[int, list[Any]], bool] | None = None) -> None:
+    """Embed the texts STEP at a time, saying how far on stderr when it is a terminal and there is more than one
+    step: each step's vectors into `done` (so an interrupt leaves what was embedded there), or given `emit`, to it
+    and not kept (`emit` saying False, the reader gone, ends it). Without --truncate every text is tokenized
+    first: one too long for the window is the error before any is embedded, printed or stored."""
+    if not f.truncate:
+        embedder = backend.embedder(f.pooling)
+        for t in texts:
+            embedder.tokens(t)  # raises for a text past the window (tokenizing costs little beside embedding)
     err = sys.stderr
-    show = err is not None and err.isatty() and len(texts) > STEP
+    # (not where the printed lines go to the same terminal: they would run into it)
+    show = err is not None and err.isatty() and len(texts) > STEP and (emit is None or not sys.stdout.isatty())
+    made = 0
     try:
         for start in range(0, len(texts), STEP):
-            done += backend.embed(texts[start:start + STEP], f.pooling, f.normalize, f.dimensions, f.truncate)
+            got = backend.embed(texts[start:start + STEP], f.pooling, f.normalize, f.dimensions, f.truncate)
+            made += len(got)
+            if emit is None:
+                done += got
+            elif not emit(start, got):
+                return
             if show:
-                err.write(f"\rembedding: {len(done):,} of {len(texts):,}")
+                err.write(f"\rembedding: {made:,} of {len(texts):,}")
                 err.flush()
     finally:
         if show:
