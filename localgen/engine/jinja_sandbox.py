@@ -1,0 +1,587 @@
+"""The Jinja environment chat templates run in (engine/template.py): immutable and sandboxed, with a size cap on
+every string, list or dict a template builds, checked before it is built (so that no single C-level step,
+which the render's time limit cannot stop, runs long), bounded widths, integers and batches, a linear `sum`,
+and amplifying filters and methods bounded or refused."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import json
+import operator
+from typing import Any
+
+MAX_OUTPUT = 4 << 20  # characters; a prompt this long would not fit any context anyway
+MAX_SEQUENCE = 1 << 20  # result size of `*` on strings and lists
+# size of any string or list a template builds (`~`, `+`, `%`, format, join, replace, a filter's or a call's
+# result, a literal), measured as the text str() would make of it: a message's content is concatenated whole,
+# so the bound is the output's. Every C-level step a template can take (str() of a list, a comparison, a sort,
+# json.dumps) is linear in the sizes it is given, so with them bounded no single one runs for long.
+MAX_BUILT = MAX_OUTPUT
+FLOAT_REPR = 24  # characters of a float's repr or JSON at most: -1.7976931348623157e+308
+FLOAT_FORMATTED = 330  # of one formatted ('%f' of 1e308 writes every digit)
+MAX_WIDTH = 100_000  # widths, paddings and precisions in formats and string methods
+MAX_INT_BITS = 1 << 16  # results of ** and * on integers
+MAX_BATCH = 10_000  # the batch and slice filters' counts (each may fill that many places)
+
+
+def _check_built(size: int, what: str = "string") -> None:
+    """Refuse a string or list of `size` before it is built."""
+    if size > MAX_BUILT:
+        from jinja2.exceptions import SecurityError
+
+        raise SecurityError(f"{what} too long ({size:,} > {MAX_BUILT:,})")
+
+
+class _Measure:
+    """Upper bounds of the text str() (repr, for what is inside a container) or json.dumps makes of a value,
+    counting a value held twice twice (a list of a million references to one list is a million lists), walked
+    once per object, and given up once past the limit."""
+
+    def __init__(self, json_style: bool = False, ensure_ascii: bool = False, per_item: int = 2,
+                 indent: int = 0, floats: int = FLOAT_REPR) -> None:
+        self.json_style = json_style
+        self.floats = floats  # a float's characters: its repr's (or JSON's), or a format's ('%f' of 1e308: 330)
+        self.ensure_ascii = ensure_ascii
+        self.per_item = per_item  # separators between items, between a key and its value
+        self.indent = indent  # json's indent: each item on its own line, indented by its depth
+        self.seen: dict[tuple[int, int], int] = {}
+
+    def text(self, value: Any) -> int:
+        """Of str(value)."""
+        if isinstance(value, str):
+            return len(value)
+        return self.of(value)
+
+    def of(self, value: Any, depth: int = 0) -> int:
+        """Of repr(value) or the JSON of value."""
+        if isinstance(value, str):
+            return self._string(value)
+        if isinstance(value, bool) or value is None:
+            return 5
+        if isinstance(value, int):
+            return value.bit_length() // 3 + 2
+        if isinstance(value, float):
+            return self.floats
+        key = (id(value), depth if self.indent else 0)
+        if key in self.seen:
+            return self.seen[key]
+        items = _items(value)
+        if items is None:
+            return 200  # an object's repr: <Macro 'm'>, <generator object ...>, an undefined
+        self.seen[key] = 16  # a container holding itself: repr writes [...]
+        line = 1 + self.indent * (depth + 1) if self.indent else 0
+        flat = self._flat(items, line) if isinstance(items, (list, tuple, set, frozenset)) else None
+        if flat is not None:
+            self.seen[key] = flat
+            return flat
+        listed = items if isinstance(items, (list, tuple)) else list(items)
+        # the brackets (and a name: <Namespace {...}>, dict_items([...])), the closing line, the separators
+        total = (2 if isinstance(value, (list, tuple, dict)) else 16) + line + len(listed) * (self.per_item + line)
+        # each object measured once, times the places that hold it (counted in C: a million places is quick)
+        times = collections.Counter(map(id, listed))
+        for at, item in dict(zip(map(id, listed), listed, strict=True)).items():
+            total += self.of(item, depth + 1) * times[at]
+            if total > MAX_BUILT:
+                break
+        self.seen[key] = total
+        return total
+
+    def _flat(self, items: Any, line: int) -> int | None:
+        """A list of strings or of numbers measured in C, without a Python call an item (a template's loop
+        of `+` measures its list each time)."""
+        import json.encoder
+
+        kinds = set(map(type, items))
+        extra = len(items) * (self.per_item + line) + 18
+        if kinds <= {str}:
+            if self.json_style:
+                encode = json.encoder.encode_basestring_ascii if self.ensure_ascii else \
+                    json.encoder.encode_basestring
+                return sum(map(len, map(encode, items))) + extra
+            if all(map(str.isprintable, items)):
+                escaped = sum(map(operator.methodcaller("count", "\\"), items)) + sum(
+                    map(operator.methodcaller("count", "'"), items))
+                return int(sum(map(len, items))) + int(escaped) + 2 * len(items) + extra
+            return int(sum(map(len, map(repr, items)))) + extra
+        if kinds <= {int, bool}:
+            return sum(map(int.bit_length, items)) // 3 + 5 * len(items) + extra
+        if kinds <= {float}:
+            return self.floats * len(items) + extra
+        return None
+
+    def _string(self, s: str) -> int:
+        import json.encoder
+
+        if self.json_style:
+            encode = json.encoder.encode_basestring_ascii if self.ensure_ascii else json.encoder.encode_basestring
+            return len(encode(s))
+        if s.isprintable():  # repr escapes only backslashes and quotes
+            return len(s) + s.count("\\") + s.count("'") + 2
+        return len(repr(s))
+
+
+def _items(value: Any) -> Any:
+    """What str() of a container writes, flattened (a dict's keys and values), or None for another object."""
+    from collections.abc import ItemsView, KeysView, ValuesView
+
+    from jinja2.utils import Namespace
+
+    if isinstance(value, (list, tuple, set, frozenset, KeysView, ValuesView)):
+        return value
+    if isinstance(value, (dict, ItemsView)):
+        return _flat(value.items() if isinstance(value, dict) else value)
+    if isinstance(value, Namespace):
+        return _flat(object.__getattribute__(value, "_Namespace__attrs").items())
+    return None
+
+
+def _flat(pairs: Any) -> Any:
+    return itertools.chain.from_iterable(pairs)
+
+
+def _what(value: Any) -> str:
+    return "string" if isinstance(value, str) else "list" if isinstance(value, (list, tuple)) else \
+        "dict" if isinstance(value, dict) else "value"
+
+
+def _check_text(value: Any) -> Any:
+    """Refuse a value whose text (str() of it) would be past MAX_BUILT, before it is made; returns it."""
+    _check_built(_Measure().text(value), _what(value))
+    return value
+
+
+def _check_value(value: Any) -> Any:
+    """A value a template built (a filter's, a call's result, a literal): refused past MAX_BUILT."""
+    if isinstance(value, str):
+        _check_built(len(value))
+    elif _items(value) is not None:
+        _check_built(_Measure().of(value), _what(value))
+    return value
+
+
+def _bounded_concat(seq: Any) -> str:
+    """`a ~ b ~ ...` (jinja's str_join), refused before a result past MAX_BUILT is built."""
+    measure = _Measure()
+    _check_built(sum(measure.text(x) for x in seq))
+    return "".join(str(x) for x in seq)
+
+
+class _TextBuffer(list[str]):
+    """Where Jinja collects the text of a block (a macro, a `{% set %}` block, a loop's): refused once past
+    MAX_BUILT, as it grows."""
+
+    size = 0
+
+    def append(self, piece: str) -> None:
+        self.size += len(piece)
+        _check_built(self.size)
+        super().append(piece)
+
+    def extend(self, pieces: Any) -> None:
+        for piece in pieces:
+            self.append(piece)
+
+
+def _bounded_join(pieces: Any) -> str:
+    """The text of a block (a macro's, a `{% set %}` block's, a filter block's), refused past MAX_BUILT."""
+    listed = list(pieces)
+    _check_built(sum(len(x) for x in listed))
+    return "".join(listed)
+
+
+def _check_join(sep: str, items: Any) -> list[Any]:
+    """`sep.join(items)` or `items|join(sep)`: the items listed and their total refused past MAX_BUILT."""
+    listed = list(items)
+    _check_built(_texts(listed) + len(sep) * len(listed))
+    return listed
+
+
+def _texts(listed: list[Any]) -> int:
+    """A bound of the length of str() of each of `listed`, together."""
+    if set(map(type, listed)) <= {str}:
+        return sum(map(len, listed))
+    measure = _Measure()
+    return sum(measure.text(x) for x in listed)
+
+
+def _percent_bound(fmt: str, args: Any) -> int:
+    """An upper bound of `fmt % args`'s length, its widths and precisions refused past MAX_WIDTH."""
+    widths = _check_percent_format(fmt, args)
+    measure = _Measure(floats=FLOAT_FORMATTED)
+    if isinstance(args, tuple):  # each placeholder takes its own argument
+        filled = sum(measure.of(a) for a in args)
+    else:  # one argument, or a mapping whose keys a placeholder may name again and again
+        values = list(args.values()) if isinstance(args, dict) else [args]
+        filled = fmt.count("%") * max((measure.of(v) for v in values), default=0)
+    return len(fmt) + filled + widths
+
+
+def _check_percent_format(fmt: str, args: Any) -> int:
+    """`fmt % args`: refuse widths or precisions past MAX_WIDTH (they allocate that many characters); their
+    sum."""
+    import re
+
+    from jinja2.exceptions import SecurityError
+
+    values = args if isinstance(args, tuple) else (args,)
+    total = 0
+    for m in re.finditer(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?", fmt):
+        for g in m.groups():
+            if g is None:
+                continue
+            n = max((abs(v) for v in values if isinstance(v, int)), default=0) if g == "*" else int(g)
+            if n > MAX_WIDTH:
+                raise SecurityError("format width too large")
+            total += n
+    return total
+
+
+def _check_brace_format(fmt: str) -> int:
+    """`fmt.format(...)`: the same for the format specs of {} fields."""
+    import re
+    import string
+
+    from jinja2.exceptions import SecurityError
+
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return 0  # str.format raises the same error itself
+    total = 0
+    for _literal, _name, spec, _conv in fields:
+        for d in re.findall(r"\d+", spec or ""):
+            if int(d) > MAX_WIDTH:
+                raise SecurityError("format width too large")
+            total += int(d)
+    return total
+
+
+def _capped(name: str, fn: Any) -> Any:
+    """A string filter whose numeric arguments may not exceed MAX_WIDTH."""
+    def wrapper(value: Any, *args: Any, **kwargs: Any) -> Any:
+        from jinja2.exceptions import SecurityError
+
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_WIDTH:
+                raise SecurityError(f"{name} width too large")
+        return fn(value, *args, **kwargs)
+
+    return functools.update_wrapper(wrapper, fn)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """Hugging Face's tojson: plain json.dumps (no HTML escaping), non-ASCII kept; refused before a text past
+    MAX_BUILT."""
+    if isinstance(indent, int) and indent > MAX_WIDTH:
+        from jinja2.exceptions import SecurityError
+
+        raise SecurityError("tojson indent too large")
+    width = len(indent) if isinstance(indent, str) else indent if isinstance(indent, int) else 0
+    seps = separators if isinstance(separators, (tuple, list)) and len(separators) == 2 else (", ", ": ")
+    per_item = sum(len(s) if isinstance(s, str) else 2 for s in seps)
+    if indent is None:  # every value a template holds was bounded as it was built (its repr, each place that holds an
+        # object counted), and its JSON with no indent is at most a few times that (12 characters for an astral
+        # character under ensure_ascii): made first, then checked, as a Python walk of it under the time limit's
+        # tracer cost ten times json.dumps (a request's tools, rendered for each request)
+        out = json.dumps(value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
+        _check_built(len(out))
+        return out
+    _check_built(_Measure(True, bool(ensure_ascii), per_item, width).of(value))  # an indent grows with the depth
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _sum(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0) -> Any:
+    """Jinja's sum filter, without Python's sum: that adds lists in one C loop, in time quadratic in their
+    number (a million one-item lists froze the process). Numbers are added by Python's sum; anything else one
+    at a time, each result refused past MAX_BUILT."""
+    from jinja2.filters import make_attrgetter
+
+    items = list(iterable)
+    if attribute is not None:
+        get = make_attrgetter(environment, attribute)
+        items = [get(x) for x in items]
+    kinds = {type(start), *map(type, items)}
+    if kinds <= {int, float, bool}:
+        return sum(items, start)
+    if kinds in ({list}, {tuple}):
+        measure = _Measure()
+        _check_built(measure.of(start) + measure.of(items), "list")
+        joined = list(itertools.chain(start, *items))
+        return joined if isinstance(start, list) else tuple(joined)
+    total = start
+    for x in items:  # a step at a time: the time limit can stop it
+        if isinstance(total, (str, list, tuple)) and isinstance(x, (str, list, tuple)):
+            measure = _Measure()
+            _check_built(measure.of(total) + measure.of(x), _what(total))
+        total = total + x
+    return total
+
+
+def _bounded_filters(env: Any) -> None:
+    """Every filter's result is refused past MAX_BUILT; those that could make one far larger than what they
+    are given (a replacement, a format, a join, an indent, a fill) are checked before they run."""
+    from jinja2.exceptions import SecurityError
+
+    filters = env.filters
+    filters["tojson"] = _tojson
+    filters["sum"] = functools.update_wrapper(_sum, filters["sum"])
+    for name in ("center", "truncate"):
+        filters[name] = _capped(name, filters[name])
+
+    def ahead(name: str, check: Any) -> None:
+        original = filters[name]
+        passes = getattr(original, "jinja_pass_arg", None) is not None  # the environment or a context first
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            check(*args[1:] if passes else args, **kwargs)
+            return original(*args, **kwargs)
+
+        filters[name] = functools.update_wrapper(checked, original)
+
+    def replace(s: Any, old: Any, new: Any, count: Any = None) -> None:
+        text, old, new = str(_check_text(s)), str(old), str(new)
+        n = text.count(old) if old else len(text) + 1
+        if isinstance(count, int) and count >= 0:
+            n = min(n, count)
+        _check_built(len(text) + n * max(0, len(new) - len(old)))
+
+    def format_(value: Any, *args: Any, **kwargs: Any) -> None:
+        if args and kwargs:
+            return  # the filter refuses both itself
+        _check_built(_percent_bound(str(_check_text(value)), kwargs or args))
+
+    def indent(s: Any, width: Any = 4, first: bool = False, blank: bool = False) -> None:
+        text = str(_check_text(s))
+        pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+        if pad > MAX_WIDTH:
+            raise SecurityError("indent width too large")
+        _check_built(len(text) + (text.count("\n") + 1) * pad)
+
+    def wordwrap(s: Any, width: int = 79, break_long_words: bool = True, wrapstring: Any = None,
+                 break_on_hyphens: bool = True) -> None:
+        text = str(_check_text(s))
+        if isinstance(width, int) and width > MAX_WIDTH:
+            raise SecurityError("wordwrap width too large")
+        wrap = len(wrapstring) if isinstance(wrapstring, str) else 2  # each line is at least a character
+        _check_built(len(text) + (len(text) + 1) * wrap)
+
+    def fill(name: str) -> Any:
+        def check(value: Any, count: Any, fill_with: Any = None) -> None:
+            if isinstance(count, int) and count > MAX_BATCH:
+                raise SecurityError(f"{name} count too large ({count:,} > {MAX_BATCH:,})")
+        return check
+
+    def text_of(value: Any, *args: Any, **kwargs: Any) -> None:
+        _check_text(value)
+
+    def escaped(value: Any, *args: Any, **kwargs: Any) -> None:
+        text = str(_check_text(value))  # &, <, >, ' and " become at most 5 characters
+        _check_built(len(text) + 4 * sum(text.count(c) for c in "&<>'\""))
+
+    join = filters["join"]
+
+    def join_filter(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> Any:
+        from jinja2.filters import make_attrgetter
+
+        if attribute is not None:
+            value = map(make_attrgetter(eval_ctx.environment, attribute), value)
+        return join(eval_ctx, _check_join(str(d), value), d)  # listed: a generator is read once
+
+    filters["join"] = functools.update_wrapper(join_filter, join)
+    ahead("replace", replace)
+    ahead("format", format_)
+    ahead("indent", indent)
+    ahead("wordwrap", wordwrap)
+    ahead("batch", fill("batch"))
+    ahead("slice", fill("slice"))
+    for name in ("string", "pprint", "upper", "lower", "title", "capitalize", "trim", "striptags", "urlize",
+                 "urlencode", "wordcount", "reverse", "list", "unique", "sort", "dictsort", "xmlattr"):
+        ahead(name, text_of)
+    for name in ("e", "escape", "forceescape"):
+        ahead(name, escaped)
+    for name, original in list(filters.items()):
+        filters[name] = _results_checked(original)
+
+
+def _results_checked(fn: Any) -> Any:
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        return _check_value(fn(*args, **kwargs))
+
+    return functools.update_wrapper(checked, fn)
+
+
+def _generation_tag() -> Any:
+    """HF's `{% generation %}...{% endgeneration %}` (marks assistant text for training masks): renders its
+    body, as transformers and llama-cpp-python do."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}  # noqa: RUF012 (jinja's API)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    return GenerationTag
+
+
+def _sandbox_class() -> Any:
+    """The immutable sandbox with caps on what a template's operators, literals, calls and string methods may
+    allocate."""
+    import jinja2.sandbox
+    from jinja2.exceptions import SecurityError
+    from jinja2.runtime import BlockReference
+
+    class Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "%", "+"})
+        code_generator_class = _bounded_code_generator()
+        bounded_concat = staticmethod(_bounded_concat)
+        concat = staticmethod(_bounded_join)  # the compiled code's `concat`, for the text of a block
+        text_buffer = _TextBuffer
+        checked = staticmethod(_check_value)
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "%":
+                if isinstance(left, str):
+                    _check_built(_percent_bound(left, right))
+                return left % right
+            if operator == "+":
+                if type(left) is str and type(right) is str:  # (the common case, measured without a _Measure)
+                    _check_built(len(left) + len(right), "string")
+                    return left + right
+                if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                    measure = _Measure()
+                    _check_built(measure.text(left) + measure.text(right), _what(left))
+                return left + right
+            ints = isinstance(left, int) and isinstance(right, int)
+            if operator == "**":
+                if isinstance(right, (int, float)) and abs(right) > 64:
+                    raise SecurityError("exponent too large")
+                if ints and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_INT_BITS:
+                    raise SecurityError("power too large")
+                return left**right
+            if ints and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                raise SecurityError("product too large")
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(n, int) and not isinstance(n, bool) and hasattr(seq, "__len__") and n > 0:
+                    if len(seq) * n > MAX_SEQUENCE:
+                        raise SecurityError("sequence repetition too large")
+                    _check_built(_Measure().text(seq) * n, _what(seq))
+            return left * right
+
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            # bytes have a method for every str one, unchecked; translate maps a character to any string
+            if isinstance(obj, (bytes, bytearray)) or (isinstance(obj, str) and attr in (
+                    "encode", "translate", "maketrans")):
+                return False
+            return bool(super().is_safe_attribute(obj, attr, value))
+
+        def wrap_str_format(self, value: Any) -> Any:
+            wrapped = super().wrap_str_format(value)  # str.format and format_map, at attribute access
+            if wrapped is None:
+                return None
+            fmt = value.__self__
+            widths = _check_brace_format(fmt)
+
+            def bounded(*args: Any, **kwargs: Any) -> Any:
+                values = [*args, *kwargs.values()]
+                if len(args) == 1 and not kwargs and isinstance(args[0], dict):  # format_map
+                    values = list(args[0].values())
+                measure = _Measure(floats=FLOAT_FORMATTED)
+                # each field (at most one per `{`) filled by the longest argument, or a part of one
+                longest = max((measure.of(v) for v in values), default=0)
+                _check_built(len(fmt) + fmt.count("{") * longest + widths)
+                return wrapped(*args, **kwargs)
+
+            return bounded
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            owner = getattr(__obj, "__self__", None)
+            name = getattr(__obj, "__name__", "")
+            if isinstance(owner, str) and name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
+                _capped(name, lambda v, *a, **k: None)(owner, *args, **kwargs)
+                if name == "expandtabs":
+                    size = args[0] if args else kwargs.get("tabsize", 8)
+                    _check_built(len(owner) + owner.count("\t") * (size if isinstance(size, int) else 8))
+            if isinstance(owner, str) and name == "join" and args:
+                args = (_check_join(owner, args[0]), *args[1:])
+            elif isinstance(owner, str) and name == "replace" and len(args) >= 2 and all(
+                    isinstance(a, str) for a in args[:2]):
+                count = owner.count(args[0]) if args[0] else len(owner) + 1
+                if len(args) > 2 and isinstance(args[2], int) and args[2] >= 0:
+                    count = min(count, args[2])
+                _check_built(len(owner) + count * max(0, len(args[1]) - len(args[0])))
+            if isinstance(__obj, BlockReference):  # self.name(), super(): a block's text, joined by Jinja
+                if not __self.is_safe_callable(__obj):
+                    raise SecurityError(f"{__obj!r} is not safely callable")
+                return _bounded_join(__obj._stack[__obj._depth](__obj._context))
+            return _check_value(super().call(__context, __obj, *args, **kwargs))
+
+    return Sandbox
+
+
+def _bounded_code_generator() -> Any:
+    """Jinja's code generator with `~` compiled to the environment's bounded_concat (the sandbox cannot
+    intercept it: it is not a binary operator there), and list, tuple and dict literals checked (a list of
+    one list a hundred times, doubled in a loop, is small in memory and huge as text)."""
+    from jinja2.compiler import CodeGenerator
+
+    class Bounded(CodeGenerator):
+        def visit_Concat(self, node: Any, frame: Any) -> None:
+            self.write("environment.bounded_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+        def buffer(self, frame: Any) -> None:
+            frame.buffer = self.temporary_identifier()
+            self.writeline(f"{frame.buffer} = environment.text_buffer()")
+
+        def visit_List(self, node: Any, frame: Any) -> None:
+            self.write("environment.checked(")
+            super().visit_List(node, frame)
+            self.write(")")
+
+        def visit_Dict(self, node: Any, frame: Any) -> None:
+            self.write("environment.checked(")
+            super().visit_Dict(node, frame)
+            self.write(")")
+
+        def visit_Tuple(self, node: Any, frame: Any) -> None:
+            if node.ctx != "load":  # a target: {% for a, b in ... %}, {% set a, b = ... %}
+                super().visit_Tuple(node, frame)
+                return
+            self.write("environment.checked(")
+            super().visit_Tuple(node, frame)
+            self.write(")")
+
+    return Bounded
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> Any:
+    """One sandboxed environment for every template (its filters are pure; Jinja renders concurrently)."""
+    env = _sandbox_class()(trim_blocks=True, lstrip_blocks=True, finalize=_check_text,
+                           extensions=["jinja2.ext.loopcontrols", _generation_tag()])
+    env.policies["json.dumps_kwargs"] = {"ensure_ascii": False}
+    _bounded_filters(env)
+    lipsum = env.globals["lipsum"]
+
+    def bounded_lipsum(*args: Any, **kwargs: Any) -> str:
+        from jinja2.exceptions import SecurityError
+
+        if any(isinstance(v, int) and v > 1000 for v in (*args, *kwargs.values())):
+            raise SecurityError("lipsum too long")
+        return str(lipsum(*args, **kwargs))
+
+    env.globals["lipsum"] = bounded_lipsum
+    return env
