@@ -389,6 +389,25 @@ def test_a_chat_state_too_long_for_a_smaller_window_is_kept_for_a_larger_one(env
     assert r.returncode == 0 and "restored the KV state" in r.stderr, r.stderr
 
 
+def test_a_resume_into_a_window_the_conversation_outgrew_restores_nothing(env: dict[str, str]) -> None:
+    """A short last prompt (its state fits a 512-token window) with a long answer after it: resumed with --ctx 512 the
+    oldest turns are left out, so the state's prefix is not what is sent; nothing is restored, and nothing claims it
+    (it said "restored the KV state of 30 tokens: the next message evaluates again the last answer (600 tokens)")."""
+    def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
+        r = CLI(env)("chat", *args, "--temperature", "0", "--stats", input=text, timeout=180)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    chat("ko", "-n", "600", "--ignore-eos", text="Tell me about rivers.\n")
+    assert list((Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("ko.*.state"))
+    r = chat("--resume", "ko", "--ctx", "512", text="")
+    assert "restored" not in r.stderr, r.stderr
+    r = chat("--resume", "ko", text="")  # the window that made it: the state is whole, and restored
+    assert "restored the KV state" in r.stderr, r.stderr
+    r = chat("--resume", "ko", "--ctx", "512", "-n", "4", text="And lakes?\n")
+    assert "restored" not in r.stderr and "outgrew the 512-token context" in r.stderr, r.stderr
+
+
 def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp_path: Path) -> None:
     """chat, as run: a system prompt past 256 tokens is saved by the first chat that starts with it and loaded by
     the next (the same file: a new save would replace it); --no-prompt-cache neither saves nor loads it, and the
