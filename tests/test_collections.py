@@ -318,6 +318,29 @@ def test_ctrl_c_keeps_what_was_embedded_and_the_same_command_embeds_the_rest(hcl
     assert len(_held(hcli, "big")) == 128
 
 
+def test_a_kill_keeps_what_was_embedded_and_ends_by_the_signal(hcli: CLI, tmp_path: Path) -> None:
+    """A SIGTERM (`timeout`, a kill) during a long --store run stores what was embedded, as Ctrl-C does, says so,
+    and the process then ends by that signal (it lost every text embedded)."""
+    import signal
+
+    import pexpect
+
+    from tests import terminal
+
+    texts = tmp_path / "long.jsonl"
+    texts.write_text("".join(json.dumps({"id": f"t{i}", "text": f"note {i}: " + "a longer line of text " * 6})
+                             + "\n" for i in range(128)))
+    child = terminal.spawn(hcli.env, ["embed", "--store", "big", "--file", str(texts)], timeout=SAFETY_NET_S)
+    child.expect_exact("embedding: 64 of 128")  # the second step under way
+    child.kill(signal.SIGTERM)
+    child.expect(pexpect.EOF)
+    child.close()
+    said = " ".join(str(child.before).split())
+    assert child.signalstatus == signal.SIGTERM, (child.exitstatus, said)
+    assert "big: 64 of 128 embedded and stored before SIGTERM; the same command again embeds the rest" in said, said
+    assert len(_held(hcli, "big")) == 64
+
+
 def test_a_write_lock_held_past_the_wait_is_said_busy_not_unusable(hcli: CLI, bert: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process holding the write lock past the busy timeout (30 s; a fraction of a second here): the

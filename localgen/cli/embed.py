@@ -296,9 +296,7 @@ def _backend(f: _LoadArgs, model: str | None) -> Any:
 
 def run_embed(f: EmbedArgs) -> None:
     """Embed, print or store."""
-
-    from localgen.cli.output import ErrWriter
-    from localgen.embeddings import store as collections
+    from localgen.cli.signals import term_as_interrupt
 
     _check_flags(f)
     docs: list[tuple[str, str]] = []
@@ -307,6 +305,18 @@ def run_embed(f: EmbedArgs) -> None:
         items = []
     else:
         items = read_texts(f.texts, f.file, by_content=True, unique=bool(f.store))
+    # a SIGTERM or SIGHUP (`timeout`, a closed terminal) stops it as Ctrl-C does, so that what --store embedded is
+    # stored; the process then ends by that signal
+    with term_as_interrupt():
+        _embed_items(f, items, docs)
+
+
+def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[str, str]]) -> None:
+    """Load the model, embed the texts (or with --docs the documents' chunks), print or store them."""
+    from localgen.cli.output import ErrWriter
+    from localgen.cli.signals import ignoring_ctrl_c
+    from localgen.embeddings import store as collections
+
     backend = _backend(f, _typed(f.model))
     reused: dict[str, bytes] = {}
     try:
@@ -347,9 +357,10 @@ def run_embed(f: EmbedArgs) -> None:
     finally:
         backend.close()
     if f.store and interrupted:
-        _store_part(f, collections.Collection(f.store, name, f.model, pooling, len(vectors[0].vector), f.normalize,
-                                              model_id),
-                    todo, vectors, [(i, t, reused[i]) for i, t in items if i in reused])
+        with ignoring_ctrl_c():  # another press of a burst would roll the storing back
+            _store_part(f, collections.Collection(f.store, name, f.model, pooling, len(vectors[0].vector),
+                                                  f.normalize, model_id),
+                        todo, vectors, [(i, t, reused[i]) for i, t in items if i in reused])
         raise KeyboardInterrupt
     if f.store:
         dims = len(vectors[0].vector) if vectors else (f.dimensions or size)
@@ -509,7 +520,12 @@ def _store_part(f: EmbedArgs, made: Collection, todo: list[tuple[str, str]], vec
     rows: list[tuple[str, str, list[float] | bytes]] = [
         (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=False)]
     collections.put(made, rows + list(reused), waiting=err.line_once)
-    err.line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before Ctrl-C; the same command "
+    import signal
+
+    from localgen.cli.signals import ended_by_term
+
+    why = signal.Signals(ended_by_term()).name if ended_by_term() else "Ctrl-C"
+    err.line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before {why}; the same command "
              "again embeds the rest")
 
 
