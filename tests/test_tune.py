@@ -190,8 +190,11 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
     assert settings["n_threads_batch"]["value"] == rec["settings"]["n_threads_batch"]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], cli_in_process: InProcessCLI,
-                                               tmp_path: Path) -> None:
+                                               tmp_path: Path, sig: int) -> None:
+    """Ctrl-C, or a SIGTERM (`timeout`; the process then ends by it, where it kept nothing), keeps the best of the
+    configurations measured whole."""
     cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
     p = cli.popen("tune", "--depth", "0", "--prompt", "16", "--even-if-busy",  # one depth, the shortest prompt
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -200,11 +203,11 @@ def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], cli_in_p
     for raw in p.stderr:
         seen.append(raw.decode())
         if raw.startswith(b"measured "):  # the first configuration is measured whole
-            p.send_signal(signal.SIGINT)
+            p.send_signal(sig)
             break
     out, rest = p.communicate(timeout=600)
     stderr = "".join(seen) + rest.decode()
-    assert p.returncode == 130, stderr
+    assert p.returncode == (130 if sig == signal.SIGINT else -sig), stderr
     assert "before the interrupt" in stderr and "Traceback" not in stderr
     assert b"fastest first" in out
     records = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})  # no model: in this process

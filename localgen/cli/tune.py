@@ -97,7 +97,10 @@ def tune(
         ErrWriter().warn(text)
     _check_memory(ref, plan, parallel)
     tuning.check_writable()  # a record that cannot be kept is refused before the minutes of measuring
-    _run(ref, plan, parallel, as_json, even_if_busy)
+    from localgen.cli.signals import term_as_interrupt
+
+    with term_as_interrupt():  # a SIGTERM or SIGHUP (`timeout`) stops it as Ctrl-C does: what was measured is kept
+        _run(ref, plan, parallel, as_json, even_if_busy)
 
 
 def _unreadable(n: int, done: str) -> None:

@@ -133,7 +133,10 @@ def bench(
                  ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
                  reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact,
                  kv_unified=knobs.get("kv_unified"), kv_typed=knobs.typed("kv_unified"))
-    _measure(plan, measuring.output, offline, servers)
+    from localgen.cli.signals import term_as_interrupt
+
+    with term_as_interrupt():  # a SIGTERM or SIGHUP (`timeout`) stops it as Ctrl-C does: what was measured is shown
+        _measure(plan, measuring.output, offline, servers)
 
 
 def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values, threads: Values, ngl: Values,
