@@ -184,9 +184,11 @@ def test_a_fan_out_drops_an_endpoint_that_refuses_and_the_healthy_one_answers_ev
     assert refusing.seen <= 2, "dropped at its first refusal (one per line in flight)"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_writes_the_answers_held_behind_a_silent_line_and_resume_skips_them(
-        cli: CLI, raw: Callable[..., Raw], tmp_path: Path) -> None:
-    """docs/remote.md, Resuming: with --json, a stop writes the answers held behind an unanswered line (out of
+        cli: CLI, raw: Callable[..., Raw], tmp_path: Path, sig: int) -> None:
+    """docs/remote.md, Resuming: with --json, a stop (Ctrl-C, or a SIGTERM: a scheduler's time limit, which then
+    ends the process by it; it wrote none of them) writes the answers held behind an unanswered line (out of
     order, each with its line number), and --resume-from then runs only the rest."""
     def hang(path: str, auth: str, conn: socket.socket) -> None:
         time.sleep(60)
@@ -202,9 +204,9 @@ def test_ctrl_c_writes_the_answers_held_behind_a_silent_line_and_resume_skips_th
         while good.seen < 9 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
+    assert p.returncode == (130 if sig == signal.SIGINT else -sig), err
     assert good.seen == 9 and out.read_text(), (good.seen, err)
     held = [json.loads(x) for x in out.read_text().splitlines()]
     assert sorted(d["line"] for d in held) == list(range(2, 11)) and all(d["text"] == "ok" for d in held), held

@@ -150,9 +150,14 @@ class BatchOptions:
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
     """Complete every line; returns the exit status (1 if any line failed). A line past MAX_PROMPT_TEXT ends the
     input there: the lines before it are answered and written, then its UsageError is raised."""
+    from localgen.cli.signals import term_as_interrupt
+
     resumed = _resume(opts.resume_from)
     try:
-        return _run(backend, source, base, opts, resumed)
+        # a SIGTERM (a scheduler's time limit, `timeout`) or a SIGHUP stops it as Ctrl-C does, so that with --json the
+        # answers held are written for --resume-from; the process then ends by that signal
+        with term_as_interrupt():
+            return _run(backend, source, base, opts, resumed)
     finally:
         resumed.close()
 
