@@ -132,9 +132,12 @@ def test_a_quality_run_whose_history_fills_up_still_prints_its_rows(cli: CLI, tm
                                 "full")
 
 
-def test_ctrl_c_after_a_ladders_first_row_prints_and_keeps_it(cli: CLI, tmp_path: Path, smollm2_path: Path) -> None:
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_after_a_ladders_first_row_prints_and_keeps_it(cli: CLI, tmp_path: Path, smollm2_path: Path,
+                                                              sig: str) -> None:
     """bench.md: Ctrl-C prints the rows measured and keeps them, exit status 130; here once the reference's row
-    is in and the next file is being measured."""
+    is in and the next file is being measured. A SIGTERM (`timeout`) does the same, then ends the process by it
+    (it printed nothing)."""
     import shutil
     import signal
     import subprocess
@@ -150,10 +153,10 @@ def test_ctrl_c_after_a_ladders_first_row_prints_and_keeps_it(cli: CLI, tmp_path
         line = p.stderr.readline()
         assert line, f"it ended before it could be stopped: {seen!r}"
         seen += line
-    p.send_signal(signal.SIGINT)
+    p.send_signal(getattr(signal, sig))
     rc = p.wait(timeout=120)
     out, err = p.stdout.read().decode(), p.stderr.read().decode()
-    assert rc == 130, err
+    assert rc == (130 if sig == "SIGINT" else -signal.SIGTERM), err
     assert [line.split()[0] for line in out.splitlines()[1:-1]] == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
     assert out.splitlines()[-1] == ("only the reference SmolLM2-135M-Instruct.Q4_1.gguf was measured: no quantization "
                                     "to choose from")

@@ -23,7 +23,16 @@ if TYPE_CHECKING:
 def run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, text_label: str, settings: ms.Settings,
                speed: ladder.Speed, kld_bound: float, output: str | None) -> None:
     """Measure every file against the reference; each row goes to bench's history as it is measured. `output`:
-    None (a table and the verdict), or one of bench's -o formats (show)."""
+    None (a table and the verdict), or one of bench's -o formats (show). A SIGTERM or SIGHUP (`timeout`) stops it
+    as Ctrl-C does, the rows measured printed; the process then ends by that signal."""
+    from localgen.cli.signals import term_as_interrupt
+
+    with term_as_interrupt():
+        _run_ladder(reference, files, text, text_label, settings, speed, kld_bound, output)
+
+
+def _run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, text_label: str,
+                settings: ms.Settings, speed: ladder.Speed, kld_bound: float, output: str | None) -> None:
     from localgen.bench import history, records
     from localgen.cli.output import ErrWriter
     from localgen.cli.perplexity import ChunkView
