@@ -714,7 +714,10 @@ def test_a_batch_that_is_no_multiple_of_the_context_suggests_one(qcli: CLI, test
     assert "give -b 2016, or -b 62" in line
 
 
-def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: Path, sig: int) -> None:
+    """Ctrl-C prints the figures of the windows measured; so does a SIGTERM (`timeout`), after which the process
+    ends by it (it printed nothing)."""
     saved = tmp_path / "kept.logits"
     p = qcli.popen("perplexity", "-m", "smollm2:135m", "-f", str(test_text), "-c", "128", "-b", "128", "-t", "1",
                    "--save-logits", str(saved), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -724,10 +727,10 @@ def test_ctrl_c_prints_what_was_measured(qcli: CLI, test_text: Path, tmp_path: P
         line = p.stderr.readline()
         assert line, "perplexity ended before it could be stopped"
         seen += line
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     rc = p.wait(timeout=60)
     out, err = p.stdout.read().decode(), p.stderr.read().decode()
-    assert rc == 130, err
+    assert rc == (130 if sig == signal.SIGINT else -sig), err
     assert "Final estimate: PPL = " in out
     assert "interrupted after" in err and "the logits file was not written" in err and "Traceback" not in err
     assert err.count("interrupted") == 1, f"one line says it: {err!r}"

@@ -14,7 +14,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.inputfile import check_input, check_model
-from localgen.cli.signals import RestoreOnTerm, one_ctrl_c
+from localgen.cli.signals import RestoreOnTerm, one_ctrl_c, term_as_interrupt
 from localgen.errors import UsageError
 from localgen.types import MIN_CTX_FLAG
 
@@ -98,7 +98,9 @@ def perplexity(
     out: dict[str, Any] = {"text": file or "default", "ctx": ctx}
     temp = None
     measuring = ref  # which model the windows under way belong to: an interrupt says so
-    with one_ctrl_c():  # a second press while the model is freed would lose the figures measured
+    # a second press while the model is freed would lose the figures measured; a SIGTERM or SIGHUP (`timeout`) stops
+    # it as Ctrl-C does, the figures measured shown, then ends the process by that signal
+    with term_as_interrupt(), one_ctrl_c():
         try:
             if ref_model is not None:
                 measuring = ref_model
