@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -395,6 +397,45 @@ def test_a_kill_mid_answer_logs_it_as_far_as_it_came(cli: CLI, tmp_path: Path, s
     assert logged["prompt"] == "Write a long essay about rivers." and logged["finish_reason"] == "cancelled", logged
     assert said.decode().rstrip("\n") and logged["response"].startswith(said.decode().rstrip("\n")), \
         (said, logged["response"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/wchan").exists(), reason="reads where the process waits in /proc")
+def test_a_kill_while_the_reader_stalls_ends_it_at_once(cli: CLI, tmp_path: Path) -> None:
+    """A SIGTERM while stdout's reader has stalled (a full pipe; a terminal paused by Ctrl-S): the answer was logged,
+    then the final newline's write blocked with every later signal ignored, so only SIGKILL ended it (`timeout`
+    never did). It ends at once, by the signal, the answer logged."""
+    import fcntl
+
+    lg = CLI({**cli.env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: the smallest pipe, nearly full
+        os.set_blocking(w, False)
+        os.write(w, b"x" * (fcntl.fcntl(w, 1032) - 20))  # F_GETPIPE_SZ
+        os.set_blocking(w, True)
+        p = lg.popen("run", "-p", "Write a long essay about rivers.", "-n", "2000", "--temperature", "0",
+                     "--ignore-eos", stdout=w, stderr=subprocess.PIPE)
+        os.close(w)
+        w = -1
+        wchan = Path(f"/proc/{p.pid}/wchan")
+        deadline = time.monotonic() + 120
+        while "pipe_write" not in wchan.read_text() and time.monotonic() < deadline:  # blocked writing the answer
+            time.sleep(0.1)
+        assert "pipe_write" in wchan.read_text()
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    assert rc == -signal.SIGTERM, rc
+    [logged] = json.loads(lg("logs", "-n", "1", "--json").stdout)
+    assert logged["finish_reason"] == "cancelled" and logged["response"], logged
 
 
 def test_ctrl_c_before_the_first_word_logs_nothing() -> None:

@@ -269,6 +269,18 @@ def one_ctrl_c() -> Any:
         yield
 
 
+def writable(stream: Any) -> bool:
+    """Whether `stream`'s file takes a write now without blocking (select; a pipe with room, a terminal): after a
+    SIGTERM or SIGHUP, what is left to write is written only where it cannot hang the exit, which a reader that
+    stalled (a full pipe, a terminal paused by Ctrl-S) would, with the signals after the first ignored."""
+    import select
+
+    try:
+        return bool(select.select([], [stream.fileno()], [], 0)[1])
+    except (OSError, ValueError, AttributeError, TypeError):  # closed, no file (a test's stream)
+        return False
+
+
 _ended_by = {"signal": 0}  # the SIGTERM or SIGHUP that stopped an answer inside term_as_interrupt (0: none)
 
 
@@ -317,6 +329,7 @@ def term_as_interrupt() -> Any:
         if signum:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):  # a closed terminal, a reader gone
-                    stream.flush()
+                    if writable(stream):  # a stalled reader: what is left cannot hold the exit up
+                        stream.flush()
             os.kill(os.getpid(), signum)  # its default action again: the status says which signal ended it
             os._exit(128 + signum)  # (not reached where the signal's default action ends it)

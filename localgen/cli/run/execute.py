@@ -20,7 +20,7 @@ from localgen.cli.options.plan import LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
-from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt
+from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt, writable
 from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError
 from localgen.types import GenerationRequest, Message, thinking_args
 
@@ -407,7 +407,8 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
             if ended_by_term():  # logged before anything is written: a closed terminal may fail the writes
                 _cut_off(gen, answer, on_partial)
                 with contextlib.suppress(OSError):
-                    writer.end()
+                    if writable(sys.stdout):  # a stalled reader would hold the exit up, the signals after ignored
+                        writer.end()
                 raise typer.Exit(128 + ended_by_term()) from None
             writer.end()
             err.interrupted()

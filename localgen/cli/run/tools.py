@@ -4,6 +4,7 @@ options/tools.py, as chat's are)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from localgen.cli.echo import EchoOff
 from localgen.cli.options import ToolOptions
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
 from localgen.cli.run.options import ReportOptions
-from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt
+from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt, writable
 from localgen.types import GenerationRequest
 
 
@@ -54,6 +55,9 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
             if ended_by_term():  # logged before anything is written: a closed terminal may fail the writes
                 with ignoring_ctrl_c():
                     cut_off()
+                with contextlib.suppress(OSError):
+                    if writable(sys.stdout):  # (a stalled reader would hold the exit up)
+                        writer.end()
                 raise typer.Exit(128 + ended_by_term()) from None
             writer.end()
             err.interrupted()
