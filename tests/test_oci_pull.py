@@ -370,6 +370,8 @@ def test_retry_after_http_date_is_honoured_and_capped() -> None:
     assert 0.5 < (retry_after(soon, MAX_RETRY_AFTER) or 0) <= 2.0
     assert retry_after(email.utils.formatdate(time.time() + 3600, usegmt=True), MAX_RETRY_AFTER) == MAX_RETRY_AFTER
     assert retry_after("3", MAX_RETRY_AFTER) == 3.0 and retry_after("soon", MAX_RETRY_AFTER) is None
+    # 5,000 digits: past int()'s 4,300, a ValueError traceback from `pull`; as absurd as any huge wait, so capped
+    assert retry_after("9" * 5000, MAX_RETRY_AFTER) == MAX_RETRY_AFTER and retry_after("9" * 5000) == float(1 << 40)
 
 
 def test_503_with_a_retry_after_date_is_retried(lg: Lg, reg: FakeOci) -> None:

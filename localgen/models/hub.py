@@ -255,7 +255,8 @@ def retry_after(value: str | None, cap: float | None = None) -> float | None:
         return None
     text = value.strip()
     if text.isascii() and text.isdigit():  # "²" is a digit int() refuses
-        seconds = float(min(int(text), 1 << 40))  # digits enough to overflow a float are as absurd as 2**40 s
+        # digits enough to overflow a float (or past int()'s 4,300) are as absurd as 2**40 s
+        seconds = float(min(int(text), 1 << 40)) if len(text) <= 15 else float(1 << 40)
     else:
         import email.utils
         from datetime import UTC, datetime
