@@ -234,3 +234,18 @@ def test_an_empty_stop_string_is_dropped_as_llama_server_drops_it_and_anthropic_
     r = client.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "stop_sequences": [""],
                                           "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 400 and "empty string" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(("api", "body", "knob", "value"), [
+    ("openai", {"max_tokens": 3, "max_completion_tokens": None}, "max_tokens", 3),
+    ("openai", {"max_completion_tokens": None, "n_predict": None, "max_tokens": 3}, "max_tokens", 3),
+    ("responses", {"max_output_tokens": 2, "max_tokens": None}, "max_tokens", 2),
+    ("anthropic", {"stop_sequences": ["How"], "stop": None}, "stop", ["How"]),
+    ("openai", {"temperature": None}, "temperature", None),
+])
+def test_a_null_spelling_never_wipes_another_s_value(api: str, body: dict[str, Any], knob: str, value: Any) -> None:
+    """A field sent as null is "not given", as OpenAI reads it: `"max_tokens": 3, "max_completion_tokens": null`
+    answered 9 tokens (the null, read after, wiped the 3)."""
+    from localgen.serve.ask import sampling_values
+
+    assert sampling_values(body, api).get(knob) == value

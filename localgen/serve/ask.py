@@ -63,11 +63,13 @@ def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dic
             value = where[theirs]
             if ours == "stop" and api != "anthropic":  # an empty stop string is dropped, as llama-server drops it
                 value = _without_empty(value)  # (Anthropic's stop_sequences refuse one, as Anthropic does)
-            if value is not None:
-                try:
-                    settings.check(ours, value, prefix + theirs)
-                except UsageError as e:
-                    raise HTTPError(400, e.message, param=prefix + theirs) from None
+            if value is None:  # null is "not given" (as OpenAI reads it): never over another spelling's value
+                out.setdefault(ours, None)
+                continue
+            try:
+                settings.check(ours, value, prefix + theirs)
+            except UsageError as e:
+                raise HTTPError(400, e.message, param=prefix + theirs) from None
             out[ours] = value
     return out
 
