@@ -60,6 +60,10 @@ def check_pattern(pattern: str) -> None:
     if otherwise is not None:  # before re.compile, which warns of it (FutureWarning) on the user's terminal
         raise UsageError(f"--override-tensor: {pattern!r} has {otherwise}, which Python reads otherwise than "
                          "llama.cpp; escape the [ or write the characters out")
+    braces = _bad_braces(pattern)
+    if braces is not None:  # Python takes these as the characters; llama.cpp's std::regex refuses them at load
+        raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression llama.cpp can compile: "
+                         f"{braces}")
     try:
         re.compile(pattern)
     except (re.error, OverflowError, RecursionError) as e:  # a repeat count past C's int overflows
@@ -67,6 +71,39 @@ def check_pattern(pattern: str) -> None:
     if _NOT_ECMASCRIPT.search(pattern):
         raise UsageError(f"--override-tensor: {pattern!r} uses a construct llama.cpp's regular expressions lack "
                          "((?P<..>), (?i), lookbehind, \\A, \\Z, \\N{..}, \\U, a*+)")
+
+
+MAX_REPEAT = 1000  # a {n} llama.cpp's std::regex builds n copies of its atom's states, 100,000 states at most
+
+
+def _bad_braces(pattern: str) -> str | None:
+    """What about a { outside brackets ECMAScript refuses where Python reads the characters (`blk{`, `{2}` first,
+    `a{,3}`), or a repeat count past MAX_REPEAT (std::regex's states run out), in a few words; None if nothing."""
+    i, inside, before = 0, False, ""
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i, before = i + 2, "x"
+            continue
+        if inside:
+            inside = c != "]"
+        elif c == "[":
+            inside = True
+            i += 1 + pattern.startswith("^", i + 1) + pattern.startswith("]", i + 1 + pattern.startswith("^", i + 1))
+            before = "x"
+            continue
+        elif c == "{":
+            m = re.match(r"\{(\d+)(?:,(\d*))?\}", pattern[i:])
+            if m is None:
+                return "a { that is not a repeat such as {2} or {1,3} (write \\{ for the character)"
+            if before in ("", "(", "|") or pattern[:i].endswith(("(?:", "(?=", "(?!")):
+                return f"the repeat {m.group(0)} follows nothing to repeat"
+            if max(int(m.group(1)[:9]), int((m.group(2) or "0")[:9])) > MAX_REPEAT:
+                return f"a repeat count past {MAX_REPEAT:,} ({m.group(0)[:40]})"
+            i, before = i + m.end(), "}"
+            continue
+        i, before = i + 1, c
+    return None
 
 
 def _read_otherwise(pattern: str) -> str | None:

@@ -71,6 +71,10 @@ def test_fit_takes_the_buffer_types_a_described_gpu_has_and_no_others() -> None:
 def test_bad_placement_is_one_line_and_exit_2_before_anything_loads(cli_in_process: InProcessCLI) -> None:
     # the model named does not exist: the flag is refused first, before the name is even resolved
     for args, says in ((["-ot", "exps(=CPU"], "is not a regular expression"),
+                       # Python reads these as characters; llama.cpp's std::regex refused them at the load
+                       (["-ot", "blk{=CPU"], "a { that is not a repeat such as {2}"),
+                       (["-ot", "x{100000}=CPU"], "a repeat count past 1,000"),
+                       (["-ot", "{2}exps=CPU"], "follows nothing to repeat"),
                        (["-ot", "exps=NOPE0"], "no buffer type 'NOPE0' here; this build has CPU"),
                        (["--n-cpu-moe", "-1"], "-1 is not in the range"),
                        (["-ot", "exps"], "takes PATTERN=BUFFER")):
