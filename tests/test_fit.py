@@ -169,8 +169,11 @@ def test_fits_flags_are_the_settings_run_loads_with(cli: CLI, cli_in_process: In
                   ["-ctk", "q8_0", "-fa", "on", "-ub", "256", "--no-repack"]):
         r = cli_in_process("fit", "-m", m, "--ctx", "2048", "--json", *given)
         assert r.returncode == 0, r.stderr
-        flags = shlex.split(json.loads(r.stdout)["flags"])
+        doc = json.loads(r.stdout)
+        flags = shlex.split(doc["flags"])
         assert flags[:2] == ["--ctx", "2048"] and all(x in flags for x in given), (given, flags)
+        if "--n-cpu-moe" in given:  # the one given, as `flags` says (it read 0: the planner chose none itself)
+            assert doc["n_cpu_moe"] == int(given[given.index("--n-cpu-moe") + 1]), doc["n_cpu_moe"]
 
         def loaded(args: list[str]) -> dict[str, Any]:
             out = cli("run", "-m", m, "--raw", "-p", "hi", "-n", "1", "--json", *args)

@@ -188,6 +188,7 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
         devices.append({"device": d.device, "weights": d.weights, "experts": d.experts, "kv": d.kv,
                         "compute": d.compute, "output": d.output, "total": d.total, "budget": budget,
                         **({"mapped": d.mapped} if d.device == "CPU" else {})})
+    # n_cpu_moe: the plan's, or the one given (a flag, a preset's), as `flags` says
     return {
         "model": {"name": ref.name, "file": ref.file, "architecture": s.architecture, "layers": plan.n_layer,
                   "weights": s.tensor_bytes, "context_length": s.context_length, "moe": plan.moe,
@@ -196,7 +197,7 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
                     "ram_described": ram_given},
         "ctx": plan.ctx, "asked": asked, "asked_by": asked_by, "largest": asked is None, "capped": plan.capped,
         "shrunk": plan.shrunk, "parallel": plan.parallel,
-        "gpu_layers": plan.gpu_layers, "layers_per_gpu": list(plan.layers), "n_cpu_moe": plan.n_cpu_moe,
+        "gpu_layers": plan.gpu_layers, "layers_per_gpu": list(plan.layers), "n_cpu_moe": plan.load(load).n_cpu_moe or 0,
         "experts_in_ram": plan.experts_in_ram, "fits": plan.fits, "verdict": plan.verdict, "devices": devices,
         "flags": _flags(plan, load),
     }
