@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 from localgen.engine.budget import THINK_TAGS
@@ -116,6 +117,8 @@ def modelfile_text(body: dict[str, Any]) -> str:
     if not isinstance(params, dict):
         raise HTTPError(400, "`parameters` must be an object")
     for key, value in params.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):  # a name with a space or a line end would write more lines
+            raise HTTPError(400, f"`parameters` has no setting named {key[:64]!r}", param=f"parameters.{key[:64]}")
         for v in value if isinstance(value, list) else [value]:
             if not isinstance(v, (str, int, float)):  # an object or a null would be Python's {'a': 1} or None
                 raise HTTPError(400, f"`parameters.{key[:64]}` must be a string, a number, true or false, or a "
