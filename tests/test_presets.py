@@ -1191,3 +1191,24 @@ def test_a_request_whose_worker_is_taken_away_while_it_is_read_goes_to_the_new_o
     r = got[0]
     assert "changed on disk" not in r.text and r.status_code == 400, r.text
     assert "reads text only" in r.json()["error"]["message"], r.text
+
+
+def test_a_ban_in_a_preset_reads_as_json_everywhere(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """A preset's `PARAMETER logit_bias 15043-inf`: show --json wrote it as -Infinity, which is no JSON (jq reads
+    another number, strict parsers refuse); it is "-inf", as run --json writes a bias."""
+    import json
+
+    mf = tmp_path / "Modelfile"
+    mf.write_text("FROM smollm2:135m\nPARAMETER logit_bias 15043-inf\n")
+    assert pcli("create", "banned", "-f", str(mf)).returncode == 0
+
+    def strict(text: str) -> Any:
+        def refuse(constant: str) -> None:
+            raise AssertionError(f"{constant} is no JSON")
+        return json.loads(text, parse_constant=refuse)
+
+    doc = strict(pcli("show", "banned", "--json").stdout)
+    assert doc["preset"]["settings"]["logit_bias"] == [[15043, "-inf"]], doc["preset"]
+    assert pcli("run", "-m", "banned", "-p", "hi", "-n", "1").returncode == 0
+    [logged] = strict(pcli("logs", "-n", "1", "--json").stdout)
+    assert logged["settings"]["logit_bias"] == [[15043, "-inf"]], logged["settings"]

@@ -385,6 +385,21 @@ class AnswerWriter:
         self.out.end()
 
 
+def finite_json(value: Any) -> Any:
+    """`value` with every float that JSON cannot hold (a ban's -inf logit bias, a NaN) as the string --logit-bias
+    spells it ("-inf", "inf", "nan"), as run --json writes a bias: json.dumps would write -Infinity, which jq
+    turns into another number and strict parsers refuse."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None,
                 extra: dict[str, Any] | None = None) -> str:
     """`run --json`'s one object: text, finish reason, model, seed, settings (a remote answer's: those sent), load,

@@ -74,10 +74,12 @@ def logs(
     if json_out:
         from dataclasses import fields
 
+        from localgen.cli.output import finite_json
+
         # the array written an exchange at a time, as json.dumps(indent=1) writes it whole: the same bytes
         for i, e in enumerate(entries):
-            item = json.dumps({f.name: getattr(e, f.name) for f in fields(e)}, ensure_ascii=False,
-                              indent=1).replace("\n", "\n ")
+            item = json.dumps(finite_json({f.name: getattr(e, f.name) for f in fields(e)}), ensure_ascii=False,
+                              indent=1, allow_nan=False).replace("\n", "\n ")
             if not out.write(("[\n " if i == 0 else ",\n ") + item):
                 return
         out.write("\n]\n")

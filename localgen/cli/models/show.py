@@ -55,7 +55,9 @@ def show(
         doc = {"name": doc.pop("name"), "preset": preset, **doc}
     if json_out:
         doc["chat_template"] = s.chat_template
-        print(json.dumps(doc))
+        from localgen.cli.output import finite_json
+
+        print(json.dumps(finite_json(doc), allow_nan=False))
         return
     _print_doc(doc)
 
