@@ -1193,6 +1193,14 @@ def test_a_request_whose_worker_is_taken_away_while_it_is_read_goes_to_the_new_o
     assert "reads text only" in r.json()["error"]["message"], r.text
 
 
+def test_no_dry_breakers_is_none_in_a_modelfile_as_on_the_flag() -> None:
+    """`PARAMETER dry_sequence_breaker none` is no breakers, as `--dry-sequence-breaker none` is (it was the breaker
+    "none"), and a preset of none writes that line back (it wrote nothing, so the defaults came back)."""
+    m = modelfile.parse("FROM smollm2:135m\nPARAMETER dry_sequence_breaker none\n")
+    assert m.parameters == {"dry_sequence_breaker": ()}
+    assert "PARAMETER dry_sequence_breaker none\n" in modelfile.write(m) and modelfile.parse(modelfile.write(m)) == m
+
+
 def test_a_ban_in_a_preset_reads_as_json_everywhere(pcli: InProcessCLI, tmp_path: Path) -> None:
     """A preset's `PARAMETER logit_bias 15043-inf`: show --json wrote it as -Infinity, which is no JSON (jq reads
     another number, strict parsers refuse); it is "-inf", as run --json writes a bias."""

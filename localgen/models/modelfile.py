@@ -222,6 +222,8 @@ def _split(text: str) -> tuple[str, str]:
 
 
 def _repeated(name: str, values: list[str]) -> Any:
+    if name == "dry_sequence_breaker" and [v.lower() for v in values] == ["none"]:  # no breakers, as the flag's none
+        return settings.check(name, ())
     if name == "logit_bias":
         return settings.check(name, [settings.parse_bias(v) for v in values])
     return settings.check(name, values)
@@ -299,6 +301,8 @@ def quote(text: str) -> str:
 
 def _setting_text(name: str, value: Any) -> list[str]:
     if name in REPEATED:
+        if name == "dry_sequence_breaker" and not value:  # no breakers (not the defaults, as no line would be)
+            return ["none"]
         if name == "logit_bias":
             return [f"{tok}{_signed(bias)}" for tok, bias in value]
         return [quote(v) for v in value]
