@@ -476,6 +476,22 @@ def test_exact_requests_on_a_gpu_reuse_a_slot_only_to_continue_its_conversation(
     assert pick(other, True) == (0, 0)  # on a GPU it would round differently from running alone
 
 
+def test_a_new_conversation_takes_an_empty_slot_over_another_s_conversation() -> None:
+    """Two conversations on a server with free slots evicted each other: the second took the first's slot for the
+    shared beginning (the template's header, 24 tokens), so each next turn found its slot taken. An empty slot
+    takes it (the beginning copied in from another slot, where sharing is on); a conversation grown still
+    goes to its own slot, and with no empty slot the shared beginning is still reused."""
+    from localgen.engine.slots import Slots
+
+    header = list(range(100, 124))
+    slots = Slots(None, False, False, 0, reusable=lambda n, p, m: min(n, m - 1))
+    slots.held.update({0: [*header, 1, 2, 3, 9, 9]})
+    slots.prompt_len.update({0: 27})
+    assert slots.pick([0, 1, 2], [*header, 7, 7], False) == (1, 0)
+    assert slots.pick([0, 1, 2], [*header, 1, 2, 3, 9, 9, 4], False) == (0, 29)
+    assert slots.pick([0], [*header, 7, 7], False) == (0, 24)
+
+
 def test_interleave_evaluates_one_new_prompt_between_decoding_steps(smollm2_engine: object) -> None:
     """A server (interleave) does not stall running streams for a whole burst of new prompts: in the exact
     scheduler, one new prompt is admitted per scheduler step. Counted in steps, not llama_decode

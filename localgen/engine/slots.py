@@ -46,15 +46,22 @@ class Slots:
         """Take from the heap `free` the slot whose cached tokens share the longest prefix with `tokens`, and
         say how many to keep (at least the last prompt token is evaluated again, for its logits; `reusable`).
         `continuation_only`: reuse a slot only to continue its conversation, never for a shared prefix alone."""
-        best, keep = free[0], 0
+        best, keep, continued = free[0], 0, False
         for slot in free:
             held = self.held.get(slot, [])
             n = common_prefix(held, tokens)
-            if continuation_only and n < self.prompt_len.get(slot, 0):
+            continues = bool(held) and n >= self.prompt_len.get(slot, 0)  # this slot's conversation, grown
+            if continuation_only and not continues:
                 n = 0  # another conversation that shares a prefix (a system prompt): start afresh
             n = self.reusable(n, self._evaluated(slot), len(tokens))
             if n > keep or (n == keep and slot < best):
-                best, keep = slot, n
+                best, keep, continued = slot, n, continues
+        empty = [slot for slot in free if not self.held.get(slot)]
+        if not continued and keep and empty:
+            # only a shared beginning (a template's header, a system prompt): an empty slot takes it, the
+            # beginning copied from another slot where sharing is on (fill), so that the conversation that slot
+            # holds keeps its place for its next turn instead of being evicted for a few tokens
+            best, keep = min(empty), 0
         free.remove(best)
         heapq.heapify(free)
         return best, keep
