@@ -406,6 +406,10 @@ def test_a_resume_into_a_window_the_conversation_outgrew_restores_nothing(env: d
     assert "restored the KV state" in r.stderr, r.stderr
     r = chat("--resume", "ko", "--ctx", "512", "-n", "4", text="And lakes?\n")
     assert "restored" not in r.stderr and "outgrew the 512-token context" in r.stderr, r.stderr
+    # a history within the window, but not with the room kept for the answer (-n 300): cut all the same
+    chat("kr", "-n", "250", "--ignore-eos", text="Tell me about rivers.\n")
+    r = chat("--resume", "kr", "--ctx", "512", "-n", "300", text="")
+    assert "restored" not in r.stderr, r.stderr
 
 
 def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp_path: Path) -> None:

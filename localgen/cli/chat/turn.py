@@ -30,8 +30,8 @@ def restore_state(runner: Any, view: Any) -> None:
 
     request = runner.request(conv)
     try:
-        if int(runner.backend.count(request)) >= runner.backend.n_ctx:
-            return  # the next turn leaves the oldest turns out (a smaller --ctx): the state's prefix is not sent
+        if int(runner.backend.count(request)) > int(runner.backend.n_ctx) - runner.reserve():
+            return  # with the answer's room, the next turn leaves the oldest turns out: the state's prefix is not sent
         reused = runner.backend.restore_conversation(runner.session.name, request)
     except (ContextOverflowError, TemplateError):  # a history the window (or the template's 4 MiB) cannot hold by
         return  # its size: no state of it applies
