@@ -474,6 +474,10 @@ def _vector_lines(f: EmbedArgs, todo: list[tuple[str, str]]) -> Callable[[int, l
 
 
 STEP = 64  # texts embedded at a time: how far it is shows on a terminal, and Ctrl-C with --store keeps them
+# no tokenizer makes more tokens of a text than its UTF-8 bytes, but for the special tokens it adds (BOS, EOS, a
+# BERT's CLS and SEP, a SentencePiece prefix): a text of fewer bytes than the window less these fits it, and is
+# tokenized only when embedded
+SPECIAL_ROOM = 8
 
 
 def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any],
@@ -485,7 +489,8 @@ def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any],
     if not f.truncate:
         embedder = backend.embedder(f.pooling)
         for t in texts:
-            embedder.tokens(t)  # raises for a text past the window (tokenizing costs little beside embedding)
+            if len(t.encode("utf-8", "surrogatepass")) + SPECIAL_ROOM > embedder.n_ctx:  # (else it cannot be)
+                embedder.tokens(t)  # raises for a text past the window
     err = sys.stderr
     # (not where the printed lines go to the same terminal: they would run into it)
     show = err is not None and err.isatty() and len(texts) > STEP and (emit is None or not sys.stdout.isatty())

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from localgen.cli.signals import term_as_interrupt
 from localgen.errors import LocalgenError
 from localgen.quant import ladder
 from localgen.quant import measure as ms
@@ -20,19 +21,12 @@ if TYPE_CHECKING:
     from localgen.engine.perplexity import Text
 
 
+@term_as_interrupt()
 def run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, text_label: str, settings: ms.Settings,
                speed: ladder.Speed, kld_bound: float, output: str | None) -> None:
     """Measure every file against the reference; each row goes to bench's history as it is measured. `output`:
     None (a table and the verdict), or one of bench's -o formats (show). A SIGTERM or SIGHUP (`timeout`) stops it
     as Ctrl-C does, the rows measured printed; the process then ends by that signal."""
-    from localgen.cli.signals import term_as_interrupt
-
-    with term_as_interrupt():
-        _run_ladder(reference, files, text, text_label, settings, speed, kld_bound, output)
-
-
-def _run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, text_label: str,
-                settings: ms.Settings, speed: ladder.Speed, kld_bound: float, output: str | None) -> None:
     from localgen.bench import history, records
     from localgen.cli.output import ErrWriter
     from localgen.cli.perplexity import ChunkView

@@ -18,6 +18,7 @@ from localgen.cli.inputfile import check_model
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.output import plural
+from localgen.cli.signals import term_as_interrupt
 from localgen.cli.stopping import Stopped, stop_on_sigint
 
 PLACEMENT = ("n_cpu_moe", "cpu_moe", "override_tensor")  # where the experts run: measured there, kept for it
@@ -97,10 +98,7 @@ def tune(
         ErrWriter().warn(text)
     _check_memory(ref, plan, parallel)
     tuning.check_writable()  # a record that cannot be kept is refused before the minutes of measuring
-    from localgen.cli.signals import term_as_interrupt
-
-    with term_as_interrupt():  # a SIGTERM or SIGHUP (`timeout`) stops it as Ctrl-C does: what was measured is kept
-        _run(ref, plan, parallel, as_json, even_if_busy)
+    _run(ref, plan, parallel, as_json, even_if_busy)
 
 
 def _unreadable(n: int, done: str) -> None:
@@ -256,6 +254,7 @@ def _check_memory(ref: Any, plan: _Plan, parallel: int) -> None:
                         hint="tune with fewer --parallel streams, or a shorter --prompt or --depth")
 
 
+@term_as_interrupt()  # a SIGTERM or SIGHUP (`timeout`) stops it as Ctrl-C does: what was measured is kept
 def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool) -> None:
     from localgen import tuning
     from localgen.cli.output import ErrWriter

@@ -26,6 +26,7 @@ from localgen.cli.bench.options import (
 )
 from localgen.cli.bench.view import ProgressView, emit
 from localgen.cli.options.knobs import Knobs
+from localgen.cli.signals import term_as_interrupt
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import LocalgenError, UsageError
 from localgen.loadsettings import rpc_servers
@@ -133,10 +134,7 @@ def bench(
                  ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
                  reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact,
                  kv_unified=knobs.get("kv_unified"), kv_typed=knobs.typed("kv_unified"))
-    from localgen.cli.signals import term_as_interrupt
-
-    with term_as_interrupt():  # a SIGTERM or SIGHUP (`timeout`) stops it as Ctrl-C does: what was measured is shown
-        _measure(plan, measuring.output, offline, servers)
+    _measure(plan, measuring.output, offline, servers)
 
 
 def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values, threads: Values, ngl: Values,
@@ -261,8 +259,10 @@ def _placements(ot: Values, rpc: bool) -> list[Any]:
     return placements
 
 
+@term_as_interrupt()
 def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] = ()) -> None:
-    """Run the plan, keeping each result in the history as it comes; print them."""
+    """Run the plan, keeping each result in the history as it comes; print them. A SIGTERM or SIGHUP (`timeout`)
+    stops it as Ctrl-C does, what was measured shown; the process then ends by that signal."""
     from localgen.bench import history, records, sweep
     from localgen.bench.bandwidth import remembered
     from localgen.bench.runner import run
