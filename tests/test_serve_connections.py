@@ -140,7 +140,8 @@ def _trickled_after(port: int, burst: bytes, every: float, piece: bytes) -> byte
     """What the server answers a body sent `burst` first, then `piece` each `every` seconds (each well within
     --read-timeout of the one before), until it answers or closes (a safety net: a body held that long fails)."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(burst)
+        with contextlib.suppress(OSError):  # (a server that refuses mid-burst may close on it: its answer is read)
+            sock.sendall(burst)
         sock.settimeout(every)
         out = b""
         end = time.monotonic() + SAFETY_NET_S
@@ -151,6 +152,8 @@ def _trickled_after(port: int, burst: bytes, every: float, piece: bytes) -> byte
                 with contextlib.suppress(OSError):
                     sock.sendall(piece)
                 continue
+            except ConnectionResetError:  # the server closed on bytes it had not read (a refusal, or a piece sent
+                break  # after an answer): the kernel's reset ends it, what came before it stands
             if not chunk:
                 break
             out += chunk
