@@ -286,6 +286,46 @@ def test_second_turn_does_not_encode_the_image_again(smollm2_engine: Any, mm: di
         eng.kv.clear()
 
 
+# media.md: what a cache keeps of a picture is tied to the projector file (after `--mmproj` changed, the cached
+# picture's positions were taken for the new projector's: serve's prefix store and `chat --resume` answered
+# with the old one's embeddings)
+def test_another_projector_encodes_the_cached_picture_again(smollm2_engine: Any, mm: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    import dataclasses
+
+    from localgen import media
+    from localgen.engine.local import LocalBackend
+    from localgen.types import GenerationRequest, SamplingParams
+
+    other = write_mmproj(tmp_path / "other.gguf", seed=7)
+    pic = media.read(str(mm["96x64"]))
+    req = GenerationRequest(messages=({"role": "user", "content": media.content("What is in this picture?", [pic])},),
+                            sampling=SamplingParams(temperature=0.0, max_tokens=8, seed=1))
+    eng = smollm2_engine
+
+    def answer(projector: Path) -> tuple[str, Any]:
+        eng.model = dataclasses.replace(eng.model, mmproj=str(projector))
+        backend = LocalBackend(eng)
+        try:
+            g = backend.generate(req)
+            return "".join(c.text for c in g), g.stats
+        finally:
+            if backend._projector is not None:
+                backend._projector.close()
+
+    try:
+        eng.kv.clear()
+        cold = answer(other)[0]
+        eng.kv.clear()
+        answer(mm["proj"])  # the picture's positions now in the cache, by the first projector
+        text, stats = answer(other)
+        assert stats.encode_s > 0 and stats.cached_tokens < stats.prompt_tokens - 16  # the text before it only
+        assert text == cold
+    finally:
+        eng.model = dataclasses.replace(eng.model, mmproj=None)
+        eng.kv.clear()
+
+
 @pytest.fixture(scope="module")
 def vserver(cli_env: dict[str, str], mm: dict[str, Path]) -> Iterator[Any]:
     from tests.test_serve import Server

@@ -1,12 +1,13 @@
 """Images, audio and video through llama.cpp's libmtmd: a projector (mmproj) loaded beside an Engine's model turns
 a rendered prompt with media markers and its media into a Prompt: the text tokens, and for each image or
 clip a run of placeholder ids (one per position it takes) that the KV record holds like tokens. A
-placeholder is derived from the media's SHA-256, so a conversation's second turn finds its image already in
-the cache and does not encode it again. A video is libmtmd's helper's: ffmpeg (media.ffmpeg_dir) runs as the
-prompt is tokenized, its frames becoming image chunks with `[0m5.00s]` timestamps between them; its frames
-are counted (ffprobe) and bounded by the context before any is read. Spans evaluate themselves (encode, then
-decode the embeddings) into any context and sequence: the single stream (Engine.kv.evaluate) and the batch
-slots (engine/batch.py). Bindings glue only: the Engine hands it its model pointer."""
+placeholder is derived from the media's SHA-256 and the projector file, so a conversation's second turn finds
+its image already in the cache and does not encode it again, and another projector's never does. A video is
+libmtmd's helper's: ffmpeg (media.ffmpeg_dir) runs as the prompt is tokenized, its frames becoming image
+chunks with `[0m5.00s]` timestamps between them; its frames are counted (ffprobe) and bounded by the context
+before any is read. Spans evaluate themselves (encode, then decode the embeddings) into any context and
+sequence: the single stream (Engine.kv.evaluate) and the batch slots (engine/batch.py). Bindings glue only:
+the Engine hands it its model pointer."""
 
 from __future__ import annotations
 
@@ -50,17 +51,22 @@ def _bindings() -> Any:
     return importlib.import_module("llama_cpp.mtmd_cpp")
 
 
-def placeholder(media_id: str) -> int:
-    """The id a media chunk's positions hold in the KV record: negative (never a vocabulary token). A video
-    frame's id (`{sha256}+{frame}@{fps}`) is hashed whole: its frames, and the same video at another rate,
-    must not share one."""
-    if "+" in media_id:
-        media_id = hashlib.sha256(media_id.encode()).hexdigest()
-    try:
-        value = int(media_id[:8], 16)
-    except ValueError:
-        value = hash(media_id)
-    return -1 - (int(value) & 0x3FFFFFFF)
+def placeholder(media_id: str, projector: str) -> int:
+    """The id a media chunk's positions hold in the KV record: negative (never a vocabulary token). It is a
+    hash of the media's id and of `projector` (the projector file's identity): another projector makes other
+    embeddings of the same picture, so a cached, stored or saved state of one is never taken for the other's.
+    A video frame's id (`{sha256}+{frame}@{fps}`) is hashed whole: its frames, and the same video at another
+    rate, must not share one."""
+    value = int(hashlib.sha256(f"{projector}|{media_id}".encode()).hexdigest()[:8], 16)
+    return -1 - (value & 0x3FFFFFFF)
+
+
+def _projector_identity(path: str) -> str:
+    """A projector file as the states computed with it depend on it: its real path, size and modification
+    time (as engine/llama.py's identity takes the model file's)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}|{st.st_size}|{st.st_mtime_ns}"
 
 
 @dataclass
@@ -131,6 +137,7 @@ class Projector:
             raise ModelLoadError(f"libmtmd could not load the projector {path}: {logs.first_error() or 'failed'}",
                                  log=logs.lines())
         self.load_s = time.perf_counter() - t0
+        self.identity = _projector_identity(path)
         self.vision = bool(mt.mtmd_support_vision(self.ctx))
         self.audio = bool(mt.mtmd_support_audio(self.ctx))
         self.sample_rate = int(mt.mtmd_get_audio_sample_rate(self.ctx)) if self.audio else 0
@@ -215,7 +222,7 @@ class Projector:
                 fps = next((m.fps or VIDEO_FPS for m in media if media_id.startswith(m.sha256)), VIDEO_FPS)
                 media_id = f"{media_id}@{fps:g}"
             spans[len(tokens)] = Span(self, chunk, "audio" if kind == _CHUNK_AUDIO else "image", n_pos, n_tok)
-            tokens.extend([placeholder(media_id)] * n_pos)
+            tokens.extend([placeholder(media_id, self.identity)] * n_pos)
         for m, *_ in frames:
             if m.sha256 not in read:
                 raise MediaError(f"{m.source} is a corrupt or unreadable {m.format} video: ffmpeg read no frame of it")
