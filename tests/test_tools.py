@@ -97,6 +97,26 @@ def test_a_call_marker_cut_off_after_whole_calls_is_no_text() -> None:
     assert _text(_events("hermes", prose), "content") == prose
 
 
+# tools.md: the call max_tokens cut is left out and the answer ends as cut; in the generic format (the JSON answer
+# of a template that renders no tools: SmolLM2's) the cut envelope was given whole as the answer's text
+@pytest.mark.parametrize(("text", "content"), [
+    ('{"tool_call": {"name": "w", "arguments": {"city": "Par', ""),
+    ('{"tool_calls": [{"name": "w", "argu', ""),
+    ('{"tool_', ""),
+    ('  {\n  "response": "It is sunny in \\"Paris\\", with a', 'It is sunny in "Paris", with a'),
+    ('{"response": "caf\\u00e', "caf"),
+    ('{"response": "smile \\ud83d\\ude00 and \\ud83d', "smile \U0001f600 and "),
+    ('{"response": "two\\', "two"),
+    ('{"response": "done", "ext', "done"),
+    ('{"response": ', ""),
+])
+def test_a_generic_answer_cut_by_max_tokens_is_its_text_as_far_as_it_came(text: str, content: str) -> None:
+    for step in (1, 5, 100):
+        events = _events("generic", text, step)
+        assert _calls(events) == [] and _text(events, "content") == content, (text, step)
+    assert _text(_events("generic", "Plain words, no JSON"), "content") == "Plain words, no JSON"
+
+
 def test_a_forced_call_cut_by_max_tokens_is_no_answer(cli: CLI) -> None:
     """run --tool-choice NAME -n 10: the call is cut before it is whole; nothing of it is the answer (stdout was
     `<tool_call>\\n{"name": "`)."""

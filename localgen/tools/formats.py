@@ -11,6 +11,7 @@ llama-server's generic format does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -322,6 +323,9 @@ def _parse_functiongemma(text: str) -> tuple[str, list[ToolCall]]:
     return "".join(rest).strip(), calls
 
 
+_ENVELOPE = re.compile(r'\s*\{\s*"(response|tool_calls?)"\s*:\s*')
+
+
 def _parse_generic(text: str) -> tuple[str, list[ToolCall]]:
     cut = FORMATS["generic"].complete_calls(text)[0]
     try:
@@ -329,6 +333,12 @@ def _parse_generic(text: str) -> tuple[str, list[ToolCall]]:
     except ValueError:  # cut off by max_tokens: the calls it completed, if any
         if cut:
             return "", cut
+        envelope = _ENVELOPE.match(text)
+        if envelope:  # the answer's text as far as it came; a call it cut is left out (no JSON for the user)
+            return (_cut_string(text[envelope.end():]) if envelope.group(1) == "response" else ""), []
+        bare = re.sub(r"\s+", "", text)
+        if bare and any(key.startswith(bare) for key in ('{"response":', '{"tool_calls":')):
+            return "", []  # cut inside its first key
     objs = _objects(text)
     if not objs or not isinstance(objs[0][2], dict):
         return text, []
@@ -340,6 +350,20 @@ def _parse_generic(text: str) -> tuple[str, list[ToolCall]]:
     calls = [c for c in (_call(i.get("name"), i.get("arguments")) if isinstance(i, dict) else None
                          for i in items) if c]
     return ("", calls) if calls else (text, [])
+
+
+def _cut_string(rest: str) -> str:
+    """The text of a JSON string that `rest` opens, whole or cut short anywhere (inside an escape too)."""
+    if not rest.startswith('"'):
+        return ""
+    with contextlib.suppress(ValueError):
+        whole = json.JSONDecoder().raw_decode(rest)[0]  # (closed, and the document cut after it)
+        return whole if isinstance(whole, str) else ""
+    for end in range(len(rest), max(0, len(rest) - 6), -1):  # `\u00e` and `\` are an escape cut short
+        with contextlib.suppress(ValueError):
+            text = str(json.loads(rest[:end] + '"'))
+            return text[:-1] if text and "\ud800" <= text[-1] <= "\udbff" else text  # (a pair cut in two)
+    return ""
 
 
 _PARSERS = {"hermes": _parse_hermes, "llama3": _parse_llama3, "mistral": _parse_mistral,
