@@ -1275,6 +1275,22 @@ def test_a_429_from_the_hubs_api_every_time_is_one_line_with_a_hint(env: dict[st
     assert len([q for q in hub.requests if q.startswith("GET /api/models/")]) == 3, hub.requests
 
 
+# models.md: `pull --list` reads each file's header as a download does; its 429 or 503 waited its Retry-After
+# and was not tried again, said as "cannot read the header ...: HTTP 429" (unreachable, which it was not)
+def test_pull_list_s_header_read_waits_a_429_s_retry_after_and_names_the_hub_s_answer(
+        env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    hub.fail_downloads.append(503)
+    hub.retry_after = "1"
+    listed = lg(env, "pull", REPO, "--list")
+    assert listed.returncode == 0 and "Q4_1" in listed.stdout, listed.stderr
+    assert "the Hub asked to wait 1 s (HTTP 503); trying again after that" in listed.stderr, listed.stderr
+    hub.fail_downloads.extend([429] * 3)
+    r = lg(env, "pull", REPO, "--list")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and not hub.fail_downloads, r.stderr
+    assert f"the Hub answered 429 for the header of {FILE}" in r.stderr and "HF_TOKEN" in r.stderr, r.stderr
+    assert "cannot read" not in r.stderr and "offline" not in r.stderr.lower(), r.stderr
+
+
 def test_a_file_download_429_waits_its_retry_after_once_said(env: dict[str, str], hub: hub_server.FakeHub,
                                                              model_file: hub_server.HubFile) -> None:
     hub.fail_downloads.append(429)

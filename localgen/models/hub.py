@@ -305,11 +305,12 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool) -> tuple[Any, Any]:
+def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool,
+                  note: Callable[[str], None] | None = None) -> tuple[Any, Any]:
     """Summarize a remote GGUF from the start of the file (a few MB, fetched with Range requests): its
-    GGUFSummary and its WeightLayout (models/footprint.py, from the tensor table)."""
+    GGUFSummary and its WeightLayout (models/footprint.py, from the tensor table). `note`: told of each wait a
+    429 or 503's Retry-After asks for."""
     import tempfile
-    import urllib.error
 
     from localgen.errors import ModelFormatError
     from localgen.models.footprint import layout
@@ -318,18 +319,7 @@ def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool)
     url = file_url(repo, commit, filename)
     want = 4 << 20
     while True:
-        try:
-            with open_url(url, {**auth_headers(), "Range": f"bytes=0-{min(want, size) - 1}"}, 30) as resp:
-                data = resp.read(want)
-        except urllib.error.HTTPError as e:
-            if e.code in (401, 403):
-                raise LocalgenError(
-                    f"{repo} is gated or private: the Hub refused its files ({e.code})",
-                    hint="accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)",
-                ) from None
-            raise HubUnreachableError(f"cannot read the header of {filename}: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise HubUnreachableError(f"cannot read the header of {filename}: {e}") from None
+        data = _header_bytes(url, repo, filename, min(want, size), note)
         with tempfile.NamedTemporaryFile(suffix=".gguf") as tmp:
             tmp.write(data)
             tmp.flush()
@@ -345,3 +335,37 @@ def fetch_summary(repo: str, commit: str, filename: str, size: int, split: bool)
                                            hint="the repo's file is damaged or not a model llama.cpp can "
                                                 "load; nothing was downloaded") from None
         want *= 4
+
+
+def _header_bytes(url: str, repo: str, filename: str, n: int, note: Callable[[str], None] | None) -> bytes:
+    """The first `n` bytes of a repo's file, as list_repo asks the API: a 429, or a 5xx, tried RETRIES times
+    (waiting what a Retry-After asks, at most MAX_WAIT), as is a connection that fails."""
+    import urllib.error
+
+    attempt = 0
+    while True:
+        attempt += 1
+        last = attempt == RETRIES
+        try:
+            with open_url(url, {**auth_headers(), "Range": f"bytes=0-{n - 1}"}, 30) as resp:
+                return bytes(resp.read(n))
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                raise LocalgenError(
+                    f"{repo} is gated or private: the Hub refused its files ({e.code})",
+                    hint="accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)",
+                ) from None
+            if last or (e.code < 500 and e.code != 429):
+                raise LocalgenError(f"the Hub answered {e.code} for the header of {filename}",
+                                    hint=RATE_HINT if e.code == 429 else None) from None
+            asked = retry_after(e.headers.get("Retry-After")) if e.code in (429, 503) else None
+            if asked is not None:
+                wait = min(asked, MAX_WAIT)
+                if note is not None:
+                    note(waiting("the Hub", asked, wait, e.code))
+                time.sleep(wait)
+                continue
+        except (urllib.error.URLError, OSError) as e:
+            if last:
+                raise HubUnreachableError(f"cannot read the header of {filename}: {connection_reason(e)}") from None
+        time.sleep(0.5 * 2 ** (attempt - 1))

@@ -162,13 +162,16 @@ def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
     from localgen.types import LoadParams
 
     s = target.spec
-    listing = hub.list_repo(s.repo, s.revision, lambda line: print(line, file=sys.stderr, flush=True))
+    def note(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    listing = hub.list_repo(s.repo, s.revision, note)
     options = group_options(list(listing.files))
     if not options:
         raise LocalgenError(f"{s.repo} has no GGUF model files")
     smallest = min(options, key=lambda x: x.size)
     summary, weights = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
-                                         split=len(smallest.files) > 1)
+                                         split=len(smallest.files) > 1, note=note)
     cached = {f.filename for f in store.cached_files(s.repo)}
     rows: list[dict[str, Any]] = []
     for opt in options:
