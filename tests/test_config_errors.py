@@ -35,6 +35,25 @@ def _lines(r: subprocess.CompletedProcess[str]) -> list[str]:
     return r.stderr.splitlines()
 
 
+# models.md: `[models."smollm2:135m"]` with `context = 2048` alone changes only the context (it changed only what
+# `list --catalogue` showed: the model loaded at --ctx's default all the same); --ctx still wins
+def test_a_user_entry_s_context_is_the_window_the_model_loads_with(own: CLI) -> None:
+    def window(*args: str) -> int:
+        r = own("run", "-m", "smollm2:135m", "-p", "hi", "-n", "1", "--json", *args)
+        assert r.returncode == 0, r.stderr
+        return int(json.loads(r.stdout)["load"]["n_ctx"])
+
+    assert window() == 4096  # the shipped entry's context (8,192, its training) is no window asked
+    _models(own, b'[models."smollm2:135m"]\ncontext = 2048\n')
+    assert window() == 2048 and window("--ctx", "1024") == 1024
+    env = CLI({**own.env, "LOCALGEN_CTX": "3072"})  # (configuration.md: as --ctx, over the entry's and a preset's)
+    assert json.loads(env("run", "-m", "smollm2:135m", "-p", "hi", "-n", "1", "--json").stdout)["load"]["n_ctx"] == 3072
+    plan = own("fit", "-m", "smollm2:135m")
+    assert "context 2,048 tokens (its models.toml context)" in plan.stdout, plan.stdout
+    listed = {e["name"]: e for e in json.loads(own("list", "--catalogue", "--json").stdout)}
+    assert listed["smollm2:135m"]["context"] == 2048 and listed["smollm2:135m"]["repo"]  # the rest kept
+
+
 BAD_ENTRIES = [  # (what the entry says, the field named in the error)
     ('repo = 5', "repo"),
     ('repo = "a/b"\nfiles = 3', "files"),

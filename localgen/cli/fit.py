@@ -80,6 +80,8 @@ def fit(
         return
     # an Ollama model's num_ctx is its params layer's, not a preset's (JSON's asked_by stays "preset")
     said_by = "ollama" if asked_by == "preset" and ref.source == "ollama" and not _is_preset(model) else asked_by
+    if said_by == "preset" and ref.source in ("hf", "embedded") and not _is_preset(model):
+        said_by = "catalogue"  # a context of the user's models.toml entry (models/catalogue.py's window)
     if context == 0 and ref.summary.context_length:  # --ctx 0 (or LOCALGEN_CTX=0): the training context, asked
         said_by = "trained"
     _print(doc, _why(plan, asked, said_by, trained=bool(ref.summary.context_length)))
@@ -272,9 +274,10 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
         return {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",
+                "catalogue": "its models.toml context",
                 "LOCALGEN_CTX": "as LOCALGEN_CTX asks",
                 "trained": "the training context"}.get(asked_by or "", "as asked")
-    by = {"preset": " by the preset", "ollama": " by its Ollama params",
+    by = {"preset": " by the preset", "ollama": " by its Ollama params", "catalogue": " by its models.toml entry",
           "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")
     return ", ".join([f"{asked:,} asked{by}", *done])
 

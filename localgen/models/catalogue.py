@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ class CatalogueEntry:
     context: int | None = None
     files: dict[str, str] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
+    window: int | None = None  # the user's own `context`: the window the model loads with where --ctx is not given
 
 
 def user_file() -> Path:
@@ -196,7 +197,10 @@ def read(using: str | None = None) -> Catalogue:
     broken: dict[str, UsageError] = {}
     for name, raw in mine.items():
         try:
-            entries[name] = _entry(name, _over(shipped.get(name), raw), path)
+            entry = _entry(name, _over(shipped.get(name), raw), path)
+            # (a shipped entry's context is the length its authors give; one of the user's is the window wanted)
+            entries[name] = replace(entry, window=entry.context) if isinstance(raw, dict) and "context" in raw \
+                else entry
         except UsageError as e:
             entries.pop(name, None)
             broken[name] = e

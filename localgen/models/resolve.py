@@ -70,15 +70,17 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
             else:  # a listing: described as `localgen list` describes it, nothing written
                 path, summary = embedded.peek(model)
             return ModelRef(name=entry.name, path=str(path), source="embedded", summary=summary,
-                            sha256=model.sha256, sampling_defaults=entry.sampling)  # a chunked one's, checked
-        target = _catalogue_target(entry, spec.quant)
+                            sha256=model.sha256, sampling_defaults=entry.sampling,  # a chunked one's, checked
+                            context=entry.window)
+        target, window = _catalogue_target(entry, spec.quant), entry.window
     else:
-        target = Target(spec, spec.display, {})
+        target, window = Target(spec, spec.display, {}), None
     if progress is None:
         from localgen.models.download import Quiet
 
         progress = Quiet()
-    return _hub_model(target, offline, progress, pull_missing)
+    ref = _hub_model(target, offline, progress, pull_missing)
+    return ref if window is None else dataclasses.replace(ref, context=window)
 
 
 def spec_of(text: str) -> names.Spec:
