@@ -349,6 +349,22 @@ def test_a_modelfiles_lines_end_at_newlines_only(pcli: InProcessCLI, tmp_path: P
     assert modelfile.parse(text).system == f"page one{brk}page two"
 
 
+# run.md: `--system ""` is no system prompt, a preset's SYSTEM too (it was the preset's: `given or ...`), as in chat
+def test_an_empty_system_flag_clears_a_preset_s_system(pcli: InProcessCLI, tmp_path: Path) -> None:
+    (tmp_path / "Modelfile").write_text("FROM smollm2:135m\nSYSTEM You are a pirate who answers at great length.\n")
+    assert pcli("create", "pirate", "-f", str(tmp_path / "Modelfile")).returncode == 0
+
+    def prompt_tokens(*args: str) -> int:
+        r = pcli("run", *args, "-p", "Hi", "-n", "1", "--json")
+        assert r.returncode == 0, r.stderr
+        return int(json.loads(r.stdout)["stats"]["prompt_tokens"])
+
+    plain = prompt_tokens("-m", "smollm2:135m")  # (SmolLM2's template has a system prompt of its own: 31 tokens)
+    assert prompt_tokens("-m", "pirate") != plain
+    assert prompt_tokens("-m", "pirate", "--system", "") == plain
+    assert prompt_tokens("-m", "pirate", "--system", "Be brief.") < prompt_tokens("-m", "pirate")
+
+
 def test_from_a_preset_layers_on_it(pcli: InProcessCLI, tmp_path: Path) -> None:
     (tmp_path / "Modelfile").write_text(TERSE)
     assert pcli("create", "terse", "-f", str(tmp_path / "Modelfile")).returncode == 0

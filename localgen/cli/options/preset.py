@@ -45,9 +45,9 @@ def _ref(backend: Any) -> ModelRef | None:
 
 
 def system(backend: Any, given: str | None) -> str | None:
-    """--system, else the preset's SYSTEM."""
+    """--system, else the preset's SYSTEM (`--system ""`: none, the preset's too, as chat takes it)."""
     ref = _ref(backend)
-    return given if given or ref is None else ref.system
+    return given if given is not None or ref is None else ref.system
 
 
 def head(backend: Any, given: str | None, continued: bool = False) -> list[Message]:
