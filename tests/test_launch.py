@@ -794,6 +794,20 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
     assert r.returncode == 1 and "no localgen serve is running at http://[::1]:" in r.stderr, r.stderr
 
 
+def test_print_env_refuses_a_fifo_at_once_never_waiting_for_a_writer(env: dict[str, str], tmp_path: Path) -> None:
+    """agents.md: a pipe is refused as --print-env's key file; a FIFO nobody writes to was opened to be read first,
+    and `launch --print-env` waited there for ever."""
+    import os
+
+    fifo = tmp_path / "key.fifo"
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "localgen", "launch", "codex", "--print-env", "--api-key-file",
+                        str(fifo)], env=env, cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                       timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "not a file that the shell running the lines can open later" in r.stderr, r.stderr
+
+
 def test_print_env_takes_a_key_kept_in_memory_but_not_a_pipes_name(tmp_path: Path) -> None:
     """agents.md: --print-env refuses a key file no later shell can open (a pipe, /dev/fd/N, a <(...)). A regular
     file under /dev/shm (a secret kept in memory) lasts, and is taken (a review found all of /dev refused)."""

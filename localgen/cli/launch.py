@@ -167,9 +167,10 @@ def _target(ctx: typer.Context, host: str, port: int, api_key_file: Path | None,
     source = "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST"
     check_host(host, source)
     check_host_name(host, source)
-    key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
-    if print_env and api_key_file is not None:  # read first: a file past its bound is said so, as everywhere
+    named = api_key_file
+    if print_env and api_key_file is not None:  # before it is read: a FIFO no shell writes to waited for ever
         api_key_file = _lasting(api_key_file)
+    key = key_file(named, None) if named is not None else os.environ.get("LOCALGEN_API_KEY") or None
     fault = key_fault(key) if key else None
     if fault:  # as ps: no HTTP header carries it as given
         raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} {fault}: no HTTP header "
