@@ -74,6 +74,13 @@ def test_a_claude_name_is_the_servers_model_with_either_key_header(server: Serve
         r = httpx.post(f"{server.url}/v1/messages", json=ask, headers=header, timeout=300)
         assert r.status_code == 200 and r.json()["model"] in ("claude-sonnet-4-6", "smollm2:135m"), r.text
     assert httpx.post(f"{server.url}/v1/messages", json=ask, timeout=60).status_code == 401
+    # serve.md: only on Anthropic's API (and its count_tokens): elsewhere a claude-… name is unknown, a 404
+    counted = httpx.post(f"{server.url}/v1/messages/count_tokens", json={k: ask[k] for k in ("model", "messages")},
+                         headers={"x-api-key": KEY}, timeout=60)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0, counted.text
+    chat = {"model": ask["model"], "max_tokens": 2, "messages": ask["messages"]}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, headers={"x-api-key": KEY}, timeout=60)
+    assert r.status_code == 404 and "claude-sonnet-4-6" in r.text, r.text
 
 
 def test_an_openai_name_the_server_lacks_is_a_404(server: Server) -> None:
