@@ -18,12 +18,14 @@ def _kv(key: str, value: str | float) -> bytes:
     if isinstance(value, str):
         return _kv_string(key, value)
     k = key.encode()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return struct.pack("<Q", len(k)) + k + struct.pack("<I", 4) + struct.pack("<I", value)  # uint32
     return struct.pack("<Q", len(k)) + k + struct.pack("<I", 6) + struct.pack("<f", value)  # float32
 
 
 def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | float | None]) -> Path:
-    """Copy src to dst with keys set to strings or float32 values (or removed when None); tensor data is
-    copied unchanged."""
+    """Copy src to dst with keys set to strings, uint32 (an int) or float32 values (or removed when None); tensor
+    data is copied unchanged."""
     size = src.stat().st_size
     with open(src, "rb") as f:
         r = _Reader(f, size, str(src))
@@ -65,4 +67,24 @@ def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | float | None]
             out.write(header)
             f.seek(data_offset)
             shutil.copyfileobj(f, out, 1 << 20)
+    return dst
+
+
+def retype_tensor(src: Path, dst: Path, ggml_type: int) -> Path:
+    """Copy src to dst with its first tensor's ggml type set to `ggml_type` (the bytes of its tensor info)."""
+    data = bytearray(src.read_bytes())
+    with open(src, "rb") as f:
+        r = _Reader(f, len(data), str(src))
+        r.read(8)
+        n_tensors = r.scalar("<Q")
+        n_kv = r.scalar("<Q")
+        for _ in range(n_kv):
+            r.string()
+            r.value(r.scalar("<I"))
+        assert n_tensors
+        r.string()
+        for _ in range(r.scalar("<I")):
+            r.scalar("<Q")
+        struct.pack_into("<I", data, f.tell(), ggml_type)
+    dst.write_bytes(bytes(data))
     return dst

@@ -844,18 +844,44 @@ def test_the_docs_gemma_example_of_layers_asked_for_on_a_small_card(cli_in_proce
                                     "GPU memory)"), r.stdout
 
 
-def test_a_model_naming_no_training_context_says_where_its_context_comes_from(
-        cli_in_process: InProcessCLI, smollm2_path: Path, tmp_path: Path) -> None:
-    """fit's model line says "no training context", and its plan line does not call the context planned the
-    training context."""
+# fit.md: a tensor of a ggml type llama.cpp does not know (255) is a damaged file, as llama.cpp's gguf reader has it;
+# fit planned the file without that tensor's bytes
+def test_a_tensor_of_an_unknown_ggml_type_is_one_line_for_fit_and_run(cli_in_process: InProcessCLI,
+                                                                      smollm2_path: Path, tmp_path: Path) -> None:
+    from tests.gguf_edit import retype_tensor
+
+    bad = retype_tensor(smollm2_path, tmp_path / "t255.gguf", 255)
+    for args in (["fit", "-m", str(bad)], ["run", "-m", str(bad), "-p", "hi", "-n", "1"]):
+        r = cli_in_process(*args)
+        assert (r.returncode, r.stdout) == (1, "") and len(r.stderr.splitlines()) == 1, (args, r.stderr)
+        assert f"{bad} is not a usable GGUF file: its tensor " in r.stderr, r.stderr
+        assert "has the ggml type 255, which llama.cpp does not know" in r.stderr, r.stderr
+
+
+# fit.md: fit plans nothing for a header llama.cpp's load refuses (it planned each; run said llama.cpp stopped, by
+# an assert of its hyperparameters, or could not load it)
+@pytest.mark.parametrize(("edit", "why"), [
+    ({"qwen3moe.expert_used_count": 9, "qwen3moe.expert_count": 4},
+     "its header says qwen3moe.expert_used_count is 9, more than its 4 experts"),
+    ({"qwen3moe.expert_count": 0}, "its header says qwen3moe.expert_used_count is 2, and it names no experts"),
+    ({"qwen3moe.expert_count": 100_000},
+     "its header says qwen3moe.expert_count is 100,000, more than llama.cpp's 1,024"),
+    ({"qwen3moe.expert_used_count": 0}, "its header names 16 experts and no qwen3moe.expert_used_count"),
+    ({"qwen3moe.block_count": 0}, "its header says qwen3moe.block_count is 0"),
+    ({"qwen3moe.context_length": None}, "its header has no qwen3moe.context_length, which llama.cpp needs"),
+    ({"qwen3moe.block_count": None}, "its header has no qwen3moe.block_count, which llama.cpp needs"),
+    ({"qwen3moe.attention.head_count": None}, "its header has no qwen3moe.attention.head_count, which its attention"),
+])
+def test_fit_refuses_a_header_llama_cpp_refuses_as_run_does(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path,
+                                                            tmp_path: Path, edit: dict[str, Any], why: str) -> None:
     from tests.gguf_edit import rewrite_strings
 
-    path = rewrite_strings(smollm2_path, tmp_path / "no-ctx.gguf", {"llama.context_length": None})
-    r = cli_in_process("fit", "-m", str(path), "--gpu-memory", "0")
-    assert r.returncode == 0, r.stderr
-    assert "no training context" in r.stdout.splitlines()[0]
-    assert _plan_line(r.stdout) == ("plan      CPU only · context 4,096 tokens (the floor: the model names no "
-                                    "training context)"), r.stdout
+    bad = rewrite_strings(moe_path, tmp_path / "bad.gguf", edit)
+    for args in (["fit", "-m", str(bad)], ["fit", "-m", str(bad), "--json"], ["run", "-m", str(bad), "-p", "hi"]):
+        r = (cli if args[0] == "run" else cli_in_process)(*args)  # (llama.cpp's assert ends the process it is in)
+        assert r.returncode == 1 and r.stdout == "" and len(r.stderr.splitlines()) == 1, (args, r.stderr)
+        if args[0] == "fit":
+            assert r.stderr.startswith(f"localgen: error: llama.cpp would not load bad.gguf: {why}"), r.stderr
 
 
 def test_a_draft_model_loads_without_the_models_placement_flags(cli: CLI, moe_path: Path, smollm2_path: Path) -> None:
@@ -878,7 +904,8 @@ def _header_with(path: Path, arch: str = "llama", name: str | None = "tiny", tem
     w = GGUFWriter(str(path), arch)
     if name is not None:
         w.add_name(name)
-    for key, value in (("block_count", block_count), ("context_length", context_length)):
+    for key, value in (("block_count", block_count), ("context_length", context_length), ("embedding_length", 8),
+                       ("attention.head_count", 1)):
         if value is not None:
             w.add_uint32(f"{arch}.{key}", value)
     if head_count_kv is not None:

@@ -63,6 +63,8 @@ def fit(
     load = knobs.load(check_buffers=False)
     check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
     ref = resolve(model, offline=offline, pull_missing=False)
+    weights = footprint.layout(ref.path)
+    _check_loadable(ref, weights)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus))
     # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx (as run loads it), else none (the largest
@@ -73,7 +75,7 @@ def fit(
     asked = context if context is not None else ref.context
     if asked is not None:  # 0 (as run's --ctx 0): the training context; 1 to 15 refused as run refuses them
         asked = LoadParams(n_ctx=asked).for_model(ref.summary.context_length).n_ctx
-    plan = planner.plan(ref.summary, footprint.layout(ref.path), machine, load, ctx=asked, parallel=parallel)
+    plan = planner.plan(ref.summary, weights, machine, load, ctx=asked, parallel=parallel)
     doc = _doc(ref, plan, load, asked, asked_by, ram_given=ram is not None)
     if json_out:
         print(json.dumps(doc))
@@ -85,6 +87,18 @@ def fit(
     if context == 0 and ref.summary.context_length:  # --ctx 0 (or LOCALGEN_CTX=0): the training context, asked
         said_by = "trained"
     _print(doc, _why(plan, asked, said_by, trained=bool(ref.summary.context_length)))
+
+
+def _check_loadable(ref: Any, weights: Any) -> None:
+    """A ModelFormatError for a model `run` would not load for its header alone: no plan is made for it."""
+    from localgen.errors import ModelFormatError
+    from localgen.models.gguf_meta import refusal
+
+    # (an architecture this build does not know is run's to say: fit reads headers and loads nothing of llama.cpp)
+    why = refusal(ref.summary, (t.name for t in weights.tensors))
+    if why is not None:
+        raise ModelFormatError(f"llama.cpp would not load {ref.name}: {why}", hint="the file is corrupt, or made "
+                               "for another program; `localgen show` reads its header")
 
 
 def _is_preset(name: str | None) -> bool:

@@ -176,6 +176,10 @@ def layout(path: str) -> WeightLayout:
     tensors: list[tuple[Any, ...]] = []
     for i, part in enumerate(_parts(path)):
         tensors.extend((*row, i) for row in read_table(part))
+    odd = next(((name, ttype) for name, _, ttype, *_ in tensors if ttype not in GGML_BLOCKS), None)
+    if odd is not None:  # (gguf_init refuses the file: "tensor ... has invalid ggml type")
+        raise ModelFormatError(f"{path} is not a usable GGUF file: its tensor {str(odd[0])[:100]} has the ggml type "
+                               f"{odd[1]}, which llama.cpp does not know", hint="the file is corrupt or hostile")
     out = layout_of(tensors)
     if out.n_layer > MAX_LAYERS:  # a tensor named blk.N of a hostile N: every plan walks each layer
         raise ModelFormatError(f"{path} is not a usable GGUF file: its tensors name {out.n_layer:,} layers, "

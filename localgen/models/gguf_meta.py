@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from localgen.errors import ModelFormatError, UsageError
@@ -390,6 +391,42 @@ def summarize(path: str, file_size: int | None = None, check_data: bool = True,
         exact_rows=exact_rows,
         metadata={k: v for k, v in meta.items() if not isinstance(v, _ArrayLen)},
     )
+
+
+MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS (src/llama-hparams.h)
+NEEDED = ("context_length", "embedding_length", "block_count")  # the keys llama.cpp's load_hparams requires
+
+
+def refusal(s: GGUFSummary, tensor_names: Iterable[str] = ()) -> str | None:
+    """Why llama.cpp's load_hparams (src/llama-model.cpp) would refuse this header, in words; None where it would
+    not. Its asserts end the process (`GGML_ASSERT(n_expert_used_max <= hparams.n_expert)`), which `run` reports
+    as llama.cpp stopping; `fit` and `pull --list` plan nothing for such a header. `tensor_names`: the model's
+    (an attention layer's tensors are shaped by the head count)."""
+    arch, meta = s.architecture, s.metadata
+    if arch == "clip":  # a projector: llama.cpp reads no hyperparameters of it
+        return None
+    for key in NEEDED:
+        if meta.get(f"{arch}.{key}") is None:
+            return f"its header has no {arch}.{key}, which llama.cpp needs"
+    if not s.n_layers:
+        return f"its header says {arch}.block_count is 0"
+
+    def most(key: str) -> int:
+        value = meta.get(f"{arch}.{key}")
+        values = value if isinstance(value, list) else [value]
+        return max((int(v) for v in values if isinstance(v, int | float)), default=0)
+
+    experts, used = most("expert_count"), most("expert_used_count")
+    if experts > MAX_EXPERTS:
+        return f"its header says {arch}.expert_count is {experts:,}, more than llama.cpp's {MAX_EXPERTS:,}"
+    if used > experts:
+        return f"its header says {arch}.expert_used_count is {used:,}, " + (
+            f"more than its {experts:,} experts" if experts else "and it names no experts")
+    if experts and not used:
+        return f"its header names {experts:,} experts and no {arch}.expert_used_count (of at least 1)"
+    if s.n_head is None and any(".attn_q." in n or ".attn_qkv." in n for n in tensor_names):
+        return f"its header has no {arch}.attention.head_count, which its attention tensors' shapes need"
+    return None
 
 
 SUMMARY_FORMAT = 6  # 6: counts checked (_check_count), per-layer lists kept whole
