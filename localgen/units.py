@@ -29,7 +29,7 @@ def parse_bytes(text: str) -> int:
     otherwise."""
     import re
 
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", text.lower())
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(?:i?b)?\s*", text.lower())  # ASCII digits: "٢٤G" is none
     if not m:
         raise ValueError(f"bad size {text!r}: use bytes, or e.g. 512k, 16M, 1G, 2T")
     return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,

@@ -596,6 +596,8 @@ def test_fit_plans_with_a_presets_context_and_load_settings_as_run_loads_them(cl
     (["--gpu-memory", "0,24G"], "--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not '0,24G'"),
     (["--gpu-memory", "24G,0"], "--gpu-memory: each GPU's size must be above 0 (a lone 0 means no GPU), not '24G,0'"),
     (["--gpu-memory", "lots"], "--gpu-memory takes sizes such as 24GB or 24G,12G, not 'lots'"),
+    (["--gpu-memory", "\u0662\u0664G"], "--gpu-memory takes sizes such as 24GB or 24G,12G, not '\u0662\u0664G'"),
+    (["--ram", "\uff16\uff14G"], "--ram takes one size, such as 64G, not '\uff16\uff14G'"),  # (full-width digits)
     (["--gpu-memory", "24"], "--gpu-memory: '24' is 24 bytes; give a unit, such as 24G"),
     (["--gpu-memory", "24G,1"], "--gpu-memory: '1' is 1 byte; give a unit, such as 24G"),
     (["--gpu-memory", "99999999999999999999999G"],

@@ -136,3 +136,15 @@ def test_html_looking_text_and_emoji_codes_show_on_a_terminal_as_written(tcli: C
     rows = screen.rows()
     assert "<div>x</div>" in rows and "Use List<String> here." in rows, "\n".join(rows)
     assert not any("\u274c" in row for row in rows), "\n".join(rows)
+
+
+# fit.md, models.md: a header's text shows every bidi control escaped on a terminal; U+061C (the Arabic letter mark,
+# one of Unicode's Bidi_Control characters) went through as it was
+@pytest.mark.parametrize("mark", ["\u061c", "\u200e", "\u200f", "\u202a", "\u202e", "\u2066", "\u2069"])
+def test_a_headers_bidi_controls_are_each_escaped_on_a_terminal(monkeypatch: pytest.MonkeyPatch, mark: str) -> None:
+    from localgen.cli import output
+
+    monkeypatch.setattr(output, "is_terminal", lambda stream: True)
+    assert output.header_text(f"name{mark}gguf.exe") == f"name\\u{ord(mark):04x}gguf.exe"
+    monkeypatch.setattr(output, "is_terminal", lambda stream: False)
+    assert output.header_text(f"name{mark}gguf.exe") == f"name{mark}gguf.exe"  # a pipe gets it as written

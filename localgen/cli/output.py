@@ -179,7 +179,7 @@ def format_stats(s: Stats) -> str:
 
 ERROR_HEAD, ERROR_TAIL = 600, 400  # what an error line keeps of its start and end when it quotes a huge value
 # characters that would act on a terminal instead of showing (ESC, BEL, CR, ...) or reorder the line (bidi controls)
-_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 # C0 but a line break and a tab, DEL, C1; a CR is one only alone (a CRLF line end, a Windows file's, is a line break)
 _CONTROLS = re.compile(r"\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
