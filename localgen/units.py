@@ -13,8 +13,9 @@ def format_bytes(n: float | None, llama_bench: bool = False) -> str:
         return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.2f} MiB"
     if n >= 1 << 30:
         return f"{n / (1 << 30):,.1f} GiB"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):,.0f} MiB"
+    if n >= 1 << 20:  # (1.5 MiB is not "2 MiB": under 10 a tenth shows)
+        mib = n / (1 << 20)
+        return f"{mib:,.0f} MiB" if mib >= 9.95 or round(mib, 1).is_integer() else f"{mib:.1f} MiB"
     return f"{n / 1024:,.0f} KiB" if n >= 1024 else f"{n:,.0f} bytes"
 
 

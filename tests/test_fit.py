@@ -977,3 +977,12 @@ def test_a_huge_size_reads_with_separators() -> None:
     assert format_bytes(70368744177664 << 30) == "70,368,744,177,664.0 GiB"
     assert format_bytes(1536 << 30) == "1,536.0 GiB"
     assert format_bytes(3 << 29) == "1.5 GiB"
+    # serve --cache-ram 1.5 (MiB, as llama-server's) said "up to 2 MiB": under 10 MiB a tenth shows
+    assert [format_bytes(n) for n in (3 << 19, 1 << 20, 92 << 20, int(9.96 * (1 << 20)))] == [
+        "1.5 MiB", "1 MiB", "92 MiB", "10 MiB"]
+    from localgen.cli.serve.checks import _cache_ram
+    from localgen.errors import UsageError
+
+    assert _cache_ram("1.5") == 3 << 19
+    with pytest.raises(UsageError, match="is not a size"):
+        _cache_ram("\u0661\u0665")  # Arabic-Indic digits: no size (they were 15 MiB)

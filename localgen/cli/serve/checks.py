@@ -269,7 +269,7 @@ def _mib_or_size(value: str) -> int:
 
     from localgen.units import parse_bytes
 
-    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+    if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", value):
         return int(float(value) * (1 << 20))
     return parse_bytes(value)
 
