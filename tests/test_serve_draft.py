@@ -334,6 +334,8 @@ def test_a_draft_as_costly_as_the_model_drafts_nothing(cli_env: dict[str, str], 
     assert health["draft_model_cost"] > 0.2 and health["draft_row_cost"] >= 0, "measured at the warm-up"
     assert health["drafting"] is True and health["drafting_off"] is None
     assert 'localgen_drafting{model="smollm2:135m"} 1.0' in metrics
+    # (the counter's help named only --lookup: a draft model drafts into it too)
+    assert "# HELP localgen_draft_tokens_total tokens drafted (serve --lookup, --draft)" in metrics, metrics
 
 
 class DraftServer:

@@ -45,7 +45,7 @@ class Metrics:
         self.prompt_tokens = Counter("localgen_prompt_tokens", "prompt tokens of finished generations", ["model"],
                                      registry=r)
         self.generated_tokens = Counter("localgen_generated_tokens", "tokens generated", ["model"], registry=r)
-        self.drafted = Counter("localgen_draft_tokens", "tokens drafted by prompt lookup (serve --lookup)", ["model"],
+        self.drafted = Counter("localgen_draft_tokens", "tokens drafted (serve --lookup, --draft)", ["model"],
                                registry=r)
         self.accepted = Counter("localgen_draft_accepted_tokens", "drafted tokens the model kept", ["model"],
                                 registry=r)
