@@ -38,6 +38,7 @@ class ProgressView:
         self._started = time.monotonic()
         self._p: Any = None
         self._task: Any = None
+        self._warned: set[str] = set()  # each warning once, whatever number of configurations says it
 
     @classmethod
     def of(cls, plan: Any, stop: Callable[[], None]) -> ProgressView:
@@ -81,7 +82,9 @@ class ProgressView:
         record_note(self._say, name, path, values, origins)  # a record is never a silent default
 
     def warning(self, text: str) -> None:
-        self._say(f"warning: {text}")
+        if text not in self._warned:
+            self._warned.add(text)
+            self._say(f"warning: {text}")
 
     def estimate(self, seconds: float) -> None:
         if not self._tty and seconds < LONG_S:
