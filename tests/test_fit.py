@@ -494,7 +494,7 @@ def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(
     m = str(smollm2_path)
     for args, says in (([], "(shrunk to the floor, still short of RAM)"),
                        (["--ctx", "8192"], "(8,192 asked, shrunk to the floor, still short of RAM)"),
-                       (["--ctx", "2048"], "(as asked)")):
+                       (["--ctx", "2048"], "(2,048 asked, short of RAM)")):  # under the floor: it said "as asked"
         r = cli_in_process("fit", "-m", m, "--ram", "50M", *args)
         assert r.returncode == 0, r.stderr  # a verdict, as pull --list gives one for each quantization
         line = _plan_line(r.stdout)

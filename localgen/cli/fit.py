@@ -282,9 +282,12 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
             done.append("shrunk to the floor, still short of GPU memory")
         else:  # layers left the GPU at the floor; the context grew back to what that placement holds
             done.append("shrunk to fit, with layers off the GPU")
+    if not plan.fits and not plan.shrunk:  # a context at or under the floor, and the model short all the same
+        done.append(f"short of {plan.short_of}")
     if asked is None:
         if not plan.shrunk:
-            return "the training context" if trained else "the floor: the model names no training context"
+            start = "the training context" if trained else "the floor: the model names no training context"
+            return ", ".join([start, *done])
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
         return {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",
