@@ -144,6 +144,26 @@ def test_load_time_options_are_ignored_and_any_other_is_a_400(child: Server) -> 
     assert bad.status_code == 400 and "bogus" in bad.json()["error"], bad.text
 
 
+def test_an_integer_option_sent_as_a_float_is_cut_to_its_integer_as_ollama_cuts_it(child: Server) -> None:
+    """`"top_k": 40.0` was a 400 (`must be an integer`); Ollama's options.FromMap takes a JSON number into an int
+    field as Go's int() does, cut toward zero: 40.0 is 40, and 1.9 is 1. A bool, a string or an infinity is still
+    the 400."""
+    whole = {"num_predict": 2.0, "top_k": 40.0, "seed": 7.0, "repeat_last_n": 64.0, "num_keep": 4.0, "num_ctx": 1024.0}
+    r = _post(child, "/api/generate", {"prompt": "Hi", "stream": False, "options": whole})
+    assert r.status_code == 200 and r.json()["eval_count"] == 2, r.text
+    r = _post(child, "/api/chat", {"messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                                   "options": {"num_predict": 1.9, "top_k": 40.5, "temperature": 0.0}})
+    assert r.status_code == 200 and r.json()["eval_count"] == 1, r.text
+    for bad, says in (({"top_k": True}, "options.top_k must be an integer, not True"),
+                      ({"top_k": "40"}, "options.top_k must be an integer, not '40'"),
+                      ({"num_keep": "4"}, "`options.num_keep` must be an integer")):
+        r = _post(child, "/api/generate", {"prompt": "Hi", "stream": False, "options": {"num_predict": 1, **bad}})
+        assert r.status_code == 400 and r.json()["error"] == says, r.text
+    r = httpx.post(f"{child.url}/api/generate", timeout=30, headers={"content-type": "application/json"},
+                   content=b'{"model": "smollm2:135m", "prompt": "Hi", "options": {"top_k": 1e999}}')
+    assert r.status_code == 400 and "\n" not in r.json()["error"], r.text
+
+
 def test_tags_gives_the_fields_the_table_names(child: Server) -> None:
     from localgen.models.embedded import EMBEDDED
 

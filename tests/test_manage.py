@@ -436,6 +436,39 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
     _error(server, "POST", "/api/show", {"model": "/etc/passwd"}, 404)
 
 
+def test_create_takes_what_ollamas_client_sends(server: Server, client: Any) -> None:
+    """What the `ollama` client sends, and Ollama's create takes, was a 400: an empty `system` (none set: the
+    base's stays, as Ollama's create keeps it), a message with empty content, `numa` true or false, the options a
+    request lets be (num_keep, tfs_z, penalize_newline, low_vram, f16_kv, vocab_only), num_predict -2, and an
+    integer sent as a float. One with a fraction is still a 400, as Ollama's Modelfile refuses it."""
+    import ollama
+
+    try:
+        client.create(model="mgr-sys", from_="smollm2:135m", system="You are a pirate. Answer as one.")
+        done = client.create(model="mgr-olla", from_="mgr-sys", system="",
+                             messages=[{"role": "user", "content": ""}, {"role": "assistant", "content": "Ahoy."}],
+                             parameters=ollama.Options(numa=False, num_keep=24, tfs_z=1.0, penalize_newline=True,
+                                                       low_vram=False, f16_kv=True, vocab_only=False, num_predict=-2))
+        assert done.status == "success"
+        shown = client.show("mgr-olla").modelfile
+        assert "SYSTEM You are a pirate. Answer as one.\n" in shown and 'MESSAGE user ""\n' in shown, shown
+        assert "PARAMETER num_predict -1\n" in shown and "numa" not in shown and "tfs_z" not in shown, shown
+        assert client.generate(model="mgr-olla", prompt="Say hi.", options={"num_predict": 2}).eval_count == 2
+        made = httpx.post(f"{server.url}/api/create", timeout=120, json={
+            "model": "mgr-numa", "from": "smollm2:135m", "stream": False,
+            "parameters": {"numa": True, "top_k": 40.0, "num_ctx": 2048.0, "num_thread": 1.0}})
+        assert made.status_code == 200, made.text
+        shown = client.show("mgr-numa").modelfile
+        for line in ("numa distribute", "top_k 40", "num_ctx 2048", "num_thread 1"):
+            assert f"PARAMETER {line}\n" in shown, shown
+        said = _error(server, "POST", "/api/create", {"model": "mgr-bad", "from": "smollm2:135m",
+                                                       "parameters": {"top_k": 40.5}}, 400)
+        assert said == "the request line 2: top_k takes an integer, not '40.5'", said
+    finally:
+        for name in ("mgr-olla", "mgr-numa", "mgr-sys"):
+            httpx.request("DELETE", f"{server.url}/api/delete", json={"model": name}, timeout=60)
+
+
 def test_a_refused_copy_or_create_leaves_a_loaded_model_loaded(server: Server, client: Any) -> None:
     """The red team's copy and create onto a loaded model's name: refused (a catalogue name, a bad name, a
     preset that exists), and the model is still loaded and answering: every check comes before its worker is

@@ -102,7 +102,14 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\n\nSYSTEM \"\"\"never\nclosed\n", ["line 3", '"""']),
     ("FROM smollm2:135m\nSYSTEM \"open\n", ["line 2", "never closed"]),
     ("FROM smollm2:135m\nSYSTEM\n", ["line 2", "SYSTEM needs a value"]),
-    ("FROM smollm2:135m\nSYSTEM \"\"\n", ["line 2", "SYSTEM needs a value"]),
+    ("FROM smollm2:135m\nMESSAGE user\n", ["line 2", "MESSAGE user needs a value"]),  # only a quoted "" is empty
+    ("FROM smollm2:135m\nPARAMETER top_k 40.5\n", ["line 2", "top_k takes an integer, not '40.5'"]),
+    ("FROM smollm2:135m\nPARAMETER max_tokens -2\n", ["line 2", "max_tokens must be at least -1"]),  # Ollama's -2 only
+    ("FROM smollm2:135m\nPARAMETER numa maybe\n", ["line 2", "unknown NUMA strategy 'maybe'"]),
+    ("FROM smollm2:135m\nPARAMETER numa false\nPARAMETER numa true\n", ["line 3", "numa is given twice"]),
+    ("FROM smollm2:135m\nPARAMETER low_vram maybe\n", ["line 2", "low_vram takes true or false, not 'maybe'"]),
+    ("FROM smollm2:135m\nPARAMETER tfs_z hot\n", ["line 2", "PARAMETER tfs_z takes a number, not 'hot'"]),
+    ("FROM smollm2:135m\nPARAMETER num_keep 4.5\n", ["line 2", "PARAMETER num_keep takes an integer, not '4.5'"]),
     ("FROM smollm2:135m\nFROM qwen3:0.6b\n", ["line 2", "second FROM"]),
     ("FROM smollm2:135m\nADAPTER ./lora.gguf\n", ["line 2", "ADAPTER takes an absolute path here"]),
     ("FROM smollm2:135m\nADAPTER /a/peft-folder\n", ["line 2", "is not a .gguf file"]),
@@ -140,6 +147,63 @@ def test_a_modelfile_keeps_load_settings_by_ollamas_and_llama_cpps_names() -> No
     llama_cpps = modelfile.parse("FROM smollm2:135m\nPARAMETER n_gpu_layers 3\nPARAMETER use_mlock true\n")
     assert llama_cpps.load == {"gpu_layers": 3, "mlock": True}
     assert "PARAMETER num_gpu 3\nPARAMETER use_mlock true\n" in modelfile.write(llama_cpps)
+
+
+OLLAMAS = '''FROM smollm2:135m
+PARAMETER numa true
+PARAMETER num_predict -2
+PARAMETER top_k 40.0
+PARAMETER num_thread 2.0
+PARAMETER num_ctx 2048.0
+PARAMETER num_keep 24
+PARAMETER tfs_z 1.0
+PARAMETER penalize_newline true
+PARAMETER low_vram false
+PARAMETER f16_kv true
+PARAMETER vocab_only false
+SYSTEM ""
+MESSAGE user ""
+MESSAGE assistant Hello.
+'''
+
+
+@pytest.mark.parametrize(("lines", "made"), [
+    ("PARAMETER numa true", {"load": {"numa": "distribute"}}),  # Ollama's switch: on is llama.cpp's distribute
+    ("PARAMETER numa false", {}),  # off: localgen's default
+    ("PARAMETER numa isolate", {"load": {"numa": "isolate"}}),  # localgen's strategies stay
+    *((f"PARAMETER {name} {value}", {}) for name, value in (  # what a request's `options` let be: let be here too
+        ("num_keep", "24"), ("tfs_z", "1.0"), ("penalize_newline", "true"), ("low_vram", "false"),
+        ("f16_kv", "true"), ("vocab_only", "false"))),
+    ("PARAMETER num_predict -2", {"parameters": {"max_tokens": -1}}),  # "fill the context": -1, as in `options`
+    ("PARAMETER num_predict -2.0", {"parameters": {"max_tokens": -1}}),
+    ("PARAMETER top_k 40.0", {"parameters": {"top_k": 40}}),  # what /api/create writes of a JSON float
+    ("PARAMETER seed 7.0", {"parameters": {"seed": 7}}),
+    ("PARAMETER num_ctx 2048.0", {"context": 2048}),
+    ("PARAMETER num_thread 2.0", {"load": {"threads": 2}}),
+    ('SYSTEM ""', {}),  # none set, as Ollama's create: the base's stays
+    ('TEMPLATE ""', {}),
+    ('MESSAGE user ""\nMESSAGE assistant Hello.', {"messages": ({"role": "user", "content": ""},
+                                                                {"role": "assistant", "content": "Hello."})}),
+])
+def test_a_modelfile_takes_what_ollamas_create_takes(lines: str, made: dict[str, Any]) -> None:
+    """Each line was refused; Ollama's `create` takes it."""
+    m = modelfile.parse(f"FROM smollm2:135m\n{lines}\n")
+    assert m == modelfile.Modelfile(base="smollm2:135m", **made)
+    assert modelfile.parse(modelfile.write(m)) == m
+
+
+def test_create_takes_an_ollama_modelfile(pcli: InProcessCLI, tmp_path: Path) -> None:
+    (tmp_path / "Modelfile").write_text(OLLAMAS)
+    r = pcli("create", "ollamas", "-f", str(tmp_path / "Modelfile"))
+    assert r.returncode == 0 and r.stdout == "ollamas  preset of smollm2:135m\n", r.stderr
+    assert pcli("show", "ollamas", "--modelfile").stdout == (
+        "FROM smollm2:135m\nPARAMETER num_ctx 2048\nPARAMETER numa distribute\nPARAMETER num_thread 2\n"
+        "PARAMETER num_predict -1\nPARAMETER top_k 40\n"
+        'MESSAGE user ""\nMESSAGE assistant Hello.\n')
+    bad = pcli("create", "bad", "-f", "-", input="FROM smollm2:135m\nPARAMETER low_vram maybe\n")
+    assert bad.returncode == 2 and bad.stdout == "", bad.stdout
+    assert "line 2: PARAMETER low_vram takes true or false, not 'maybe'" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 # ---- create, list, show, cp, rm ------------------------------------------------------------------------

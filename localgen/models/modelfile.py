@@ -8,10 +8,13 @@ Ollama's names (num_predict, mirostat_tau, ...) or localgen's; num_ctx, the cont
 load settings of the table (loadsettings.py's LOAD_KNOBS) by Ollama's names where it has one (num_gpu, num_thread,
 use_mmap, ...), else llama.cpp's (n_cpu_moe, cpu_moe, override_tensor, flash_attn, ...). `PARAMETER stop` and
 `PARAMETER override_tensor` repeat. Every value is checked here (but -ot's buffer names, which name the devices of
-the machine that loads), so a preset never fails for its settings at use."""
+the machine that loads), so a preset never fails for its settings at use. Ollama's ways are taken too: an integer
+written 2048.0 (as /api/create's JSON numbers come), num_predict -2, numa true|false, and the options Ollama's API
+takes that a preset has no use for (IGNORED), checked and let be."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -33,6 +36,12 @@ REPEATED = ("stop", "dry_sequence_breaker", "logit_bias")
 # the most of a Modelfile `create -f` reads: the longest chat template of llama.cpp's 70 (gpt-oss's) is 17 KB,
 # and the longest system prompts published (some 25,000 tokens) about 100 KiB; past this it is not a Modelfile
 MAX_MODELFILE = 1 << 20
+# Ollama's options a preset has no use for: those a request's `options` let be (loadsettings.py's OLLAMA_LOAD_OPTIONS),
+# and num_keep, per request here. A line of one is checked for its kind, then let be: the preset does not keep it
+IGNORED = {"num_keep": settings.INT, "tfs_z": settings.FLOAT, "penalize_newline": settings.BOOL,
+           "low_vram": settings.BOOL, "f16_kv": settings.BOOL, "vocab_only": settings.BOOL}
+SWITCH_WORDS = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}  # as parse_load_text's
+NUMA_ON = "distribute"  # Ollama's `numa true`: the strategy Ollama picks itself on a NUMA machine (without numactl)
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             key, rest = _split(rest)
             if not key:
                 raise src.error(number, f"{instr} needs a name and a value")
-            value = _value(src, rest.strip(), number, f"{instr} {key}", trail)
+            value = _value(src, rest.strip(), number, f"{instr} {key}", trail, empty=instr == "MESSAGE")
             if instr == "MESSAGE":
                 if key.lower() not in ROLES:
                     raise src.error(number, f"MESSAGE takes a role ({', '.join(ROLES)}), not {key!r}")
@@ -98,7 +107,7 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             else:
                 _parameter(src, number, key, value, got)
             continue
-        value = _value(src, rest, number, instr, trail)
+        value = _value(src, rest, number, instr, trail, empty=instr in ("SYSTEM", "TEMPLATE"))
         if instr == "ADAPTER":
             got.adapters.append(_adapter(src, number, value, folder))
             continue
@@ -120,8 +129,9 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             got.load[key] = loadsettings.check_load(key, tuple(texts))
         except UsageError as e:
             raise UsageError(f"{where}: PARAMETER {loadsettings.modelfile_name(key)}: {e.message}") from None
+    # an empty SYSTEM or TEMPLATE ("") sets none, as Ollama's create: the base's (a preset's, an Ollama model's) stays
     return Modelfile(base=got.single["FROM"], parameters=got.params, context=got.context,
-                     system=got.single.get("SYSTEM"), template=got.single.get("TEMPLATE"),
+                     system=got.single.get("SYSTEM") or None, template=got.single.get("TEMPLATE") or None,
                      messages=tuple(got.messages), adapters=tuple(got.adapters), load=got.load)
 
 
@@ -137,11 +147,16 @@ class _Found:
     adapters: list[str] = field(default_factory=list)
     load: dict[str, Any] = field(default_factory=dict)
     placed: dict[str, list[str]] = field(default_factory=dict)  # a repeated load setting's lines (-ot)
+    unset: set[str] = field(default_factory=set)  # load settings a line turned off (numa false): none kept
 
 
 def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> None:
-    """One PARAMETER line: num_ctx, a load setting, a repeated sampling setting, or one given once."""
+    """One PARAMETER line: num_ctx, a load setting, a repeated sampling setting, one given once, or one of
+    Ollama's that is let be (IGNORED)."""
     name = key.lower()
+    if name in IGNORED:
+        _ignored(src, number, key, IGNORED[name], value)
+        return
     knob = loadsettings.load_name(name)
     if knob == "ctx":
         got.context = _context(src, number, value)
@@ -157,6 +172,10 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
         return
     if fieldname in got.params:
         raise src.error(number, f"PARAMETER {key} is given twice")
+    if settings.KNOBS[fieldname].kind == settings.INT:
+        value = _whole(value)
+        if name == "num_predict" and value.strip() == "-2":  # Ollama's "fill the context": -1 here, as its options'
+            value = "-1"
     try:
         got.params[fieldname] = settings.parse_text(fieldname, value, key)[1]  # errors name what the line says
     except UsageError as e:
@@ -172,12 +191,45 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
             raise src.error(number, f"PARAMETER {key}: {e.message}") from None
         got.placed.setdefault(knob, []).append(value)
         return
-    if knob in got.load:
+    if knob in got.load or knob in got.unset:
         raise src.error(number, f"PARAMETER {key} is given twice")
+    if knob == "numa" and (on := SWITCH_WORDS.get(value.strip().lower())) is not None:  # Ollama's numa is a switch
+        if not on:  # off: localgen's default, so nothing is kept
+            got.unset.add(knob)
+            return
+        value = NUMA_ON
+    if loadsettings.LOAD_KNOBS[knob].kind == settings.INT:
+        value = _whole(value)
     try:
         got.load[knob] = loadsettings.parse_load_text(key, value)[1]
     except UsageError as e:
         raise src.error(number, f"PARAMETER {key}: {e.message}") from None
+
+
+def _ignored(src: _Lines, number: int, key: str, kind: str, value: str) -> None:
+    """One of Ollama's options a preset lets be (IGNORED): an error only where its value is not of its kind."""
+    t = value.strip()
+    if kind == settings.BOOL:
+        if t.lower() not in SWITCH_WORDS:
+            raise src.error(number, f"PARAMETER {key} takes true or false, not {value!r}")
+        return
+    try:
+        x = int(_whole(t)) if kind == settings.INT else float(t)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise src.error(number, f"PARAMETER {key} takes {'an integer' if kind == settings.INT else 'a number'}, "
+                                f"not {value!r}")
+
+
+def _whole(text: str) -> str:
+    """An integer's text, where `text` writes one as a whole number with a point or an exponent (2048.0, 4e1): what
+    /api/create writes of a JSON number a client sent as a float, which Ollama takes. Any other text as it is."""
+    try:
+        x = float(text)
+    except ValueError:
+        return text
+    return str(int(x)) if math.isfinite(x) and x.is_integer() and not text.strip().lstrip("+-").isdigit() else text
 
 
 def _from(src: _Lines, number: int, value: str, folder: Path | None, known: Callable[[str], bool] | None,
@@ -231,7 +283,7 @@ def _repeated(name: str, values: list[str]) -> Any:
 
 def _context(src: _Lines, number: int, value: str) -> int:
     try:
-        n = int(value)
+        n = int(_whole(value))
     except ValueError:
         raise src.error(number, f"num_ctx takes an integer, not {value!r}") from None
     if (n != TRAINED_CTX and n < MIN_CTX) or n > settings.INT32:  # 0: the model's training context, as --ctx 0
@@ -240,9 +292,10 @@ def _context(src: _Lines, number: int, value: str) -> int:
     return n
 
 
-def _value(src: _Lines, rest: str, number: int, what: str, trail: str = "") -> str:
+def _value(src: _Lines, rest: str, number: int, what: str, trail: str = "", empty: bool = False) -> str:
     """The instruction's value: bare, "quoted" or \"\"\"multi-line\"\"\" (which may run over the next lines).
-    `trail`: the whitespace the line ended with (stripped from `rest`), text of a \"\"\" string not closed there."""
+    `trail`: the whitespace the line ended with (stripped from `rest`), text of a \"\"\" string not closed there.
+    `empty`: a quoted empty value ("") is taken, as Ollama's parser takes it (SYSTEM, TEMPLATE, MESSAGE's text)."""
     if rest.startswith('"""'):
         body = rest[3:] if '"""' in rest[3:] else rest[3:] + trail
         parts: list[str] = []
@@ -263,7 +316,7 @@ def _value(src: _Lines, rest: str, number: int, what: str, trail: str = "") -> s
             raise src.error(number, f"{what}: text after the closing quote")
     else:
         value = rest
-    if not value:  # a quoted value may be only whitespace (PARAMETER stop "\n")
+    if not value and not (empty and rest.startswith('"')):  # a quoted value may be only whitespace (stop "\n")
         raise src.error(number, f"{what} needs a value")
     return value
 

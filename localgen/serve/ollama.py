@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import math
 import time
 from typing import Any
 
@@ -56,6 +57,7 @@ class Generate:
         opts = body.get("options") or {}
         if not isinstance(opts, dict):
             raise HTTPError(400, "`options` must be an object", param="options")
+        opts = _integers(opts)
         if opts.get("num_predict") == -2 and not isinstance(opts["num_predict"], bool):  # Ollama's "fill the
             opts = {**opts, "num_predict": -1}  # context": here -1, until the model stops or the window is full
         # load-time options are ignored (`serve` loaded the model before any request); others are a 400
@@ -147,6 +149,14 @@ async def _answer(state: ServeState, request: Request, api: Generate) -> Respons
             named = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else worker.name
             raise HTTPError(400, f'"{named}" does not support thinking', param="think")  # the name as sent
     return await handle(state, request, api)
+
+
+def _integers(opts: dict[str, Any]) -> dict[str, Any]:
+    """The options, an integer one sent as a float (`"top_k": 40.0`) made an int as Ollama's options.FromMap makes
+    it: cut toward zero (40.9 is 40), as Go's int(); an infinity or NaN is left for the check to refuse."""
+    ints = {k for k, knob in settings.spellings("ollama").items() if settings.KNOBS[knob].kind == settings.INT}
+    return {k: int(v) if (k in ints or k == "num_keep") and isinstance(v, float) and math.isfinite(v) else v
+            for k, v in opts.items()}
 
 
 def _refuse_context(context: Any) -> None:
