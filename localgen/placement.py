@@ -20,7 +20,7 @@ MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h): no model
 # Python-only: named groups, flags, lookbehind, atomic groups; \A \Z \z \G, \N{NAME} and \U; possessive repeats
 _NOT_ECMASCRIPT = re.compile(r"(?<!\\)\(\?[^:=!]|(?<!\\)\\[AZzGNU]|(?<!\\)[*+?}]\+")
 # a GPU's buffer type as llama.cpp's backends name it (CUDA0, ROCm1, Vulkan0, SYCL0, MTL0; Metal for one)
-GPU_BUFFER = re.compile(r"(CUDA|ROCm|Vulkan|SYCL|MUSA|CANN|MTL|Metal|OpenCL)(\d*)")
+GPU_BUFFER = re.compile(r"(CUDA|ROCm|Vulkan|SYCL|MUSA|CANN|MTL|Metal|OpenCL)(0|[1-9][0-9]*)?")  # (no CUDA00)
 
 
 def cpu_moe() -> tuple[str, str]:

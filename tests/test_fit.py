@@ -63,7 +63,8 @@ def test_fit_takes_the_buffer_types_a_described_gpu_has_and_no_others() -> None:
         placement.described_buffer(buffer, 2)
     for buffer, says in (("FOO", "is not a buffer type"), ("cpu", "is not a buffer type"),
                          ("CPU=CPU", "is not a buffer type"), ("CUDA-1", "is not a buffer type"),
-                         ("CUDA0_Host", "is not a buffer type"), ("CUDA2", "names GPU 2, and the plan has 2 GPUs")):
+                         ("CUDA0_Host", "is not a buffer type"), ("CUDA2", "names GPU 2, and the plan has 2 GPUs"),
+                         ("CUDA00", "is not a buffer type"), ("CUDA\u0661", "is not a buffer type")):
         with pytest.raises(UsageError, match=says):
             placement.described_buffer(buffer, 2)
 
