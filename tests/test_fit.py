@@ -113,6 +113,21 @@ def test_a_moe_model_runs_with_each_placement_flag_and_llama_cpp_applies_it(cli:
     assert plain["moved"] == {} and plain["n_cpu_moe"] is None
 
 
+def test_a_thousand_ot_patterns_that_miss_are_five_warnings_and_a_count(moe_path: Path) -> None:
+    """run.md: each -ot pattern that moves nothing is said, the first five one by one, the rest in one line (a
+    thousand patterns that miss were a thousand warning lines)."""
+    from types import SimpleNamespace
+
+    from localgen.models import footprint
+    from localgen.models.load import unmatched_overrides
+
+    ref: Any = SimpleNamespace(name="tiny-moe.gguf", path=str(moe_path))
+    patterns = (*((f"nothing{i}", "CPU") for i in range(1000)), ("ffn_up_exps", "CPU"))
+    said = unmatched_overrides(ref, patterns, footprint.layout(str(moe_path)))
+    assert len(said) == 6 and said[0].startswith("-ot nothing0=CPU matches no tensor of tiny-moe.gguf"), said
+    assert said[-1] == "and 995 more -ot patterns match no tensor of tiny-moe.gguf", said
+
+
 def test_an_ot_pattern_that_matches_no_tensor_is_a_warning_and_the_run_goes_on(cli: CLI, moe_path: Path,
                                                                                tmp_path: Path) -> None:
     """docs/run.md: llama.cpp says nothing of an -ot pattern that moves nothing (a typo in a regular expression);

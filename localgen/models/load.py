@@ -30,14 +30,20 @@ def unmatched_overrides(ref: ModelRef, overrides: tuple[tuple[str, str], ...], l
     if not overrides:
         return []
     tensors = (layout or footprint.layout(ref.path)).tensors
-    said = []
-    for pattern, buffer in overrides:
-        if tensors and not any(placement.buffer_of(t.name, ((pattern, buffer),)) for t in tensors):
-            like = next((t.name for t in tensors if t.expert), None) or next(
-                (t.name for t in tensors if t.layer is not None), tensors[0].name)
-            said.append(f"-ot {pattern}={buffer} matches no tensor of {ref.name}, so it moves nothing (its tensors "
-                        f"are named like {like})")
+    missed = [(p, b) for p, b in overrides
+              if tensors and not any(placement.buffer_of(t.name, ((p, b),)) for t in tensors)]
+    if not missed:
+        return []
+    like = next((t.name for t in tensors if t.expert), None) or next(
+        (t.name for t in tensors if t.layer is not None), tensors[0].name)
+    said = [f"-ot {pattern}={buffer} matches no tensor of {ref.name}, so it moves nothing (its tensors are named "
+            f"like {like})" for pattern, buffer in missed[:MISSES_SAID]]
+    if len(missed) > MISSES_SAID:  # (a thousand patterns that miss were a thousand lines)
+        said.append(f"and {len(missed) - MISSES_SAID:,} more -ot patterns match no tensor of {ref.name}")
     return said
+
+
+MISSES_SAID = 5  # the -ot patterns that miss said one by one; the rest in one line
 
 
 def for_draft(params: LoadParams) -> LoadParams:
