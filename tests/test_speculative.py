@@ -49,6 +49,10 @@ def test_greedy_output_is_unchanged_by_lookup_and_draft(cli: CLI) -> None:
     assert ds["accepted"] >= ds["drafted"] * (0.75 if has_gpu() else 0.9), "a draft that is the model itself is " \
         "almost always right"
     assert lookup["load"]["flash_attn"] is False and lookup["load"]["repack"] is False  # type: ignore[index]
+    # run.md: where each setting came from: these were said to be the user's flags
+    off = "off for --draft/--lookup (a batched check would drift from plain decoding)"
+    assert lookup["load"]["origins"]["flash_attn"] == lookup["load"]["origins"]["repack"] == off  # type: ignore[index]
+    assert plain["load"]["origins"]["flash_attn"] == "flag"  # type: ignore[index]  # (--no-flash-attn, typed)
     assert plain["stats"]["drafted"] is None  # type: ignore[index]
 
 

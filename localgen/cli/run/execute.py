@@ -320,6 +320,11 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
     engine = open_engine(ref, params, verbose=load.verbose, warn=err.warn, kv_tokens=_kv_tokens(plan, params.n_ctx))
+    if decoding.lookup or draft:  # what plan.py's _speculative turned off is no flag of the user's
+        for name in ("flash_attn", "repack"):
+            given = name in load.load_given or (name == "flash_attn" and "no_flash_attn" in load.load_given)
+            if not given and engine.origins.get(name) == "flag" and not getattr(engine.params, name):
+                engine.origins[name] = "off for --draft/--lookup (a batched check would drift from plain decoding)"
     from localgen.cli.hints import record_note, tune_tip
 
     record_note(err.line, ref.name, ref.path, vars(engine.params), engine.origins)
