@@ -305,6 +305,14 @@ def reset(sha256: str | None = None, model: str | None = None) -> int:
         return len(readable) - len(doc["records"])
 
 
+def reset_file(path: str | Path) -> int:
+    """Forget the records of one file, by its hash: a file no record's size matches is never hashed (a 20 GB
+    model with no record was read whole to forget nothing), as find() has it."""
+    size = Path(path).stat().st_size
+    # ("" is no record's hash: none is forgotten, and the unreadable records go as reset() has them go)
+    return reset(sha256=file_sha256(path) if any(r.size == size for r in records()) else "")
+
+
 def file_sha256(path: str | Path) -> str:
     """The file's SHA-256, remembered by (path, size, mtime) so that a load pays for it once per file."""
     p = Path(path).resolve()

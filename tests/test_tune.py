@@ -590,6 +590,12 @@ def test_reset_of_a_model_not_here_forgets_its_records_by_name_and_asks_no_hub(
     assert [rec.key.sha256 for rec in tuning.records()] == ["1" * 64]
     r = cli("tune", "--reset", "-m", f"/gone/elsewhere/{smollm2_path.name}")
     assert r.returncode == 0 and "forgot 1 tuning record" in r.stderr and tuning.records() == [], r.stderr
+    # tune.md: a file no record's size matches is never hashed (a model of many GB was read whole to forget nothing)
+    other = own_home / "other.gguf"
+    shutil.copyfile(smollm2_path, other)  # (no record is left: none of its size either)
+    r = cli("tune", "--reset", "-m", str(other))
+    assert r.returncode == 0 and "forgot 0 tuning records" in r.stderr, r.stderr
+    assert not any(str(other) in str(e) for e in tuning._read()["hashes"]), "hashed"
 
 
 def test_reset_of_a_name_that_is_no_model_and_no_record_is_an_error(

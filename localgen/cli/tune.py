@@ -149,7 +149,7 @@ def _forget(model: str) -> int:
         if n == 0:  # a typo: the resolver's own error, as run and show give it
             raise
         return n
-    return tuning.reset(sha256=tuning.file_sha256(ref.path))
+    return tuning.reset_file(ref.path)
 
 
 def _resolve(model: str | None, offline: bool) -> Any:
