@@ -54,12 +54,35 @@ def doctor(
     unusable = check and not typed_by_user(ctx, "model") and checked.partition("@")[0] in broken
     planned = _planned(model, knobs, servers) if check and not unusable else None  # a bad flag or name: one
     # error, before anything
+    gpus, offload = _machine()
+    from localgen import tuning
+
+    problems = 0
+    for problem in [*found, *filter(None, [tuning.problem()])]:  # the user's files that need fixing
+        print(f"PROBLEM   {problem}")
+        problems += 1
+    if unusable:
+        print(f"check     not run: {checked} cannot be used until the catalogue is fixed")
+    if gpus and not offload:
+        kind = "metal" if gpus[0].unified else "cuda"
+        print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")
+        print(f"          {REBUILD[kind]}")
+        problems += 1
+    problems += _check_rpc(servers)
+    if planned is not None and not (servers and problems):
+        problems += _smoke_test(offload and bool(gpus), servers, *planned)
+    if problems:
+        raise typer.Exit(1)
+
+
+def _machine() -> tuple[list[Any], bool]:
+    """Print the machine and the build (CPU, RAM, GPUs, llama-cpp-python's features, libmtmd); the GPUs found,
+    and whether this build offloads to a GPU."""
     import localgen
     from localgen import hardware
     from localgen.native.devices import backend_info
     from localgen.units import format_bytes
 
-    problems = 0
     ram = hardware.total_ram_bytes() or 0
     avail = hardware.available_ram_bytes() or 0
     print(f"localgen {localgen.__version__} · Python {platform.python_version()} · {platform.system()} "
@@ -100,23 +123,7 @@ def doctor(
     else:
         print("media     images and audio: yes (libmtmd; a model reads them with its projector: --mmproj, or a "
               "vision or audio model from the catalogue)")
-    from localgen import tuning
-
-    for problem in [*found, *filter(None, [tuning.problem()])]:  # the user's files that need fixing
-        print(f"PROBLEM   {problem}")
-        problems += 1
-    if unusable:
-        print(f"check     not run: {checked} cannot be used until the catalogue is fixed")
-    if gpus and not offload:
-        kind = "metal" if gpus[0].unified else "cuda"
-        print("PROBLEM   a GPU is present but this llama-cpp-python cannot use it. Rebuild with:")
-        print(f"          {REBUILD[kind]}")
-        problems += 1
-    problems += _check_rpc(servers)
-    if planned is not None and not (servers and problems):
-        problems += _smoke_test(offload and bool(gpus), servers, *planned)
-    if problems:
-        raise typer.Exit(1)
+    return list(gpus), offload
 
 
 def _refuse_typed_load_flags(ctx: typer.Context, knobs: Knobs) -> None:
