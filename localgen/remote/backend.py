@@ -201,12 +201,7 @@ class RemoteBackend:
             raise
         if failed:
             raise failed[0]
-        # every endpoint is gone: what is left fails, each line with the reason
-        said = [gone[i] for i in sorted(gone)]  # in the order they were given (the last to die is a race's)
-        reason = ("every endpoint is gone" if not said else f"every endpoint is gone (last: {said[0]})"
-                  if len(said) == 1 else f"every endpoint is gone ({'; '.join(said)})")
-        for item in itertools.chain(retry, source):
-            on_done(Completion(item.index, "", f"error: {reason}", 0, 0, 0.0, 0.0, item.seed))
+        _fail_the_rest(itertools.chain(retry, source), gone, on_done)
         return {"steps": 0.0, "rows": 0.0, **counts}
 
     def _complete(self, client: RemoteClient, item: Indexed, stop: threading.Event) -> Completion | None:
@@ -234,3 +229,12 @@ def _with_seed(request: GenerationRequest, seed: int) -> GenerationRequest:
     if request.sampling.seed == seed:
         return request
     return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=seed))
+
+
+def _fail_the_rest(left: Iterable[Indexed], gone: dict[int, str], on_done: Callable[[Completion], None]) -> None:
+    """Every endpoint is gone (`gone`: each one's reason, by its place in the list): each line `left` fails with it."""
+    said = [gone[i] for i in sorted(gone)]  # in the order they were given (the last to die is a race's)
+    reason = ("every endpoint is gone" if not said else f"every endpoint is gone (last: {said[0]})"
+              if len(said) == 1 else f"every endpoint is gone ({'; '.join(said)})")
+    for item in left:
+        on_done(Completion(item.index, "", f"error: {reason}", 0, 0, 0.0, 0.0, item.seed))
