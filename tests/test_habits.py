@@ -117,7 +117,7 @@ def test_rm_of_the_assembled_default_removes_only_the_assembled_copy(cli_env: di
     assert asked.returncode == 2 and "pass --yes" in asked.stderr and copy.exists()
     r = own("rm", "gemma3:270m", "--yes")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("removed the assembled copy of gemma3:270m, freed 3") and r.stdout.count("\n") == 1
+    assert r.stdout.startswith("removed the assembled copy of gemma3:270m, freed 2.9 MiB") and r.stdout.count("\n") == 1
     assert f"pip uninstall {chunks}" in r.stdout and not copy.exists()
 
 

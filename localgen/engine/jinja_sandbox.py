@@ -323,8 +323,6 @@ def _sum(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0)
 def _bounded_filters(env: Any) -> None:
     """Every filter's result is refused past MAX_BUILT; those that could make one far larger than what they
     are given (a replacement, a format, a join, an indent, a fill) are checked before they run."""
-    from jinja2.exceptions import SecurityError
-
     filters = env.filters
     filters["tojson"] = _tojson
     filters["sum"] = functools.update_wrapper(_sum, filters["sum"])
@@ -341,46 +339,6 @@ def _bounded_filters(env: Any) -> None:
 
         filters[name] = functools.update_wrapper(checked, original)
 
-    def replace(s: Any, old: Any, new: Any, count: Any = None) -> None:
-        text, old, new = str(_check_text(s)), str(old), str(new)
-        n = text.count(old) if old else len(text) + 1
-        if isinstance(count, int) and count >= 0:
-            n = min(n, count)
-        _check_built(len(text) + n * max(0, len(new) - len(old)))
-
-    def format_(value: Any, *args: Any, **kwargs: Any) -> None:
-        if args and kwargs:
-            return  # the filter refuses both itself
-        _check_built(_percent_bound(str(_check_text(value)), kwargs or args))
-
-    def indent(s: Any, width: Any = 4, first: bool = False, blank: bool = False) -> None:
-        text = str(_check_text(s))
-        pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
-        if pad > MAX_WIDTH:
-            raise SecurityError("indent width too large")
-        _check_built(len(text) + (text.count("\n") + 1) * pad)
-
-    def wordwrap(s: Any, width: int = 79, break_long_words: bool = True, wrapstring: Any = None,
-                 break_on_hyphens: bool = True) -> None:
-        text = str(_check_text(s))
-        if isinstance(width, int) and width > MAX_WIDTH:
-            raise SecurityError("wordwrap width too large")
-        wrap = len(wrapstring) if isinstance(wrapstring, str) else 2  # each line is at least a character
-        _check_built(len(text) + (len(text) + 1) * wrap)
-
-    def fill(name: str) -> Any:
-        def check(value: Any, count: Any, fill_with: Any = None) -> None:
-            if isinstance(count, int) and count > MAX_BATCH:
-                raise SecurityError(f"{name} count too large ({count:,} > {MAX_BATCH:,})")
-        return check
-
-    def text_of(value: Any, *args: Any, **kwargs: Any) -> None:
-        _check_text(value)
-
-    def escaped(value: Any, *args: Any, **kwargs: Any) -> None:
-        text = str(_check_text(value))  # &, <, >, ' and " become at most 5 characters
-        _check_built(len(text) + 4 * sum(text.count(c) for c in "&<>'\""))
-
     join = filters["join"]
 
     def join_filter(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> Any:
@@ -391,19 +349,73 @@ def _bounded_filters(env: Any) -> None:
         return join(eval_ctx, _check_join(str(d), value), d)  # listed: a generator is read once
 
     filters["join"] = functools.update_wrapper(join_filter, join)
-    ahead("replace", replace)
-    ahead("format", format_)
-    ahead("indent", indent)
-    ahead("wordwrap", wordwrap)
-    ahead("batch", fill("batch"))
-    ahead("slice", fill("slice"))
+    for name, check in (("replace", _before_replace), ("format", _before_format), ("indent", _before_indent),
+                        ("wordwrap", _before_wordwrap), ("batch", _before_fill("batch")),
+                        ("slice", _before_fill("slice"))):
+        ahead(name, check)
     for name in ("string", "pprint", "upper", "lower", "title", "capitalize", "trim", "striptags", "urlize",
                  "urlencode", "wordcount", "reverse", "list", "unique", "sort", "dictsort", "xmlattr"):
-        ahead(name, text_of)
+        ahead(name, _before_text)
     for name in ("e", "escape", "forceescape"):
-        ahead(name, escaped)
+        ahead(name, _before_escape)
     for name, original in list(filters.items()):
         filters[name] = _results_checked(original)
+
+
+# The checks _bounded_filters runs before a filter, given its arguments: a SecurityError where its result would
+# pass MAX_BUILT (or a width MAX_WIDTH, a count MAX_BATCH)
+
+def _before_replace(s: Any, old: Any, new: Any, count: Any = None) -> None:
+    text, old, new = str(_check_text(s)), str(old), str(new)
+    n = text.count(old) if old else len(text) + 1
+    if isinstance(count, int) and count >= 0:
+        n = min(n, count)
+    _check_built(len(text) + n * max(0, len(new) - len(old)))
+
+
+def _before_format(value: Any, *args: Any, **kwargs: Any) -> None:
+    if args and kwargs:
+        return  # the filter refuses both itself
+    _check_built(_percent_bound(str(_check_text(value)), kwargs or args))
+
+
+def _before_indent(s: Any, width: Any = 4, first: bool = False, blank: bool = False) -> None:
+    from jinja2.exceptions import SecurityError
+
+    text = str(_check_text(s))
+    pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+    if pad > MAX_WIDTH:
+        raise SecurityError("indent width too large")
+    _check_built(len(text) + (text.count("\n") + 1) * pad)
+
+
+def _before_wordwrap(s: Any, width: int = 79, break_long_words: bool = True, wrapstring: Any = None,
+                     break_on_hyphens: bool = True) -> None:
+    from jinja2.exceptions import SecurityError
+
+    text = str(_check_text(s))
+    if isinstance(width, int) and width > MAX_WIDTH:
+        raise SecurityError("wordwrap width too large")
+    wrap = len(wrapstring) if isinstance(wrapstring, str) else 2  # each line is at least a character
+    _check_built(len(text) + (len(text) + 1) * wrap)
+
+
+def _before_fill(name: str) -> Any:
+    def check(value: Any, count: Any, fill_with: Any = None) -> None:
+        from jinja2.exceptions import SecurityError
+
+        if isinstance(count, int) and count > MAX_BATCH:
+            raise SecurityError(f"{name} count too large ({count:,} > {MAX_BATCH:,})")
+    return check
+
+
+def _before_text(value: Any, *args: Any, **kwargs: Any) -> None:
+    _check_text(value)
+
+
+def _before_escape(value: Any, *args: Any, **kwargs: Any) -> None:
+    text = str(_check_text(value))  # &, <, >, ' and " become at most 5 characters
+    _check_built(len(text) + 4 * sum(text.count(c) for c in "&<>'\""))
 
 
 def _results_checked(fn: Any) -> Any:
