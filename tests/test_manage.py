@@ -68,6 +68,10 @@ def test_show_reads_the_header_without_loading(smollm2_path: Path) -> None:
     lines = describe.parameters_text(with_params).splitlines()
     assert [line.split() for line in lines] == [["num_ctx", "1024"], ["temperature", "0.2"], ["stop", "x"],
                                                 ["stop", "y"]]
+    # a stop of several lines is one line, quoted (it was cut at its first line: `stop """`)
+    lines = describe.parameters_text(dataclasses.replace(ref, sampling_defaults={"stop": ("\n\nUser:", "z")})
+                                     ).splitlines()
+    assert [line.split(None, 1) for line in lines] == [["stop", '"\\n\\nUser:"'], ["stop", "z"]], lines
     tools = dataclasses.replace(ref, summary=dataclasses.replace(
         ref.summary, chat_template="{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"))
     assert describe.capabilities(tools) == ["completion", "tools", "thinking"]

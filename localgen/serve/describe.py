@@ -43,13 +43,26 @@ def modelfile_of(name: str, ref: ModelRef) -> str:
 
 def parameters_text(ref: ModelRef) -> str:
     """Ollama's `parameters`: one `name value` a line (Ollama's names), the model's sampling defaults and a
-    preset's load settings."""
+    preset's load settings; a value of several lines (a stop "\\n\\nUser:") quoted on its one line, as Ollama's
+    %#v quotes it (the Modelfile's \"\"\"...\"\"\" was cut at its first line)."""
+    import json
+
     from localgen.models import modelfile
 
     text = modelfile.write(modelfile.Modelfile(base="x", parameters=dict(ref.sampling_defaults),
                                                context=ref.context, load=dict(ref.load)))
-    rows = [line.removeprefix("PARAMETER ").split(" ", 1) for line in text.splitlines()
-            if line.startswith("PARAMETER ")]
+    rows: list[tuple[str, str]] = []
+    lines = iter(text.splitlines())
+    for line in lines:
+        if not line.startswith("PARAMETER "):
+            continue
+        key, value = line.removeprefix("PARAMETER ").split(" ", 1)
+        if value.startswith('"""'):  # modelfile.write's text of several lines: to its closing quotes
+            body = value[3:]
+            while not body.endswith('"""'):
+                body += "\n" + next(lines)
+            value = json.dumps(body[:-3], ensure_ascii=False)
+        rows.append((key, value))
     return "\n".join(f"{k:<30} {v}" for k, v in rows)
 
 
