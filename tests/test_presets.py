@@ -107,6 +107,7 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nPARAMETER max_tokens -2\n", ["line 2", "max_tokens must be at least -1"]),  # Ollama's -2 only
     ("FROM smollm2:135m\nPARAMETER numa maybe\n", ["line 2", "unknown NUMA strategy 'maybe'"]),
     ("FROM smollm2:135m\nPARAMETER numa false\nPARAMETER numa true\n", ["line 3", "numa is given twice"]),
+    ("FROM smollm2:135m\nPARAMETER num_ctx 2048\nPARAMETER num_ctx 4096\n", ["line 3", "num_ctx is given twice"]),
     ("FROM smollm2:135m\nPARAMETER low_vram maybe\n", ["line 2", "low_vram takes true or false, not 'maybe'"]),
     ("FROM smollm2:135m\nPARAMETER tfs_z hot\n", ["line 2", "PARAMETER tfs_z takes a number, not 'hot'"]),
     ("FROM smollm2:135m\nPARAMETER num_keep 4.5\n", ["line 2", "PARAMETER num_keep takes an integer, not '4.5'"]),

@@ -159,6 +159,8 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
         return
     knob = loadsettings.load_name(name)
     if knob == "ctx":
+        if got.context is not None:  # (the last one won, unsaid: every other setting given twice is refused)
+            raise src.error(number, f"PARAMETER {key} is given twice")
         got.context = _context(src, number, value)
         return
     if knob is not None:
