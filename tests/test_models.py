@@ -706,6 +706,21 @@ def test_pull_list_of_a_truncated_header_names_the_repos_file(env: dict[str, str
                         "nothing was downloaded)\n"), r.stderr
 
 
+# models.md: pull --list plans nothing for a header llama.cpp's load refuses, as fit (it gave every quantization a
+# verdict for a file no llama.cpp loads)
+def test_pull_list_of_a_header_llama_cpp_refuses_is_one_line(env: dict[str, str], hub: hub_server.FakeHub,
+                                                             moe_path: Path, tmp_path: Path) -> None:
+    from tests.gguf_edit import rewrite_strings
+
+    bad = rewrite_strings(moe_path, tmp_path / "bad.gguf", {"qwen3moe.expert_used_count": 99})
+    hub.repos["acme/Bad-GGUF"] = hub_server.HubRepo(COMMIT, {"bad-Q4_1.gguf": hub_server.HubFile(bad.read_bytes())})
+    r = lg(env, "pull", "acme/Bad-GGUF", "--list")
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: llama.cpp would not load acme/Bad-GGUF/bad-Q4_1.gguf: its header "
+                               "says qwen3moe.expert_used_count is 99, more than its 16 experts"), r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+
+
 def test_pull_list_judges_for_a_described_card_as_fit_does(env: dict[str, str], hub: hub_server.FakeHub,
                                                            moe_path: Path) -> None:
     """pull --list --gpu-memory SIZE: the planner's verdict for a card described, before pulling, the one

@@ -157,7 +157,9 @@ def _pull_embedded(name: str, model: Any, list_quants: bool, json_out: bool) -> 
 
 def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
     """Each quantization's size and the planner's verdict for `machine` (this one, or one described)."""
+    from localgen.errors import ModelFormatError
     from localgen.models import fit, hub, store
+    from localgen.models.gguf_meta import refusal
     from localgen.models.quant import group_options, rank, shared_tags
     from localgen.types import LoadParams
 
@@ -172,6 +174,10 @@ def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
     smallest = min(options, key=lambda x: x.size)
     summary, weights = hub.fetch_summary(s.repo, listing.commit, smallest.first.name, smallest.first.size,
                                          split=len(smallest.files) > 1, note=note)
+    why = refusal(summary, (t.name for t in weights.tensors))
+    if why is not None:  # as fit has it: no plan for a header llama.cpp's load refuses
+        raise ModelFormatError(f"llama.cpp would not load {s.repo}/{smallest.first.name}: {why}",
+                               hint="the repo's files are damaged or made for another program; nothing was downloaded")
     cached = {f.filename for f in store.cached_files(s.repo)}
     rows: list[dict[str, Any]] = []
     for opt in options:
