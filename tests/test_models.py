@@ -685,6 +685,14 @@ def test_pull_list_shows_fit_and_recommendation(env: dict[str, str], hub: hub_se
     expected = "full GPU" if machine.gpus and machine.gpu_budget(0) > rows["Q4_1"]["memory"] else "CPU only"
     assert rows["Q4_1"]["fit"] == expected and rows["Q4_1"]["memory"] > rows["Q4_1"]["size"]
     assert rows["Q4_1"]["context"] == 4096  # the plan's, at --ctx's default
+    # bits per weight as quantize and its ladder give them: tensor bytes × 8 ÷ parameters (the file's size, header
+    # and vocabulary included, said 6.27 where the ladder said 6.17)
+    from localgen.models.gguf_meta import read_gguf, summarize
+
+    source = hub.repos[REPO].files[FILE].source
+    assert isinstance(source, Path)
+    s, offset = summarize(str(source)), read_gguf(str(source))[2]
+    assert rows["Q4_1"]["bits_per_weight"] == round((source.stat().st_size - offset) * 8 / s.n_params, 2), rows
     assert sum(q["recommended"] for q in rows.values()) == 1
     assert not any(q["downloaded"] for q in rows.values())
     assert FILE not in hub.sent or hub.sent[FILE] < 70_000_000, "--list reads only the header"

@@ -179,6 +179,7 @@ def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
         raise ModelFormatError(f"llama.cpp would not load {s.repo}/{smallest.first.name}: {why}",
                                hint="the repo's files are damaged or made for another program; nothing was downloaded")
     cached = {f.filename for f in store.cached_files(s.repo)}
+    header = summary.file_size - summary.tensor_bytes  # (bits per weight count tensor bytes, as the ladder's do)
     rows: list[dict[str, Any]] = []
     for opt in options:
         # the plan (models/fit.py) for each quantization: the header read's tensors, scaled to its size
@@ -186,7 +187,7 @@ def _list_quants(target: Any, ctx: int, json_out: bool, machine: Any) -> None:
                         LoadParams(n_ctx=ctx), ctx=ctx)
         rows.append({
             "quantization": opt.tag, "files": [f.name for f in opt.files], "size": opt.size,
-            "bits_per_weight": round(opt.size * 8 / summary.n_params, 2) if summary.n_params else None,
+            "bits_per_weight": round((opt.size - header) * 8 / summary.n_params, 2) if summary.n_params else None,
             "memory": plan.footprint.total, "fit": plan.verdict, "context": plan.ctx,
             "downloaded": opt.first.name in cached,
         })
