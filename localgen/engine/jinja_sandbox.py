@@ -461,33 +461,7 @@ def _sandbox_class() -> Any:
         checked = staticmethod(_check_value)
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            if operator == "%":
-                if isinstance(left, str):
-                    _check_built(_percent_bound(left, right))
-                return left % right
-            if operator == "+":
-                if type(left) is str and type(right) is str:  # (the common case, measured without a _Measure)
-                    _check_built(len(left) + len(right), "string")
-                    return left + right
-                if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-                    measure = _Measure()
-                    _check_built(measure.text(left) + measure.text(right), _what(left))
-                return left + right
-            ints = isinstance(left, int) and isinstance(right, int)
-            if operator == "**":
-                if isinstance(right, (int, float)) and abs(right) > 64:
-                    raise SecurityError("exponent too large")
-                if ints and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_INT_BITS:
-                    raise SecurityError("power too large")
-                return left**right
-            if ints and left.bit_length() + right.bit_length() > MAX_INT_BITS:
-                raise SecurityError("product too large")
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(n, int) and not isinstance(n, bool) and hasattr(seq, "__len__") and n > 0:
-                    if len(seq) * n > MAX_SEQUENCE:
-                        raise SecurityError("sequence repetition too large")
-                    _check_built(_Measure().text(seq) * n, _what(seq))
-            return left * right
+            return _bounded_binop(operator, left, right)
 
         def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
             # bytes have a method for every str one, unchecked; translate maps a character to any string
@@ -517,20 +491,8 @@ def _sandbox_class() -> Any:
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
             owner = getattr(__obj, "__self__", None)
-            name = getattr(__obj, "__name__", "")
-            if isinstance(owner, str) and name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
-                _capped(name, lambda v, *a, **k: None)(owner, *args, **kwargs)
-                if name == "expandtabs":
-                    size = args[0] if args else kwargs.get("tabsize", 8)
-                    _check_built(len(owner) + owner.count("\t") * (size if isinstance(size, int) else 8))
-            if isinstance(owner, str) and name == "join" and args:
-                args = (_check_join(owner, args[0]), *args[1:])
-            elif isinstance(owner, str) and name == "replace" and len(args) >= 2 and all(
-                    isinstance(a, str) for a in args[:2]):
-                count = owner.count(args[0]) if args[0] else len(owner) + 1
-                if len(args) > 2 and isinstance(args[2], int) and args[2] >= 0:
-                    count = min(count, args[2])
-                _check_built(len(owner) + count * max(0, len(args[1]) - len(args[0])))
+            if isinstance(owner, str):
+                args = _str_method_args(owner, getattr(__obj, "__name__", ""), args, kwargs)
             if isinstance(__obj, BlockReference):  # self.name(), super(): a block's text, joined by Jinja
                 if not __self.is_safe_callable(__obj):
                     raise SecurityError(f"{__obj!r} is not safely callable")
@@ -538,6 +500,57 @@ def _sandbox_class() -> Any:
             return _check_value(super().call(__context, __obj, *args, **kwargs))
 
     return Sandbox
+
+
+def _bounded_binop(operator: str, left: Any, right: Any) -> Any:
+    """A template's `%`, `+`, `**` or `*`, refused (SecurityError) where its result would pass the caps."""
+    from jinja2.exceptions import SecurityError
+
+    if operator == "%":
+        if isinstance(left, str):
+            _check_built(_percent_bound(left, right))
+        return left % right
+    if operator == "+":
+        if type(left) is str and type(right) is str:  # (the common case, measured without a _Measure)
+            _check_built(len(left) + len(right), "string")
+            return left + right
+        if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            measure = _Measure()
+            _check_built(measure.text(left) + measure.text(right), _what(left))
+        return left + right
+    ints = isinstance(left, int) and isinstance(right, int)
+    if operator == "**":
+        if isinstance(right, (int, float)) and abs(right) > 64:
+            raise SecurityError("exponent too large")
+        if ints and right > 0 and abs(left) > 1 and left.bit_length() * right > MAX_INT_BITS:
+            raise SecurityError("power too large")
+        return left**right
+    if ints and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+        raise SecurityError("product too large")
+    for seq, n in ((left, right), (right, left)):
+        if isinstance(n, int) and not isinstance(n, bool) and hasattr(seq, "__len__") and n > 0:
+            if len(seq) * n > MAX_SEQUENCE:
+                raise SecurityError("sequence repetition too large")
+            _check_built(_Measure().text(seq) * n, _what(seq))
+    return left * right
+
+
+def _str_method_args(owner: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A string method's arguments, checked before it runs where it could build past the caps (a padding, tabs
+    expanded, a join, a replacement); a join's iterable is listed (a generator is read once)."""
+    if name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
+        _capped(name, lambda v, *a, **k: None)(owner, *args, **kwargs)
+        if name == "expandtabs":
+            size = args[0] if args else kwargs.get("tabsize", 8)
+            _check_built(len(owner) + owner.count("\t") * (size if isinstance(size, int) else 8))
+    if name == "join" and args:
+        return (_check_join(owner, args[0]), *args[1:])
+    if name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
+        count = owner.count(args[0]) if args[0] else len(owner) + 1
+        if len(args) > 2 and isinstance(args[2], int) and args[2] >= 0:
+            count = min(count, args[2])
+        _check_built(len(owner) + count * max(0, len(args[1]) - len(args[0])))
+    return args
 
 
 def _bounded_code_generator() -> Any:
