@@ -167,10 +167,11 @@ def _target(ctx: typer.Context, host: str, port: int, api_key_file: Path | None,
     source = "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST"
     check_host(host, source)
     check_host_name(host, source)
-    named = api_key_file
-    if print_env and api_key_file is not None:  # before it is read: a FIFO no shell writes to waited for ever
+    if print_env and api_key_file is not None and _is_fifo(api_key_file):  # refused unread: one nobody writes to
+        _lasting(api_key_file)  # was waited on for ever
+    key = key_file(api_key_file, None) if api_key_file is not None else os.environ.get("LOCALGEN_API_KEY") or None
+    if print_env and api_key_file is not None:  # read first: a file past its bound is said so, as everywhere
         api_key_file = _lasting(api_key_file)
-    key = key_file(named, None) if named is not None else os.environ.get("LOCALGEN_API_KEY") or None
     fault = key_fault(key) if key else None
     if fault:  # as ps: no HTTP header carries it as given
         raise UsageError(f"{'the API key file' if api_key_file else 'LOCALGEN_API_KEY'} {fault}: no HTTP header "
@@ -226,6 +227,16 @@ def _model_there(a: Agent, url: str, key: str | None, model: str | None) -> str:
                             hint="give -m a model the server runs itself (localgen list), or use localgen launch "
                                  "opencode, which asks by chat completions")
     return model
+
+
+def _is_fifo(path: Path) -> bool:
+    """Whether `path` is a named pipe (stat, never opened)."""
+    import stat
+
+    try:
+        return stat.S_ISFIFO(path.expanduser().stat().st_mode)
+    except OSError:
+        return False
 
 
 def _lasting(path: Path) -> Path:
