@@ -202,6 +202,12 @@ def test_a_preset_file_of_bad_bytes_is_named_and_list_goes_on(own: CLI) -> None:
     (b"k\x01", None, "control characters"),
     ("k\u20acy".encode(), None, "a character outside ASCII (U+20AC)"),
     (None, "k\u00e9y", "LOCALGEN_API_KEY: the key has a character outside ASCII (U+00E9)"),
+    # a red team's: only ASCII whitespace around the key is stripped, as --print-env's `tr -d '[:space:]'` strips
+    # it (a no-break space was stripped here and kept by the shell's line, whose key got a 401)
+    ("\u00a0abc\n".encode(), None, "a character outside ASCII (U+00A0)"),
+    ("abc\u2003".encode(), None, "a character outside ASCII (U+2003)"),
+    (b"\x1cabc", None, "control characters"),
+    ("\ufeffabc\r\n".encode(), None, "begins with a byte-order mark (U+FEFF)"),
     (None, " ", "LOCALGEN_API_KEY is blank"),
     (None, "", "LOCALGEN_API_KEY is blank"),  # set to nothing ($UNSET): Click took it as unset, an open API
     (None, "a key", "LOCALGEN_API_KEY: the key has spaces"),

@@ -313,15 +313,15 @@ MAX_KEY = 4096  # an API key's characters: the Authorization header must fit the
 def _checked_key(key: str, where: str) -> str:
     """A key a client can send in `Authorization: Bearer KEY`: one line of ASCII, no spaces or control
     characters (browsers, httpx and the OpenAI libraries send headers in ASCII alone)."""
-    if any(c.isspace() or not c.isprintable() for c in key):
-        raise UsageError(f"{where}: the key has spaces, line breaks or control characters inside; a client "
-                         "sends it on one header line, so no request could match",
-                         hint="one key, on one line")
     other = next((c for c in key if not c.isascii()), None)
     if other is not None:
         raise UsageError(f"{where}: the key has a character outside ASCII (U+{ord(other):04X}); browsers and the "
                          "OpenAI and Anthropic libraries cannot send it in a header, so their requests could not "
                          "match", hint="make one of letters, digits and - _ . ~ (secrets.token_urlsafe)")
+    if any(c.isspace() or not c.isprintable() for c in key):
+        raise UsageError(f"{where}: the key has spaces, line breaks or control characters inside; a client "
+                         "sends it on one header line, so no request could match",
+                         hint="one key, on one line")
     if len(key) > MAX_KEY:  # past what a request's headers may hold beside the others
         raise UsageError(f"{where}: the key is {len(key):,} characters; at most {MAX_KEY:,} fit a request's headers")
     return key

@@ -88,8 +88,10 @@ MAX_KEY_FILE = 64 << 10  # a key is some dozens of characters; a file past this 
 
 
 def key_file(path: Path, typed: str | None) -> str:
-    """The key in --api-key-file, stripped (serve's and ps's); a usage error when --api-key is typed too, or
-    when the file cannot be read, is larger than 64 KiB, is not UTF-8 text or is empty. A typed file wins over
+    """The key in --api-key-file, its ASCII whitespace around it stripped (serve's, ps's and launch's: the
+    `tr -d '[:space:]'` of --print-env's lines takes the same away, so a no-break space or a U+001C stays in the key
+    everywhere and is refused); a usage error when --api-key is typed too, or when the file cannot be read, is
+    larger than 64 KiB, is not UTF-8 text, begins with a byte-order mark or is empty. A typed file wins over
     LOCALGEN_API_KEY."""
     if typed is not None:
         raise UsageError("--api-key and --api-key-file cannot be combined")
@@ -97,14 +99,19 @@ def key_file(path: Path, typed: str | None) -> str:
 
     where = f"the API key file {path}"
     try:
-        key = read_bounded(path.expanduser(), MAX_KEY_FILE, where).decode("utf-8").strip()
+        key = read_bounded(path.expanduser(), MAX_KEY_FILE, where).decode("utf-8").strip(ASCII_SPACE)
     except UnicodeDecodeError:
         raise UsageError(f"{where} is not UTF-8 text") from None
     except OSError as e:
         raise UsageError(f"{where} cannot be read: {e.strerror or e}") from None
+    if key.startswith("\ufeff"):  # a shell's line would send its three bytes as the key's start
+        raise UsageError(f"{where} begins with a byte-order mark (U+FEFF)", hint="save it as UTF-8 without a BOM")
     if not key:
         raise UsageError(f"{where} is empty")
     return key
+
+
+ASCII_SPACE = " \t\n\r\f\v"  # what the C locale's [:space:] is, and what a key file's line ends and padding are
 
 
 def check_host(host: str, source: str = "--host") -> None:
@@ -141,7 +148,8 @@ def key_fault(key: str) -> str | None:
     """What in an API key no HTTP header carries as given (a space, a control character), said where it is; None
     for a key a header carries."""
     if not key.isprintable():
-        return "has a control character (a tab, a newline) in it"
+        return ("has a control character (a tab, a newline) in it" if key.isascii() else
+                "has a character that is not printable ASCII (a no-break space, a control character) in it")
     if key.startswith(" ") or key.endswith(" "):
         return f"{'begins' if key.startswith(' ') else 'ends'} with a space"
     return "has a space inside" if " " in key else None
