@@ -117,6 +117,18 @@ def test_a_generic_answer_cut_by_max_tokens_is_its_text_as_far_as_it_came(text: 
     assert _text(_events("generic", "Plain words, no JSON"), "content") == "Plain words, no JSON"
 
 
+@pytest.mark.parametrize("text", ['{"tool_call": {"name": "w", "arguments": {"city": "Paris"}}',
+                                  '{"tool_call": {\n    "name": "w",\n    "arguments": {"city": "Paris"}\n  }\n',
+                                  '{"tool_calls": [{"name": "w", "arguments": {"city": "Paris"}}'])
+def test_a_call_whole_before_max_tokens_cut_its_envelope_is_a_call(text: str) -> None:
+    """tools.md: calls completed before max_tokens cut the answer are given as calls; a red team's: the singular
+    `{"tool_call": {...}` cut before its last `}` lost its whole call (the plural form kept it)."""
+    for step in (1, 5, 100):
+        events = _events("generic", text, step)
+        assert _calls(events) == [("w", {"city": "Paris"})], (text, step)
+        assert _text(events, "content") == "", (text, step)
+
+
 def test_a_forced_call_cut_by_max_tokens_is_no_answer(cli: CLI) -> None:
     """run --tool-choice NAME -n 10: the call is cut before it is whole; nothing of it is the answer (stdout was
     `<tool_call>\\n{"name": "`)."""

@@ -335,6 +335,11 @@ def _parse_generic(text: str) -> tuple[str, list[ToolCall]]:
             return "", cut
         envelope = _ENVELOPE.match(text)
         if envelope:  # the answer's text as far as it came; a call it cut is left out (no JSON for the user)
+            if envelope.group(1) == "tool_call":  # one call, whole where only the envelope's `}` was cut
+                call = None
+                with contextlib.suppress(ValueError):
+                    call = _item_call(json.JSONDecoder().raw_decode(text, envelope.end())[0])
+                return "", [call] if call else []
             return (_cut_string(text[envelope.end():]) if envelope.group(1) == "response" else ""), []
         bare = re.sub(r"\s+", "", text)
         if bare and any(key.startswith(bare) for key in ('{"response":', '{"tool_calls":')):
