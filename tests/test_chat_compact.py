@@ -109,6 +109,19 @@ def test_undo_past_what_the_summary_covers_drops_it() -> None:
     assert session.summary is None and runner.first == 0
 
 
+def test_a_summary_logged_as_a_system_prompt_is_not_sent_again() -> None:
+    """An older localgen logged a compacted chat's summary as its system prompt (alone, or after the system
+    prompt in one message): run --cid and chat --resume ID sent it before the turns it summarized."""
+    from localgen.cli.log.conversation import without_summary
+
+    text = compact.summary_text(6, "They talked about cats.\n\nAnd dogs.")
+    assert without_summary(text) is None
+    assert without_summary(f"Be brief.\n\n{text}") == "Be brief."
+    assert without_summary(compact.summary_text(1, "x")) is None
+    for kept in (None, "Be brief.", f"Quote: {compact.HEADING} (3 messages, summarized):\nno"):
+        assert without_summary(kept) == kept
+
+
 def test_the_transcript_names_who_said_what() -> None:
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]}
@@ -210,6 +223,31 @@ def test_the_model_gets_the_system_prompt_the_summary_and_the_recent_turns(small
     assert runner.sent()[2:] == runner.session.messages[s.covers:]
 
 
+@pytest.mark.slow
+def test_undo_after_the_window_moved_sends_what_fits_again(small_backend: Any) -> None:
+    """chat.md: /undo back past what the summary covers drops it, and the window then sends what is left. A red
+    team's: the window kept the start a longer conversation had moved it to, so after /undo the model got only the
+    last message (an answer: no user turn at all), and /context said `1 in the window`."""
+    runner = _runner(small_backend, 5)
+    runner.compact = False
+    assert runner.start("One more question.") > 0, "five long exchanges do not fit a 512-token window"
+    while len(runner.session.messages) > 4:
+        runner.session.undo()
+        runner.forget()
+    used, _, first = runner.context_used()
+    assert first == 0 and used == runner.count(runner.sent()), "the two exchanges left fit: all are sent"
+    assert runner.sent()[1:] == runner.session.messages
+    # every message folded (/compact 0): the summary alone is what the next prompt sends before the new turn
+    runner.session.summary = Summary(text="They asked about rivers.", covers=4, tokens=8, compactions=1, model="m",
+                                     created=0.0)
+    runner.first = 4
+    used, _, first = runner.context_used()
+    assert first == 4 and used == runner.count(runner.head()), "the last answer is not counted beside its summary"
+    runner.session.undo()  # back past what it covers: it goes, and both messages left are sent
+    runner.forget()
+    assert runner.session.summary is None and runner.context_used()[2] == 0
+
+
 STRICT = """{%- if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set sys =
 messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set sys = '' %}{% endif %}<|im_start|>system
 {{ sys }}<|im_end|>
@@ -300,6 +338,8 @@ def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, cli_env: dict[st
     assert summary["text"] and summary["compactions"] == 1 and saved["compact"] is True
     assert summary["model"] == "smollm2:135m" and 0 < summary["tokens"] <= compact.budget(512)
     assert 0 < summary["covers"] < 10 and saved["messages"][summary["covers"]]["role"] == "user"
+    logged = json.loads(cli("logs", "-n", "0", "--json", "--cid", saved["log_id"]).stdout)
+    assert len(logged) == 5 and {x["system"] for x in logged} == {"Be brief."}, [x["system"] for x in logged]
     # resumed: the summary is sent, /show and /context say so, and compaction goes on (it was saved on)
     r = cli("chat", "--resume", "compacted", "--ctx", "512", "-n", "16", "--temp", "0",
             input="/show\n/context\n" + "".join(f"{m}\n" for m in _messages(8)[5:]) + "/show\n")
@@ -334,6 +374,18 @@ def test_a_scripted_chat_compacts_and_resume_keeps_it(cli: CLI, cli_env: dict[st
     child.sendline("/exit")
     child.expect(pexpect.EOF)
     assert f"resumed compacted: {n} messages (the first {n} sent as a summary)" in "\n".join(screen.rows())
+
+
+@pytest.mark.slow
+def test_the_log_keeps_a_compacted_chats_system_prompt_not_its_summary(cli: CLI, home: Path) -> None:
+    """logs.md: the log keeps each exchange's system prompt. A compacted chat without one logged its summary (the
+    request's first system message) as one, and `run --cid ID` sent it before every turn it summarized."""
+    r = cli("chat", "unsystematic", "--compact", "--ctx", "512", "-n", "16", "--temp", "0",
+            input="".join(f"{m}\n" for m in _messages(5)))
+    assert r.returncode == 0 and r.stderr.count("(compacted ") == 1, r.stderr
+    saved = _saved(home, "unsystematic")
+    logged = json.loads(cli("logs", "-n", "0", "--json", "--cid", saved["log_id"]).stdout)
+    assert len(logged) == 5 and [x["system"] for x in logged] == [None] * 5, [x["system"] for x in logged]
 
 
 @pytest.mark.slow

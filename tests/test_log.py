@@ -773,8 +773,9 @@ def test_a_continued_conversation_whose_system_prompt_fills_the_window_says_so(l
     assert lcli("run", "--system", system, "hi", *N, "--ctx", "1024").returncode == 0
     r = lcli("run", "-C", "and?", *N, "--ctx", "256")
     told = re.fullmatch(r"localgen: error: this prompt needs ([\d,]+) tokens with the conversation's system prompt "
-                        r"\(([\d,]+) of them\); the context window is 256 \(--continue sends the conversation's "
-                        r"system prompt: give a shorter one with --system, or raise --ctx\)\n", r.stderr)
+                        r"\(([\d,]+) of them\); the context window is 256 \(a continued conversation \(--continue, "
+                        r"--cid\) is sent with its system prompt: give a shorter one with --system, or raise "
+                        r"--ctx\)\n", r.stderr)
     assert r.returncode == 1 and told is not None and r.stdout == "", r.stderr
     need, share = (int(n.replace(",", "")) for n in told.groups())
     assert need > 256 and 256 < share < need, (need, share)

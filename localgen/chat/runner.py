@@ -448,20 +448,20 @@ class ChatRunner:
         self.unsaved = why
 
     def forget(self) -> None:
-        """After /clear or /undo: the window cannot start past the end, and a summary of messages no longer
-        there (/undo took back a folded one) goes: the window then sends what is left."""
+        """After /clear or /undo: a summary of messages no longer there (/undo took back a folded one) goes, and the
+        window starts again after the summary (or at the first message): the next send fits as many of the turns
+        left as the context holds (it had kept the start the longer conversation moved it to, past the end)."""
         if self.session.summary is not None and self.session.summary.covers > len(self.session.messages):
             self.session.summary = None
-        self.first = min(self.first, max(0, len(self.session.messages) - 1))
-        if not self.session.messages:
-            self.first = 0
+        self.first = self.covered()
 
     def context_used(self) -> tuple[int, int, int]:
         """(tokens the conversation takes as the next prompt sends it, context window, the first message sent): the
         window fitted as a send fits it (a resumed or loaded conversation's whole history is not what is sent),
         compaction aside."""
         limit = int(self.backend.n_ctx) - self.reserve()
-        first = self._window(limit, max(self.first, self.covered()), self.head())
+        start, n = max(self.first, self.covered()), len(self.session.messages)
+        first = self._window(limit, start, self.head()) if start < n else n  # (all folded: the summary alone)
         conv = self.head() + self.session.messages[first:]
         return (self.count(conv) if conv else 0), int(self.backend.n_ctx), first
 

@@ -199,7 +199,8 @@ def _log_turn(warn: _Warn, runner: Any, request: Any, gen: Any, text: str, *, mo
     # a turn a broken remote stream cut off has no reason of its own: "error"
     finish = str(gen.finish_reason) if gen.finish_reason is not None else "error"
     conversation.record(warn, runner.backend, request, runner.session.log_id, text, runner.last_stats, finish,
-                        model=model, no_log=no_log, source="chat", remote=remote, seed=gen.seed)
+                        model=model, no_log=no_log, source="chat", remote=remote, seed=gen.seed,
+                        system=runner.session.system)  # (the request's first system message may be the summary)
 
 
 class _Warn:

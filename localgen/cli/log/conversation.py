@@ -54,7 +54,20 @@ def logged_thread(cid: str) -> Thread:
         from localgen.models.embedded import DEFAULT_MODEL
 
         spec = DEFAULT_MODEL
-    return Thread(cid, turns, last.system, spec)
+    return Thread(cid, turns, without_summary(last.system), spec)
+
+
+def without_summary(system: str | None) -> str | None:
+    """A logged system prompt without the summary of a compacted chat that an older localgen logged in it (or
+    as it: the chat had none): a summary of turns the thread sends whole is no system prompt."""
+    import re
+
+    from localgen import compact
+
+    if system is None:
+        return None
+    found = re.search(r"(?:\A|\n\n)" + re.escape(compact.HEADING) + r" \(\d+ messages?, summarized\):\n", system)
+    return system if found is None else (system[:found.start()] or None)
 
 
 def chat_from_log(cid: str, model: str | None) -> Any:
@@ -73,12 +86,21 @@ def chat_from_log(cid: str, model: str | None) -> Any:
                                 messages=thread.turns, fresh=True, log_id=cid)
 
 
+class _FromRequest:
+    """record()'s system prompt: the request's first system message."""
+
+
+FROM_REQUEST = _FromRequest()
+
+
 def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: str, stats: Stats | None,
            finish_reason: str, *, model: str | None, no_log: bool, source: str = "run", remote: bool = False,
-           seed: int | None = None) -> None:
+           seed: int | None = None, system: str | _FromRequest | None = FROM_REQUEST) -> None:
     """Log one exchange unless --no-log or `logs off`; a log that fails is one warning. `model`: -m's value
     (the model a continued conversation loads again); `seed`: the one the answer was drawn with (with tools,
-    by its last round), as `run --json` reports it, so that a drawn seed can be given again."""
+    by its last round), as `run --json` reports it, so that a drawn seed can be given again; `system`: the
+    conversation's system prompt (a chat's: its request's first system message may be its summary), else
+    FROM_REQUEST (run's: the request's)."""
     from localgen.log import store
     from localgen.models.embedded import DEFAULT_MODEL
     from localgen.types import shown_path
@@ -87,7 +109,8 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
         return
     if request.messages:
         prompt = _text(request.messages[-1]["content"])
-        system = next((_text(m["content"]) for m in request.messages if m["role"] == "system"), None)
+        if isinstance(system, _FromRequest):
+            system = next((_text(m["content"]) for m in request.messages if m["role"] == "system"), None)
     else:
         prompt, system = request.prompt or "", None
     info = backend.describe()["model"]

@@ -215,7 +215,8 @@ def _with_system_share(e: ContextOverflowError, plan: RunPlan, backend: Backend,
     return ContextOverflowError(
         f"this prompt needs {need:,} tokens with {whose} system prompt ({need - without:,} of them); the context "
         f"window is {n_ctx:,}",
-        hint=("--continue sends the conversation's system prompt: give a shorter one with --system, or raise --ctx"
+        hint=("a continued conversation (--continue, --cid) is sent with its system prompt: give a shorter one "
+              "with --system, or raise --ctx"
               if inherited else "shorten the system prompt or the prompt, or raise --ctx"))
 
 
