@@ -261,3 +261,16 @@ def test_a_containers_memory_limit_is_the_ram_plans_and_doctor_see(
     ram = _lines(cli_in_process("doctor", "--no-check").stdout)["RAM"]
     assert re.fullmatch(r"4\.0 GiB \([\d.]+ [KMG]iB available\) · the container's memory limit \(cgroup\): plans and "
                         r"serve's loads keep within it", ram), ram
+
+
+def test_doctor_checks_an_encoder_by_what_it_makes(cli: CLI, tmp_path: Path) -> None:
+    """doctor.md: an embedding model is checked by embedding a sentence, a reranker by scoring a pair. A red team's:
+    `doctor -m bert.gguf` said it "generated 0 tokens at ? ... ok" (run refuses an encoder)."""
+    from tests.tiny_bert import build
+
+    for path, made in ((build(tmp_path / "bert.gguf"), r"embedded a sentence \(\d+ tokens, 64 dimensions\)"),
+                       (build(tmp_path / "rr.gguf", rank=True), r"scored a pair \(\d+ tokens\)")):
+        r = cli("doctor", "-m", str(path))
+        assert r.returncode == 0, r.stdout + r.stderr
+        check = _lines(r.stdout)["check"]
+        assert re.fullmatch(rf"{path.name} loaded in [\d.]+ s and {made} on CPU: ok", check), check

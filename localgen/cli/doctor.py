@@ -194,6 +194,29 @@ def _planned(model: str | None, knobs: Knobs, rpc: tuple[str, ...]) -> tuple[Any
     return ref, preset.load_params(ref, load, knobs.given)
 
 
+def _encode(engine: Any) -> str:
+    """An encoder's check: a sentence embedded (or, a reranker's, a pair scored), said as the check line says it;
+    a LocalgenError where its output is not numbers."""
+    import math
+
+    from localgen.engine.embed import Embedder
+    from localgen.errors import LocalgenError
+
+    try:
+        emb = Embedder(engine, scores=True)
+        tokens, what = emb.pair_tokens("What colour is the sky?", "The sky is blue."), "scored a pair"
+    except LocalgenError:  # not a reranker: embeddings
+        emb = Embedder(engine)
+        tokens, what = emb.tokens("The sky is blue.", False), "embedded a sentence"
+    try:
+        vector = next(iter(emb.embed([tokens], normalize=False))).vector
+    finally:
+        emb.close()
+    if not len(vector) or not all(math.isfinite(float(x)) for x in vector):
+        raise LocalgenError(f"its {'score' if what == 'scored a pair' else 'embedding'} is not a number")
+    return f"{what} ({len(tokens)} tokens{f', {len(vector):,} dimensions' if what != 'scored a pair' else ''})"
+
+
 def _smoke_test(gpu: bool, rpc: tuple[str, ...], ref: Any, load: Any) -> int:
     """Load the model as `run` would (by its plan) and generate a few tokens; 1 when it does not run."""
     from localgen.errors import LocalgenError
@@ -203,15 +226,20 @@ def _smoke_test(gpu: bool, rpc: tuple[str, ...], ref: Any, load: Any) -> int:
 
     try:
         engine = open_engine(ref, load)
-        prompt = Prompt.text(engine.raw_tokens("The sky is"))
-        gen = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=16))
-        for _ in gen:
-            pass
+        if engine.encoder_only:  # an embedding model or a reranker: no text to generate, its own output instead
+            made = _encode(engine)
+        else:
+            prompt = Prompt.text(engine.raw_tokens("The sky is"))
+            gen = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=16))
+            for _ in gen:
+                pass
+            s = gen.stats
+            rate = f"{s.decode_tps:.1f} tok/s" if s and s.decode_tps else "?"
+            made = f"generated {s.completion_tokens if s else 0} tokens at {rate}"
         engine.close()
     except LocalgenError as e:
         print(f"PROBLEM   {ref.name} does not run: {e.message}")
         return 1
-    s = gen.stats
     where = "CPU"
     if gpu and engine.params.n_gpu_layers != 0:  # (-ngl 0, or a plan with no room: the CPU, as asked)
         offloaded = engine.load_report.offloaded  # "offloaded 31/31 layers to GPU" (native/report.py)
@@ -221,9 +249,7 @@ def _smoke_test(gpu: bool, rpc: tuple[str, ...], ref: Any, load: Any) -> int:
             return 1
     if rpc:
         where = " · ".join(f"{dev} {mib:,.1f} MiB" for dev, mib in engine.placement.items())
-    rate = f"{s.decode_tps:.1f} tok/s" if s and s.decode_tps else "?"
-    print(f"check     {ref.name} loaded in {engine.load_s:.2f} s and generated {s.completion_tokens if s else 0} "
-          f"tokens at {rate} on {where}: ok")
+    print(f"check     {ref.name} loaded in {engine.load_s:.2f} s and {made} on {where}: ok")
     print("placement " + placement_line(engine.load_report.record()))
     print("settings  " + settings_line(engine.params, engine.origins))
     sys.stdout.flush()
