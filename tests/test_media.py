@@ -326,6 +326,29 @@ def test_another_projector_encodes_the_cached_picture_again(smollm2_engine: Any,
         eng.kv.clear()
 
 
+def test_a_projector_rewritten_with_its_old_mtime_is_another(tmp_path: Path) -> None:
+    """media.md: a picture is never answered from another projector's encoding. A red team's: a file of the same
+    size rewritten in place, its mtime set back (`cp -p`, `touch -d`, `rsync -t`), was taken for the old one; the
+    change time tells them apart (the model file's and a LoRA's identities likewise)."""
+    import os
+    import time
+
+    from localgen.engine.adapters import identity
+    from localgen.engine.llama import _file_identity
+    from localgen.native.mtmd import _projector_identity
+
+    path = tmp_path / "p.gguf"
+    path.write_bytes(b"a" * 64)
+    st = path.stat()
+    before = _projector_identity(str(path)), _file_identity(path), identity(((str(path), 1.0),))
+    time.sleep(0.01)
+    path.write_bytes(b"b" * 64)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    after = _projector_identity(str(path)), _file_identity(path), identity(((str(path), 1.0),))
+    assert all(a != b for a, b in zip(before, after, strict=True)), (before, after)
+
+
 @pytest.fixture(scope="module")
 def vserver(cli_env: dict[str, str], mm: dict[str, Path]) -> Iterator[Any]:
     from tests.test_serve import Server

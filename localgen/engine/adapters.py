@@ -37,5 +37,5 @@ def identity(adapters: Adapters) -> list[str]:
     out = []
     for path, scale in adapters:
         st = os.stat(path)
-        out.append(f"lora:{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}:{scale!r}")
+        out.append(f"lora:{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{scale!r}")
     return out

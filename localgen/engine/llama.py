@@ -333,8 +333,9 @@ def _context_of(engine: Engine) -> Callable[[], Any]:
 __all__ = ["Engine"]
 
 
-def _file_identity(path: Path) -> tuple[Path, int, int]:
-    """A model file as a saved KV state depends on it: its real path, size and modification time."""
+def _file_identity(path: Path) -> tuple[Path, int, int, int]:
+    """A model file as a saved KV state depends on it: its real path, size, modification time and change time
+    (a file rewritten in place, its mtime set back as `cp -p` or `touch -d` sets it, is another file)."""
     real = path.resolve()
     st = real.stat()
-    return real, st.st_size, st.st_mtime_ns
+    return real, st.st_size, st.st_mtime_ns, st.st_ctime_ns
