@@ -50,6 +50,15 @@ def test_a_user_entry_s_context_is_the_window_the_model_loads_with(own: CLI) -> 
     assert json.loads(env("run", "-m", "smollm2:135m", "-p", "hi", "-n", "1", "--json").stdout)["load"]["n_ctx"] == 3072
     plan = own("fit", "-m", "smollm2:135m")
     assert "context 2,048 tokens (its models.toml context)" in plan.stdout, plan.stdout
+    # fit.md: a preset without num_ctx loads with its base's models.toml context, and fit says so (a red team's:
+    # "the preset's num_ctx", and asked_by "preset"); a preset's own num_ctx is the preset's
+    for name, modelfile, said, by in (("plain", "", "its models.toml context", "models.toml"),
+                                      ("sized", "PARAMETER num_ctx 1024\n", "the preset's num_ctx", "preset")):
+        made = own("create", name, "-f", "-", input=f"FROM smollm2:135m\nPARAMETER temperature 0.5\n{modelfile}")
+        assert made.returncode == 0, made.stderr
+        assert f"tokens ({said})" in own("fit", "-m", name).stdout
+        doc = json.loads(own("fit", "-m", name, "--json").stdout)
+        assert (doc["asked"], doc["asked_by"]) == (1024 if modelfile else 2048, by), doc
     listed = {e["name"]: e for e in json.loads(own("list", "--catalogue", "--json").stdout)}
     assert listed["smollm2:135m"]["context"] == 2048 and listed["smollm2:135m"]["repo"]  # the rest kept
 

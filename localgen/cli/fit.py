@@ -67,11 +67,13 @@ def fit(
     _check_loadable(ref, weights)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus))
-    # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx (as run loads it), else none (the largest
-    # that fits)
-    asked_by = "preset" if ref.context is not None else None
+    # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx or a models.toml context (as run loads
+    # it), else none (the largest that fits)
+    said_by = asked_by = _window_source(model, ref) if ref.context is not None else None
+    if asked_by == "ollama":  # an Ollama model's num_ctx is its params layer's: a preset's to JSON
+        asked_by = "preset"
     if context is not None:
-        asked_by = "--ctx" if typed_by_user(ctx, "context") else "LOCALGEN_CTX"
+        said_by = asked_by = "--ctx" if typed_by_user(ctx, "context") else "LOCALGEN_CTX"
     asked = context if context is not None else ref.context
     if asked is not None:  # 0 (as run's --ctx 0): the training context; 1 to 15 refused as run refuses them
         asked = LoadParams(n_ctx=asked).for_model(ref.summary.context_length).n_ctx
@@ -80,10 +82,6 @@ def fit(
     if json_out:
         print(json.dumps(doc))
         return
-    # an Ollama model's num_ctx is its params layer's, not a preset's (JSON's asked_by stays "preset")
-    said_by = "ollama" if asked_by == "preset" and ref.source == "ollama" and not _is_preset(model) else asked_by
-    if said_by == "preset" and ref.source in ("hf", "embedded") and not _is_preset(model):
-        said_by = "catalogue"  # a context of the user's models.toml entry (models/catalogue.py's window)
     if context == 0 and ref.summary.context_length:  # --ctx 0 (or LOCALGEN_CTX=0): the training context, asked
         said_by = "trained"
     _print(doc, _why(plan, asked, said_by, trained=bool(ref.summary.context_length)))
@@ -99,6 +97,18 @@ def _check_loadable(ref: Any, weights: Any) -> None:
     if why is not None:
         raise ModelFormatError(f"llama.cpp would not load {ref.name}: {why}", hint="the file is corrupt, or made "
                                "for another program; `localgen show` reads its header")
+
+
+def _window_source(model: str | None, ref: Any) -> str:
+    """Where a model's own window (ref.context) comes from: "preset" (a preset's num_ctx), "ollama" (an Ollama
+    model's params layer), or "models.toml" (the context of the user's models.toml entry for the model, or for
+    a preset's base, where no preset on the way sets num_ctx: models/catalogue.py's window)."""
+    from localgen.models import presets
+
+    found = presets.find(model) if _is_preset(model) else None
+    if found is not None and found.spec.context is not None:
+        return "preset"
+    return {"ollama": "ollama", "hf": "models.toml", "embedded": "models.toml"}.get(ref.source, "preset")
 
 
 def _is_preset(name: str | None) -> bool:
@@ -291,10 +301,10 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
         return {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",
-                "catalogue": "its models.toml context",
+                "models.toml": "its models.toml context",
                 "LOCALGEN_CTX": "as LOCALGEN_CTX asks",
                 "trained": "the training context"}.get(asked_by or "", "as asked")
-    by = {"preset": " by the preset", "ollama": " by its Ollama params", "catalogue": " by its models.toml entry",
+    by = {"preset": " by the preset", "ollama": " by its Ollama params", "models.toml": " by its models.toml entry",
           "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")
     return ", ".join([f"{asked:,} asked{by}", *done])
 
