@@ -105,7 +105,7 @@ def _window_source(model: str | None, ref: Any) -> str:
     a preset's base, where no preset on the way sets num_ctx: models/catalogue.py's window)."""
     from localgen.models import presets
 
-    found = presets.find(model) if _is_preset(model) else None
+    found = presets.find(model) if model is not None and _is_preset(model) else None
     if found is not None and found.spec.context is not None:
         return "preset"
     return {"ollama": "ollama", "hf": "models.toml", "embedded": "models.toml"}.get(ref.source, "preset")
