@@ -142,6 +142,15 @@ def test_load_time_options_are_ignored_and_any_other_is_a_400(child: Server) -> 
     assert r.status_code == 200 and r.json()["eval_count"] == 1, r.text
     bad = _post(child, "/api/generate", {"prompt": "Hi", "stream": False, "options": {"num_predict": 1, "bogus": 1}})
     assert bad.status_code == 400 and "bogus" in bad.json()["error"], bad.text
+    # ignored, but of the kind Ollama's FromMap checks (a red team's: these were a 200 where Ollama says 400)
+    for wrong, says in (({"num_ctx": "big"}, "options.num_ctx must be an integer, not 'big'"),
+                        ({"use_mmap": "maybe"}, "options.use_mmap must be true or false, not 'maybe'"),
+                        ({"numa": 5}, "options.numa must be true or false, not 5"),
+                        ({"num_thread": True}, "options.num_thread must be an integer, not True"),
+                        ({"tfs_z": [1]}, "options.tfs_z must be a number, not [1]")):
+        bad = _post(child, "/api/chat", {"messages": [{"role": "user", "content": "Hi"}], "stream": False,
+                                         "options": {"num_predict": 1, **wrong}})
+        assert bad.status_code == 400 and bad.json()["error"] == says, bad.text
 
 
 def test_an_integer_option_sent_as_a_float_is_cut_to_its_integer_as_ollama_cuts_it(child: Server) -> None:

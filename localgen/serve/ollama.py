@@ -65,6 +65,7 @@ class Generate:
         unknown = set(opts) - known
         if unknown:
             raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}", param="options")
+        _check_load_kinds(opts)
         think = body.get("think")
         if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
             raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"", param="think")
@@ -157,6 +158,26 @@ def _integers(opts: dict[str, Any]) -> dict[str, Any]:
     ints = {k for k, knob in settings.spellings("ollama").items() if settings.KNOBS[knob].kind == settings.INT}
     return {k: int(v) if (k in ints or k == "num_keep") and isinstance(v, float) and math.isfinite(v) else v
             for k, v in opts.items()}
+
+
+# Ollama's load options (api/types.go's Runner, and those it still reads and ignores) by the kind its FromMap checks
+# ("option must be of type integer"); llama.cpp's names for placement are Ollama's unknowns, let be unchecked
+LOAD_KINDS = {**dict.fromkeys(("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread"), "an integer"),
+              **dict.fromkeys(("use_mmap", "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only",
+                               "penalize_newline"), "true or false"), "tfs_z": "a number"}
+
+
+def _check_load_kinds(opts: dict[str, Any]) -> None:
+    """A 400 for a load option of the wrong kind, as Ollama's FromMap refuses it (`"num_ctx": "big"`); right, it
+    is let be (serve loaded the model before any request). A float is an integer's number, as FromMap takes it."""
+    for name, kind in LOAD_KINDS.items():
+        value = opts.get(name)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, bool) if kind == "true or false" else number
+        if not ok:
+            raise HTTPError(400, f"options.{name} must be {kind}, not {repr(value)[:100]}", param=f"options.{name}")
 
 
 def _refuse_context(context: Any) -> None:
