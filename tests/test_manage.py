@@ -72,6 +72,11 @@ def test_show_reads_the_header_without_loading(smollm2_path: Path) -> None:
     lines = describe.parameters_text(dataclasses.replace(ref, sampling_defaults={"stop": ("\n\nUser:", "z")})
                                      ).splitlines()
     assert [line.split(None, 1) for line in lines] == [["stop", '"\\n\\nUser:"'], ["stop", "z"]], lines
+    # Ollama's values, which its client reads back as its options' types (a red team's: `seed none`, `numa
+    # distribute`, no integer and no bool); the Modelfile keeps localgen's spelling
+    lines = describe.parameters_text(dataclasses.replace(ref, sampling_defaults={"seed": None},
+                                                         load={"numa": "distribute"})).splitlines()
+    assert sorted(line.split() for line in lines) == [["numa", "true"], ["seed", "-1"]], lines
     tools = dataclasses.replace(ref, summary=dataclasses.replace(
         ref.summary, chat_template="{% if tools %}{{ tools }}{% endif %}{% if enable_thinking %}{% endif %}"))
     assert describe.capabilities(tools) == ["completion", "tools", "thinking"]

@@ -41,10 +41,15 @@ def modelfile_of(name: str, ref: ModelRef) -> str:
                                                system=ref.system, load=dict(ref.load)))
 
 
+# a Modelfile's values of localgen's own spelling, as Ollama's `parameters` spell them (Ollama's client reads them
+# back as its options' types: seed an integer, numa true or false)
+OLLAMA_VALUES = {("seed", "none"): "-1", **{("numa", how): "true" for how in ("distribute", "isolate", "numactl")}}
+
+
 def parameters_text(ref: ModelRef) -> str:
-    """Ollama's `parameters`: one `name value` a line (Ollama's names), the model's sampling defaults and a
-    preset's load settings; a value of several lines (a stop "\\n\\nUser:") quoted on its one line, as Ollama's
-    %#v quotes it (the Modelfile's \"\"\"...\"\"\" was cut at its first line)."""
+    """Ollama's `parameters`: one `name value` a line (Ollama's names and values: OLLAMA_VALUES), the model's
+    sampling defaults and a preset's load settings; a value of several lines (a stop "\\n\\nUser:") quoted on its
+    one line, as Ollama's %#v quotes it (the Modelfile's \"\"\"...\"\"\" was cut at its first line)."""
     import json
 
     from localgen.models import modelfile
@@ -62,7 +67,7 @@ def parameters_text(ref: ModelRef) -> str:
             while not body.endswith('"""'):
                 body += "\n" + next(lines)
             value = json.dumps(body[:-3], ensure_ascii=False)
-        rows.append((key, value))
+        rows.append((key, OLLAMA_VALUES.get((key, value), value)))
     return "\n".join(f"{k:<30} {v}" for k, v in rows)
 
 
