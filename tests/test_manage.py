@@ -470,11 +470,18 @@ def test_create_takes_what_ollamas_client_sends(server: Server, client: Any) -> 
         shown = client.show("mgr-numa").modelfile
         for line in ("numa distribute", "top_k 40", "num_ctx 2048", "num_thread 1"):
             assert f"PARAMETER {line}\n" in shown, shown
+        # a message without content (or null) is one with "", as Go decodes it (it was a 400 here; /api/chat took it)
+        made = httpx.post(f"{server.url}/api/create", timeout=120, json={
+            "model": "mgr-empty", "from": "smollm2:135m", "stream": False,
+            "messages": [{"role": "user", "content": None}, {"role": "assistant"}]})
+        assert made.status_code == 200, made.text
+        shown = client.show("mgr-empty").modelfile
+        assert 'MESSAGE user ""\nMESSAGE assistant ""\n' in shown, shown
         said = _error(server, "POST", "/api/create", {"model": "mgr-bad", "from": "smollm2:135m",
                                                        "parameters": {"top_k": 40.5}}, 400)
         assert said == "the request line 2: top_k takes an integer, not '40.5'", said
     finally:
-        for name in ("mgr-olla", "mgr-numa", "mgr-sys"):
+        for name in ("mgr-olla", "mgr-numa", "mgr-empty", "mgr-sys"):
             httpx.request("DELETE", f"{server.url}/api/delete", json={"model": name}, timeout=60)
 
 

@@ -152,8 +152,9 @@ def modelfile_text(body: dict[str, Any]) -> str:
     messages = [] if body.get("messages") is None else body["messages"]
     if not isinstance(messages, list):
         raise HTTPError(400, "`messages` must be a list")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+    for m in messages:  # a content not sent (or null) is "", as Go decodes it into Ollama's api.Message
+        content = m.get("content") if isinstance(m, dict) and m.get("content") is not None else ""
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
             raise HTTPError(400, "each of `messages` must have a `role` and a `content` string")
-        lines.append(f"MESSAGE {m['role']} {quote(m['content'])}")
+        lines.append(f"MESSAGE {m['role']} {quote(content)}")
     return "\n".join(lines) + "\n"
