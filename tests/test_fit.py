@@ -874,6 +874,13 @@ def test_a_tensor_of_an_unknown_ggml_type_is_one_line_for_fit_and_run(cli_in_pro
         assert (r.returncode, r.stdout) == (1, "") and len(r.stderr.splitlines()) == 1, (args, r.stderr)
         assert f"{bad} is not a usable GGUF file: its tensor " in r.stderr, r.stderr
         assert "has the ggml type 255, which llama.cpp does not know" in r.stderr, r.stderr
+    # a type llama.cpp removed (Q4_0_4_4, published in 2024) is named as that, not as damage to download again
+    old = retype_tensor(smollm2_path, tmp_path / "t31.gguf", 31)
+    for args in (["fit", "-m", str(old)], ["run", "-m", str(old), "-p", "hi", "-n", "1"]):
+        r = cli_in_process(*args)
+        assert (r.returncode, r.stdout) == (1, "") and len(r.stderr.splitlines()) == 1, (args, r.stderr)
+        assert f"{old} is quantized as Q4_0_4_4 (its tensor " in r.stderr, r.stderr
+        assert "a type llama.cpp no longer reads (get its Q4_0" in r.stderr, r.stderr
 
 
 # fit.md: fit plans nothing for a header llama.cpp's load refuses (it planned each; run said llama.cpp stopped, by

@@ -170,6 +170,12 @@ class WeightLayout:
         return replace(self, tensors=tuple(replace(t, nbytes=int(t.nbytes * factor), offset=-1) for t in self.tensors))
 
 
+# ggml's types that llama.cpp removed (ggml.c's type traits: "TYPE_Q4_0_4_4 REMOVED, use Q4_0 with runtime
+# repacking"): files of them were published, so they are named, not taken for damage
+REMOVED_TYPES = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8", 36: "IQ4_NL_4_4",
+                 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
+
+
 def layout(path: str) -> WeightLayout:
     """Read the tensor tables (bounded, no weights; every part of a split model), each remembered with its file's
     summary (gguf_meta.read_table)."""
@@ -177,6 +183,10 @@ def layout(path: str) -> WeightLayout:
     for i, part in enumerate(_parts(path)):
         tensors.extend((*row, i) for row in read_table(part))
     odd = next(((name, ttype) for name, _, ttype, *_ in tensors if ttype not in GGML_BLOCKS), None)
+    if odd is not None and odd[1] in REMOVED_TYPES:  # a real quantization of 2023-24 that llama.cpp dropped
+        raise ModelFormatError(f"{path} is quantized as {REMOVED_TYPES[odd[1]]} (its tensor {str(odd[0])[:100]}), "
+                               "a type llama.cpp no longer reads", hint="get its Q4_0 (llama.cpp repacks that for "
+                               "this CPU as it loads) or another quantization; downloading it again cannot help")
     if odd is not None:  # (gguf_init refuses the file: "tensor ... has invalid ggml type")
         raise ModelFormatError(f"{path} is not a usable GGUF file: its tensor {str(odd[0])[:100]} has the ggml type "
                                f"{odd[1]}, which llama.cpp does not know", hint="the file is corrupt or hostile")
