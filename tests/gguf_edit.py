@@ -14,18 +14,21 @@ def _kv_string(key: str, value: str) -> bytes:
     return struct.pack("<Q", len(k)) + k + struct.pack("<I", 8) + struct.pack("<Q", len(v)) + v
 
 
-def _kv(key: str, value: str | float) -> bytes:
+def _kv(key: str, value: str | float | list[int]) -> bytes:
     if isinstance(value, str):
         return _kv_string(key, value)
     k = key.encode()
+    if isinstance(value, list):  # an array of uint32 (a per-layer count)
+        return (struct.pack("<Q", len(k)) + k + struct.pack("<I", 9) + struct.pack("<I", 4)
+                + struct.pack("<Q", len(value)) + b"".join(struct.pack("<I", v) for v in value))
     if isinstance(value, int) and not isinstance(value, bool):
         return struct.pack("<Q", len(k)) + k + struct.pack("<I", 4) + struct.pack("<I", value)  # uint32
     return struct.pack("<Q", len(k)) + k + struct.pack("<I", 6) + struct.pack("<f", value)  # float32
 
 
-def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | float | None]) -> Path:
-    """Copy src to dst with keys set to strings, uint32 (an int) or float32 values (or removed when None); tensor
-    data is copied unchanged."""
+def rewrite_strings(src: Path, dst: Path, changes: dict[str, str | float | list[int] | None]) -> Path:
+    """Copy src to dst with keys set to strings, uint32 (an int), float32 values or uint32 arrays (a list), or
+    removed (None); tensor data is copied unchanged."""
     size = src.stat().st_size
     with open(src, "rb") as f:
         r = _Reader(f, size, str(src))

@@ -896,6 +896,13 @@ def test_a_tensor_of_an_unknown_ggml_type_is_one_line_for_fit_and_run(cli_in_pro
     ({"qwen3moe.context_length": None}, "its header has no qwen3moe.context_length, which llama.cpp needs"),
     ({"qwen3moe.block_count": None}, "its header has no qwen3moe.block_count, which llama.cpp needs"),
     ({"qwen3moe.attention.head_count": None}, "its header has no qwen3moe.attention.head_count, which its attention"),
+    # a red team's, each refused by llama.cpp's load (a list of another length, a 0 where a layer has attention)
+    ({"qwen3moe.attention.head_count": [4, 4, 4, 4, 4]},
+     "its header lists 5 values of qwen3moe.attention.head_count for its 4 layers"),
+    ({"qwen3moe.attention.head_count": 0}, "its header says qwen3moe.attention.head_count is 0 for layer 0"),
+    ({"qwen3moe.attention.head_count": [0, 4, 4, 4]}, "its header says qwen3moe.attention.head_count is 0 for layer 0"),
+    ({"qwen3moe.attention.head_count_kv": [0, 2, 2, 2]},
+     "its header says qwen3moe.attention.head_count_kv is 0 for layer 0"),
 ])
 def test_fit_refuses_a_header_llama_cpp_refuses_as_run_does(cli: CLI, cli_in_process: InProcessCLI, moe_path: Path,
                                                             tmp_path: Path, edit: dict[str, Any], why: str) -> None:
@@ -907,6 +914,17 @@ def test_fit_refuses_a_header_llama_cpp_refuses_as_run_does(cli: CLI, cli_in_pro
         assert r.returncode == 1 and r.stdout == "" and len(r.stderr.splitlines()) == 1, (args, r.stderr)
         if args[0] == "fit":
             assert r.stderr.startswith(f"localgen: error: llama.cpp would not load bad.gguf: {why}"), r.stderr
+
+
+def test_a_later_layers_zero_head_count_is_no_refusal(cli_in_process: InProcessCLI, moe_path: Path,
+                                                     tmp_path: Path) -> None:
+    """qwen3moe shapes every layer's attention by the first layer's head count: llama.cpp loads [4, 4, 4, 0] (and
+    run answers), so fit plans it: no refusal of a file llama.cpp loads."""
+    from tests.gguf_edit import rewrite_strings
+
+    odd = rewrite_strings(moe_path, tmp_path / "odd.gguf", {"qwen3moe.attention.head_count": [4, 4, 4, 0]})
+    r = cli_in_process("fit", "-m", str(odd))
+    assert r.returncode == 0 and r.stdout.startswith("model"), r.stderr
 
 
 def test_a_draft_model_loads_without_the_models_placement_flags(cli: CLI, moe_path: Path, smollm2_path: Path) -> None:

@@ -424,9 +424,25 @@ def refusal(s: GGUFSummary, tensor_names: Iterable[str] = ()) -> str | None:
             f"more than its {experts:,} experts" if experts else "and it names no experts")
     if experts and not used:
         return f"its header names {experts:,} experts and no {arch}.expert_used_count (of at least 1)"
-    if s.n_head is None and any(".attn_q." in n or ".attn_qkv." in n for n in tensor_names):
+    names = set(tensor_names)
+    if s.n_head is None and any(".attn_q." in n or ".attn_qkv." in n for n in names):
         return f"its header has no {arch}.attention.head_count, which its attention tensors' shapes need"
+    for key, shaped in PER_LAYER.items():  # get_key_or_arr: one value, or a list of one value per layer
+        value = meta.get(f"{arch}.{key}")
+        if isinstance(value, list) and len(value) != s.n_layers:
+            return (f"its header lists {len(value):,} values of {arch}.{key} for its {s.n_layers:,} layers (llama.cpp "
+                    "takes one a layer)")
+        first = value[0] if isinstance(value, list) and value else value
+        # the first layer's count shapes every layer's tensors in most architectures' create_tensors (a 0 of a later
+        # layer loads there; a hybrid's recurrent first layer has no attention tensors to shape)
+        if first == 0 and any(f"blk.0.{t}.weight" in names for t in shaped):
+            return f"its header says {arch}.{key} is 0 for layer 0, whose attention tensors need it"
     return None
+
+
+# the per-layer counts load_hparams reads with get_key_or_arr, and the tensors each shapes
+PER_LAYER = {"attention.head_count": ("attn_q", "attn_qkv"), "attention.head_count_kv": ("attn_k", "attn_qkv"),
+             "feed_forward_length": ()}
 
 
 SUMMARY_FORMAT = 6  # 6: counts checked (_check_count), per-layer lists kept whole
