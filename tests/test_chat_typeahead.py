@@ -62,3 +62,22 @@ def test_a_paste_while_an_answer_streams_is_one_message(cli_env: dict[str, str],
     messages = json.loads((home / "data" / "chats" / "pasted.json").read_text())["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == [LETTER, "Q1 hello\nQ2 hello\nQ3 hello"], \
         "\n".join(screen.rows())
+
+
+def test_tab_completes_a_command_or_a_setting_with_the_space_its_argument_follows() -> None:
+    """chat.md: Tab completes /commands and /set names. A red team's: `/lo<Tab>ha` typed `/loadha`, and
+    `/set seed<Tab>5` `/set seed5`: the completion ends with the space, as a shell's does; a value does not."""
+    from prompt_toolkit.completion import CompleteEvent
+    from prompt_toolkit.document import Document
+
+    from localgen.cli.chat.repl import make_completer
+
+    completer = make_completer(["seed", "temperature"], lambda: ["hat"], lambda: ["smollm2:135m"])
+
+    def complete(text: str) -> list[str]:
+        return [c.text for c in completer.get_completions(Document(text, len(text)), CompleteEvent())]
+
+    assert complete("/lo") == ["/load "]
+    assert complete("/set se") == ["seed "]
+    assert complete("/set think o") == ["on", "off"]
+    assert complete("/load h") == ["hat"] and complete("/model smol") == ["smollm2:135m"]

@@ -57,9 +57,9 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
             if not text.startswith("/"):
                 return
             if " " not in text:
-                for name, meta in COMMANDS.items():
-                    if name.startswith(text):
-                        yield Completion(name, -len(text), display_meta=meta)
+                for name, meta in COMMANDS.items():  # with the space before its argument, as a shell's
+                    if name.startswith(text):          # completion ends (`/lo<Tab>ha` was `/loadha`)
+                        yield Completion(name + " ", -len(text), display=name, display_meta=meta)
                 return
             cmd, _, rest = text.partition(" ")
             if cmd in ("/read", "/image", "/audio", "/video"):
@@ -78,9 +78,10 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
             elif cmd == "/model" and len(words) == 1:
                 options = models()
             word = words[-1]
+            then = " " if cmd == "/set" and len(words) == 1 else ""  # a setting's name: its value follows
             for opt in options:
                 if opt.startswith(word):
-                    yield Completion(opt, -len(word))
+                    yield Completion(opt + then, -len(word), display=opt)
 
     return SlashCompleter()
 
