@@ -78,6 +78,20 @@ def test_a_new_chat_on_an_empty_read_only_home_answers_and_exits_1(ucli: CLI) ->
     assert r.returncode == 1, r.stderr
 
 
+def test_a_file_where_the_chats_folder_goes_is_named_as_such(ucli: CLI) -> None:
+    """A red team's: with a file at <data>/chats the warning said `cannot write .../chats: File exists`; it names the
+    conversation's file and what is in its way."""
+    data = Path(ucli.env["LOCALGEN_HOME"]) / "data"
+    data.mkdir(parents=True)
+    (data / "chats").write_text("not a folder")
+    r = ucli("chat", "blocked", *N, input="Hi\n")
+    assert r.stdout.strip(), r.stderr
+    said = (f"cannot write {data / 'chats' / 'blocked.json'}: {data / 'chats'} is a file, not a folder; the chat "
+            "goes on, but the conversation is not saved")
+    assert f"warning: {said}" in r.stderr.splitlines(), r.stderr
+    assert r.returncode == 1 and (data / "chats").read_text() == "not a folder", r.stderr
+
+
 def test_the_repl_on_a_read_only_home_keeps_answering_and_says_once_that_nothing_is_saved(
         ucli: CLI, cli_env: dict[str, str]) -> None:
     """A terminal chat: the input history and the conversation cannot be written, and neither stops it."""

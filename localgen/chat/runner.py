@@ -2,13 +2,15 @@
 here: a turn's events go to a `show` callback and each tool call to an `approve` one.
 
 The whole conversation is kept and saved; only what is sent to the model is cut to the window. The window
-only moves forward (each turn's prompt then extends the last one, and the KV cache is reused). With compaction
+only moves forward (each turn's prompt then extends the last one, and the KV cache is reused), until /undo or
+/clear takes turns back (it starts again after the summary). With compaction
 on, the turns the window would leave out are first folded into a summary the model writes (compact.py), sent
 after the system prompt; a summary that fails leaves them out as before."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -418,6 +420,8 @@ class ChatRunner:
             # temporary one it is written through
             where = e.filename if isinstance(e.filename, str) and not e.filename.endswith(".tmp") else None
             why = f"cannot write {where or self.session.path}: {e.strerror or e}"
+            if isinstance(e, FileExistsError | NotADirectoryError) and where and not os.path.isdir(where):
+                why = f"cannot write {self.session.path}: {where} is a file, not a folder"  # ("File exists")
             self._unsaved(why, f"{why}; the chat goes on, but the conversation is not saved", warn)
             self.unsaved_taken = False
             self.saving = False
