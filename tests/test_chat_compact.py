@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -139,8 +140,15 @@ def test_a_saved_summary_must_match_its_conversation(home: Path) -> None:
     data = json.loads(session.path.read_text())
     data["summary"]["covers"] = 5  # more messages than the conversation has
     session.path.write_text(json.dumps(data))
-    with pytest.raises(LocalgenError, match="not in localgen's format"):
+    with pytest.raises(LocalgenError, match="not in localgen's format: its \"summary\" covers 5 messages, and the "
+                                            "conversation has 1"):
         ChatSession.load("badsummary")
+    for summary, said in (({"covers": 1}, 'its "summary" is not an object with a "text"'),
+                          ({"text": "s", "covers": "1"}, 'its "summary"\'s "covers" is not a whole number'),
+                          ({"text": "s", "covers": 1, "summarized": 2}, 'its "summary" summarized 2 of the 1')):
+        session.path.write_text(json.dumps({**data, "summary": summary}))
+        with pytest.raises(LocalgenError, match=re.escape(said)):
+            ChatSession.load("badsummary")
 
 
 # ---- in process, with the real model: what is sent ---------------------------------------------------------

@@ -127,15 +127,19 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: Any, n_messages: int) -> Summary:
-        """A saved summary; ValueError when it is not one (or covers messages the conversation lacks)."""
+        """A saved summary; BadField, saying what is wrong, when it is not one (or covers messages the
+        conversation lacks)."""
         if not isinstance(data, dict) or not isinstance(data.get("text"), str):
-            raise ValueError("summary")
+            raise BadField('its "summary" is not an object with a "text"')
         covers, tokens, count = data.get("covers", 0), data.get("tokens", 0), data.get("compactions", 1)
         summarized: Any = data.get("summarized", covers)  # (saved before it was kept: all of them)
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (covers, tokens, count, summarized)):
-            raise ValueError("summary")
-        if not 0 < covers <= n_messages or not 0 < summarized <= covers:
-            raise ValueError("summary")
+        for key, n in (("covers", covers), ("tokens", tokens), ("compactions", count), ("summarized", summarized)):
+            if not isinstance(n, int) or isinstance(n, bool):
+                raise BadField(f'its "summary"\'s "{key}" is not a whole number')
+        if not 0 < covers <= n_messages:
+            raise BadField(f'its "summary" covers {covers:,} messages, and the conversation has {n_messages:,}')
+        if not 0 < summarized <= covers:
+            raise BadField(f'its "summary" summarized {summarized:,} of the {covers:,} messages it covers')
         return cls(text=data["text"], covers=covers, tokens=tokens, compactions=count,
                    model=str(data.get("model") or ""), created=float(data.get("created", 0)),
                    summarized=None if summarized == covers else summarized)
