@@ -42,7 +42,8 @@ def test_create_writes_a_modelfile_from_the_requests_fields() -> None:
     assert describe.modelfile_text({"from": "x", "quantize": "q4_K_M"}) == "FROM x\n"  # quantize: manage.py's
     for bad, says in (({"from": "x", "files": {"a": "sha256:0"}}, "`files` is not supported"),
                       ({}, "`from` must name"), ({"from": "x", "parameters": [1]}, "`parameters` must be an object"),
-                      ({"from": "x", "messages": [{"role": "user"}]}, "`content` string"),
+                      ({"from": "x", "messages": [{"content": "hi"}]}, "`content` string"),  # (no role)
+                      ({"from": "x", "messages": [{"role": "user", "content": 5}]}, "`content` string"),
                       # a name with a line end wrote a SYSTEM line of its own into the preset
                       ({"from": "x", "parameters": {"temperature 0\nSYSTEM injected": 1}}, "no setting named"),
                       ({"from": "x", "parameters": {"top k": 1}}, "no setting named")):
