@@ -1031,12 +1031,15 @@ def test_ctrl_c_while_model_loads_stops_the_command_and_the_chat_goes_on(cli_env
     """docs/chat.md, Ctrl-C: pressed while /model loads another model, it stops the command in one line and the
     chat goes on with the model it had (it said "the message was taken back" of no message, then ended with a
     traceback: UnboundLocalError)."""
-    child = spawn(cli_env, "switching", "-n", "4", "--temp", "0")
+    screen = terminal.Screen(SCREEN)
+    child = spawn(cli_env, "switching", "-n", "4", "--temp", "0", log=screen)
     child.sendline("/model gemma3:270m")
     _command_runs(child)
     child.sendintr()
     child.expect_exact("(Ctrl-C stopped /model before it finished)")
     assert "taken back" not in str(child.before), child.before
+    said = next(row for row in screen.rows() if "(Ctrl-C stopped" in row)
+    assert said.startswith("(Ctrl-C stopped /model"), said  # over the echoed `^C` (it read `^C(Ctrl-C stopped`)
     child.expect_exact(PROMPT)
     send(child, "Say hi.", r"tok/s")
     leaves(child)

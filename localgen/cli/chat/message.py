@@ -34,6 +34,8 @@ def _command(text: str, runner: Any, view: ChatView, press: Callable[[], None] =
             Hangup.current.check()
         if not view.interactive:
             raise
+        if view.console is not None:  # over the `^C` the terminal echoed at the line's start (it read `^C(Ctrl-C`)
+            view.console.file.write("\r")
         view.info(f"(Ctrl-C stopped {text.split()[0]} before it finished)")
         return True
 
