@@ -358,6 +358,28 @@ def vserver(cli_env: dict[str, str], mm: dict[str, Path]) -> Iterator[Any]:
     s.stop()
 
 
+def test_a_projector_that_will_not_load_is_the_servers_500(cli_env: dict[str, str], mm: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    """serve's own projector removed (or replaced by another) after it started: the first picture is a 500, a
+    server error (it was a 400 invalid_request_error with libmtmd's log line: no fault of the client's)."""
+    import shutil
+
+    from tests.test_serve import Server
+
+    projector = shutil.copy(mm["proj"], tmp_path / "gone.gguf")
+    s = Server(cli_env, "--mmproj", str(projector), "-np", "1", "--ctx", "1024", "--no-webui")
+    try:
+        Path(projector).unlink()
+        url = "data:image/png;base64," + base64.b64encode(mm["96x64"].read_bytes()).decode()
+        r = httpx.post(f"{s.url}/v1/chat/completions", timeout=120, json={
+            "model": "smollm2:135m", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is it?"}]}]})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+        assert "could not load the projector" in r.json()["error"]["message"], r.text
+    finally:
+        s.stop()
+
+
 def test_serve_images_through_the_openai_and_ollama_clients(vserver: Any, mm: dict[str, Path]) -> None:
     import ollama
     import openai

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localgen.backend import Completion
-from localgen.errors import LocalgenError, Overloaded, ServeError
+from localgen.errors import LocalgenError, ModelLoadError, Overloaded, ServeError
 from localgen.media_headers import MediaError
 from localgen.serve.servelog import TRACE, Tally, Trace
 from localgen.types import GenerationRequest
@@ -233,14 +233,18 @@ def finishing(job: Job | EmbedJob) -> bool:
 
 def failed(e: BaseException) -> Failed:
     """An error as the Failed a client gets: a typed ServeError's own status (errors.py), 400 naming the
-    conversation for media found corrupt as they were decoded, 400 for any other LocalgenError (the request
-    asked for something this model cannot do), else an internal 500 whose details stay in the server's log."""
+    conversation for media found corrupt as they were decoded, 500 for a file of the server's that would not load
+    (a projector replaced or removed since it started: no fault of the request), 400 for any other LocalgenError
+    (the request asked for something this model cannot do), else an internal 500 whose details stay in the
+    server's log."""
     if isinstance(e, ServeError):
         tokens, window = getattr(e, "tokens", None), getattr(e, "window", None)
         return Failed(e.status, e.message, e.param, (tokens, window) if tokens and window else None,
                       getattr(e, "item", None))
     if isinstance(e, MediaError):  # an image or clip that decoding found corrupt: the conversation's field
         return Failed(400, e.message, "messages")
+    if isinstance(e, ModelLoadError):  # the server's own file (a projector loaded at the first picture) failed
+        return Failed(500, e.message)
     if isinstance(e, LocalgenError):
         return Failed(400, e.message)
     return Failed(500, INTERNAL)
