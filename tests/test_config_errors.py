@@ -90,6 +90,7 @@ def test_a_bad_models_toml_entry_is_one_line_naming_file_entry_and_field(own: CL
         assert len(lines) == 1, f"the entry used is one error, not a warning too: {args} {r.stderr}"
         assert lines[0].startswith("localgen: error: ") and str(path) in lines[0], r.stderr
         assert f'[models."mine:1b"] {field} ' in lines[0], r.stderr
+        assert "True" not in lines[0], "a TOML value as TOML writes it (a red team's: `not True`)"
 
 
 def test_a_bad_entry_warns_and_leaves_the_rest_working(own: CLI) -> None:

@@ -171,7 +171,8 @@ def test_bad_input_at_the_command_line(cli: CLI, mm: dict[str, Path], tmp_path: 
         (["--mmproj", str(mm["proj"]), "--image", str(clip)], "is WAV audio: attach it with -a"),
         (["--mmproj", str(mm["proj"]), "--image", str(tmp_path / "missing.png")], "no such file"),
         (["--mmproj", str(mm["proj"]), "--image", pic, "--raw"], "cannot be combined with --raw"),
-    ]
+        (["--mmproj", "/dev/null", "--image", pic], "the projector /dev/null is not a regular file"),  # (it said
+    ]  # "no such projector file" of a path that is there)
     for extra, words in cases:
         r = cli("run", "-p", "Describe it.", "-n", "4", *extra)
         assert r.returncode != 0, (extra, r.stdout)

@@ -114,7 +114,8 @@ def _unknown_keys(source: Path, name: str, raw: dict[str, Any]) -> None:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """A value of the TOML file as TOML writes it where Python's repr differs (true, not True)."""
+    text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -57,8 +57,9 @@ def read(path: str) -> ProjectorInfo:
     from localgen.models.gguf_meta import read_gguf
 
     p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"no such projector file: {path}")
+    if not p.is_file():  # (a device or a FIFO is there, and is no file to read a header from)
+        raise UsageError(f"no such projector file: {path}" if not p.exists() else
+                         f"the projector {path} is not a regular file (a GGUF file is)")
     meta, _, _ = read_gguf(str(p))
     if meta.get("general.architecture") != "clip":
         raise ModelFormatError(f"{path} is not a multimodal projector (mmproj) GGUF: its architecture is "
