@@ -181,6 +181,14 @@ def test_bad_input_at_the_command_line(cli: CLI, mm: dict[str, Path], tmp_path: 
         assert "Traceback" not in r.stderr
 
 
+def test_a_picture_for_a_model_without_a_chat_template_is_a_usage_error(cli: CLI, mm: dict[str, Path]) -> None:
+    """media.md: bad input is one line and exit 2. Gemma 3 270M (a base model, no template) with a projector of its
+    width: a picture needs the template (it was exit 1, and `which images and audio needs`)."""
+    r = cli("run", "-m", "gemma3:270m", "--mmproj", str(mm["wide"]), "--image", str(mm["96x64"]), "-p", "hi", "-n", "2")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "gemma3:270m has no chat template (it may be a base model), which images and audio need (" in r.stderr
+
+
 def test_attach_stdin_on_a_terminal_is_refused_at_once(cli_env: dict[str, str], mm: dict[str, Path]) -> None:
     """`-a -` with stdin a terminal: one line and exit 2 before anything loads, not a wait for a picture typed in."""
     import pexpect

@@ -21,7 +21,7 @@ from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
 from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt, writable
-from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError
+from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError, WrongModel
 from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
@@ -244,7 +244,6 @@ def plain_completion(plan: RunPlan, backend: Backend, toolbox: Any, err: ErrWrit
     """A model here without a chat template (a base model) answers the prompt as a plain completion, as with
     --raw (and as Ollama's /api/generate does), said once on stderr. What needs the template (--system,
     earlier turns, images or audio, tools) is one error naming it."""
-    from localgen.errors import LocalgenError
     from localgen.tools.stream import template_of
 
     if plan.raw or template_of(backend):
@@ -252,11 +251,12 @@ def plain_completion(plan: RunPlan, backend: Backend, toolbox: Any, err: ErrWrit
     turns = plan.thread.turns if plan.thread is not None else None
     needs = [what for what, on in (("--system", bool(plan.send.system)), ("an earlier conversation", bool(turns)),
                                    ("images and audio", bool(plan.media)), ("tools", toolbox is not None)) if on]
-    if needs:
-        raise LocalgenError(f"{backend.name} has no chat template (it may be a base model), which "
-                            f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''}",
-                            hint=f"without {'it' if len(needs) == 1 else 'them'} the prompt goes to it as a plain "
-                                 "completion; --chat-template-file gives it a template")
+    if needs:  # a model that cannot do what was asked: a usage error, as a model without a projector (exit 2)
+        one = needs == ["--system"] or needs == ["an earlier conversation"]
+        raise WrongModel(f"{backend.name} has no chat template (it may be a base model), which "
+                         f"{' and '.join(needs)} need{'s' if one else ''}",
+                         hint=f"without {'it' if len(needs) == 1 else 'them'} the prompt goes to it as a plain "
+                              "completion; --chat-template-file gives it a template")
     err.line(f"{backend.name} has no chat template (it may be a base model): the prompt goes to it as a plain "
              "completion, as with --raw")
     return dataclasses.replace(plan, raw=True)
