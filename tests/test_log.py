@@ -590,7 +590,7 @@ def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) 
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"]["name"] == "smollm2:135m"
     r = under("run", "--continue", "-m", "gemma3:270m", "What is my name?", *N)  # -m typed: that model
-    assert r.returncode == 1 and "gemma3:270m has no chat template" in r.stderr, r.stderr
+    assert r.returncode == 2 and "gemma3:270m has no chat template" in r.stderr, r.stderr
 
 
 def test_a_conversation_begun_on_the_default_model_keeps_it_under_localgen_model(lcli: CLI) -> None:
