@@ -149,6 +149,16 @@ def test_a_wrong_adapter_is_one_error_before_the_model_loads(cli: CLI, foreign: 
     one_error(cli("run", "--endpoint", "http://127.0.0.1:9", "-p", "hi", "--lora", str(foreign)), "--lora")
 
 
+def test_an_adapter_given_as_the_model_says_so(cli: CLI, adapter: Path) -> None:
+    """An adapter as -m (run, fit): one usage error naming it an adapter and how to give it (a red team's: fit said
+    its header had no llama.context_length, "corrupt, or made for another program", and run llama.cpp's words)."""
+    for args in (["run", "-m", str(adapter), "-p", "hi", "-n", "1"], ["fit", "-m", str(adapter)]):
+        r = cli(*args)
+        assert (r.returncode, r.stdout) == (2, ""), (args, r.stderr)
+        assert r.stderr == (f"localgen: error: tiny-lora.gguf is a LoRA adapter, not a model (give it with its base "
+                            f"model: -m BASE --lora {adapter})\n"), r.stderr
+
+
 def test_the_engine_refuses_what_llama_cpp_refuses_and_keys_saved_states_by_adapter(
         smollm2_engine: Any, adapter: Path, foreign: Path) -> None:
     import dataclasses

@@ -91,7 +91,9 @@ def _check_loadable(ref: Any, weights: Any) -> None:
     """A ModelFormatError for a model `run` would not load for its header alone: no plan is made for it."""
     from localgen.errors import ModelFormatError
     from localgen.models.gguf_meta import refusal
+    from localgen.models.lora import refuse_as_model
 
+    refuse_as_model(ref)
     # (an architecture this build does not know is run's to say: fit reads headers and loads nothing of llama.cpp)
     why = refusal(ref.summary, (t.name for t in weights.tensors))
     if why is not None:

@@ -78,6 +78,7 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     from localgen.native.devices import backend_info
 
     params = params.for_model(ref.summary.context_length)  # --ctx 0: the trained context
+    lora.refuse_as_model(ref)
     lora.check_all(ref, params.lora)  # before the weights load
     make = factory or Engine
     cpu_only = False

@@ -10,6 +10,17 @@ from localgen.errors import ModelFormatError, UsageError
 from localgen.types import ModelRef
 
 
+def refuse_as_model(ref: ModelRef) -> None:
+    """A UsageError where the model given is an adapter (a LoRA, a control vector): no model to load alone
+    (llama.cpp said its header had no context_length)."""
+    kind = ref.summary.metadata.get("general.type")
+    if kind == "adapter":
+        what = ref.summary.metadata.get("adapter.type")
+        raise UsageError(f"{ref.name} is {'a LoRA' if what == 'lora' else 'an'} adapter, not a model",
+                         hint=f"give it with its base model: -m BASE --lora {ref.path}" if what == "lora" else
+                         "give its base model with -m")
+
+
 def check(path: str, architecture: str, base: str) -> None:
     """A UsageError unless `path` is a LoRA adapter GGUF for `architecture` (the base model `base`'s)."""
     from localgen.models.gguf_meta import read_gguf
