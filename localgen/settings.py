@@ -143,6 +143,17 @@ def field_name(name: str) -> str | None:
     return key if key in KNOBS else None
 
 
+def shown_value(value: Any) -> str:
+    """A value as an error quotes it: repr, but an integer of more than 21 digits (`1e300` written in a Modelfile,
+    made whole) in exponent form, never hundreds of digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 21:
+        try:
+            return f"{float(value):g}"
+        except OverflowError:
+            return "a number past 1e+308"
+    return repr(value)
+
+
 def out_of_range(name: str, lo: float | None, hi: float | None, value: Any) -> str:
     """What a value past a setting's bounds is told, its numbers as they are typed (2,147,483,647, not
     2.14748e+09): `at least LO` where the top is only the type's (a C int's, or none)."""
@@ -151,10 +162,10 @@ def out_of_range(name: str, lo: float | None, hi: float | None, value: Any) -> s
 
     if lo is not None and (hi is None or hi == INT32):
         if value < lo or hi is None:
-            return f"{name} must be at least {num(lo)}, not {value!r}"
-        return f"{name} must be at most {num(hi)} (llama.cpp takes it as a C int), not {value!r}"
+            return f"{name} must be at least {num(lo)}, not {shown_value(value)}"
+        return f"{name} must be at most {num(hi)} (llama.cpp takes it as a C int), not {shown_value(value)}"
     return f"{name} must be within {'-inf' if lo is None else num(lo)} to {'inf' if hi is None else num(hi)}, " \
-           f"not {value!r}"
+           f"not {shown_value(value)}"
 
 
 def check(name: str, value: Any, label: str | None = None) -> Any:

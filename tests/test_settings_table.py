@@ -209,6 +209,18 @@ def test_a_value_out_of_range_is_told_the_range_in_plain_numbers(name: str, valu
     assert e.value.message == said
 
 
+def test_a_huge_whole_number_is_told_in_exponent_form() -> None:
+    """A red team's: `PARAMETER top_k 1e300` (a whole float, made an int) was told as its 301 digits; 10**400 (no
+    float holds it) says what it is past."""
+    from localgen.errors import UsageError
+
+    for value, shown in ((10**300, "1e+300"), (-(10**25), "-1e+25"), (10**400, "a number past 1e+308")):
+        with pytest.raises(UsageError) as e:
+            settings.check("top_k", value)
+        assert e.value.message.endswith(f", not {shown}") and len(e.value.message) < 120, e.value.message
+    assert settings.shown_value(10**20) == "100000000000000000000" and settings.shown_value(True) == "True"
+
+
 def test_seed_minus_one_is_a_random_seed_as_none_given() -> None:
     """llama.cpp's and Ollama's "random" seed (-1, Ollama's default) is taken wherever a seed is (a flag, /set,
     a JSONL line, a preset, a Modelfile's PARAMETER, every API's field), as no seed: a fresh one each time."""
