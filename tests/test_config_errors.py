@@ -61,6 +61,14 @@ def test_a_user_entry_s_context_is_the_window_the_model_loads_with(own: CLI) -> 
         assert (doc["asked"], doc["asked_by"]) == (1024 if modelfile else 2048, by), doc
     listed = {e["name"]: e for e in json.loads(own("list", "--catalogue", "--json").stdout)}
     assert listed["smollm2:135m"]["context"] == 2048 and listed["smollm2:135m"]["repo"]  # the rest kept
+    # a window past the training is capped, and said whoever asked it (a red team's: the entry's and a preset's were
+    # capped unsaid, and LOCALGEN_CTX's was said to be --ctx's)
+    _models(own, b'[models."smollm2:135m"]\ncontext = 100000\n')
+    past = "100,000 is past the 8,192 tokens smollm2:135m was trained on: the window is 8,192"
+    for cli, said in ((own, "its models.toml context"), (CLI({**own.env, "LOCALGEN_CTX": "100000"}), "LOCALGEN_CTX")):
+        r = cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "1", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["load"]["n_ctx"] == 8192, r.stderr
+        assert f"warning: {said} {past} (--rope-scaling stretches it)" in r.stderr.splitlines(), r.stderr
 
 
 BAD_ENTRIES = [  # (what the entry says, the field named in the error)

@@ -57,6 +57,7 @@ def fit(
     load by the same plan."""
     from localgen.models import fit as planner
     from localgen.models import footprint
+    from localgen.models.presets import window_source
     from localgen.models.resolve import resolve
 
     machine = machine_for(gpu_memory, ram)
@@ -69,7 +70,7 @@ def fit(
     _check_buffers(load, len(machine.gpus))
     # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx or a models.toml context (as run loads
     # it), else none (the largest that fits)
-    said_by = asked_by = _window_source(model, ref) if ref.context is not None else None
+    said_by = asked_by = window_source(model, ref) if ref.context is not None else None
     if asked_by == "ollama":  # an Ollama model's num_ctx is its params layer's: a preset's to JSON
         asked_by = "preset"
     if context is not None:
@@ -99,18 +100,6 @@ def _check_loadable(ref: Any, weights: Any) -> None:
     if why is not None:
         raise ModelFormatError(f"llama.cpp would not load {ref.name}: {why}", hint="the file is corrupt, or made "
                                "for another program; `localgen show` reads its header")
-
-
-def _window_source(model: str | None, ref: Any) -> str:
-    """Where a model's own window (ref.context) comes from: "preset" (a preset's num_ctx), "ollama" (an Ollama
-    model's params layer), or "models.toml" (the context of the user's models.toml entry for the model, or for
-    a preset's base, where no preset on the way sets num_ctx: models/catalogue.py's window)."""
-    from localgen.models import presets
-
-    found = presets.find(model) if model is not None and _is_preset(model) else None
-    if found is not None and found.spec.context is not None:
-        return "preset"
-    return {"ollama": "ollama", "hf": "models.toml", "embedded": "models.toml"}.get(ref.source, "preset")
 
 
 def _is_preset(name: str | None) -> bool:
@@ -302,9 +291,9 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
             return ", ".join([start, *done])
         return "the largest that fits" if plan.whole else done[-1]
     if not done:
-        return {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",
-                "models.toml": "its models.toml context",
-                "LOCALGEN_CTX": "as LOCALGEN_CTX asks",
+        from localgen.models.presets import WINDOW_WORDS
+
+        return {**WINDOW_WORDS, "LOCALGEN_CTX": "as LOCALGEN_CTX asks",
                 "trained": "the training context"}.get(asked_by or "", "as asked")
     by = {"preset": " by the preset", "ollama": " by its Ollama params", "models.toml": " by its models.toml entry",
           "LOCALGEN_CTX": " by LOCALGEN_CTX"}.get(asked_by or "", "")

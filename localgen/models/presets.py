@@ -572,3 +572,18 @@ def apply(p: Preset, ref: ModelRef) -> ModelRef:
                                messages=s.messages or ref.messages,
                                context=s.context if s.context is not None else ref.context,
                                adapters=(*ref.adapters, *((a, 1.0) for a in s.adapters)), load={**ref.load, **s.load})
+
+
+def window_source(model: str | None, ref: ModelRef) -> str:
+    """Where a model's own window (ref.context) comes from: "preset" (a preset's num_ctx), "ollama" (an Ollama
+    model's params layer), or "models.toml" (the context of the user's models.toml entry for the model, or for
+    a preset's base, where no preset on the way sets num_ctx: models/catalogue.py's window)."""
+    found = find(model) if model is not None and exists(model) else None
+    if found is not None and found.spec.context is not None:
+        return "preset"
+    return {"ollama": "ollama", "hf": "models.toml", "embedded": "models.toml"}.get(ref.source, "preset")
+
+
+# how each source of a window is named where it is said (fit's plan line, run's warning of a cap)
+WINDOW_WORDS = {"preset": "the preset's num_ctx", "ollama": "its Ollama params' num_ctx",
+                "models.toml": "its models.toml context"}

@@ -41,6 +41,7 @@ class LoadPlan:
     endpoints: tuple[Endpoint, ...] = ()  # remote endpoints; empty: the model loads here
     # -m typed: it replaces a resumed or loaded conversation's own model, which LOCALGEN_MODEL, a default, does not
     model_typed: bool = False
+    ctx_typed: bool = False  # --ctx typed (ctx_given without it: LOCALGEN_CTX's)
 
     @property
     def remote(self) -> bool:
@@ -133,7 +134,7 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     grammar, schema = output_grammar(out)
     load = LoadPlan(model=model, model_given=args.given("model"), model_typed=args.typed("model"), offline=args.offline,
                     template_file=args.chat_template_file, mmproj=args.mmproj, verbose=args.verbose,
-                    params=args.knobs.load(), ctx_given=args.given("ctx"),
+                    params=args.knobs.load(), ctx_given=args.given("ctx"), ctx_typed=args.typed("ctx"),
                     load_given=frozenset(n for n in LOAD_KNOBS if args.knobs.given(n)), endpoints=tuple(endpoints))
     send = SendPlan(system=args.system, think=args.think, grammar=None if endpoints else grammar,
                     json_schema=schema if endpoints else None, sampling=sampling,

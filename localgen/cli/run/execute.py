@@ -300,6 +300,16 @@ def _typed_models(plan: RunPlan) -> None:
             answering_model_there(plan.load.model)
 
 
+def _ctx_asker(load: Any, ref: Any) -> str | None:
+    """Who asked for the window the model loads with: --ctx, LOCALGEN_CTX, the model's preset or models.toml
+    entry (in the words fit says them), or None (--ctx's default, capped unsaid as llama.cpp's tools cap it)."""
+    from localgen.models.presets import WINDOW_WORDS, window_source
+
+    if load.ctx_given:
+        return "--ctx" if load.ctx_typed else "LOCALGEN_CTX"
+    return WINDOW_WORDS[window_source(load.model, ref)] if ref.context is not None else None
+
+
 def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
     from localgen.cli.progress import make_progress
@@ -314,9 +324,11 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
                                   load.template_file)
     params = preset.load_params(ref, load.params, load.load_given.__contains__)
     trained = ref.summary.context_length
-    if load.ctx_given and trained and not (params.rope_scaling or params.rope_freq_scale) and params.n_ctx > trained:
-        err.warn(f"--ctx {params.n_ctx:,} is past the {trained:,} tokens {ref.name} was trained on: the window is "
-                 f"{trained:,} (--rope-scaling stretches it)")  # as the load caps it (engine/defaults.py)
+    if trained and not (params.rope_scaling or params.rope_freq_scale) and params.n_ctx > trained:
+        asked = _ctx_asker(load, ref)  # the flag, the variable, a preset's num_ctx or a models.toml context
+        if asked is not None:
+            err.warn(f"{asked} {params.n_ctx:,} is past the {trained:,} tokens {ref.name} was trained on: the window "
+                     f"is {trained:,} (--rope-scaling stretches it)")  # as the load caps it (engine/defaults.py)
     draft = decoding.draft
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")
