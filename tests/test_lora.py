@@ -172,8 +172,12 @@ def test_the_engine_refuses_what_llama_cpp_refuses_and_keys_saved_states_by_adap
     half = Engine(ref, LoadParams(n_ctx=2048, lora=((str(adapter), 0.5),)))
     try:
         assert half.adapters == ((str(adapter), 0.5),)
-        plain = smollm2_engine.identity
-        assert half.identity != plain and half.identity.startswith(plain.rsplit("|", 1)[0])  # nothing else differs
+        # nothing but the adapter differs; the file's change time is read again (another test may have given the
+        # file a second link since the shared engine loaded, and a link is a change of its inode)
+        plain = smollm2_engine.identity.split("|")
+        mine = half.identity.split("|")
+        assert mine[:3] == plain[:3] and int(mine[3]) >= int(plain[3]), (mine, plain)
+        assert mine[4:len(plain)] == plain[4:] and mine[len(plain):] and mine[len(plain)].startswith("lora:"), mine
     finally:
         half.close()
 

@@ -282,8 +282,10 @@ def test_an_unwritable_data_dir_is_one_line(cli_env: dict[str, str], tmp_path: P
     # the answer is given; one warning says why it is not saved, and the exit says so (chat.md, Saving)
     assert r.returncode == 1 and r.stdout.strip(), r.stderr
     warned, error = r.stderr.splitlines()
-    assert warned.startswith(f"warning: cannot write {home / 'data' / 'chats'}: "), r.stderr
-    assert error.startswith(f"localgen: error: the conversation was not saved: cannot write {home / 'data' / 'chats'}")
+    chats = home / "data" / "chats"
+    said = f"cannot write {chats / 'x.json'}: {chats} is a file, not a folder"
+    assert warned.startswith(f"warning: {said}; "), r.stderr
+    assert error.startswith(f"localgen: error: the conversation was not saved: {said} "), r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -128,7 +128,9 @@ def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> Non
         for theirs, ours in settings.spellings("ollama").items():
             r = httpx.post(server.url + "/api/chat", json={**ask, "options": {theirs: bad}}, timeout=60)
             assert r.status_code == 400 and r.json()["error"].startswith(f"options.{theirs}"), (theirs, ours, r.text)
-        load = dict.fromkeys(loadsettings.OLLAMA_LOAD_OPTIONS, 1)
+        from localgen.serve.ollama import LOAD_KINDS  # each of the kind Ollama's FromMap checks (a flag is a bool)
+
+        load = {k: True if LOAD_KINDS.get(k) == "true or false" else 1 for k in loadsettings.OLLAMA_LOAD_OPTIONS}
         r = httpx.post(server.url + "/api/chat", json={**ask, "options": {**load, "num_predict": 1}}, timeout=60)
         assert r.status_code == 200, r.text
         r = httpx.post(server.url + "/api/chat", json={**ask, "options": {"num_ctxx": 1}}, timeout=60)
