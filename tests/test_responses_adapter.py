@@ -72,6 +72,9 @@ def test_input_items_become_the_chat_messages_every_route_uses() -> None:
     ([{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}], "image_url"),
     ([{"type": "function_call", "name": "f", "arguments": "{}"}], "call_id"),
     ([{"type": "function_call_output", "call_id": "c"}], "output"),
+    # a call_id of another type (a red team's: a list or an object was hashed first, a TypeError and a 500)
+    ([{"type": "function_call_output", "call_id": {}, "output": "x"}], "call_id"),
+    ([{"type": "function_call", "call_id": ["a"], "name": "f", "arguments": "{}"}], "call_id"),
 ])
 def test_bad_input_items_are_400s_that_name_the_field(raw: Any, words: str) -> None:
     with pytest.raises(HTTPError) as e:

@@ -52,7 +52,8 @@ class InProcess:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(build(self.state, Policy(**policy)), host="127.0.0.1", port=self.port,
+        self.app = build(self.state, Policy(**policy))
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
                                 log_level="critical", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -251,6 +252,32 @@ def test_a_non_streamed_answer_is_handed_over_once(inproc: InProcess, monkeypatc
     sent.clear()
     parts = "".join(p["message"]["content"] for p in ollama.Client(host=inproc.url).chat(**chat, stream=True))
     assert parts == said and sent[-1] == (True, "Done")
+
+
+def test_a_500_keeps_the_clients_connection_and_its_traceback_goes_to_the_log(
+        inproc: InProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault in a route (a bug: its 500 says "internal error") is answered whole, and the client's keep-alive
+    connection stays open for its next request (uvicorn closed it after the answer: the next request on it was
+    reset, and the openai client's retries of the 500 met a closed connection); the traceback is in the log."""
+    from localgen.serve import responses
+    from localgen.serve.servelog import ServeLog
+
+    lines: list[str] = []
+    monkeypatch.setattr(inproc.app.state.front, "log", ServeLog(write=lines.append, access=False))
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a bug in a route")
+
+    monkeypatch.setattr(responses, "_input_messages", broken)
+    with httpx.Client(base_url=inproc.url, timeout=60) as client:
+        r = client.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+        assert r.status_code == 500 and r.json()["error"]["message"].startswith("internal error"), r.text
+        assert "a bug in a route" not in r.text and r.headers.get("connection") != "close"
+        sockets = {id(c) for c in client._transport._pool.connections}  # the one connection, kept
+        assert client.get("/health").status_code == 200
+        assert {id(c) for c in client._transport._pool.connections} == sockets
+    said = "\n".join(lines)
+    assert "internal error in POST /v1/responses" in said and "TypeError: a bug in a route" in said, said
 
 
 def test_the_model_is_warmed_up_in_the_thread_that_decodes(smollm2_path: Path) -> None:

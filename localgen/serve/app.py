@@ -300,6 +300,16 @@ class FrontDoor:
             trace.arrival = ARRIVALS.enter()
         try:
             await self.app(scope, receiving, sending)
+        except Exception:
+            if not ended:  # a stream cut short, or no answer yet: uvicorn answers or closes the connection
+                raise
+            # the 500 is sent whole (Starlette's handler re-raises after it): its traceback goes to the log here,
+            # since uvicorn closes a keep-alive connection on an exception after its answer (the client's next
+            # request on that connection was reset)
+            import traceback
+
+            log.error(f"internal error in {scope['method']} {scope['path']} (request {trace.id})",
+                      traceback.format_exc().rstrip())
         finally:
             trace.arrived()
             if left:  # mid-body, queued or mid-stream: a client that left is a 499, with the tokens made for it

@@ -246,7 +246,8 @@ def _input_messages(raw: Any, history: list[dict[str, Any]] | tuple[()] = ()) ->
             raise HTTPError(400, "each input item must be an object", param="input")
         kind = item.get("type", "message")
         if kind in ("function_call", "function_call_output") and (
-                item.get("namespace") is not None or item.get("call_id") in left_out):
+                item.get("namespace") is not None or (isinstance(item.get("call_id"), str)
+                                                      and item["call_id"] in left_out)):
             if kind == "function_call" and isinstance(item.get("call_id"), str):
                 left_out.add(item["call_id"])
             continue  # a call or output of a namespace's tool (Codex's own, with or without a call_id):
