@@ -185,6 +185,8 @@ MESSAGE assistant Hello.
     ('TEMPLATE ""', {}),
     ('MESSAGE user ""\nMESSAGE assistant Hello.', {"messages": ({"role": "user", "content": ""},
                                                                 {"role": "assistant", "content": "Hello."})}),
+    # Ollama's LICENSE (repeated, a """ text over lines, as `ollama show --modelfile` writes it) and REQUIRES
+    ('LICENSE MIT\nLICENSE """Apache\nLicense 2.0"""\nREQUIRES 0.6.0\nlicense ""', {}),
 ])
 def test_a_modelfile_takes_what_ollamas_create_takes(lines: str, made: dict[str, Any]) -> None:
     """Each line was refused; Ollama's `create` takes it."""

@@ -27,7 +27,8 @@ from localgen.errors import UsageError
 from localgen.text import checked
 from localgen.types import MIN_CTX_FLAG, TRAINED_CTX
 
-INSTRUCTIONS = ("FROM", "PARAMETER", "SYSTEM", "TEMPLATE", "MESSAGE", "ADAPTER")
+INSTRUCTIONS = ("FROM", "PARAMETER", "SYSTEM", "TEMPLATE", "MESSAGE", "ADAPTER", "LICENSE", "REQUIRES")
+NOT_KEPT = ("LICENSE", "REQUIRES")  # Ollama's, read (what `ollama show --modelfile` writes) and not kept
 ROLES = ("system", "user", "assistant")
 MIN_CTX = MIN_CTX_FLAG  # as --ctx
 # localgen's field → Ollama's name, where they differ (what `show --modelfile` writes): the settings table's
@@ -107,7 +108,9 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
             else:
                 _parameter(src, number, key, value, got)
             continue
-        value = _value(src, rest, number, instr, trail, empty=instr in ("SYSTEM", "TEMPLATE"))
+        value = _value(src, rest, number, instr, trail, empty=instr in ("SYSTEM", "TEMPLATE", *NOT_KEPT))
+        if instr in NOT_KEPT:
+            continue
         if instr == "ADAPTER":
             got.adapters.append(_adapter(src, number, value, folder))
             continue
