@@ -245,3 +245,25 @@ def test_ollamas_embed_says_its_load_and_takes_keep_alive(child: Server) -> None
     assert warm["load_duration"] == 0, "loaded already"
     assert _post(child, "/api/embed", {"input": "x", "keep_alive": "soon"}).status_code == 400
     assert _post(child, "/api/generate", {"prompt": "", "keep_alive": "5m"}).status_code == 200  # as it was
+
+
+@pytest.mark.parametrize(("query", "page", "more"), [
+    ("limit=2", ["a", "b"], True),
+    ("after_id=b&limit=2", ["c", "d"], True),
+    ("before_id=e&limit=2", ["c", "d"], True),
+    ("before_id=c", ["a", "b"], False),
+    # both: the models between them (a red team's: after_id was let be, and the page began at the list's start)
+    ("after_id=a&before_id=c", ["b"], False),
+    ("after_id=a&before_id=e&limit=2", ["c", "d"], True),
+    ("after_id=b&before_id=c", [], False),
+    ("after_id=d&before_id=b", [], False),
+])
+def test_anthropics_model_page_by_its_cursors(query: str, page: list[str], more: bool) -> None:
+    from starlette.requests import Request
+
+    from localgen.serve.listings import _anthropic_page
+
+    data = [{"id": x} for x in "abcde"]
+    got = _anthropic_page(data, Request({"type": "http", "query_string": query.encode(), "headers": []}))
+    assert [d["id"] for d in got["data"]] == page and got["has_more"] is more, got
+    assert got["first_id"] == (page[0] if page else None) and got["last_id"] == (page[-1] if page else None)

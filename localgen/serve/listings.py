@@ -156,7 +156,8 @@ def _anthropic(request: Request) -> bool:
 
 
 def _anthropic_page(data: list[dict[str, Any]], request: Request) -> dict[str, Any]:
-    """Anthropic's page of models: `limit` (1 to 1,000; 20) of them, after `after_id` or before `before_id`."""
+    """Anthropic's page of models: `limit` (1 to 1,000; 20) of them, after `after_id`, before `before_id`, or
+    between the two."""
     query = request.query_params
     text = query.get("limit", "20")
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 1000:
@@ -165,11 +166,12 @@ def _anthropic_page(data: list[dict[str, Any]], request: Request) -> dict[str, A
     for key in ("after_id", "before_id"):
         if key in query and query[key] not in ids:
             raise HTTPError(400, f"{key}: no model {query[key][:100]!r} here", param=key)
+    # both: the models between the two (after_id was let be when before_id came with it)
+    start = ids.index(query["after_id"]) + 1 if "after_id" in query else 0
+    end = max(start, ids.index(query["before_id"])) if "before_id" in query else len(data)
     if "before_id" in query:
-        end = ids.index(query["before_id"])
-        page, more = data[max(0, end - limit):end], end > limit
+        page, more = data[max(start, end - limit):end], end - limit > start
     else:
-        start = ids.index(query["after_id"]) + 1 if "after_id" in query else 0
-        page, more = data[start:start + limit], start + limit < len(data)
+        page, more = data[start:start + limit], start + limit < end
     return {"data": page, "has_more": more, "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None}
