@@ -243,6 +243,15 @@ def test_ollamas_embed_says_its_load_and_takes_keep_alive(child: Server) -> None
     assert len(again["embedding"]) == 576
     warm = _post(child, "/api/embed", {"input": "the cat"}).json()
     assert warm["load_duration"] == 0, "loaded already"
+    # nothing to embed: Ollama's way to load (or with keep_alive 0 unload) an embedding model (they were 400s)
+    for path, body, answer in (("/api/embed", {"input": []}, {"model": "smollm2:135m", "embeddings": []}),
+                               ("/api/embed", {}, {"model": "smollm2:135m", "embeddings": []}),
+                               ("/api/embeddings", {"prompt": ""}, {"embedding": []})):
+        gone = _post(child, path, {**body, "keep_alive": 0})
+        assert gone.status_code == 200 and gone.json() == answer and _unloaded(child), gone.text
+        loaded = _post(child, path, body)
+        assert loaded.status_code == 200 and loaded.json() == answer, loaded.text
+        assert _seconds_left(child) > 0, "loaded, with the server's keep-alive"
     assert _post(child, "/api/embed", {"input": "x", "keep_alive": "soon"}).status_code == 400
     assert _post(child, "/api/generate", {"prompt": "", "keep_alive": "5m"}).status_code == 200  # as it was
 

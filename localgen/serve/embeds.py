@@ -18,6 +18,7 @@ from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.ask import flag, keep_alive, one_of
 from localgen.serve.jobs import EmbedJob, Failed
 from localgen.serve.jsonbody import read_json
+from localgen.serve.loadnow import load_or_unload
 from localgen.serve.running import refused, watch_disconnect
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
@@ -74,6 +75,9 @@ def routes(state: ServeState) -> list[Route]:
         worker = state.worker(body.get("model"))
         truncate = flag(body, "truncate", default=True)
         t0 = time.perf_counter()
+        if body.get("input") in (None, "", []):  # Ollama's way to load an embedding model: nothing to embed
+            await load_or_unload(worker, request, keep_alive(body.get("keep_alive"), "keep_alive"))
+            return JSONResponse({"model": worker.name, "embeddings": []})  # Ollama's: no counts, no durations
         done = await embed(worker, embed_inputs(body.get("input")), dimensions(body.get("dimensions")), truncate,
                            http=request,
                            keep=keep_alive(body.get("keep_alive"), "keep_alive"))
@@ -87,6 +91,9 @@ def routes(state: ServeState) -> list[Route]:
         body = await read_json(request)
         worker = state.worker(body.get("model"))
         prompt = body.get("prompt")
+        if prompt in (None, ""):  # as /api/embed's: loads the model (keep_alive 0 unloads it), embeds nothing
+            await load_or_unload(worker, request, keep_alive(body.get("keep_alive"), "keep_alive"))
+            return JSONResponse({"embedding": []})
         if not isinstance(prompt, str):  # one text, one vector: a list would be embedded whole for its first
             raise HTTPError(400, "`prompt` must be a string (one text; /api/embed takes several)", param="prompt")
         done = await embed(worker, embed_inputs(prompt, "prompt"), None, True, http=request, param="prompt",

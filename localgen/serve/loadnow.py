@@ -1,11 +1,12 @@
-"""Loading a model on a client's word, generating nothing: llama-server's POST /models/load and Ollama's
-/api/chat or /api/generate with no messages or prompt. The answer waits for the load, and says why it failed
-(no room, more than --max-memory, a broken file) instead of claiming a load that did not happen. A client
+"""Loading a model on a client's word, generating nothing: llama-server's POST /models/load and Ollama's /api/chat,
+/api/generate, /api/embed or /api/embeddings with nothing to do. The answer waits for the load, and says why it
+failed (no room, more than --max-memory, a broken file) instead of claiming a load that did not happen. A client
 that leaves meanwhile cancels the load's job (a 499), before anything is unloaded to make room for it."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from starlette.requests import Request
 
@@ -27,3 +28,16 @@ async def load_now(worker: Served, http: Request) -> None:
     except LocalgenError as e:  # a full queue, a worker that has stopped, a model being deleted
         raise refused(e) from None
     await first_event(job, http)
+
+
+async def load_or_unload(worker: Served, http: Request, ttl: float | None) -> None:
+    """Ollama's request with nothing to do, by its keep_alive: 0 unloads the model (once its jobs end; an idle one
+    at once), any other loads it now (an HTTPError saying why it cannot) and keeps it that long from then on."""
+    if ttl:  # 0 unloads this once: the model keeps its keep-alive for when it loads again
+        worker.keep_alive = ttl
+    if ttl == 0:
+        unloaded = worker.request_unload(by_keep_alive=time.perf_counter())
+        if not worker.busy:
+            await asyncio.to_thread(unloaded.wait, 10)
+    else:
+        await load_now(worker, http)

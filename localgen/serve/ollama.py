@@ -5,7 +5,6 @@ serve/listings.py; embeddings: serve/embeds.py; /api/show and the routes that ma
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import math
@@ -23,7 +22,7 @@ from localgen.serve.ask import Ask, Schema, flag, keep_alive, sampling_values, s
 from localgen.serve.describe import thinks
 from localgen.serve.jobs import Event, Job
 from localgen.serve.jsonbody import read_json
-from localgen.serve.loadnow import load_now
+from localgen.serve.loadnow import load_or_unload
 from localgen.serve.pipeline import Made, handle, parts
 from localgen.serve.state import ServeState
 from localgen.tools.stream import AnswerStream, Piece
@@ -127,14 +126,7 @@ async def load(state: ServeState, request: Request, chat: bool) -> Response | No
         return None
     worker = state.worker(body.get("model"))
     ttl = keep_alive(body.get("keep_alive"), "keep_alive")
-    if ttl:  # 0 unloads this once: the model keeps its keep-alive for when it loads again
-        worker.keep_alive = ttl
-    if ttl == 0:  # the worker thread unloads once its jobs end; an idle one at once
-        unloaded = worker.request_unload(by_keep_alive=time.perf_counter())
-        if not worker.busy:
-            await asyncio.to_thread(unloaded.wait, 10)
-    else:  # loaded now, or the reason it cannot be (no room, over --max-memory), as /models/load says
-        await load_now(worker, request)
+    await load_or_unload(worker, request, ttl)  # or the reason it cannot load (no room, over --max-memory)
     said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return JSONResponse({**_head(worker.name), **said, "done": True, "done_reason": "unload" if ttl == 0 else "load"})
 
