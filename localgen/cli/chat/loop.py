@@ -259,7 +259,7 @@ def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
     except BaseException:
         backend.close()
         raise
-    if not ref.summary.chat_template:
+    if not ref.summary.chat_template and view.rag is None:  # with --rag, the error that it needs one is all
         view.info(f"{ref.name} has no chat template (it may be a base model): the conversation goes to it as plain "
                   "text, which it continues")
     return backend
