@@ -120,7 +120,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         return error_response(request, HTTPError(exc.status_code, message, "invalid_request_error"), exc.headers)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
-        # the traceback goes to the server's log (Starlette re-raises it to uvicorn), never to the client
+        # the traceback goes to the server's log (FrontDoor writes it once this 500 is sent), never to the client
         return error_response(request, HTTPError(500, INTERNAL, "server_error"))
 
     @asynccontextmanager
