@@ -40,7 +40,8 @@ def start(plan: ChatPlan) -> None:
         plan = dataclasses.replace(plan, load=load)
     tools = send.tools
     view = ChatView(interactive=plan.interactive, plain=plan.plain, stats=plan.stats, sampling=send.sampling,
-                    model_given=load.model_typed, yes=tools is not None and tools.yes, compact=plan.compact)
+                    model_given=load.model_typed, yes=tools is not None and tools.yes, compact=plan.compact,
+                    tools=tools is not None)
     view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
         lambda name: load_backend(name, load, view))
     with contextlib.ExitStack() as opened:
@@ -259,7 +260,7 @@ def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
     except BaseException:
         backend.close()
         raise
-    if not ref.summary.chat_template and view.rag is None:  # with --rag, the error that it needs one is all
+    if not ref.summary.chat_template and view.rag is None and not view.tools:  # with either, refused: one error
         view.info(f"{ref.name} has no chat template (it may be a base model): the conversation goes to it as plain "
                   "text, which it continues")
     return backend

@@ -33,6 +33,7 @@ class ChatView:
     yes: bool = False  # tool calls run without asking (--yes)
     always: set[str] = field(default_factory=set)  # tools the user allowed for the rest of the chat
     compact: bool | None = None  # --compact / --no-compact, over a loaded chat's own choice (None: not given)
+    tools: bool = False  # --functions or --mcp: a model without a chat template is then refused, not said
     rag: Any = None  # --rag: the collection each message's excerpts come from (cli/options/rag.py Rag), or None
 
     def ask(self, question: str) -> str:
