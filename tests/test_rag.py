@@ -263,7 +263,28 @@ def test_a_chat_model_that_is_not_there_is_said_before_the_embedding_model_loads
         assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith("localgen: error: unknown model 'nosuchmodel'"), r.stderr
     r = hcli("chat", "--rag", "orphan", input="hi\n")  # the chat's model there: then the collection's is missed
-    assert r.returncode != 0 and "gone-bert.gguf" in r.stderr, r.stderr
+    assert (r.returncode, r.stderr.count("\n")) == (1, 1), r.stderr
+    assert r.stderr.startswith(f"localgen: error: the collection 'orphan' was made with {bert}: "), r.stderr
+    assert "bring the model back" in r.stderr, r.stderr
+
+
+def test_a_collection_made_with_a_relative_path_says_so_from_another_folder(hcli: CLI, tmp_path: Path) -> None:
+    """The model's path is kept as typed: from another folder it is not there, and the error names the collection
+    and why (it said `no such model file: bert.gguf`, for a model the command was never given)."""
+    from tests.tiny_bert import build
+
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    build(tmp_path / "here" / "bert.gguf")
+    r = hcli("embed", "-m", "bert.gguf", "--store", "relative", "The cat sits on the mat.", cwd=tmp_path / "here")
+    assert r.returncode == 0, r.stderr
+    r = hcli("similar", "relative", "cat", cwd=tmp_path / "here")
+    assert r.returncode == 0 and "The cat sits" in r.stdout, r.stderr
+    r = hcli("similar", "relative", "cat", cwd=tmp_path / "elsewhere")
+    assert (r.returncode, r.stderr.count("\n")) == (1, 1), r.stderr
+    assert r.stderr.startswith("localgen: error: the collection 'relative' was made with bert.gguf: no such model "
+                               "file"), r.stderr
+    assert "run this from the folder it was stored from" in r.stderr, r.stderr
 
 
 def test_a_model_without_chat_template_is_refused(hcli: CLI, bad_models: dict[str, Path]) -> None:

@@ -8,12 +8,14 @@ entries stored or removed while it runs)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from localgen.embeddings import store
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
+from localgen.models.names import looks_like_path
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,16 @@ class Retriever:
         replaced) is a usage error, as its queries would not compare with the stored vectors."""
         if self.backend is None:
             c = self.collection
-            backend = self._load(c.model_spec)
+            try:
+                backend = self._load(c.model_spec)
+            except ModelNotFoundError as e:  # its model gone, or a relative path read from another folder
+                spec = c.model_spec or c.model
+                relative = looks_like_path(spec) and not os.path.isabs(os.path.expanduser(spec))
+                raise ModelNotFoundError(
+                    f"the collection {self.name!r} was made with {spec}: {e.message}",
+                    hint="a relative path is read from the current folder: run this from the folder it was stored "
+                         "from, or store it again with the model's full path" if relative
+                    else e.hint or "bring the model back, or store the collection again with another") from None
             if c.model_id is not None and store.fingerprint(backend.engine.model.path,
                                                             backend.engine.adapters) != c.model_id:
                 backend.close()
