@@ -71,6 +71,22 @@ def test_tools_without_yes_where_nobody_can_be_asked(cli_in_process: InProcessCL
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+def test_tools_on_a_model_without_a_template_are_refused_before_yes_is_asked_for(
+        cli_in_process: InProcessCLI, tmp_path: Path, command: str, gemma_path: Path) -> None:
+    """A base model cannot be offered tools at all: that error comes first (the --yes one came first, and sent the
+    user to add a flag that could not help); with a template given, --yes is what is missing."""
+    words = [command, "-m", str(gemma_path), "--functions", FUNCTIONS] + (["-p", "Hi."] if command == "run" else [])
+    r = cli_in_process(*words, input="Hi.\n")
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (2, "", 1), r.stderr
+    assert r.stderr.startswith(f"localgen: error: {gemma_path.name} has no chat template (it may be a base model), "
+                               "which tools need"), r.stderr
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    r = cli_in_process(*words, "--chat-template-file", str(template), input="Hi.\n")
+    assert r.returncode == 2 and "add --yes to let the calls run" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_grammar_flags_one_at_a_time(cli_in_process: InProcessCLI, tmp_path: Path, command: str) -> None:
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "object"}')

@@ -123,6 +123,8 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
         if dropped:
             raise UsageError(f"tools (--functions, --mcp) cannot be combined with {', '.join(dropped)}")
         if not tools.yes and rules.cannot_ask:
+            if args.given("model"):
+                _tools_need_a_template(model, args.chat_template_file)
             raise UsageError(f"the model may call tools, and {rules.cannot_ask} cannot ask first: add --yes to let the "
                              "calls run", hint=rules.ask_hint)
     elif args.given("tool_choice") or args.given("tool_steps") or args.given("tool_timeout"):
@@ -183,3 +185,20 @@ def _check_remote(args: ModelArgs, rules: CommandRules) -> None:
     if bad:
         raise UsageError(f"{', '.join(bad)} cannot be used with a remote endpoint (the server loads and runs the "
                          "model)")
+
+
+def _tools_need_a_template(model: str | None, template_file: Path | None) -> None:
+    """Before asking for --yes: a model here without a chat template cannot be offered tools at all, the error run
+    and chat give once it loads (said after the --yes one, it sent the user to add a flag that could not help)."""
+    if template_file is not None:
+        return
+    from localgen.errors import LocalgenError, WrongModel
+    from localgen.models.resolve import resolve
+
+    try:
+        ref = resolve(model, offline=True, pull_missing=False)  # nothing loaded or downloaded: the header's template
+    except LocalgenError:
+        return  # not here yet, or no model: said where it loads
+    if not ref.summary.chat_template:
+        raise WrongModel(f"{ref.name} has no chat template (it may be a base model), which tools need",
+                         hint="drop --functions/--mcp, or give it a template with --chat-template-file")
