@@ -128,6 +128,12 @@ def test_bench_takes_the_variables_as_one_value_each(cli: CLI, moe_path: Path, t
     os.link(moe_path, odd)
     rows = _json(cli, BENCH, _env(cli, LOCALGEN_MODEL=str(odd)))
     assert [r["model_filename"] for r in rows] == [str(odd)]
+    # a list there is said as such (it was "unknown model 'smollm2:135m,gemma3:270m' (did you mean ...)")
+    r = subprocess.run(cli.argv(*BENCH), capture_output=True, text=True, timeout=120, check=False,
+                       env=_env(cli, LOCALGEN_MODEL="smollm2:135m,gemma3:270m"))
+    assert (r.returncode, r.stderr) == (2, "localgen: error: LOCALGEN_MODEL names one model, not a list "
+                                           "('smollm2:135m,gemma3:270m') (give bench several with -m: -m "
+                                           "smollm2:135m,gemma3:270m)\n"), r.stderr
     r = subprocess.run(cli.argv(*BENCH), capture_output=True, text=True, env=_env(cli, LLAMA_ARG_N_CPU_MOE="x"),
                        timeout=120, check=False)
     assert r.returncode == 2 and "LLAMA_ARG_N_CPU_MOE takes a number of layers" in r.stderr, r.stderr

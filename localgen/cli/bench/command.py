@@ -223,6 +223,9 @@ def _models(names: list[str], typed: bool) -> list[str]:
 def _env_model() -> list[str]:
     """LOCALGEN_MODEL, the default -m: one model, as run reads it (a comma in it makes no list)."""
     name = os.environ.get("LOCALGEN_MODEL")
+    if name and "," in name and not os.path.lexists(name):  # no model's name has a comma; a file's may
+        raise UsageError(f"LOCALGEN_MODEL names one model, not a list ({name[:200]!r})",
+                         hint=f"give bench several with -m: -m {name[:200]}")
     return [name] if name else []
 
 
