@@ -73,7 +73,7 @@ def fitted(question: str, hits: list[Hit], fits: Callable[[str], bool],
     """The message for the question with the excerpts that fit (`fits`: whether a message fits the window), the
     lowest-scoring left out first, said in one line (`say`); and those excerpts."""
     kept = fit(hits, lambda some: fits(rag_message(question, some)))
-    if len(kept) < len(hits):
+    if len(kept) < len(hits) and (kept or fits(question)):  # a question too long alone: the caller's error is all
         say(dropped_line(hits[len(kept):], len(kept)))
     return rag_message(question, kept), kept
 
