@@ -15,7 +15,6 @@ from typing import Any
 
 from localgen.embeddings import store
 from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
-from localgen.models.names import looks_like_path
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class Retriever:
                 backend = self._load(c.model_spec)
             except ModelNotFoundError as e:  # its model gone, or a relative path read from another folder
                 spec = c.model_spec or c.model
-                relative = looks_like_path(spec) and not os.path.isabs(os.path.expanduser(spec))
+                relative = "no such model file" in e.message and not os.path.isabs(os.path.expanduser(spec))
                 raise ModelNotFoundError(
                     f"the collection {self.name!r} was made with {spec}: {e.message}",
                     hint="a relative path is read from the current folder: run this from the folder it was stored "
