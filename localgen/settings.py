@@ -6,8 +6,9 @@ settings, in the same kinds (INT, FLOAT, BOOL, TEXTS, ...), are loadsettings.py'
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,14 @@ def field_name(name: str) -> str | None:
     return key if key in KNOBS else None
 
 
+def guess(name: str, others: Iterable[str] = ()) -> str:
+    """"; did you mean X?" for a misspelt setting (a name of KNOBS, any spelling of ALIASES, or `others`),
+    else ""."""
+    key = name.strip().lower().replace("-", "_")
+    close = difflib.get_close_matches(key, [*KNOBS, *ALIASES, *others], n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def shown_value(value: Any) -> str:
     """A value as an error quotes it: repr, but an integer of more than 21 digits (`1e300` written in a Modelfile,
     made whole) in exponent form, never hundreds of digits."""
@@ -269,7 +278,7 @@ def validate(values: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     for name, value in values.items():
         key = field_name(name)
         if key is None:
-            raise UsageError(f"{where}unknown setting {name!r}")
+            raise UsageError(f"{where}unknown setting {name!r}{guess(name)}")
         try:
             out[key] = check(key, value, name)  # the message names the spelling given
         except UsageError as e:
@@ -288,7 +297,7 @@ def parse_text(name: str, text: str, label: str | None = None) -> tuple[str, Any
     spelling it was written in: a Modelfile's num_predict), default the field's name."""
     key = field_name(name)
     if key is None:
-        raise UsageError(f"unknown setting {name!r}; settable: {', '.join(sorted(KNOBS))}")
+        raise UsageError(f"unknown setting {name!r}{guess(name) or '; settable: ' + ', '.join(sorted(KNOBS))}")
     k = KNOBS[key]
     shown = label or key
     t = text.strip()

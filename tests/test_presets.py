@@ -85,6 +85,8 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nPARAMETER top_k 1.5\n", ["line 2", "top_k"]),
     ("FROM smollm2:135m\nPARAMETER temperature 9\n", ["line 2", "temperature must be within"]),
     ("FROM smollm2:135m\nPARAMETER warmth 1\n", ["line 2", "unknown PARAMETER 'warmth'"]),
+    ("FROM smollm2:135m\nPARAMETER temprature 1\n", ["unknown PARAMETER 'temprature'; did you mean temperature?"]),
+    ("FROM smollm2:135m\nPARAMETER num_ctxx 8\n", ["unknown PARAMETER 'num_ctxx'; did you mean num_ctx?"]),
     ("FROM smollm2:135m\nPARAMETER num_predict -5\n", ["line 2", "num_predict must be at least -1"]),  # not max_tokens
     ("FROM smollm2:135m\nPARAMETER mirostat_tau -1\n", ["line 2", "mirostat_tau must be"]),
     ("FROM smollm2:135m\nPARAMETER mirostat_eta x\n", ["line 2", "mirostat_eta takes a number"]),

@@ -14,6 +14,7 @@ import typer
 from localgen import loadsettings, settings
 from localgen.cli import options as o
 from localgen.cli.options.knobs import Knobs
+from localgen.errors import UsageError
 from localgen.loadsettings import LOAD_KNOBS
 from localgen.models import modelfile
 from localgen.settings import KNOBS
@@ -201,8 +202,6 @@ def test_a_knob_added_to_the_table_reaches_every_api(monkeypatch: pytest.MonkeyP
     ("temperature", 9, "temperature must be within 0 to 5, not 9.0"),
 ])
 def test_a_value_out_of_range_is_told_the_range_in_plain_numbers(name: str, value: Any, said: str) -> None:
-    from localgen.errors import UsageError
-
     with pytest.raises(UsageError) as e:
         settings.check(name, value)
     assert e.value.message == said and "e+" not in said
@@ -230,6 +229,21 @@ def test_seed_minus_one_is_a_random_seed_as_none_given() -> None:
     assert settings.parse_text("seed", "-1") == ("seed", None)
     assert settings.validate({"seed": -1}) == {"seed": None}
     assert modelfile.parse("FROM smollm2:135m\nPARAMETER seed -1\n").parameters["seed"] is None
+
+
+def test_a_misspelt_setting_is_given_its_likely_name() -> None:
+    """A name one slip from a setting's (any spelling of it) says which was likely meant; one far from all
+    is refused as before, /set's and parse_text's listing what they take."""
+    for bad, meant in [("max_token", "max_tokens"), ("temprature", "temperature"), ("Top-KK", "top_k"),
+                       ("num_predic", "num_predict")]:
+        with pytest.raises(UsageError, match=f"unknown setting '{bad}'; did you mean {meant}\\?$"):
+            settings.validate({bad: 1}, "line 3: ")
+        with pytest.raises(UsageError, match=f"; did you mean {meant}\\?$"):
+            settings.parse_text(bad, "1")
+    with pytest.raises(UsageError, match=r"^line 3: unknown setting 'warmth'$"):
+        settings.validate({"warmth": 1}, "line 3: ")
+    with pytest.raises(UsageError, match="unknown setting 'warmth'; settable: dry_allowed_length, "):
+        settings.parse_text("warmth", "1")
 
 
 def test_a_bad_value_is_named_as_the_client_spelled_it() -> None:

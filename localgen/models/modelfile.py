@@ -171,7 +171,8 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
         return
     fieldname = settings.field_name(name)
     if fieldname is None:
-        raise src.error(number, f"unknown PARAMETER {key!r}")
+        close = settings.guess(name, [*loadsettings.LOAD_ALIASES, *IGNORED])
+        raise src.error(number, f"unknown PARAMETER {key!r}{close}")
     if fieldname in REPEATED:
         got.repeated.setdefault(fieldname, []).append(value)
         return

@@ -71,7 +71,7 @@ def _set(runner: Any, view: Any, arg: str) -> None:
     else:
         if settings.field_name(key) is None:  # every name /set takes, its own ones too (settings knows its knobs only)
             names = ", ".join(sorted([*settings.KNOBS, *CHAT_SETTINGS]))
-            raise UsageError(f"unknown setting {key!r}; /set takes: {names}")
+            raise UsageError(f"unknown setting {key!r}{settings.guess(key, CHAT_SETTINGS) or '; /set takes: ' + names}")
         view.info(runner.set(key, value))
     runner.save()
 
