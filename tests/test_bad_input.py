@@ -279,6 +279,31 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
         assert r.returncode == 2 and "-m/--model /nonexistent.gguf: no such file" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize(("args", "env", "said"), [
+    (("run", "-p", "hi", "--logprobs", "30"), {}, "--logprobs must be within 0 to 20, not 30"),
+    (("run", "-p", "hi", "--logprobs=-3"), {}, "--logprobs must be within 0 to 20, not -3"),  # as typed
+    (("run", "-p", "hi", "--tool-timeout", "0"), {}, "--tool-timeout must be within 0.1 to 86400, not 0"),
+    (("logs", "-n", "-1"), {}, "-n must be at least 0, not -1"),  # the name the user typed
+    (("fit", "-m", "smollm2:135m", "--ctx-size", "-5"), {}, "--ctx-size must be at least 0, not -5"),
+    (("fit", "-m", "smollm2:135m"), {"LOCALGEN_CTX": "-1"}, "LOCALGEN_CTX must be at least 0, not -1"),
+    (("ps",), {"LOCALGEN_PORT": "0"}, "LOCALGEN_PORT must be within 1 to 65535, not 0"),  # no --port typed
+    (("ps", "--port", "70000"), {"LOCALGEN_PORT": "0"}, "--port must be within 1 to 65535, not 70000"),
+])
+def test_a_value_past_a_flags_range_is_said_as_localgen_says_it(cli_in_process: InProcessCLI, args: tuple[str, ...],
+                                                                  env: dict[str, str], said: str) -> None:
+    """A flag's value out of its range: "--logprobs must be within 0 to 20, not 30", as a setting's is said, naming
+    the flag as typed or the environment variable it came from (it was Click's "Invalid value for '--ctx' /
+    '--ctx-size' / '-c' (env var: 'LOCALGEN_CTX'): -1 is not in the range 0<=x.")."""
+    cli_in_process.env.update(env)
+    try:
+        r = cli_in_process(*args)
+    finally:
+        for name in env:
+            cli_in_process.env[name] = None
+    one_line_usage_error(r, f"localgen: error: {said} (see 'localgen {args[0]} --help')")
+    assert "Invalid value" not in r.stderr and "<=" not in r.stderr
+
+
 def test_a_flag_of_other_commands_is_named_not_read_as_a_letter_and_a_value(cli_in_process: InProcessCLI) -> None:
     """llama.cpp's flags of several letters after one dash: Click reads `tune -ngl 99` as `-n gl` (tune's --answer)
     and said "'gl' is not a valid integer". The error names the flag and the commands that have it, in the command
@@ -295,7 +320,7 @@ def test_a_flag_of_other_commands_is_named_not_read_as_a_letter_and_a_value(cli_
     one_line_usage_error(cli_in_process("tune", "-n", "x"), "'x' is not a valid integer")
     one_line_usage_error(cli_in_process("bench", "-ngl", "99", "history", "--bogus"), "No such option: --bogus")
     one_line_usage_error(cli_in_process("run", "-p", "-npl", "--temperature", "9"), "--temperature",
-                         "9 is not in the range")
+                         "--temperature must be within 0 to 5, not 9 (see 'localgen run --help')")
     one_line_usage_error(cli_in_process("run", "--stop", "-pg", "-p", "hi", "-n", "x"), "'x' is not a valid integer")
 
 

@@ -509,7 +509,7 @@ def test_compare_of_two_ladders_pairs_each_file_whatever_threads_or_batch_timed_
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (("-r", "99999999999999999999"), "'--repetitions' / '-r': 99999999999999999999 is not in the range 1<=x<=1000"),
+    (("-r", "99999999999999999999"), "-r must be within 1 to 1000, not 99999999999999999999"),
     (("-p", "2000000000"), "pp2000000000 needs a context of 2,000,000,000 tokens (-p): past the 8,192 smollm2:135m"),
     (("-n", "9000"), "tg9000 needs a context of 9,000 tokens (-n): past the 8,192"),
     (("-p", "512", "-d", "8000"), "pp512 @ d8000 needs a context of 8,512 tokens (-p + -d)"),
@@ -519,7 +519,8 @@ def test_compare_of_two_ladders_pairs_each_file_whatever_threads_or_batch_timed_
     (("--endpoint", "http://127.0.0.1:9", "-npl", "5000"),
      "--parallel/--concurrency: 5000 is above 1024 (it takes 1 to 1,024)"),
     (("--endpoint", "http://127.0.0.1:9", "-p", "100000", "-npl", "1000"), "--n-prompt × --num-prompts"),
-    (("--endpoint", "http://127.0.0.1:9", "--num-prompts", "99999999999999999999"), "'--num-prompts'"),
+    (("--endpoint", "http://127.0.0.1:9", "--num-prompts", "99999999999999999999"),
+     "--num-prompts must be within 1 to 100000, not 99999999999999999999"),
     (("--quality", "default", "--reference", "smollm2:135m", "-m", "smollm2:135m", "-p", "9000"),
      "pp9000 needs a context of 9,000 tokens"),
     # a hundred million load configurations were listed (minutes, gigabytes) before anything was said

@@ -328,7 +328,7 @@ def test_docs_refuses_what_it_cannot_store(dcli: CLI, cli_in_process: InProcessC
         (["--store", "s", "--docs", n, "--chunk-tokens", "64", "--chunk-overlap", "64"],
          "--chunk-overlap 64 must be less than --chunk-tokens (64)"),
         (["--store", "s", "--docs", n, "--chunk-overlap", "300"], "--chunk-overlap 300 must be less than"),
-        (["--store", "s", "--docs", n, "--chunk-tokens", "4"], "4 is not in the range 8<=x"),
+        (["--store", "s", "--docs", n, "--chunk-tokens", "4"], "--chunk-tokens must be at least 8, not 4"),
     ):
         r = cli_in_process("embed", *args, input="a line\n")
         assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)

@@ -77,7 +77,7 @@ def test_bad_placement_is_one_line_and_exit_2_before_anything_loads(cli_in_proce
                        (["-ot", "x{100000}=CPU"], "a repeat count past 1,000"),
                        (["-ot", "{2}exps=CPU"], "follows nothing to repeat"),
                        (["-ot", "exps=NOPE0"], "no buffer type 'NOPE0' here; this build has CPU"),
-                       (["--n-cpu-moe", "-1"], "-1 is not in the range"),
+                       (["--n-cpu-moe", "-1"], "--n-cpu-moe must be at least 0, not -1"),
                        (["-ot", "exps"], "takes PATTERN=BUFFER")):
         for command in ("run", "chat"):
             r = cli_in_process(command, "-m", "no-such-model.gguf", *args, "-p", "hi") if command == "run" else \

@@ -627,7 +627,7 @@ def test_ctx_below_16_is_one_rule_for_every_window_flag(cli_in_process: InProces
         for ctx in ("8", "0", "15"):
             r = cli_in_process(*args, "-c", ctx)
             assert (r.returncode, r.stdout) == (2, ""), (args, ctx, r.stderr)
-            assert f"{ctx} is not in the range 16<=x" in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+            assert f"-c must be at least 16, not {ctx}" in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
 
 
 def test_kl_divergence_base_is_always_a_file(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

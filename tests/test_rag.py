@@ -229,7 +229,7 @@ def test_rag_with_an_endpoint_retrieves_here_and_sends_the_excerpts(hcli: CLI, f
     (["chat", "--rag", "nope"], "no collection named 'nope' (there are: "),
     (["run", "--rag", "empty", "hi"], "the collection 'empty' is empty: there is nothing to answer from"),
     (["chat", "--rag", "empty"], "the collection 'empty' is empty: there is nothing to answer from"),
-    (["run", "--rag", "notes", "--rag-top", "0", "hi"], "Invalid value for '--rag-top': 0 is not in the range"),
+    (["run", "--rag", "notes", "--rag-top", "0", "hi"], "--rag-top must be at least 1, not 0"),
     (["run", "--rag-top", "2", "hi"], "--rag-top goes with --rag COLLECTION"),
     (["chat", "--rag-top", "2"], "--rag-top goes with --rag COLLECTION"),
     (["run", "--rag", "", "hi"], "--rag is empty"),

@@ -38,7 +38,29 @@ def usage_line(args: list[str], e: Exception) -> str:
     foreign = foreign_flag(args, e)
     if foreign is not None:
         return f"{foreign[1]} (see '{foreign[0]} --help')"
+    message = out_of_range(args, message, getattr(e, "param", None))
     return message + (f" (see '{ctx.command_path} --help')" if ctx is not None else "")
+
+
+def out_of_range(args: list[str], message: str, param: Any) -> str:
+    """Click's "Invalid value for '--logprobs': 30 is not in the range 0<=x<=20." said as localgen says a value
+    past its range ("--logprobs must be within 0 to 20, not 30"; "at least", "at most" for one bound), naming the
+    flag as typed, or the environment variable the value came from (LOCALGEN_PORT=0 is no --port the user
+    typed). Any other message as it is."""
+    import re
+
+    m = re.fullmatch(r"Invalid value for '[^']*'(?: / '[^']*')*(?: \(env var: '[^']*'\))?: "
+                     r"(.+) is not in the range (?:([^<x]+)<=)?x(?:<=([^<]+))?\.", message)
+    opts = list(getattr(param, "opts", None) or [])
+    if m is None or not opts:
+        return message
+    value, low, high = (g[:-2] if g is not None and re.fullmatch(r"-?\d+\.0", g) else g for g in m.groups())
+    bound = (f"within {low} to {high}" if low is not None and high is not None else
+             f"at least {low}" if low is not None else f"at most {high}")
+    typed = next((a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in opts), None)
+    envvar = getattr(param, "envvar", None)
+    name = typed or (f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
+    return f"{name} must be {bound}, not {value}"
 
 
 def foreign_flag(args: list[str], error: Exception | None = None) -> tuple[str, str] | None:
