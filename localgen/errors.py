@@ -151,6 +151,12 @@ class WrongModel(UsageError, BadRequest):
         self.param = param
 
 
+def no_chat_template(name: str, needs: str, hint: str) -> WrongModel:
+    """A model without a chat template asked for what only a template carries, said alike by run, chat and their
+    plans: "NAME has no chat template (it may be a base model), which tools need"."""
+    return WrongModel(f"{name} has no chat template (it may be a base model), which {needs}", hint=hint)
+
+
 class NotFound(ServeError):
     """No such model or route."""
 

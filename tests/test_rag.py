@@ -294,7 +294,9 @@ def test_a_model_without_chat_template_is_refused(hcli: CLI, bad_models: dict[st
                                                    input="hi\n", timeout=120)
         assert r.returncode == 2 and r.stdout == "", r.stderr
         said = r.stderr.splitlines()  # one line (chat said first that the conversation would go on as text)
-        assert len(said) == 1 and "has no chat template (it may be a base model): --rag needs one" in said[0], said
+        assert len(said) == 1, said
+        assert "has no chat template (it may be a base model), which --rag needs (it puts the excerpts into a " \
+               "chat message)" in said[0], said
 
 
 def test_a_continued_run_keeps_the_earlier_excerpts_and_adds_the_new_question_s(hcli: CLI) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from localgen import compact, settings
 from localgen.backend import Backend
 from localgen.chat.session import ChatSession, NameTaken, Summary
-from localgen.errors import ContextOverflowError, LocalgenError, WrongModel
+from localgen.errors import ContextOverflowError, LocalgenError, no_chat_template
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args
 
 SETTABLE = sorted(settings.KNOBS)
@@ -83,9 +83,9 @@ class ChatRunner:
             messages = list(plain_history(tuple(messages)))
         if not has_template(self.backend):
             if self.toolbox is not None:
-                raise WrongModel(f"{self.backend.name} has no chat template (it may be a base model), which tools "
-                                 "need", hint="chat without --functions/--mcp, or give a template with "
-                                              "--chat-template-file")
+                raise no_chat_template(self.backend.name, "tools need",
+                                       hint="chat without --functions/--mcp, or give a template with "
+                                            "--chat-template-file")
             return GenerationRequest(prompt=plain_text(messages, self.backend.name), sampling=self.sampling)
         # what comes before the first user turn is the prompt cache's prefix: with a summary in it, one that never
         # repeats (each compaction writes another), so a compacted conversation's is not kept on disk

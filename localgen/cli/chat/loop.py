@@ -17,10 +17,10 @@ from localgen.cli.chat.turn import Hangup, restore_state, save_state
 from localgen.cli.chat.view import ChatView, summarized
 from localgen.cli.hints import model_gone
 from localgen.cli.options import files, preset
-from localgen.cli.options.plan import LoadPlan
+from localgen.cli.options.plan import RAG_NEEDS, LoadPlan
 from localgen.cli.options.tools import open_toolbox
 from localgen.cli.output import plural
-from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError, no_chat_template
 
 
 def start(plan: ChatPlan) -> None:
@@ -143,9 +143,7 @@ def _check(runner: Any, view: ChatView, toolbox: Any, plan: ChatPlan) -> None:
                                                  "each call asks first (y / n / always)"))
     backend.render(runner.request([{"role": "user", "content": "hi"}]))
     if view.rag is not None and not has_template(backend):
-        raise UsageError(f"{backend.name} has no chat template (it may be a base model): --rag needs one, as it "
-                         "puts the excerpts into a chat message", hint="use a chat model, or give "
-                                                                      "--chat-template-file")
+        raise no_chat_template(backend.name, RAG_NEEDS, hint="use a chat model, or give --chat-template-file")
 
 
 def _open_session(name: str | None, resume: bool, model: str | None, system: str | None, typed: bool) -> Any:

@@ -68,6 +68,9 @@ class SendPlan:
     rag: RagPlan | None = None  # --rag: the collection each question's excerpts come from
 
 
+RAG_NEEDS = "--rag needs (it puts the excerpts into a chat message)"  # said of a model without a chat template
+
+
 @dataclass(frozen=True)
 class RagPlan:
     """--rag COLLECTION --rag-top K: the collection is known and has entries (checked before anything loads)."""
@@ -192,7 +195,7 @@ def _tools_need_a_template(model: str | None, template_file: Path | None) -> Non
     and chat give once it loads (said after the --yes one, it sent the user to add a flag that could not help)."""
     if template_file is not None:
         return
-    from localgen.errors import LocalgenError, WrongModel
+    from localgen.errors import LocalgenError, no_chat_template
     from localgen.models.resolve import resolve
 
     try:
@@ -200,5 +203,5 @@ def _tools_need_a_template(model: str | None, template_file: Path | None) -> Non
     except LocalgenError:
         return  # not here yet, or no model: said where it loads
     if not ref.summary.chat_template:
-        raise WrongModel(f"{ref.name} has no chat template (it may be a base model), which tools need",
-                         hint="drop --functions/--mcp, or give it a template with --chat-template-file")
+        raise no_chat_template(ref.name, "tools need",
+                               hint="drop --functions/--mcp, or give it a template with --chat-template-file")

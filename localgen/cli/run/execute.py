@@ -16,12 +16,18 @@ import typer
 from localgen.cli.echo import EchoOff
 from localgen.cli.hints import model_gone
 from localgen.cli.options import ToolOptions, files, preset
-from localgen.cli.options.plan import LoadPlan
+from localgen.cli.options.plan import RAG_NEEDS, LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
 from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt, writable
-from localgen.errors import ContextOverflowError, LocalgenError, ModelNotFoundError, UsageError, WrongModel
+from localgen.errors import (
+    ContextOverflowError,
+    LocalgenError,
+    ModelNotFoundError,
+    UsageError,
+    no_chat_template,
+)
 from localgen.types import GenerationRequest, Message, thinking_args
 
 if TYPE_CHECKING:
@@ -148,8 +154,7 @@ def _needs_template(backend: Backend) -> None:
     from localgen.tools.stream import template_of
 
     if not template_of(backend):
-        raise UsageError(f"{backend.name} has no chat template (it may be a base model): --rag needs one, as it puts "
-                         "the excerpts into a chat message", hint="use a chat model, or give --chat-template-file")
+        raise no_chat_template(backend.name, RAG_NEEDS, hint="use a chat model, or give --chat-template-file")
 
 
 def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: ErrWriter,
@@ -253,9 +258,8 @@ def plain_completion(plan: RunPlan, backend: Backend, toolbox: Any, err: ErrWrit
                                    ("images and audio", bool(plan.media)), ("tools", toolbox is not None)) if on]
     if needs:  # a model that cannot do what was asked: a usage error, as a model without a projector (exit 2)
         one = needs == ["--system"] or needs == ["an earlier conversation"]
-        raise WrongModel(f"{backend.name} has no chat template (it may be a base model), which "
-                         f"{' and '.join(needs)} need{'s' if one else ''}",
-                         hint=f"without {'it' if len(needs) == 1 else 'them'} the prompt goes to it as a plain "
+        raise no_chat_template(backend.name, f"{' and '.join(needs)} need{'s' if one else ''}",
+                               hint=f"without {'it' if len(needs) == 1 else 'them'} the prompt goes to it as a plain "
                               "completion; --chat-template-file gives it a template")
     err.line(f"{backend.name} has no chat template (it may be a base model): the prompt goes to it as a plain "
              "completion, as with --raw")
