@@ -61,6 +61,19 @@ def problem(text: str) -> str | None:
     return None
 
 
+def mended(text: str) -> str:
+    """`text` with each lone surrogate (a byte that was not UTF-8, kept by surrogateescape: a file name os.listdir
+    gave; a JSON \\ud800 escape) made U+FFFD, as a UTF-8 decoder replaces a bad byte: for text the user did not
+    type, which is not refused but read (a tool's result, what a failure says)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        import re
+
+        return re.sub("[\ud800-\udfff]", "\ufffd", text)
+    return text
+
+
 def checked(text: str, what: str) -> str:
     """`text` unchanged if it is valid Unicode; a UsageError naming `what` otherwise."""
     why = problem(text)

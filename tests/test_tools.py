@@ -372,6 +372,38 @@ def test_a_tool_s_failure_and_a_result_too_big_to_read_are_one_line(tmp_path: Pa
         box.close()
 
 
+def test_a_result_or_failure_that_is_not_utf8_is_read_with_replacement_characters(tmp_path: Path) -> None:
+    """A file name os.listdir gives for bytes that are not UTF-8 (kept as lone surrogates), in a result or in a
+    failure's words, reaches the model as U+FFFD, as a decoder replaces a bad byte: the run went on to a one-line
+    error ("the text is not valid UTF-8") and serve's POST /tools/call was a 500 with a traceback."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "ok.txt").touch()
+    open(os.fsencode(folder) + b"/caf\xe9.txt", "w").close()  # a name only bytes can give
+    fns = tmp_path / "tools.py"
+    fns.write_text("import os\n\n\n"
+                   "def listing(folder: str) -> str:\n    \"\"\"List.\"\"\"\n"
+                   "    return ', '.join(sorted(os.listdir(folder)))\n\n\n"
+                   "def unread(folder: str) -> str:\n    \"\"\"Fail.\"\"\"\n"
+                   "    raise OSError('cannot read ' + sorted(os.listdir(folder))[0])\n\n\n"
+                   "def lone() -> list[str]:\n    \"\"\"A JSON escape's surrogate.\"\"\"\n"
+                   "    return ['\\ud800']\n")
+    box = Toolbox.open([fns], [])
+    try:
+        args = json.dumps({"folder": str(folder)})
+        assert box.call(ToolCall("listing", args), 10) == "caf\ufffd.txt, ok.txt"
+        assert box.call(ToolCall("lone", "{}"), 10) == '["\ufffd"]'
+        with pytest.raises(ToolError) as e:
+            box.call(ToolCall("unread", args), 10)
+        assert e.value.message == "unread failed: OSError: cannot read caf\ufffd.txt", e.value.message
+    finally:
+        box.close()
+
+
 TICKER = '''
 import time
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.errors import ContextOverflowError, GrammarError, ToolError
+from localgen.text import mended
 from localgen.tools.plan import ToolPlan, answer_plan, answer_stream, make_plan, with_tools
 from localgen.tools.spec import ToolCall, ToolSpec, check_call
 from localgen.types import GenerationRequest, Message, Stats, turn_stats
@@ -113,9 +114,9 @@ class Toolbox:
         timeout is)."""
         try:
             check_call(call, self.specs)
-            text = self._runners[call.name](call.args, timeout, stopped)
-        except ToolError as e:
-            e.message = redact(e.message, self._secrets)
+            text = mended(self._runners[call.name](call.args, timeout, stopped))
+        except ToolError as e:  # (a path not UTF-8 in its words too)
+            e.message = redact(mended(e.message), self._secrets)
             raise
         if len(text) > MAX_RESULT_CHARS:  # said here, by name, before the template and tokenizer spend on it
             raise ToolError(f"{call.name} returned {len(text):,} characters, more than the model can read "
