@@ -419,6 +419,17 @@ def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], t
         assert [x.json()["error"]["param"] for x in (chat, emb, scores)] == ["model"] * 3
         ok = httpx.post(f"{s.url}/v1/embeddings", timeout=60, json={"model": "tiny-bert.gguf", "input": "the cat"})
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) == 64
+        # nothing to embed loads an encoder as any embedding model, Ollama's and llama-server's ways (a generation
+        # job loaded it, then was refused: "is an encoder model", a 400)
+        for model in ("tiny-bert.gguf", "tiny-bert-reranker.gguf"):
+            assert httpx.post(f"{s.url}/models/unload", json={"model": model}, timeout=60).status_code == 200
+            for path, body, answer in (("/api/embed", {"input": []}, {"model": model, "embeddings": []}),
+                                       ("/api/embeddings", {}, {"embedding": []}),
+                                       ("/models/load", {}, {"success": True})):
+                r = httpx.post(f"{s.url}{path}", json={"model": model, **body}, timeout=60)
+                assert (r.status_code, r.json()) == (200, answer), (model, path, r.text)
+            loaded = httpx.get(f"{s.url}/api/ps", timeout=10).json()["models"]
+            assert model in [m["name"] for m in loaded], loaded
         # docs/api.md: documents are cut to fit beside the query, one past the characters the window's tokens
         # come from too (it was refused unread)
         cut = httpx.post(f"{s.url}/v1/rerank", timeout=60, json={

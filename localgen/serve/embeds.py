@@ -76,6 +76,7 @@ def routes(state: ServeState) -> list[Route]:
         truncate = flag(body, "truncate", default=True)
         t0 = time.perf_counter()
         if body.get("input") in (None, "", []):  # Ollama's way to load an embedding model: nothing to embed
+            dimensions(body.get("dimensions"))  # checked all the same, as Ollama decodes it
             await load_or_unload(worker, request, keep_alive(body.get("keep_alive"), "keep_alive"))
             return JSONResponse({"model": worker.name, "embeddings": []})  # Ollama's: no counts, no durations
         done = await embed(worker, embed_inputs(body.get("input")), dimensions(body.get("dimensions")), truncate,

@@ -11,15 +11,24 @@ import time
 from starlette.requests import Request
 
 from localgen.errors import LocalgenError
-from localgen.serve.jobs import Job
-from localgen.serve.running import first_event, refused
+from localgen.serve.apierror import http_error
+from localgen.serve.jobs import EmbedJob, Failed, Job
+from localgen.serve.running import first_event, refused, watch_disconnect
 from localgen.serve.served import Served
 from localgen.types import GenerationRequest, SamplingParams
 
 
 async def load_now(worker: Served, http: Request) -> None:
     """Load the model now: a job told to finish before its first step, so loading is all it does (and, as it
-    answers nothing, its tokens are counted nowhere); an HTTPError when it cannot load, or the client left."""
+    answers nothing, its tokens are counted nowhere); an HTTPError when it cannot load, or the client left. A model
+    made for embeddings (an encoder, a GGUF naming its pooling) loads by an embeddings job of no texts (a
+    reranker's, of no documents): a generation job is refused there ("an encoder model: ... not text")."""
+    from localgen.serve.model import embeds, reranks
+
+    ref = getattr(worker, "ref", None)  # (a remote model has none: it loads on its own server)
+    if ref is not None and embeds(ref):
+        await _load_embedder(worker, http, query="" if reranks(ref) else None)  # a reranker's scorer
+        return
     job = Job(GenerationRequest(prompt=" ", sampling=SamplingParams(max_tokens=1)), asyncio.get_running_loop(),
               stream=False, answers=False)
     job.finish.set()
@@ -28,6 +37,23 @@ async def load_now(worker: Served, http: Request) -> None:
     except LocalgenError as e:  # a full queue, a worker that has stopped, a model being deleted
         raise refused(e) from None
     await first_event(job, http)
+
+
+async def _load_embedder(worker: Served, http: Request, query: str | None) -> None:
+    """An embeddings job of no texts: the model loads, its embeddings context made, and nothing is encoded."""
+    job = EmbedJob([], asyncio.get_running_loop(), query=query)
+    try:
+        worker.submit(job)
+    except LocalgenError as e:
+        raise refused(e) from None
+    watcher = asyncio.ensure_future(watch_disconnect(http, job))
+    try:
+        result = await job.result
+    finally:
+        watcher.cancel()
+        job.cancelled.set()  # a no-op once done; stops the job when the handler was cancelled
+    if isinstance(result, Failed):
+        raise http_error(result)
 
 
 async def load_or_unload(worker: Served, http: Request, ttl: float | None) -> None:

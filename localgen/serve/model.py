@@ -129,6 +129,12 @@ def embeds(ref: ModelRef) -> bool:
     return s.encoder_only or (isinstance(pooling, int) and not isinstance(pooling, bool) and pooling > 0)
 
 
+def reranks(ref: ModelRef) -> bool:
+    """Whether a model's GGUF names rank pooling (llama.cpp's LLAMA_POOLING_TYPE_RANK): a reranker, which scores."""
+    s = ref.summary
+    return s.metadata.get(f"{s.architecture}.pooling_type") == 4
+
+
 def _size(path: str) -> int:
     import os
 
