@@ -152,11 +152,12 @@ def _integers(opts: dict[str, Any]) -> dict[str, Any]:
             for k, v in opts.items()}
 
 
-# Ollama's load options (api/types.go's Runner, and those it still reads and ignores) by the kind its FromMap checks
-# ("option must be of type integer"); llama.cpp's names for placement are Ollama's unknowns, let be unchecked
+# Ollama's load options (api/types.go's Runner) by the kind its FromMap checks ("option must be of type integer");
+# the older ones it no longer knows (use_mlock, numa, low_vram, f16_kv, vocab_only, penalize_newline, tfs_z) it
+# lets be whatever they hold (its log: "invalid option provided"), and so does serve; llama.cpp's names for
+# placement are Ollama's unknowns, let be unchecked too
 LOAD_KINDS = {**dict.fromkeys(("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread"), "an integer"),
-              **dict.fromkeys(("use_mmap", "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only",
-                               "penalize_newline"), "true or false"), "tfs_z": "a number"}
+              "use_mmap": "true or false"}
 
 
 def _check_load_kinds(opts: dict[str, Any]) -> None:
