@@ -307,7 +307,7 @@ export function safeUrl(url) {
 }
 
 // Inline spans, tried in this order at each position; `m[1]` (or `m[2]` for links) is the span's content. A code
-// span (backticks) is found apart, by codeEnd.
+// span (backticks) is found apart, by TickRuns.
 const SPANS = [
   ["escape", /\\([\\`*_{}[\]()#+\-.!~|<>])/y],
   ["strong", /\*\*(?=\S)([\s\S]*?\S)\*\*/y],
@@ -326,6 +326,7 @@ const OPENS = { strong: /\*\*(?=\S)/y, strong_: /__(?=\S)/y, del: /~~(?=\S)/y, e
 
 function inline(text, parent, depth = 0) {
   const closed = new Set(); // the span kinds (a code span: its number of backticks) nothing closes past here
+  const ticks = new TickRuns(text);
   let plain = "";
   let i = 0;
   const flush = () => {
@@ -352,7 +353,7 @@ function inline(text, parent, depth = 0) {
       // nothing closes is text
       let k = 1;
       while (text[i + k] === "`") k += 1;
-      const end = closed.has(k) ? -1 : codeEnd(text, i, k);
+      const end = closed.has(k) ? -1 : ticks.end(i, k);
       if (end < 0) {
         closed.add(k);
         plain += text.slice(i, i + k);
@@ -397,18 +398,32 @@ function inline(text, parent, depth = 0) {
   flush();
 }
 
-/** The end (past its closing backticks) of the code span the `k` backticks at `i` open: the next run of exactly
- * `k`; -1 when there is none. */
-function codeEnd(text, i, k) {
-  const ticks = "`".repeat(k);
-  let from = i + k;
-  for (;;) {
-    const at = text.indexOf(ticks, from); // a run's start: text[from] is never a backtick
-    if (at < 0) return -1;
-    let end = at + k;
-    while (text[end] === "`") end += 1;
-    if (end - at === k) return end;
-    from = end;
+/** The runs of backticks of a text, found once, by length: `end(i, k)` is the end (past its closing backticks) of
+ * the code span the `k` backticks at `i` open, the next run of exactly `k`; -1 when there is none. Asked at
+ * positions that only grow (inline's), each length's runs are walked once: runs of many lengths, each shorter
+ * than the last, cost one pass, not one search of the rest of the text for each. */
+class TickRuns {
+  constructor(text) {
+    this.text = text;
+    this.runs = null; // length → the starts of the runs of exactly that many backticks, in order
+    this.next = new Map(); // length → the index of the first run not yet passed
+  }
+
+  end(i, k) {
+    if (this.runs === null) {
+      this.runs = new Map();
+      const re = /`+/g;
+      for (let m = re.exec(this.text); m !== null; m = re.exec(this.text)) {
+        const starts = this.runs.get(m[0].length);
+        if (starts) starts.push(m.index);
+        else this.runs.set(m[0].length, [m.index]);
+      }
+    }
+    const starts = this.runs.get(k) || [];
+    let p = this.next.get(k) || 0;
+    while (p < starts.length && starts[p] < i + k) p += 1; // (the opening run, and those before it)
+    this.next.set(k, p);
+    return p < starts.length ? starts[p] + k : -1;
   }
 }
 
