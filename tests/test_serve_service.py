@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from localgen.engine.tokens import reusable_prefix
-from tests.conftest import CLI
+from tests.conftest import CLI, InProcessCLI
 from tests.test_serve import SERVE_GRID, Server
 
 
@@ -233,6 +233,11 @@ def test_the_requests_waiting_for_a_models_load_all_run_in_that_load(cli_env: di
             for t in threads[:3]:
                 t.start()
             until("gemma3:270m", "queued", 3)
+            # the swap under way in the listings: SmolLM2 unloads once its running request ends, not in 5 minutes
+            ps = httpx.get(f"{s.url}/api/ps", timeout=30).json()["models"]
+            assert [(m["name"], m.get("yielding_to")) for m in ps] == [("smollm2:135m", ["gemma3:270m"])], ps
+            shown = InProcessCLI(dict(cli_env))("ps", "--port", str(s.port))
+            assert shown.returncode == 0 and "unloading for gemma3:270m" in shown.stdout, shown
             threads[3].start()
             until("smollm2:135m", "held", 1)
         for t in threads:

@@ -77,12 +77,15 @@ def routes(state: ServeState) -> list[Route]:
 
     async def ps(request: Request) -> Response:
         # each worker looked at first (a preset changed on disk: taken away), as the other listings do; one taken
-        # away that still holds its model (it ends the requests it answers) is listed after, `unloading`
+        # away that still holds its model (it ends the requests it answers) is listed after, `unloading`; one
+        # whose room another model waits for (a swap) unloads once its running requests end: `yielding_to` names
+        # those waiting
         held = list((await asyncio.to_thread(state.current_workers)).values())
         return JSONResponse({"models": [
             {**_model_entry(w.name, w.ref), "size": w.residence.need or w.ref.summary.file_size,
              "expires_at": _expires(w), "size_vram": w.residence.vram_bytes, "context_length": w.n_ctx,
-             "placement": w.residence.placement, **({"unloading": True} if gone else {})}
+             "placement": w.residence.placement, **({"unloading": True} if gone else {}),
+             **({"yielding_to": waiting} if (waiting := w.yielding_to) else {})}
             for gone, workers in ((False, held), (True, state.unloading())) for w in workers if w.loaded]})
 
     return [Route("/v1/models", models), Route("/v1/models/{id:path}", model),

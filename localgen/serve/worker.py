@@ -222,6 +222,12 @@ class ModelWorker:
                 self._yield_mark = max((j.id for j in self._live.of()), default=0)
             self._yield_to.append(name)
 
+    @property
+    def yielding_to(self) -> list[str]:
+        """The models waiting for its room: it unloads once the jobs that came before them end."""
+        with self._yield_lock:
+            return list(self._yield_to)
+
     def resume(self, name: str) -> None:
         """That model has its room now, or gave up: take jobs again (those held back first)."""
         with self._yield_lock:
