@@ -12,7 +12,7 @@ from typing import Any
 
 from localgen.errors import UsageError
 from localgen.hostnames import host_fault
-from localgen.settings import BOOL, FLOAT, INT, INT32, TEXTS, out_of_range
+from localgen.settings import BOOL, FLOAT, INT, INT32, TEXTS, out_of_range, shown_value
 from localgen.text import checked as checked_text
 from localgen.types import KV_CACHE_TYPES, LoadParams
 
@@ -192,12 +192,12 @@ def check_load(key: str, value: Any) -> Any:
     k = LOAD_KNOBS[key]
     if k.kind in (BOOL, SWITCH):
         if not isinstance(value, bool):
-            raise UsageError(f"{key} must be true or false, not {value!r}")
+            raise UsageError(f"{key} must be true or false, not {shown_value(value)}")
     elif k.kind in (INT, FLOAT):
         if isinstance(value, bool) or not isinstance(value, int if k.kind == INT else (int, float)):
-            raise UsageError(f"{key} must be {'an integer' if k.kind == INT else 'a number'}, not {value!r}")
+            raise UsageError(f"{key} must be {'an integer' if k.kind == INT else 'a number'}, not {shown_value(value)}")
         if not math.isfinite(value):
-            raise UsageError(f"{key} must be a finite number, not {value!r}")
+            raise UsageError(f"{key} must be a finite number, not {shown_value(value)}")
         if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
             raise UsageError(out_of_range(key, k.lo, k.hi, value))
     elif k.kind == TEXTS:
@@ -207,7 +207,7 @@ def check_load(key: str, value: Any) -> Any:
             raise UsageError(f"{key} must be a string or a list of strings, not {str(value)[:80]!r}")
         value = tuple(checked_text(x, key) for x in value)
     elif not isinstance(value, str):
-        raise UsageError(f"{key} must be a string, not {value!r}")
+        raise UsageError(f"{key} must be a string, not {shown_value(value)}")
     else:
         value = checked_text(value, key)
     LoadParams(**load_fields({key: value}))  # its own checks: cache types, split modes, patterns, ...

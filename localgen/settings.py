@@ -153,8 +153,11 @@ def guess(name: str, others: Iterable[str] = ()) -> str:
 
 
 def shown_value(value: Any) -> str:
-    """A value as an error quotes it: repr, but an integer of more than 21 digits (`1e300` written in a Modelfile,
-    made whole) in exponent form, never hundreds of digits."""
+    """A value as an error quotes it: repr, but true and false as JSON and TOML write them (a client sent `true`,
+    not `True`), and an integer of more than 21 digits (`1e300` written in a Modelfile, made whole) in exponent
+    form, never hundreds of digits."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 21:
         try:
             return f"{float(value):g}"
@@ -187,7 +190,7 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
         return None
     if k.kind == BOOL:
         if not isinstance(value, bool):
-            raise UsageError(f"{shown} must be true or false, not {value!r}")
+            raise UsageError(f"{shown} must be true or false, not {shown_value(value)}")
         return value
     if k.kind == TEXTS:
         if isinstance(value, str):  # OpenAI accepts one stop string as well as a list
@@ -204,14 +207,14 @@ def check(name: str, value: Any, label: str | None = None) -> Any:
     if k.kind == BIAS:
         return _check_bias(value, shown)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageError(f"{shown} must be {'an integer' if k.kind == INT else 'a number'}, not {value!r}")
+        raise UsageError(f"{shown} must be {'an integer' if k.kind == INT else 'a number'}, not {shown_value(value)}")
     if k.kind == INT:
         if not isinstance(value, int):
-            raise UsageError(f"{shown} must be an integer, not {value!r}")
+            raise UsageError(f"{shown} must be an integer, not {shown_value(value)}")
     else:
         value = as_float(value)
         if not math.isfinite(value):
-            raise UsageError(f"{shown} must be a finite number, not {value!r}")
+            raise UsageError(f"{shown} must be a finite number, not {shown_value(value)}")
     if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
         raise UsageError(out_of_range(shown, k.lo, k.hi, value))
     if k.nullable and value == -1:  # llama.cpp's and Ollama's default seed: a fresh one, as none given
@@ -229,7 +232,7 @@ def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float
     elif isinstance(value, str):
         items = [parse_bias(value)]
     else:
-        raise UsageError(f"{shown} must be TOKEN(+|-)BIAS items or a token→bias object, not {value!r}")
+        raise UsageError(f"{shown} must be TOKEN(+|-)BIAS items or a token→bias object, not {shown_value(value)}")
     if len(items) > MAX_BIAS:
         raise UsageError(f"{shown}: at most {MAX_BIAS:,} entries (one a token), not {len(items):,}")
     out = []

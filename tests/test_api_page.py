@@ -145,7 +145,7 @@ def test_load_time_options_are_ignored_and_any_other_is_a_400(child: Server) -> 
     # ignored, but of the kind Ollama's FromMap checks (a red team's: these were a 200 where Ollama says 400)
     for wrong, says in (({"num_ctx": "big"}, "options.num_ctx must be an integer, not 'big'"),
                         ({"use_mmap": "maybe"}, "options.use_mmap must be true or false, not 'maybe'"),
-                        ({"num_thread": True}, "options.num_thread must be an integer, not True")):
+                        ({"num_thread": True}, "options.num_thread must be an integer, not true")):
         bad = _post(child, "/api/chat", {"messages": [{"role": "user", "content": "Hi"}], "stream": False,
                                          "options": {"num_predict": 1, **wrong}})
         assert bad.status_code == 400 and bad.json()["error"] == says, bad.text
@@ -167,7 +167,7 @@ def test_an_integer_option_sent_as_a_float_is_cut_to_its_integer_as_ollama_cuts_
     r = _post(child, "/api/chat", {"messages": [{"role": "user", "content": "Hi"}], "stream": False,
                                    "options": {"num_predict": 1.9, "top_k": 40.5, "temperature": 0.0}})
     assert r.status_code == 200 and r.json()["eval_count"] == 1, r.text
-    for bad, says in (({"top_k": True}, "options.top_k must be an integer, not True"),
+    for bad, says in (({"top_k": True}, "options.top_k must be an integer, not true"),
                       ({"top_k": "40"}, "options.top_k must be an integer, not '40'"),
                       ({"num_keep": "4"}, "`options.num_keep` must be an integer")):
         r = _post(child, "/api/generate", {"prompt": "Hi", "stream": False, "options": {"num_predict": 1, **bad}})
@@ -257,6 +257,8 @@ def test_ollamas_embed_says_its_load_and_takes_keep_alive(child: Server) -> None
         assert loaded.status_code == 200 and loaded.json() == answer, loaded.text
         assert _seconds_left(child) > 0, "loaded, with the server's keep-alive"
     assert _post(child, "/api/embed", {"input": "x", "keep_alive": "soon"}).status_code == 400
+    bad = _post(child, "/api/embed", {"input": "x", "keep_alive": True})  # said as JSON writes it (it was `True`)
+    assert bad.status_code == 400 and "bad duration true: use seconds" in bad.json()["error"], bad.text
     bad = _post(child, "/api/embed", {"input": [], "dimensions": "x"})  # checked with nothing to embed too
     assert bad.status_code == 400 and "`dimensions`" in bad.text, bad.text
     assert _post(child, "/api/generate", {"prompt": "", "keep_alive": "5m"}).status_code == 200  # as it was

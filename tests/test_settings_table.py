@@ -219,7 +219,7 @@ def test_a_huge_whole_number_is_told_in_exponent_form() -> None:
         with pytest.raises(UsageError) as e:
             settings.check("top_k", value)
         assert e.value.message.endswith(f", not {shown}") and len(e.value.message) < 120, e.value.message
-    assert settings.shown_value(10**20) == "100000000000000000000" and settings.shown_value(True) == "True"
+    assert settings.shown_value(10**20) == "100000000000000000000" and settings.shown_value(True) == "true"
 
 
 def test_seed_minus_one_is_a_random_seed_as_none_given() -> None:

@@ -261,7 +261,8 @@ def parse_duration(value: Any) -> float:
     import re
 
     if isinstance(value, bool):
-        raise LocalgenError(f"bad duration {value!r}")
+        raise LocalgenError(f"bad duration {'true' if value else 'false'}: use seconds, or e.g. 10m, 1h30m, -1 for "
+                            "never")
     if isinstance(value, (int, float)):
         from localgen.settings import as_float
 

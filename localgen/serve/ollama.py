@@ -170,7 +170,8 @@ def _check_load_kinds(opts: dict[str, Any]) -> None:
         number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         ok = isinstance(value, bool) if kind == "true or false" else number
         if not ok:
-            raise HTTPError(400, f"options.{name} must be {kind}, not {repr(value)[:100]}", param=f"options.{name}")
+            raise HTTPError(400, f"options.{name} must be {kind}, not {settings.shown_value(value)[:100]}",
+                            param=f"options.{name}")
 
 
 def _refuse_context(context: Any) -> None:
