@@ -1089,6 +1089,7 @@ def test_a_stream_on_a_worker_taken_away_ends_with_the_503_when_serve_stops(cli_
     assert lines[-1] == "data: [DONE]", lines[-3:]
     error = json.loads(lines[-2][5:])["error"]
     assert error["code"] == 503 and "shutting down" in error["message"], lines[-3:]
+    assert "unloaded live (live changed on disk)" in s.log(), "why it unloaded (it said '(asked)')"
 
 
 def test_a_preset_file_a_catalogue_name_shadows_is_no_ring(cli_env: dict[str, str], tmp_path: Path) -> None:

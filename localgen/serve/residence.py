@@ -234,10 +234,11 @@ class Residence:
         if self.backend is not None and 0 <= self.keep_alive <= time.monotonic() - self.idle_since:
             self.unload("idle")
 
-    def unload(self, reason: str = "asked", evicted_for: str | None = None) -> None:
+    def unload(self, reason: str = "asked", evicted_for: str | None = None, why: str | None = None) -> None:
         """Free the model (it loads again on the next job), its prefixes written to the store first (warm
         reloads). Only the worker's thread calls this (or anyone, once that thread has ended). `reason`:
-        "idle" (keep-alive), "asked", "evicted" (for `evicted_for`)."""
+        "idle" (keep-alive), "asked", "evicted" (for `evicted_for`), "taken" (taken away: `why`, "NAME changed on
+        disk")."""
         with self.lock:
             was_loaded = self.backend is not None
             if self.sched is not None:
@@ -266,8 +267,8 @@ class Residence:
             self._log.event("evict", self.name, f"unloaded {self.name} to make room for {evicted_for}",
                             reason=reason, evicted_for=evicted_for)
         else:
-            why = "idle for its keep-alive" if reason == "idle" else "asked"
-            self._log.event("unload", self.name, f"unloaded {self.name} ({why})", reason=reason)
+            said = "idle for its keep-alive" if reason == "idle" else why if reason == "taken" and why else "asked"
+            self._log.event("unload", self.name, f"unloaded {self.name} ({said})", reason=reason)
 
     def steps(self) -> tuple[int, int]:
         """Decode calls and the rows they carried, over every load of this model."""

@@ -335,7 +335,7 @@ class ModelWorker:
             self._drain(Failed(409, f"{self._closed}: try again once that ends") if self._closed is not None
                         else Failed(503, f"{self.name}: the server is shutting down"))
         if self._closed is not None:
-            self.residence.unload()
+            self.residence.unload("taken", why=self._closed)
 
     def _intake(self, wait: bool) -> None:
         """Take the unloads asked for, and move waiting jobs to the scheduler (loading the model first if it is
