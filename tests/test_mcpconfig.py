@@ -6,6 +6,7 @@ redacted from results like this process's secrets; every malformed file one usag
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -74,12 +75,47 @@ def test_a_config_file_names_servers_as_the_desktop_apps_write_them(tmp_path: Pa
     ({"mcpServers": {"a": {"url": 5}}}, "url that is not http(s)"),
     ({"mcpServers": {"a": {"url": "ftp://h/"}}}, "url that is not http(s)"),
     ({"mcpServers": {"a": {"type": "sse", "url": "http://h/sse"}}}, "old SSE transport"),
+    # a URL that cannot be one is refused as --endpoint's (it was a traceback: urlsplit's ValueError)
+    ({"mcpServers": {"a": {"url": "http://[::1/mcp"}}}, "the server 'a': 'http://[::1/mcp' is not a valid URL"),
+    ({"mcpServers": {"a": {"url": "http://h:99999/mcp"}}}, "'http://h:99999/mcp' is not a valid URL (port out of"),
     ({"mcpServers": {"a": {"command": "x", "disabled": True}}}, "names no server"),
 ])
 def test_a_malformed_config_file_is_one_usage_error(tmp_path: Path, doc: object, said: str) -> None:
     with pytest.raises(UsageError) as e:
         targets([_write(tmp_path, doc)])
     assert said in e.value.message and e.value.message.startswith("--mcp "), e.value.message
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://[::1/mcp", "--mcp: 'http://[::1/mcp' is not a valid URL (invalid IPv6 URL)"),
+    ("http://host:abc/mcp", "--mcp: 'http://host:abc/mcp' is not a valid URL (port could not be cast"),
+    ("http://h:99999/mcp", "--mcp: 'http://h:99999/mcp' is not a valid URL (port out of range"),
+    ("http://h:0/mcp", "--mcp: 'http://h:0/mcp': the port must be 1 to 65535"),
+    ("http://:0/mcp", "--mcp: 'http://:0/mcp': the port must be 1 to 65535"),
+    ("http://a..b/mcp", "--mcp: 'http://a..b/mcp' has a host name with an empty label"),
+    ("http://u:secret@[::1/mcp", "--mcp: 'http://***@[::1/mcp' is not a valid URL"),
+])
+def test_an_mcp_url_that_cannot_be_one_is_a_usage_error(cli_in_process: InProcessCLI, tmp_path: Path, url: str,
+                                                         said: str) -> None:
+    """As --endpoint's (docs/remote.md): one line, exit 2, before anything loads, never its password (each was a
+    traceback from urlsplit or the IDNA codec, in run, chat and serve alike)."""
+    missing = str(tmp_path / "missing.gguf")
+    for args in (("run", "-m", missing, "--mcp", url, "--yes", "Go."), ("serve", "--port", "9", "--mcp", url)):
+        r = cli_in_process(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
+        assert "secret" not in r.stderr and "missing.gguf" not in r.stderr
+
+
+def test_an_unreachable_mcp_urls_password_and_query_stay_out_of_its_error(cli_in_process: InProcessCLI,
+                                                                           tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for url, shown in ((f"http://u:secret@127.0.0.1:{port}/mcp", f"http://***@127.0.0.1:{port}/mcp"),
+                       (f"http://127.0.0.1:{port}/mcp?token=secret", f"http://127.0.0.1:{port}/mcp?***")):
+        r = cli_in_process("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", url, "--yes", "Go.")
+        assert r.returncode == 1 and f"cannot reach the MCP server {shown}: " in r.stderr, r.stderr
+        assert "secret" not in r.stderr
 
 
 def test_run_refuses_a_bad_config_file_before_the_model_loads(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

@@ -496,7 +496,9 @@ def _reachable(target: McpTarget) -> None:
     try:
         socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=5).close()
     except OSError as e:
-        name = f"{target.label} ({url})" if target.named else url
+        from localgen.redact import url_shown
+
+        name = f"{target.label} ({url_shown(url)})" if target.named else url_shown(url)
         raise ToolError(f"cannot reach the MCP server {name}: {e.strerror or e}") from None
 
 
