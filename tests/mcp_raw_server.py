@@ -4,7 +4,8 @@ does is set by its arguments: `badutf8` adds `bad`, whose answer holds bytes tha
 adds `res` and `blob`, which answer with an embedded text resource and a blob one; `big:MB` adds `big`, whose
 answer is one line of MB megabytes; `jsonlog` writes a structured logger's JSON line (no "jsonrpc", no "id") at
 start and before each answer; `pidfile:PATH` writes its process id there; `badlist` answers tools/list with a
-listing that is not MCP's (`"tools": "nope"`). `add` adds, always."""
+listing that is not MCP's (`"tools": "nope"`); `rpcerror` adds `err`, answered with a JSON-RPC error of code
+-32000 (the first of the codes JSON-RPC leaves to servers) and a message of two lines. `add` adds, always."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def tools() -> list[dict[str, Any]]:
     empty = {"type": "object", "properties": {}}
     found = [{"name": "add", "description": "Add two integers.", "inputSchema": {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}]
-    for key, names in (("badutf8", ["bad"]), ("resource", ["res", "blob"]), ("big", ["big"])):
+    for key, names in (("badutf8", ["bad"]), ("resource", ["res", "blob"]), ("big", ["big"]), ("rpcerror", ["err"])):
         if key in opts:
             found += [{"name": n, "description": f"{n} tool", "inputSchema": empty} for n in names]
     if "deep" in opts:
@@ -77,6 +78,8 @@ while line := sys.stdin.buffer.readline():
         elif name == "blob":
             answer(rid, [{"type": "resource", "resource": {"uri": "file:///cat.png", "mimeType": "image/png",
                                                            "blob": "iVBORw0KGgo="}}])
+        elif name == "err":
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32000, "message": "custom error\nwith newline"}})
         elif name == "big":
             out.write(b'{"jsonrpc":"2.0","id":' + json.dumps(rid).encode() + b',"result":{"content":[{"type":'
                       b'"text","text":"' + b"x" * int(float(opts["big"]) * 1024 * 1024) + b'"}]}}\n')

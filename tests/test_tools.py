@@ -508,6 +508,25 @@ def test_an_mcp_line_that_cannot_be_read_is_the_error_not_a_timeout(cli_in_proce
         box.close()
 
 
+def test_an_mcp_servers_error_answer_fails_the_call_and_the_server_stays() -> None:
+    """A JSON-RPC error answer of code -32000 (the SDK's own code for a closed connection, and the first a server
+    may use for its own errors) fails that call, its message's lines joined (tools.md), and the server stays, its
+    tools offered: it was taken for gone, its tools withdrawn for good while it ran on."""
+    from localgen.errors import ToolError
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    box = Toolbox.open([], [f"{RAW} rpcerror"])
+    try:
+        with pytest.raises(ToolError) as e:
+            box.call(ToolCall("err", "{}"), 30)
+        assert e.value.message.endswith("failed (calling err): MCPError: custom error with newline"), e.value.message
+        assert e.value.hint is None and [s.name for s in box.specs] == ["add", "err"]
+        assert box.call(ToolCall("add", '{"a": 1, "b": 2}'), 30) == "3"
+    finally:
+        box.close()
+
+
 @pytest.mark.parametrize("mib", ["17", "16"])
 def test_a_stdio_mcp_line_over_16_mib_is_refused_and_its_server_withdrawn(mib: str) -> None:
     """docs/tools.md: one line (one message) a stdio server writes is read up to 16 MiB: past that the call fails
@@ -551,7 +570,8 @@ def test_an_mcp_server_whose_close_fails_is_one_warning_line_not_a_traceback(
     lines = r.stderr.splitlines()
     assert len(lines) == 2 and lines[1].startswith("localgen: error: ") and "missing.gguf" in lines[1], r.stderr
     label = MCP if len(MCP) <= 60 else MCP[:57] + "..."  # (a command line's label: itself, cut to 60 characters)
-    assert lines[0] == f"warning: the MCP server {label} did not close cleanly: RuntimeError: Event loop is closed"
+    assert lines[0] == f"warning: the MCP server {label} did not close cleanly: RuntimeError: Event loop is closed " \
+                       "(a second line)"  # its lines joined (tools.md)
 
 
 def test_an_mcp_embedded_resource_reaches_the_model_as_its_text() -> None:

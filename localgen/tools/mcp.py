@@ -430,8 +430,9 @@ def _lost(e: BaseException) -> bool:
         return True
     from mcp.types import CONNECTION_CLOSED
 
-    return getattr(getattr(e, "error", None), "code", None) == CONNECTION_CLOSED or any(
-        type(c).__name__ == "ConnectError" for c in (e.__cause__, e.__context__) if c is not None)
+    error = getattr(e, "error", None)  # the SDK's own "Connection closed" (a server may answer -32000 itself)
+    closed = getattr(error, "code", None) == CONNECTION_CLOSED and getattr(error, "message", "") == "Connection closed"
+    return closed or any(type(c).__name__ == "ConnectError" for c in (e.__cause__, e.__context__) if c is not None)
 
 
 def _unreadable(label: str, e: Exception) -> str:
@@ -629,8 +630,9 @@ def _capped_stream(too_big: Any) -> Any:
 def _why(e: BaseException) -> str:
     if isinstance(e, BaseExceptionGroup) and e.exceptions:
         return _why(e.exceptions[0])
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+    text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())  # joined, as tools.md says
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _quoted(name: str) -> str:
