@@ -333,6 +333,12 @@ def test_docs_refuses_what_it_cannot_store(dcli: CLI, cli_in_process: InProcessC
         r = cli_in_process("embed", *args, input="a line\n")
         assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
+    # lines piped to --docs are refused, not dropped unsaid (embed.md: "takes neither --file nor stdin")
+    r = dcli("embed", "--store", "s", "--docs", n, input=jl.read_text())
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--docs takes files and folders as arguments, not stdin" in r.stderr, r.stderr
+    listed = dcli("collections", "list", "--json")
+    assert "s" not in [c["name"] for c in json.loads(listed.stdout or "[]")], listed.stdout  # nothing stored
     binary = tmp_path / "bin"
     binary.mkdir()
     for k in range(5):
