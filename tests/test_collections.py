@@ -449,6 +449,12 @@ def test_a_json_line_s_id_is_a_string_on_one_line_or_a_whole_number(hcli: CLI, b
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (bad, r.stderr)
         assert r.stderr.startswith('localgen: error: line 2: bad JSON line: its "id" must be'), r.stderr
     assert not _db(hcli).exists()
+    # a text left empty is refused as an empty argument is (it stored the vector of no text under its id)
+    for text, said in (('""', 'its "text" is empty'), ('"   "', 'its "text" is empty or only whitespace')):
+        r = hcli("embed", "-m", bert, "--store", "notes", input=f'{{"id": "x", "text": {text}}}\n')
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (text, r.stderr)
+        assert r.stderr.startswith(f"localgen: error: line 1: bad JSON line: {said}"), r.stderr
+    assert not _db(hcli).exists()
     _store(hcli, bert, "notes", input='{"id": 7, "text": "the cat"}\n{"id": "a b", "text": "the dog"}\n')
     assert _held(hcli, "notes") == {"7": "the cat", "a b": "the dog"}
 

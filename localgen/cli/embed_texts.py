@@ -64,6 +64,8 @@ def read_texts(texts: list[str] | None, file: Path | None, by_content: bool = Fa
                 text = doc.get("text", doc.get("content"))
                 if not isinstance(text, str):
                     raise ValueError('needs a "text" string')
+                if not text.strip():  # as an empty argument: a field left empty, not a text (a blank line is
+                    raise ValueError(f'its "text" is empty{"" if not text else " or only whitespace"}')  # skipped)
                 ident = _id(doc.get("id", n))
             except (ValueError, AttributeError) as e:
                 raise UsageError(f"line {n}: bad JSON line: {e}") from None
