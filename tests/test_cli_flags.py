@@ -90,6 +90,17 @@ def test_chat_refuses_a_gbnf_grammar_for_a_remote_server(home: Path, fake: FakeS
     r = invoke("chat", "--endpoint", fake.url, "-m", "plain", "--prompt-cache", input="hi\n")
     assert r.exit_code != 0 and "--prompt-cache cannot be used with a remote endpoint" in str(r.exception)
     assert invoke("chat", "--endpoint", fake.url, "-m", "plain", "--no-prompt-cache", input="hi\n").exit_code == 0
+    # the server renders with its own template and reads images with its own projector: each file was dropped
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    projector = tmp_path / "p.gguf"
+    projector.write_bytes(b"GGUF")
+    for command in ("run", "chat"):
+        for flag, path in (("--chat-template-file", template), ("--mmproj", projector)):
+            r = invoke(command, "--endpoint", fake.url, "-m", "plain", flag, str(path),
+                       *(["-p", "hi"] if command == "run" else []), input="hi\n")
+            assert r.exit_code != 0 and f"{flag} cannot be used with a remote endpoint" in str(r.exception), \
+                (command, flag, r.output)
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])

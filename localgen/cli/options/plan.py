@@ -178,9 +178,12 @@ def endpoints_for(remote: RemoteOptions, model: str | None) -> tuple[list[Endpoi
 
 def _check_remote(args: ModelArgs, rules: CommandRules) -> None:
     """Flags a remote server cannot honour are usage errors, never dropped: the load settings, --offline,
-    --verbose, the command's own, a GBNF grammar and --prompt-cache, each where the user gave it."""
+    --verbose, a chat template or projector file (the server renders and reads with its own), the command's own, a
+    GBNF grammar and --prompt-cache, each where the user gave it."""
     shared = [(flag, args.given(name) and value) for name, flag, value in (
-        ("offline", "--offline", args.offline), ("verbose", "--verbose", args.verbose))]
+        ("offline", "--offline", args.offline), ("verbose", "--verbose", args.verbose),
+        ("chat_template_file", "--chat-template-file", args.chat_template_file is not None),
+        ("mmproj", "--mmproj", args.mmproj is not None))]
     tail = [(flag, args.given(name) and value) for name, flag, value in (
         ("grammar", "--grammar (GBNF; --json-schema works)", bool(args.output.grammar)),
         ("prompt_cache", "--prompt-cache", args.prompt_cache))]
