@@ -670,3 +670,27 @@ def test_an_unknown_collection_s_error_lists_the_others_sorted(hcli: CLI, bert: 
         r = hcli(*args)
         assert r.returncode == 2 and "no collection named 'nope' (there are: alpha, mid, zeta)" in r.stderr, \
             (args, r.stderr)
+
+
+def test_a_relative_model_path_naming_another_file_here_says_where_it_was_stored_from(hcli: CLI, bert: str,
+                                                                                       tmp_path: Path) -> None:
+    """A collection stored with `-m bert.gguf` from one folder, added to from another whose bert.gguf is another
+    file: the hint says the path was read from the folder it was stored from (it said `use -m bert.gguf`, the very
+    words typed)."""
+    import shutil
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    shutil.copy(bert, first / "bert.gguf")
+    data = bytearray(Path(bert).read_bytes())
+    data[-1] ^= 1  # other weights under the same name
+    (second / "bert.gguf").write_bytes(bytes(data))
+    r = hcli("embed", "-m", "bert.gguf", "--store", "rel", "the cat", cwd=first)
+    assert r.returncode == 0, r.stderr
+    r = hcli("embed", "-m", "bert.gguf", "--store", "rel", "the dog", cwd=second)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "collection 'rel' holds vectors of another bert.gguf (a file of that name with other content)" in r.stderr
+    assert "(bert.gguf was a relative path, read from the current folder: store from the folder it was stored from, " \
+           "or use another collection name)" in r.stderr, r.stderr
+    assert _held(hcli, "rel") == {text_id("the cat"): "the cat"}, "the collection is as it was"

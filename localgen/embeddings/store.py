@@ -129,9 +129,13 @@ def _same_way(r: Any, c: Collection) -> None:
     """A usage error when the stored collection `r` was made another way than `c`."""
     same = _same_model(r, c)
     if not same and r["model"] == c.model:  # another file of the same name: said so, not "bert.gguf, not bert.gguf"
+        spec = r["model_spec"] or r["model"]  # (`-m` as typed then: the same words name another file now)
+        relative = not os.path.isabs(os.path.expanduser(spec)) and ("/" in spec or spec.endswith(".gguf"))
         raise UsageError(f"collection {c.name!r} holds vectors of another {r['model']} (a file of that name with "
                          f"other content), not of this one",
-                         hint=f"use {_same_as(r, c)}, or another collection name")
+                         hint=f"{spec} was a relative path, read from the current folder: store from the folder it "
+                              "was stored from, or use another collection name" if relative else
+                              f"bring back the {spec} it was made with, or use another collection name")
     if not same or (r["pooling"], int(r["dimensions"])) != (c.pooling, c.dimensions):
         raise UsageError(f"collection {c.name!r} holds {r['model']} vectors ({r['pooling']} pooling, "
                          f"{r['dimensions']} dimensions), not {c.model} ({c.pooling}, {c.dimensions})",
