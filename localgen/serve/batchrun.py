@@ -118,8 +118,9 @@ class Runner:
                     before = self._outstanding() if lane is None else lane.entered
                     sent = group.create_task(self.one(client, progress, line, slots))
                     # until it reaches a worker, or takes its place in the remote model's lanes (looked at after
-                    # 1 ms, then twice as long each time up to POLL_S: a short request, an embedding, is answered
-                    # in a few ms, and a first look only after POLL_S held every line of a batch 50 ms)
+                    # POLL_S / 64, then twice as long each time up to POLL_S: a short request, an embedding, is
+                    # answered in much less than POLL_S, and a first look only after POLL_S held every line that
+                    # long: docs/benchmarks.md, The Batch API)
                     wait = POLL_S / 64
                     while not sent.done() and (self._outstanding() if lane is None else lane.entered) == before:
                         await asyncio.sleep(wait)
