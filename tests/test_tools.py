@@ -404,6 +404,27 @@ def test_a_result_or_failure_that_is_not_utf8_is_read_with_replacement_character
         box.close()
 
 
+def test_a_function_with_positional_only_parameters_is_called_with_them_by_position(tmp_path: Path) -> None:
+    """`def f(a, /, b)` is offered with a, b as any function's parameters, and called with a by position (every
+    call failed: "positional-only arguments passed as keyword arguments"); one left out before another given
+    takes its default."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    fns = tmp_path / "tools.py"
+    fns.write_text('def posonly(a: int, /, b: int) -> int:\n    """Add."""\n    return a + b\n\n\n'
+                   'def defaults(a: int = 1, b: int = 10, /, c: int = 100) -> int:\n    """Add."""\n'
+                   '    return a + b + c\n')
+    box = Toolbox.open([fns], [])
+    try:
+        assert box.call(ToolCall("posonly", '{"a": 2, "b": 40}'), 10) == "42"
+        assert box.call(ToolCall("defaults", '{"b": 20}'), 10) == "121"
+        assert box.call(ToolCall("defaults", '{"c": 5}'), 10) == "16"
+        assert box.call(ToolCall("defaults", '{"a": 3, "b": 4, "c": 5}'), 10) == "12"
+    finally:
+        box.close()
+
+
 TICKER = '''
 import time
 

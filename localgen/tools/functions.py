@@ -197,6 +197,24 @@ def call_args(fn: Callable[..., Any], args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def positional(fn: Callable[..., Any], args: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments as the function is called with them: its positional-only parameters (`def f(a, /, b)`) by
+    position, in order (one left out before another given takes its default), the rest by name."""
+    try:
+        only = [p for p in inspect.signature(fn).parameters.values() if p.kind == p.POSITIONAL_ONLY]
+    except (TypeError, ValueError):  # described already, so it has one
+        return [], args
+    rest, given = dict(args), []
+    for i, p in enumerate(only):
+        if p.name in rest:
+            given.append(rest.pop(p.name))
+        elif p.default is not inspect.Parameter.empty and any(q.name in rest for q in only[i + 1:]):
+            given.append(p.default)
+        else:
+            break
+    return given, rest
+
+
 _NO_JSON = object()
 
 

@@ -156,16 +156,16 @@ def _python_runner(name: str, fn: Callable[..., Any],
     import asyncio
     import inspect
 
-    from localgen.tools.functions import abandon, call_args, stdout_to_stderr
+    from localgen.tools.functions import abandon, call_args, positional, stdout_to_stderr
 
     def run(args: dict[str, Any], timeout: float, stopped: Callable[[], bool]) -> str:
         box: dict[str, Any] = {}
-        args = call_args(fn, args)
+        first, args = positional(fn, call_args(fn, args))
 
         def target() -> None:
             try:
                 try:
-                    value = fn(**args)
+                    value = fn(*first, **args)
                     if inspect.iscoroutine(value):  # an async def: its body runs here, on a loop of this thread
                         value = asyncio.run(value)
                     box["value"] = value
