@@ -45,6 +45,8 @@ def running_at(url: str) -> bool | None:
 
     try:
         r = proxies.get(f"{url}/health", timeout=2)
+    except (httpx.ReadTimeout, httpx.RemoteProtocolError):  # it listens, and gives no answer in time: no localgen
+        return None
     except httpx.HTTPError:
         return False
     try:

@@ -36,6 +36,21 @@ def client(**settings: Any) -> Any:
 
 
 def get(url: str, **settings: Any) -> Any:
-    """httpx.get, as `client` sends it: the response, read whole."""
-    with client(timeout=settings.pop("timeout", 5.0), follow_redirects=settings.pop("follow_redirects", False)) as c:
-        return c.get(url, **settings)
+    """httpx.get, as `client` sends it: the response, read whole, within its `timeout` in all (httpx's bounds each
+    read: a server that sends a byte a second, an event stream's keep-alive comments, held it for ever); past
+    that, httpx.ReadTimeout."""
+    import time
+
+    import httpx
+
+    timeout = settings.pop("timeout", 5.0)
+    deadline = time.monotonic() + timeout
+    with client(timeout=timeout, follow_redirects=settings.pop("follow_redirects", False)) as c, \
+            c.stream("GET", url, **settings) as r:
+        body = bytearray()
+        for chunk in r.iter_bytes():  # decoded (gzip): the headers' Content-Encoding is not kept for it below
+            body += chunk
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout(f"no whole answer within {timeout:g} s", request=r.request)
+        headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() != "content-encoding"]
+        return httpx.Response(r.status_code, headers=headers, content=bytes(body), request=r.request)

@@ -832,3 +832,54 @@ def test_print_env_takes_a_key_kept_in_memory_but_not_a_pipes_name(tmp_path: Pat
     key = tmp_path / "k.txt"
     key.write_text("k\n")
     assert _lasting(Path(os.path.relpath(key))) == key
+
+
+@contextlib.contextmanager
+def _trickling() -> Iterator[int]:
+    """A port whose server sends an event stream's headers, then a keep-alive comment a second, for ever."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while not stop.wait(0.5):
+                conn.sendall(b"3\r\n:\n\n\r\n")
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
+
+
+@pytest.mark.slow  # ps's 10 s
+def test_a_server_that_trickles_and_never_answers_is_given_up_on(cli_in_process: InProcessCLI) -> None:
+    """A port whose server keeps sending a byte now and then, never a whole answer: ps gives up after its 10 s,
+    saying something there did not answer (not that nothing runs), and launch --print-env after its 2 s probe,
+    saying something other than localgen serve answers. Each waited for ever (httpx bounds each read only)."""
+    with _trickling() as port:
+        t0 = time.monotonic()
+        r = cli_in_process("ps", "--port", str(port))
+        assert time.monotonic() - t0 < 60, "given up on"
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert f"the server at http://127.0.0.1:{port} did not answer /api/ps within 10 s" in r.stderr, r.stderr
+        cli_in_process.env["LOCALGEN_PORT"] = str(port)
+        try:
+            r = cli_in_process("launch", "claude", "--print-env")
+        finally:
+            cli_in_process.env["LOCALGEN_PORT"] = None
+        assert r.returncode == 1 and not r.stdout, r.stderr
+        assert f"something other than localgen serve answers at http://127.0.0.1:{port}" in r.stderr, r.stderr
