@@ -134,6 +134,10 @@ def test_a_forced_call_cut_by_max_tokens_is_no_answer(cli: CLI) -> None:
     `<tool_call>\\n{"name": "`)."""
     r = _run(cli, "--mcp", MCP, "--yes", "--tool-choice", "add", "-n", "10", "What is 2 + 3?")
     assert "<tool_call>" not in r.stdout and '"name"' not in r.stdout, (r.stdout, r.stderr)
+    # nothing on stdout, and the one line that says why (nothing at all was said: exit 0, empty output)
+    assert r.returncode == 0 and r.stdout == "", r.stdout
+    assert "warning: the answer reached its limit of 10 tokens (-n) before a word of it, in a tool call, which is " \
+           "left out: give a larger -n" in r.stderr, r.stderr
 
 
 def test_templates_are_recognised() -> None:

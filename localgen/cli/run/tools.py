@@ -71,6 +71,12 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
         writer.end()
     gen, stats = turn.generations[-1], turn.stats()
     assert stats is not None  # the loop returns once a round has ended
+    # its round cut before a word: a call (the one a forced --tool-choice asks for) was being written, and is left
+    # out; nothing on stdout says why
+    limit = request.sampling.max_tokens
+    if str(gen.finish_reason) == "length" and not turn.text.strip() and isinstance(limit, int) and limit > 0:
+        err.warn(f"the answer reached its limit of {limit:,} tokens (-n) before a word of it, "
+                 "in a tool call, which is left out: give a larger -n")
     steps = len(turn.generations)
     if report.stats:
         err.stats(stats, lead=f"{steps} steps · " if steps > 1 else "")
