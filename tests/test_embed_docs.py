@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -333,12 +334,16 @@ def test_docs_refuses_what_it_cannot_store(dcli: CLI, cli_in_process: InProcessC
         r = cli_in_process("embed", *args, input="a line\n")
         assert r.returncode == 2 and needle in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
-    # lines piped to --docs are refused, not dropped unsaid (embed.md: "takes neither --file nor stdin")
-    r = dcli("embed", "--store", "s", "--docs", n, input=jl.read_text())
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "--docs takes files and folders as arguments, not stdin" in r.stderr, r.stderr
-    listed = dcli("collections", "list", "--json")
-    assert "s" not in [c["name"] for c in json.loads(listed.stdout or "[]")], listed.stdout  # nothing stored
+    # stdin is left unread, as embed.md says: a shell loop that feeds --docs its file names on stdin
+    # (`... | while read -r f; do localgen embed --docs "$f" ...; done`) keeps every name (a check that read a
+    # byte of stdin to see whether lines were piped took the first byte of the next name)
+    names = f"{notes / 'a.md'}\n{notes / 'b.md'}\n"
+    loop = subprocess.run(["sh", "-c", 'while read -r f; do "$@" embed --store s --docs "$f" || exit 9; done', "sh",
+                           *dcli.argv()], input=names, capture_output=True, text=True, env=dcli.env, timeout=300)
+    assert loop.returncode == 0, loop.stderr
+    listed = dcli("collections", "show", "s", "--json")
+    stored = {e["id"].split("#")[0] for e in json.loads(listed.stdout)["items"]}
+    assert stored == {p.strip() for p in names.splitlines()}, (stored, loop.stderr)
     binary = tmp_path / "bin"
     binary.mkdir()
     for k in range(5):

@@ -20,29 +20,6 @@ NAMED_SKIPPED = 3  # skipped files named on stderr, at most
 CHUNK_TOKENS, CHUNK_OVERLAP = 256, 32  # --docs' defaults
 
 
-def _piped() -> bool:
-    """Whether stdin holds text given to the command (a file of some bytes, a pipe with something written into
-    it); a terminal, /dev/null, an empty file or a pipe at its end holds none."""
-    import os
-    import select
-    import stat
-    import sys
-
-    stream = sys.stdin
-    try:
-        if stream is None or stream.isatty():
-            return False
-        fd = stream.fileno()
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISREG(mode):
-            return os.fstat(fd).st_size > os.lseek(fd, 0, os.SEEK_CUR)
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)) or not select.select([fd], [], [], 0)[0]:
-            return False
-        return bool(os.read(fd, 1))  # (refused: the byte read is not wanted)
-    except (OSError, ValueError, AttributeError):  # no file behind it (a test's stream), closed
-        return False
-
-
 def checked(f: Any) -> list[tuple[str, str]]:
     """--docs: the flags checked (`f`: cli/embed.py's EmbedArgs), then (id, text) of each file of the arguments,
     read before the model loads."""
@@ -53,9 +30,6 @@ def checked(f: Any) -> list[tuple[str, str]]:
         raise UsageError("--docs needs --store NAME (the collection the chunks go into)")
     if f.file:
         raise UsageError("--docs takes files and folders as arguments, not --file")
-    if _piped():
-        raise UsageError("--docs takes files and folders as arguments, not stdin",
-                         hint="lines piped in are stored without --docs: localgen embed --store NAME < FILE")
     if not f.texts:
         raise UsageError("--docs needs files or folders as arguments (it does not read stdin)")
     limit = f.chunk_tokens or CHUNK_TOKENS
