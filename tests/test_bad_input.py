@@ -288,6 +288,7 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
     (("fit", "-m", "smollm2:135m"), {"LOCALGEN_CTX": "-1"}, "LOCALGEN_CTX must be at least 0, not -1"),
     (("ps",), {"LOCALGEN_PORT": "0"}, "LOCALGEN_PORT must be within 1 to 65535, not 0"),  # no --port typed
     (("ps", "--port", "70000"), {"LOCALGEN_PORT": "0"}, "--port must be within 1 to 65535, not 70000"),
+    (("fit", "-m", "smollm2:135m", "-c-1"), {"LOCALGEN_CTX": "100"}, "-c must be at least 0, not -1"),  # joined
 ])
 def test_a_value_past_a_flags_range_is_said_as_localgen_says_it(cli_in_process: InProcessCLI, args: tuple[str, ...],
                                                                   env: dict[str, str], said: str) -> None:

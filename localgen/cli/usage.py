@@ -57,7 +57,8 @@ def out_of_range(args: list[str], message: str, param: Any) -> str:
     value, low, high = (g[:-2] if g is not None and re.fullmatch(r"-?\d+\.0", g) else g for g in m.groups())
     bound = (f"within {low} to {high}" if low is not None and high is not None else
              f"at least {low}" if low is not None else f"at most {high}")
-    typed = next((a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in opts), None)
+    typed = next((a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in opts), None) or next(
+        (a[:2] for a in args if len(a) > 2 and a[:2] in opts and not a.startswith("--")), None)  # -c-1 too
     envvar = getattr(param, "envvar", None)
     name = typed or (f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
     return f"{name} must be {bound}, not {value}"

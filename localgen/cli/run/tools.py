@@ -74,7 +74,8 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
     # its round cut before a word: a call (the one a forced --tool-choice asks for) was being written, and is left
     # out; nothing on stdout says why
     limit = request.sampling.max_tokens
-    if str(gen.finish_reason) == "length" and not turn.text.strip() and isinstance(limit, int) and limit > 0:
+    if str(gen.finish_reason) == "length" and not turn.text.strip() and not (turn.reasoning or "").strip() \
+            and isinstance(limit, int) and limit > 0:  # (a thinking model that spent -n on its reasoning: no call)
         err.warn(f"the answer reached its limit of {limit:,} tokens (-n) before a word of it, "
                  "in a tool call, which is left out: give a larger -n")
     steps = len(turn.generations)

@@ -57,7 +57,7 @@ def ps(
         r = proxies.get(f"{url}/api/ps", headers=auth, timeout=10)
     except httpx.InvalidURL as e:
         raise UsageError(f"{source} {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
-    except (httpx.ReadTimeout, httpx.RemoteProtocolError):  # something listens there, and it is no localgen serve
+    except httpx.ReadTimeout:  # something listens there, and gives no whole answer in time
         raise LocalgenError(f"the server at {url} did not answer /api/ps within 10 s", hint="is it localgen serve? "
                             "give the --host and --port of one") from None
     except httpx.HTTPError:
