@@ -135,7 +135,7 @@ def _same_way(r: Any, c: Collection) -> None:
                          f"other content), not of this one",
                          hint=f"{spec} was a relative path, read from the current folder: store from the folder it "
                               "was stored from, or use another collection name" if relative else
-                              f"bring back the {spec} it was made with, or use another collection name")
+                              f"use {_same_as(r, c)}, or another collection name")
     if not same or (r["pooling"], int(r["dimensions"])) != (c.pooling, c.dimensions):
         raise UsageError(f"collection {c.name!r} holds {r['model']} vectors ({r['pooling']} pooling, "
                          f"{r['dimensions']} dimensions), not {c.model} ({c.pooling}, {c.dimensions})",
