@@ -1,11 +1,14 @@
 """Whether a host name can be looked up at all: what the system resolver is given is its IDNA form, and a name
 with an empty label (`a..b`) or one over 63 characters cannot be written so (Python raises UnicodeError, not the
 OSError a lookup gives); nor a name of characters IDNA 2008 refuses (httpx's check: a snowman, a zero-width
-space)."""
+space). And an http(s) URL checked as a whole, the same way wherever one is typed (`--endpoint`, `--mcp`)."""
 
 from __future__ import annotations
 
 import re
+from urllib.parse import SplitResult, urlsplit
+
+from localgen.errors import UsageError
 
 
 def host_fault(host: str) -> str | None:
@@ -29,3 +32,31 @@ def host_fault(host: str) -> str | None:
         except idna.IDNAError as e:
             return f"a host name IDNA cannot write ({str(e)[:80]})"
     return None
+
+
+def checked_url(url: str, where: str, example: str) -> SplitResult:
+    """`url` split, or a UsageError where it cannot be an http(s) URL to reach: a bracket left open, a port of
+    letters, 0 or past 65535, another scheme or no host, a host name with a blank or an empty label. `where` names
+    where it came from (`--mcp`, `LOCALGEN_ENDPOINT`, `FILE: [box] url`) and begins the message; the URL is shown
+    without its password or query; `example` is a good URL of that kind, for the hint."""
+    from localgen.redact import url_shown
+
+    bare = re.sub(r"//[^/?#]*@", "//***@", re.split(r"[?#]", url, maxsplit=1)[0])  # urlsplit may refuse it
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:  # an unclosed [, a bracketed host that is not an IPv6 address
+        hint = "an IPv6 address goes in brackets: " + re.sub(r"//[^/]*", "//[::1]:8000", example, count=1)
+        raise UsageError(f"{where}: {bare!r} is not a valid URL ({str(e)[:1].lower() + str(e)[1:]})",
+                         hint=hint if "[" in bare else None) from None
+    try:
+        port = parts.port
+    except ValueError:  # letters, or past 65535
+        port = 0
+    if port == 0:
+        raise UsageError(f"{where} {bare}: the port must be 1 to 65535")
+    shown = url_shown(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"{where} needs an http:// or https:// URL, not {shown!r}")
+    if fault := host_fault(parts.hostname or ""):
+        raise UsageError(f"{where}: {shown!r} has {fault}", hint=f"e.g. {example}")
+    return parts

@@ -77,7 +77,7 @@ def test_a_config_file_names_servers_as_the_desktop_apps_write_them(tmp_path: Pa
     ({"mcpServers": {"a": {"type": "sse", "url": "http://h/sse"}}}, "old SSE transport"),
     # a URL that cannot be one is refused as --endpoint's (it was a traceback: urlsplit's ValueError)
     ({"mcpServers": {"a": {"url": "http://[::1/mcp"}}}, "the server 'a': 'http://[::1/mcp' is not a valid URL"),
-    ({"mcpServers": {"a": {"url": "http://h:99999/mcp"}}}, "'http://h:99999/mcp' is not a valid URL (port out of"),
+    ({"mcpServers": {"a": {"url": "http://h:99999/mcp"}}}, "the server 'a' http://h:99999/mcp: the port must be 1"),
     ({"mcpServers": {"a": {"command": "x", "disabled": True}}}, "names no server"),
 ])
 def test_a_malformed_config_file_is_one_usage_error(tmp_path: Path, doc: object, said: str) -> None:
@@ -88,10 +88,10 @@ def test_a_malformed_config_file_is_one_usage_error(tmp_path: Path, doc: object,
 
 @pytest.mark.parametrize(("url", "said"), [
     ("http://[::1/mcp", "--mcp: 'http://[::1/mcp' is not a valid URL (invalid IPv6 URL)"),
-    ("http://host:abc/mcp", "--mcp: 'http://host:abc/mcp' is not a valid URL (port could not be cast"),
-    ("http://h:99999/mcp", "--mcp: 'http://h:99999/mcp' is not a valid URL (port out of range"),
-    ("http://h:0/mcp", "--mcp: 'http://h:0/mcp': the port must be 1 to 65535"),
-    ("http://:0/mcp", "--mcp: 'http://:0/mcp': the port must be 1 to 65535"),
+    ("http://host:abc/mcp", "--mcp http://host:abc/mcp: the port must be 1 to 65535"),
+    ("http://h:99999/mcp", "--mcp http://h:99999/mcp: the port must be 1 to 65535"),
+    ("http://h:0/mcp", "--mcp http://h:0/mcp: the port must be 1 to 65535"),
+    ("http://:0/mcp", "--mcp http://:0/mcp: the port must be 1 to 65535"),
     ("http://a..b/mcp", "--mcp: 'http://a..b/mcp' has a host name with an empty label"),
     ("http://u:secret@[::1/mcp", "--mcp: 'http://***@[::1/mcp' is not a valid URL"),
 ])
@@ -104,6 +104,22 @@ def test_an_mcp_url_that_cannot_be_one_is_a_usage_error(cli_in_process: InProces
         r = cli_in_process(*args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
         assert "secret" not in r.stderr and "missing.gguf" not in r.stderr
+
+
+@pytest.mark.parametrize("url", ["http://[::1/x", "http://[zz]:80/x", "http://h:abc/x", "http://h:99999/x",
+                                 "http://h:0/x", "http://a..b/x", "http://a b/x", "http://u:secret@[::1/x"])
+def test_mcp_and_endpoint_refuse_a_url_in_the_same_words(url: str) -> None:
+    """One check for a URL wherever it is typed: `--mcp` and `--endpoint` said the same fault two ways (a port of
+    letters was Python's "port could not be cast to integer value" for one, "the port must be 1 to 65535" for the
+    other)."""
+    from localgen.remote.endpoints import base_url
+
+    with pytest.raises(UsageError) as by_mcp:
+        targets([url])
+    with pytest.raises(UsageError) as by_endpoint:
+        base_url(url)
+    assert by_mcp.value.message.removeprefix("--mcp") == by_endpoint.value.message.removeprefix("--endpoint")
+    assert "secret" not in by_mcp.value.message
 
 
 def test_an_unreachable_mcp_urls_password_and_query_stay_out_of_its_error(cli_in_process: InProcessCLI,

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from localgen.errors import UsageError
-from localgen.hostnames import host_fault
+from localgen.hostnames import checked_url
 
 
 @dataclass(frozen=True)
@@ -58,27 +58,12 @@ def base_url(url: str, flag: str = "--endpoint", key_by: str = "--api-key-env NA
     from localgen.redact import url_shown
 
     text = url.strip()
-    bare = re.sub(r"//[^/?#]*@", "//***@", re.split(r"[?#]", text, maxsplit=1)[0])  # for messages: no password
-    try:
-        parts = urlsplit(text)
-    except ValueError as e:  # an unclosed [, a bracketed host that is not an IPv6 address
-        raise UsageError(f"{flag}: {bare!r} is not a valid URL ({str(e)[:1].lower() + str(e)[1:]})",
-                         hint="an IPv6 address goes in brackets: http://[::1]:8000/v1") from None
-    try:
-        port = parts.port
-    except ValueError:  # letters, or past 65535
-        port = 0
-    if port == 0:
-        raise UsageError(f"{flag} {bare}: the port must be 1 to 65535")
+    parts = checked_url(text, flag, "http://host:8000/v1")
     shown = url_shown(text)  # a password or a ?api_key= stays out of the message
     if "@" in parts.netloc:  # it would end up in errors, --json and the bench history
         urls = " URLs" if flag.startswith("-") or flag.isupper() else ""  # an entry's `url` is one
         raise UsageError(f"{flag}{urls} may not carry credentials ({shown})",
                          hint=f"put the key in an environment variable and name it with {key_by}")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"{flag} needs an http:// or https:// URL, not {shown!r}")
-    if fault := host_fault(parts.hostname or ""):
-        raise UsageError(f"{flag}: {shown!r} has {fault}", hint="e.g. http://host:8000/v1")
     if parts.query or parts.fragment:
         raise UsageError(f"{flag} takes a base URL without ?query or #fragment: {shown!r}",
                          hint=f"a key goes in an environment variable named with {key_by}")

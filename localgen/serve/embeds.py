@@ -13,13 +13,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localgen.errors import LocalgenError
 from localgen.serve.apierror import HTTPError, http_error
 from localgen.serve.ask import flag, keep_alive, one_of
 from localgen.serve.jobs import EmbedJob, Failed
 from localgen.serve.jsonbody import read_json
 from localgen.serve.loadnow import load_or_unload
-from localgen.serve.running import refused, watch_disconnect
+from localgen.serve.running import await_embed
 from localgen.serve.served import Served
 from localgen.serve.state import ServeState
 from localgen.text import CHARS_PER_TOKEN
@@ -153,17 +152,7 @@ async def embed(worker: Served, texts: list[str], dimensions: int | None = None,
             raise HTTPError(400, f"`{said}` is {len(t):,} characters; a slot's window of {worker.n_ctx:,} tokens "
                                  f"takes at most {most:,} here", param=said, overflow=(0, worker.n_ctx), chars=len(t))
     job = EmbedJob(texts, asyncio.get_running_loop(), dimensions, truncate, query, keep_alive=keep, pooling=pooling)
-    try:
-        worker.submit(job)
-    except LocalgenError as e:
-        raise refused(e) from None
-    watcher = asyncio.ensure_future(watch_disconnect(http, job)) if http is not None else None
-    try:
-        result = await job.result
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-        job.cancelled.set()  # a no-op once done; stops the job at its next slice when the handler was cancelled
+    result = await await_embed(worker, job, http)
     if isinstance(result, Failed):
         raise _named(http_error(result), result.item, param, len(texts))
     return Embedded(list(result), job.load_s)

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from localgen.errors import LocalgenError
 from localgen.serve.apierror import http_error
 from localgen.serve.jobs import EmbedJob, Failed, Job
-from localgen.serve.running import first_event, refused, watch_disconnect
+from localgen.serve.running import await_embed, first_event, refused
 from localgen.serve.served import Served
 from localgen.types import GenerationRequest, SamplingParams
 
@@ -41,17 +41,7 @@ async def load_now(worker: Served, http: Request) -> None:
 
 async def _load_embedder(worker: Served, http: Request, query: str | None) -> None:
     """An embeddings job of no texts: the model loads, its embeddings context made, and nothing is encoded."""
-    job = EmbedJob([], asyncio.get_running_loop(), query=query)
-    try:
-        worker.submit(job)
-    except LocalgenError as e:
-        raise refused(e) from None
-    watcher = asyncio.ensure_future(watch_disconnect(http, job))
-    try:
-        result = await job.result
-    finally:
-        watcher.cancel()
-        job.cancelled.set()  # a no-op once done; stops the job when the handler was cancelled
+    result = await await_embed(worker, EmbedJob([], asyncio.get_running_loop(), query=query), http)
     if isinstance(result, Failed):
         raise http_error(result)
 

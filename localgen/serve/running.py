@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 
@@ -43,6 +44,22 @@ async def first_event(job: Job, http: Request) -> Event:
     if isinstance(first, Failed):
         raise http_error(first)
     return first
+
+
+async def await_embed(worker: Served, job: EmbedJob, http: Request | None) -> list[Any] | Failed:
+    """Queue an embeddings job and wait for its result (the vectors or scores, or its Failed), the job cancelled
+    at its next slice if its client leaves (`http`) or the handler is cancelled; a full queue is an HTTPError."""
+    try:
+        worker.submit(job)
+    except LocalgenError as e:
+        raise refused(e) from None
+    watcher = asyncio.ensure_future(watch_disconnect(http, job)) if http is not None else None
+    try:
+        return await job.result
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        job.cancelled.set()  # a no-op once done; stops the job when the handler was cancelled
 
 
 async def run_whole(worker: Served, request: GenerationRequest, http: Request, keep_alive: float | None = None,

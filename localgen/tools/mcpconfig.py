@@ -16,6 +16,7 @@ from typing import Any
 from localgen.errors import UsageError
 
 MAX_CONFIG_BYTES = 1 << 20  # an MCP config file: a few KB in practice
+EXAMPLE_URL = "http://127.0.0.1:8000/mcp"
 
 
 @dataclass(frozen=True)
@@ -47,42 +48,23 @@ def one(value: str) -> McpTarget:
     """A server given on the command line: a URL, or a command line (labelled by itself, cut to 60 characters; a
     URL's password and query left out)."""
     if value.startswith(("http://", "https://")):
+        from localgen.hostnames import checked_url
         from localgen.redact import url_shown
 
-        checked_url(value, "--mcp")
-        shown = url_shown(value)
-        return McpTarget(shown if len(shown) <= 60 else shown[:57] + "...", url=value)
-    label = value if len(value) <= 60 else value[:57] + "..."
+        checked_url(value, "--mcp", EXAMPLE_URL)
+        return McpTarget(_label(url_shown(value)), url=value)
     try:
         argv = tuple(windows_split(value) if sys.platform == "win32" else shlex.split(value))
     except ValueError as e:  # a quote left open: the command line itself is wrong
         raise UsageError(f"--mcp {value!r} is not a command line: {e}") from None
     if not argv:
         raise UsageError("--mcp needs a command line, a URL, or a JSON file of servers")
-    return McpTarget(label, argv=argv)
+    return McpTarget(_label(value), argv=argv)
 
 
-def checked_url(url: str, where: str) -> None:
-    """A UsageError for an MCP URL that cannot be one, as `--endpoint` refuses it (a bracket left open, a port of
-    letters, 0 or past 65535, no host, a host with a blank or an empty label), said without its password or
-    query: `where` names it ("--mcp", "FILE: the server 'x'")."""
-    import re
-    from urllib.parse import urlsplit
-
-    from localgen.hostnames import host_fault
-
-    bare = re.sub(r"//[^/?#]*@", "//***@", re.split(r"[?#]", url, maxsplit=1)[0])
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as e:  # an unclosed [, a port of letters or past 65535
-        raise UsageError(f"{where}: {bare!r} is not a valid URL ({str(e)[:1].lower() + str(e)[1:]})",
-                         hint="an IPv6 address goes in brackets: http://[::1]:8000/mcp" if "[" in bare else None
-                         ) from None
-    if port == 0:
-        raise UsageError(f"{where}: {bare!r}: the port must be 1 to 65535")
-    if fault := host_fault(parts.hostname or ""):
-        raise UsageError(f"{where}: {bare!r} has {fault}", hint="e.g. http://127.0.0.1:8000/mcp")
+def _label(text: str) -> str:
+    """A command line or URL as a server's label: cut to 60 characters."""
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def windows_split(line: str) -> list[str]:
@@ -174,7 +156,9 @@ def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
     if url is not None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise UsageError(f"{where}: the server {name!r} has a url that is not http(s)")
-        checked_url(url, f"{where}: the server {name!r}")
+        from localgen.hostnames import checked_url
+
+        checked_url(url, f"{where}: the server {name!r}", EXAMPLE_URL)
         return McpTarget(name, url=url, headers=_strings(where, name, entry, "headers"), named=True)
     args = entry.get("args", [])
     if not isinstance(command, str):
