@@ -37,20 +37,37 @@ def client(**settings: Any) -> Any:
 
 def get(url: str, **settings: Any) -> Any:
     """httpx.get, as `client` sends it: the response, read whole, within its `timeout` in all (httpx's bounds each
-    read: a server that sends a byte a second, an event stream's keep-alive comments, held it for ever); past
-    that, httpx.ReadTimeout."""
+    read: a server that sends a byte a second, an event stream's keep-alive comments, a header line now and then,
+    held it for ever); past that, httpx.ReadTimeout. The request runs on a thread of its own, given up on (left
+    to end with the process) once the time is out."""
+    import threading
     import time
 
     import httpx
 
     timeout = settings.pop("timeout", 5.0)
     deadline = time.monotonic() + timeout
-    with client(timeout=timeout, follow_redirects=settings.pop("follow_redirects", False)) as c, \
-            c.stream("GET", url, **settings) as r:
-        body = bytearray()
-        for chunk in r.iter_bytes():  # decoded (gzip): the headers' Content-Encoding is not kept for it below
-            body += chunk
-            if time.monotonic() > deadline:
-                raise httpx.ReadTimeout(f"no whole answer within {timeout:g} s", request=r.request)
-        headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() != "content-encoding"]
-        return httpx.Response(r.status_code, headers=headers, content=bytes(body), request=r.request)
+    outcome: list[Any] = []
+
+    def fetch() -> None:
+        try:
+            with client(timeout=timeout, follow_redirects=settings.pop("follow_redirects", False)) as c, \
+                    c.stream("GET", url, **settings) as r:
+                body = bytearray()
+                for chunk in r.iter_bytes():  # decoded (gzip): the headers' Content-Encoding is not kept below
+                    body += chunk
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout(f"no whole answer within {timeout:g} s", request=r.request)
+                headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() != "content-encoding"]
+                outcome.append(httpx.Response(r.status_code, headers=headers, content=bytes(body), request=r.request))
+        except BaseException as e:  # raised again on the caller's thread
+            outcome.append(e)
+
+    worker = threading.Thread(target=fetch, name="localgen-get", daemon=True)
+    worker.start()
+    worker.join(timeout + 1)  # the second: httpx's own timeouts (a connect timeout) end it first, said as they are
+    if not outcome:
+        raise httpx.ReadTimeout(f"no whole answer within {timeout:g} s")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]

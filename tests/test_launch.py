@@ -835,8 +835,9 @@ def test_print_env_takes_a_key_kept_in_memory_but_not_a_pipes_name(tmp_path: Pat
 
 
 @contextlib.contextmanager
-def _trickling() -> Iterator[int]:
-    """A port whose server sends an event stream's headers, then a keep-alive comment a second, for ever."""
+def _trickling(headers: bool = False) -> Iterator[int]:
+    """A port whose server sends an event stream's headers, then a keep-alive comment twice a second, for ever
+    (`headers`: its status line, then a header line twice a second, for ever)."""
     import threading
 
     listener = socket.socket()
@@ -847,9 +848,10 @@ def _trickling() -> Iterator[int]:
     def serve(conn: socket.socket) -> None:
         with contextlib.suppress(OSError), conn:
             conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            conn.sendall(b"HTTP/1.1 200 OK\r\n" if headers else
+                         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             while not stop.wait(0.5):
-                conn.sendall(b"3\r\n:\n\n\r\n")
+                conn.sendall(b"X-Held: 1\r\n" if headers else b"3\r\n:\n\n\r\n")
 
     def accept() -> None:
         with contextlib.suppress(OSError):
@@ -866,11 +868,13 @@ def _trickling() -> Iterator[int]:
 
 
 @pytest.mark.slow  # ps's 10 s
-def test_a_server_that_trickles_and_never_answers_is_given_up_on(cli_in_process: InProcessCLI) -> None:
-    """A port whose server keeps sending a byte now and then, never a whole answer: ps gives up after its 10 s,
-    saying something there did not answer (not that nothing runs), and launch --print-env after its 2 s probe,
-    saying something other than localgen serve answers. Each waited for ever (httpx bounds each read only)."""
-    with _trickling() as port:
+@pytest.mark.parametrize("headers", [False, True], ids=["body", "headers"])
+def test_a_server_that_trickles_and_never_answers_is_given_up_on(cli_in_process: InProcessCLI, headers: bool) -> None:
+    """A port whose server keeps sending a byte now and then, never a whole answer (in its body, or in its header
+    lines): ps gives up after its 10 s, saying something there did not answer (not that nothing runs), and launch
+    --print-env after its 2 s probe, saying something other than localgen serve answers. Each waited for ever
+    (httpx bounds each read only)."""
+    with _trickling(headers) as port:
         t0 = time.monotonic()
         r = cli_in_process("ps", "--port", str(port))
         assert time.monotonic() - t0 < 60, "given up on"
