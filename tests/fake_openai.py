@@ -14,7 +14,14 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 
 
@@ -47,7 +54,8 @@ class FakeServer:
     - garbage-after: "Hel", then a data line that is not JSON
     - number-after: "Hel", then a chunk whose content is a number
     - echo-key: "your key is <the bearer key> ok", the key cut in two between chunks
-    GET /v1/models lists `plain`; with `models_mode` "drip", a space every 50 ms without end; "huge", a 17 MiB list.
+    GET /v1/models lists `plain`; with `models_mode` "drip", a space every 50 ms without end; "huge", a 17 MiB list;
+    "html", a web page; "redirect", a 302 to /elsewhere.
     """
 
     def __init__(self, redirect_to: str = "") -> None:
@@ -90,6 +98,10 @@ class FakeServer:
                 yield b'"}'
 
             return StreamingResponse(huge(), media_type="application/json")
+        if self.models_mode == "html":
+            return HTMLResponse("<html><body>Welcome</body></html>")
+        if self.models_mode == "redirect":
+            return Response(status_code=302, headers={"Location": f"{self.url}/elsewhere"})
         return JSONResponse({"object": "list", "data": [{"id": "plain", "object": "model"}]})
 
     async def chat(self, request: Request) -> Response:

@@ -403,6 +403,23 @@ def test_run_chat_and_bench_against_a_server(cli: CLI, two: tuple[Server, Server
     assert "client-side figures" in cli("bench", "history", run_id).stdout
 
 
+def test_chat_model_switch_to_a_name_the_server_does_not_serve_is_refused(cli: CLI,
+                                                                          two: tuple[Server, Server]) -> None:
+    """`/model TYPO` in a chat --endpoint was taken unchecked and saved: the next turn was a 404, and so was every
+    turn of `chat --resume` after. It is refused now, naming what the server serves, and the chat keeps its model;
+    a name it serves still switches."""
+    a, _ = two
+    r = cli("chat", "remote-switch", "--endpoint", a.url, "-n", "4", input="Hi.\n/model nosuch\nAgain.\n")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().endswith("does not serve 'nosuch' (it serves smollm2:135m, gemma3:270m)"), r.stderr
+    saved = json.loads(next((Path(cli.env["LOCALGEN_HOME"])).rglob("remote-switch.json")).read_text())
+    assert saved["model"] == "smollm2:135m" and [m["role"] for m in saved["messages"]] == ["user", "assistant"]
+    r = cli("chat", "--resume", "remote-switch", "--endpoint", a.url, "-n", "4", input="/model gemma3:270m\n")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads(next((Path(cli.env["LOCALGEN_HOME"])).rglob("remote-switch.json")).read_text())
+    assert saved["model"] == "gemma3:270m" and len(saved["messages"]) == 2
+
+
 def test_fan_out_keeps_order_and_survives_a_dead_server(cli: CLI, two: tuple[Server, Server],
                                                         tmp_path: Path) -> None:
     a, b = two
@@ -547,7 +564,7 @@ def test_without_m_the_servers_default_is_picked(monkeypatch: pytest.MonkeyPatch
 
     ep = Endpoint(url="http://127.0.0.1:1/v1")
     listed = [{"id": "a"}, {"id": "b", "default": True}]
-    monkeypatch.setattr(backend, "_listed", lambda e: listed)
+    monkeypatch.setattr(backend, "_listed", lambda e, needed=False: listed)
     assert backend.pick_model([ep]) == "b"
     listed[1].pop("default")
     with pytest.raises(UsageError, match="serves 2 models"):

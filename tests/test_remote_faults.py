@@ -341,3 +341,46 @@ def test_a_model_list_that_drips_or_is_huge_ends_run_bench_and_serves_start(
             assert "GET /models" in r.stderr and r.stdout == "", r.stderr
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(("mode", "said"), [
+    ("404", "answered 404 to GET {url}/nowhere/models: Not Found (check the URL: it should be the API base"),
+    ("html", "answered GET {url}/v1/models with text/html that is not JSON (check the URL: it should be"),
+    ("redirect", "redirects to {url}/elsewhere; localgen does not follow redirects"),
+])
+def test_a_model_list_that_is_not_one_is_said_as_what_came(cli_in_process: InProcessCLI, mode: str,
+                                                           said: str) -> None:
+    """Without -m the endpoint's /models is read: a 404 (an --endpoint with the wrong path: /api, /v1/v1), a web
+    page or a redirect was "did not list its models (name the model with -m)", which sent the user to -m when
+    the URL was wrong (remote.md: a redirect is an error naming where it pointed)."""
+    server = FakeServer()
+    server.models_mode = mode
+    url = server.url + "/nowhere" if mode == "404" else server.url
+    try:
+        r = cli_in_process("run", "-p", "hi", "-n", "4", "--endpoint", url)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert said.format(url=server.url) in r.stderr, r.stderr
+    finally:
+        server.stop()
+
+
+def test_without_m_an_endpoint_that_cannot_be_reached_is_passed_over(cli_in_process: InProcessCLI,
+                                                                       tmp_path: Path) -> None:
+    """remote.md: while one endpoint answers, no line fails for another's fault. Without -m the model was asked of
+    the first endpoint only: one that was down ended the run before any line went to the one up."""
+    server = FakeServer()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n{"prompt": "hi"}\n')
+    try:
+        r = cli_in_process("run", "--file", str(prompts), "--endpoint", dead, "--endpoint", server.url)
+        assert r.returncode == 0 and r.stdout == "Hello world\n" * 2, r.stderr
+        assert [q["body"]["model"] for q in server.requests[-2:]] == ["plain", "plain"]
+        r = cli_in_process("run", "--file", str(prompts), "--endpoint", dead, "--endpoint", dead.replace("127.0.0.1",
+                                                                                                        "localhost"))
+        assert r.returncode == 1 and "no endpoint could be asked for its models: cannot reach" in r.stderr, r.stderr
+        assert "(and 1 more)" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    finally:
+        server.stop()

@@ -24,26 +24,69 @@ def served_models(endpoint: Endpoint) -> list[str]:
     return [m["id"] for m in _listed(endpoint)]
 
 
-def _listed(endpoint: Endpoint) -> list[dict[str, Any]]:
-    """The entries of an endpoint's model list (endpoints.toml's names, else its /models)."""
+def _listed(endpoint: Endpoint, needed: bool = False) -> list[dict[str, Any]]:
+    """The entries of an endpoint's model list (endpoints.toml's names, else its /models). `needed`: a /models
+    that is not a JSON document is an error saying what came instead (a 404, a redirect, a web page)."""
     if endpoint.models:
         return [{"id": m} for m in endpoint.models]
     client = RemoteClient(endpoint, "")
     try:
-        doc = client.get("/models", refused=True)
+        doc = client.get("/models", refused=True, needed=needed)
     finally:
         client.close()
     data = doc.get("data") if isinstance(doc, dict) else None
     return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)] if isinstance(data, list) else []
 
 
+def check_served(endpoint: Endpoint, name: str) -> None:
+    """A ModelNotFoundError where the endpoint lists its models, `name` is not among them, and it does not answer
+    GET /models/NAME either (a server may take names it does not list: localgen serve's `smollm2` for
+    `smollm2:135m`). An endpoint that lists nothing, or cannot be asked now, is taken at its word later."""
+    from urllib.parse import quote
+
+    from localgen.errors import LocalgenError, ModelNotFoundError
+
+    try:
+        served = served_models(endpoint)
+        if not served or name in served:
+            return
+        if endpoint.models:  # endpoints.toml's list is the one -m may name
+            known = False
+        else:
+            client = RemoteClient(endpoint, "")
+            try:
+                known = isinstance(client.get(f"/models/{quote(name, safe='')}"), dict)
+            finally:
+                client.close()
+    except LocalgenError:
+        return
+    if not known:
+        shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
+        raise ModelNotFoundError(f"{endpoint.label} does not serve {name!r} (it serves {shown})")
+
+
 def pick_model(endpoints: list[Endpoint]) -> str:
-    """The model when -m is not given: the endpoint's only one (from endpoints.toml or its /models), or the one
-    it marks as its default (localgen serve offers every model it has, its default marked)."""
-    ep = endpoints[0]
+    """The model when -m is not given: the first endpoint's only one (from endpoints.toml or its /models), or the
+    one it marks as its default (localgen serve offers every model it has, its default marked). An endpoint that
+    cannot be reached is passed over for the next, as a fan-out drops it."""
+    gone: list[RemoteError] = []
+    for ep in endpoints:
+        try:
+            return _picked(ep)
+        except RemoteError as e:
+            if not e.down:
+                raise
+            gone.append(e)
+    if len(gone) == 1:
+        raise gone[0]
+    raise RemoteError(f"no endpoint could be asked for its models: {gone[0].message} (and "
+                      f"{len(gone) - 1} more)", hint="name the model with -m, or check the endpoints")
+
+
+def _picked(ep: Endpoint) -> str:
     if ep.models:
         return ep.models[0]
-    listed = _listed(ep)
+    listed = _listed(ep, needed=True)
     ids: list[str] = [m["id"] for m in listed]
     if len(ids) == 1:
         return ids[0]

@@ -257,26 +257,40 @@ class RemoteClient:
         """Close the connections."""
         self.http.close()
 
-    def get(self, path: str, refused: bool = False) -> Any:
+    def get(self, path: str, refused: bool = False, needed: bool = False) -> Any:
         """A GET as JSON (for /models and friends), or None when the server has no such route; with `refused`,
-        a 401 or 403 is the error a request would get (a key is missing or wrong), not "nothing listed"."""
+        a 401 or 403 is the error a request would get (a key is missing or wrong), not "nothing listed"; with
+        `needed`, anything but JSON is a RemoteError saying what came instead (a 404, a redirect, a web page)."""
         import httpx
 
         where = self.endpoint.label
+        asked = f"GET {self.endpoint.url}{path}"
         try:
             with self.http.stream("GET", path, timeout=GET_S) as r:
-                if refused and r.status_code in (401, 403):
+                refusal = (refused or needed) and r.status_code in (401, 403)
+                if refusal or (needed and r.is_redirect):
                     raise self.scrubbed(_status_error(self.endpoint, r, _head(r), self.model))
                 if r.status_code != 200:
+                    if needed:
+                        raise self.scrubbed(RemoteError(
+                            f"{where} answered {r.status_code} to {asked}: {error_text(_head(r)) or r.reason_phrase}",
+                            hint=URL_HINT if r.status_code == 404 else "name the model with -m"))
                     return None
                 body = bounded(r, f"{where}'s answer to GET {path}", within=GET_S)
+                kind = r.headers.get("content-type", "").split(";")[0].strip()
         except httpx.ConnectError as e:
             raise RemoteError(_connect_message(where, e), down=True) from None
-        except httpx.HTTPError:
+        except httpx.HTTPError as e:
+            if needed:
+                raise RemoteError(f"{where} did not answer {asked} ({said(e)})", down=True,
+                                  hint="name the model with -m") from None
             return None
         try:
             return json.loads(body)
         except ValueError:
+            if needed:
+                raise RemoteError(f"{where} answered {asked} with {kind or 'something'} that is not JSON",
+                                  hint=URL_HINT) from None
             return None
 
     def open(self, request: GenerationRequest, seed: int) -> Any:

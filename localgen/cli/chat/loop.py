@@ -42,8 +42,8 @@ def start(plan: ChatPlan) -> None:
     view = ChatView(interactive=plan.interactive, plain=plan.plain, stats=plan.stats, sampling=send.sampling,
                     model_given=load.model_typed, yes=tools is not None and tools.yes, compact=plan.compact,
                     tools=tools is not None)
-    view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view)) if endpoints else (
-        lambda name: load_backend(name, load, view))
+    view.loader = (lambda name: remote_backend(endpoints, name, load.assumed_ctx, view, switching=True)
+                   ) if endpoints else (lambda name: load_backend(name, load, view))
     with contextlib.ExitStack() as opened:
         if send.rag is not None:  # its embedding model loads first, and stays for the chat
             from localgen.cli.options.rag import Rag
@@ -61,7 +61,8 @@ def start(plan: ChatPlan) -> None:
 
             check_model("-m/--model", model)
         try:
-            backend = view.loader(session.model)
+            backend = remote_backend(endpoints, session.model, load.assumed_ctx, view) if endpoints else \
+                view.loader(session.model)
         except ModelNotFoundError as e:
             if plan.resume and not load.model_given:  # the resumed conversation's model is gone
                 raise model_gone(session.name, session.model, e, "resume") from None
@@ -264,10 +265,16 @@ def load_backend(name: str, load: LoadPlan, view: ChatView) -> Any:
     return backend
 
 
-def remote_backend(endpoints: list[Any], name: str, assumed_ctx: int | None, view: ChatView) -> Any:
-    """The chat's model on a remote endpoint (nothing loads here); --ctx, where given, is its window."""
-    from localgen.remote.backend import RemoteBackend
+def remote_backend(endpoints: list[Any], name: str, assumed_ctx: int | None, view: ChatView,
+                   switching: bool = False) -> Any:
+    """The chat's model on a remote endpoint (nothing loads here); --ctx, where given, is its window. `switching`
+    (/model, /load): a name the endpoint does not serve is refused (a typo was taken, saved, and failed every turn
+    after, --resume's too). A chat's first model is taken at its word: a server may answer a name it does not list
+    (llama-server answers any with its one model)."""
+    from localgen.remote.backend import RemoteBackend, check_served
 
+    if switching:
+        check_served(endpoints[0], name)
     backend = RemoteBackend(endpoints, name, assumed_ctx=assumed_ctx)
     if view.interactive:
         view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
