@@ -1226,6 +1226,8 @@ def test_two_files_of_one_quantization_are_told_apart(env: dict[str, str], hub: 
     assert r.returncode == 2 and not hub.sent, r.stderr
     assert r.stderr.splitlines() == [f"localgen: error: {repo}:Q4_1 names 2 files of {repo}: a-Q4_1.gguf, "
                                      f"b-Q4_1.gguf (name one by its file path: {repo}/a-Q4_1.gguf)"], r.stderr
+    r = lg(env, "pull", repo)  # no tag, no Q4_K_M: the best that fits is Q4_1, which names neither (it took a-)
+    assert r.returncode == 2 and not hub.sent and "names 2 files" in r.stderr, r.stderr
     r = lg(env, "pull", repo, "--list")
     assert r.returncode == 0, r.stderr
     assert "Q4_1 (a-Q4_1.gguf)" in r.stdout and "Q4_1 (b-Q4_1.gguf)" in r.stdout, r.stdout
@@ -1236,6 +1238,11 @@ def test_two_files_of_one_quantization_are_told_apart(env: dict[str, str], hub: 
     for name in (f"{repo}:Q4_1", repo):
         r = lg(env, "run", "-m", name, "--offline", "-p", "hi", "-n", "1")
         assert r.returncode == 2 and "names 2 files" in r.stderr, r.stderr
+    r = lg(env, "rm", f"{repo}:q4_1", "--yes")  # rm took both files, where every other command names neither
+    assert r.returncode == 2 and "names 2 files" in r.stderr, r.stderr
+    assert lg(env, "rm", f"{repo}/b-Q4_1.gguf", "--yes").returncode == 0
+    listed = [i["name"] for i in json.loads(lg(env, "list", "--json").stdout) if i["name"].startswith(repo)]
+    assert listed == [f"{repo}:Q4_1"], listed
     r = lg(env, "pull", f"{repo}:Q8_0")
     assert r.returncode == 1 and r.stderr.splitlines()[-1].endswith("(it has: Q4_1)"), r.stderr
 

@@ -134,6 +134,29 @@ def test_quantize_to_a_file_of_ones_own(qcli: CLI, smollm2_f16: Path, tmp_path: 
     assert types(tmp_path / "copy.gguf") == types(smollm2_f16)
 
 
+def test_stderr_whose_reader_is_gone_or_full_does_not_end_a_quantization(qcli: CLI, smollm2_f16: Path,
+                                                                         tmp_path: Path) -> None:
+    """configuration.md: a command ends quietly with status 0 when its reader goes away. quantize's progress is on
+    stderr: with that reader gone (`2>&1 | head -1`, a log collector that exits) or stderr full (`2>/dev/full`), it
+    ended with status 1 at its next progress line, the quantization thrown away. A real interpreter: what Python
+    does with a failed write to stderr is the point."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone
+    try:
+        gone = subprocess.run(qcli.argv("quantize", str(smollm2_f16), "Q8_0", "-o", str(tmp_path / "a.gguf")),
+                              env=qcli.env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=write, timeout=600)
+    finally:
+        os.close(write)
+    assert gone.returncode == 0 and sha256_file(tmp_path / "a.gguf") == REF["quantized"]["Q8_0"]["sha256"]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(qcli.argv("quantize", str(smollm2_f16), "Q8_0", "-o", str(tmp_path / "b.gguf")),
+                           env=qcli.env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=full,
+                           timeout=600)
+    assert r.returncode == 0 and r.stdout.startswith(f"{tmp_path / 'b.gguf'}  Q8_0, ".encode()), r.stdout
+    assert sha256_file(tmp_path / "b.gguf") == REF["quantized"]["Q8_0"]["sha256"]
+
+
 @pytest.mark.parametrize("option", ["pure", "leave-output-tensor", "tensor-types"])
 def test_llama_quantizes_options_write_what_it_writes(qcli: CLI, smollm2_f16: Path, tmp_path: Path,
                                                      option: str) -> None:

@@ -160,7 +160,7 @@ def _main(argv: list[str] | None) -> None:
 
     from localgen._compat import fast_typer_coercion
     from localgen.cli import app, signals, usage
-    from localgen.cli.output import ErrWriter, ReaderGone, guard_stdout, silence_stdout
+    from localgen.cli.output import ErrWriter, ReaderGone, guard_stderr, guard_stdout, silence_stdout
     from localgen.errors import LocalgenError
 
     fast_typer_coercion()
@@ -177,6 +177,7 @@ def _main(argv: list[str] | None) -> None:
     debug = switch_on("LOCALGEN_DEBUG")
     line_buffered_stdout()
     guard_stdout()
+    guard_stderr()
     signals.watch_sigint()
     err = ErrWriter()
     from localgen.models import catalogue, ollamastore, presets

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -45,6 +46,53 @@ def guard_stdout() -> None:
     """Install the guard (once per process)."""
     if not isinstance(sys.stdout, _GuardedStdout) and sys.stdout is not None:
         sys.stdout = _GuardedStdout(sys.stdout)  # type: ignore[assignment]
+
+
+class _QuietStderr:
+    """Wraps sys.stderr: a write or flush that fails (its reader gone: `2>&1 | head -1`, a log collector that
+    exits; a full disk: `2>/dev/full`) silences stderr for the rest of the process instead of ending the command.
+    stderr carries status, progress and warnings: losing them is no reason to drop a quantization or a download
+    part-way (it ended with status 1 at the next progress line, its work thrown away)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except OSError:
+                self._silence()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except OSError:
+                self._silence()
+
+    def _silence(self) -> None:
+        """Nothing more is written there: llama.cpp's own lines and Python's flush at exit go to /dev/null."""
+        self._gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture)
+            pass
+        with contextlib.suppress(OSError, ValueError):  # what its buffer holds goes to /dev/null now
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_stderr() -> None:
+    """Install the stderr guard (once per process)."""
+    if not isinstance(sys.stderr, _QuietStderr) and sys.stderr is not None:
+        sys.stderr = _QuietStderr(sys.stderr)  # type: ignore[assignment]
 
 
 # what the writers here (TextWriter's text, ErrWriter's lines) last left on the terminal, and how many writes there

@@ -330,7 +330,9 @@ def choose(options: list[QuantOption], t: Target, repo: str) -> QuantOption:
     if not options:
         raise ModelNotFoundError(f"{repo} has no GGUF model files")
     _one_of(options, t.default_quant, repo)
-    return pick(options, t.default_quant) or best_that_fits(options)
+    found = pick(options, t.default_quant) or best_that_fits(options)
+    _one_of(options, found.tag, repo)  # the best that fits may be a tag two files share: it names neither
+    return found
 
 
 def _one_of(options: list[QuantOption], tag: str, repo: str) -> None:

@@ -307,6 +307,10 @@ def rm(
     t = target(name)
     quant = t.spec.quant if (isinstance(spec, names.CatalogueSpec) or t.spec.quant) else None
     files = store.find_cached(t.spec.repo, t.spec.revision, quant, t.spec.filename)
+    if quant and not t.spec.filename and files:  # a tag two files of a snapshot share names neither, as for every
+        from localgen.models.resolve import ambiguous  # other command (rm took both)
+
+        ambiguous(t.spec.repo, quant, sorted({f.filename for f in files if f.commit == files[0].commit}))
     going = store.removal(files)
     if not files:
         going = store.orphan_projectors(t.spec.repo) if not quant and not t.spec.filename else []
