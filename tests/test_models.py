@@ -782,6 +782,29 @@ def test_user_catalogue_adds_entries_with_sampling_defaults(env: dict[str, str],
     assert r.returncode == 1 and "unknown model 'qwen2.5:70b'" in r.stderr and "qwen2.5:7b" in r.stderr
 
 
+def test_a_file_another_tool_put_in_the_cache_is_kept_when_localgen_cannot_load_it(
+        env: dict[str, str], hub: hub_server.FakeHub) -> None:
+    """models.md: files other tools put in the shared cache are used as they are. One whose bytes the Hub vouches for
+    but which localgen cannot read as a model was deleted by a pull: data loss for the tool that fetched it (a GGUF
+    a newer llama.cpp reads). Only what the pull itself downloaded leaves the cache again."""
+    hub.repos["acme/Text-GGUF"] = hub_server.HubRepo(COMMIT, {"text-Q4_1.gguf": hub_server.HubFile(b"no\n" * 99)})
+    probe = "from huggingface_hub import hf_hub_download; print(hf_hub_download('acme/Text-GGUF', 'text-Q4_1.gguf'))"
+    got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    theirs = Path(got.stdout.strip())
+    r = lg(env, "pull", "acme/Text-GGUF:Q4_1")
+    said = r.stderr.splitlines()[-1]
+    assert r.returncode == 1 and said.startswith("localgen: error: acme/Text-GGUF/text-Q4_1.gguf is not a GGUF")
+    assert said.endswith("(this repo's file is not a model llama.cpp can load; the copy another tool put in the "
+                         "cache is kept)"), said
+    assert theirs.read_bytes() == b"no\n" * 99
+    theirs.resolve().unlink()  # gone, blob and link: the pull downloads it, and takes away what it brought
+    theirs.unlink()
+    r = lg(env, "pull", "acme/Text-GGUF:Q4_1")
+    assert r.returncode == 1 and "it was removed from the cache again" in r.stderr, r.stderr
+    assert not theirs.exists() and not theirs.is_symlink()
+
+
 def test_a_cache_file_from_another_tool_is_verified_before_use(env: dict[str, str], hub: hub_server.FakeHub,
                                                                model_file: hub_server.HubFile) -> None:
     probe = f"from huggingface_hub import hf_hub_download; print(hf_hub_download('{REPO}', '{FILE}'))"

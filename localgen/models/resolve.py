@@ -371,18 +371,21 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
     if need:
         what = option.first.name if len(wanted) == 1 else f"{option.first.name} and {len(wanted) - 1} more file(s)"
         download.check_space(hfcache.repo_dir(s.repo) / "blobs", need, what)
+    there = {f.name for f in wanted if not download.still_to_come(s.repo, [f])}  # put there by us or another tool
     paths = [download.fetch(s.repo, listing.commit, s.revision, f, progress) for f in option.files]
     proj = download.fetch(s.repo, listing.commit, s.revision, entry, progress) if entry is not None else None
     name = t.display if s.quant or s.filename else f"{s.repo}:{option.tag}"
     try:
         summary = read_summary(str(paths[0]))
-    except ModelFormatError as e:  # the Hub's bytes, verified, but not a model: they leave the cache again
-        _discard(s.repo, [*paths, *([proj] if proj else [])])
+    except ModelFormatError as e:  # the Hub's bytes, verified, but not a model: what this pull brought goes again
+        got = zip([*option.files, *([entry] if proj is not None and entry is not None else [])],
+                  [*paths, *([proj] if proj is not None else [])], strict=True)
+        _discard(s.repo, [path for f, path in got if f.name not in there])
         shown = f"{s.repo}/{option.first.name}"  # never the server's own paths
         why = e.message.replace(os.path.realpath(paths[0]), shown).replace(str(paths[0]), shown)
-        raise ModelFormatError(why,
-                               hint="it was removed from the cache again: this repo's file is not a model "
-                                    "llama.cpp can load") from None
+        raise ModelFormatError(why, hint="this repo's file is not a model llama.cpp can load; " + (
+            "it was removed from the cache again" if option.first.name not in there else
+            "the copy another tool put in the cache is kept")) from None
     return ModelRef(name=name, path=str(paths[0]), source="hf", summary=summary,
                     repo=s.repo,
                     sha256=option.first.sha256, sampling_defaults=dict(t.sampling),
