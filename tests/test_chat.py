@@ -1203,3 +1203,28 @@ def test_a_burst_of_ctrl_c_as_an_answer_stops_never_cuts_its_save_short(home: Pa
     finally:  # the home is the session's: `chat --list` elsewhere would list it
         signal.signal(signal.SIGINT, previous)
         session.path.unlink(missing_ok=True)
+
+
+def test_a_refused_load_leaves_the_chat_with_the_conversation_it_had(cli_env: dict[str, str], home: Path) -> None:
+    """docs/chat.md: a command that fails changes nothing. /load of a conversation holding a picture, with a model
+    that reads text only, said so, yet the chat went on with the refused conversation: every message failed, and
+    /undo took an exchange out of the refused file."""
+    chats = home / "data" / "chats"
+    chats.mkdir(parents=True, exist_ok=True)
+    picture = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+               {"type": "text", "text": "What is this?"}]
+    held = chats / "with-picture.json"
+    held.write_text(json.dumps({"model": "smollm2:135m", "messages": [
+        {"role": "user", "content": picture}, {"role": "assistant", "content": "A picture."}]}))
+    before = held.read_bytes()
+    child = spawn(cli_env, "refused-load", "-n", "4", "--temp", "0")
+    send(child, "Hello.", r"tok/s")
+    send(child, "/load with-picture", "the conversation with-picture holds images or audio, and smollm2:135m "
+                                      "reads text only")
+    send(child, "/show", "conversation refused-load")
+    send(child, "Again.", r"tok/s")
+    send(child, "/undo", "dropped")
+    leaves(child)
+    assert held.read_bytes() == before
+    saved = json.loads((chats / "refused-load.json").read_text())
+    assert saved["messages"][0]["content"] == "Hello." and len(saved["messages"]) == 2, saved

@@ -297,3 +297,28 @@ def test_chat_withdraws_the_tools_of_an_mcp_server_that_stopped(cli_env: dict[st
     assert "add(" not in listed and "crash(" not in listed, listed
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+
+
+def test_a_line_typed_during_the_answer_never_answers_a_tool_calls_question(cli_env: dict[str, str],
+                                                                             home: Path) -> None:
+    """tools.md: a call runs only once you say so. A `y` typed while the model wrote its call (type-ahead, which the
+    next prompt would show) answered the question unseen: the call ran while the screen showed the `n` typed at
+    the question, and that `n` then answered the next question. The keys typed ahead are dropped, and said so."""
+    import time
+
+    from localgen.chat.session import ChatSession
+    from tests.test_chat import spawn
+
+    child = spawn(cli_env, "typed-ahead", *CHAT_TOOLS, "--mcp", MCP, "--tool-choice", "add")
+    child.sendline("What is 2 + 3? " + "Think of it slowly. " * 250)  # its reading gives the time to type ahead
+    time.sleep(1.0)
+    child.send("y\r")
+    child.expect_exact("(what you typed during the answer was dropped: a tool call's question takes only what")
+    child.expect_exact("[y]es / [n]o / [a]lways for add:")
+    child.sendline("n")
+    child.expect_exact("tool add: declined")
+    child.expect_exact(">>>")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    messages = ChatSession.load("typed-ahead").messages
+    assert messages[2]["content"] == "The user declined to run this tool call.", messages[2]

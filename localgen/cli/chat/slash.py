@@ -334,16 +334,42 @@ def _load(runner: Any, view: Any, arg: str) -> None:
 
         loaded.log_id = new_id()
     save_state(runner)
-    if loaded.model and loaded.model != runner.session.model and not view.model_given:
-        runner.switch(view.loader(loaded.model), loaded.model)  # its own model, as --resume takes it
+    switching = bool(loaded.model and loaded.model != runner.session.model and not view.model_given)
+    backend = view.loader(loaded.model) if switching else runner.backend  # its own model, as --resume takes it
+    try:
+        _can_read(backend, loaded)
+    except BaseException:
+        if switching:
+            backend.close()
+        raise
+    if switching:
+        runner.switch(backend, loaded.model)
     else:
         loaded.model = runner.session.model
-    # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
-    runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
-                                              grammar=runner.sampling.grammar))
-    runner.compact = view.compaction(loaded)  # --compact / --no-compact, else the loaded conversation's own
-    restore_state(runner, view)
+    before = (runner.session, runner.sampling, runner.first, runner.trim_noticed, runner.compact)
+    try:  # its own /set values under the command-line flags, as --resume applies them; the chat's grammar stays
+        runner.adopt(loaded, view.sampling.params(runner.backend.defaults, loaded.settings,
+                                                  grammar=runner.sampling.grammar))
+        runner.compact = view.compaction(loaded)  # --compact / --no-compact, else the loaded conversation's own
+        restore_state(runner, view)
+    except BaseException:  # refused: the chat goes on with the conversation it had (it held the refused one)
+        runner.session, runner.sampling, runner.first, runner.trim_noticed, runner.compact = before
+        raise
     view.info(f"continuing {loaded.name}: {plural(len(loaded.messages), 'message')}" + summarized(loaded))
+
+
+def _can_read(backend: Any, loaded: Any) -> None:
+    """A WrongModel, before anything changes, where the conversation holds images or audio and the model it would
+    go on with reads text only."""
+    from localgen.errors import WrongModel
+    from localgen.media import has_media
+
+    if has_media(loaded.messages) and hasattr(backend, "projector"):  # (a remote model's server reads them)
+        try:
+            backend.projector()
+        except WrongModel as e:
+            raise WrongModel(f"the conversation {loaded.name} holds images or audio, and {e.message}",
+                             hint=e.hint) from None
 
 
 def _model(runner: Any, view: Any, arg: str) -> None:

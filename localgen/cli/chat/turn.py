@@ -234,6 +234,23 @@ class Hangup:
         raise SystemExit(128 + self.signum)
 
 
+def _typed_ahead() -> bool:
+    """Whether keys typed into the chat's terminal wait unread (FIONREAD)."""
+    try:
+        import fcntl
+        import struct
+        import termios
+    except ImportError:  # Windows
+        return False
+    try:
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd):
+            return False
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]) > 0
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _drop_typed() -> None:
     """The keys typed into the chat and not read (during an answer the signal stopped) are dropped, as at Ctrl-C:
     they would reach the shell after the chat ends, and run there. On a terminal in the foreground only."""
@@ -330,6 +347,10 @@ def _approve(call: Any, runner: Any, view: Any, screen: _Screen) -> bool:
     if view.yes or call.name in view.always:
         return True
     screen.finish()
+    if _typed_ahead():  # a line typed while the call was written would answer the question unseen (a `y` ran a
+        _drop_typed()  # call the `n` on the screen then declined, and each answer went to the next question)
+        view.info("(what you typed during the answer was dropped: a tool call's question takes only what is typed "
+                  "at it)")
     previous = signal.getsignal(signal.SIGINT)
     hangup = Hangup.current
     try:
