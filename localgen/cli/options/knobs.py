@@ -93,7 +93,13 @@ class Knobs:
         context is not among them (it trims the history here), nor a value from the environment (llama.cpp's
         LLAMA_ARG_* variables, exported for local loads, are no request to the server)."""
         return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
-                if n in LOAD_KNOBS and n != "ctx" and self.typed(n) and self.values[n] not in (None, False, [], ())]
+                if n in LOAD_KNOBS and n != "ctx" and self.typed(n) and _set(self.values[n])]
+
+
+def _set(value: Any) -> bool:
+    """Whether a typed load setting asks for something: not None, False or an empty list (0 does: `-ngl 0`, equal to
+    False, was dropped unsaid with --endpoint)."""
+    return value is not None and value is not False and not (isinstance(value, (list, tuple)) and not value)
 
 
 @dataclass(frozen=True)

@@ -415,7 +415,12 @@ def stream(report: ReportOptions, backend: Backend, request: GenerationRequest, 
     answer = answer_stream(None, template_of(backend), request.template_args, split_reasoning=not request.raw)
     # a SIGTERM or SIGHUP stops the answer as Ctrl-C does, so it is logged as far as it came; the process then ends
     # by that signal, the terminal's echo put back first
-    with term_as_interrupt(), EchoOff(sys.stdout) as terminal:  # EchoOff: to the end of the "interrupted" line
+    from localgen.native.lib import last_words
+
+    # EchoOff: to the end of the "interrupted" line; llama.cpp aborting the process (an RPC server gone) ends the
+    # answer's line and puts the echo back before its error line (which was glued to the answer)
+    with term_as_interrupt(), EchoOff(sys.stdout) as terminal, last_words(terminal.restore), \
+            last_words(writer.end):
         try:
             for chunk in gen:
                 if not writer.show(answer.feed(chunk.text)):  # the reader went away (`| head -1`): stop quietly
