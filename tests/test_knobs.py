@@ -236,6 +236,30 @@ def test_gguf_summaries_skip_long_arrays_and_are_cached(smollm2_path: Path, home
     assert list((home / "cache" / "gguf-summaries").glob("*.json"))
 
 
+@pytest.mark.parametrize("edit", [{"context_length": "x"}, {"file_size": "big"}, {"n_params": [1]},
+                                  {"add_bos": 1}, {"architecture": None}, {"extra": 1}, {"metadata": []}])
+def test_a_remembered_summary_of_the_wrong_shape_is_read_again(smollm2_path: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              edit: dict[str, Any]) -> None:
+    """A summary in the cache whose fields have the wrong types (edited by hand, another version's) was handed on:
+    a TypeError traceback in list, show and run, and fit called the model file corrupt. It is read again."""
+    import json
+
+    from localgen.models import gguf_meta
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
+    fresh = gguf_meta.read_summary(str(smollm2_path))
+    edited = 0
+    for path in (tmp_path / "cache" / "gguf-summaries").glob("*.json"):
+        doc = json.loads(path.read_text())
+        if "architecture" in doc["summary"]:
+            doc["summary"].update(edit)
+            path.write_text(json.dumps(doc))
+            edited += 1
+    assert edited == 1
+    assert gguf_meta.read_summary(str(smollm2_path)) == fresh
+
+
 def test_show_hashes_only_on_request(cli: CLI, smollm2_path: Path, tmp_path: Path) -> None:
     import hashlib
     import shutil

@@ -11,6 +11,7 @@ of every token and score before it returns, and trusts the counts it reads: a co
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import struct
@@ -454,7 +455,6 @@ TABLE_FORMAT = 1
 def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> GGUFSummary:
     """summarize(), remembered per file (path, size, mtime) in the cache dir: every `run`, `show` and `list`
     reads each model's header once (and its tensor table with it: read_table)."""
-    import dataclasses
     import platform
     import re
 
@@ -473,11 +473,8 @@ def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> 
         except OSError:
             stamp.append(None)
     doc = _cached(stamp)
-    if doc is not None:
-        try:
-            return GGUFSummary(**doc)
-        except TypeError:
-            pass
+    if isinstance(doc, dict) and _summary_shaped(doc):
+        return GGUFSummary(**doc)
     header = read_gguf(path)
     parts: list[Any] = []
     summary = summarize(path, check_data=check_data, header=header, parts_read=parts)
@@ -485,6 +482,31 @@ def read_summary(path: str, check_data: bool = True, use_cache: bool = True) -> 
     for part, part_st, tensors, offset in [(path, st, header[1], header[2]), *parts]:  # for the plan's layout()
         _remember(_table_stamp(part, part_st), {"tensors": tensors, "data_offset": offset})
     return summary
+
+
+_KINDS = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,), "dict[str, Any]": (dict,)}
+
+
+def _summary_shaped(doc: dict[str, Any]) -> bool:
+    """Whether a remembered summary has GGUFSummary's fields, each of its type: one that does not (edited by hand,
+    or written by another version in the same format) is read from the file again, never handed on (it was a
+    TypeError traceback in list and show, and a file called corrupt by fit)."""
+    fields = {f.name: f for f in dataclasses.fields(GGUFSummary)}
+    if not doc.keys() <= fields.keys():
+        return False
+    for name, f in fields.items():
+        if name not in doc:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                return False
+            continue
+        value = doc[name]
+        kinds = str(f.type).split(" | ")
+        if value is None and "None" in kinds:
+            continue
+        allowed = tuple(t for k in kinds if k != "None" for t in _KINDS.get(k, ()))
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            return False
+    return True
 
 
 def read_table(path: str) -> list[tuple[str, list[int], int, int]]:
