@@ -1381,3 +1381,24 @@ def test_an_absurd_retry_after_never_hangs_a_download(hub: hub_server.FakeHub, t
                         RemoteFile("README.md", readme.size, readme.sha256), progress, download.HUB)
     assert blob.read_bytes() == b"# readme\n" and slept == waits, (slept, notes)
     assert len(notes) == 1 and ("asked to wait" in notes[0]) == (waits == [60.0]), notes
+
+
+def test_rm_removes_a_hub_pulls_unfinished_download(env: dict[str, str], hub: hub_server.FakeHub,
+                                                     model_file: hub_server.HubFile) -> None:
+    """An interrupted pull keeps its bytes to resume (blobs/SHA.incomplete), and nothing removed them: rm said the
+    model was not in the cache, and a given-up 40 GB download had to be found by hand (ollama: and oci: pulls' rm
+    removes theirs). `rm OWNER/REPO` removes them; with a tag, rm points there (offline, which file a partial was
+    is not known)."""
+    blobs = Path(env["HF_HUB_CACHE"]) / ("models--" + REPO.replace("/", "--")) / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    partial = blobs / f"{model_file.sha256}.incomplete"
+    partial.write_bytes(b"\0" * 3000)
+    r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
+    assert r.returncode == 1 and partial.exists(), r.stderr
+    assert r.stderr == (f"localgen: error: {REPO}:Q4_1 is not in the cache (1 unfinished download(s) of {REPO} take "
+                        f"3 KiB: `localgen rm {REPO}` removes them)\n"), r.stderr
+    r = lg(env, "rm", REPO, "--yes")
+    assert r.returncode == 0 and not partial.exists(), r.stderr
+    assert r.stdout == f"removed the unfinished download(s) of {REPO}, freed 3 KiB\n", r.stdout
+    r = lg(env, "rm", REPO, "--yes")
+    assert r.returncode == 1 and "is not in the cache" in r.stderr

@@ -314,6 +314,8 @@ def rm(
     going = store.removal(files)
     if not files:
         going = store.orphan_projectors(t.spec.repo) if not quant and not t.spec.filename else []
+        if not going and _rm_unfinished(t.spec.repo, t.display, not quant and not t.spec.filename, yes):
+            return
         if not going:
             raise LocalgenError(f"{t.display} is not in the cache", hint="localgen list shows what is")
     total = sum(p.stat().st_size for p in going if p.exists())
@@ -326,6 +328,45 @@ def rm(
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
     print(f"removed {len(links)} file(s), freed {format_amount(freed)}{kept}")
+
+
+def _rm_unfinished(repo: str, shown: str, whole_repo: bool, yes: bool) -> bool:
+    """rm of a Hub repo nothing of which is whole in the cache: the downloads a pull left unfinished (an interrupted
+    pull keeps its bytes to resume) go, those no pull is writing now; True when it removed them. Which file each
+    was is not known offline: a name with a tag is pointed at the repo's. A download another pull writes stays."""
+    from filelock import FileLock, Timeout
+
+    from localgen.models import hfcache
+
+    blobs = hfcache.repo_dir(repo) / "blobs"
+    partials = sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []
+    if not partials:
+        return False
+    total = sum(p.stat().st_size for p in partials if p.is_file())
+    if not whole_repo:
+        raise LocalgenError(f"{shown} is not in the cache", hint=f"{len(partials)} unfinished download(s) of {repo} "
+                            f"take {format_bytes(total)}: `localgen rm {repo}` removes them")
+    _confirm(f"the unfinished download(s) of {repo}", total, yes)
+    freed = 0
+    busy = 0
+    for partial in partials:
+        lock = FileLock(str(hfcache.lock_path(repo, partial.name.removesuffix(".incomplete"))))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:  # a pull writes it now
+            busy += 1
+            continue
+        try:
+            size = partial.stat().st_size
+            partial.unlink()
+            freed += size
+        except OSError:
+            busy += 1
+        finally:
+            lock.release()
+    left = f" ({busy} another pull is writing stayed)" if busy else ""
+    print(f"removed the unfinished download(s) of {repo}, freed {format_amount(freed)}{left}")
+    return True
 
 
 def _rm_pulled_ollama(given: str, text: str, yes: bool) -> bool:
