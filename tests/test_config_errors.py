@@ -442,6 +442,22 @@ def test_a_preset_file_that_is_no_regular_file_or_too_large_is_named_never_opene
     assert r.returncode == 1 and _lines(r) == [f"localgen: error: cannot read the preset {path}: {said}"]
 
 
+def test_rm_of_a_preset_that_is_a_folder_removes_an_empty_one_and_keeps_one_with_files(own: CLI) -> None:
+    """models.md: anything in the presets folder that is not a regular file is left out of `list`, and `rm` removes
+    it. A folder was "cannot use PATH: Is a directory"; an empty one goes, one holding files stays, said so."""
+    presets = Path(own.env["LOCALGEN_HOME"]) / "data" / "presets"
+    (presets / "empty.json").mkdir(parents=True)
+    (presets / "full.json").mkdir()
+    (presets / "full.json" / "notes.txt").write_text("mine\n")
+    r = own("rm", "empty", "--yes")
+    assert r.returncode == 0 and r.stdout == "removed the preset empty\n" and not (presets / "empty.json").exists()
+    r = own("rm", "full", "--yes")
+    assert r.returncode == 1 and _lines(r) == [f"localgen: error: {presets / 'full.json'} is a folder that holds "
+                                               "files, not a preset: it was left as it is (remove it yourself if it "
+                                               "is not needed)"], r.stderr
+    assert (presets / "full.json" / "notes.txt").read_text() == "mine\n"
+
+
 def test_a_context_past_a_modelfiles_bound_and_a_table_beside_models_are_warnings(own: CLI) -> None:
     """configuration.md: an entry's `context` is held to a Modelfile's num_ctx bound (16 to 2147483647: one past it
     was listed by `list --catalogue`), a warning as other bad entries; a top-level table or key other than

@@ -463,6 +463,12 @@ def remove(name: str) -> bool:
             path.unlink()
         except FileNotFoundError:
             continue
+        except IsADirectoryError:  # `list` leaves a folder out; an empty one goes, one holding files is the user's
+            try:
+                path.rmdir()
+            except OSError:
+                raise LocalgenError(f"{path} is a folder that holds files, not a preset: it was left as it is",
+                                    hint="remove it yourself if it is not needed") from None
         removed = True
     return removed
 
