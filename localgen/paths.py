@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 
@@ -144,8 +145,25 @@ def make_dirs(path: Path) -> Path:
         if folder.stat().st_mode & 0o777 != 0o700:  # a umask that takes the owner's bits too
             folder.chmod(0o700)
     if not path.is_dir():
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except (FileExistsError, NotADirectoryError) as e:  # a file in the way: named, where mkdir said "File
+            blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
+            if blocker is None:  # exists" of the folder asked for, or "Not a directory" of it
+                raise
+            raise NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, not a folder", str(path)) from e
     return path
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError's reason in words, without Python's `[Errno N]` and path: where a file is in the way of a folder
+    ("Not a directory"), which file that is."""
+    if e.errno == errno.ENOTDIR and isinstance(e.filename, str):
+        path = Path(e.filename)
+        blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
+        if blocker is not None:
+            return f"{blocker} is a file, not a folder"
+    return e.strerror or str(e)
 
 
 def private_dir(path: Path) -> Path:

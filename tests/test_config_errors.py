@@ -458,6 +458,30 @@ def test_rm_of_a_preset_that_is_a_folder_removes_an_empty_one_and_keeps_one_with
     assert (presets / "full.json" / "notes.txt").read_text() == "mine\n"
 
 
+def test_a_file_where_a_folder_of_localgens_goes_is_named(own: CLI) -> None:
+    """A file where the presets folder (or the config folder) goes: `cp` said the preset `xx.json` itself
+    "file exists", `show` Python's "[Errno 20] Not a directory: '...'", `logs off` "File exists". Each names the
+    file in the way now."""
+    home = Path(own.env["LOCALGEN_HOME"])
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "presets").write_text("")
+    said = f"{home / 'data' / 'presets'} is a file, not a folder"
+    r = own("cp", "smollm2:135m", "xx")
+    assert r.returncode == 1 and _lines(r) == [f"localgen: error: cannot write the preset "
+                                               f"{home / 'data' / 'presets' / 'xx.json'}: {said}"], r.stderr
+    r = own("show", "xx")
+    assert r.returncode == 1 and _lines(r) == [f"localgen: error: cannot read the preset "
+                                               f"{home / 'data' / 'presets' / 'xx.json'}: {said}"], r.stderr
+    (home / "config").rmdir()
+    (home / "config").write_text("")
+    r = own("logs", "off")
+    assert r.returncode == 1 and _lines(r) == [f"localgen: error: {home / 'config'} is a file, not a folder"]
+    r = own("list")
+    assert r.returncode == 0 and _lines(r) == [f"warning: cannot read the model catalogue "
+                                               f"{home / 'config' / 'models.toml'}: {home / 'config'} is a file, not "
+                                               "a folder: its models are not used"], r.stderr
+
+
 def test_a_context_past_a_modelfiles_bound_and_a_table_beside_models_are_warnings(own: CLI) -> None:
     """configuration.md: an entry's `context` is held to a Modelfile's num_ctx bound (16 to 2147483647: one past it
     was listed by `list --catalogue`), a warning as other bad entries; a top-level table or key other than

@@ -396,7 +396,8 @@ def test_a_prefix_folder_that_cannot_be_made_is_one_warning_and_serve_answers(cl
         assert s.stop() == 0
     log = _log(s)
     said = [line for line in log.splitlines() if "serve-prefixes" in line]
-    assert len(said) == 1 and said[0].startswith("warning: no prompt cache on disk: cannot write"), log
+    assert len(said) == 1 and said[0].startswith("warning: no prompt cache on disk: "), log
+    assert "cache/serve-prefixes is a file, not a folder (--cache-disk 0 says so without trying)" in said[0], log
     assert "no prompt cache on disk ·" in log and "Traceback" not in log, log
 
 

@@ -345,8 +345,8 @@ def describe_os_error(e: OSError) -> str:
     path = e.filename
     if path is None and e.errno == errno.EBADF and _stdout_closed():  # `>&-`: the descriptor was never open
         return "stdout is closed: the output has nowhere to go"
-    if path is None:
-        return reason
+    if path is None or reason.startswith(f"{os.fsdecode(path)} "):  # the reason names it ("X is a file, not a
+        return reason  # folder": paths.make_dirs)
     if e.errno in _WRITE_ERRNOS:
         return f"cannot write {os.fsdecode(path)}: {reason}"
     if e.errno in _USE_ERRNOS:

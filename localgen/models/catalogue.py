@@ -78,7 +78,9 @@ def _read(path: Path, required: bool = False) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise UsageError(f"the model catalogue {path} is not UTF-8 text") from None
     except (OSError, tomllib.TOMLDecodeError, Unreadable) as e:  # Unreadable: a FIFO there is never opened
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)  # not "[Errno 13] ...: 'PATH'"
+        from localgen.paths import os_reason
+
+        why = os_reason(e) if isinstance(e, OSError) else str(e)  # not "[Errno 13] ...: 'PATH'"
         raise UsageError(f"cannot read the model catalogue {path}: {why}") from None
     for key in (str(k) for k in data if k != "models"):  # a typo of [models.NAME] is never ignored in silence
         _say(f"{path}: {_shown(key)} at the top level is ignored (localgen reads only [models.NAME] tables)")

@@ -165,8 +165,12 @@ def find(name: str) -> Preset | None:
             raw = read_regular(path, MAX_FILE, whole=True, what="a preset")
         except FileNotFoundError:
             continue
-        except (OSError, Unreadable) as e:  # Unreadable: a FIFO or a device there is never opened
+        except Unreadable as e:  # a FIFO or a device there is never opened
             raise LocalgenError(f"cannot read the preset {path}: {e}") from None
+        except OSError as e:
+            from localgen.paths import os_reason
+
+            raise LocalgenError(f"cannot read the preset {path}: {os_reason(e)}") from None
         try:
             return _from_json(canonical(name), _document(raw))
         except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
