@@ -1389,16 +1389,26 @@ def test_rm_removes_a_hub_pulls_unfinished_download(env: dict[str, str], hub: hu
     model was not in the cache, and a given-up 40 GB download had to be found by hand (ollama: and oci: pulls' rm
     removes theirs). `rm OWNER/REPO` removes them; with a tag, rm points there (offline, which file a partial was
     is not known)."""
-    blobs = Path(env["HF_HUB_CACHE"]) / ("models--" + REPO.replace("/", "--")) / "blobs"
+    repo = "acme/Part-GGUF"
+    hub.repos[repo] = hub_server.HubRepo(COMMIT, {"part-Q4_1.gguf": model_file})
+    blobs = Path(env["HF_HUB_CACHE"]) / "models--acme--Part-GGUF" / "blobs"
     blobs.mkdir(parents=True, exist_ok=True)
     partial = blobs / f"{model_file.sha256}.incomplete"
     partial.write_bytes(b"\0" * 3000)
-    r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
+    r = lg(env, "rm", f"{repo}:Q4_1", "--yes")
     assert r.returncode == 1 and partial.exists(), r.stderr
-    assert r.stderr == (f"localgen: error: {REPO}:Q4_1 is not in the cache (1 unfinished download(s) of {REPO} take "
-                        f"3 KiB: `localgen rm {REPO}` removes them)\n"), r.stderr
-    r = lg(env, "rm", REPO, "--yes")
+    assert r.stderr == (f"localgen: error: {repo}:Q4_1 is not in the cache (1 unfinished download(s) of {repo} take "
+                        f"3 KiB: `localgen rm {repo}` removes them)\n"), r.stderr
+    r = lg(env, "rm", repo, "--yes")
     assert r.returncode == 0 and not partial.exists(), r.stderr
-    assert r.stdout == f"removed the unfinished download(s) of {REPO}, freed 3 KiB\n", r.stdout
-    r = lg(env, "rm", REPO, "--yes")
+    assert r.stdout == f"removed the unfinished download(s) of {repo}, freed 3 KiB\n", r.stdout
+    r = lg(env, "rm", repo, "--yes")
     assert r.returncode == 1 and "is not in the cache" in r.stderr
+    assert lg(env, "pull", f"{repo}:Q4_1").returncode == 0  # a whole model beside a partial download: a tag names
+    partial.write_bytes(b"\0" * 3000)  # neither, and `rm REPO` (which the hint must not send to: it takes the
+    r = lg(env, "rm", f"{repo}:Q8_0", "--yes")  # model) removes both at once
+    assert r.returncode == 1 and r.stderr == f"localgen: error: {repo}:Q8_0 is not in the cache (localgen list shows " \
+                                             "what is)\n", r.stderr
+    r = lg(env, "rm", repo, "--yes")
+    assert r.returncode == 0 and not partial.exists(), r.stderr
+    assert r.stdout.startswith("removed 1 file(s) and 1 unfinished download(s), freed "), r.stdout

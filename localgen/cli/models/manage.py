@@ -327,28 +327,32 @@ def rm(
     links, blobs = store.remove(files, going)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
-    print(f"removed {len(links)} file(s), freed {format_amount(freed)}{kept}")
+    partials = _partials(t.spec.repo) if not quant and not t.spec.filename else []  # the whole repo: its unfinished
+    unfinished = ""
+    if partials:  # downloads too
+        dropped, busy = _drop_partials(t.spec.repo, partials)
+        freed += dropped
+        unfinished = f" and {len(partials) - busy} unfinished download(s)" if len(partials) > busy else ""
+    print(f"removed {len(links)} file(s){unfinished}, freed {format_amount(freed)}{kept}")
 
 
-def _rm_unfinished(repo: str, shown: str, whole_repo: bool, yes: bool) -> bool:
-    """rm of a Hub repo nothing of which is whole in the cache: the downloads a pull left unfinished (an interrupted
-    pull keeps its bytes to resume) go, those no pull is writing now; True when it removed them. Which file each
-    was is not known offline: a name with a tag is pointed at the repo's. A download another pull writes stays."""
+def _partials(repo: str) -> list[Path]:
+    """The downloads a Hub pull of the repo left unfinished (blobs/SHA.incomplete: an interrupted pull keeps its
+    bytes to resume)."""
+    from localgen.models import hfcache
+
+    blobs = hfcache.repo_dir(repo) / "blobs"
+    return sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []
+
+
+def _drop_partials(repo: str, partials: list[Path]) -> tuple[int, int]:
+    """Remove these unfinished downloads, each under the blob lock a pull writes it under: (bytes freed, how many
+    another pull is writing now, which stay)."""
     from filelock import FileLock, Timeout
 
     from localgen.models import hfcache
 
-    blobs = hfcache.repo_dir(repo) / "blobs"
-    partials = sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []
-    if not partials:
-        return False
-    total = sum(p.stat().st_size for p in partials if p.is_file())
-    if not whole_repo:
-        raise LocalgenError(f"{shown} is not in the cache", hint=f"{len(partials)} unfinished download(s) of {repo} "
-                            f"take {format_bytes(total)}: `localgen rm {repo}` removes them")
-    _confirm(f"the unfinished download(s) of {repo}", total, yes)
-    freed = 0
-    busy = 0
+    freed = busy = 0
     for partial in partials:
         lock = FileLock(str(hfcache.lock_path(repo, partial.name.removesuffix(".incomplete"))))
         try:
@@ -364,6 +368,24 @@ def _rm_unfinished(repo: str, shown: str, whole_repo: bool, yes: bool) -> bool:
             busy += 1
         finally:
             lock.release()
+    return freed, busy
+
+
+def _rm_unfinished(repo: str, shown: str, whole_repo: bool, yes: bool) -> bool:
+    """rm of a Hub repo nothing of which is whole in the cache: the downloads a pull left unfinished go, those no
+    pull is writing now; True when it removed them. Which file each was is not known offline: a name with a tag
+    is pointed at the repo's."""
+    from localgen.models import store
+
+    partials = _partials(repo)
+    if not partials or next(store.cached_files(repo), None) is not None:  # (a whole model: `rm REPO` takes it)
+        return False
+    total = sum(p.stat().st_size for p in partials if p.is_file())
+    if not whole_repo:
+        raise LocalgenError(f"{shown} is not in the cache", hint=f"{len(partials)} unfinished download(s) of {repo} "
+                            f"take {format_bytes(total)}: `localgen rm {repo}` removes them")
+    _confirm(f"the unfinished download(s) of {repo}", total, yes)
+    freed, busy = _drop_partials(repo, partials)
     left = f" ({busy} another pull is writing stayed)" if busy else ""
     print(f"removed the unfinished download(s) of {repo}, freed {format_amount(freed)}{left}")
     return True
