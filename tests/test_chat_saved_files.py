@@ -772,3 +772,23 @@ def test_a_chats_folder_that_cannot_be_read_is_said_not_taken_for_an_empty_one(
         with pytest.raises(LocalgenError) as caught:
             ask()
         assert caught.value.message == f"cannot read the saved conversations in {chats}: Permission denied"
+
+
+def test_a_message_that_begins_with_a_slash_is_written_with_two(scli: CLI) -> None:
+    """A path or a pasted log line could not be sent: every line beginning with / was a command (`unknown command
+    /usr/lib/libfoo.so:`), and `//` did not help. `//` sends the line with one slash, and the unknown command says
+    so; a pasted block whose first line is a word alone is one error line (it was split over two)."""
+    r = scli("chat", "slashes", *N, input="//usr/lib/libfoo.so: what is this?\n")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((_chats(scli) / "slashes.json").read_text())
+    assert saved["messages"][0]["content"] == "/usr/lib/libfoo.so: what is this?"
+    r = scli("chat", *N, input="/usr/lib/libfoo.so: what is this?\n")
+    assert r.returncode == 2 and r.stderr == ("localgen: error: unknown command /usr/lib/libfoo.so:; /help lists them "
+                                              "(a message that begins with / is written //: `//usr/lib` sends "
+                                              "/usr/lib)\n"), r.stderr
+    from localgen.cli.chat.slash import run_command
+    from localgen.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        run_command("/undo\nsome more text", None, None)
+    assert e.value.message == "a command is one line: /undo was followed by more lines"

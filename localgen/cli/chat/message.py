@@ -67,6 +67,8 @@ def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Cal
     media: list[Any] = []
     held = len(runner.session.messages)  # a Ctrl-C just after start() added the message takes it back too
     try:
+        if command_ok and text.startswith("//"):  # a message that begins with /, written // (a path, a log line)
+            text, command_ok = text[1:], False
         if command_ok and attach_dropped(text, runner, view):  # before commands: a path starts with /; a """ block
             # is sent as it is
             return True

@@ -19,9 +19,13 @@ Handler = Callable[[Any, Any, str], bool | None]
 def run_command(text: str, runner: Any, view: Any) -> bool:
     """Dispatch one `/command args` line."""
     cmd, _, arg = text.strip().partition(" ")
+    slashes = "a message that begins with / is written //: `//usr/lib` sends /usr/lib"
+    if "\n" in cmd:  # a paste of lines whose first is a word alone (its newline split the error over two lines)
+        raise UsageError(f"a command is one line: {cmd.partition(chr(10))[0]} was followed by more lines",
+                         hint=slashes)
     handler = COMMANDS.get(cmd)
     if handler is None:
-        raise UsageError(f"unknown command {cmd}; /help lists them")
+        raise UsageError(f"unknown command {cmd}; /help lists them", hint=slashes)
     if arg.strip() and cmd in NO_ARGUMENT:  # `/retry 3` is not three retries, nor `/clear now` a question
         raise UsageError(f"{cmd} takes no argument: {arg.strip()!r} was not understood",
                          hint="/help lists the commands")
