@@ -55,7 +55,7 @@ def checked_url(url: str, where: str, example: str) -> SplitResult:
     if port == 0:
         raise UsageError(f"{where} {bare}: the port must be 1 to 65535")
     shown = url_shown(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme not in ("http", "https"):
         raise UsageError(f"{where} needs an http:// or https:// URL, not {shown!r}")
     if fault := host_fault(parts.hostname or ""):
         raise UsageError(f"{where}: {shown!r} has {fault}", hint=f"e.g. {example}")

@@ -93,6 +93,7 @@ def test_a_malformed_config_file_is_one_usage_error(tmp_path: Path, doc: object,
     ("http://h:0/mcp", "--mcp http://h:0/mcp: the port must be 1 to 65535"),
     ("http://:0/mcp", "--mcp http://:0/mcp: the port must be 1 to 65535"),
     ("http://a..b/mcp", "--mcp: 'http://a..b/mcp' has a host name with an empty label"),
+    ("http:///mcp", "--mcp: 'http:///mcp' has no valid host name"),  # it said "needs an http:// or https:// URL"
     ("http://u:secret@[::1/mcp", "--mcp: 'http://***@[::1/mcp' is not a valid URL"),
 ])
 def test_an_mcp_url_that_cannot_be_one_is_a_usage_error(cli_in_process: InProcessCLI, tmp_path: Path, url: str,

@@ -1043,7 +1043,8 @@ def test_a_real_full_disk_stops_the_pull_keeps_what_arrived_and_the_next_pull_re
     assert f"{other_file.sha256}  " in out and f"{model_file.sha256}  " in out, out
 
 
-@pytest.mark.parametrize("bad", ["notaurl", "ftp://mirror.example", "http://", "http://[::1", "http://h:port"])
+@pytest.mark.parametrize("bad", ["notaurl", "ftp://mirror.example", "http://", "http://[::1", "http://h:port",
+                                 "http://a..b", "http://127.0.0.1:0"])  # a traceback; "connection refused"
 @pytest.mark.parametrize("args", [["pull", REPO], ["pull", REPO, "--list"], ["run", "-m", REPO, "-p", "hi"]])
 def test_an_hf_endpoint_that_is_no_url_is_one_usage_line(env: dict[str, str], hub: hub_server.FakeHub, bad: str,
                                                          args: list[str]) -> None:

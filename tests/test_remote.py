@@ -229,6 +229,7 @@ def test_bad_answers_and_addresses_are_one_line_errors(cli: CLI, fake: FakeServe
         (("-ngl", "0"), "--gpu-layers cannot be used"),  # 0, equal to False, was dropped unsaid
         (("-mg", "0"), "--main-gpu cannot be used"),
         (("--n-cpu-moe", "0"), "--n-cpu-moe cannot be used"),
+        (("--no-repack",), "--no-repack cannot be used"),  # False, as 0: dropped unsaid
         (("--api-key-env", "LOCALGEN_TEST_UNSET"), "LOCALGEN_TEST_UNSET is not set"),
     ]:
         r = _run(cli, fake, "plain", *args)

@@ -246,20 +246,22 @@ def test_run_s_attachments_go_in_the_order_given(cli_in_process: InProcessCLI, t
     assert "in the order the command line gives them, whatever their flags" in words
 
 
-def test_llama_cpp_aborting_mid_answer_ends_the_answers_line_before_its_error(cli_env: dict[str, str]) -> None:
+@pytest.mark.parametrize("args", [["run", "-p", "Tell me a story."], ["chat", "-n", "8"]], ids=["run", "chat"])
+def test_llama_cpp_aborting_mid_answer_ends_the_answers_line_before_its_error(cli_env: dict[str, str],
+                                                                               args: list[str]) -> None:
     """rpc.md: an RPC server gone mid-answer is one error line. llama.cpp's abort ends the process from inside the
     decode: the error was glued to the answer (`...there was a dragonlocalgen: error: ...`), the answer's line never
-    ended. The abort comes here after the answer's first piece, as a server gone would end the next decode."""
-    script = ("from localgen.cli import output\nfrom localgen.native.lib import libggml\n"
-              "real = output.TextWriter.write\n"
-              "def write(self, text):\n    ok = real(self, text)\n"
-              "    if self.wrote and self.wrote != '\\n':\n"
-              "        libggml().ggml_abort(b'ggml-rpc.cpp', 1, b'Remote RPC server crashed')\n"
-              "    return ok\n"
-              "output.TextWriter.write = write\nfrom localgen.cli.main import main\n"
-              "main(['run', '-p', 'Tell me a story.', '-n', '8', '--temperature', '0'])\n")
+    ended. The abort comes here at the answer's second piece, as a server gone would end the next decode."""
+    script = ("from localgen.engine import generate\nfrom localgen.native.lib import libggml\n"
+              "real = generate.Generation.__iter__\n"
+              "def pieces(self):\n    for i, chunk in enumerate(real(self)):\n"
+              "        if i == 1:\n"
+              "            libggml().ggml_abort(b'ggml-rpc.cpp', 1, b'Remote RPC server crashed')\n"
+              "        yield chunk\n"
+              "generate.Generation.__iter__ = pieces\nfrom localgen.cli.main import main\n"
+              f"main({[*args, '-n', '8', '--temperature', '0']!r})\n")
     r = subprocess.run([sys.executable, "-c", script], env=cli_env, cwd=ROOT, capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=SAFETY_NET_S)
-    assert r.returncode == 1 and r.stdout and r.stdout.endswith("\n") and r.stdout.count("\n") == 1, r.stdout
+                       input="Tell me a story.\n", timeout=SAFETY_NET_S)
+    assert r.returncode == 1 and r.stdout.strip() and r.stdout.endswith("\n"), r.stdout
     assert r.stderr == ("localgen: error: llama.cpp stopped: Remote RPC server crashed (an RPC server went away or "
                         "failed: a generation cannot go on without it; run again)\n"), r.stderr

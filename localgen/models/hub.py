@@ -39,10 +39,13 @@ def endpoint() -> str:
     """HF_ENDPOINT, read now (huggingface_hub reads it once, at import); empty or unset: the Hub itself. A value
     that is no http(s) URL is a usage error here, before any request (not a network error, nor a traceback)."""
     value = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+    from localgen.hostnames import host_fault
+
     try:
         parts = urlsplit(value)
-        parts.port  # noqa: B018 (a port that is not a number raises here)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        # a port that is not a number raises; 0, or a host that cannot be looked up (`a..b`: a UnicodeError
+        # traceback from the resolver), are no mirror either
+        ok = parts.scheme in ("http", "https") and parts.port != 0 and not host_fault(parts.hostname or "")
     except ValueError:
         ok = False
     if not ok:

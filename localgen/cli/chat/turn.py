@@ -90,7 +90,9 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
     runner.stopping = False  # before Ctrl-C is ours: a press from now on stops this turn, even before it begins
     if Hangup.current is not None and Hangup.current.signum:  # a SIGTERM while the turn was prepared: it stops too
         runner.stop()
-    with _cancel_on_sigint(runner, screen.drop_typed) as presses:
+    from localgen.native.lib import last_words
+
+    with _cancel_on_sigint(runner, screen.drop_typed) as presses, last_words(screen.aborted):
         try:
             screen.hold()
             try:
@@ -320,6 +322,16 @@ class _Screen:
         self.out.show(event)
         if isinstance(event, Piece) and event.kind == "content" and event.text:
             self.answered = True
+
+    def aborted(self) -> None:
+        """llama.cpp ends the process (an RPC server gone mid-answer): the echo comes back and the answer's line
+        ends before its error line (which was glued to the answer, the terminal left without echo)."""
+        if self.echo is not None:
+            self.echo.restore()
+        if self.out is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.write("\n")
+                sys.stdout.flush()
 
     def drop_typed(self) -> None:
         """Ctrl-C: the keys typed before it go, as a terminal drops them (cli/echo.py keeps what was written)."""

@@ -92,14 +92,20 @@ class Knobs:
         """The load settings typed, which a remote endpoint cannot honour (the model loads on the server); the
         context is not among them (it trims the history here), nor a value from the environment (llama.cpp's
         LLAMA_ARG_* variables, exported for local loads, are no request to the server)."""
-        return [LOAD_KNOBS[n].flags[0].split("/")[0] for n in self.values
+        return [_typed_as(LOAD_KNOBS[n].flags[0], self.values[n]) for n in self.values
                 if n in LOAD_KNOBS and n != "ctx" and self.typed(n) and _set(self.values[n])]
 
 
+def _typed_as(flag: str, value: Any) -> str:
+    """A switch's flag as its value says it was typed: `--no-repack` for False of `--repack/--no-repack`."""
+    on, _, off = flag.partition("/")
+    return off if value is False and off.startswith("--no-") else on
+
+
 def _set(value: Any) -> bool:
-    """Whether a typed load setting asks for something: not None, False or an empty list (0 does: `-ngl 0`, equal to
-    False, was dropped unsaid with --endpoint)."""
-    return value is not None and value is not False and not (isinstance(value, (list, tuple)) and not value)
+    """Whether a typed load setting asks for something: not None or an empty list. 0 and False do (`-ngl 0`, equal to
+    False, and `--no-repack` were dropped unsaid with --endpoint)."""
+    return value is not None and not (isinstance(value, (list, tuple)) and not value)
 
 
 @dataclass(frozen=True)

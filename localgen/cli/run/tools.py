@@ -45,7 +45,12 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
     t0 = time.perf_counter()
     turn = Turn()
     # a SIGTERM or SIGHUP stops the turn as Ctrl-C does (logged as far as it came), then ends the process by it
-    with term_as_interrupt(), EchoOff(sys.stdout) as terminal:  # EchoOff: to the end of the "interrupted" line
+    from localgen.native.lib import last_words
+
+    # EchoOff: to the end of the "interrupted" line; llama.cpp aborting (an RPC server gone) ends the answer's line
+    # and puts the echo back before its error line, as run's stream does
+    with term_as_interrupt(), EchoOff(sys.stdout) as terminal, last_words(terminal.restore), \
+            last_words(writer.end):
         try:
             run_turn(backend, request, plan_for(template, toolbox), toolbox, lambda call: True, show,
                      tools.tool_steps, tools.tool_timeout, template, first=first_plan(tools, template, toolbox),
