@@ -113,6 +113,12 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
     assert "smollm2:135m" in [m.id for m in codex.models.list()]
     with pytest.raises(openai.NotFoundError):
         codex.chat.completions.create(model="smollm2:135m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    import ollama  # given the OpenAI base URL: its 404 said only "Invalid URL (POST /v1/api/chat)"
+
+    with pytest.raises(ollama.ResponseError) as found3:
+        ollama.Client(host=f"{server.url}/v1", headers={"Authorization": f"Bearer {KEY}"}).chat(
+            model="smollm2:135m", messages=[{"role": "user", "content": "Hi"}])
+    assert "did you mean /api/chat? (an Ollama client's host has no /v1" in str(found3.value), found3.value
     r = httpx.post(f"{server.url}/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nothing)", r.text
 

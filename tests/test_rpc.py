@@ -80,6 +80,10 @@ def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
     r = cli("run", "-p", "hi", "--rpc", f"127.0.0.1:{port}", "--verbose")
     assert r.returncode == 1 and f"cannot reach the RPC server 127.0.0.1:{port}" in r.stderr
     assert "load_tensors" not in r.stderr, "nothing was loaded"
+    assert "(start it with `localgen rpc-server` on that machine)" in r.stderr
+    r = cli("run", "-p", "hi", "--rpc", "nosuchhost.invalid:50052")  # a name not found: no server to start there
+    assert r.returncode == 1 and "cannot reach the RPC server nosuchhost.invalid:50052" in r.stderr, r.stderr
+    assert r.stderr.endswith("(check the host name: nosuchhost.invalid is not found)\n"), r.stderr
 
 
 def test_a_port_that_accepts_and_never_answers_says_so_before_load(cli: CLI) -> None:

@@ -162,8 +162,10 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     try:
         s = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except OSError as e:
+        found = not isinstance(e, socket.gaierror)  # a name that is not found: no server to start there
         raise LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
-                            hint="start it with `localgen rpc-server` on that machine") from None
+                            hint="start it with `localgen rpc-server` on that machine" if found else
+                            f"check the host name: {host} is not found") from None
     step = "the greeting"
     try:
         with s:

@@ -384,7 +384,8 @@ def _status_error(endpoint: Endpoint, r: Any, body: str, model: str) -> RemoteEr
         return RemoteError(f"{where} refused the request ({status}): {message}", hint=hint, down=True)
     if status == 404:
         return RemoteError(f"{where} has no model {model!r} or no such route (404): {message}",
-                           hint="see its models with: curl URL/models", down=True)
+                           hint=f"see its models with: curl {endpoint.url}/models"
+                                + (" and its key in an Authorization header" if endpoint.key else ""), down=True)
     if status in (429, 503):
         return RemoteError(f"{where} is busy ({status}) after {RETRIES + 1} tries: {message}", down=status == 503)
     if status >= 500:

@@ -399,6 +399,11 @@ class Drain:
 def _meant(path: str, routes: list[Any]) -> str:
     """For a path that is a route but for its /v1 (a client's base URL given with /v1 where it adds it itself,
     as Anthropic's clients do, or without it where it does not, as OpenAI's): which route it meant, and why."""
+    if path.startswith("/v1/api/"):  # an Ollama client given the OpenAI base URL
+        alt = path[3:]
+        if alt in {getattr(r, "path", None) for r in routes}:
+            return f": did you mean {alt}? (an Ollama client's host has no /v1: http://HOST:PORT)"
+        return ""
     alt = path[3:] if path.startswith("/v1/v1/") else "" if path.startswith("/v1/") else "/v1" + path
     if not alt or alt not in {getattr(r, "path", None) for r in routes}:
         return ""
