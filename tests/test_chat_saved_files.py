@@ -792,3 +792,15 @@ def test_a_message_that_begins_with_a_slash_is_written_with_two(scli: CLI) -> No
     with pytest.raises(UsageError) as e:
         run_command("/undo\nsome more text", None, None)
     assert e.value.message == "a command is one line: /undo was followed by more lines"
+
+
+def test_tools_says_so_when_every_tool_has_gone() -> None:
+    """/tools printed nothing at all once the only MCP server had gone (its tools withdrawn)."""
+    from types import SimpleNamespace
+
+    from localgen.cli.chat.slash import run_command
+
+    said: list[str] = []
+    view = SimpleNamespace(info=said.append, yes=False, always=set())
+    run_command("/tools", SimpleNamespace(toolbox=SimpleNamespace(specs=[])), view)
+    assert said == ["no tools are offered now: the MCP servers that gave them have gone"]
