@@ -1228,3 +1228,16 @@ def test_a_refused_load_leaves_the_chat_with_the_conversation_it_had(cli_env: di
     assert held.read_bytes() == before
     saved = json.loads((chats / "refused-load.json").read_text())
     assert saved["messages"][0]["content"] == "Hello." and len(saved["messages"]) == 2, saved
+
+
+def test_ctrl_z_at_the_prompt_puts_no_control_character_in_the_message(cli_env: dict[str, str], home: Path) -> None:
+    """Ctrl-Z at the prompt put a raw 0x1A into the line, sent to the model and saved; it suspends the chat now, as
+    during an answer (here, a process group with no shell above it, the terminal's stop is ignored: the line goes
+    on without the character)."""
+    child = spawn(cli_env, "ctrl-z", "-n", "2", "--temp", "0")
+    child.send("ab")
+    child.sendcontrol("z")
+    send(child, "cd", r"tok/s")
+    leaves(child)
+    saved = json.loads((home / "data" / "chats" / "ctrl-z.json").read_text())
+    assert saved["messages"][0]["content"] == "abcd", saved["messages"][0]

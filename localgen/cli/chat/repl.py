@@ -135,6 +135,7 @@ class LineInput:
         self.session: Any = PromptSession(
             history=_history(FileHistory, history), completer=completer, key_bindings=kb, multiline=True,
             enable_open_in_editor=True, complete_while_typing=False,
+            enable_suspend=True,  # Ctrl-Z suspends, as during an answer (it put a raw 0x1A into the message)
             prompt_continuation=lambda width, line_number, is_soft_wrap: "... ".rjust(width),
         )
         self._previous: list[Any] = []  # the SIGINT handler read() replaced, until give_press or release puts it back
