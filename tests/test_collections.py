@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -289,24 +290,35 @@ def test_an_interrupted_replace_run_removes_nothing(hcli: CLI, tmp_path: Path) -
     assert _held(hcli, "notes") == before
 
 
+def _long_store(hcli: CLI, tmp_path: Path, name: str) -> tuple[Path, Any]:
+    """128 texts of some 30 tokens (seconds a step of 64 on one thread), and `embed --store NAME` of them started
+    on a terminal."""
+    from tests import terminal
+
+    texts = tmp_path / "long.jsonl"
+    texts.write_text("".join(json.dumps({"id": f"t{i}", "text": f"note {i}: " + "a longer line of text " * 6})
+                             + "\n" for i in range(128)))
+    return texts, terminal.spawn(hcli.env, ["embed", "--store", name, "--file", str(texts)], timeout=SAFETY_NET_S)
+
+
+def _pressed_at(child: Any, shown: str) -> str:
+    """Ctrl-C once `shown` is on the terminal: what it said then, to its end (its exit status in the child)."""
+    import pexpect
+
+    child.expect_exact(shown)
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    return " ".join(str(child.before).split())
+
+
 def test_ctrl_c_keeps_what_was_embedded_and_the_same_command_embeds_the_rest(hcli: CLI, tmp_path: Path) -> None:
     """On a terminal a long --store run says how far it is; Ctrl-C stores what was embedded (whole steps of 64
     texts), says so, and exits 130; the same command again embeds only the rest."""
     import re
 
-    import pexpect
-
-    from tests import terminal
-
-    texts = tmp_path / "long.jsonl"  # SmolLM2, some 30 tokens a text: seconds a step of 64 on one thread
-    texts.write_text("".join(json.dumps({"id": f"t{i}", "text": f"note {i}: " + "a longer line of text " * 6})
-                             + "\n" for i in range(128)))
-    child = terminal.spawn(hcli.env, ["embed", "--store", "big", "--file", str(texts)], timeout=SAFETY_NET_S)
-    child.expect_exact("embedding: 64 of 128")  # the second step under way
-    child.sendintr()
-    child.expect(pexpect.EOF)
-    child.close()
-    said = " ".join(str(child.before).split())
+    texts, child = _long_store(hcli, tmp_path, "big")
+    said = _pressed_at(child, "embedding: 64 of 128")  # the second step under way
     assert child.exitstatus == 130, said
     kept = re.search(r"big: ([\d,]+) of 128 embedded and stored before Ctrl-C; the same command again embeds the "
                      r"rest", said)
@@ -318,6 +330,16 @@ def test_ctrl_c_keeps_what_was_embedded_and_the_same_command_embeds_the_rest(hcl
     assert len(_held(hcli, "big")) == 128
 
 
+def test_ctrl_c_before_the_first_step_ends_says_nothing_was_stored(hcli: CLI, tmp_path: Path) -> None:
+    """A first step takes a minute on a slow machine: nothing showed until it ended, and Ctrl-C then said only
+    `interrupted`. How far it is shows from the start (0 of N), and such a Ctrl-C says nothing was stored."""
+    _, child = _long_store(hcli, tmp_path, "early")
+    said = _pressed_at(child, "embedding: 0 of 128")  # the first step under way
+    assert child.exitstatus == 130 and "interrupted" in said, said
+    assert "early: 0 of 128 embedded before the first step ended: nothing was stored (the collection is as it was)" \
+        in said, said
+
+
 def test_a_kill_keeps_what_was_embedded_and_ends_by_the_signal(hcli: CLI, tmp_path: Path) -> None:
     """A SIGTERM (`timeout`, a kill) during a long --store run stores what was embedded, as Ctrl-C does, says so,
     and the process then ends by that signal (it lost every text embedded)."""
@@ -325,12 +347,8 @@ def test_a_kill_keeps_what_was_embedded_and_ends_by_the_signal(hcli: CLI, tmp_pa
 
     import pexpect
 
-    from tests import terminal
 
-    texts = tmp_path / "long.jsonl"
-    texts.write_text("".join(json.dumps({"id": f"t{i}", "text": f"note {i}: " + "a longer line of text " * 6})
-                             + "\n" for i in range(128)))
-    child = terminal.spawn(hcli.env, ["embed", "--store", "big", "--file", str(texts)], timeout=SAFETY_NET_S)
+    _, child = _long_store(hcli, tmp_path, "big")
     child.expect_exact("embedding: 64 of 128")  # the second step under way
     child.kill(signal.SIGTERM)
     child.expect(pexpect.EOF)

@@ -349,6 +349,11 @@ def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[st
         try:
             _embed_steps(backend, [t for _, t in todo], f, vectors, emit)
         except KeyboardInterrupt:
+            if f.store and not vectors and not f.replace:  # before a step was whole: said, not a bare "interrupted"
+                from localgen.cli.output import ErrWriter
+
+                ErrWriter().line(f"{f.store}: 0 of {len(todo):,} embedded before the first step ended: nothing was "
+                                 "stored (the collection is as it was)")
             if not (f.store and vectors) or f.replace:  # --replace: the collection as it was, or as asked
                 raise
             interrupted = True  # what was embedded is stored below, then the interrupt goes on
@@ -495,6 +500,9 @@ def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any],
     # (not where the printed lines go to the same terminal: they would run into it)
     show = err is not None and err.isatty() and len(texts) > STEP and (emit is None or not sys.stdout.isatty())
     made = 0
+    if show:  # from the start: a first step takes a minute on a slow machine, which looked like nothing at all
+        err.write(f"\rembedding: 0 of {len(texts):,}")
+        err.flush()
     try:
         for start in range(0, len(texts), STEP):
             got = backend.embed(texts[start:start + STEP], f.pooling, f.normalize, f.dimensions, f.truncate)
