@@ -887,3 +887,18 @@ def test_a_server_that_trickles_and_never_answers_is_given_up_on(cli_in_process:
             cli_in_process.env["LOCALGEN_PORT"] = None
         assert r.returncode == 1 and not r.stdout, r.stderr
         assert f"something other than localgen serve answers at http://127.0.0.1:{port}" in r.stderr, r.stderr
+
+
+def test_a_model_that_cannot_chat_is_refused_before_the_agent_starts(env: dict[str, str], tmp_path: Path) -> None:
+    """agents.md: an agent needs a chat model. An embedding model or a base model without a chat template started a
+    server and the agent, exit 0, and every request of the agent was a 400."""
+    from tests.tiny_bert import build
+
+    bert = build(tmp_path / "bert.gguf")
+    for model, said in ((str(bert), "bert.gguf makes embeddings (or rerank scores), not text, which claude needs"),
+                        ("gemma3:270m", "gemma3:270m has no chat template (it may be a base model), which claude "
+                                        "needs")):
+        r = _launch(env, "claude", "-m", model, "--ctx", CTX)
+        assert r.returncode == 2 and not r.stdout, r.stderr
+        assert r.stderr.startswith(f"localgen: error: {said}") and r.stderr.count("\n") == 1, r.stderr
+        assert "(give -m a chat model whose template renders tools (agents.md))" in r.stderr

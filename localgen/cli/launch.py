@@ -131,7 +131,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
         if reuse:
             endpoint = Endpoint(url, key or "localgen", _model_there(a, url, key, model))
         else:
-            server = ChildServer(_serve_args(model, n_ctx, gpu_layers, offline))
+            server = ChildServer(_serve_args(model, n_ctx, gpu_layers, offline, a.name))
             err.status(f"starting localgen serve {' '.join(server.args)} for {a.name} ...")
             server.start()
             try:
@@ -257,16 +257,25 @@ def _lasting(path: Path) -> Path:
     return full
 
 
-def _serve_args(model: str | None, n_ctx: int | None, gpu_layers: int | None, offline: bool) -> list[str]:
+def _serve_args(model: str | None, n_ctx: int | None, gpu_layers: int | None, offline: bool,
+                agent: str = "the agent") -> list[str]:
     """serve's flags for an agent: the model, a window large enough (capped at the trained context), one slot,
-    never unloaded while the agent thinks."""
-    from localgen.errors import NotDownloadedError
+    never unloaded while the agent thinks. A model that cannot chat (an embedding model, a base model without a
+    chat template) is refused first: the agent would start, and every request of it fail with a 400."""
+    from localgen.errors import NotDownloadedError, no_chat_template
     from localgen.models.resolve import resolve
+    from localgen.serve.model import embeds
 
     try:  # the server would download a missing model where nobody sees its progress
         ref = resolve(model, offline=True, pull_missing=False)
     except NotDownloadedError as e:
         raise LocalgenError(f"{model} is not downloaded", hint=f"localgen pull {e.name} first") from None
+    chat_model = "give -m a chat model whose template renders tools (agents.md)"
+    if embeds(ref):
+        raise UsageError(f"{ref.name} makes embeddings (or rerank scores), not text, which {agent} needs",
+                         hint=chat_model)
+    if not ref.summary.chat_template:
+        raise no_chat_template(ref.name, f"{agent} needs", hint=chat_model)
     trained = ref.summary.context_length
     window = n_ctx if n_ctx is not None else min(AGENT_CTX, trained) if trained else AGENT_CTX
     args = [*(["-m", model] if model else []), "--ctx", str(window), "--parallel", "1", "--keep-alive", "-1"]
