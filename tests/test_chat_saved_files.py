@@ -802,5 +802,7 @@ def test_tools_says_so_when_every_tool_has_gone() -> None:
 
     said: list[str] = []
     view = SimpleNamespace(info=said.append, yes=False, always=set())
-    run_command("/tools", SimpleNamespace(toolbox=SimpleNamespace(specs=[])), view)
-    assert said == ["no tools are offered now: the MCP servers that gave them have gone"]
+    run_command("/tools", SimpleNamespace(toolbox=SimpleNamespace(specs=[], had_tools=True)), view)
+    run_command("/tools", SimpleNamespace(toolbox=SimpleNamespace(specs=[], had_tools=False)), view)
+    assert said == ["no tools are offered now: the MCP servers that gave them have gone",
+                    "no tools are offered: the MCP servers list none"]

@@ -196,15 +196,17 @@ def test_closed_or_full_standard_streams_are_one_line_or_nothing_never_a_traceba
     assert r.returncode == 0 and r.stderr == b"", r.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_chat_stopped_by_a_signal_keeps_the_turn_under_way(user_home: Path, sig: int) -> None:
+@pytest.mark.parametrize(("sig", "lead"), [(signal.SIGTERM, ""), (signal.SIGHUP, ""), (signal.SIGTERM, "//")],
+                         ids=["SIGTERM", "SIGHUP", "SIGTERM-slashes"])
+def test_chat_stopped_by_a_signal_keeps_the_turn_under_way(user_home: Path, sig: int, lead: str) -> None:
     """docs/chat.md: a kill or a closed terminal mid-answer saves the message and the partial answer (both were
-    lost) and ends the chat with 128 + the signal."""
-    name = f"stopped-{sig}"
+    lost) and ends the chat with 128 + the signal. A message written with `//` (one that begins with /) too: it
+    was taken for a command there, and the signal ended the chat at once, the turn unsaved."""
+    name = f"stopped-{sig}-{len(lead)}"
     proc = start(user_home, "chat", name, "-n", "400", "--ignore-eos", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(STORY.encode() + b"\n")
+    proc.stdin.write(lead.encode() + STORY.encode() + b"\n")
     proc.stdin.flush()
     fd = proc.stdout.fileno()
     assert select.select([fd], [], [], SAFETY_NET_S)[0] and os.read(fd, 64), "the answer began"

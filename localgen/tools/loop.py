@@ -56,6 +56,11 @@ class Toolbox:
         self.left_out: list[str] = []  # warnings: the MCP tools not offered (a name a request could not carry)
 
     @property
+    def had_tools(self) -> bool:
+        """Whether the tools' sources offered any at all (an MCP server may list none)."""
+        return bool(self._specs)
+
+    @property
     def specs(self) -> tuple[ToolSpec, ...]:
         """The tools the model may call: all of them but those of an MCP server that stopped."""
         return tuple(s for s in self._specs if not getattr(self._of.get(s.name), "gone", False))

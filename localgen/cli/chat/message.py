@@ -49,6 +49,8 @@ def handle(text: str, runner: Any, view: ChatView, command_ok: bool = True,
     which no stop would end."""
     if not text.strip():
         return True
+    if command_ok and text.startswith("//"):  # a message that begins with /, written // (a path, a log line): a
+        text, command_ok = text[1:], False  # message from here on, answered as one (a SIGTERM saves its turn)
     hangup = Hangup.current
     if hangup is None:
         return _handle(text, runner, view, command_ok, press)
@@ -67,8 +69,6 @@ def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Cal
     media: list[Any] = []
     held = len(runner.session.messages)  # a Ctrl-C just after start() added the message takes it back too
     try:
-        if command_ok and text.startswith("//"):  # a message that begins with /, written // (a path, a log line)
-            text, command_ok = text[1:], False
         if command_ok and attach_dropped(text, runner, view):  # before commands: a path starts with /; a """ block
             # is sent as it is
             return True

@@ -446,8 +446,9 @@ def _tools(runner: Any, view: Any, arg: str) -> None:
     if runner.toolbox is None:
         view.info("no tools: start the chat with --functions FILE.py or --mcp SERVER")
         return
-    if not runner.toolbox.specs:  # each server that gave them has gone (said when it went): it printed nothing
-        view.info("no tools are offered now: the MCP servers that gave them have gone")
+    if not runner.toolbox.specs:  # it printed nothing
+        view.info("no tools are offered now: the MCP servers that gave them have gone" if runner.toolbox.had_tools
+                  else "no tools are offered: the MCP servers list none")
         return
     for spec in runner.toolbox.specs:
         params = ", ".join(spec.parameters.get("properties", {}))
