@@ -166,6 +166,13 @@ def os_reason(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+def os_cause(e: OSError) -> str:
+    """os_reason, begun in lower case as a clause after a colon: only its first letter (a path in it, a file in the
+    way of a folder, keeps its case)."""
+    reason = os_reason(e)
+    return reason[:1].lower() + reason[1:]
+
+
 def private_dir(path: Path) -> Path:
     """`path` as a directory only its owner can enter (0700), made if missing (as make_dirs makes it); chats,
     prompt states and the log hold what people typed and read. One made before this rule is tightened too."""

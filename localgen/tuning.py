@@ -130,7 +130,7 @@ def _load() -> tuple[dict[str, Any], str | None]:
     except FileNotFoundError:
         return _empty(), None
     except OSError as e:
-        return _empty(), f"it cannot be opened ({(e.strerror or str(e)).lower()})"
+        return _empty(), f"it cannot be opened ({paths.os_cause(e)})"
     except regular.Unreadable as e:  # a FIFO there is never opened
         return _empty(), str(e)
     if not raw.strip():  # made empty by a write that failed (a full disk): nothing was kept in it
@@ -226,7 +226,7 @@ def check_writable() -> None:
 
 
 def _cannot_write(e: OSError) -> LocalgenError:
-    return LocalgenError(f"the tuning records {store_path()} cannot be written: {(e.strerror or str(e)).lower()}",
+    return LocalgenError(f"the tuning records {store_path()} cannot be written: {paths.os_cause(e)}",
                          hint="free some space, or set LOCALGEN_HOME to a state dir that can be written")
 
 

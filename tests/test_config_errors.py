@@ -466,6 +466,11 @@ def test_a_file_where_a_folder_of_localgens_goes_is_named(own: CLI) -> None:
     (home / "data").mkdir(parents=True)
     (home / "data" / "presets").write_text("")
     said = f"{home / 'data' / 'presets'} is a file, not a folder"
+    from localgen.paths import os_cause
+
+    mixed = NotADirectoryError(20, "/Users/Alice/Library is a file, not a folder", "x")  # its case kept
+    assert os_cause(mixed) == "/Users/Alice/Library is a file, not a folder"
+    assert os_cause(OSError(28, "No space left on device")) == "no space left on device"
     r = own("cp", "smollm2:135m", "xx")
     assert r.returncode == 1 and _lines(r) == [f"localgen: error: cannot write the preset "
                                                f"{home / 'data' / 'presets' / 'xx.json'}: {said}"], r.stderr

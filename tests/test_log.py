@@ -267,7 +267,7 @@ def test_logs_off_on_a_full_disk_turns_logging_off(lcli: CLI) -> None:
     marker.parent.rmdir()
     marker.parent.write_text("")  # a file where its folder should be: the marker cannot be made
     r = lcli("logs", "off")
-    assert r.returncode == 1 and r.stderr.startswith(f"localgen: error: cannot write {marker.parent}"), r.stderr
+    assert r.returncode == 1 and r.stderr == f"localgen: error: {marker.parent} is a file, not a folder\n", r.stderr
     assert r.stderr.count("\n") == 1 and "logging is on" in lcli("logs", "status").stdout
 
 

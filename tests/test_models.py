@@ -1410,6 +1410,8 @@ def test_rm_removes_a_hub_pulls_unfinished_download(env: dict[str, str], hub: hu
     r = lg(env, "rm", f"{repo}:Q8_0", "--yes")  # model) removes both at once
     assert r.returncode == 1 and r.stderr == f"localgen: error: {repo}:Q8_0 is not in the cache (localgen list shows " \
                                              "what is)\n", r.stderr
+    r = lg(env, "rm", repo)  # what goes is named before: the partial bytes too (it named the model alone)
+    assert r.returncode == 2 and f"{repo}/part-Q4_1.gguf, 1 unfinished download(s) of {repo} (" in r.stderr, r.stderr
     r = lg(env, "rm", repo, "--yes")
     assert r.returncode == 0 and not partial.exists(), r.stderr
     assert r.stdout.startswith("removed 1 file(s) and 1 unfinished download(s), freed "), r.stdout

@@ -197,7 +197,9 @@ def _os_why(e: OSError, folder: Path) -> str:
         return "the file size limit (`ulimit -f`) is reached"
     met = Path(e.filename) if e.filename else folder  # a file in the log's folder, or a folder on the way to it
     where = met if met.is_relative_to(folder) or folder.is_relative_to(met) else folder
-    cause = (e.strerror or "unknown error").lower()
+    from localgen.paths import os_cause
+
+    cause = os_cause(e) if e.strerror else "unknown error"
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return f"its folder cannot be written ({where}: {cause})"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):

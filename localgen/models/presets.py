@@ -282,7 +282,7 @@ def save(p: Preset, replace: bool) -> None:
     try:
         _write(p, replace, path)
     except OSError as e:
-        raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
+        raise LocalgenError(f"cannot write the preset {path}: {paths.os_cause(e)}") from None
 
 
 def check_writable(name: str) -> None:
@@ -294,7 +294,7 @@ def check_writable(name: str) -> None:
         with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent):
             pass
     except OSError as e:
-        raise LocalgenError(f"cannot write the preset {path}: {(e.strerror or str(e)).lower()}") from None
+        raise LocalgenError(f"cannot write the preset {path}: {paths.os_cause(e)}") from None
 
 
 def _write(p: Preset, replace: bool, path: Path) -> None:

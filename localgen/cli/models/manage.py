@@ -322,14 +322,17 @@ def rm(
     _warn_presets_on(name, going)
     shown = [f"{f.repo}/{f.filename}" for f in files]
     shown += [f"{t.spec.repo}/{p.name} (projector)" for p in going if is_mmproj(p.name)]
+    partials = _partials(t.spec.repo) if not quant and not t.spec.filename else []  # the whole repo: its unfinished
+    if partials:  # downloads too, named in the question
+        shown.append(f"{len(partials)} unfinished download(s) of {t.spec.repo}")
+        total += sum(p.stat().st_size for p in partials if p.is_file())
     _confirm(", ".join(shown), total, yes)
     sizes = {(b := store.blob_of(p)): b.stat().st_size for p in going if p.exists()}
     links, blobs = store.remove(files, going)
     freed = sum(sizes.get(b, 0) for b in blobs)
     kept = "" if len(blobs) == len(sizes) else " (data another cached model uses was kept)"
-    partials = _partials(t.spec.repo) if not quant and not t.spec.filename else []  # the whole repo: its unfinished
     unfinished = ""
-    if partials:  # downloads too
+    if partials:
         dropped, busy = _drop_partials(t.spec.repo, partials)
         freed += dropped
         unfinished = f" and {len(partials) - busy} unfinished download(s)" if len(partials) > busy else ""
