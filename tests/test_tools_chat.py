@@ -310,8 +310,8 @@ def test_a_line_typed_during_the_answer_never_answers_a_tool_calls_question(cli_
     from tests.test_chat import spawn
 
     child = spawn(cli_env, "typed-ahead", *CHAT_TOOLS, "--mcp", MCP, "--tool-choice", "add")
-    child.sendline("What is 2 + 3? " + "Think of it slowly. " * 250)  # its reading gives the time to type ahead
-    time.sleep(1.0)
+    child.sendline("What is 2 + 3? " + "Think of it slowly. " * 400)  # its reading gives the time to type ahead
+    time.sleep(2.0)  # the prompt has ended (a loaded machine: 1 s was not always enough), the reading has not
     child.send("y\r")
     child.expect_exact("(what you typed during the answer was dropped: a tool call's question takes only what")
     child.expect_exact("[y]es / [n]o / [a]lways for add:")
