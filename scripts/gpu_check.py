@@ -17,7 +17,8 @@ at 600); the next call goes on where it stopped:
  5. `localgen bench` against llama-bench (dense and MoE), `bench -npl 8,32` against llama-batched-bench, and
     `serve` against llama-server at 8 and 32 clients;
  6. `localgen fit`'s plan beside the real load (where this checkout has `fit`);
- 7. the KV layout (--kv-unified): `bench -npl` in one pool against llama-batched-bench -kvu, and serve with a stream
+ 7. the rest of the suite's model tests on the GPU, time-boxed (suite_slice);
+ 8. the KV layout (--kv-unified): `bench -npl` in one pool against llama-batched-bench -kvu, and serve with a stream
     per slot at 32 clients, each the other layout than its default on a GPU.
 
 `--prebuild TOOLKIT` runs stage 1 here instead, on a machine with a registry and no GPU (scripts/gpu_payload
@@ -29,8 +30,11 @@ tools, and a GPU whose architecture is that one skips its build (minutes of a 15
 stand in, and llama.cpp's tools come from --tools), the models are small and the benchmarks short. Every stage
 is otherwise the same code.
 
+`--tests-file FILE` (a pytest id a line, carried with the first call) runs only those tests once the venv is made:
+a rerun of what failed on the GPU, without the random models or any other stage.
+
 usage: scripts/gpu_check [--cpu | --prebuild TOOLKIT [--arch 90a]] [--payload DIR] [--work DIR] [--tools DIR]
-                         [--report FILE]
+                         [--report FILE] [--only WORDS] [--tests-file FILE]
 """
 
 from __future__ import annotations
@@ -405,6 +409,37 @@ def tests(report: Report, py: Path, env: dict[str, str], name: str, args: list[s
                                                    "--args", *base, "-n", "0", test], 150, env)
 
 
+SLICE = "the rest of the suite's model tests, time-boxed"
+SLICE_SECONDS = 180
+
+
+def suite_slice(report: Report, py: Path, env: dict[str, str], cpu: bool) -> None:
+    """The suite's model tests the GPU layer leaves out (`-m "slow and not gemma and not gpu"`, 2,000 tests: some
+    40 minutes of a 2-core machine), on every core but two, for SLICE_SECONDS: each worker ends after the test it is
+    running once that time is spent (pytest-timeout's --session-timeout), so the run ends with its summary. What
+    ran, passed and failed is the report's line; the log names each test (-v twice: the base is -q)."""
+    env = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    workers = "2" if cpu else str(max(2, (os.cpu_count() or 4) - 2))
+    # the chat page's browser tests need Chromium, which the payload does not carry (their fixture fails without it)
+    browser = subprocess.run([str(py), "-c", "import playwright"], capture_output=True).returncode == 0
+    cmd = [*pytest_base(py), "-rfEs", "-v", "-v", "--session-timeout", str(60 if cpu else SLICE_SECONDS), "-m",
+           "slow and not gemma and not gpu", *([] if browser else ["-k", "not test_webui"]), "-n", workers,
+           "--dist", "loadfile", "tests"]
+    rc, out, took = sh(cmd, SLICE_SECONDS + 120, env)
+    (report.path.parent / "pytest-suite-slice.txt").write_text(out)
+    counts = {word: sum(1 for line in out.splitlines() if f" {word} " in f" {line} " and "::" in line)
+              for word in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+    summary = next((line.strip("= ") for line in reversed(out.splitlines()) if " in " in line and "=" in line),
+                   f"exit {rc}")
+    verdict = "ok" if counts["FAILED"] == counts["ERROR"] == 0 and rc in (0, 1, 2) else "FAILED"
+    shown = " ".join(cmd).replace(str(ROOT) + "/", "")
+    failed = "\n".join(line for line in out.splitlines() if line.startswith(("FAILED ", "ERROR ")))
+    report.add(SLICE, f"{verdict}: {summary}", took,
+               f"`{shown}`\n\n{counts['PASSED']} passed, {counts['FAILED']} failed, {counts['ERROR']} errors, "
+               f"{counts['SKIPPED']} skipped in {took:.0f} s (exit {rc}: 1 where the time ran out)\n\n"
+               + block(failed or out[-3000:]))
+
+
 EXACT_PROMPTS = ("Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",
                  "List three colors.", "Why do cats purr?", "Name a prime number.", "What is rain?", "Say hello.")
 
@@ -562,6 +597,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
     ap.add_argument("--only", default="", help="run only the stages whose names hold one of these words "
                                                 "(comma-separated: pytest,fit)")
+    ap.add_argument("--tests-file", type=Path, help="run only these tests (a pytest id a line) once the venv is "
+                                                     "made: a rerun of what failed, without the models")
     ap.add_argument("--budget", type=float, default=540, help="seconds this call may take (the device stops a call "
                                                                  "at 600): past it, the next call goes on")
     a = ap.parse_args()
@@ -642,6 +679,15 @@ def main() -> None:
         libs = sorted(tools.glob("*.so*"))
     if not report.done("bindings over the build's libraries"):
         report.add("bindings over the build's libraries", "ok", 0, bindings(py, work, libs) + "\n")
+    if a.tests_file is not None:  # a rerun of some tests alone: no random models, no other stage
+        ids = [line.strip() for line in a.tests_file.read_text().splitlines() if line.strip()]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
+        env.update(LOCALGEN_HOME=str(work / "home"), PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
+        left = max(60.0, a.budget - (time.monotonic() - STARTED))
+        tests(report, py, env, f"the {len(ids)} tests of {a.tests_file.name}",
+              ["-n", "2" if a.cpu else "8", "--dist", "loadfile", *ids], left)
+        report.write(f"The tests of {a.tests_file.name} have run.")
+        return
     for label, (path, cmd) in specs.items():
         if not report.done(f"random model ({label})"):
             t0 = time.monotonic()
@@ -675,6 +721,8 @@ def main() -> None:
          partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env)),
         ("--exact against running alone", 120, partial(exactness, report, py, env, work, a.cpu)),
         ("bench against llama-bench (MoE)", 150, partial(bench, report, py, tools, "MoE", moe, a.cpu, env)),
+        # the rest of the suite's model tests, on the GPU, as many as fit in their time (heaviest files first)
+        (SLICE, SLICE_SECONDS + 60, partial(suite_slice, report, py, env, a.cpu)),
         # where the bench figures above lose to llama.cpp's tools, variant by variant (scripts/gpu_probe.py)
         ("where bench's time goes (dense)", 120, partial(probe, report, py, tools, "dense", dense, a.cpu, env)),
         ("where bench's time goes (MoE)", 90, partial(probe, report, py, tools, "MoE", moe, a.cpu, env)),

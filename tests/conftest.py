@@ -481,6 +481,11 @@ class ScriptedGen:
 # another word at a near-tie, and perplexity moves in its third digit. Where this CPU computes as the one that made
 # the files (the canary below), the tests hold localgen to them exactly; elsewhere to what other kernels move.
 REFERENCE_PREFIX = 8  # characters greedy text must share with the reference's on another CPU
+# what hides a CUDA GPU from llama.cpp (it computes on the CPU, as a machine without one): for a test that holds a
+# CPU's figures or text (a file llama.cpp's tool wrote on a CPU, a greedy answer the test's words were chosen from),
+# or a count a GPU's driver changes (descriptors). On an H200 such tests failed on what the GPU's kernels rightly
+# compute otherwise (the GPU's own behaviour is the `gpu` marker's tests')
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def reference_kernels() -> bool:

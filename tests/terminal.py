@@ -165,3 +165,27 @@ def written(pid: int) -> int:
     except OSError as e:
         pytest.skip(f"no /proc/PID/io to count what the process writes: {e}")
     return int(dict(line.split(": ") for line in io.splitlines())["wchar"])
+
+
+
+def wait_for_local_modes(child: Any, flags: int, timeout: float = 60) -> None:
+    """Reads what `child` writes until its terminal (its stdin) has every local mode of `flags` set (termios'
+    lflag): chat's answer sets NOFLSH while it turns the echo off (cli/echo.py), which its prompt's raw mode does
+    not, so a test can type ahead during an answer on that signal rather than after a guessed sleep. What is read
+    meanwhile is dropped (a program whose output nobody reads waits in write(2) once the pty is full). Skips the
+    test where /proc does not name the terminal."""
+    import time
+
+    import pexpect
+
+    try:
+        fd = os.open(f"/proc/{child.pid}/fd/0", os.O_RDWR | os.O_NOCTTY)
+    except OSError as e:
+        pytest.skip(f"no /proc/PID/fd to find the process's terminal: {e}")
+    try:
+        deadline = time.monotonic() + timeout
+        while termios.tcgetattr(fd)[3] & flags != flags:
+            assert time.monotonic() < deadline, f"the terminal's local modes never had {flags:#o} in {timeout} s"
+            assert child.expect([pexpect.TIMEOUT, pexpect.EOF], timeout=0.05) == 0, "the program ended"
+    finally:
+        os.close(fd)

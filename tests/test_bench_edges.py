@@ -348,7 +348,8 @@ def test_compare_of_a_local_run_and_an_endpoint_run_shows_a_setting_it_lacks_as_
         fake: FakeServer, own_home: Path) -> None:
     """bench.md: compare's labels name the settings that differ between the rows (`threads=2`); an --endpoint run
     has none of a local run's, and they read `threads=None ngl=None ... fa=None` in its labels and cells."""
-    local = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-t", "1", "-o", "json")
+    # -ngl 0: the label below names it on a GPU machine too (an H200's default was -1)
+    local = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "--no-e2e", "-t", "1", "-ngl", "0", "-o", "json")
     assert local.exit_code == 0, local.stderr
     _sweep(fake)
     text = invoke("bench", "compare", "1", "2")

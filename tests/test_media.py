@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import CLI, ROOT, InProcessCLI, same_text_as_reference
+from tests.conftest import CLI, NO_GPU, ROOT, InProcessCLI, assert_same_greedy_text, same_text_as_reference
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_mmproj import png, write_audio_mmproj, write_mmproj
@@ -133,7 +133,7 @@ def test_run_writes_what_llama_mtmd_cli_writes(cli: CLI, mm: dict[str, Path], ca
     for name in case["media"]:
         args += ["-a" if sound else "--video" if is_video(name) else "--image", str(mm[name])]
         args += ["--video-fps", fps] if (fps := video_fps(name)) else []
-    r = cli(*args)
+    r = CLI({**cli.env, **NO_GPU})(*args)  # llama-mtmd-cli wrote the reference on a CPU
     assert r.returncode == 0, r.stderr
     same_text_as_reference(r.stdout.strip(), case["text"], made_on=case.get("cpu"))
 
@@ -406,23 +406,24 @@ def test_serve_images_through_the_openai_and_ollama_clients(vserver: Any, mm: di
     o = ollama.Client(host=vserver.url).chat(
         model="smollm2:135m", options={"temperature": 0, "num_predict": case["max_tokens"], "exact": True},
         messages=[{"role": "user", "content": case["prompt"], "images": [pic]}])
-    assert o.message.content == first
     g = httpx.post(f"{vserver.url}/api/generate", timeout=60, json={
         "model": "smollm2:135m", "prompt": case["prompt"], "images": [base64.b64encode(pic).decode()],
         "stream": False, "options": {"temperature": 0, "num_predict": case["max_tokens"], "exact": True}})
-    assert g.json()["response"] == first
     b64 = base64.b64encode(pic).decode()
     r = client.responses.create(  # the Responses API's input_image, and Anthropic's image block: the same answer
         model="smollm2:135m", temperature=0, max_output_tokens=case["max_tokens"], extra_body={"exact": True},
         input=[{"role": "user", "content": [{"type": "input_image", "image_url": url, "detail": "auto"},
                                             {"type": "input_text", "text": case["prompt"]}]}])
-    assert r.output_text == first
     a = httpx.post(f"{vserver.url}/v1/messages", timeout=60, json={
         "model": "smollm2:135m", "max_tokens": case["max_tokens"], "temperature": 0, "exact": True,
         "messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
             {"type": "text", "text": case["prompt"]}]}]})
-    assert a.json()["content"][0]["text"] == first, a.text
+    assert a.status_code == 200, a.text
+    # the same answer from each API (on a GPU, within its near ties: an H200's Ollama chat parted from the OpenAI
+    # one after 40 characters, each request alone but its prompt's cached prefix evaluated in other shapes)
+    assert_same_greedy_text([str(o.message.content), g.json()["response"], r.output_text,
+                             a.json()["content"][0]["text"]], [first] * 4, "each API's answer to the same image")
     # two at once, batched (the throughput scheduler evaluates each slot's image into its own sequence)
     import concurrent.futures
 

@@ -24,6 +24,20 @@ def test_a_load_log_becomes_one_report() -> None:
     assert report.placement == {"CUDA0": 92.10, "CPU_Mapped": 28.12, "CPU_REPACK": 12.66}
 
 
+def test_tensors_put_in_ram_are_under_cpu_also_beside_a_gpu() -> None:
+    """run.md: `moved` keys what went to RAM as CPU. Beside a GPU, llama.cpp puts `-ot exps=CPU` in that GPU's pinned
+    host buffer and logs "overridden to CUDA_Host" (an H200's doctor said "moved to CUDA_Host", and `moved["CPU"]`
+    was missing); a tensor sent to a GPU keeps that GPU's name."""
+    report = parse_load_log([
+        "tensor blk.0.ffn_up_exps.weight (2 MiB q4_K) buffer type overridden to CUDA_Host",
+        "tensor blk.0.ffn_down_exps.weight (3 MiB q6_K) buffer type overridden to CUDA_Host",
+        "tensor blk.1.attn_q.weight (1 MiB q4_K) buffer type overridden to CPU",
+        "tensor blk.1.ffn_up_exps.weight (2 MiB q4_K) buffer type overridden to CUDA1",
+    ])
+    assert report.moved == {"CPU": {"tensors": 3, "experts": 2, "mib": 6.0},
+                            "CUDA1": {"tensors": 1, "experts": 1, "mib": 2.0}}
+
+
 def test_an_empty_repack_buffer_and_no_word_on_flash_attention() -> None:
     report = parse_load_log(["load_tensors:   CPU_REPACK model buffer size =     0.00 MiB",
                              "llama_context: Flash Attention not supported, set to disabled"])

@@ -304,14 +304,14 @@ def test_a_line_typed_during_the_answer_never_answers_a_tool_calls_question(cli_
     """tools.md: a call runs only once you say so. A `y` typed while the model wrote its call (type-ahead, which the
     next prompt would show) answered the question unseen: the call ran while the screen showed the `n` typed at
     the question, and that `n` then answered the next question. The keys typed ahead are dropped, and said so."""
-    import time
+    import termios
 
     from localgen.chat.session import ChatSession
     from tests.test_chat import spawn
 
     child = spawn(cli_env, "typed-ahead", *CHAT_TOOLS, "--mcp", MCP, "--tool-choice", "add")
-    child.sendline("What is 2 + 3? " + "Think of it slowly. " * 400)  # its reading gives the time to type ahead
-    time.sleep(2.0)  # the prompt has ended (a loaded machine: 1 s was not always enough), the reading has not
+    child.sendline("What is 2 + 3? " + "Think of it slowly. " * 100)  # its reading gives the time to type ahead
+    terminal.wait_for_local_modes(child, termios.NOFLSH)  # the prompt has ended, the answer's echo is off
     child.send("y\r")
     child.expect_exact("(what you typed during the answer was dropped: a tool call's question takes only what")
     child.expect_exact("[y]es / [n]o / [a]lways for add:")

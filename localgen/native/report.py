@@ -41,12 +41,15 @@ class LoadReport:
     @property
     def moved(self) -> dict[str, dict[str, float]]:
         """What the placement patterns moved, by buffer: tensors, of them experts, and MiB (to 2 decimals: the
-        tensors' bytes where `sizes` has them, else each tensor's MiB rounded down, as llama.cpp logs it)."""
-        from localgen.placement import is_expert
+        tensors' bytes where `sizes` has them, else each tensor's MiB rounded down, as llama.cpp logs it). A tensor put
+        in RAM is under "CPU" wherever it went: beside a GPU llama.cpp gives `=CPU` that GPU's pinned host buffer
+        ("overridden to CUDA_Host"), which is RAM all the same."""
+        from localgen.placement import gpu_index, is_expert
 
         out: dict[str, dict[str, float]] = {}
         for tensor, buffer, mib in self.overridden:
-            row = out.setdefault(buffer, {"tensors": 0, "experts": 0, "mib": 0.0})
+            row = out.setdefault("CPU" if gpu_index(buffer) is None else buffer,
+                                 {"tensors": 0, "experts": 0, "mib": 0.0})
             row["tensors"] += 1
             row["experts"] += is_expert(tensor)
             size = (self.sizes or {}).get(tensor)
