@@ -413,12 +413,12 @@ SLICE = "the rest of the suite's model tests, time-boxed"
 SLICE_SECONDS = 180
 
 
-def suite_slice(report: Report, py: Path, env: dict[str, str], cpu: bool) -> None:
+def suite_slice(report: Report, py: Path, env: dict[str, str], cpu: bool, lightest: bool = False) -> None:
     """The suite's model tests the GPU layer leaves out (`-m "slow and not gemma and not gpu"`, 2,000 tests: some
     40 minutes of a 2-core machine), on every core but two, for SLICE_SECONDS: each worker ends after the test it is
     running once that time is spent (pytest-timeout's --session-timeout), so the run ends with its summary. What
     ran, passed and failed is the report's line; the log names each test (-v twice: the base is -q)."""
-    env = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TESTS_LIGHTEST_FIRST": "1" if lightest else "0"}
     workers = "2" if cpu else str(max(2, (os.cpu_count() or 4) - 2))
     # the chat page's browser tests need Chromium, which the payload does not carry (their fixture fails without it)
     browser = subprocess.run([str(py), "-c", "import playwright"], capture_output=True).returncode == 0
@@ -597,6 +597,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
     ap.add_argument("--only", default="", help="run only the stages whose names hold one of these words "
                                                 "(comma-separated: pytest,fit)")
+    ap.add_argument("--slice", choices=("heaviest", "lightest"), default="lightest",
+                    help="which test files the time-boxed slice of the suite takes first (2026-12-04's run took the "
+                         "heaviest: some 1,100 of the 2,053 tests)")
     ap.add_argument("--tests-file", type=Path, help="run only these tests (a pytest id a line) once the venv is "
                                                      "made: a rerun of what failed, without the models")
     ap.add_argument("--budget", type=float, default=540, help="seconds this call may take (the device stops a call "
@@ -721,8 +724,8 @@ def main() -> None:
          partial(served, report, py, tools, smol if a.cpu else dense, a.cpu, env)),
         ("--exact against running alone", 120, partial(exactness, report, py, env, work, a.cpu)),
         ("bench against llama-bench (MoE)", 150, partial(bench, report, py, tools, "MoE", moe, a.cpu, env)),
-        # the rest of the suite's model tests, on the GPU, as many as fit in their time (heaviest files first)
-        (SLICE, SLICE_SECONDS + 60, partial(suite_slice, report, py, env, a.cpu)),
+        # the rest of the suite's model tests, on the GPU, as many as fit in their time (--slice: which files first)
+        (SLICE, SLICE_SECONDS + 60, partial(suite_slice, report, py, env, a.cpu, a.slice == "lightest")),
         # where the bench figures above lose to llama.cpp's tools, variant by variant (scripts/gpu_probe.py)
         ("where bench's time goes (dense)", 120, partial(probe, report, py, tools, "dense", dense, a.cpu, env)),
         ("where bench's time goes (MoE)", 90, partial(probe, report, py, tools, "MoE", moe, a.cpu, env)),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,25 @@ def test_the_probe_times_each_loop_and_each_scheduler_rule(smollm2_path: Path, t
     for name in [*out["variants"], *out["settings"], *out["npl pp"]]:
         assert f"| {name} |" in done.stdout
     assert "ms of Python per step" in done.stdout
+
+
+def test_the_slice_of_the_suite_can_take_the_lightest_files_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_check's slice runs as many model tests as fit in three minutes, files in the order tests/conftest.py
+    gives them: heaviest first by default, the other way round with TESTS_LIGHTEST_FIRST=1 (`--slice lightest`),
+    so that a run of the same length reaches the files the first one did not; a file's tests keep their order."""
+    from types import SimpleNamespace
+
+    from tests.conftest import heaviest_files_first
+
+    def item(nodeid: str, slow: bool) -> Any:
+        return SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: True if slow and name == "slow" else None)
+
+    def order(lightest: str) -> list[str]:
+        monkeypatch.setenv("TESTS_LIGHTEST_FIRST", lightest)
+        items = [item("a.py::t1", True), item("b.py::t1", True), item("b.py::t2", True), item("b.py::t3", True),
+                 item("c.py::t1", True), item("c.py::t2", True), item("a.py::t2", False)]
+        heaviest_files_first(items)
+        return [i.nodeid for i in items]
+
+    assert order("0") == ["b.py::t1", "b.py::t2", "b.py::t3", "c.py::t1", "c.py::t2", "a.py::t1", "a.py::t2"]
+    assert order("1") == ["a.py::t1", "a.py::t2", "c.py::t1", "c.py::t2", "b.py::t1", "b.py::t2", "b.py::t3"]
