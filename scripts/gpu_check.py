@@ -30,8 +30,9 @@ tools, and a GPU whose architecture is that one skips its build (minutes of a 15
 stand in, and llama.cpp's tools come from --tools), the models are small and the benchmarks short. Every stage
 is otherwise the same code.
 
-`--tests-file FILE` (a pytest id a line, carried with the first call) runs only those tests once the venv is made:
-a rerun of what failed on the GPU, without the random models or any other stage.
+`--tests-file FILE` (a pytest id a line, carried with any call before the last: it is kept in the work folder) runs
+only those tests once the venv is made: a rerun of what failed on the GPU, without the random models or any other
+stage.
 
 usage: scripts/gpu_check [--cpu | --prebuild TOOLKIT [--arch 90a]] [--payload DIR] [--work DIR] [--tools DIR]
                          [--report FILE] [--only WORDS] [--tests-file FILE]
@@ -615,6 +616,10 @@ def main() -> None:
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else work
     report_path = a.report or out_dir / "gpu_check.md"
     stash(payload, work)
+    if a.tests_file is not None and a.tests_file.exists():  # kept: a later call may not carry it again
+        shutil.copy2(a.tests_file, work / "tests-file.txt")
+    if a.tests_file is not None and not (work / "tests-file.txt").exists():
+        sys.exit(f"gpu_check: no {a.tests_file}: carry it with this call or an earlier one")
     if not (work / "base" / "done").exists():
         sys.exit(f"gpu_check: no payload yet: carry {os.path.relpath(payload, ROOT)}/base (scripts/gpu_payload)")
     prebuilt = not a.cpu and prebuilt_arch(work) == cuda_arch()
@@ -683,7 +688,7 @@ def main() -> None:
     if not report.done("bindings over the build's libraries"):
         report.add("bindings over the build's libraries", "ok", 0, bindings(py, work, libs) + "\n")
     if a.tests_file is not None:  # a rerun of some tests alone: no random models, no other stage
-        ids = [line.strip() for line in a.tests_file.read_text().splitlines() if line.strip()]
+        ids = [line.strip() for line in (work / "tests-file.txt").read_text().splitlines() if line.strip()]
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
         env.update(LOCALGEN_HOME=str(work / "home"), PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
         left = max(60.0, a.budget - (time.monotonic() - STARTED))
