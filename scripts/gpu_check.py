@@ -689,8 +689,7 @@ def main() -> None:
         report.add("bindings over the build's libraries", "ok", 0, bindings(py, work, libs) + "\n")
     if a.tests_file is not None:  # a rerun of some tests alone: no random models, no other stage
         ids = [line.strip() for line in (work / "tests-file.txt").read_text().splitlines() if line.strip()]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
-        env.update(LOCALGEN_HOME=str(work / "home"), PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
+        env = localgen_env(py, work)
         left = max(60.0, a.budget - (time.monotonic() - STARTED))
         tests(report, py, env, f"the {len(ids)} tests of {a.tests_file.name}",
               ["-n", "2" if a.cpu else "8", "--dist", "loadfile", *ids], left)
@@ -706,8 +705,7 @@ def main() -> None:
             log = (work / "models" / f"{label}.log").read_text(errors="replace")
             report.add(f"random model ({label})", "ok" if path.exists() else "FAILED", time.monotonic() - t0,
                        block(f"{' '.join(cmd)}\n{log}", 1500))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
-    env.update(LOCALGEN_HOME=str(work / "home"), PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
+    env = localgen_env(py, work)
     dense, moe = specs["dense"][0], specs["moe"][0]
     # Gemma's wheels (250 MB) are not carried: its tests are left out
     gpu_layer = ["-m", "gpu and not gemma", "-n", "2" if a.cpu else "8", "--dist", "loadfile", "tests"]
@@ -749,6 +747,14 @@ def main() -> None:
         run()
     report.write("Every stage has run.")
     print(f"gpu_check: done; the report is at {report_path}")
+
+
+def localgen_env(py: Path, work: Path) -> dict[str, str]:
+    """The environment the stages run localgen and pytest in: none of this machine's LOCALGEN_* settings, the work
+    folder's home, the venv's programs first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALGEN_")}
+    env.update(LOCALGEN_HOME=str(work / "home"), PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
+    return env
 
 
 def later(report: Report, why: str) -> None:

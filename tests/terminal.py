@@ -167,7 +167,6 @@ def written(pid: int) -> int:
     return int(dict(line.split(": ") for line in io.splitlines())["wchar"])
 
 
-
 def wait_for_local_modes(child: Any, flags: int, timeout: float = 60) -> None:
     """Reads what `child` writes until its terminal (its stdin) has every local mode of `flags` set (termios'
     lflag): chat's answer sets NOFLSH while it turns the echo off (cli/echo.py), which its prompt's raw mode does

@@ -51,10 +51,11 @@ def test_stats_go_to_stderr(cli: CLI) -> None:
     assert r.returncode == 0, r.stderr
     stats, _, rest = r.stderr.partition("\n")
     assert _stats_line().fullmatch(stats + "\n"), r.stderr
+    weights = re.compile(r"weights: \w+ [\d.,]+ MiB( · \w+ [\d.,]+ MiB)+")
     shown = re.search(r"`(weights: [^`]+)`", (ROOT / "docs" / "run.md").read_text(encoding="utf-8"))
-    assert shown is not None and re.fullmatch(r"weights: \w+ [\d.,]+ MiB( · \w+ [\d.,]+ MiB)+", shown[1]), shown
+    assert shown is not None and weights.fullmatch(shown[1]), shown
     if has_gpu():
-        assert re.fullmatch(r"weights: \w+ [\d.,]+ MiB( · \w+ [\d.,]+ MiB)+\n", rest), r.stderr
+        assert weights.fullmatch(rest.removesuffix("\n")) and rest.endswith("\n"), r.stderr
     else:  # all in RAM: one place, no second line
         assert rest == "", r.stderr
     assert "prompt tokens" not in r.stdout
