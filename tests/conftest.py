@@ -109,20 +109,41 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(line)
 
 
+def _source(fn: object, sources: dict[object, str]) -> str:
+    """A test's or a fixture's source, read once."""
+    if fn not in sources:
+        try:
+            sources[fn] = inspect.getsource(fn) if fn is not None else ""  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            sources[fn] = ""
+    return sources[fn]
+
+
+def _gemma_through(item: pytest.Item, sources: dict[object, str]) -> bool:
+    """Whether a test needs Gemma through its parameters (`model` = "gemma3:270m") or a fixture of its module
+    that loads it (a module's server started with `-m gemma3:270m`)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and GEMMA.search(str(callspec.params.get("model", ""))):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info is not None else ():
+        for d in defs:
+            fn = d.func
+            if getattr(fn, "__module__", None) != getattr(item.module, "__name__", ""):  # type: ignore[attr-defined]
+                continue  # conftest's fixtures: gemma_path is named above
+            if GEMMA.search(_source(fn, sources)):
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks `slow` (starts a process or a server, or loads a model), `gemma` (needs Gemma 3 270M) and `gpu`
     (what it asserts depends on whether layers sit on a GPU: worth a run on a GPU machine, `-m gpu`)."""
     sources: dict[object, str] = {}
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
-        fn = getattr(item, "function", None)
-        if fn not in sources:
-            try:
-                sources[fn] = inspect.getsource(fn) if fn is not None else ""
-            except (OSError, TypeError):
-                sources[fn] = ""
-        src = sources[fn]
-        gemma = "gemma_path" in used or GEMMA.search(src) is not None
+        src = _source(getattr(item, "function", None), sources)
+        gemma = "gemma_path" in used or GEMMA.search(src) is not None or _gemma_through(item, sources)
         if (used & SLOW_FIXTURES or SPAWNS.search(src) or gemma) and item.get_closest_marker("quick") is None:
             item.add_marker(pytest.mark.slow)
         if gemma:

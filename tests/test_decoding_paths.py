@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localgen.engine.sequence import Limit, SequenceDecoder, decode_all
-from tests.conftest import CLI
+from tests.conftest import CLI, assert_same_greedy_text
 
 PIECES = {1: b"caf", 2: b"\xc3", 3: b"\xa9", 4: b" au", 5: b" la", 6: b"it", 7: b"!", 9: b""}
 
@@ -94,10 +94,18 @@ def expected(cli: CLI) -> Expected:
 
 @pytest.mark.parametrize("path", [["--lookup", "--draft-max", "3"], ["--beams", "1"]], ids=["speculative", "beams"])
 def test_every_single_stream_path_ends_as_plain_decoding(cli: CLI, expected: Expected, path: list[str]) -> None:
+    from localgen.native.devices import has_gpu
+
     for case, (prompt, n) in PROMPTS.items():
         text, reason, stops = expected[case]
         extra = [a for s in stops for a in ("--stop", s)]
-        assert _one(cli, prompt, n, *path, *extra) == (text, reason), case
+        got = _one(cli, prompt, n, *path, *extra)
+        if path[0] == "--lookup" and has_gpu():
+            # a speculative check decodes the drafts in a batch, whose GPU kernels may part from plain decoding's
+            # at a near tie (run.md: speculation is a speed option, not an exactness one); on a CPU, bit for bit
+            assert_same_greedy_text([got[0]], [text], case)
+        else:
+            assert got == (text, reason), case
 
 
 def test_batched_decoding_ends_as_plain_decoding(cli: CLI, tmp_path: Path, expected: Expected) -> None:

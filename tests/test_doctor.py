@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, NO_GPU, ROOT
 from tests.test_tune import _record, _ref
 
 
@@ -59,7 +59,8 @@ def test_the_settings_line_says_where_each_setting_came_from(cli: CLI, tmp_path:
     home = tmp_path / "home"
     monkeypatch.setenv("LOCALGEN_HOME", str(home))
     tuning.save(_record(_ref(smollm2_path)))  # flash_attn off, repack off, 1 and 1 threads, n_ubatch 128
-    r = CLI({**cli.env, "LOCALGEN_HOME": str(home)})("doctor")
+    # the record is the CPU's (a GPU's load has records of its own): doctor's test load on the CPU, on any machine
+    r = CLI({**cli.env, "LOCALGEN_HOME": str(home), **NO_GPU})("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
     assert _lines(r.stdout)["settings"] == (
         "flash_attn off (tuned on 2026-11-25) · repack off (tuned on 2026-11-25) · n_threads 1 (tuned on 2026-11-25) "
@@ -273,4 +274,6 @@ def test_doctor_checks_an_encoder_by_what_it_makes(cli: CLI, tmp_path: Path) -> 
         r = cli("doctor", "-m", str(path))
         assert r.returncode == 0, r.stdout + r.stderr
         check = _lines(r.stdout)["check"]
-        assert re.fullmatch(rf"{path.name} loaded in [\d.]+ s and {made} on CPU: ok", check), check
+        # where it ran: the CPU, or beside a GPU the layers llama.cpp offloaded (check's `where`, as for run)
+        assert re.fullmatch(rf"{path.name} loaded in [\d.]+ s and {made} on "
+                            r"(CPU|offloaded (\d+)/\2 layers to GPU): ok", check), check

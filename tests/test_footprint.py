@@ -13,7 +13,7 @@ import pytest
 from localgen.models import fit, footprint
 from localgen.models.gguf_meta import read_summary
 from localgen.types import LoadParams
-from tests.conftest import CLI
+from tests.conftest import CLI, NO_GPU
 
 MIB = 1 << 20
 COMPUTE_TOLERANCE = 0.05  # the compute buffers within 5 % of what llama.cpp reports: stated here, not imported
@@ -60,6 +60,8 @@ def test_the_plan_matches_what_llama_cpp_reports(cli: CLI, moe_path: Path, reque
     from localgen.models.resolve import resolve
 
     name = {"moe": str(moe_path), "moe-q4": str(request.getfixturevalue("moe_q4_path"))}.get(model, model)
+    # the CPU's plan, on any machine: with a GPU, scripts/gpu_check's fit stage checks the plan against the load
+    cli = CLI({**cli.env, **NO_GPU})
     r = cli("run", "--verbose", "--raw", "-m", name, "-p", "hi", "-n", "1", *args)
     assert r.returncode == 0, r.stderr[-2000:]
     sizes, offloaded, _layers = reported(r.stderr)
@@ -95,13 +97,15 @@ def test_layers_and_buffers_split_between_the_devices(smollm2_path: Path) -> Non
     # llama.cpp counts n_layer + 1 layers, the output layer last: 10 are the output layer and 9 repeating ones
     part = footprint.estimate(s, w, load, gpu_layers=10)
     gpu, cpu = part.on("GPU"), part.on("CPU")
-    assert gpu.weights == sum(w.layers[-9:]) + w.output + w.embedding  # the tied matrix, once more
+    # the tied matrix, once more; and what CUDA's buffer adds to each of its tensors (576-wide rows)
+    pad = sum(t.gpu_pad for t in w.tensors if (t.layer is not None and t.layer >= s.n_layers - 9) or t.output)
+    assert pad > 0 and gpu.weights == sum(w.layers[-9:]) + w.output + w.embedding + pad + w.embedding_gpu_pad
     assert gpu.kv == cpu_only.on("CPU").kv * 9 // s.n_layers and gpu.kv + cpu.kv == cpu_only.on("CPU").kv
     assert gpu.compute >= s.vocab_size * 512 * 4  # the logits go with the output layer
 
     full = footprint.estimate(s, w, load, gpu_layers=-1)
     assert full == footprint.estimate(s, w, load, gpu_layers=999)
-    assert full.on("GPU").weights == sum(w.layers) + w.output + w.embedding
+    assert full.on("GPU").weights == sum(w.layers) + w.output + w.embedding + sum(t.gpu_pad for t in w.tensors)
     assert full.on("CPU").weights == w.embedding and full.on("CPU").kv == 0
     assert full.on("GPU").compute >= s.vocab_size * 512 * 4 > full.on("CPU").compute
 
@@ -228,6 +232,27 @@ def test_the_gpu_split_is_the_one_an_h200_reported(tmp_path: Path, request: pyte
     assert round(plan.on("CPU").mapped / MIB, 2) == mapped, "the CPU's weights as llama.cpp's line counts them"
 
 
+@pytest.mark.parametrize(("flags", "gpu", "cpu"), [
+    ({}, 4414.26, 54.00), ({"n_cpu_moe": 12}, 2321.75, None), ({"cpu_moe": True}, 229.25, None)])
+def test_the_gpu_weights_are_the_ones_an_h200_reported(h200_moe: Path, flags: dict[str, object], gpu: float,
+                                                       cpu: float | None) -> None:
+    """The H200's `CUDA0 model buffer size` lines (2026-12-04): the qwen3moe's down experts have 768-wide rows, to
+    which CUDA's buffer adds room (the plan without it said 4,414.25); SmolLM2's 576-wide rows, every tensor."""
+    from localgen.models.resolve import resolve
+
+    s, w = read_summary(str(h200_moe)), footprint.layout(str(h200_moe))
+    plan = footprint.estimate(s, w, LoadParams(n_ctx=4096, **flags), gpu_layers=-1)  # type: ignore[arg-type]
+    assert round(plan.on("GPU").weights / MIB, 2) == gpu
+    assert cpu is None or round(plan.on("CPU").weights / MIB, 2) == cpu
+    smol = resolve("smollm2:135m").path
+    plan = footprint.estimate(read_summary(smol), footprint.layout(smol), LoadParams(n_ctx=2048), gpu_layers=-1)
+    assert (round(plan.on("CPU").weights / MIB, 2), round(plan.on("GPU").weights / MIB, 2)) == (28.69, 92.17)
+    # a 4096-wide Q4_K matrix: nothing added; a 576-wide Q4_1 one: 448 values' row (280 bytes), then 128-aligned
+    assert footprint.gpu_padding(4096 * 4096 // 256 * 144, 4096, (256, 144)) == 0
+    assert footprint.gpu_padding(576 * 576 // 32 * 20, 576, (32, 20)) == 280 + 104
+    assert footprint.gpu_padding(576 * 4, 576, (1, 4)) == 0  # F32: not quantized, and 2,304 bytes
+
+
 @pytest.fixture(scope="module")
 def bert_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/tiny_bert.py's BERT at the sizes of a small real one (384 wide, 12 heads, a 4,096-token window)."""
@@ -269,6 +294,7 @@ def test_an_encoders_plan_has_no_kv_cache_and_the_compute_llama_cpp_reports(
     import json
 
     name = str({"bert": bert_path, "bert64": small_bert_path, "nomic": nomic_path}[model])
+    cli = CLI({**cli.env, **NO_GPU})  # the CPU's one device, on any machine
     r = cli("embed", "-m", name, "--ctx", str(ctx), "--verbose", "the cat sat")
     assert r.returncode == 0, r.stderr[-2000:]
     first = r.stderr.split("constructing llama_context")[1]

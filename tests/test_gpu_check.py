@@ -159,3 +159,25 @@ def test_the_slice_of_the_suite_can_take_the_lightest_files_first(monkeypatch: p
 
     assert order("0") == ["b.py::t1", "b.py::t2", "b.py::t3", "c.py::t1", "c.py::t2", "a.py::t1", "a.py::t2"]
     assert order("1") == ["a.py::t1", "a.py::t2", "c.py::t1", "c.py::t2", "b.py::t1", "b.py::t2", "b.py::t3"]
+
+
+def test_the_slice_keeps_the_suites_order_and_counts_each_test_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an H200 the lightest-first slice ran 28 of the heaviest-first slice's 29 files: pytest-xdist hands out
+    the files with most tests first unless told --no-loadscope-reorder. Its report said 12 failed of 6: each
+    failure counted again in the short summary."""
+    monkeypatch.setattr(gpu_check, "pytest_base", lambda py: [str(py), "-m", "pytest"])
+    cmd = gpu_check.slice_command(Path("py"), False, "14", browser=False, video=False)
+    assert cmd[cmd.index("--dist") + 1: cmd.index("--dist") + 3] == ["loadfile", "--no-loadscope-reorder"]
+    # what the payload lacks (Chromium, ffmpeg) is left out, and nothing else
+    assert cmd[cmd.index("-k") + 1] == "not test_webui and not test_media_video and not mp4"
+    assert "-k" not in gpu_check.slice_command(Path("py"), False, "14", browser=True, video=True)
+    out = "\n".join([
+        "tests/test_a.py::test_one ",
+        "[gw0] [  7%] PASSED tests/test_a.py::test_one ",
+        "[gw1] [ 10%] FAILED tests/test_b.py::test_two[x y] ",
+        "[gw1] [100%] SKIPPED tests/test_b.py::test_three ",
+        "[gw2] [ 50%] ERROR tests/test_c.py::test_four ",
+        "FAILED tests/test_b.py::test_two[x y] - AssertionError",
+        "ERROR tests/test_c.py::test_four",
+        "==== 1 failed, 1 passed, 1 skipped, 1 error in 3.00s ===="])
+    assert gpu_check.outcomes(out) == {"PASSED": 1, "FAILED": 1, "ERROR": 1, "SKIPPED": 1}

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests import terminal
-from tests.conftest import CLI, ROOT, InProcessCLI
+from tests.conftest import CLI, NO_GPU, ROOT, InProcessCLI
 
 SETTINGS = {"flash_attn": False, "repack": False, "n_threads": 1, "n_threads_batch": 1, "n_ubatch": 128}
 
@@ -139,7 +139,8 @@ def _json(cli: CLI | InProcessCLI, *args: str) -> Any:
 
 def test_tune_makes_the_record_that_run_then_uses(cli_env: dict[str, str], cli_in_process: InProcessCLI,
                                                  tmp_path: Path) -> None:
-    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path)})
+    # the CPU's tune, on any machine (with layers on a GPU, tune measures one micro-batch size: tune.md)
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path), **NO_GPU})
     records = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})  # --show loads no model
     # a 16-token prompt (the least tune takes) and a 32-token depth: the figures cost little, and the exchange is
     # what was asked for (three distinct sizes, so none can stand in for another in the record)
@@ -224,7 +225,7 @@ def test_ctrl_c_keeps_an_earlier_whole_tune_rather_than_the_partial_one(cli_env:
 
     whole = _record(_ref(smollm2_path))
     tuning.save(whole)
-    cli = CLI({**cli_env, "LOCALGEN_HOME": str(own_home)})
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(own_home), **NO_GPU})  # the record is the CPU's
     p = cli.popen("tune", "--depth", "0", "--prompt", "16", "--even-if-busy", stdout=subprocess.PIPE,
                   stderr=subprocess.PIPE)
     seen = []
@@ -254,6 +255,25 @@ def test_a_partial_record_replaces_a_partial_one_and_a_whole_one_replaces_either
     whole = _record(ref)
     assert tuning.save(whole) is None and tuning.records() == [whole]
     assert tuning.save(second) == whole and tuning.records() == [whole]
+
+
+def test_with_layers_on_a_gpu_tune_measures_flash_attention_alone(smollm2_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune.md: with layers on a GPU, tune measures flash attention on and off; the threads, repacking and
+    physical batch stay the rule's (the GPU does the work they set on a CPU)."""
+    from localgen.cli.tune import _plan
+    from localgen.native import devices
+    from localgen.types import LoadParams
+
+    ref = _ref(smollm2_path)
+    monkeypatch.setattr(devices, "has_gpu", lambda: False)
+    on_cpu = _plan(ref, 32, 16, 64, LoadParams())
+    monkeypatch.setattr(devices, "has_gpu", lambda: True)
+    on_gpu = _plan(ref, 32, 16, 64, LoadParams())
+    assert not on_cpu.offloaded and on_cpu.ubatches == (512, 256, 128) and on_cpu.threads
+    assert on_gpu.offloaded and on_gpu.ubatches == (512,) and on_gpu.threads == ()
+    assert sorted(fa for _, fa in on_gpu.configs) == [False, True]
+    assert {repack for repack, _ in on_gpu.configs} == {on_gpu.rule["repack"]}
 
 
 def test_tune_refuses_a_depth_the_window_cannot_hold(cli_in_process: InProcessCLI) -> None:
@@ -409,7 +429,7 @@ def test_every_command_says_once_that_a_record_set_its_load(cli_env: dict[str, s
     monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
     busy = "71% of the CPU time just before measuring"
     tuning.save(dataclasses.replace(_record(_ref(smollm2_path)), busy=busy))
-    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path)}
+    env = {**cli_env, "LOCALGEN_HOME": str(tmp_path), **NO_GPU}  # the record is the CPU's: a GPU's load has its own
     said = (f"from its tuning record (tuned on 2026-11-25 on a busy machine ({busy}); `localgen tune --show` lists "
             "records, `tune --reset` forgets them)")
     r = CLI(env)("run", "hi", "-n", "1")

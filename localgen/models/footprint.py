@@ -112,6 +112,7 @@ class Tensor:
     output: bool = False  # of the output layer (output.weight, output_norm, ...)
     offset: int = -1  # where its data begins in its file's data section (-1: not known)
     part: int = 0  # which file of a split model holds it
+    gpu_pad: int = 0  # the bytes a GPU's buffer adds to it (gpu_padding)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,11 @@ class WeightLayout:
     def embedding(self) -> int:
         """The token embedding's bytes."""
         return sum(t.nbytes for t in self.tensors if t.layer is None and not t.output)
+
+    @property
+    def embedding_gpu_pad(self) -> int:
+        """What a GPU's buffer adds to the token embedding (a tied one's copy as the output matrix there)."""
+        return sum(t.gpu_pad for t in self.tensors if t.layer is None and not t.output)
 
     @property
     def output(self) -> int:
@@ -219,14 +225,30 @@ def layout_of(table: Iterable[tuple[Any, ...]]) -> WeightLayout:
         # what the CPU backend repacks: a matrix (MUL_MAT) or a layer's experts (MUL_MAT_ID, 3-D) of a repacked
         # type whose rows come in eights
         shaped = len(dims) == 2 or (len(dims) == 3 and expert)
-        out.append(Tensor(name, layer, (n // block[0]) * block[1], expert,
+        nbytes = (n // block[0]) * block[1]
+        out.append(Tensor(name, layer, nbytes, expert,
                           ttype in kinds and shaped and dims[1] % 8 == 0 and not name.startswith("token_embd"),
                           output=layer is None and not name.startswith("token_embd"), offset=offset,
-                          part=part[0] if part else 0))
+                          part=part[0] if part else 0, gpu_pad=gpu_padding(nbytes, dims[0] if dims else 0, block)))
     tied = not any(t.name == "output.weight" for t in out)
     embd = next(((ttype, dims) for name, dims, ttype, *_ in rows if name == "token_embd.weight"), None)
     return WeightLayout(tuple(out), n_layer, tied, tied and embd is not None and embd[0] in kinds
                         and len(embd[1]) == 2 and embd[1][1] % 8 == 0)
+
+
+# CUDA's buffer (ggml-cuda.cu's get_alloc_size): a quantized tensor whose rows are not a multiple of
+# MATRIX_ROW_PADDING elements gets room for one row's worth more, and every tensor starts at a multiple of the
+# buffer's alignment
+CUDA_ROW_PADDING, CUDA_ALIGNMENT = 512, 128
+
+
+def gpu_padding(nbytes: int, ne0: int, block: tuple[int, int]) -> int:
+    """The bytes a GPU's buffer adds to a tensor of `nbytes` whose rows have `ne0` elements, in llama.cpp's CUDA
+    (and HIP) buffers: a few hundred bytes where a row's length is not a multiple of 512 (SmolLM2's 576: 0.07 MiB
+    of 92 MiB), none for the usual 4096-wide model. Metal's buffers add none: there the plan is that much over."""
+    values, size = block
+    pad = (CUDA_ROW_PADDING - ne0 % CUDA_ROW_PADDING) // values * size if values > 1 and ne0 % CUDA_ROW_PADDING else 0
+    return pad + -(nbytes + pad) % CUDA_ALIGNMENT
 
 
 def _parts(path: str) -> list[str]:
@@ -314,7 +336,7 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
                 dev = None if dev is None else min(dev, n_gpus - 1)
         name = _device_name(dev, n_gpus)
         repacked = dev is None and repack and t.repackable
-        w[name] += t.nbytes * (2 if repacked else 1)
+        w[name] += t.nbytes * (2 if repacked else 1) + (0 if dev is None else t.gpu_pad)
         known = known and t.offset >= 0
         if repacked:
             copies += t.nbytes
@@ -324,7 +346,7 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
         if t.expert:
             experts[name] += t.nbytes
     if weights.tied and layer_dev[n_layer] is not None:  # the embedding again, as the output matrix
-        w[_device_name(layer_dev[n_layer], n_gpus)] += weights.embedding
+        w[_device_name(layer_dev[n_layer], n_gpus)] += weights.embedding + weights.embedding_gpu_pad
     elif weights.tied and repack and weights.tied_repackable:  # on the CPU, the output matrix's repacked copy
         w[CPU] += weights.embedding
         copies += weights.embedding
