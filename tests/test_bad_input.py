@@ -331,5 +331,5 @@ def test_a_flag_of_other_commands_that_click_took_is_the_hint_of_the_error_it_le
     own error says what went wrong, and its hint names the word."""
     r = cli_in_process("embed", "-mg", "0", "hi")
     assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("localgen: error: unknown model 'g' (localgen embed has no -mg option: run, chat and "
-                               "serve have it)"), r.stderr
+    assert r.stderr.startswith("localgen: error: unknown model 'g' (localgen embed has no -mg option: run, chat, "
+                               "serve and bench have it)"), r.stderr

@@ -39,7 +39,7 @@ _SWEPT = "bench sweeps it: a list of values (llama-bench's), not one setting"
 LONG_EXCEPTIONS = {
     **{(flag, "bench"): _SWEPT for flag in (
         "--model", "--threads", "--n-gpu-layers", "--batch-size", "--ubatch-size", "--flash-attn", "--cache-type-k",
-        "--cache-type-v", "--parallel", "--n-cpu-moe", "--override-tensor")},
+        "--cache-type-v", "--parallel", "--n-cpu-moe", "--override-tensor", "--main-gpu")},
     ("--model", "serve"): "serve serves several models at once: repeatable, each one a name requests use",
     ("--ctx", "bench"): "bench --quality's perplexity window (llama-perplexity's -c, 512 by default), not a context "
                         "to generate in",

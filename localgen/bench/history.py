@@ -210,7 +210,7 @@ _SERVING = {"endpoint": str, "n_parallel": int, "request_rate": str, "requests":
 _OPTIONAL = {"prompt_counted": (int, None), "gen_counted": (int, None), "n_prompt": int, "n_gen": int,
              "batching": (str, None), "kv_unified": (bool, None), "kld_bound": _NUM,
              **{k: _SCALAR for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k",
-                                     "type_v", "n_cpu_moe", "tensor_buft_overrides")}}
+                                     "type_v", "n_cpu_moe", "main_gpu", "tensor_buft_overrides")}}
 
 
 # a ladder row's fields (quant/ladder.py's Row, which cli/ladderview.py builds back from them; bench does not import
@@ -278,7 +278,7 @@ def measured(run: Run) -> str | None:
 
 
 KEY_FIELDS = ("model_filename", "test", "n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn",
-              "type_k", "type_v", "n_cpu_moe", "tensor_buft_overrides")
+              "type_k", "type_v", "n_cpu_moe", "tensor_buft_overrides", "main_gpu")
 
 
 def compare(a: Run, b: Run) -> list[tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]]:

@@ -60,7 +60,7 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "model_n_params": r.model["n_params"], "n_batch": c.n_batch, "n_ubatch": c.n_ubatch,
         "n_threads": c.n_threads, "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "type_k": c.type_k,
         "type_v": c.type_v, "n_gpu_layers": c.n_gpu_layers, "n_cpu_moe": c.n_cpu_moe,
-        "split_mode": "layer", "main_gpu": 0,
+        "split_mode": "layer", "main_gpu": c.main_gpu,
         "no_kv_offload": False, "flash_attn": c.flash_attn, "tensor_split": "0.00",
         "tensor_buft_overrides": overrides_text(c.placement), "use_mmap": True,
         "embeddings": False, "n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_depth": t.n_depth,
@@ -84,7 +84,7 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
 
 # the settings' values where a record does not say (the defaults; history from before a field was kept)
 DEFAULTS = {"n_batch": 2048, "n_ubatch": 512, "flash_attn": True, "type_k": "f16", "type_v": "f16", "n_cpu_moe": 0,
-            "tensor_buft_overrides": "none"}
+            "main_gpu": 0, "tensor_buft_overrides": "none"}
 
 
 def overrides_text(pairs: tuple[tuple[str, str], ...]) -> str:
@@ -94,8 +94,8 @@ def overrides_text(pairs: tuple[tuple[str, str], ...]) -> str:
 
 def swept(records: list[dict[str, Any]]) -> list[str]:
     """Settings that vary between records, or differ from the defaults: they get their own column."""
-    keys = ["n_threads", "n_gpu_layers", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v",
-            "tensor_buft_overrides"]
+    keys = ["n_threads", "n_gpu_layers", "main_gpu", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k",
+            "type_v", "tensor_buft_overrides"]
     cols = []
     for k in keys:
         values = {r.get(k, DEFAULTS.get(k)) for r in records}  # history from before a field was kept
@@ -104,8 +104,8 @@ def swept(records: list[dict[str, Any]]) -> list[str]:
     return cols
 
 
-SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "n_cpu_moe": "n_cpu_moe", "n_batch": "n_batch",
-         "n_ubatch": "n_ubatch", "flash_attn": "fa", "type_k": "type_k", "type_v": "type_v",
+SHORT = {"n_threads": "threads", "n_gpu_layers": "ngl", "main_gpu": "main_gpu", "n_cpu_moe": "n_cpu_moe",
+         "n_batch": "n_batch", "n_ubatch": "n_ubatch", "flash_attn": "fa", "type_k": "type_k", "type_v": "type_v",
          "tensor_buft_overrides": "ot"}
 
 

@@ -157,7 +157,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                             n_ubatch=cfg.n_ubatch, flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k,
                             cache_type_v=cfg.type_v, rpc=rpc,
                             n_cpu_moe=cfg.n_cpu_moe or None, override_tensor=cfg.override_tensor,
-                            cpu_moe=cfg.cpu_moe, kv_unified=plan.kv_unified)
+                            cpu_moe=cfg.cpu_moe, kv_unified=plan.kv_unified, main_gpu=cfg.main_gpu)
         # a peak that cannot be reset would carry an earlier load's over: only the first load's rows give it then
         rss_measured = _reset_peak_rss() or cfg is plan.configs[0]
         engine = Engine(ref, params)
@@ -215,7 +215,8 @@ def _probe(bench: Any, room: int, load_s: float) -> Rates:
 
 def _describe(cfg: LoadConfig) -> str:
     """The configuration in a few words, for a progress display."""
-    settings = [f"t={cfg.n_threads}" if cfg.n_threads else "", f"ngl={cfg.n_gpu_layers}", f"b={cfg.n_batch}",
+    settings = [f"t={cfg.n_threads}" if cfg.n_threads else "", f"ngl={cfg.n_gpu_layers}",
+                f"mg={cfg.main_gpu}" if cfg.main_gpu else "", f"b={cfg.n_batch}",
                 f"ub={cfg.n_ubatch}" if cfg.n_ubatch else "",
                 f"fa={int(cfg.flash_attn)}" if cfg.flash_attn is not None else "", f"ctk={cfg.type_k}",
                 f"ctv={cfg.type_v}", f"ncmoe={cfg.n_cpu_moe}" if cfg.n_cpu_moe else "",

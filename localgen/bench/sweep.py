@@ -144,6 +144,7 @@ class LoadConfig:
     n_cpu_moe: int = 0  # the first N layers' experts in RAM (llama-bench's -ncmoe)
     override_tensor: tuple[tuple[str, str], ...] = ()  # -ot's (pattern, buffer type) pairs, as llama-bench's
     cpu_moe: bool = False  # every layer's experts in RAM (run's --cpu-moe)
+    main_gpu: int = 0  # llama-bench's -mg: passed to the load (llama.cpp's layer split does not use it)
 
     @property
     def placement(self) -> tuple[tuple[str, str], ...]:
@@ -232,7 +233,7 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
           prompts: list[int], gens: list[int], pg: list[tuple[int, int]], depths: list[int], reps: int, e2e: bool,
           parallel: list[int] | None = None, exact: bool | None = None, ncmoe: list[int] | None = None,
           ot: list[tuple[tuple[str, str], ...]] | None = None, cmoe: bool = False,
-          kv_unified: bool | None = None) -> Plan:
+          kv_unified: bool | None = None, mg: list[int] | None = None) -> Plan:
     """Every combination, in llama-bench's order (models outermost)."""
     c_int = C_INT  # --threads as run takes it
     pairs_given = [v for pair in pg for v in pair]
@@ -240,6 +241,7 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
                                     ("--ubatch-size", ubatch, 1, c_int), ("--n-prompt", prompts, 0, c_int),
                                     ("--n-gen", gens, 0, c_int), ("--prompt-gen", pairs_given, 0, c_int),
                                     ("--n-depth", depths, 0, c_int), ("--n-gpu-layers", ngl, -1, c_int),
+                                    ("--main-gpu", mg or [], 0, c_int),
                                     ("--n-cpu-moe", ncmoe or [], 0, c_int), ("--parallel", parallel or [], 1,
                                                                             MAX_PARALLEL)):
         in_range(name, values, low, high)  # 99999999999999999999 threads: llama.cpp's std::bad_alloc, an abort
@@ -247,14 +249,15 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
     for v in ctv:
         if v not in ("f16", "f32", "bf16") and False in fa:
             raise UsageError(f"a quantized V cache ({v}) needs flash attention; drop -fa 0 or that type")
-    lists = (models, threads, ngl, batch, ubatch, fa, ctk, ctv, ncmoe or [0], ot or [()])
+    lists = (models, threads, ngl, mg or [0], batch, ubatch, fa, ctk, ctv, ncmoe or [0], ot or [()])
     n_configs = math.prod(len(v) for v in lists)
     if n_configs > MAX_CONFIGS:  # -t 1-1000 -b 1-1000 -ub 1-100 made 100 million of them, minutes before anything
         sizes = " × ".join(str(len(v)) for v in lists if len(v) > 1)
         raise UsageError(f"the sweep is {n_configs:,} configurations ({sizes} values): at most {MAX_CONFIGS:,}",
-                         hint="give fewer values of -m, -t, -ngl, -b, -ub, -fa, -ctk, -ctv, -ncmoe or -ot")
-    configs = [LoadConfig(*c, override_tensor=o, cpu_moe=cmoe)
-               for c in itertools.product(models, threads, ngl, batch, ubatch, fa, ctk, ctv, ncmoe or [0])
+                         hint="give fewer values of -m, -t, -ngl, -mg, -b, -ub, -fa, -ctk, -ctv, -ncmoe or -ot")
+    configs = [LoadConfig(m, t, n, *c, override_tensor=o, cpu_moe=cmoe, main_gpu=g)
+               for m, t, n, g in itertools.product(models, threads, ngl, mg or [0])
+               for c in itertools.product(batch, ubatch, fa, ctk, ctv, ncmoe or [0])
                for o in ot or [()]]
     n_tests = len(depths) * (sum(p > 0 for p in prompts) + sum(n > 0 for n in gens) + len(pg))
     if n_tests > MAX_TESTS:  # -p 1-1000 -n 1-1000 -d 1-1000: two million tests

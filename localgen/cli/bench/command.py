@@ -53,6 +53,9 @@ def bench(
                                                               "record, else the physical cores this process may "
                                                               "use).")] = None,
     ngl: Annotated[Values, sweep("--n-gpu-layers", "-ngl", help="GPU layers, -1 all (default all if offload).")] = None,
+    mg: Annotated[Values, sweep("--main-gpu", "-mg", help="Main GPU, as llama-bench's -mg (default 0): "
+                                                         "passed to each load and recorded; llama.cpp's layer "
+                                                         "split, bench's, does not use it.")] = None,
     ncmoe: Annotated[Values, sweep("--n-cpu-moe", "-ncmoe", help="Layers whose mixture-of-experts weights stay in "
                                                                 "RAM, the first ones (default: LLAMA_ARG_N_CPU_MOE, "
                                                                 "else 0).")] = None,
@@ -94,8 +97,9 @@ def bench(
     if measuring.output is not None and measuring.output not in records.FORMATS:
         raise UsageError(f"--output must be one of {', '.join(records.FORMATS)}, not {measuring.output!r}")
     if quality.quality is not None or quality.reference is not None:
-        unused = {"--prompt-gen": pg, "--n-depth": n_depth, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
-                  "--batch-size": batch, "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk,
+        unused = {"--prompt-gen": pg, "--n-depth": n_depth, "--main-gpu": mg, "--n-cpu-moe": ncmoe,
+                  "--override-tensor": ot, "--batch-size": batch, "--ubatch-size": ubatch, "--flash-attn": fa,
+                  "--cache-type-k": ctk,
                   "--cache-type-v": ctv, "--parallel": parallel, "--rpc": rpc, "--endpoint": remote.endpoint,
                   "--api-key-env": remote.api_key_env, "--request-rate": serving.request_rate,
                   "--num-prompts": serving.num_prompts, "--same-prompt": serving.same_prompt,
@@ -115,7 +119,8 @@ def bench(
         raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --quality",
                          hint="add --quality TEXT --reference SOURCE, or leave them out")
     if remote.endpoint or any(remote_sweep.is_named_endpoint(m) for m in model or _env_model()):
-        local = {"--threads": threads, "--n-gpu-layers": ngl, "--n-cpu-moe": ncmoe, "--override-tensor": ot,
+        local = {"--threads": threads, "--n-gpu-layers": ngl, "--main-gpu": mg, "--n-cpu-moe": ncmoe,
+                 "--override-tensor": ot,
                  "--cpu-moe": knobs.get("cpu_moe") and knobs.typed("cpu_moe"), "--batch-size": batch,
                  "--ubatch-size": ubatch, "--flash-attn": fa, "--cache-type-k": ctk, "--cache-type-v": ctv,
                  "--n-depth": n_depth, "--prompt-gen": pg, "--rpc": rpc,
@@ -130,8 +135,9 @@ def bench(
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
     servers = rpc_servers(rpc)  # a malformed --rpc is a usage error before anything is planned
-    plan = _plan(model=model, threads=threads, ngl=ngl, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"), batch=batch,
-                 ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg, n_depth=n_depth,
+    plan = _plan(model=model, threads=threads, ngl=ngl, mg=mg, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"),
+                 batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg,
+                 n_depth=n_depth,
                  reps=measuring.reps, e2e=measuring.e2e, parallel=parallel, rpc=rpc, exact=measuring.exact,
                  kv_unified=knobs.get("kv_unified"), kv_typed=knobs.typed("kv_unified"))
     _measure(plan, measuring.output, offline, servers)
@@ -196,6 +202,7 @@ def _plan(**flags: Any) -> Any:
         # threads, physical batch and flash attention not given: the load's defaults (tuning record, else rule)
         threads=sweep.int_values("--threads", flags["threads"], []) or [None],
         ngl=sweep.int_values("--n-gpu-layers", flags["ngl"], [-1 if offload or flags.get("rpc") else 0]),
+        mg=sweep.int_values("--main-gpu", flags["mg"], [0]),
         batch=sweep.int_values("--batch-size", flags["batch"], [2048]),
         ubatch=sweep.int_values("--ubatch-size", flags["ubatch"], []) or [None],
         fa=sweep.bool_values("--flash-attn", flags["fa"], []) or [None],

@@ -129,8 +129,8 @@ def compare_cmd(
     if json_out:
         print(json.dumps({"a": a, "b": b, "results": rows}))
         return
-    settings = [k for k in ("n_threads", "n_gpu_layers", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn", "type_k",
-                            "type_v", "tensor_buft_overrides") if len({r[k] for r in rows}) > 1]
+    settings = [k for k in ("n_threads", "n_gpu_layers", "main_gpu", "n_cpu_moe", "n_batch", "n_ubatch", "flash_attn",
+                            "type_k", "type_v", "tensor_buft_overrides") if len({r[k] for r in rows}) > 1]
     head = ["model", "test", *settings, f"run {a} t/s", f"run {b} t/s", "B/A"]
     cells = [[r["model_name"], r["test"], *["-" if r[k] is None else str(r[k]) for k in settings],  # none: a server's
               f"{r['a_ts']:.2f}" if r["a_ts"] else "", f"{r['b_ts']:.2f}" if r["b_ts"] else "",
