@@ -474,6 +474,16 @@ def assert_same_greedy_text(got: list[str], want: list[str], why: str) -> None:
         assert got == want, why
 
 
+@pytest.fixture
+def endpoints_toml(home: Path) -> Iterator[Path]:
+    """The home's endpoints.toml (LOCALGEN_HOME/config, paths.config_dir), removed after the test."""
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    path = config / "endpoints.toml"
+    yield path
+    path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeServer]:
     """A fake OpenAI-compatible server on loopback (tests/fake_openai.py), one per test module."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,6 @@ from localgen.remote.endpoints import Endpoint
 from localgen.types import GenerationRequest, SamplingParams
 from tests.conftest import CLI
 from tests.fake_openai import FakeServer
-
-
-@pytest.fixture
-def endpoints_toml(home: Path) -> Iterator[Path]:
-    config = home / "config"  # LOCALGEN_HOME/config (paths.config_dir)
-    config.mkdir(parents=True, exist_ok=True)
-    path = config / "endpoints.toml"
-    yield path
-    path.unlink(missing_ok=True)
 
 
 def test_a_named_endpoint_without_models_takes_the_servers_only_model(cli: CLI, fake: FakeServer,

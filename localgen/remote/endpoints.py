@@ -103,6 +103,13 @@ def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     except OSError as e:
         warn(f"{path} cannot be read ({e}): its endpoints are not used")
         return None
+    utf16 = _utf16(data)
+    if utf16 is not None:  # Notepad's "Unicode": TOML is UTF-8, and read as that the file names no entry
+        why = f"{path} is UTF-16 text, not UTF-8 as TOML is"
+        if _declares(utf16, head):
+            raise UsageError(why, hint="save it as UTF-8: in Notepad, Save As with Encoding UTF-8")
+        warn(f"{why} (save it as UTF-8): its endpoints are not used")
+        return None
     try:
         text = data.decode("utf-8")
         doc = tomllib.loads(text)
@@ -139,6 +146,18 @@ def _where(e: ValueError, data: bytes) -> str:
         line, column = data.count(newline) + 1, len(data.decode("utf-8")) - data.decode("utf-8").rfind("\n")
         text = f"{text[:-len(end)]}(at end of document, line {line}, column {column})"
     return text
+
+
+def _utf16(data: bytes) -> str | None:
+    """The text of a file saved as UTF-16 (damaged characters replaced), else None: its byte order mark says so, or,
+    without one, a NUL in most of its odd or even bytes, as ASCII is in UTF-16 (TOML has no NUL; UTF-8 text with
+    one is TOML's error, at its line)."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return data.decode("utf-16", "replace").removeprefix("\ufeff")
+    odd, even = data[1::2].count(0), data[0::2].count(0)
+    if not data or len(data) % 2 or max(odd, even) * 2 < len(data) // 2:
+        return None
+    return data.decode("utf-16-le" if odd > even else "utf-16-be", "replace")
 
 
 def _declares(text: str, head: str) -> bool:
