@@ -35,6 +35,7 @@ def installed() -> list[dict[str, Any]]:
     files_of: dict[tuple[str, str], set[str]] = {}  # (repo, quant): the file names of it, over every commit
     for f in cached:
         files_of.setdefault((f.repo, (f.quant or "?").upper()), set()).add(f.filename)
+    hub_items: list[tuple[Any, dict[str, Any]]] = []
     for f in cached:
         try:
             summary = read_summary(str(f.link))
@@ -48,6 +49,8 @@ def installed() -> list[dict[str, Any]]:
         item = _item(name, str(f.link), "hf cache", summary)
         item["size"] = store.total_size(f)
         items.append(item)
+        hub_items.append((f, item))
+    _older_revisions(hub_items)
     for name, path in quantized.all_models():  # made here by `localgen quantize`
         try:
             summary = read_summary(str(path))
@@ -56,6 +59,40 @@ def installed() -> list[dict[str, Any]]:
         items.append(_item(name, str(path), "quantized", summary))
     items += _other_stores()
     return items + _presets({item["name"]: item for item in items})
+
+
+def _older_revisions(hub_items: list[tuple[Any, dict[str, Any]]]) -> None:
+    """A name the cache holds at more than one commit (an older revision a tag still names, or another tool
+    kept): the copy the name resolves to keeps it (at the commit refs/main names, else the first), each other one
+    is named by its revision, as run takes it: OWNER/REPO/resolve/REF-OR-COMMIT/FILE."""
+    from localgen.models import hfcache
+
+    by_name: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    for f, item in hub_items:
+        by_name.setdefault(item["name"], []).append((f, item))
+    for group in by_name.values():
+        if len(group) < 2:
+            continue
+        main = hfcache.cached_commit(group[0][0].repo, "main")
+        keep = next((i for i, (f, _) in enumerate(group) if f.commit == main), 0)
+        for i, (f, item) in enumerate(group):
+            if i != keep:
+                item["name"] = f"{f.repo}/resolve/{_ref_of(f.repo, f.commit)}/{f.filename}"
+
+
+def _ref_of(repo: str, commit: str) -> str:
+    """A ref (branch or tag) that names this commit in the cache, else the commit itself."""
+    from localgen.models import hfcache
+
+    refs = hfcache.repo_dir(repo) / "refs"
+    for ref in sorted(refs.rglob("*")) if refs.is_dir() else []:
+        try:
+            # (a nested ref, refs/pr/1, is no revision a resolve name can carry: its commit is)
+            if ref.is_file() and ref.read_text().strip() == commit and ref.parent == refs:
+                return ref.name
+        except OSError:
+            continue
+    return commit
 
 
 def _other_stores() -> list[dict[str, Any]]:

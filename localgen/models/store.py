@@ -135,6 +135,37 @@ def removal(files: list[CachedFile]) -> list[Path]:
     return targets
 
 
+def superseded(repo: str, old: str | None, new: str, filename: str) -> list[Path]:
+    """The links at commit `old` that a pull of the model `filename` at `new` replaced (`old`: the commit the
+    pulled revision's ref named before): every part of it, and the projector beside it where no other model
+    there uses it, each only where `new` holds the same file. None when `old` is `new`, when another ref (a tag
+    or branch pulled by name) still names `old`, or when any part is missing at `new`; other files stay."""
+    if old is None or old == new or not (hfcache.COMMIT.match(old) and hfcache.COMMIT.match(new)):
+        return []
+    base = hfcache.repo_dir(repo)
+    if any(_names(ref, old) for ref in (base / "refs").rglob("*")):
+        return []
+    olds = [f for f in cached_files(repo) if f.commit == old and f.filename == filename]
+    if not olds:
+        return []
+    before, after = base / "snapshots" / old, base / "snapshots" / new
+
+    def there(p: Path) -> bool:
+        return (after / p.relative_to(before)).exists()
+
+    if not all(there(p) for p in split_parts(olds[0])):
+        return []
+    return [p for p in removal(olds) if there(p)]
+
+
+def _names(ref: Path, commit: str) -> bool:
+    """Whether a refs/ file names this commit."""
+    try:
+        return ref.is_file() and ref.read_text().strip() == commit
+    except OSError:
+        return False
+
+
 def projectors(folder: Path) -> list[Path]:
     """The projector links (mmproj-*.gguf) in one snapshot folder."""
     from localgen.models.mmproj import is_mmproj

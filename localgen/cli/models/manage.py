@@ -93,7 +93,9 @@ def pull(
             print(f"offline: {ref.name} is in the cache (not checked for a newer version on the Hub)",
                   file=sys.stderr)
         else:
+            before = hfcache.cached_commit(target.spec.repo, target.spec.revision)  # the pull moves the ref
             ref = resolve.pull(target, make_progress())
+            _replace_older(target.spec, before, ref.path)
     if json_out:
         print(json.dumps({"name": ref.name, "file": ref.file, "sha256": ref.sha256,
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
@@ -102,6 +104,33 @@ def pull(
     from localgen.cli.hints import tune_tip
 
     tune_tip(sys.stderr.isatty(), lambda text: print(text, file=sys.stderr), ref.name, ref.path)
+
+
+def _replace_older(spec: Any, before: str | None, path: str) -> None:
+    """After a pull of a revision that moved to a new commit, whole and verified: the older commit's copy of the
+    same model goes (store.superseded), and its blobs no other link uses, said in one line on stderr. A copy that
+    cannot be removed (in use on Windows, a read-only cache) is said and kept: the pull succeeded."""
+    from localgen.models import hfcache, store
+
+    new = hfcache.cached_commit(spec.repo, spec.revision)
+    if before is None or new is None or before == new:
+        return
+    try:
+        filename = Path(path).relative_to(hfcache.repo_dir(spec.repo) / "snapshots" / new).as_posix()
+    except ValueError:
+        return
+    going = store.superseded(spec.repo, before, new, filename)
+    if not going:
+        return
+    try:
+        sizes = {(b := store.blob_of(p)): b.stat().st_size for p in going if p.exists()}
+        _, blobs = store.remove([], going)
+    except OSError as e:
+        print(f"the copy of {filename} at the older revision {before[:12]} was kept: {e.strerror or e}",
+              file=sys.stderr)
+        return
+    print(f"replaced the copy of {filename} at the older revision {before[:12]}, freed "
+          f"{format_amount(sum(sizes.get(b, 0) for b in blobs))}", file=sys.stderr)
 
 
 def _pulled_ollama_name(name: str) -> Any:
