@@ -57,3 +57,13 @@ def test_a_nul_in_a_utf8_endpoints_file_is_not_taken_for_utf16(cli: CLI, fake: F
     r = cli("run", "-m", "box/plain", "-p", "hi")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"{endpoints_toml}: " in r.stderr and "line 3" in r.stderr and "UTF-16" not in r.stderr, r.stderr
+
+
+def test_a_file_of_zeros_is_not_taken_for_utf16(cli: CLI, endpoints_toml: Path) -> None:
+    """A file that a power cut left full of NULs is no UTF-16 text (its decoded text would be NULs too): it is
+    the unreadable file it is, a warning, and a model here runs; no advice to save it as UTF-8."""
+    endpoints_toml.write_bytes(b"\x00" * 4096)
+    r = cli("run", "-m", "smollm2:135m", "-p", "hi", "-n", "1")  # a name the file could declare: it is read
+    assert r.returncode == 0, r.stderr
+    assert str(endpoints_toml) in r.stderr and "UTF-16" not in r.stderr, r.stderr
+    assert endpoints_toml.read_bytes() == b"\x00" * 4096

@@ -151,13 +151,15 @@ def _where(e: ValueError, data: bytes) -> str:
 def _utf16(data: bytes) -> str | None:
     """The text of a file saved as UTF-16 (damaged characters replaced), else None: its byte order mark says so, or,
     without one, a NUL in most of its odd or even bytes, as ASCII is in UTF-16 (TOML has no NUL; UTF-8 text with
-    one is TOML's error, at its line)."""
+    one is TOML's error, at its line), and the text it decodes to has no NUL."""
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        return data.decode("utf-16", "replace").removeprefix("\ufeff")
-    odd, even = data[1::2].count(0), data[0::2].count(0)
-    if not data or len(data) % 2 or max(odd, even) * 2 < len(data) // 2:
-        return None
-    return data.decode("utf-16-le" if odd > even else "utf-16-be", "replace")
+        text = data.decode("utf-16", "replace").removeprefix("\ufeff")
+    else:
+        odd, even = data[1::2].count(0), data[0::2].count(0)
+        if not data or len(data) % 2 or max(odd, even) * 2 < len(data) // 2:
+            return None
+        text = data.decode("utf-16-le" if odd > even else "utf-16-be", "replace")
+    return None if "\x00" in text else text  # NULs still (a file a power cut zeroed): no text at all
 
 
 def _declares(text: str, head: str) -> bool:
