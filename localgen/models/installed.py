@@ -82,17 +82,11 @@ def _older_revisions(hub_items: list[tuple[Any, dict[str, Any]]]) -> None:
 
 def _ref_of(repo: str, commit: str) -> str:
     """A ref (branch or tag) that names this commit in the cache, else the commit itself."""
-    from localgen.models import hfcache
+    from localgen.models import hfcache, store
 
     refs = hfcache.repo_dir(repo) / "refs"
-    for ref in sorted(refs.rglob("*")) if refs.is_dir() else []:
-        try:
-            # (a nested ref, refs/pr/1, is no revision a resolve name can carry: its commit is)
-            if ref.is_file() and ref.read_text().strip() == commit and ref.parent == refs:
-                return ref.name
-        except OSError:
-            continue
-    return commit
+    # (a nested ref, refs/pr/1, is no revision a resolve name can carry: its commit is)
+    return next((ref.name for ref in sorted(refs.glob("*")) if store.names_commit(ref, commit)), commit)
 
 
 def _other_stores() -> list[dict[str, Any]]:

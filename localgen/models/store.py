@@ -143,7 +143,7 @@ def superseded(repo: str, old: str | None, new: str, filename: str) -> list[Path
     if old is None or old == new or not (hfcache.COMMIT.match(old) and hfcache.COMMIT.match(new)):
         return []
     base = hfcache.repo_dir(repo)
-    if any(_names(ref, old) for ref in (base / "refs").rglob("*")):
+    if any(names_commit(ref, old) for ref in (base / "refs").rglob("*")):
         return []
     olds = [f for f in cached_files(repo) if f.commit == old and f.filename == filename]
     if not olds:
@@ -158,7 +158,26 @@ def superseded(repo: str, old: str | None, new: str, filename: str) -> list[Path
     return [p for p in removal(olds) if there(p)]
 
 
-def _names(ref: Path, commit: str) -> bool:
+def replace_older(repo: str, revision: str, before: str | None, path: str) -> tuple[str, int] | None:
+    """After a pull of `revision` that moved it from commit `before` to a new one, whole and verified: remove the
+    older commit's copy of the model at `path` (superseded) and its blobs no other link uses. Returns the model's
+    file name and the bytes freed, or None where nothing was replaced; an OSError where the copy cannot go."""
+    new = hfcache.cached_commit(repo, revision)
+    if before is None or new is None or before == new:
+        return None
+    try:
+        filename = Path(path).relative_to(hfcache.repo_dir(repo) / "snapshots" / new).as_posix()
+    except ValueError:
+        return None
+    going = superseded(repo, before, new, filename)
+    if not going:
+        return None
+    sizes = {(b := blob_of(p)): b.stat().st_size for p in going if p.exists()}
+    _, blobs = remove([], going)
+    return filename, sum(sizes.get(b, 0) for b in blobs)
+
+
+def names_commit(ref: Path, commit: str) -> bool:
     """Whether a refs/ file names this commit."""
     try:
         return ref.is_file() and ref.read_text().strip() == commit

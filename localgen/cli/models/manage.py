@@ -107,30 +107,21 @@ def pull(
 
 
 def _replace_older(spec: Any, before: str | None, path: str) -> None:
-    """After a pull of a revision that moved to a new commit, whole and verified: the older commit's copy of the
-    same model goes (store.superseded), and its blobs no other link uses, said in one line on stderr. A copy that
-    cannot be removed (in use on Windows, a read-only cache) is said and kept: the pull succeeded."""
-    from localgen.models import hfcache, store
+    """After a pull of a revision that moved to a new commit: the older commit's copy of the same model goes
+    (store.replace_older), said in one line on stderr. A copy that cannot be removed (in use on Windows, a
+    read-only cache) is said and kept: the pull succeeded."""
+    from localgen.models import store
 
-    new = hfcache.cached_commit(spec.repo, spec.revision)
-    if before is None or new is None or before == new:
-        return
     try:
-        filename = Path(path).relative_to(hfcache.repo_dir(spec.repo) / "snapshots" / new).as_posix()
-    except ValueError:
-        return
-    going = store.superseded(spec.repo, before, new, filename)
-    if not going:
-        return
-    try:
-        sizes = {(b := store.blob_of(p)): b.stat().st_size for p in going if p.exists()}
-        _, blobs = store.remove([], going)
+        replaced = store.replace_older(spec.repo, spec.revision, before, path)
     except OSError as e:
-        print(f"the copy of {filename} at the older revision {before[:12]} was kept: {e.strerror or e}",
-              file=sys.stderr)
+        print(f"the copy of {Path(path).name} at the older revision {(before or '')[:12]} was kept: "
+              f"{e.strerror or e}", file=sys.stderr)
         return
-    print(f"replaced the copy of {filename} at the older revision {before[:12]}, freed "
-          f"{format_amount(sum(sizes.get(b, 0) for b in blobs))}", file=sys.stderr)
+    if replaced is not None:
+        filename, freed = replaced
+        print(f"replaced the copy of {filename} at the older revision {(before or '')[:12]}, freed "
+              f"{format_amount(freed)}", file=sys.stderr)
 
 
 def _pulled_ollama_name(name: str) -> Any:
