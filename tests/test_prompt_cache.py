@@ -524,3 +524,21 @@ def test_a_state_that_fills_its_disk_is_said_to_have_filled_it(tmp_path: Path, m
         promptcache._save(SimpleNamespace(kv=kv), tmp_path, "stem")  # type: ignore[arg-type]
     assert not [p for p in tmp_path.rglob("*") if p.is_file()], "the part written is removed"
     assert promptcache._reason(caught.value, tmp_path) == f"{tmp_path}: No space left on device"
+
+
+def test_a_new_link_or_a_chmod_of_the_model_keeps_its_prefixes(env: dict[str, str], smollm2_path: Path,
+                                                                 tmp_path: Path) -> None:
+    """run.md: the saved state is keyed by the model file's path, size, mtime and a sample of its bytes; a new hard
+    link or new permissions are no change (its change time was part of the key: a store that links its files, or
+    tests running beside, cost every saved prefix of that model: `saved` where it said `hit`)."""
+    import shutil
+
+    model = tmp_path / "copy.gguf"
+    shutil.copyfile(smollm2_path, model)
+    ask = ["-m", str(model), "-f", str(doc(tmp_path, "linked", DOC_LINES)), "-p", "First mill?"]
+    assert run(env, *ask)["prompt_cache"] == "saved"
+    os.link(model, tmp_path / "another-name.gguf")
+    model.chmod(0o600)
+    again = run(env, *ask)
+    assert again["prompt_cache"] == "hit" and kept_at_least(again["stats"]), again
+    assert len(states(env)) == 1

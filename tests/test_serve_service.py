@@ -422,8 +422,8 @@ def test_a_model_file_removed_while_served_costs_only_its_prefixes(cli_env: dict
     log = _log(s)
     assert "Traceback" not in log and "internal error" not in log, log
     said = [line for line in log.splitlines() if "model file" in line]
-    assert said == [f"warning: {name}: its model file is gone or changed since it loaded (a new link or chmod "
-                    "counts): its prefixes are not kept on disk until it loads again"], log
+    assert said == [f"warning: {name}: its model file is gone or changed since it loaded: its prefixes are not kept "
+                    "on disk until it loads again"], log
     assert list((tmp_path / "home" / "cache" / "serve-prefixes").glob("*/*.prefix")) == []
 
 

@@ -4,9 +4,9 @@ set on every context made on the model; and what a saved KV state made with them
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
+from localgen import fileid
 from localgen.errors import ModelLoadError
 from localgen.native import logs, lora
 from localgen.types import ModelRef
@@ -36,6 +36,5 @@ def identity(adapters: Adapters) -> list[str]:
     """What a saved KV state depends on of the adapters: each file as it stands, and its scale."""
     out = []
     for path, scale in adapters:
-        st = os.stat(path)
-        out.append(f"lora:{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{scale!r}")
+        out.append(f"lora:{fileid.identity(path)}:{scale!r}")
     return out

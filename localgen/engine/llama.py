@@ -224,7 +224,7 @@ class Engine:
         restored into this context."""
         p = self.params
         return "|".join(str(x) for x in (
-            *self._file, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
+            self._file, p.cache_type_k, p.cache_type_v, self.flash_attn, p.n_batch, p.n_ubatch,
             p.repack, p.n_gpu_layers if self.offloaded else 0, p.rope_scaling, p.rope_freq_base, p.rope_freq_scale,
             version(), *self._adapter_ids,
         ))
@@ -333,9 +333,10 @@ def _context_of(engine: Engine) -> Callable[[], Any]:
 __all__ = ["Engine"]
 
 
-def _file_identity(path: Path) -> tuple[Path, int, int, int]:
-    """A model file as a saved KV state depends on it: its real path, size, modification time and change time
-    (a file rewritten in place, its mtime set back as `cp -p` or `touch -d` sets it, is another file)."""
-    real = path.resolve()
-    st = real.stat()
-    return real, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+def _file_identity(path: Path) -> str:
+    """A model file as a saved KV state depends on it: its real path, size, modification time and a sample of its
+    bytes (localgen/fileid.py: a file rewritten in place, its mtime set back as `cp -p` or `touch -d` sets it, is
+    another file; a new hard link or a chmod is not)."""
+    from localgen import fileid
+
+    return fileid.identity(path)

@@ -62,12 +62,12 @@ def placeholder(media_id: str, projector: str) -> int:
 
 
 def _projector_identity(path: str) -> str:
-    """A projector file as the states computed with it depend on it: its real path, size, modification and change
-    time (as engine/llama.py's identity takes the model file's: a file rewritten with its old mtime set back
-    is another projector)."""
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    return f"{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    """A projector file as the states computed with it depend on it: its real path, size, modification time and a
+    sample of its bytes (localgen/fileid.py, as engine/llama.py's identity takes the model file's: a file rewritten
+    with its old mtime set back is another projector; a new hard link or a chmod is not)."""
+    from localgen import fileid
+
+    return fileid.identity(path)
 
 
 @dataclass

@@ -190,8 +190,8 @@ class Residence:
         if self.backend.engine.file_gone:  # removed (localgen rm) or replaced while loaded: said once a load
             if self._told_gone is not self.backend:
                 self._told_gone = self.backend
-                self._log.warning(f"{self.name}: its model file is gone or changed since it loaded (a new link or "
-                                  "chmod counts): its prefixes are not kept on disk until it loads again")
+                self._log.warning(f"{self.name}: its model file is gone or changed since it loaded: its prefixes "
+                                  "are not kept on disk until it loads again")
             return None
         import hashlib
 
