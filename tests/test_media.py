@@ -337,8 +337,8 @@ def test_another_projector_encodes_the_cached_picture_again(smollm2_engine: Any,
 
 def test_a_projector_rewritten_with_its_old_mtime_is_another(tmp_path: Path) -> None:
     """media.md: a picture is never answered from another projector's encoding. A red team's: a file of the same
-    size rewritten in place, its mtime set back (`cp -p`, `touch -d`, `rsync -t`), was taken for the old one; the
-    change time tells them apart (the model file's and a LoRA's identities likewise)."""
+    size rewritten in place, its mtime set back (`cp -p`, `touch -d`, `rsync -t`), was taken for the old one; a
+    sample of its bytes tells them apart (localgen/fileid.py: the model file's and a LoRA's identities likewise)."""
     import os
     import time
 
