@@ -102,3 +102,41 @@ def decode(data: bytes, what: str) -> str:
         line = data.count(b"\n", 0, e.start) + 1
         raise UsageError(f"{what} is not UTF-8 text: byte 0x{data[e.start]:02x} on line {line:,} is not "
                          "UTF-8") from None
+
+
+SAVE_AS_UTF8 = "save it as UTF-8: in Notepad, Save As with Encoding UTF-8"
+
+
+class Utf16File(UsageError):
+    """A file of settings (endpoints.toml, models.toml, a preset, --mcp's servers) saved as UTF-16, Notepad's
+    "Unicode", where its format is UTF-8: one line naming the file. `text`: what it says read as UTF-16, to tell
+    whether it names what was asked for."""
+
+    def __init__(self, what: str | Path, kind: str, text: str) -> None:
+        super().__init__(f"{what} is UTF-16 text, not UTF-8 as {kind} is", hint=SAVE_AS_UTF8)
+        self.text = text
+
+
+def config_text(data: bytes, what: str | Path, kind: str) -> str:
+    """A file of settings in `kind` (TOML, JSON: formats that are UTF-8) as text: a UTF-8 byte order mark an
+    editor wrote dropped; Utf16File naming `what` where it is UTF-16; UnicodeDecodeError, for the caller to word,
+    where it is other bytes. Line ends are left as they are (both formats read CRLF)."""
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    text = utf16(data)
+    if text is not None:
+        raise Utf16File(what, kind, text)
+    return data.decode("utf-8")
+
+
+def utf16(data: bytes) -> str | None:
+    """The text of a file saved as UTF-16 (damaged characters replaced), else None: its byte order mark says so, or,
+    without one, a NUL in most of its odd or even bytes, as ASCII is in UTF-16 (TOML and JSON text has no NUL; UTF-8
+    text with one is the format's error, at its line), and the text it decodes to has no NUL."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        text = data.decode("utf-16", "replace").removeprefix("\ufeff")
+    else:
+        odd, even = data[1::2].count(0), data[0::2].count(0)
+        if not data or len(data) % 2 or max(odd, even) * 2 < len(data) // 2:
+            return None
+        text = data.decode("utf-16-le" if odd > even else "utf-16-be", "replace")
+    return None if "\x00" in text else text  # NULs still (a file a power cut zeroed): no text at all

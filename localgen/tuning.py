@@ -153,7 +153,8 @@ def _read(unreadable: list[int] | None = None) -> dict[str, Any]:
     unreadable as a whole reads as holding nothing (damage() says why)."""
     doc, _ = _load()
     given = doc.get("records")
-    doc["records"] = given if isinstance(given, list) else [given] if given is not None else []
+    # a lone record for the list (a hand edit) is one; an empty {} or "" (or null) holds none, and counts as none
+    doc["records"] = given if isinstance(given, list) else [given] if given else []
     if unreadable is not None:
         unreadable.append(sum(not _readable(d) for d in doc["records"]))
     if not isinstance(doc.get("hashes"), list):

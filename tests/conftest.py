@@ -474,14 +474,20 @@ def assert_same_greedy_text(got: list[str], want: list[str], why: str) -> None:
         assert got == want, why
 
 
-@pytest.fixture
-def endpoints_toml(home: Path) -> Iterator[Path]:
-    """The home's endpoints.toml (LOCALGEN_HOME/config, paths.config_dir), removed after the test."""
+def config_file(home: Path, name: str) -> Iterator[Path]:
+    """A file of the home's config folder (LOCALGEN_HOME/config, paths.config_dir), removed after the test: for
+    fixtures to `yield from`."""
     config = home / "config"
     config.mkdir(parents=True, exist_ok=True)
-    path = config / "endpoints.toml"
+    path = config / name
     yield path
     path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def endpoints_toml(home: Path) -> Iterator[Path]:
+    """The home's endpoints.toml, removed after the test."""
+    yield from config_file(home, "endpoints.toml")
 
 
 @pytest.fixture(scope="module")

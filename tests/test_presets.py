@@ -841,7 +841,7 @@ def test_a_damaged_preset_is_listed_as_a_warning_and_its_error_is_in_words(pcli:
     assert pcli("create", "good", "-f", "-", input="FROM smollm2:135m\nSYSTEM hi\n").returncode == 0
     folder = tmp_path / "home" / "data" / "presets"
     damage = {"lst": (b"[]\n", "it holds a JSON list, not a preset's object"),
-              "binary": (b"\xff\xfe", "byte 0xff at offset 0 is not UTF-8"),
+              "binary": (b"\xff\xff", "byte 0xff at offset 0 is not UTF-8"),  # (\xff\xfe: UTF-16)
               "bom": (b'\xef\xbb\xbf{"a": "\xe9"}', "byte 0xe9 at offset 10 is not UTF-8"),  # the file's offset
               "empty": (b"", "it is empty"),
               "cut": (b'{"format', "it is not JSON (Unterminated string starting at: line 1, column 2)")}

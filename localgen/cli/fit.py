@@ -67,7 +67,8 @@ def fit(
     weights = footprint.layout(ref.path)
     _check_loadable(ref, weights)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
-    _check_buffers(load, len(machine.gpus))
+    _check_buffers(load, len(machine.gpus),
+                   ref.name if "override_tensor" in ref.load and not knobs.given("override_tensor") else None)
     # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx or a models.toml context (as run loads
     # it), else none (the largest that fits)
     said_by = asked_by = window_source(model, ref) if ref.context is not None else None
@@ -183,12 +184,21 @@ def _sane_size(flag: str, item: str, size: int) -> None:
         raise UsageError(f"{flag}: {item.strip()!r} is over 1 PiB, more memory than a machine has")
 
 
-def _check_buffers(load: Any, n_gpus: int) -> None:
-    """-ot's buffer types against the devices planned for: CPU, or a GPU's number below their count."""
+def _check_buffers(load: Any, n_gpus: int, preset_name: str | None) -> None:
+    """-ot's buffer types against the devices planned for: CPU, or a GPU's number below their count. `preset_name`:
+    the preset that set them (no -ot given), which the error names, as run's does (cli/options/preset.py)."""
     from localgen import placement
+    from localgen.errors import UsageError
 
-    for _, buffer in load.override_tensor:
-        placement.described_buffer(buffer, n_gpus)
+    try:
+        for _, buffer in load.override_tensor:
+            placement.described_buffer(buffer, n_gpus)
+    except UsageError as e:
+        if preset_name is None:
+            raise
+        raise UsageError(f"the preset {preset_name}'s PARAMETER override_tensor: "
+                         f"{e.message.removeprefix('--override-tensor: ')}",
+                         hint="give -ot to replace it here") from None
 
 
 def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None,

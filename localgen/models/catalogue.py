@@ -12,6 +12,7 @@ from typing import Any
 from localgen import paths, settings
 from localgen.errors import LocalgenError, UsageError
 from localgen.regular import Unreadable, read_regular
+from localgen.text import Utf16File, config_text
 from localgen.types import MIN_CTX_FLAG
 
 SHIPPED = Path(__file__).with_name("models.toml")  # package data; the repo's top-level models.toml links here
@@ -67,8 +68,8 @@ def _say(text: str) -> None:
 
 def _read(path: Path, required: bool = False) -> dict[str, Any]:
     """The [models] table of a file ({} where an optional one is missing); UsageError where it cannot be read."""
-    try:  # utf-8-sig: a byte order mark an editor wrote is dropped
-        text = read_regular(path, MAX_FILE, whole=True, what="a catalogue").decode("utf-8-sig")
+    try:  # a byte order mark an editor wrote is dropped; UTF-16 (Notepad's "Unicode") is Utf16File, a UsageError
+        text = config_text(read_regular(path, MAX_FILE, whole=True, what="a catalogue"), path, "TOML")
         data = tomllib.loads(text)
     except FileNotFoundError:
         if required:
@@ -194,6 +195,11 @@ def read(using: str | None = None) -> Catalogue:
     path = user_file()
     try:
         mine = _read(path)
+    except Utf16File as e:  # an error where it declares the name about to be used (read as UTF-16), else a warning
+        if using is not None and _declares(e.text, using):
+            raise
+        _say(f"{e.message} (save it as UTF-8): its models are not used")
+        return Catalogue(entries, unreadable=e)
     except UsageError as e:
         _say(f"{e.message}: its models are not used")
         return Catalogue(entries, unreadable=e)
@@ -210,6 +216,17 @@ def read(using: str | None = None) -> Catalogue:
             if name != using:
                 _say(f"{e.message} ({name} cannot be used until this is fixed)")
     return Catalogue(entries, broken)
+
+
+def _declares(text: str, name: str) -> bool:
+    """Whether a catalogue's text (one that could not be read as UTF-8) has an entry `name`: its [models] table's
+    key, or, where the text is not TOML either, a [models.NAME] header that appears to be one."""
+    try:
+        models = tomllib.loads(text).get("models")
+        return isinstance(models, dict) and name in models
+    except tomllib.TOMLDecodeError:
+        key = f"[\"']?{re.escape(name)}[\"']?"
+        return re.search(rf"^\s*\[\s*models\s*\.\s*{key}\s*[].]", text, re.MULTILINE) is not None
 
 
 def shipped_names() -> set[str]:

@@ -24,6 +24,7 @@ from localgen import loadsettings, paths, settings
 from localgen.errors import LocalgenError, ModelNotFoundError, NotDownloadedError, UsageError
 from localgen.models import modelfile
 from localgen.regular import Unreadable, read_regular
+from localgen.text import Utf16File, config_text, mended
 from localgen.types import ModelRef
 
 # matched whole (fullmatch): `$` would also match before a final newline, and "bot\n" would be a file name
@@ -86,7 +87,9 @@ def _name_problem(name: str) -> str:
     base, colon, tag = name.partition(":")
     odd = next((c for c in name if not (c.isascii() and (c.isalnum() or c in "._-:"))), None)
     if odd is not None:
-        return f"{odd!r} is not allowed: a name takes {allowed}, and one optional ':tag'"
+        code = ord(odd)  # a byte that was not UTF-8 (a Latin-1 terminal's é), kept in argv by surrogateescape
+        shown = f"byte 0x{code - 0xDC00:02x}, not UTF-8," if 0xDC80 <= code <= 0xDCFF else repr(odd)
+        return f"{shown} is not allowed: a name takes {allowed}, and one optional ':tag'"
     if ":" in tag:
         return "one ':tag' at most"
     for part, what, most in ((base, "the name", 80), (tag, "the tag", 40)):
@@ -99,8 +102,8 @@ def _name_problem(name: str) -> str:
 
 def check_name(name: str) -> str:
     """A preset name: letters, digits, `.`, `_`, `-`, and one optional `:tag`, as Ollama's names."""
-    if not NAME.fullmatch(name):
-        raise UsageError(f"bad preset name {name!r}: {_name_problem(name)}", hint="e.g. mybot or mybot:short")
+    if not NAME.fullmatch(name):  # (a byte that was not UTF-8 shown as U+FFFD, not as '\udce8')
+        raise UsageError(f"bad preset name {mended(name)!r}: {_name_problem(name)}", hint="e.g. mybot or mybot:short")
     if name.lower().endswith(".gguf"):  # models/names.py reads such a name as a file's path
         raise UsageError(f"bad preset name {name!r}: a name ending in .gguf means a file", hint="e.g. mybot")
     store = name.partition(":")[0]
@@ -172,7 +175,9 @@ def find(name: str) -> Preset | None:
 
             raise LocalgenError(f"cannot read the preset {path}: {os_reason(e)}") from None
         try:
-            return _from_json(canonical(name), _document(raw))
+            return _from_json(canonical(name), _document(raw, path))
+        except Utf16File:  # a hand edit saved as Notepad's "Unicode": not damage, and the one line says what to do
+            raise
         except (ValueError, TypeError, KeyError, AttributeError, UsageError) as e:
             why = e.message if isinstance(e, UsageError) else str(e)
             raise LocalgenError(f"the preset file {path} is damaged: {why}",
@@ -192,12 +197,13 @@ def meant(name: str) -> Preset | None:
     return find(name)
 
 
-def _document(raw: bytes) -> dict[str, Any]:
-    """A preset file's JSON object; a ValueError in words (empty, not UTF-8, not JSON, not an object)."""
+def _document(raw: bytes, path: Path) -> dict[str, Any]:
+    """A preset file's JSON object; a ValueError in words (empty, not UTF-8, not JSON, not an object), Utf16File
+    naming `path` where it is UTF-16 text."""
     if not raw.strip():
         raise ValueError("it is empty")
     try:
-        doc = json.loads(raw.decode("utf-8-sig"))
+        doc = json.loads(config_text(raw, path, "JSON"))
     except UnicodeDecodeError as e:
         at = e.start + len(raw) - len(e.object)  # the file's offset: the codec counts after a byte order mark
         raise ValueError(f"byte 0x{raw[at]:02x} at offset {at:,} is not UTF-8") from None

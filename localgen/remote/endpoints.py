@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from localgen.errors import UsageError
 from localgen.hostnames import checked_url
+from localgen.text import Utf16File, config_text
 
 
 @dataclass(frozen=True)
@@ -103,16 +104,13 @@ def declared(head: str, warn: Callable[[str], None]) -> dict[str, Any] | None:
     except OSError as e:
         warn(f"{path} cannot be read ({e}): its endpoints are not used")
         return None
-    utf16 = _utf16(data)
-    if utf16 is not None:  # Notepad's "Unicode": TOML is UTF-8, and read as that the file names no entry
-        why = f"{path} is UTF-16 text, not UTF-8 as TOML is"
-        if _declares(utf16, head):
-            raise UsageError(why, hint="save it as UTF-8: in Notepad, Save As with Encoding UTF-8")
-        warn(f"{why} (save it as UTF-8): its endpoints are not used")
-        return None
     try:
-        text = data.decode("utf-8")
-        doc = tomllib.loads(text)
+        doc = tomllib.loads(config_text(data, path, "TOML"))
+    except Utf16File as e:  # Notepad's "Unicode": TOML is UTF-8, and read as that the file names no entry
+        if _declares(e.text, head):
+            raise
+        warn(f"{e.message} (save it as UTF-8): its endpoints are not used")
+        return None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:  # TOML is UTF-8: other bytes are not valid TOML
         why = _where(e, data)
         if _declares(data.decode("utf-8", "replace"), head):
@@ -146,20 +144,6 @@ def _where(e: ValueError, data: bytes) -> str:
         line, column = data.count(newline) + 1, len(data.decode("utf-8")) - data.decode("utf-8").rfind("\n")
         text = f"{text[:-len(end)]}(at end of document, line {line}, column {column})"
     return text
-
-
-def _utf16(data: bytes) -> str | None:
-    """The text of a file saved as UTF-16 (damaged characters replaced), else None: its byte order mark says so, or,
-    without one, a NUL in most of its odd or even bytes, as ASCII is in UTF-16 (TOML has no NUL; UTF-8 text with
-    one is TOML's error, at its line), and the text it decodes to has no NUL."""
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        text = data.decode("utf-16", "replace").removeprefix("\ufeff")
-    else:
-        odd, even = data[1::2].count(0), data[0::2].count(0)
-        if not data or len(data) % 2 or max(odd, even) * 2 < len(data) // 2:
-            return None
-        text = data.decode("utf-16-le" if odd > even else "utf-16-be", "replace")
-    return None if "\x00" in text else text  # NULs still (a file a power cut zeroed): no text at all
 
 
 def _declares(text: str, head: str) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.errors import UsageError
+from localgen.text import config_text
 
 MAX_CONFIG_BYTES = 1 << 20  # an MCP config file: a few KB in practice
 EXAMPLE_URL = "http://127.0.0.1:8000/mcp"
@@ -120,7 +121,7 @@ def from_file(path: Path) -> list[McpTarget]:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
             raise UsageError(f"{where}: {size:,} bytes is too big for a file of MCP servers")
-        doc = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte order mark an editor wrote: dropped
+        doc = json.loads(config_text(path.read_bytes(), where, "JSON"))  # UTF-16: Utf16File, naming `where`
     except FileNotFoundError:
         raise UsageError(f"{where}: no such file") from None
     except OSError as e:
