@@ -37,6 +37,11 @@ class ModelFormatError(LocalgenError):
     """The file is not a GGUF model llama.cpp can read (not GGUF, truncated, corrupt)."""
 
 
+class NotAModelFile(UsageError, ModelFormatError):
+    """A path given as a model names a folder: no model, as a bad file is, but the command line's mistake (exit 2,
+    as a folder given to -m is)."""
+
+
 class ModelLoadError(LocalgenError):
     """llama.cpp refused to load the model; carries the last llama.cpp log lines."""
 

@@ -151,8 +151,29 @@ def make_dirs(path: Path) -> Path:
             blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
             if blocker is None:  # exists" of the folder asked for, or "Not a directory" of it
                 raise
-            raise NotADirectoryError(errno.ENOTDIR, f"{blocker} is a file, not a folder", str(path)) from e
+            raise NotADirectoryError(errno.ENOTDIR, in_the_way(blocker), str(path)) from e
     return path
+
+
+def in_the_way(blocker: Path) -> str:
+    """Why `blocker`, found where a folder goes, is no folder: a file, or a symbolic link to nothing (named with the
+    path it names, which a user may mean to make), a link loop, or a link to a file."""
+    if not blocker.is_symlink():
+        return f"{blocker} is a file, not a folder"
+    try:
+        target = Path(os.readlink(blocker))
+    except OSError:  # removed or replaced meanwhile
+        return f"{blocker} is not a folder"
+    shown = target if target.is_absolute() else blocker.parent / target
+    try:
+        os.stat(blocker)
+    except FileNotFoundError:
+        return f"{blocker} is a broken link (to {shown}, which does not exist), not a folder"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{blocker} is a symbolic link loop (through {shown}), not a folder"
+        return f"{blocker} is a link to {shown}, which cannot be reached: {(e.strerror or str(e)).lower()}"
+    return f"{blocker} is a link to a file, {shown}, not a folder"
 
 
 def os_reason(e: OSError) -> str:
@@ -162,7 +183,7 @@ def os_reason(e: OSError) -> str:
         path = Path(e.filename)
         blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
         if blocker is not None:
-            return f"{blocker} is a file, not a folder"
+            return in_the_way(blocker)
     return e.strerror or str(e)
 
 

@@ -693,8 +693,9 @@ def test_an_unknown_collection_s_error_lists_the_others_sorted(hcli: CLI, bert: 
 def test_a_relative_model_path_naming_another_file_here_says_where_it_was_stored_from(hcli: CLI, bert: str,
                                                                                        tmp_path: Path) -> None:
     """A collection stored with `-m bert.gguf` from one folder, added to from another whose bert.gguf is another
-    file: the hint says the path was read from the folder it was stored from (it said `use -m bert.gguf`, the very
-    words typed)."""
+    file: the hint names the file the collection was stored with, by the full path it keeps (it said `use -m
+    bert.gguf`, the very words typed); for a collection an older localgen kept with the path as typed, that the path
+    was read from the folder it was stored from."""
     import shutil
 
     first, second = tmp_path / "first", tmp_path / "second"
@@ -709,6 +710,11 @@ def test_a_relative_model_path_naming_another_file_here_says_where_it_was_stored
     r = hcli("embed", "-m", "bert.gguf", "--store", "rel", "the dog", cwd=second)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "collection 'rel' holds vectors of another bert.gguf (a file of that name with other content)" in r.stderr
+    assert f"(use -m {first / 'bert.gguf'}, or another collection name)" in r.stderr, r.stderr  # its full path, kept
+    with closing(sqlite3.connect(_db(hcli))) as conn, conn:  # as an older localgen kept it: -m as typed
+        conn.execute("UPDATE collections SET model_spec = 'bert.gguf' WHERE name = 'rel'")
+    r = hcli("embed", "-m", "bert.gguf", "--store", "rel", "the dog", cwd=second)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "(bert.gguf was a relative path, read from the current folder: store from the folder it was stored from, " \
            "or use another collection name)" in r.stderr, r.stderr
     assert _held(hcli, "rel") == {text_id("the cat"): "the cat"}, "the collection is as it was"

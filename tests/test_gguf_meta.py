@@ -208,7 +208,7 @@ def test_hostile_headers_are_one_line_format_errors(tmp_path: Path, name: str) -
 
 
 def test_paths_that_are_not_files(tmp_path: Path) -> None:
-    with pytest.raises(ModelFormatError, match=r"is a directory, not a \.gguf file"):
+    with pytest.raises(ModelFormatError, match=r"is a folder, not a model file"):
         gguf_meta.read_gguf(str(tmp_path))
     with pytest.raises(ModelFormatError, match=r"cannot read .*missing\.gguf: No such file"):
         gguf_meta.read_gguf(str(tmp_path / "missing.gguf"))

@@ -270,8 +270,12 @@ def test_a_chat_model_that_is_not_there_is_said_before_the_embedding_model_loads
 
 
 def test_a_collection_made_with_a_relative_path_says_so_from_another_folder(hcli: CLI, tmp_path: Path) -> None:
-    """The model's path is kept as typed: from another folder it is not there, and the error names the collection
-    and why (it said `no such model file: bert.gguf`, for a model the command was never given)."""
+    """A collection keeps its model file's full path: one stored with `-m bert.gguf` finds it from any folder. One
+    an older localgen kept with the path as typed is not there from another folder, and the error names the
+    collection and why (it said `no such model file: bert.gguf`, for a model the command was never given)."""
+    import sqlite3
+    from contextlib import closing
+
     from tests.tiny_bert import build
 
     (tmp_path / "here").mkdir()
@@ -279,8 +283,12 @@ def test_a_collection_made_with_a_relative_path_says_so_from_another_folder(hcli
     build(tmp_path / "here" / "bert.gguf")
     r = hcli("embed", "-m", "bert.gguf", "--store", "relative", "The cat sits on the mat.", cwd=tmp_path / "here")
     assert r.returncode == 0, r.stderr
-    r = hcli("similar", "relative", "cat", cwd=tmp_path / "here")
-    assert r.returncode == 0 and "The cat sits" in r.stdout, r.stderr
+    for folder in ("here", "elsewhere"):
+        r = hcli("similar", "relative", "cat", cwd=tmp_path / folder)
+        assert r.returncode == 0 and "The cat sits" in r.stdout, r.stderr
+    db = Path(hcli.env["LOCALGEN_HOME"]) / "data" / "embeddings" / "embeddings.db"
+    with closing(sqlite3.connect(db)) as conn, conn:  # as an older localgen kept it: -m as typed
+        conn.execute("UPDATE collections SET model_spec = 'bert.gguf' WHERE name = 'relative'")
     r = hcli("similar", "relative", "cat", cwd=tmp_path / "elsewhere")
     assert (r.returncode, r.stderr.count("\n")) == (1, 1), r.stderr
     assert r.stderr.startswith("localgen: error: the collection 'relative' was made with bert.gguf: no such model "

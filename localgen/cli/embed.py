@@ -270,6 +270,25 @@ def _typed(model: str | None) -> str | None:
     return model
 
 
+def _kept(model: str | None) -> str | None:
+    """-m's model as a collection keeps it, to load again: a file's path made absolute (a relative one would name
+    another file, or none, from another folder: `similar`, --rag and `serve --collection` load it from anywhere);
+    any other name as typed."""
+    import os
+
+    from localgen.errors import LocalgenError
+    from localgen.models import names
+    from localgen.models.resolve import spec_of
+
+    if model is None:
+        return None
+    try:
+        spec = spec_of(model.strip())
+    except LocalgenError:  # (the load said why already)
+        return model
+    return os.path.abspath(spec.path) if isinstance(spec, names.PathSpec) else model
+
+
 def _backend(f: _LoadArgs, model: str | None) -> Any:
     from localgen.cli.output import ErrWriter
     from localgen.cli.progress import make_progress
@@ -318,6 +337,7 @@ def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[st
     from localgen.embeddings import store as collections
 
     backend = _backend(f, _typed(f.model))
+    kept = _kept(f.model)
     reused: dict[str, bytes] = {}
     try:
         name = backend.name
@@ -327,7 +347,7 @@ def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[st
             model_id = collections.fingerprint(backend.engine.model.path, backend.engine.adapters)
             embedder = backend.embedder(f.pooling)
             if f.dimensions is None or f.dimensions <= embedder.n_embd:  # (more: embed's own error, below)
-                collections.check(collections.Collection(f.store, name, f.model, embedder.pooling,
+                collections.check(collections.Collection(f.store, name, kept, embedder.pooling,
                                                          f.dimensions or embedder.n_embd, f.normalize, model_id))
         if f.docs:
             items = documents.chunked(f, backend, docs)
@@ -363,7 +383,7 @@ def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[st
         backend.close()
     if f.store and interrupted:
         with ignoring_ctrl_c():  # another press of a burst would roll the storing back
-            _store_part(f, collections.Collection(f.store, name, f.model, pooling, len(vectors[0].vector),
+            _store_part(f, collections.Collection(f.store, name, kept, pooling, len(vectors[0].vector),
                                                   f.normalize, model_id),
                         todo, vectors, [(i, t, reused[i]) for i, t in items if i in reused])
         raise KeyboardInterrupt
@@ -371,7 +391,7 @@ def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[st
         dims = len(vectors[0].vector) if vectors else (f.dimensions or size)
         # checked (in put) even when every text is unchanged: another model's run must neither store nor remove
         err = ErrWriter()
-        made = collections.Collection(f.store, name, f.model, pooling, dims, f.normalize, model_id)
+        made = collections.Collection(f.store, name, kept, pooling, dims, f.normalize, model_id)
         rows: list[tuple[str, str, list[float] | bytes]] = [
             (i, t, v.vector) for (i, t), v in zip(todo, vectors, strict=True)]
         rows += [(i, t, reused[i]) for i, t in items if i in reused]

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
-from localgen.errors import ModelFormatError, UsageError
+from localgen.errors import ModelFormatError, NotAModelFile, UsageError
 from localgen.types import GGUFSummary
 
 MAGIC = b"GGUF"
@@ -189,7 +189,7 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[tuple[str, list[int], int
         size = os.path.getsize(path)
         f = open(path, "rb")  # noqa: SIM115 (closed by the `with f:` below)
     except IsADirectoryError:
-        raise ModelFormatError(f"{path} is a directory, not a .gguf file") from None
+        raise NotAModelFile(f"{path} is a folder, not a model file") from None
     except OSError as e:
         raise ModelFormatError(f"cannot read {path}: {e.strerror}") from None
     with f:

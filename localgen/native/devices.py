@@ -161,11 +161,11 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
         raise LocalgenError(f"bad RPC server {endpoint!r}: use HOST:PORT")
     try:
         s = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    except socket.gaierror as e:  # the name's lookup failed: no server to start there
+        raise _lookup_failed(endpoint, host.strip("[]"), e) from None
     except OSError as e:
-        found = not isinstance(e, socket.gaierror)  # a name that is not found: no server to start there
         raise LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
-                            hint="start it with `localgen rpc-server` on that machine" if found else
-                            f"check the host name: {host} is not found") from None
+                            hint="start it with `localgen rpc-server` on that machine") from None
     step = "the greeting"
     try:
         with s:
@@ -217,6 +217,22 @@ def _devices_answer(sock: Any, endpoint: str) -> None:
                             hint="run `localgen rpc-server` from the same llama-cpp-python build")
     for device in range(count):
         ask(_DEVICE_MEMORY, struct.pack("<I", device), 16)
+
+
+def _lookup_failed(endpoint: str, host: str, e: OSError) -> LocalgenError:
+    """The error for an RPC server whose host name did not resolve: a name the resolver does not know apart from
+    a lookup that failed for now (no answer from DNS, EAI_AGAIN), which a retry or an address may get past."""
+    import socket
+
+    if e.errno == socket.EAI_AGAIN:
+        return LocalgenError(f"cannot reach the RPC server {endpoint}: {host} could not be resolved right now (a "
+                             "temporary failure of the name lookup)",
+                             hint="try again, or give the server's IP address")
+    unknown = {getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY") if hasattr(socket, n)}
+    return LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
+                         hint=f"check the host name: {host} is not found" if e.errno in unknown else
+                         f"{host} could not be resolved: check the host name and this machine's name service, or "
+                         "give the server's IP address")
 
 
 def _recv(sock: Any, n: int) -> bytes:

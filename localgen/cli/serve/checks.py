@@ -136,6 +136,8 @@ def _refuse_unoffered(f: ServeArgs, name: str, coll: Any) -> None:
                 return
         except LocalgenError:
             return
+    if f.residency.on_demand and _a_file(coll):  # on demand, serve offers models by name, never a file's path
+        raise _unoffered(name, coll)
     if f.residency.on_demand and (coll.model.lower().startswith("ollama:") or coll.model.lower().endswith(":latest")
                                   or coll.model in (i["name"] for i in installed())):
         return
@@ -148,9 +150,25 @@ def _refuse_unoffered(f: ServeArgs, name: str, coll: Any) -> None:
     raise _unoffered(name, coll)
 
 
+def _a_file(coll: Any) -> bool:
+    """Whether a collection was made with a model file named by its path (`embed -m ./bert.gguf`), not by a name."""
+    from localgen.models import names
+    from localgen.models.resolve import spec_of
+
+    try:
+        return isinstance(spec_of(coll.model_spec or coll.model), names.PathSpec)
+    except LocalgenError:
+        return False
+
+
 def _unoffered(name: str, coll: Any) -> UsageError:
+    spec = coll.model_spec or coll.model
+    if _a_file(coll) and not os.path.isabs(os.path.expanduser(spec)):  # kept as typed by an older localgen
+        hint = f"serve it too: -m {spec} from the folder the collection was stored from, or -m the model's full path"
+    else:
+        hint = f"serve it too: -m {spec}"
     return UsageError(f"--collection {name!r} was made with {coll.model}, which this server does not offer",
-                      hint=f"serve it too: -m {coll.model_spec or coll.model}")
+                      hint=hint)
 
 
 def check_collections(state: Any) -> None:
