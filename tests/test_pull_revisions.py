@@ -1,16 +1,20 @@
 """A Hub repo that moves to a new commit: a pull of the new revision replaces the old revision's copy of the same
 file (after the new one is whole and verified), `list` names the model once, and a pull that fails leaves the old
-revision usable. A commit another ref still names, and the old revision's other files, stay."""
+revision usable. A commit another ref still names, and the old revision's other files, stay. A split model's ref
+moves only after its last part; serve's /api/pull replaces too (a status line); a move for another file (a README)
+is said nowhere; a copy one of whose files is in use is kept whole."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,3 +166,202 @@ def test_other_files_and_a_commit_another_ref_names_stay(env: dict[str, str], fa
     assert shown["sha256"] == old_file.sha256
     (repo_dir(env) / "refs" / "v1").unlink()  # no ref names it (another tool kept it): named by its commit
     assert f"{REPO}/resolve/{OLD}/{FILE}" in {i["name"] for i in listed(env)}
+
+
+def test_a_move_for_another_file_says_nothing(env: dict[str, str], fake_hub: hub_server.FakeHub,
+                                              old_file: hub_server.HubFile) -> None:
+    """The repo's next commit edits its README only: the model's blob is the same, so the older commit's link goes
+    unsaid (it said "replaced ..., freed 0 bytes" on each such pull)."""
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    fake_hub.repos[REPO] = hub_server.HubRepo(NEW, {FILE: old_file, OTHER: old_file,
+                                                   "README.md": hub_server.HubFile(b"# a new line\n")})
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0 and "replaced" not in r.stderr and "kept" not in r.stderr, r.stderr
+    snaps = repo_dir(env) / "snapshots"
+    assert not (snaps / OLD / FILE).exists() and (snaps / NEW / FILE).is_file()
+    assert (repo_dir(env) / "blobs" / old_file.sha256).is_file(), "the one blob, the new commit's too"
+    assert [i["name"] for i in listed(env)] == [f"{REPO}:Q4_1"]
+
+
+SPLIT = "acme/Moving-Split-GGUF"
+
+
+@pytest.fixture(scope="module")
+def split_revisions(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
+                    ) -> tuple[dict[str, hub_server.HubFile], dict[str, hub_server.HubFile]]:
+    """A split model (two parts) at two commits, every part's bytes changed (part 1: a letter of general.name;
+    part 2: its last byte)."""
+    from tests.gguf_split import split_model
+
+    parts = split_model(smollm2_path, tmp_path_factory.mktemp("split-old"), "smol-Q4_1", 150)
+    assert len(parts) == 2
+    folder = tmp_path_factory.mktemp("split-new")
+    first, second = bytearray(parts[0].read_bytes()), bytearray(parts[1].read_bytes())
+    at = first.index(b"Smollm2 135M")
+    first[at + 6] = ord("3")
+    second[-1] ^= 0xFF
+    (folder / parts[0].name).write_bytes(bytes(first))
+    (folder / parts[1].name).write_bytes(bytes(second))
+    return ({p.name: hub_server.HubFile(p) for p in parts},
+            {p.name: hub_server.HubFile(folder / p.name) for p in parts})
+
+
+def test_a_split_pull_cut_after_part_1_leaves_the_ref_and_the_old_copy(
+        env: dict[str, str], fake_hub: hub_server.FakeHub,
+        split_revisions: tuple[dict[str, hub_server.HubFile], dict[str, hub_server.HubFile]]) -> None:
+    """The ref moved with the first part: a pull cut in part 2 left refs/main at the new commit, so an offline run
+    picked the new copy (part 2 missing) and the next pull replaced nothing."""
+    from localgen.models.download import ATTEMPTS
+
+    old, new = split_revisions
+    first, second = sorted(old)
+    fake_hub.repos[SPLIT] = hub_server.HubRepo(OLD, dict(old))
+    assert lg(env, "pull", f"{SPLIT}:Q4_1").returncode == 0
+    base = Path(env["HF_HUB_CACHE"]) / ("models--" + SPLIT.replace("/", "--"))
+    fake_hub.repos[SPLIT] = hub_server.HubRepo(NEW, dict(new))
+    fake_hub.drop_after[second] = [new[second].size // 2] * (ATTEMPTS + 1)
+    r = lg(env, "pull", f"{SPLIT}:Q4_1")
+    assert r.returncode == 1 and f"downloading {second} failed after" in r.stderr, r.stderr
+    fake_hub.drop_after.clear()
+    assert (base / "blobs" / new[first].sha256).is_file(), "part 1 came whole"
+    assert (base / "refs" / "main").read_text() == OLD
+    r = lg(env, "run", "-m", f"{SPLIT}:Q4_1", "--offline", "-p", "Hi", "-n", "2")
+    assert r.returncode == 0, r.stderr
+    items = {i["name"]: i["path"] for i in json.loads(lg(env, "list", "--json").stdout) if SPLIT in i["name"]}
+    assert items[f"{SPLIT}:Q4_1"] == str(base / "snapshots" / OLD / first), items
+    r = lg(env, "pull", f"{SPLIT}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert f"replaced the copy of {first} at the older revision {OLD[:12]}, freed " in r.stderr, r.stderr
+    assert (base / "refs" / "main").read_text() == NEW
+    assert not (base / "snapshots" / OLD).exists()
+    assert sorted(b.name for b in (base / "blobs").iterdir()) == sorted(f.sha256 for f in new.values())
+
+
+def test_serves_api_pull_replaces_the_old_copy_with_a_status_line(
+        env: dict[str, str], fake_hub: hub_server.FakeHub, old_file: hub_server.HubFile,
+        new_file: hub_server.HubFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/api/pull goes through the same pull: the older copy goes, said as a status line of Ollama's stream."""
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    for k in ("HF_ENDPOINT", "HF_HUB_CACHE", "LOCALGEN_HOME"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    client = TestClient(build(ServeState(workers={}), Policy(check_host=False)))
+
+    def pull() -> list[dict[str, object]]:
+        r = client.post("/api/pull", json={"model": f"{REPO}:Q4_1"})
+        assert r.status_code == 200, r.text
+        return [json.loads(line) for line in r.text.splitlines()]
+
+    assert pull()[-1] == {"status": "success"}
+    move(fake_hub, new_file)
+    lines = pull()
+    said = f"replaced the copy of {FILE} at the older revision {OLD[:12]}, freed 94 MiB"
+    assert {"status": said} in lines and lines[-1] == {"status": "success"}, lines
+    assert not (repo_dir(env) / "blobs" / old_file.sha256).exists()
+    assert not (repo_dir(env) / "snapshots" / OLD).exists()
+
+
+def _held_cache(root: Path) -> tuple[Path, list[Path]]:
+    """A split model in a cache made as on Windows without symlinks (hard links to the blobs), at commits OLD and
+    NEW (refs/main: NEW); returns the repo folder and OLD's parts."""
+    base = root / "models--acme--Held-GGUF"
+    parts = []
+    for commit, text in ((OLD, b"old"), (NEW, b"new")):
+        for i in (1, 2):
+            data = text + bytes([i])
+            blob = base / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(data)
+            link = base / "snapshots" / commit / f"held-Q4_0-0000{i}-of-00002.gguf"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.link(blob, link)
+            if commit == OLD:
+                parts.append(link)
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(NEW)
+    return base, parts
+
+
+def _in_use(monkeypatch: pytest.MonkeyPatch, held: Path) -> None:
+    """Windows' refusal to rename or delete a file a running model holds open, for the file `held` is."""
+    ino = held.stat().st_ino
+
+    def refusing(real: Any) -> Any:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                held_now = os.stat(path, follow_symlinks=False).st_ino == ino
+            except OSError:
+                held_now = False
+            if held_now:
+                raise PermissionError(13, "The process cannot access the file because it is being used by "
+                                          "another process", str(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    for name in ("unlink", "remove", "replace", "rename"):
+        monkeypatch.setattr(os, name, refusing(getattr(os, name)))
+
+
+def test_a_copy_whose_later_part_is_in_use_is_kept_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          cli_in_process: Any) -> None:
+    """rm and the replacement of an older copy removed a split model's parts first to last: a later part in use
+    left part 1 gone, the model broken, while the pull said the copy was kept."""
+    from localgen.models import resolve, store
+    from localgen.models.download import Quiet
+    from tests.conftest import InProcessCLI
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    base, parts = _held_cache(tmp_path / "hf")
+    everything = sorted(p for p in base.rglob("*") if p.is_file())
+    _in_use(monkeypatch, parts[1])
+    with pytest.raises(PermissionError):
+        store.replace_older("acme/Held-GGUF", "main", OLD, str(base / "snapshots" / NEW / parts[0].name))
+    assert sorted(p for p in base.rglob("*") if p.is_file()) == everything, "nothing of the old copy went"
+    notes: list[str] = []  # what a pull says of it (its progress's note: stderr, or /api/pull's status line)
+    progress = Quiet()
+    progress.note = notes.append  # type: ignore[method-assign,assignment]
+    resolve.replace_older("acme/Held-GGUF", "main", OLD, base / "snapshots" / NEW / parts[0].name, progress)
+    assert notes == [f"the copy of {parts[0].name} at the older revision {OLD[:12]} was kept: The process cannot "
+                     "access the file because it is being used by another process"], notes
+    assert sorted(p for p in base.rglob("*") if p.is_file()) == everything
+
+    cli = InProcessCLI({**cli_in_process.env, "HF_HUB_CACHE": str(tmp_path / "hf"),
+                        "LOCALGEN_HOME": str(tmp_path / "home")})
+    r = cli("rm", "acme/Held-GGUF:Q4_0", "--yes")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "being used by another process" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p for p in base.rglob("*") if p.is_file()) == everything, "rm removed nothing"
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    r = cli("rm", "acme/Held-GGUF:Q4_0", "--yes")  # no longer in use: it goes, every part of both copies
+    assert r.returncode == 0 and "removed 4 file(s), freed 16 bytes" in r.stdout, (r.stdout, r.stderr)
+    assert not list((base / "blobs").iterdir()) and not list((base / "snapshots").iterdir())
+
+
+def test_what_a_killed_removal_set_aside_goes_at_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """store.remove sets each file aside (a hidden name) before it unlinks them: a process killed in between left
+    a blob's bytes that no listing sees. The next removal in that repo deletes what a process no longer running
+    set aside, and leaves a running one's."""
+    import subprocess
+    import sys
+
+    from localgen.models import store
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    base, parts = _held_cache(tmp_path / "hf")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = base / "blobs" / f".{'a' * 64}.{int(dead.stdout)}.removing"
+    left.write_bytes(b"a killed removal's blob")
+    link_left = base / "snapshots" / OLD / f".held-Q4_0-00001-of-00002.gguf.{int(dead.stdout)}.removing"
+    link_left.write_bytes(b"x")
+    running = base / "blobs" / f".{'b' * 64}.{os.getppid()}.removing"
+    running.write_bytes(b"a removal going on now")
+    store.replace_older("acme/Held-GGUF", "main", OLD, str(base / "snapshots" / NEW / parts[0].name))
+    assert not left.exists() and not link_left.exists(), "a dead process's leftovers deleted"
+    assert running.exists(), "a running process's left alone"
+    assert not (base / "snapshots" / OLD).exists()

@@ -160,8 +160,9 @@ def sha256_file(path: Path, progress: Progress | None = None) -> str:
 # ---- the transfer ------------------------------------------------------------------------------------
 
 
-def fetch(repo: str, commit: str, revision: str, f: RemoteFile, progress: Progress) -> Path:
-    """Make one repo file present and verified in the cache; returns its snapshot path."""
+def fetch(repo: str, commit: str, f: RemoteFile, progress: Progress) -> Path:
+    """Make one repo file present and verified in the cache; returns its snapshot path (the revision's ref is the
+    caller's to move, once every file of the model is there: hfcache.record_ref)."""
     if not f.sha256:
         raise DownloadError(f"the Hub lists no SHA-256 for {f.name}, so it cannot be verified")
     blob = hfcache.blob_path(repo, f.sha256)
@@ -171,7 +172,7 @@ def fetch(repo: str, commit: str, revision: str, f: RemoteFile, progress: Progre
     if not (blob.is_file() and blob.stat().st_size == f.size and verify_blob(blob, f.sha256, f.name, progress)):
         fetch_file(hub.file_url(repo, commit, f.name), hub.auth_headers, blob, hfcache.lock_path(repo, f.sha256),
                    f, progress, HUB)
-    return hfcache.link_snapshot(repo, commit, f.name, f.sha256, revision)
+    return hfcache.link_snapshot(repo, commit, f.name, f.sha256)
 
 
 @dataclass(frozen=True)

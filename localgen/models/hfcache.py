@@ -89,19 +89,13 @@ def snapshot_path(repo: str, commit: str, filename: str) -> Path:
     return repo_dir(repo) / "snapshots" / commit / safe_filename(filename)
 
 
-def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: str | None) -> Path:
-    """Point snapshots/COMMIT/FILE at the blob (relative link) and record refs/REVISION; what is so already is not
-    written again (a read-only cache that holds the model is left as it is). A write that fails is an error naming
-    the path in the cache."""
+def link_snapshot(repo: str, commit: str, filename: str, sha256: str) -> Path:
+    """Point snapshots/COMMIT/FILE at the blob (relative link); a link that is so already is not written again (a
+    read-only cache that holds the model is left as it is). The ref is record_ref's, once every file of a pull is
+    whole. A write that fails is an error naming the path in the cache."""
     link = snapshot_path(repo, commit, filename)
     blob = blob_path(repo, sha256)
     rel = os.path.relpath(blob, link.parent)
-    ref = None
-    if revision and not COMMIT.match(revision):
-        if ".." in Path(revision).parts:
-            raise LocalgenError(f"unsafe revision name {revision!r}")
-        ref = repo_dir(repo) / "refs" / revision
-    where = link
     tmp = None
     try:
         if not (link.is_symlink() and os.readlink(link) == rel) and not _same_file(link, blob):
@@ -112,16 +106,28 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str, revision: 
             os.replace(tmp, link)
             tmp = None
             paths.fsync_dir(link.parent)
-        if ref is not None and revision and cached_commit(repo, revision) != commit:
-            where = ref
-            ref.parent.mkdir(parents=True, exist_ok=True)
-            ref.write_text(commit)
     except OSError as e:
         if tmp is not None:
             with contextlib.suppress(OSError):  # a half-made link (a read-only disk has none to remove)
                 tmp.unlink()
-        raise LocalgenError(f"cannot write {where} in the Hugging Face cache: {e.strerror or e}") from None
+        raise LocalgenError(f"cannot write {link} in the Hugging Face cache: {e.strerror or e}") from None
     return link
+
+
+def record_ref(repo: str, revision: str, commit: str) -> None:
+    """refs/REVISION names `commit` (a revision that is a commit has no ref); written only when it names another,
+    and only once every file of the pull is whole and verified: a pull cut short leaves the ref, and with it what
+    an offline run picks, at the older commit."""
+    if COMMIT.match(revision) or cached_commit(repo, revision) == commit:
+        return
+    if ".." in Path(revision).parts:
+        raise LocalgenError(f"unsafe revision name {revision!r}")
+    ref = repo_dir(repo) / "refs" / revision
+    try:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)
+    except OSError as e:
+        raise LocalgenError(f"cannot write {ref} in the Hugging Face cache: {e.strerror or e}") from None
 
 
 def _link(blob: Path, rel: str, tmp: Path) -> None:

@@ -355,10 +355,12 @@ def cached(t: Target, progress: download.Progress, flag: bool = True) -> ModelRe
 
 
 def pull(t: Target, progress: download.Progress) -> ModelRef:
-    """Download (or finish downloading) a Hub model and return it."""
+    """Download (or finish downloading) a Hub model and return it. Once every file of it is whole and verified,
+    the revision's ref moves to the listed commit, and the copy the ref named before goes (replace_older)."""
     from localgen.models import hub
 
     s = t.spec
+    before = hfcache.cached_commit(s.repo, s.revision)
     listing = hub.list_repo(s.repo, s.revision, progress.note)
     option = choose(group_options(list(listing.files)), t, s.repo)
     from localgen.models import download
@@ -372,8 +374,8 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
         what = option.first.name if len(wanted) == 1 else f"{option.first.name} and {len(wanted) - 1} more file(s)"
         download.check_space(hfcache.repo_dir(s.repo) / "blobs", need, what)
     there = {f.name for f in wanted if not download.still_to_come(s.repo, [f])}  # put there by us or another tool
-    paths = [download.fetch(s.repo, listing.commit, s.revision, f, progress) for f in option.files]
-    proj = download.fetch(s.repo, listing.commit, s.revision, entry, progress) if entry is not None else None
+    paths = [download.fetch(s.repo, listing.commit, f, progress) for f in option.files]
+    proj = download.fetch(s.repo, listing.commit, entry, progress) if entry is not None else None
     name = t.display if s.quant or s.filename else f"{s.repo}:{option.tag}"
     try:
         summary = read_summary(str(paths[0]))
@@ -386,10 +388,30 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
         raise ModelFormatError(why, hint="this repo's file is not a model llama.cpp can load; " + (
             "it was removed from the cache again" if option.first.name not in there else
             "the copy another tool put in the cache is kept")) from None
+    hfcache.record_ref(s.repo, s.revision, listing.commit)  # only now: a pull cut short left the older one named
+    replace_older(s.repo, s.revision, before, paths[0], progress)
     return ModelRef(name=name, path=str(paths[0]), source="hf", summary=summary,
                     repo=s.repo,
                     sha256=option.first.sha256, sampling_defaults=dict(t.sampling),
                     mmproj=str(proj) if proj else None)
+
+
+def replace_older(repo: str, revision: str, before: str | None, path: Path, progress: download.Progress) -> None:
+    """After a pull that moved `revision` off commit `before`: the older commit's copy of the model goes
+    (store.replace_older), said in one note; a copy that cannot be removed (in use on Windows, a read-only cache)
+    is said and kept whole: the pull succeeded."""
+    from localgen.units import format_amount
+
+    try:
+        replaced = store.replace_older(repo, revision, before, str(path))
+    except OSError as e:
+        progress.note(f"the copy of {path.name} at the older revision {(before or '')[:12]} was kept: "
+                      f"{e.strerror or e}")
+        return
+    if replaced is not None:
+        filename, freed = replaced
+        progress.note(f"replaced the copy of {filename} at the older revision {(before or '')[:12]}, freed "
+                      f"{format_amount(freed)}")
 
 
 def _discard(repo: str, paths: list[Path]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -161,20 +162,32 @@ def superseded(repo: str, old: str | None, new: str, filename: str) -> list[Path
 def replace_older(repo: str, revision: str, before: str | None, path: str) -> tuple[str, int] | None:
     """After a pull of `revision` that moved it from commit `before` to a new one, whole and verified: remove the
     older commit's copy of the model at `path` (superseded) and its blobs no other link uses. Returns the model's
-    file name and the bytes freed, or None where nothing was replaced; an OSError where the copy cannot go."""
+    file name and the bytes freed, or None where nothing was replaced: no older copy, or one whose every file is
+    the same blob as the new one's (the repo moved for another file, a README: its links go unsaid). An OSError
+    where the copy cannot go (remove's: nothing of it removed)."""
     new = hfcache.cached_commit(repo, revision)
     if before is None or new is None or before == new:
         return None
+    snaps = hfcache.repo_dir(repo) / "snapshots"
     try:
-        filename = Path(path).relative_to(hfcache.repo_dir(repo) / "snapshots" / new).as_posix()
+        filename = Path(path).relative_to(snaps / new).as_posix()
     except ValueError:
         return None
     going = superseded(repo, before, new, filename)
     if not going:
         return None
+    same = all(_same_blob(p, snaps / new / p.relative_to(snaps / before)) for p in going)
     sizes = {(b := blob_of(p)): b.stat().st_size for p in going if p.exists()}
     _, blobs = remove([], going)
-    return filename, sum(sizes.get(b, 0) for b in blobs)
+    return None if same else (filename, sum(sizes.get(b, 0) for b in blobs))
+
+
+def _same_blob(a: Path, b: Path) -> bool:
+    """Whether two snapshot files are one blob."""
+    try:
+        return blob_of(a) == blob_of(b)
+    except OSError:
+        return False
 
 
 def names_commit(ref: Path, commit: str) -> bool:
@@ -208,7 +221,9 @@ def orphan_projectors(repo: str) -> list[Path]:
 
 def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[list[Path], list[Path]]:
     """Remove the snapshot links of these models (`removal`'s, or `links`); delete a blob only when no other link in
-    the whole cache still points at it. Returns (links removed, blobs deleted)."""
+    the whole cache still points at it. All or nothing: each link and blob is first moved aside, and where one
+    cannot be (a file in use on Windows) the others are put back and the OSError raised, so a split model never
+    loses part 1 while a later part stays. Returns (links removed, blobs deleted)."""
     targets = removal(files) if links is None else links
     seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
     blobs = {blob_of(p, seen) for p in targets if p.exists()}
@@ -221,15 +236,55 @@ def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[li
             still_used.add(blob_of(other, seen))
         except OSError:
             continue
-    for p in targets:
-        p.unlink(missing_ok=True)
-        _prune_empty(p.parent)
-    deleted = []
-    for b in sorted(blobs):
-        if b not in still_used and b.parent.name == "blobs":
-            b.unlink(missing_ok=True)
-            deleted.append(b)
+    deleted = [b for b in sorted(blobs) if b not in still_used and b.parent.name == "blobs"]
+    for repo in {b.parent.parent for b in deleted}:
+        _sweep(repo)
+    for p in _set_aside([p for p in targets if p.is_symlink() or p.exists()] + deleted):
+        p.unlink()
+    for folder in dict.fromkeys(p.parent for p in targets):  # (a folder the one before emptied is gone)
+        if folder.is_dir():
+            _prune_empty(folder)
     return targets, deleted
+
+
+def _set_aside(paths: list[Path]) -> list[Path]:
+    """Rename each file to a hidden name beside it (never a *.gguf, so no listing finds it); where one cannot be
+    renamed, the ones before it take their names again and the OSError is raised. Returns the new names."""
+    moved: list[tuple[Path, Path]] = []
+    try:
+        for p in paths:
+            aside = p.with_name(f".{p.name}.{os.getpid()}.removing")
+            os.replace(p, aside)
+            moved.append((p, aside))
+    except OSError:
+        for p, aside in reversed(moved):
+            os.replace(aside, p)
+        raise
+    return [aside for _, aside in moved]
+
+
+def _sweep(repo: Path) -> None:
+    """Delete what an earlier removal set aside (`_set_aside`'s names) and left, its process gone before the
+    unlinks (killed, a power cut): a blob's bytes no listing sees."""
+    for p in [*repo.glob("blobs/.*.removing"), *repo.glob("snapshots/**/.*.removing")]:
+        pid = p.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of that id runs (one of another user's counts as running; on Windows, where os.kill would
+    end it, every one)."""
+    if os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it runs
+        return True
+    return True
 
 
 def _prune_empty(d: Path) -> None:

@@ -93,9 +93,7 @@ def pull(
             print(f"offline: {ref.name} is in the cache (not checked for a newer version on the Hub)",
                   file=sys.stderr)
         else:
-            before = hfcache.cached_commit(target.spec.repo, target.spec.revision)  # the pull moves the ref
-            ref = resolve.pull(target, make_progress())
-            _replace_older(target.spec, before, ref.path)
+            ref = resolve.pull(target, make_progress())  # (an older revision's copy it replaces: its note)
     if json_out:
         print(json.dumps({"name": ref.name, "file": ref.file, "sha256": ref.sha256,
                           "quantization": ref.quantization, "size": ref.summary.file_size}))
@@ -104,24 +102,6 @@ def pull(
     from localgen.cli.hints import tune_tip
 
     tune_tip(sys.stderr.isatty(), lambda text: print(text, file=sys.stderr), ref.name, ref.path)
-
-
-def _replace_older(spec: Any, before: str | None, path: str) -> None:
-    """After a pull of a revision that moved to a new commit: the older commit's copy of the same model goes
-    (store.replace_older), said in one line on stderr. A copy that cannot be removed (in use on Windows, a
-    read-only cache) is said and kept: the pull succeeded."""
-    from localgen.models import store
-
-    try:
-        replaced = store.replace_older(spec.repo, spec.revision, before, path)
-    except OSError as e:
-        print(f"the copy of {Path(path).name} at the older revision {(before or '')[:12]} was kept: "
-              f"{e.strerror or e}", file=sys.stderr)
-        return
-    if replaced is not None:
-        filename, freed = replaced
-        print(f"replaced the copy of {filename} at the older revision {(before or '')[:12]}, freed "
-              f"{format_amount(freed)}", file=sys.stderr)
 
 
 def _pulled_ollama_name(name: str) -> Any:
