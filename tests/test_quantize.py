@@ -1430,3 +1430,19 @@ def test_a_rename_without_hard_links_that_fails_leaves_no_empty_result(tmp_path:
     with pytest.raises(PermissionError):
         unnamed.rename_new(done, target)
     assert not target.exists() and done.read_bytes() == b"GGUF...."
+
+
+def test_pull_of_a_model_quantized_here_says_so(qcli: CLI, smollm2_f16: Path, tmp_path: Path) -> None:
+    """models.md: `pull` of a model `quantize` made here said `unknown model`, and a preset made on it hinted to
+    pull it: one line saying it was made on this machine, and no hint to pull what cannot be pulled."""
+    assert qcli("quantize", str(smollm2_f16), "Q8_0").returncode == 0
+    made = _home(qcli) / "data" / "quantized" / "smollm2-135m-instruct@q8_0.gguf"
+    r = qcli("pull", "smollm2-135m-instruct:q8_0")
+    assert r.returncode == 1 and _one_line(r.stderr) == (
+        f"localgen: error: smollm2-135m-instruct:q8_0 was quantized on this machine ({made}); there is nothing to "
+        "pull"), r.stderr
+    (tmp_path / "Modelfile").write_text("FROM smollm2-135m-instruct:q8_0\n")
+    assert qcli("create", "mine", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    r = qcli("pull", "mine")
+    assert r.returncode == 1 and _one_line(r.stderr) == (
+        "localgen: error: mine is a preset of smollm2-135m-instruct:q8_0; it has no files of its own"), r.stderr

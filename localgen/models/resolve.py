@@ -215,6 +215,24 @@ def _quantized(spec: names.CatalogueSpec) -> ModelRef | None:
     return ModelRef(name=spec.name, path=str(path), source="quantized", summary=read_summary(str(path)))
 
 
+def _made_here(name: str) -> Path | None:
+    """The file of a model quantized here under `name` (a catalogue entry's name wins, as in _quantized)."""
+    from localgen.models import quantized
+
+    return None if name in catalogue.load() else quantized.find(name)
+
+
+def _pullable(base: str) -> bool:
+    """Whether a preset's base is a model `pull` takes (not a file, nor one quantized here)."""
+    try:
+        spec = names.parse(base)
+    except LocalgenError:
+        return False
+    if isinstance(spec, names.CatalogueSpec):
+        return _made_here(spec.name) is None
+    return isinstance(spec, names.HubSpec)
+
+
 def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Target:
     """The Hub model a catalogue entry names, at a quantization (its default when None)."""
     assert entry.repo
@@ -452,7 +470,10 @@ def target(name: str, local: bool = True) -> Target:
         preset = _preset(spec)
         if preset is not None:
             raise LocalgenError(f"{spec.name} is a preset of {preset.base}; it has no files of its own",
-                                hint=f"localgen pull {preset.base}")
+                                hint=f"localgen pull {preset.base}" if _pullable(preset.base) else None)
+        made = _made_here(spec.name)
+        if made is not None:
+            raise LocalgenError(f"{spec.name} was quantized on this machine ({made}); there is nothing to pull")
         entry = _entry(spec.name)
         if entry.embedded or not entry.repo:
             raise LocalgenError(f"{entry.name} ships inside a Python package; there is nothing to pull")
