@@ -294,6 +294,45 @@ def test_what_a_functions_file_prints_goes_to_stderr_not_into_the_answer(cli: CL
     assert plain.stdout.strip() == doc["text"].strip(), (plain.stdout, doc["text"])
 
 
+def test_what_a_tool_prints_reaches_a_terminal_escaped_and_never_a_pipe_on_stdout(cli: CLI, tmp_path: Path) -> None:
+    """docs/tools.md: a tool's print()s (sys.stdout and sys.stderr) reach a terminal as its result does, control
+    characters escaped (an OSC 52 or a retitle went out raw, escape codes and all), and the stream says it is no
+    terminal (so rich or click print plain); `run ... | jq` reads the answer alone on the pipe."""
+    import select
+    import subprocess
+
+    fns = tmp_path / "f_escapes.py"
+    fns.write_text('import sys\n\n\ndef get_weather(city: str) -> str:\n    """Weather."""\n'
+                   '    print("OUT\\x1b]0;TITLE\\x07", sys.stdout.isatty())\n'
+                   '    print("ERR\\x1b]52;c;Zm9v\\x07", file=sys.stderr, flush=True)\n    return "sunny"\n')
+    primary, secondary = os.openpty()
+    try:
+        proc = cli.popen(*RUN, "--functions", str(fns), "--yes", "--tool-choice", "get_weather", "-n", "40",
+                         "--json", "Weather in Paris?", stdout=subprocess.PIPE, stderr=secondary)
+        os.close(secondary)
+        seen = b""
+        while True:  # the terminal's side, read as it comes (a full pty would hold the run)
+            ready, _, _ = select.select([primary], [], [], 300)
+            if not ready:
+                break
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the run has ended and closed its side
+                break
+            if not chunk:
+                break
+            seen += chunk
+        out = proc.stdout.read()
+        assert proc.wait(60) == 0, seen
+    finally:
+        os.close(primary)
+    doc = json.loads(out)  # the pipe: the one JSON object
+    assert doc["tool_calls"][0]["result"] == "sunny" and b"OUT" not in out and b"ERR" not in out, out
+    shown = seen.decode()
+    assert "OUT\\x1b]0;TITLE\\x07 False" in shown and "ERR\\x1b]52;c;Zm9v\\x07" in shown, shown
+    assert "\x1b]" not in shown and "\x07" not in shown, shown
+
+
 def test_run_functions_calls_the_tool_and_reports_it(cli: CLI, tmp_path: Path) -> None:
     fns = _only(tmp_path, "get_weather")  # the one tool it forces (tools/functions.py's load is tested above)
     r = _run(cli, "--functions", fns, "--yes", "--tool-choice", "get_weather", "--json", "Weather in Paris?")
@@ -338,6 +377,15 @@ def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProce
     assert r.returncode == 2 and "go with tools: add --functions or --mcp" in r.stderr
     r = _run(cli_in_process, "--functions", str(ROOT / "tests" / "conftest.py"), "--yes", "--raw", "Go.")
     assert r.returncode == 2 and "--raw" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve"])
+def test_an_empty_functions_path_is_named_as_given(cli_in_process: InProcessCLI, command: str) -> None:
+    """`--functions ""` is an empty path, said so (it was `--functions .: a folder, not a file`: the path made "."
+    before it was checked), a usage error before anything loads."""
+    r = cli_in_process(command, "--functions", "", *(["--yes"] if command != "serve" else []))
+    assert r.returncode == 2 and not r.stdout, r.stderr
+    assert r.stderr == 'localgen: error: --functions "": an empty path, not a file\n', r.stderr
 
 
 def test_a_functions_file_that_fails_as_it_loads_is_one_line(cli: CLI, tmp_path: Path) -> None:
@@ -404,6 +452,44 @@ def test_a_result_or_failure_that_is_not_utf8_is_read_with_replacement_character
         with pytest.raises(ToolError) as e:
             box.call(ToolCall("unread", args), 10)
         assert e.value.message == "unread failed: OSError: cannot read caf\ufffd.txt", e.value.message
+    finally:
+        box.close()
+
+
+def test_a_result_holding_nan_or_infinity_reaches_the_model_as_valid_json(tmp_path: Path) -> None:
+    """docs/tools.md: NaN and infinities in a result the model reads as JSON are null (json.dumps wrote `NaN`,
+    `Infinity`: no JSON); a cycle is still the value's str()."""
+    from localgen.tools.loop import Toolbox
+    from localgen.tools.spec import ToolCall
+
+    fns = tmp_path / "tools.py"
+    fns.write_text('def stats() -> dict:\n    """Stats."""\n'
+                   '    return {"mean": float("nan"), "range": [float("-inf"), 1.5, (float("inf"),)], "n": 0}\n\n\n'
+                   'def ring() -> list:\n    """A cycle."""\n    r = [float("nan")]\n    r.append(r)\n    return r\n')
+    box = Toolbox.open([fns], [])
+    try:
+        text = box.call(ToolCall("stats", "{}"), 10)
+
+        def strict(word: str) -> Any:
+            raise AssertionError(f"{word} in {text}")
+
+        assert json.loads(text, parse_constant=strict) == {"mean": None, "range": [None, 1.5, [None]], "n": 0}
+        assert box.call(ToolCall("ring", "{}"), 10) == "[nan, [...]]"
+    finally:
+        box.close()
+
+
+def test_a_lambda_in_a_functions_file_is_no_tool_and_fails_nothing(tmp_path: Path) -> None:
+    """docs/tools.md: `g = lambda x: x` at a file's top level is left out (it failed the whole file: `<lambda> is
+    not a usable tool name`); the file's def functions are its tools."""
+    from localgen.tools.loop import Toolbox
+
+    fns = tmp_path / "tools.py"
+    fns.write_text('g = lambda x: x  # noqa: E731\n\n\ndef add(a: int, b: int) -> int:\n    """Add."""\n'
+                   '    return g(a) + b\n')
+    box = Toolbox.open([fns], [])
+    try:
+        assert [s.name for s in box.specs] == ["add"]
     finally:
         box.close()
 
@@ -531,6 +617,22 @@ def test_an_mcp_line_that_cannot_be_read_is_the_error_not_a_timeout(cli_in_proce
         assert box.call(ToolCall("add", '{"a": 2, "b": 2}'), 30) == "4"
     finally:
         box.close()
+
+
+def test_a_stdio_program_that_writes_a_banner_and_no_message_fails_its_start_quoting_it(
+        cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """docs/tools.md: a stdio server whose first line is not JSON-RPC (a banner) and that sends no message in the
+    5 s after it fails its start then, one line quoting that line (control characters escaped), not as the 30 s
+    start timeout's "sent a line that is not JSON-RPC: Invalid JSON: expected value". One that answers after such
+    a line (test above: jsonlog) starts as before."""
+    banner = tmp_path / "banner.py"
+    banner.write_text('import time\nprint("Welcome to Weather v2 \\x1b[1m(ready)", flush=True)\ntime.sleep(120)\n')
+    r = cli_in_process("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", f"{sys.executable} {banner}", "--yes",
+                       "Go.")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert (r"wrote 'Welcome to Weather v2 \x1b[1m(ready)' on stdout, which is not JSON-RPC, and sent no message in "
+            "the 5 s after it (starting)") in r.stderr, r.stderr
+    assert "\x1b" not in r.stderr and "did not answer" not in r.stderr
 
 
 def test_an_mcp_servers_error_answer_fails_the_call_and_the_server_stays() -> None:

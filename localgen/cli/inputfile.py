@@ -37,7 +37,8 @@ def input_problem(path: str | Path) -> str | None:
 
 def check_input(flag: str, path: str | Path) -> None:
     """A usage error, `FLAG PATH: why`, when the input file a flag names cannot be read."""
-    why = input_problem(path)
+    why = input_problem(path) if str(path) else "an empty path, not a file"  # (Path("") would be ".", a folder)
+    path = path if str(path) else '""'
     if why is not None:
         from localgen.errors import UsageError
 

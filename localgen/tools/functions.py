@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import json
 import os
+import re
 import sys
 import threading
 import types
@@ -23,9 +24,12 @@ _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict
 
 
 _redirect = threading.Lock()
-_redirected: list[TextIO] = []  # sys.stdout as it was, while any tool runs (calls may overlap: counted)
+_redirected: list[tuple[TextIO, TextIO]] = []  # sys.stdout and sys.stderr as they were, while any tool runs (calls
+# may overlap: counted)
 _fd_saved: list[int] = []  # descriptor 1 as it was (os.dup), while tools run with it pointed at stderr
 _abandoned: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # tool calls left running past their timeout
+# as cli/output.py's visible(): C0 but a line break and a tab, DEL, C1, and a CR alone (tools may not import cli)
+_CONTROLS = re.compile(r"\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class ToolStopped(BaseException):
@@ -34,18 +38,43 @@ class ToolStopped(BaseException):
 
 
 class _Muted:
-    """A stream that drops what the threads of calls past their timeout write to it, and passes on the rest."""
+    """A stream that drops what the threads of calls past their timeout write to it, and passes on the rest;
+    `escaped`: with its control characters shown escaped (`\\x1b`), as a tool's result is on a terminal, and
+    saying it is no terminal, so that a library that colours a terminal's text (rich, click) writes it plain."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, escaped: bool = False) -> None:
         self.stream = stream
+        self.escaped = escaped
 
     def write(self, text: str) -> int:
         if threading.current_thread() in _abandoned:
             return len(text)
+        if self.escaped and isinstance(text, str):
+            self.stream.write(_CONTROLS.sub(_escape, text))
+            return len(text)
         return self.stream.write(text)
+
+    def isatty(self) -> bool:
+        return False if self.escaped else bool(self.stream.isatty())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x20 else f"\\u{code:04x}"
+
+
+def _terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # closed, or no isatty
+        return False
+
+
+def _unwrapped(stream: TextIO) -> TextIO:
+    return stream.stream if isinstance(stream, _Muted) else stream
 
 
 def abandon(worker: threading.Thread) -> None:
@@ -57,8 +86,11 @@ def abandon(worker: threading.Thread) -> None:
     if worker.ident is not None and worker.is_alive():  # CPython's C API: an exception raised in another thread
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(ToolStopped))
     with _redirect:
-        if not _redirected and not isinstance(sys.stdout, _Muted):
-            sys.stdout = typing.cast(TextIO, _Muted(sys.stdout))
+        if not _redirected:
+            if not isinstance(sys.stdout, _Muted):
+                sys.stdout = typing.cast(TextIO, _Muted(sys.stdout))
+            if not isinstance(sys.stderr, _Muted):
+                sys.stderr = typing.cast(TextIO, _Muted(sys.stderr))
 
 
 @contextlib.contextmanager
@@ -66,13 +98,18 @@ def stdout_to_stderr() -> Iterator[None]:
     """sys.stdout is stderr while a --functions file loads or a tool runs, and so is descriptor 1, which the
     programs a tool starts inherit (subprocess.run, os.system): what they print is shown, but never into the
     answer (stdout carries only the answer; --json stays one object). The answer is not written while a tool
-    runs: the turn waits for its calls. After, it drops what calls left running past their timeout print
+    runs: the turn waits for its calls. What Python code prints meanwhile (sys.stdout, sys.stderr) is shown as
+    a result is: on a terminal, its control characters escaped (a tool's `print("\\x1b]52;...")` cannot write
+    the clipboard or retitle the window). After, it drops what calls left running past their timeout print
     (`abandon`); a program such a call started keeps writing to stderr, where it was pointed as it started."""
     with _redirect:
         if not _redirected:
             sys.stdout.flush()
-            _redirected.append(sys.stdout.stream if isinstance(sys.stdout, _Muted) else sys.stdout)
-            sys.stdout = typing.cast(TextIO, _Muted(sys.stderr))
+            out, err = _unwrapped(sys.stdout), _unwrapped(sys.stderr)
+            _redirected.append((out, err))
+            escaped = _terminal(err)
+            sys.stdout = typing.cast(TextIO, _Muted(err, escaped))
+            sys.stderr = typing.cast(TextIO, _Muted(err, escaped))
             _fd_to_stderr()
         else:
             _redirected.append(_redirected[0])
@@ -80,15 +117,17 @@ def stdout_to_stderr() -> Iterator[None]:
         yield
     finally:
         with _redirect:
-            saved = _redirected.pop()
+            out, err = _redirected.pop()
             if not _redirected:
                 sys.stdout.flush()
-                for stream in {id(saved): saved, id(sys.__stdout__): sys.__stdout__}.values():
+                sys.stderr.flush()
+                for stream in {id(out): out, id(sys.__stdout__): sys.__stdout__}.values():
                     with contextlib.suppress(Exception):  # what went to the stream itself: out as the tool ran
                         stream.flush()  # type: ignore[union-attr]
                 _fd_restore()
                 alive = any(t.is_alive() for t in list(_abandoned))
-                sys.stdout = typing.cast(TextIO, _Muted(saved)) if alive else saved
+                sys.stdout = typing.cast(TextIO, _Muted(out)) if alive else out
+                sys.stderr = typing.cast(TextIO, _Muted(err)) if alive else err
 
 
 def _fd_to_stderr() -> None:
@@ -114,7 +153,8 @@ def _fd_restore() -> None:
 
 
 def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:
-    """The file's public functions as tools (a ToolError when the file cannot be loaded or has none)."""
+    """The file's public functions as tools, but lambdas (a ToolError when the file cannot be loaded or has
+    none)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"localgen_functions_{abs(hash(str(path)))}", path)
@@ -129,8 +169,9 @@ def load(path: Path) -> list[tuple[ToolSpec, Callable[..., Any]]]:
         raise ToolError(f"{path}:{e.lineno}: {e.msg}") from None
     except (Exception, SystemExit) as e:  # the user's module ran and failed (or called sys.exit): one line
         raise ToolError(f"loading {path} failed: {type(e).__name__}: {e}") from None
-    found = [(name, fn) for name, fn in vars(module).items()
-             if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")]
+    found = [(name, fn) for name, fn in vars(module).items()  # a lambda has no name of its own to call it by
+             if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not name.startswith("_")
+             and fn.__name__ != "<lambda>"]
     if not found:
         raise ToolError(f"{path} defines no public functions to use as tools")
     return [(describe(fn, path), fn) for _, fn in found]

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ class Toolbox:
         return tuple(s for s in self._specs if not getattr(self._of.get(s.name), "gone", False))
 
     @classmethod
-    def open(cls, functions: list[Path], servers: list[str],
+    def open(cls, functions: Sequence[Path | str], servers: list[str],
              warn: Callable[[str], None] = lambda text: None) -> Toolbox:
         """Load the files and start the servers (closing what started if any fails); `warn` says what goes wrong
         as they close."""
@@ -74,7 +75,7 @@ class Toolbox:
 
         box = cls(warn)
         try:
-            for path in functions:
+            for path in map(Path, functions):
                 for spec, fn in fn_source.load(path):
                     box._add(spec, _python_runner(spec.name, fn, box.running), f"functions: {path.name}")
             from localgen.tools.mcpconfig import targets
@@ -203,13 +204,14 @@ def _python_runner(name: str, fn: Callable[..., Any],
 
 
 def _as_text(name: str, value: Any) -> str:
-    """A function's result as the model reads it: a string as it is, JSON's own types as JSON, anything
-    else (a set, an object, a cycle) as its str()."""
+    """A function's result as the model reads it: a string as it is, JSON's own types as JSON (a NaN or an
+    infinity as null, as JavaScript's JSON.stringify and pydantic write them: `NaN` is no JSON), anything else
+    (a set, an object, a cycle) as its str()."""
     if isinstance(value, str):
         return value
     if isinstance(value, (dict, list, tuple, int, float, bool)) or value is None:
         try:
-            return json.dumps(value, ensure_ascii=False, default=str)
+            return json.dumps(_finite(value, set()), ensure_ascii=False, default=str, allow_nan=False)
         except (TypeError, ValueError, RecursionError):  # a cycle, keys that are not strings
             pass
     try:
@@ -217,6 +219,24 @@ def _as_text(name: str, value: Any) -> str:
     except Exception as e:  # the value's own __str__ failed: one line, not a traceback
         raise ToolError(f"{name} returned a {type(value).__name__} that cannot be shown as text: "
                         f"{type(e).__name__}: {e}") from None
+
+
+def _finite(value: Any, within: set[int]) -> Any:
+    """`value` with each float that is NaN or infinite, in it at any depth (dicts, lists, tuples), as None; a
+    ValueError for a cycle (`within`: the containers around this one)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    if id(value) in within:
+        raise ValueError("a cycle")
+    within.add(id(value))
+    try:
+        if isinstance(value, dict):
+            return {k: _finite(v, within) for k, v in value.items()}
+        return [_finite(v, within) for v in value]
+    finally:
+        within.discard(id(value))
 
 
 def _mcp_runner(server: Any, name: str) -> Runner:

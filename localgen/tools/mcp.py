@@ -31,6 +31,7 @@ MAX_TOOLS = 1000  # tools in one server's listing, all its pages together (any s
 MAX_PAGES = 1000  # pages of a listing (its nextCursor followed until there is none)
 MAX_CURSOR = 4096  # characters of a listing's cursor (sent back to the server for the next page)
 MAX_LINE = 16 * 1024 * 1024  # bytes of one line a stdio server writes (one message): past it, the server is gone
+BANNER_S = 5.0  # how long a stdio server whose first line is not JSON-RPC (a banner) has to send a message after it
 
 
 class _Unreadable(Exception):
@@ -66,6 +67,8 @@ class McpServer:
         self._relaying: asyncio.Future[None] | None = None  # (a reference kept: the loop holds tasks weakly)
         self._broken_why = ""  # the line that set _broken, as its error
         self._broken: asyncio.Event | None = None  # set when a line that looked like a message could not be read
+        self._heard = False  # whether the server has sent a message (a stdio server's line that is JSON-RPC)
+        self._banner: str | None = None  # the first line a stdio server wrote that is not JSON-RPC, before any message
         _quiet_sdk()
         started = time.monotonic()
         try:
@@ -138,7 +141,8 @@ class McpServer:
     async def _relay(self, source: Any, sink: Any, stdio: bool) -> None:
         """The server's messages passed on to the session; a stdio server's line the SDK could not read (an
         Exception in the stream) is kept as the reason a call fails, and a stdio server whose output ended (it
-        died) is gone."""
+        died) is gone. A first line that is not JSON-RPC (a banner) followed by no message within BANNER_S fails
+        the start then, quoting it (not at the start's timeout: a program that is no MCP server writes so)."""
         try:
             async with sink:
                 async for item in source:
@@ -147,11 +151,25 @@ class McpServer:
                         if _looked_like_a_message(item) and self._broken is not None:
                             self._broken_why = self._unparsed[-1]  # (a caller's _wait may clear _unparsed)
                             self._broken.set()
+                        elif not self._heard and self._banner is None:
+                            self._banner = _line_of(item)
+                            asyncio.get_running_loop().call_later(BANNER_S, self._silent_after_banner)
+                    elif not isinstance(item, Exception):
+                        self._heard = True
                     await sink.send(item)
         except Exception:  # the session closed its end: nothing more to pass on
             pass
         if stdio:
             self.gone = True
+
+    def _silent_after_banner(self) -> None:
+        """BANNER_S after a stdio server's first line that is not JSON-RPC: with no message since, the wait (its
+        start's) ends, the line quoted."""
+        if self._heard or self._broken is None or self._broken.is_set():
+            return
+        self._broken_why = (f"the MCP server {self.label} wrote {_quoted(self._banner or '')} on stdout, which is not "
+                            f"JSON-RPC, and sent no message in the {BANNER_S:g} s after it")
+        self._broken.set()
 
     def _said(self) -> str:
         """The last line the server wrote to stderr, when it went to our log (the reason a server that died
@@ -445,19 +463,31 @@ def _unreadable(label: str, e: Exception) -> str:
     return f"the MCP server {label} sent a line that is not JSON-RPC: {why}"
 
 
+def _input_of(e: Exception) -> Any:
+    """The line (pydantic's input: text, or the object it parsed to) that the SDK could not read, else None."""
+    errors = getattr(e, "errors", None)
+    with contextlib.suppress(Exception):
+        line = errors()[0]["input"] if errors is not None else None
+        return line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    return None
+
+
+def _line_of(e: Exception) -> str:
+    """The line a stdio server wrote that the SDK could not read, or the error's own words."""
+    line = _input_of(e)
+    if isinstance(line, str):
+        return line.strip()
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def _looked_like_a_message(e: Exception) -> bool:
     """Whether the line an error is about was a JSON-RPC message the SDK could not read (an object naming
     "jsonrpc" or an "id"), not a log line (plain text, or a structured logger's JSON object, which the SDK passes
     over as servers expect)."""
-    errors = getattr(e, "errors", None)
-    with contextlib.suppress(Exception):
-        line = errors()[0]["input"] if errors is not None else None
-        if isinstance(line, bytes):
-            line = line.decode("utf-8", "replace")
-        if isinstance(line, str):
-            return line.lstrip()[:1] == "{" and '"jsonrpc"' in line[:4096]
-        return isinstance(line, dict) and ("jsonrpc" in line or "id" in line)
-    return False
+    line = _input_of(e)
+    if isinstance(line, str):
+        return line.lstrip()[:1] == "{" and '"jsonrpc"' in line[:4096]
+    return isinstance(line, dict) and ("jsonrpc" in line or "id" in line)
 
 
 def _check_sizes(label: str, name: str, description: str, schema: dict[str, Any]) -> None:

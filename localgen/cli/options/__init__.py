@@ -180,7 +180,7 @@ MmProj = Annotated[
 ]
 TOOLS_PANEL = "Tools"
 Functions = Annotated[
-    list[Path] | None,
+    list[str] | None,  # (as given: a Path would make `--functions ""` the folder ".")
     typer.Option("--functions", callback=input_file, rich_help_panel=TOOLS_PANEL,
                  show_default=False,
                  help="A Python file whose public functions the model may call; type hints and docstrings make "
