@@ -436,6 +436,10 @@ def test_serve_reranks_and_refuses_chat_on_an_encoder(cli_env: dict[str, str], t
         cut = httpx.post(f"{s.url}/v1/rerank", timeout=60, json={
             "model": "tiny-bert-reranker.gguf", "query": "a cat", "documents": ["the cat sat " * 1400, "a dog"]})
         assert cut.status_code == 200 and len(cut.json()["results"]) == 2, cut.text
+        # docs/serve.md: no batching mode is said for an encoder, which generates nothing (the generation's
+        # throughput line, with its flash-attention reason, was)
+        log = s.log()
+        assert "tiny-bert.gguf" in log and "batching" not in log and "KV cells" not in log, log
     finally:
         assert s.stop() == 0
 

@@ -568,8 +568,10 @@ def test_router_load_unload_then_delete(server: Server, client: Any, hub: hub_se
         doc = httpx.get(f"{server.url}/models", timeout=30).json()
         return {m["id"]: m["status"]["value"] for m in doc["data"]}
 
+    assert httpx.post(f"{server.url}/models/load", json={"model": PULLED}, timeout=300).json() == {"success": True}
     assert httpx.post(f"{server.url}/models/unload", json={"model": PULLED}, timeout=60).json() == {"success": True}
     assert status()[PULLED] == "unloaded"
+    assert "model is not running" in _error(server, "POST", "/models/unload", {"model": PULLED}, 400)  # llama-server's
     assert httpx.post(f"{server.url}/models/load", json={"model": PULLED}, timeout=300).json() == {"success": True}
     assert status()[PULLED] == "loaded" and PULLED in [m.model for m in client.ps().models]
     _error(server, "DELETE", "/api/delete", {"model": "smollm2:135m"}, 400)  # it ships in a Python package

@@ -584,7 +584,7 @@ WORDS = [  # (route, body, words the message holds, the param, or None for APIs 
      "tools[0].name must be", None),
     ("/v1/messages", {"messages": HI, "max_tokens": 10**12}, "max_tokens must be an integer from 1 to", None),
     ("/v1/messages", {"messages": HI, "max_tokens": 2, "thinking": {"type": "enabled", "budget_tokens": 3 * 10**9}},
-     "thinking.budget_tokens must be an integer from 1 to 2,147,483,647", None),
+     "thinking.budget_tokens must be an integer from 1,024 to 2,147,483,647", None),
     ("/v1/messages", {"messages": HI, "max_tokens": 2, "temperature": 5}, "temperature must be a number from 0 to 1",
      None),
     ("/v1/messages", {"messages": HI, "max_tokens": 2, "top_p": 1.5}, "top_p must be a number from 0 to 1", None),

@@ -52,11 +52,11 @@ def _chat_parts(*parts: Any) -> dict[str, Any]:
 # message must hold)
 CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     # a text part's text that is not a string was read as Python's repr of it ("None", "[1]", "{'a': 1}")
-    ("/v1/chat/completions", _chat_parts({"type": "text", "text": None}), "messages.0.content"),
-    ("/v1/chat/completions", _chat_parts({"type": "text", "text": 5}), "messages.0.content"),
-    ("/v1/chat/completions", _chat_parts({"type": "text", "text": [1]}), "messages.0.content"),
-    ("/v1/chat/completions", _chat_parts({"type": "text", "text": {"a": 1}}), "messages.0.content"),
-    ("/v1/chat/completions", _chat_parts({"type": "text"}), "messages.0.content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": None}), "messages.[0].content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": 5}), "messages.[0].content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": [1]}), "messages.[0].content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text", "text": {"a": 1}}), "messages.[0].content"),
+    ("/v1/chat/completions", _chat_parts({"type": "text"}), "messages.[0].content"),
     ("/api/chat", {"model": MODEL, "stream": False, "messages": [
         {"role": "user", "content": [{"type": "text", "text": True}]}]}, "text"),
     # /api/generate's system prompt that was not a string was dropped, the prompt answered without it
@@ -114,16 +114,31 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     ("/v1/chat/completions", {**_chat(), "max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("/v1/chat/completions", _chat(top_logprobs=2), "top_logprobs"),
     ("/v1/chat/completions", _chat(response_format={"type": "json_schema"}), "response_format.json_schema"),
-    ("/v1/chat/completions", {**_chat(), "messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    ("/v1/chat/completions", {**_chat(), "messages": [{"role": "user", "content": None}]}, "messages.[0].content"),
     ("/v1/chat/completions", {**_chat(), "model": 5}, "model"),
     ("/v1/chat/completions", _chat(logit_bias={"999999": 1}), "logit_bias"),
     # "²" is a digit to str.isdigit() that int() refuses: a 500
     ("/v1/chat/completions", _chat(logit_bias={"²": 1}), "logit_bias"),
     ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "logit_bias": {" ①": 1}}, "logit_bias"),
     # Anthropic's rule: the thinking is part of max_tokens
-    ("/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}],
-                      "thinking": {"type": "enabled", "budget_tokens": 8}},
+    ("/v1/messages", {"model": MODEL, "max_tokens": 2048, "messages": [{"role": "user", "content": "Hi"}],
+                      "thinking": {"type": "enabled", "budget_tokens": 2048}},
      "max_tokens must be greater than thinking.budget_tokens"),
+    # Anthropic's least budget, 1,024, was 1 here
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4096, "messages": [{"role": "user", "content": "Hi"}],
+                      "thinking": {"type": "enabled", "budget_tokens": 1023}},
+     "thinking.budget_tokens must be an integer from 1,024"),
+    # OpenAI's temperature is 0 to 2 (the knob's 5 was taken); OpenAI's paths into messages are `messages.[N].x`
+    # (a tool message's id named no message: `messages.tool_call_id`)
+    ("/v1/chat/completions", _chat(temperature=2.5), "temperature"),
+    ("/v1/chat/completions", _chat(temperature=9), "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "temperature": 3}, "temperature"),
+    ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 1, "temperature": 2.01}, "temperature"),
+    ("/v1/chat/completions", {**_chat(), "messages": [{"role": "user", "content": "Hi"},
+                                                      {"role": "tool", "content": "x", "tool_call_id": 5}]},
+     "messages.[1].tool_call_id"),
+    # an integer field takes no decimal, 1.0 either, as OpenAI's API answers it
+    ("/v1/chat/completions", _chat(max_tokens=1.0), "max_tokens"),
     # n: true was read as n: 1 (Python's True == 1)
     ("/v1/chat/completions", _chat(n=True), "n"),
     ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "n": True}, "n"),
@@ -145,6 +160,64 @@ def test_a_malformed_field_is_a_400_naming_it(client: Any, route: str, body: dic
         assert param in doc["error"]["message"], doc
     else:
         assert doc["error"]["param"] == param, doc
+
+
+def test_openais_and_anthropics_clients_meet_their_apis_bounds(client: Any) -> None:
+    """docs/api.md, as the real clients see it: OpenAI's temperature is 0 to 2 (past it a 400 naming it; 2 is
+    answered), max_tokens an integer (1.0 a 400), a null content is `messages.[0].content`, and more than OpenAI's
+    4 stop strings are taken, as llama-server takes them, the fifth stopping the answer too; Anthropic's
+    thinking.budget_tokens is 1,024 at least (1 was taken), and becomes the request's reasoning budget."""
+    import asyncio
+
+    import anthropic
+    import openai
+
+    from localgen.serve.anthropic import MESSAGES
+
+    oa = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client, max_retries=0)
+    hi: Any = [{"role": "user", "content": "Hi"}]
+    for bad, param in (({"temperature": 2.5}, "temperature"), ({"temperature": 5}, "temperature"),
+                       ({"max_tokens": 1.0}, "max_tokens"),
+                       ({"messages": [{"role": "user", "content": None}]}, "messages.[0].content")):
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.chat.completions.create(**{"model": MODEL, "messages": hi, "max_tokens": 1, **bad})
+        assert e.value.param == param, (bad, e.value.body)
+        assert e.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=2.5)
+    assert e.value.param == "temperature" and "within 0 to 2, not 2.5" in str(e.value.message)
+    assert oa.chat.completions.create(model=MODEL, messages=hi, max_tokens=1, temperature=2).choices
+    plain = str(oa.chat.completions.create(model=MODEL, messages=hi, max_tokens=8, temperature=0)
+                .choices[0].message.content)
+    fifth = plain[3:6]
+    assert len(plain) > 6 and fifth.strip(), plain
+    cut = oa.chat.completions.create(model=MODEL, messages=hi, max_tokens=8, temperature=0,
+                                     stop=["zq1", "zq2", "zq3", "zq4", fifth])
+    assert cut.choices[0].message.content == plain[:plain.index(fifth)]
+
+    ac = anthropic.Anthropic(base_url="http://testserver", api_key="none", http_client=client, max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as a:
+        ac.messages.count_tokens(model=MODEL, messages=hi, thinking={"type": "enabled", "budget_tokens": 1023})
+    assert "thinking.budget_tokens must be an integer from 1,024" in a.value.message
+    assert ac.messages.count_tokens(model=MODEL, messages=hi,
+                                    thinking={"type": "enabled", "budget_tokens": 1024}).input_tokens > 0
+    ask = asyncio.run(MESSAGES.parse({"model": MODEL, "max_tokens": 2048, "messages": hi,
+                                      "thinking": {"type": "enabled", "budget_tokens": 1024}}))
+    assert ask.values["reasoning_budget"] == 1024
+
+
+def test_the_routers_unload_of_a_model_not_loaded_is_llama_servers_400(client: Any) -> None:
+    """docs/api.md: llama-server's router answers an unload of a model not running with a 400 `model is not
+    running` (it was a 200 `{"success": true}` here); a load brings it back."""
+    first = client.post("/models/unload", json={"model": MODEL})
+    assert (first.status_code, first.json()) == (200, {"success": True}), first.text
+    again = client.post("/models/unload", json={"model": MODEL})
+    assert again.status_code == 400, again.text
+    assert again.json()["error"]["message"] == "model is not running" and again.json()["error"]["param"] == "model"
+    load = client.post("/models/load", json={"model": MODEL})
+    assert (load.status_code, load.json()) == (200, {"success": True}), load.text
+    assert client.post("/models/unload", json={"model": MODEL}).status_code == 200
+    assert client.post("/models/load", json={"model": MODEL}).status_code == 200
 
 
 @pytest.mark.parametrize("ttl", [1e308, 2**64, 10**12])

@@ -367,8 +367,9 @@ def test_ollama_think_takes_a_level(reasoning_server: Server) -> None:
 
 def test_a_reasoning_budget_closes_the_thinking_in_serve(reasoning_server: Server) -> None:
     """R1's template opens <think>, which SmolLM2 never closes: with a budget the block is closed for it and an
-    answer follows, in /v1 (reasoning_budget), Anthropic's API (budget_tokens) and Ollama's (a think level
-    sets the budget, not tested for length here: 1,024 tokens)."""
+    answer follows, in /v1 (reasoning_budget), Anthropic's API (llama-server's reasoning_budget beside thinking
+    `adaptive`: budget_tokens is 1,024 at least there, as Anthropic's, which test_serve_fields.py holds) and Ollama's
+    (a think level sets the budget, not tested for length here: 1,024 tokens)."""
     import anthropic
 
     client = _client(reasoning_server)
@@ -380,7 +381,7 @@ def test_a_reasoning_budget_closes_the_thinking_in_serve(reasoning_server: Serve
     assert len(bounded.model_extra["reasoning_content"]) < len(free.model_extra["reasoning_content"])
     a = anthropic.Anthropic(base_url=reasoning_server.url, api_key="none")
     r = a.messages.create(model="smollm2:135m", messages=kw["messages"], max_tokens=24,
-                          thinking={"type": "enabled", "budget_tokens": 5}, extra_body={"temperature": 0})
+                          thinking={"type": "adaptive"}, extra_body={"temperature": 0, "reasoning_budget": 5})
     kinds = [b.type for b in r.content]
     assert kinds == ["thinking", "text"] and r.content[0].thinking.strip() == \
         bounded.model_extra["reasoning_content"].strip() and r.content[1].text.strip() == bounded.content.strip()

@@ -408,6 +408,20 @@ def streaming(page: Any, before: list[str]) -> str:
     return str(handle.json_value())
 
 
+def test_a_temperature_past_openais_2_is_refused_in_the_settings(tab: Tab) -> None:
+    """docs/webui.md: the page asks /v1/chat/completions, whose temperature is OpenAI's 0 to 2: the dialog refuses
+    2.5, the field said to be out of range (it took up to 5, and each request was then a 400), and takes 2."""
+    page = tab.open()
+    page.click("#open-settings")
+    page.fill("#temperature", "2.5")
+    page.click("#settings-form button[type=submit]")
+    assert page.eval_on_selector("#temperature", "e => e.validity.rangeOverflow && e.validationMessage !== ''")
+    assert page.locator("#settings").is_visible()
+    page.fill("#temperature", "2")
+    page.click("#settings-form button[type=submit]")
+    page.locator("#settings").wait_for(state="hidden")
+
+
 def test_stop_and_escape_end_a_long_answer(tab: Tab, server: Server) -> None:
     """The Stop button, and Escape, end the answer under way: its text stays, it says Stopped, and the server
     frees the slot (the page's fetch is aborted, so the request ends). Deleting the conversation stops its

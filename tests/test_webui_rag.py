@@ -495,7 +495,7 @@ def test_chat_completions_file_search_places_what_fits_and_says_what_it_sent(ser
                          ({"role": "user", "content": [{"type": "text", "text": "  "}]}, "the question is blank")):
         bad = chat({"vector_store_ids": ["notes"]}, messages=[blank])
         assert bad.status_code == 400 and words in bad.json()["error"]["message"], bad.text
-        assert bad.json()["error"]["param"] in ("messages", "messages.0.content"), bad.text  # where the blank is
+        assert bad.json()["error"]["param"] in ("messages", "messages.[0].content"), bad.text  # where the blank is
     bad = chat({"vector_store_ids": ["notes"], "max_results": 2})  # a field not read is not silently ignored
     assert bad.status_code == 400 and "`file_search` has no field 'max_results'" in bad.text, bad.text
     bad = httpx.post(f"{server.url}/v1/completions", headers=_auth(), timeout=60, json={

@@ -36,6 +36,7 @@ from localgen.tools.stream import AnswerStream, Piece
 from localgen.tools.stream import Event as Said
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+MIN_BUDGET = 1024  # the least thinking.budget_tokens Anthropic's API takes
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's
 # an image block's base64 source reaches the media reader as a data: URI: its errors name the block's field
 INLINE = Inline(decoded="an image block's source.data", encoded="an image block's source.data",
@@ -126,9 +127,10 @@ def _thinking(config: Any) -> bool | None:
         raise HTTPError(400, "thinking.type must be enabled, adaptive or disabled", param="thinking")
     if kind == "enabled":
         budget = config.get("budget_tokens")
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= settings.INT32:
-            raise HTTPError(400, f"thinking.budget_tokens must be an integer from 1 to {settings.INT32:,}",
-                            param="thinking.budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= settings.INT32:
+            raise HTTPError(400, f"thinking.budget_tokens must be an integer from {MIN_BUDGET:,} to "
+                                 f"{settings.INT32:,}, as Anthropic's API takes it (a smaller budget: thinking "
+                                 "`adaptive` and llama-server's `reasoning_budget`)", param="thinking.budget_tokens")
     return bool(kind != "disabled")
 
 

@@ -53,6 +53,14 @@ class Ask:
     truncate_keep: int | None = None
 
 
+# Where an API's own range for a knob is narrower than the knob's (settings.py: the command line's and Ollama's), a
+# request there is held to it, as that API answers it: OpenAI's temperature is 0 to 2 (a client's 3 is a bug there,
+# not a wish). Anthropic's narrower ranges are anthropic.py's. More than OpenAI's 4 `stop` strings are taken, as
+# llama-server and vLLM take them: a client that sends them was written for those, and they work.
+NARROWER: dict[str, dict[str, tuple[float, float]]] = {
+    "openai": {"temperature": (0.0, 2.0)}, "responses": {"temperature": (0.0, 2.0)}}
+
+
 def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dict[str, Any]:
     """The sampling settings a request gives in an API's spellings (settings.py's table: a knob added there
     reaches every API), by the table's names; each value checked here, so that a 400 names the field the client
@@ -66,12 +74,25 @@ def sampling_values(where: Mapping[str, Any], api: str, prefix: str = "") -> dic
             if value is None:  # null is "not given" (as OpenAI reads it): never over another spelling's value
                 out.setdefault(ours, None)
                 continue
+            _within_api_range(api, theirs, value, prefix + theirs)
             try:
                 settings.check(ours, value, prefix + theirs)
             except UsageError as e:
                 raise HTTPError(400, e.message, param=prefix + theirs) from None
             out[ours] = value
     return out
+
+
+def _within_api_range(api: str, theirs: str, value: Any, label: str) -> None:
+    """A 400 naming the field when a number is past the API's own range for it (NARROWER); anything else is
+    settings.check's to judge."""
+    bounds = NARROWER.get(api, {}).get(theirs)
+    if bounds is None or isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(settings.as_float(value)):  # (an integer of 400 digits is not a finite number)
+        return
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        raise HTTPError(400, f"{settings.out_of_range(label, lo, hi, value)} (OpenAI's range)", param=label)
 
 
 def _without_empty(stop: Any) -> Any:

@@ -123,7 +123,7 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
                 raise HTTPError(400, "`images` must be a list of base64 strings", param="messages")
             if content is not None and not isinstance(content, str):  # Ollama's content beside images: text
                 raise HTTPError(400, "a message's `content` beside its `images` must be a string",
-                                param=f"messages.{i}.content")
+                                param=f"messages.[{i}].content")
             text = content or ""
             content = [*({"type": "image_url", "image_url": {"url": i}} for i in images),
                        {"type": "text", "text": text}]
@@ -131,7 +131,7 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
             if not all(isinstance(p, dict) for p in content):
                 raise HTTPError(400, "each content part must be an object", param="messages")
             if any(p.get("type") == "text" and not isinstance(p.get("text"), str) for p in content):
-                raise HTTPError(400, "a text part's `text` must be a string", param=f"messages.{i}.content")
+                raise HTTPError(400, "a text part's `text` must be a string", param=f"messages.[{i}].content")
             if all(p.get("type") == "text" for p in content):
                 content = "".join(p["text"] for p in content)
             else:
@@ -159,7 +159,7 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
         if content is None and m["role"] in ("user", "system", "developer"):  # as OpenAI: only a turn of the
             # model's may be its tool calls alone
             raise HTTPError(400, f"a {m['role']} message needs `content` (a string or content parts), not null",
-                            param=f"messages.{i}.content")
+                            param=f"messages.[{i}].content")
         if content is None:
             content = ""
         if not isinstance(content, (str, list)):
@@ -171,7 +171,8 @@ def messages(raw: Any, allow_urls: bool = False, fetched: dict[str, Any] | None 
         if role == "tool":
             for key in ("tool_call_id", "name", "tool_name"):
                 if m.get(key) is not None and not isinstance(m[key], str):
-                    raise HTTPError(400, f"a tool message's `{key}` must be a string", param=f"messages.{key}")
+                    raise HTTPError(400, f"a tool message's `{key}` must be a string",
+                                    param=f"messages.[{i}].{key}")
                 if isinstance(m.get(key), str):
                     msg["name" if key == "tool_name" else key] = m[key]
         out.append(msg)

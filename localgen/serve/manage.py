@@ -67,6 +67,8 @@ def _model_routes(state: ServeState) -> list[Route]:
         worker = state.worker(_name(await read_json(request)))
         if worker.busy:
             raise HTTPError(409, f"{worker.name} is answering requests; unload it once they end")
+        if not worker.loaded:  # llama-server's router answers so, in these words
+            raise HTTPError(400, "model is not running", param="model")
         await asyncio.to_thread(worker.request_unload().wait, UNLOAD_WAIT_S)
         return JSONResponse({"success": True})
 

@@ -28,6 +28,9 @@ class Served(Protocol):
     @property
     def busy(self) -> bool: ...  # a job runs or waits
 
+    @property
+    def loaded(self) -> bool: ...  # the model is in memory now
+
     def submit(self, job: Job | EmbedJob) -> None:
         """Queue a job on the model's thread (QueueFull, Retired while its model is being deleted or replaced, or a
         LocalgenError when the worker has stopped)."""

@@ -311,7 +311,7 @@ def _ctx_warning(w: ModelWorker, models: ModelSettings, log: ServeLog) -> None:
 def _worker_lines(w: ModelWorker, log: ServeLog) -> None:
     """Under the start line, a model's batching mode and why, and where its settings came from."""
     mode = w.residence.mode
-    if mode is not None:
+    if mode is not None and not w.ref.summary.encoder_only:  # an encoder (BERT) generates nothing to batch
         log.line(f"  {w.name}: {mode.name} batching: {mode.why}")
         if w.residence.pc is not None and w.residence.pc.one_pool:  # --kv-unified, or its default here
             log.line(f"  {w.name}: the slots share one pool of KV cells (--no-kv-unified: a stream each)")
