@@ -3,11 +3,12 @@ real path, size, modification time and a sample of its bytes. A file rewritten i
 back (`cp -p`, `touch -d`, `rsync -t`) is another file; a new hard link or a chmod, which move only the change
 time, leave it the same file (they cost its prefixes when the change time was part of the identity).
 
-The sample is the first MiB (a GGUF's header and metadata) and 1,024 pages of 4 KiB spread evenly over the rest
-(the whole file up to 5 MiB): a change that spans the gap between two pages is seen, which for a 4 GB model is
-4 MB, less than a layer's weights. 5 MiB read, from the page cache right after a load (docs/benchmarks.md, Costs noted
-in the code). It is taken again only when the file's stat changes (its change time included), so asking often costs a
-stat."""
+The sample is the first MiB (a GGUF's header and metadata) and 128 pieces of 32 KiB spread evenly over the rest
+(the whole file up to 5 MiB): a change that spans the gap between two pieces is seen, which for a 4 GB model is
+32 MB, less than a layer's weights; 128 reads, not a thousand, for a disk that seeks (docs/benchmarks.md, Costs
+noted in the code). A load takes it afresh (`fresh`); asked again while the file's stat is unchanged (serve asks
+before it keeps each prefix on disk), it costs a stat. Where the change time is no change time (Windows: the
+creation time), only a load's fresh sample tells a file rewritten with its mtime set back."""
 
 from __future__ import annotations
 
@@ -15,19 +16,19 @@ import hashlib
 import os
 
 HEAD = 1 << 20
-PIECES = 1024
-PIECE = 4 << 10
+PIECES = 128
+PIECE = 32 << 10
 _KEPT = 64  # samples remembered (a few files per loaded model)
 
 _samples: dict[tuple[str, int, int, int, int, int], str] = {}
 
 
-def identity(path: str | os.PathLike[str]) -> str:
-    """`real|size|mtime_ns|sample`; OSError where the file cannot be read."""
+def identity(path: str | os.PathLike[str], fresh: bool = False) -> str:
+    """`real|size|mtime_ns|sample`; OSError where the file cannot be read. `fresh`: the bytes read again (a load's)."""
     real = os.path.realpath(path)
     st = os.stat(real)
     key = (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    sample = _samples.get(key)
+    sample = None if fresh else _samples.get(key)
     if sample is None:
         sample = _sample(real, st.st_size)
         if len(_samples) >= _KEPT:

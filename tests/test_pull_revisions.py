@@ -361,7 +361,21 @@ def test_what_a_killed_removal_set_aside_goes_at_the_next(tmp_path: Path, monkey
     link_left.write_bytes(b"x")
     running = base / "blobs" / f".{'b' * 64}.{os.getppid()}.removing"
     running.write_bytes(b"a removal going on now")
-    store.replace_older("acme/Held-GGUF", "main", OLD, str(base / "snapshots" / NEW / parts[0].name))
-    assert not left.exists() and not link_left.exists(), "a dead process's leftovers deleted"
+    store.remove([], [parts[0]])  # what was set aside within the hour is kept
+    assert left.exists() and link_left.exists() and running.exists(), \
+        "what was set aside lately is left alone (a process of another machine, sharing the cache, may be removing)"
+    monkeypatch.setattr(store, "STALE_S", -1)  # an hour later
+    store.remove([], [parts[1]])
+    assert not left.exists() and not link_left.exists(), "a dead process's old leftovers deleted"
     assert running.exists(), "a running process's left alone"
     assert not (base / "snapshots" / OLD).exists()
+
+
+def test_a_removal_passes_over_a_file_gone_meanwhile(tmp_path: Path) -> None:
+    """store.remove's all-or-nothing: a file another removal took meanwhile is nothing to remove, not a failure
+    that puts the rest back (listed twice here: the second rename finds it gone)."""
+    from localgen.models import store
+
+    _, parts = _held_cache(tmp_path / "hf")
+    links, _ = store.remove([], [parts[0], parts[0], parts[1]])
+    assert not parts[0].exists() and not parts[1].exists() and len(links) == 3

@@ -36,5 +36,5 @@ def identity(adapters: Adapters) -> list[str]:
     """What a saved KV state depends on of the adapters: each file as it stands, and its scale."""
     out = []
     for path, scale in adapters:
-        out.append(f"lora:{fileid.identity(path)}:{scale!r}")
+        out.append(f"lora:{fileid.identity(path, fresh=True)}:{scale!r}")
     return out

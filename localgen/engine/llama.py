@@ -51,7 +51,7 @@ class Engine:
         try:
             self.adapters = adapters.load(self.model_ptr, self.model, self.params.lora)
             self._adapter_ids = adapters.identity(self.adapters)  # as the files were when they loaded
-            self._file = _file_identity(Path(self.model.path))  # the model file as it loaded (it may go later)
+            self._file = _file_identity(Path(self.model.path), fresh=True)  # the file as it loaded (it may go)
             self._ctx = self._new_context(self.params)
         except BaseException:
             with logs.unbroken():  # a Ctrl-C between the two would leave it for close() (from __del__) to free again
@@ -333,10 +333,10 @@ def _context_of(engine: Engine) -> Callable[[], Any]:
 __all__ = ["Engine"]
 
 
-def _file_identity(path: Path) -> str:
+def _file_identity(path: Path, fresh: bool = False) -> str:
     """A model file as a saved KV state depends on it: its real path, size, modification time and a sample of its
     bytes (localgen/fileid.py: a file rewritten in place, its mtime set back as `cp -p` or `touch -d` sets it, is
     another file; a new hard link or a chmod is not)."""
     from localgen import fileid
 
-    return fileid.identity(path)
+    return fileid.identity(path, fresh)

@@ -123,10 +123,14 @@ def record_ref(repo: str, revision: str, commit: str) -> None:
     if ".." in Path(revision).parts:
         raise LocalgenError(f"unsafe revision name {revision!r}")
     ref = repo_dir(repo) / "refs" / revision
+    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
     try:
         ref.parent.mkdir(parents=True, exist_ok=True)
-        ref.write_text(commit)
+        tmp.write_text(commit)
+        os.replace(tmp, ref)  # whole or not at all: an empty ref (a crash mid-write) names no commit
     except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise LocalgenError(f"cannot write {ref} in the Hugging Face cache: {e.strerror or e}") from None
 
 

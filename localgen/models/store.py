@@ -237,10 +237,11 @@ def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[li
         except OSError:
             continue
     deleted = [b for b in sorted(blobs) if b not in still_used and b.parent.name == "blobs"]
-    for repo in {b.parent.parent for b in deleted}:
+    for repo in {b.parent.parent for b in deleted} | {p.parents[2] for p in targets if p.parent.parent.name ==
+                                                       "snapshots"}:
         _sweep(repo)
     for p in _set_aside([p for p in targets if p.is_symlink() or p.exists()] + deleted):
-        p.unlink()
+        p.unlink(missing_ok=True)
     for folder in dict.fromkeys(p.parent for p in targets):  # (a folder the one before emptied is gone)
         if folder.is_dir():
             _prune_empty(folder)
@@ -254,22 +255,34 @@ def _set_aside(paths: list[Path]) -> list[Path]:
     try:
         for p in paths:
             aside = p.with_name(f".{p.name}.{os.getpid()}.removing")
-            os.replace(p, aside)
+            try:
+                os.replace(p, aside)
+            except FileNotFoundError:  # gone meanwhile (another removal): nothing of it to remove
+                continue
             moved.append((p, aside))
     except OSError:
         for p, aside in reversed(moved):
-            os.replace(aside, p)
+            with contextlib.suppress(OSError):  # each put back that can be: the first error is the one said
+                os.replace(aside, p)
         raise
     return [aside for _, aside in moved]
 
 
+STALE_S = 3600  # seconds after which what a removal set aside, its process gone, is swept
+
+
 def _sweep(repo: Path) -> None:
     """Delete what an earlier removal set aside (`_set_aside`'s names) and left, its process gone before the
-    unlinks (killed, a power cut): a blob's bytes no listing sees."""
+    unlinks (killed, a power cut): a blob's bytes no listing sees. Only what was set aside over an hour ago, by a
+    process id not running here: a cache shared with another machine or container has removals this one cannot
+    see, and none takes an hour between its renames and its unlinks."""
+    import time
+
     for p in [*repo.glob("blobs/.*.removing"), *repo.glob("snapshots/**/.*.removing")]:
         pid = p.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and int(pid) != os.getpid() and time.time() - p.lstat().st_ctime > STALE_S \
+                    and not _alive(int(pid)):
                 p.unlink()
 
 

@@ -61,13 +61,13 @@ def placeholder(media_id: str, projector: str) -> int:
     return -1 - (value & 0x3FFFFFFF)
 
 
-def _projector_identity(path: str) -> str:
+def _projector_identity(path: str, fresh: bool = False) -> str:
     """A projector file as the states computed with it depend on it: its real path, size, modification time and a
     sample of its bytes (localgen/fileid.py, as engine/llama.py's identity takes the model file's: a file rewritten
     with its old mtime set back is another projector; a new hard link or a chmod is not)."""
     from localgen import fileid
 
-    return fileid.identity(path)
+    return fileid.identity(path, fresh)
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Projector:
             raise ModelLoadError(f"libmtmd could not load the projector {path}: {logs.first_error() or 'failed'}",
                                  log=logs.lines())
         self.load_s = time.perf_counter() - t0
-        self.identity = _projector_identity(path)
+        self.identity = _projector_identity(path, fresh=True)
         self.vision = bool(mt.mtmd_support_vision(self.ctx))
         self.audio = bool(mt.mtmd_support_audio(self.ctx))
         self.sample_rate = int(mt.mtmd_get_audio_sample_rate(self.ctx)) if self.audio else 0
