@@ -468,3 +468,29 @@ def test_a_second_ctrl_c_says_the_commands_last_words_once_before_interrupted() 
             "    lib._exit_interrupted()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert (r.returncode, r.stdout, r.stderr) == (130, "the rows measured\n", "interrupted\n"), r
+
+
+@pytest.mark.parametrize("ot", [None, "token_embd=CPU", r"token_embd\.weight=CPU,blk\.1\.ffn_.*_exps=CPU"])
+def test_the_plan_places_a_tied_output_matrix_where_llama_cpp_does(cli: CLI, moe_path: Path, ot: str | None,
+                                                                   servers: list[tuple[subprocess.Popen[bytes], str]]
+                                                                   ) -> None:
+    """fit.md: the plan's weights are exact with and without placement flags. llama.cpp makes a tied output matrix
+    under the embedding's name, so an -ot pattern that names the embedding moves that copy off the device too: the
+    plan kept it on the GPU (24 of the tiny MoE's 50 MiB over). An RPC server stands in for the GPU (no padding)."""
+    from localgen import placement
+    from localgen.models import footprint
+    from localgen.models.gguf_meta import read_summary
+    from localgen.types import LoadParams
+
+    flags = ["-ot", ot] if ot else []
+    r = cli("run", "-m", str(moe_path), "--raw", "-p", "hi", "-n", "1", "--json", "--rpc", servers[0][1], *flags)
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = json.loads(r.stdout)["load"]["weights_mib"]
+    on_server = sum(mib for dev, mib in loaded.items() if servers[0][1] in dev)
+    w = footprint.layout(str(moe_path))
+    assert w.tied
+    plan = footprint.estimate(read_summary(str(moe_path)), w, LoadParams(n_ctx=512), where=footprint.Placement(
+        w.n_layer + 1, overrides=placement.overrides(placement.parse(ot), False, 0)))
+    assert not any(t.gpu_pad for t in w.tensors)  # (a CUDA buffer's padding, which an RPC server's has not)
+    planned = plan.on(footprint.GPU).weights
+    assert on_server == pytest.approx(planned / (1 << 20), abs=0.01), (loaded, planned / (1 << 20))

@@ -57,6 +57,8 @@ KV_BLOCKS = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q5
 CELLS_PAD = 256  # llama.cpp rounds a context up to this many cells
 EMBED_SEQS = 64  # the sequences an embeddings context holds (engine/embed.py's MAX_SEQS)
 
+EMBEDDING = "token_embd.weight"  # the token embedding's name: a tied output matrix is made under it too
+
 
 @dataclass(frozen=True)
 class DeviceNeed:
@@ -231,7 +233,7 @@ def layout_of(table: Iterable[tuple[Any, ...]]) -> WeightLayout:
                           output=layer is None and not name.startswith("token_embd"), offset=offset,
                           part=part[0] if part else 0, gpu_pad=gpu_padding(nbytes, dims[0] if dims else 0, block)))
     tied = not any(t.name == "output.weight" for t in out)
-    embd = next(((ttype, dims) for name, dims, ttype, *_ in rows if name == "token_embd.weight"), None)
+    embd = next(((ttype, dims) for name, dims, ttype, *_ in rows if name == EMBEDDING), None)
     return WeightLayout(tuple(out), n_layer, tied, tied and embd is not None and embd[0] in kinds
                         and len(embd[1]) == 2 and embd[1][1] % 8 == 0)
 
@@ -345,8 +347,14 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
             spans[t.part] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
         if t.expert:
             experts[name] += t.nbytes
-    if weights.tied and layer_dev[n_layer] is not None:  # the embedding again, as the output matrix
-        w[_device_name(layer_dev[n_layer], n_gpus)] += weights.embedding + weights.embedding_gpu_pad
+    out_dev = layer_dev[n_layer]
+    if weights.tied and where.overrides:  # llama.cpp makes the output matrix under the embedding's name, so the
+        buffer = placement.buffer_of(EMBEDDING, where.overrides)  # -ot pattern that names the embedding places it
+        if buffer is not None:
+            out_dev = placement.gpu_index(buffer)
+            out_dev = None if out_dev is None else min(out_dev, n_gpus - 1)
+    if weights.tied and out_dev is not None:  # the embedding again, as the output matrix
+        w[_device_name(out_dev, n_gpus)] += weights.embedding + weights.embedding_gpu_pad
     elif weights.tied and repack and weights.tied_repackable:  # on the CPU, the output matrix's repacked copy
         w[CPU] += weights.embedding
         copies += weights.embedding
