@@ -46,12 +46,24 @@ def check_input(flag: str, path: str | Path) -> None:
 
 
 def input_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-    """The Click callback of an option naming input files (one, or a list): each checked by check_input."""
-    if value and not ctx.resilient_parsing:  # (shell completion parses without acting)
+    """The Click callback of an option naming input files as strings (one, or a list): each checked by
+    check_input."""
+    if value is not None and not ctx.resilient_parsing:  # (shell completion parses without acting; "" is a path)
         flag = "/".join(sorted(param.opts, key=len))  # as --help shows it: -f/--document
         for path in value if isinstance(value, (list, tuple)) else [value]:
             check_input(flag, path)
     return value
+
+
+def input_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """input_file for an option typed Path (or list[Path]) and declared with path_type=str: it sees each path as
+    typed, so `-f ""` is an empty path where Typer's Path would have made it the folder ".", and gives Paths back."""
+    if value is None:
+        return None
+    if any(not isinstance(v, str) for v in (value if isinstance(value, (list, tuple)) else [value])):
+        raise TypeError(f"{param.opts[0]}: declare it with path_type=str for input_path")  # a bug, not input
+    value = input_file(ctx, param, value)
+    return [Path(v) for v in value] if isinstance(value, (list, tuple)) else Path(value)
 
 
 def check_model(flag: str, name: str | None, env: str | None = None) -> None:
@@ -82,6 +94,21 @@ def check_model(flag: str, name: str | None, env: str | None = None) -> None:
         if kind is not None:  # a text input may be a pipe; a model is read at offsets, more than once
             raise UsageError(f"{env}={name}: {kind}, not a model file" if env else f"{flag} {name}: {kind}, not a "
                              "model file")
+
+
+def missing_model_file(name: str) -> bool:
+    """Whether a model name a command takes as its argument (show NAME, cp SRC) is a file's path (as check_model
+    tells one) with nothing there: the caller's usage error, exit 2 as -m's is, where the resolver's would be 1 (a
+    folder or a FIFO there is the header reader's usage error already)."""
+    from localgen.errors import LocalgenError
+    from localgen.models import names
+    from localgen.models.resolve import spec_of
+
+    try:
+        spec = spec_of(name) if name else None
+    except LocalgenError:
+        return False
+    return isinstance(spec, names.PathSpec) and input_problem(name.strip()) == "no such file"
 
 
 def origin(flag: str) -> str | None:

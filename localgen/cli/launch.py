@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from localgen.cli.inputfile import input_file
+from localgen.cli.inputfile import input_path
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import MIN_CTX_FLAG
 
@@ -55,7 +55,7 @@ def launch(
     port: Annotated[int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535,
                                       help="The running server's port.")] = 11435,
     api_key_file: Annotated[Path | None, typer.Option(
-        "--api-key-file", callback=input_file, show_default=False,
+        "--api-key-file", path_type=str, callback=input_path, show_default=False,
         help="The running server's API key, from a file (else LOCALGEN_API_KEY).")] = None,
     own_server: Annotated[bool, typer.Option(
         "--own-server", help="Start a server for the agent even when one is running at --host/--port.")] = False,

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import check_input, check_model, input_file
+from localgen.cli.inputfile import check_input, check_model, input_path
 from localgen.cli.perplexity import ChunksOpt, CtxOpt, GpuOpt
 from localgen.errors import UsageError
 
@@ -49,7 +49,7 @@ def quantize(
         "--token-embedding-type", metavar="GGML_TYPE", show_default=False,
         help="ggml type for the token embeddings.")] = None,
     imatrix: Annotated[Path | None, typer.Option(
-        "--imatrix", callback=input_file, show_default=False, metavar="FILE",
+        "--imatrix", path_type=str, callback=input_path, show_default=False, metavar="FILE",
         help="An importance matrix (llama-imatrix's, GGUF or the older format).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a result that exists.")] = False,
     ladder_types: Annotated[str | None, typer.Option(

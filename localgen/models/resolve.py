@@ -14,6 +14,7 @@ from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError,
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
 from localgen.models.quant import QuantOption, best_that_fits, group_options, pick, rank, same_tag
+from localgen.text import mended
 from localgen.types import ModelRef, shown_path
 
 if TYPE_CHECKING:  # the transfer code (urllib, http.client) loads only when a pull happens
@@ -249,7 +250,8 @@ def _entry(name: str) -> catalogue.CatalogueEntry:
         hint = f"did you mean {', '.join(close)}?" if close else "see `localgen list --catalogue`"
         if cat.unreadable is not None:
             hint = f"{hint}; {catalogue.user_file()} cannot be read, so its models are unknown"
-        raise ModelNotFoundError(f"unknown model {name!r}", hint=f"{hint}; or give owner/repo or a .gguf path")
+        raise ModelNotFoundError(f"unknown model {mended(name)!r}",  # a byte not UTF-8 (caf\xe8): U+FFFD, not '\udce8'
+                                 hint=f"{hint}; or give owner/repo or a .gguf path")
     return entries[name]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.errors import UsageError
+from localgen.regular import Unreadable, not_a_file, read_regular
 from localgen.text import config_text
 
 MAX_CONFIG_BYTES = 1 << 20  # an MCP config file: a few KB in practice
@@ -121,7 +122,12 @@ def from_file(path: Path) -> list[McpTarget]:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
             raise UsageError(f"{where}: {size:,} bytes is too big for a file of MCP servers")
-        doc = json.loads(config_text(path.read_bytes(), where, "JSON"))  # UTF-16: Utf16File, naming `where`
+        raw = read_regular(path, MAX_CONFIG_BYTES, whole=True, what="a file of MCP servers")
+        doc = json.loads(config_text(raw, where, "JSON"))  # UTF-16: Utf16File, naming `where`
+    except Unreadable as e:  # a FIFO (whose read would wait for a writer), a folder, a device: never opened
+        kind = not_a_file(path)
+        raise UsageError(f"{where}: it {kind}, not a file of MCP servers" if kind and not kind.startswith("is not")
+                         else f"{where}: {e}") from None
     except FileNotFoundError:
         raise UsageError(f"{where}: no such file") from None
     except OSError as e:

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from localgen.cli.inputfile import input_file
+from localgen.cli.inputfile import input_file, input_path
 from localgen.cli.options.knobs import Knobs, given_by_user, typed_by_user
 from localgen.loadsettings import GPU, LOAD_KNOBS, SWITCH, TEXT, LoadKnob
 from localgen.settings import BIAS, BOOL, FLOAT, INT, KNOBS, TEXTS, Knob
@@ -151,7 +151,7 @@ JsonSchema = Annotated[
 ]
 JsonSchemaFile = Annotated[
     Path | None,
-    typer.Option("--json-schema-file", "-jf", callback=input_file,
+    typer.Option("--json-schema-file", "-jf", path_type=str, callback=input_path,
                  rich_help_panel=SAMPLING_PANEL, show_default=False, help="A file holding the JSON schema."),
 ]
 Think = Annotated[
@@ -169,13 +169,13 @@ Logprobs = Annotated[
 
 ChatTemplateFile = Annotated[
     Path | None,
-    typer.Option("--chat-template-file", callback=input_file, rich_help_panel=MODEL_PANEL,
+    typer.Option("--chat-template-file", path_type=str, callback=input_path, rich_help_panel=MODEL_PANEL,
                  show_default=False,
                  help="A Jinja chat template to use instead of the model's own (e.g. one that renders tools)."),
 ]
 MmProj = Annotated[
     Path | None,
-    typer.Option("--mmproj", callback=input_file, rich_help_panel=MODEL_PANEL, show_default=False,
+    typer.Option("--mmproj", path_type=str, callback=input_path, rich_help_panel=MODEL_PANEL, show_default=False,
                  help="A multimodal projector (mmproj GGUF) for the model: lets it read images or audio."),
 ]
 TOOLS_PANEL = "Tools"

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import input_file
+from localgen.cli.inputfile import input_path
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.run.options import DecodingOptions, LogOptions, ManyOptions, MediaOptions, ReportOptions, RunArgs
 
@@ -43,7 +43,7 @@ def run(
     think: o.Think = None,
     document: Annotated[
         list[Path] | None,
-        typer.Option("--document", "-f", callback=input_file, show_default=False,
+        typer.Option("--document", "-f", path_type=str, callback=input_path, show_default=False,
                      help="A text file before the prompt (repeatable; long ones are cached). A lone -f FILE with no "
                           "other prompt is the prompt, as in llama.cpp."),
     ] = None,

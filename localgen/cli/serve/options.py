@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import input_file, model_file
+from localgen.cli.inputfile import input_path, model_file
 from localgen.cli.options import CommandArgs, OptionGroup
 from localgen.cli.options.knobs import Knobs
 from localgen.errors import UsageError
@@ -41,7 +41,7 @@ class ListenOptions(OptionGroup):
                                       "page's files.")
     ] = None
     api_key_file: Annotated[
-        Path | None, typer.Option("--api-key-file", callback=input_file, rich_help_panel=SERVE,
+        Path | None, typer.Option("--api-key-file", path_type=str, callback=input_path, rich_help_panel=SERVE,
                                   show_default=False, help="Read the API key from a file (64 KiB at most).")
     ] = None
     cors: Annotated[

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen import proxies
-from localgen.cli.inputfile import input_file
+from localgen.cli.inputfile import input_path
 from localgen.errors import LocalgenError, UsageError
 
 
@@ -24,7 +24,7 @@ def ps(
                                  help="The server's API key, if it has one (as serve's --api-key).")
     ] = None,
     api_key_file: Annotated[
-        Path | None, typer.Option("--api-key-file", callback=input_file, show_default=False,
+        Path | None, typer.Option("--api-key-file", path_type=str, callback=input_path, show_default=False,
                                   help="Read the server's API key from a file (as serve's --api-key-file).")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="The server's answer as JSON.")] = False,

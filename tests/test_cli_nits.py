@@ -1,0 +1,82 @@
+"""Small CLI faults, each a one-line usage error: an empty path given to a file flag, a FIFO given to --mcp, a
+missing model file, a model name holding a byte that is not UTF-8."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, InProcessCLI
+
+EMPTY_PATH_FLAGS = [
+    ("run", "-f/--document", "-f"),
+    ("run", "--file", "--file"),
+    ("run", "--image", "--image"),
+    ("run", "--video", "--video"),
+    ("run", "--chat-template-file", "--chat-template-file"),
+    ("run", "--mmproj", "--mmproj"),
+    ("run", "-jf/--json-schema-file", "-jf"),
+    ("chat", "--chat-template-file", "--chat-template-file"),
+    ("embed", "--file", "--file"),
+    ("quantize", "--imatrix", "--imatrix"),
+    ("serve", "--api-key-file", "--api-key-file"),
+    ("ps", "--api-key-file", "--api-key-file"),
+    ("launch", "--api-key-file", "--api-key-file"),
+]
+
+
+@pytest.mark.parametrize(("command", "named", "flag"), EMPTY_PATH_FLAGS,
+                         ids=[f"{c} {f}" for c, _, f in EMPTY_PATH_FLAGS])
+def test_an_empty_path_to_a_file_flag_is_named_as_given(cli_in_process: InProcessCLI, command: str, named: str,
+                                                        flag: str) -> None:
+    """`FLAG ""` is an empty path, said so, as `--functions ""` is (it was `FLAG .: a folder, not a file`: Typer made
+    the path "." before it was checked), a usage error before anything loads."""
+    r = cli_in_process(command, flag, "", *(["m.gguf", "Q4_0"] if command == "quantize" else []))
+    assert r.returncode == 2 and not r.stdout, r.stderr
+    assert r.stderr == f'localgen: error: {named} "": an empty path, not a file\n', r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_an_mcp_config_file_that_is_a_fifo_is_refused_unopened(cli: CLI, tmp_path: Path) -> None:
+    """`--mcp servers.json` where a FIFO is: refused before it is opened, one line and exit 2 (it hung, reading a
+    pipe no one writes), and before the (missing) model is looked at; a folder there is said so too."""
+    fifo = tmp_path / "servers.json"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    for path, kind in ((fifo, "a FIFO"), (folder, "a folder")):
+        r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", str(path), "--yes", "Go.", timeout=30)
+        assert r.returncode == 2 and not r.stdout, r.stderr
+        assert r.stderr == f"localgen: error: --mcp {path}: it is {kind}, not a file of MCP servers\n", r.stderr
+
+
+MISSING_MODEL = [
+    (["run", "-m", "{}", "-p", "hi"], "-m/--model {}: no such file"),
+    (["bench", "-m", "{}", "-p", "8", "-n", "0"], "-m/--model {}: no such file"),
+    (["fit", "-m", "{}"], "-m/--model {}: no such file"),
+    (["show", "{}"], "no such model file: {}"),
+    (["show", "--modelfile", "{}"], "no such model file: {}"),
+    (["cp", "{}", "mybot"], "cp: FROM {}: no such model file: {}"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), MISSING_MODEL, ids=[" ".join(a[:2]) for a, _ in MISSING_MODEL])
+def test_a_model_path_to_nothing_is_a_usage_error_on_every_command(cli_in_process: InProcessCLI, tmp_path: Path,
+                                                                   args: list[str], said: str) -> None:
+    """A .gguf path with nothing there, typed as the model, is a usage error (exit 2) on every command, as -m's is:
+    show and cp exited 1 (the resolver's `no such model file`); named as typed (`./m.gguf`, not `m.gguf`)."""
+    for path in (str(tmp_path / "missing.gguf"), "./missing.gguf"):
+        r = cli_in_process(*(a.format(path) for a in args))
+        assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stderr)
+        assert r.stderr == f"localgen: error: {said.format(path, path)}\n", r.stderr
+
+
+def test_an_unknown_model_name_holding_a_byte_not_utf8_is_shown_readably(cli: CLI) -> None:
+    """`run -m $'caf\\xe8'` (a Latin-1 terminal's café): the byte is U+FFFD in `unknown model 'caf�'`, as a preset
+    name's is, where the line showed Python's `'caf\\udce8'`."""
+    r = cli("run", "-m", "caf\udce8", "-p", "hi")
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: unknown model 'caf\ufffd' (") and r.stderr.count("\n") == 1, r.stderr
+    assert "\\udce8" not in r.stderr, r.stderr
