@@ -1047,3 +1047,22 @@ def test_a_huge_size_reads_with_separators() -> None:
     assert _cache_ram("1.5") == 3 << 19
     with pytest.raises(UsageError, match="is not a size"):
         _cache_ram("\u0661\u0665")  # Arabic-Indic digits: no size (they were 15 MiB)
+
+
+def test_the_experts_line_says_what_is_in_ram(cli_in_process: InProcessCLI, moe_path: Path) -> None:
+    """A newcomer's trial: with no GPU, `--n-cpu-moe 1` said `the first layer's in RAM (24 MiB)`, every layer's
+    bytes; `--n-cpu-moe 99` on a 4-layer model said `the first 99 layers'`."""
+    def experts(*args: str) -> str:
+        r = cli_in_process("fit", "-m", str(moe_path), *args)
+        assert r.returncode == 0, r.stderr
+        return next(line for line in r.stdout.splitlines() if line.startswith("experts"))
+
+    from localgen.units import format_bytes
+
+    w = footprint.layout(str(moe_path))
+    every = sum(t.nbytes for t in w.tensors if t.expert)
+    assert experts("--n-cpu-moe", "1") == f"experts   all in RAM ({format_bytes(every)}): no layer is on a GPU"
+    assert experts("--n-cpu-moe", "99", "--gpu-memory", "24G") == \
+        f"experts   every layer's in RAM ({format_bytes(every)})"
+    assert experts("--n-cpu-moe", "1", "--gpu-memory", "24G") == \
+        f"experts   the first layer's in RAM ({format_bytes(every // w.n_layer)})"

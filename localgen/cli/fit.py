@@ -327,10 +327,12 @@ def _print(doc: dict[str, Any], why: str) -> None:
         print(f"layers    {doc['gpu_layers']} of {md['layers'] + 1} on the GPU{'s' if len(m['gpus']) > 1 else ''} "
               f"({per} repeating{', and the output layer' if doc['gpu_layers'] else ''})")
     if md["moe"]:
-        n = doc["n_cpu_moe"]
-        first = "the first layer's" if n == 1 else f"the first {n} layers'"
-        kept = f"{first} in RAM ({format_bytes(doc['experts_in_ram'])})" if n else (
-            f"in RAM: {format_bytes(doc['experts_in_ram'])}" if doc["experts_in_ram"] else "none in RAM")
+        n, ram = min(doc["n_cpu_moe"], md["layers"]), format_bytes(doc["experts_in_ram"])
+        first = "the first layer's" if n == 1 else "every layer's" if n == md["layers"] else f"the first {n} layers'"
+        if not doc["gpu_layers"]:  # (a --n-cpu-moe then changes nothing: every layer is in RAM)
+            kept = f"all in RAM ({ram}): no layer is on a GPU" if doc["experts_in_ram"] else "none"
+        else:
+            kept = f"{first} in RAM ({ram})" if n else f"in RAM: {ram}" if doc["experts_in_ram"] else "none in RAM"
         print(f"experts   {kept}")
     rows = [["DEVICE", "WEIGHTS", "KV CACHE", "COMPUTE", "OUTPUT", "TOTAL", "BUDGET"]]
     for d in doc["devices"]:
