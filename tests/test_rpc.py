@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CLI, ROOT, InProcessCLI, assert_same_greedy_text, knows_the_bandwidth
+from tests.conftest import CLI, NO_GPU, ROOT, InProcessCLI, assert_same_greedy_text, knows_the_bandwidth
 
 PROMPT = "The capital of Italy is"
 
@@ -353,8 +353,9 @@ def test_gpu_layers_and_tensor_split_say_what_goes_to_the_servers(
     `--tensor-split` sets the proportions" (here the servers are the only devices: no GPU in the list)."""
     first, second = (ep for _, ep in servers)
 
-    def placed(*flags: str) -> dict[str, float]:
-        r = cli("run", "--raw", "-p", PROMPT, "-n", "1", "--json", "--rpc", f"{first},{second}", *flags)
+    def placed(*flags: str) -> dict[str, float]:  # (this machine's GPU hidden: on one, it would take layers too)
+        r = CLI({**cli.env, **NO_GPU})("run", "--raw", "-p", PROMPT, "-n", "1", "--json", "--rpc", f"{first},{second}",
+                                       *flags)
         assert r.returncode == 0, r.stderr
         weights = json.loads(r.stdout)["load"]["weights_mib"]
         return {ep: sum(mib for dev, mib in weights.items() if ep in dev) for ep in (first, second)}
@@ -483,7 +484,8 @@ def test_the_plan_places_a_tied_output_matrix_where_llama_cpp_does(cli: CLI, moe
     from localgen.types import LoadParams
 
     flags = ["-ot", ot] if ot else []
-    r = cli("run", "-m", str(moe_path), "--raw", "-p", "hi", "-n", "1", "--json", "--rpc", servers[0][1], *flags)
+    r = CLI({**cli.env, **NO_GPU})("run", "-m", str(moe_path), "--raw", "-p", "hi", "-n", "1", "--json", "--rpc",
+                                   servers[0][1], *flags)
     assert r.returncode == 0, r.stderr[-2000:]
     loaded = json.loads(r.stdout)["load"]["weights_mib"]
     on_server = sum(mib for dev, mib in loaded.items() if servers[0][1] in dev)
