@@ -29,7 +29,7 @@ from typing import Any, get_args, get_origin
 # dataclass fields (parameter_info, annotation) and its _coerce_value(value, param, ctx) hook, and the
 # descriptor's annotation / parameter_info / file_annotation.
 
-_TYPER_OWN = ("parser", "allow_dash", "path_type")  # options set so keep typer's coercion (localgen sets none)
+_TYPER_OWN = ("parser", "allow_dash")  # options set so keep typer's coercion (localgen sets none)
 _TRUE = {"1", "true", "t", "yes", "y", "on"}
 _FALSE = {"0", "false", "f", "no", "n", "off", ""}
 
@@ -62,6 +62,8 @@ def _fast(descriptor: Any, coercion: Any) -> Any:
         (one,) = get_args(annotation) or (None,)
     if one not in (bool, str, int, float, Path):
         return None
+    if getattr(info, "path_type", None) not in (None, str) or (info.path_type is str and one is not Path):
+        return None  # path_type=str on a Path: the text as typed, for a callback (cli/inputfile.py, input_path)
 
     class Fast(coercion.RuntimeParam):  # type: ignore[misc,name-defined]
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
@@ -93,6 +95,8 @@ def _one(kind: type, info: Any, value: Any, param: Any, ctx: Any) -> Any:
         if isinstance(value, bytes):
             return value.decode(errors="replace")
         return str(value)
+    if kind is Path and getattr(info, "path_type", None) is str:
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
     if kind is Path:
         return _path(Path(value) if not isinstance(value, Path) else value, info, bad)
     if kind is int:
