@@ -166,18 +166,20 @@ def shown_value(value: Any) -> str:
     return repr(value)
 
 
-def out_of_range(name: str, lo: float | None, hi: float | None, value: Any) -> str:
+def out_of_range(name: str, lo: float | None, hi: float | None, value: Any, typed: str | None = None) -> str:
     """What a value past a setting's bounds is told, its numbers as they are typed (2,147,483,647, not
-    2.14748e+09): `at least LO` where the top is only the type's (a C int's, or none)."""
+    2.14748e+09): `at least LO` where the top is only the type's (a C int's, or none). `typed`: the value as the
+    user typed it (`/set temperature -1` says -1, not -1.0)."""
     def num(v: float) -> str:
         return f"{v:,}" if isinstance(v, int) else f"{v:g}"
 
+    said = typed if typed is not None else shown_value(value)
     if lo is not None and (hi is None or hi == INT32):
         if value < lo or hi is None:
-            return f"{name} must be at least {num(lo)}, not {shown_value(value)}"
-        return f"{name} must be at most {num(hi)} (llama.cpp takes it as a C int), not {shown_value(value)}"
+            return f"{name} must be at least {num(lo)}, not {said}"
+        return f"{name} must be at most {num(hi)} (llama.cpp takes it as a C int), not {said}"
     return f"{name} must be within {'-inf' if lo is None else num(lo)} to {'inf' if hi is None else num(hi)}, " \
-           f"not {shown_value(value)}"
+           f"not {said}"
 
 
 def check(name: str, value: Any, label: str | None = None) -> Any:
@@ -320,6 +322,8 @@ def parse_text(name: str, text: str, label: str | None = None) -> tuple[str, Any
         except ValueError:
             kind = "an integer" if k.kind == INT else "a number"
             raise UsageError(f"{shown} takes {kind}, not {text!r}") from None
+        if (k.lo is not None and value < k.lo) or (k.hi is not None and value > k.hi):
+            raise UsageError(out_of_range(shown, k.lo, k.hi, value, typed=t))
     return key, check(key, value, shown)
 
 

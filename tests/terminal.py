@@ -169,8 +169,9 @@ def written(pid: int) -> int:
 
 def wait_for_local_modes(child: Any, flags: int, timeout: float = 60) -> None:
     """Reads what `child` writes until its terminal (its stdin) has every local mode of `flags` set (termios'
-    lflag): chat's answer sets NOFLSH while it turns the echo off (cli/echo.py), which its prompt's raw mode does
-    not, so a test can type ahead during an answer on that signal rather than after a guessed sleep. What is read
+    lflag): chat holds its terminal with NOFLSH from Enter to the next prompt (cli/echo.py), and its prompt's raw
+    mode clears ISIG, so NOFLSH | ISIG says the prompt has ended, and a test can type ahead during an answer on
+    that signal rather than after a guessed sleep. What is read
     meanwhile is dropped (a program whose output nobody reads waits in write(2) once the pty is full). Skips the
     test where /proc does not name the terminal."""
     import time

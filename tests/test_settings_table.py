@@ -206,8 +206,8 @@ def test_a_value_out_of_range_is_told_the_range_in_plain_numbers(name: str, valu
         settings.check(name, value)
     assert e.value.message == said and "e+" not in said
     with pytest.raises(UsageError) as e:
-        settings.parse_text(name, str(value))  # chat's /set
-    assert e.value.message == said
+        settings.parse_text(name, str(value))  # chat's /set: the value as typed (`-1`, not `-1.0`)
+    assert e.value.message == f"{said.rpartition(' not ')[0]} not {value}"
 
 
 def test_a_huge_whole_number_is_told_in_exponent_form() -> None:

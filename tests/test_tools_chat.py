@@ -311,7 +311,7 @@ def test_a_line_typed_during_the_answer_never_answers_a_tool_calls_question(cli_
 
     child = spawn(cli_env, "typed-ahead", *CHAT_TOOLS, "--mcp", MCP, "--tool-choice", "add")
     child.sendline("What is 2 + 3? " + "Think of it slowly. " * 100)  # its reading gives the time to type ahead
-    terminal.wait_for_local_modes(child, termios.NOFLSH)  # the prompt has ended, the answer's echo is off
+    terminal.wait_for_local_modes(child, termios.NOFLSH | termios.ISIG)  # the prompt (raw: no ISIG) has ended
     child.send("y\r")
     child.expect_exact("(what you typed during the answer was dropped: a tool call's question takes only what")
     child.expect_exact("[y]es / [n]o / [a]lways for add:")

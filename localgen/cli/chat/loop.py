@@ -307,20 +307,42 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     if runner.session.messages:
         view.info(f"resumed {runner.session.name}: {plural(len(runner.session.messages), 'message')}"
                   + summarized(runner.session))
+    from localgen.cli.chat.repl import Between
+    from localgen.native.lib import last_words
+
+    # the terminal held between prompts, put back however the chat ends (llama.cpp's abort included)
+    with Between() as between, last_words(between.terminal.restore):
+        view.held = between
+        try:
+            _lines(line_input, runner, view, between)
+        finally:
+            view.held = None
+
+
+def _lines(line_input: Any, runner: Any, view: ChatView, between: Any) -> None:
+    """Read and handle lines until Ctrl-D or /exit. Ctrl-C at the prompt says how to leave, once until a line is
+    entered: the presses of a burst that stopped an answer and reached the prompt each leave a new prompt, not a
+    screen of the same notice."""
+    said = False
     while True:
         try:
             text = line_input.read()  # a Ctrl-C once Enter is taken is held for what the line starts (give_press)
         except KeyboardInterrupt:
-            view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
+            if not said:
+                view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
+                said = True
             continue
         except EOFError:
             return
+        said = False
         try:
+            between.begin()
             going = handle(text, runner, view, press=line_input.give_press)
-        except KeyboardInterrupt:  # a second press as a turn ended, past the turn's own handler: the chat goes on
+        except KeyboardInterrupt:  # a press past the turn's own handler: the chat goes on
             view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
             going = True
         finally:
+            between.end()
             line_input.release()  # a blank line, a dropped file: nothing ran that the press could stop
         if not going:
             return

@@ -30,12 +30,12 @@ def _command(text: str, runner: Any, view: ChatView, press: Callable[[], None] =
         press()
         return run_command(text, runner, view)
     except KeyboardInterrupt:
+        if view.held is not None:  # the presses after it (a burst) change nothing
+            view.held.end()
         if Hangup.current is not None:  # a SIGTERM or SIGHUP that stopped it inside llama.cpp: the chat ends so
             Hangup.current.check()
         if not view.interactive:
             raise
-        if view.console is not None:  # over the `^C` the terminal echoed at the line's start (it read `^C(Ctrl-C`)
-            view.console.file.write("\r")
         view.info(f"(Ctrl-C stopped {text.split()[0]} before it finished)")
         return True
 
@@ -86,6 +86,8 @@ def _handle(text: str, runner: Any, view: ChatView, command_ok: bool, press: Cal
             first = runner.start(text, view.media)
         view.media.clear()
     except KeyboardInterrupt:  # Ctrl-C between Enter and the answer (fitting a long history to the window)
+        if view.held is not None:  # the presses after it (a burst) change nothing
+            view.held.end()
         del runner.session.messages[held:]  # start() takes its message back only where it raised inside it
         if not view.interactive:
             raise

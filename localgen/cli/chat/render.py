@@ -113,6 +113,12 @@ class PlainView:
             self.out.flush()
             self.last = s[-1]
 
+    def abort(self) -> None:
+        """llama.cpp ends the process mid-answer (native/lib.py last_words): the answer's line ends before the error
+        line (which was glued to it)."""
+        self.out.write("\n")
+        self.out.flush()
+
     def finish(self) -> None:
         """End of the answer."""
         self._close()
@@ -152,6 +158,7 @@ class RichView:
         self.thinking = False
         self.reasoning = ""  # this block of thinking, shown live until it is folded
         self.live = Live(console=console, auto_refresh=False, transient=True, vertical_overflow="crop")
+        self.live._live_render = _frame(console, self.live.get_renderable())  # (Rich's own, which reflow misleads)
         self.live.start()
         self.last_refresh = 0.0
 
@@ -248,6 +255,24 @@ class RichView:
         self.answer, self.before = "", ""
         self.live.update("", refresh=True)
 
+    def abort(self) -> None:
+        """llama.cpp ends the process mid-answer (native/lib.py last_words; on whichever thread it aborts): the block
+        being written stays drawn as far as it came, the cursor goes below it, shown again, and the error line that
+        follows reaches the terminal there. The live region holds stdout and stderr (Rich's redirection): the line
+        was printed above the block, the block drawn again under it, and the process ended with the cursor hidden."""
+        from rich.file_proxy import FileProxy
+
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if isinstance(stream, FileProxy):
+                setattr(sys, name, stream.rich_proxied_file)
+        try:
+            self._refresh()
+        finally:
+            self.console.file.write("\n")
+            self.console.show_cursor(True)
+            self.console.file.flush()
+
     def finish(self) -> None:
         """Print the last block for good and leave the live region."""
         self._fold()
@@ -256,6 +281,45 @@ class RichView:
         if self.answer.strip():
             self.console.print(self._after(self.answer))
         self.answer, self.before = "", ""
+
+
+def _frame(console: Any, renderable: Any) -> Any:
+    """Rich's live region (LiveRender), which also knows how many rows its last frame takes once the window has
+    narrowed. A terminal that rewraps its lines then (most do: tmux, GNOME Terminal, Konsole, kitty, iTerm2, Windows
+    Terminal) turns each line of the frame wider than the new width into several rows; Rich, moving up as many rows
+    as it drew lines to redraw the frame, left the rows above as a stale copy of the block. Growing the window rewraps
+    nothing that Rich drew (its lines end in line breaks). xterm and the Linux console cut the lines instead: there
+    the frame keeps its rows."""
+    import os
+
+    from rich.control import Control
+    from rich.live_render import LiveRender
+    from rich.segment import ControlType, Segment
+
+    rewraps = bool(os.environ.get("TMUX")) or not (os.environ.get("XTERM_VERSION") or os.environ.get("TERM") == "linux")
+
+    class Frame(LiveRender):  # type: ignore[misc]
+        drawn: tuple[int, list[int]] = (0, [])  # the width the frame on the screen was drawn at, and its lines' cells
+
+        def __rich_console__(self, console: Any, options: Any) -> Any:
+            cells = [0]
+            for segment in super().__rich_console__(console, options):
+                if isinstance(segment, Segment) and segment.text == "\n" and not segment.control:
+                    cells.append(0)
+                elif isinstance(segment, Segment):
+                    cells[-1] += segment.cell_length
+                yield segment
+            self.drawn = (options.max_width, cells)
+
+        def position_cursor(self) -> Any:
+            width, (drawn, cells) = console.width, self.drawn
+            if not rewraps or width >= drawn or not cells:
+                return super().position_cursor()
+            rows = sum(max(1, -(-n // width)) for n in cells)  # each line as the terminal rewrapped it
+            return Control(ControlType.CARRIAGE_RETURN, (ControlType.ERASE_IN_LINE, 2),
+                           *(((ControlType.CURSOR_UP, 1), (ControlType.ERASE_IN_LINE, 2)) * (rows - 1)))
+
+    return Frame(renderable, vertical_overflow="crop")
 
 
 def _plain(line: list[Any]) -> str:

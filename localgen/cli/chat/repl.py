@@ -63,7 +63,10 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
                 return
             cmd, _, rest = text.partition(" ")
             if cmd in ("/read", "/image", "/audio", "/video"):
-                yield from files.get_completions(Document(rest, len(rest)), complete_event)
+                for found in files.get_completions(Document(rest, len(rest)), complete_event):
+                    if os.path.isdir(os.path.expanduser(rest + found.text)):  # a folder: with its `/`, as a shell
+                        found = Completion(found.text + "/", found.start_position, display=found.display)  # adds it
+                    yield found
                 return
             words = rest.split(" ")
             options: list[str] = []
@@ -149,17 +152,22 @@ class LineInput:
         import signal
 
         self.release()
-        started = False
+        started = early = False
 
         def mark_started() -> None:
             nonlocal started
             started = True
+            if early:  # pressed as the prompt was being set up: it is Ctrl-C at the prompt
+                app = self.session.app
+                app.loop.call_soon(app.key_processor.send_sigint)
 
         def on_sigint(signum: int, frame: Any) -> None:
+            nonlocal early
             app = self.session.app
             loop = app.loop
-            if not started:  # before the prompt began: it stops it, as the chat's handler would
-                raise KeyboardInterrupt
+            if not started:  # before the prompt began: taken once it has (a KeyboardInterrupt raised inside
+                early = True  # prompt_toolkit's setup, an event loop half made, ended the chat in a burst)
+                return
             if app.is_running and not app.is_done and loop is not None:  # what prompt_toolkit's own handler does
                 loop.call_soon_threadsafe(app.key_processor.send_sigint)
             else:
@@ -295,3 +303,54 @@ def unquote(text: str) -> str:
             s = s[:-3]
         return s.strip("\n")
     return text
+
+
+class Between:
+    """The terminal from Enter to the next prompt (on a terminal only). It is held as during an answer (cli/echo.py:
+    no echo, keys kept for the prompt), also while a command runs, a notice is printed or a tool runs, and across the
+    prompt's own start and end (prompt_toolkit puts back the mode it found): a Ctrl-C there was echoed as `^C`, glued
+    to the notice that followed it. view.ask gives it back to the user while a question waits.
+
+    It also takes Ctrl-C between prompts: a press stops what the line started once (the chat's own handler raises
+    it); the presses after it, and those that come once the line is over (the rest of a burst that stopped an
+    answer), are dropped, where one raised at a random point (printing a notice, putting a handler back) ended
+    the chat. Use as a context manager around the REPL, with begin() and end() around each line."""
+
+    def __init__(self) -> None:
+        from localgen.cli.echo import EchoOff
+
+        self.terminal = EchoOff(for_prompt=True)
+        self.armed = False  # a press now is the line's: raised by the chat's handler
+        self._previous: Any = None
+
+    def __enter__(self) -> Between:
+        import signal
+
+        self.terminal.off()
+        previous = signal.getsignal(signal.SIGINT)
+        if callable(previous):  # (ignored, a background job: left so)
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(signal.SIGINT, self)
+                self._previous = previous
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+        self.terminal.restore()
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.armed and self._previous is not None:
+            self.armed = False
+            self._previous(signum, frame)
+
+    def begin(self) -> None:
+        """A line was entered: the next press stops what it starts."""
+        self.armed = True
+
+    def end(self) -> None:
+        """What the line started is over, or a press stopped it: presses until the next prompt change nothing."""
+        self.armed = False

@@ -49,7 +49,10 @@ def _help(runner: Any, view: Any, arg: str) -> None:
 def _set(runner: Any, view: Any, arg: str) -> None:
     key, _, value = arg.partition(" ")
     value = value.strip()
-    if not key or (not value and key != "system"):
+    empty = value in ('""', "''")  # an empty value written as a shell writes one: `/set stop ""` clears the stop
+    if empty:  # strings (it set a stop string of two quote characters), `/set system ""` the system prompt
+        value = ""
+    if not key or (not value and key != "system" and not empty):
         raise UsageError("usage: /set PARAM VALUE (see /show for the current values)")
     if key == "system":
         runner.session.system = value or None

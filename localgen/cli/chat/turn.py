@@ -92,7 +92,7 @@ def stream(runner: Any, view: Any, first: int, restore: list[Any] | None = None)
         runner.stop()
     from localgen.native.lib import last_words
 
-    with _cancel_on_sigint(runner, screen.drop_typed) as presses, last_words(screen.aborted):
+    with _cancel_on_sigint(runner, view, screen.drop_typed) as presses, last_words(screen.aborted):
         try:
             screen.hold()
             try:
@@ -138,7 +138,8 @@ def _settle(runner: Any, view: Any, turn: Any, screen: _Screen, interrupted: boo
     if interrupted and not turn.results and not any(m.get("content") or m.get("reasoning_content")
                                                     for m in turn.messages):
         _take_back(runner, restore)  # stopped before a word was said: as if the message had not been sent
-        view.info("(stopped before the answer began; the message was taken back)")
+        view.info("(stopped before the answer began; the message was taken back)" if restore is None else
+                  "(stopped before the new answer began; the answer it was to replace is kept)")  # /retry
         if not view.interactive:  # scripted: Ctrl-C ends the script (130), not only this answer
             _end_script(view)
         return True
@@ -324,14 +325,13 @@ class _Screen:
             self.answered = True
 
     def aborted(self) -> None:
-        """llama.cpp ends the process (an RPC server gone mid-answer): the echo comes back and the answer's line
-        ends before its error line (which was glued to the answer, the terminal left without echo)."""
+        """llama.cpp ends the process (an RPC server gone mid-answer): the echo comes back and the answer ends before
+        its error line (which was glued to the answer, the terminal left without echo): render.py's abort()."""
         if self.echo is not None:
             self.echo.restore()
         if self.out is not None:
             with contextlib.suppress(OSError, ValueError):
-                sys.stdout.write("\n")
-                sys.stdout.flush()
+                self.out.abort()
 
     def drop_typed(self) -> None:
         """Ctrl-C: the keys typed before it go, as a terminal drops them (cli/echo.py keeps what was written)."""
@@ -434,11 +434,16 @@ class _Presses:
 
 
 @contextlib.contextmanager
-def _cancel_on_sigint(runner: Any, drop_typed: Callable[[], None]) -> Iterator[_Presses]:
-    """Ctrl-C is the answer's (_Presses) until the turn is recorded and its footer printed."""
+def _cancel_on_sigint(runner: Any, view: Any, drop_typed: Callable[[], None]) -> Iterator[_Presses]:
+    """Ctrl-C is the answer's (_Presses) until the turn is recorded and its footer printed; then, on a terminal, the
+    presses until the next prompt (the rest of a burst) change nothing (repl.py Between)."""
     presses = _Presses(runner, drop_typed)
     with sigint_taken_by(presses):
-        yield presses
+        try:
+            yield presses
+        finally:
+            if view.held is not None:
+                view.held.end()
 
 
 def _footer(s: Any, used: int, n_ctx: int) -> str:

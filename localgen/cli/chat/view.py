@@ -35,11 +35,15 @@ class ChatView:
     compact: bool | None = None  # --compact / --no-compact, over a loaded chat's own choice (None: not given)
     tools: bool = False  # --functions or --mcp: a model without a chat template is then refused, not said
     rag: Any = None  # --rag: the collection each message's excerpts come from (cli/options/rag.py Rag), or None
+    held: Any = None  # the REPL's hold on the terminal between prompts (cli/chat/repl.py Between); None scripted
 
     def ask(self, question: str) -> str:
         """A question to the user on the terminal (scripted chats never ask: they need --yes); EOFError at Ctrl-D."""
         if self.console is None:
             raise EOFError
+        terminal = self.held.terminal if self.held is not None else None
+        if terminal is not None:  # the answer is typed as at a shell: echoed, its line edited, ended by Enter
+            terminal.restore()
         self.console.print(question, markup=False, end="")
         try:
             return read_answer()
@@ -47,6 +51,9 @@ class ChatView:
             with contextlib.suppress(OSError, ValueError):  # a terminal gone (EIO) never hides why the read ended
                 self.console.print()
             raise
+        finally:
+            if terminal is not None:  # held again (a tool that runs then: a Ctrl-C's `^C` was glued to its notice)
+                terminal.off()
 
     def __post_init__(self) -> None:
         if self.interactive:
