@@ -148,11 +148,17 @@ def make_dirs(path: Path) -> Path:
         try:
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
         except (FileExistsError, NotADirectoryError) as e:  # a file in the way: named, where mkdir said "File
-            blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
+            blocker = in_the_way_of(path)
             if blocker is None:  # exists" of the folder asked for, or "Not a directory" of it
                 raise
             raise NotADirectoryError(errno.ENOTDIR, in_the_way(blocker), str(path)) from e
     return path
+
+
+def in_the_way_of(path: Path) -> Path | None:
+    """What is where a folder goes on the way to `path` (it, or one of its parents): a file, or a link that leads to
+    no folder; None where there is none."""
+    return next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
 
 
 def in_the_way(blocker: Path) -> str:
@@ -181,7 +187,7 @@ def os_reason(e: OSError) -> str:
     ("Not a directory"), which file that is."""
     if e.errno == errno.ENOTDIR and isinstance(e.filename, str):
         path = Path(e.filename)
-        blocker = next((p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir()), None)
+        blocker = in_the_way_of(path)
         if blocker is not None:
             return in_the_way(blocker)
     return e.strerror or str(e)

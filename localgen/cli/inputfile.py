@@ -72,17 +72,9 @@ def check_model(flag: str, name: str | None, env: str | None = None) -> None:
     environment gave it (`env`, else the running command's option of that flag read from its envvar: origin). Any
     other name (a catalogue name, owner/repo, ollama:NAME) is the resolver's to find, with its own errors; so is a
     model a conversation or a collection recorded (its file gone since is no mistake on this command line)."""
-    from localgen.errors import LocalgenError, UsageError
-    from localgen.models import names
-    from localgen.models.resolve import spec_of
+    from localgen.errors import UsageError
 
-    if not name:
-        return
-    try:
-        spec = spec_of(name)  # a preset's name wins over a file (or folder) of that name here, as the resolver takes it
-    except LocalgenError:  # not a name at all (empty, too long): the resolver says why
-        return
-    if isinstance(spec, names.PathSpec):
+    if name and _a_path(name):
         env = env or origin(flag)
         why = input_problem(name.strip())
         if why is not None and env is not None:
@@ -100,15 +92,22 @@ def missing_model_file(name: str) -> bool:
     """Whether a model name a command takes as its argument (show NAME, cp SRC) is a file's path (as check_model
     tells one) with nothing there: the caller's usage error, exit 2 as -m's is, where the resolver's would be 1 (a
     folder or a FIFO there is the header reader's usage error already)."""
+    return _a_path(name) and input_problem(name.strip()) == "no such file"
+
+
+def _a_path(name: str | None) -> bool:
+    """Whether a model name is a file's path as the resolver takes it (a preset's name wins over a file or folder of
+    that name here); False for what is no name at all (empty, too long: the resolver says why)."""
     from localgen.errors import LocalgenError
     from localgen.models import names
     from localgen.models.resolve import spec_of
 
+    if not name:
+        return False
     try:
-        spec = spec_of(name) if name else None
+        return isinstance(spec_of(name), names.PathSpec)
     except LocalgenError:
         return False
-    return isinstance(spec, names.PathSpec) and input_problem(name.strip()) == "no such file"
 
 
 def origin(flag: str) -> str | None:

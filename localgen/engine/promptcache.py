@@ -223,8 +223,7 @@ def _reason(e: OSError, path: Path) -> str:
     where = path if e.errno == errno.ENOSPC else e.filename or path  # a full disk: the cache's folder, not a temp
     why = f"{where}: {e.strerror or e}"
     if e.errno in (errno.EEXIST, errno.ENOTDIR):  # mkdir's "File exists" does not say what is in the way
-        blocking = next((p for p in (Path(where), *Path(where).parents) if os.path.lexists(p) and not p.is_dir()),
-                        None)
+        blocking = paths.in_the_way_of(Path(where))
         if blocking is not None:  # a link to nothing is no file: paths says which it is
             why = paths.in_the_way(blocking) if blocking.is_symlink() else f"{blocking} is a file, where a folder goes"
     if e.errno is None and paths.no_room(path):
