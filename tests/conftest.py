@@ -279,6 +279,47 @@ def fork_server(env: dict[str, str]) -> ForkServer | None:
         return _FORKS[0]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A KeyboardInterrupt that escapes a test in a pytest-xdist worker no terminal can interrupt is that test's
+    failure, its traceback shown: pytest takes one for the user's Ctrl-C, and the worker ended the whole session
+    ("gw2 received keyboard-interrupt", in a CI run, with no Ctrl-C anywhere and no test named)."""
+    try:
+        return (yield)
+    except KeyboardInterrupt as e:
+        if not os.environ.get("PYTEST_XDIST_WORKER") or _a_terminal_can_interrupt():
+            raise
+        raise pytest.fail.Exception("a KeyboardInterrupt escaped the test (no Ctrl-C can reach this worker): "
+                                    "a SIGINT sent to the worker, or a press a test arranged raised where it "
+                                    "did not expect it") from e
+
+
+def _a_terminal_can_interrupt() -> bool:
+    """Whether this process is in its terminal's foreground process group (where a Ctrl-C lands)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _no_press_left() -> None:
+    """A Ctrl-C a test left deferred (localgen.native.logs) or an `unbroken` block it left open would be raised in
+    a later test of this worker, at a random place (a KeyboardInterrupt there ends the session): cleared, and
+    this test fails."""
+    logs = sys.modules.get("localgen.native.logs")
+    if logs is None or not (logs._deferred or logs._unbroken):
+        return
+    left = f"deferred Ctrl-C: {logs._deferred}, open unbroken blocks: {logs._unbroken}"
+    logs._deferred, logs._unbroken = False, 0
+    pytest.fail(f"the test left a Ctrl-C pending ({left}): cleared")
+
+
 @pytest.fixture(autouse=True)
 def _signals_as_found() -> Iterator[None]:
     """Each test leaves this thread's signal mask and its SIGINT, SIGTERM and SIGHUP handlers as it found them: one
@@ -300,6 +341,7 @@ def _signals_as_found() -> Iterator[None]:
 
         warnings.warn(f"the test left the signal mask {sorted(left)} (it found {sorted(mask)}) and changed the "
                       f"handlers of {sorted(s.name for s in changed)}: put back", stacklevel=1)
+    _no_press_left()
 
 
 @pytest.fixture(scope="session", autouse=True)
