@@ -4,6 +4,7 @@ defined in the file is a tool; its type hints make the JSON Schema and its docst
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import json
 import os
@@ -24,10 +25,12 @@ _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", dict
 
 
 _redirect = threading.Lock()
-_redirected: list[tuple[TextIO, TextIO]] = []  # sys.stdout and sys.stderr as they were, while any tool runs (calls
-# may overlap: counted)
+_open: list[TextIO] = []  # while tools run (calls may overlap: one entry each), where their Python code prints
 _fd_saved: list[int] = []  # descriptor 1 as it was (os.dup), while tools run with it pointed at stderr
 _abandoned: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # tool calls left running past their timeout
+# where the Python code of a tool prints, set in its own thread alone (and what copies its context: asyncio's
+# tasks, asyncio.to_thread): every other thread's sys.stdout and sys.stderr are what they were
+_route: contextvars.ContextVar[TextIO | None] = contextvars.ContextVar("localgen_tool_output", default=None)
 # as cli/output.py's visible(): C0 but a line break and a tab, DEL, C1, and a CR alone (tools may not import cli)
 _CONTROLS = re.compile(r"\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
@@ -37,28 +40,58 @@ class ToolStopped(BaseException):
     which the tool may catch)."""
 
 
-class _Muted:
-    """A stream that drops what the threads of calls past their timeout write to it, and passes on the rest;
-    `escaped`: with its control characters shown escaped (`\\x1b`), as a tool's result is on a terminal, and
-    saying it is no terminal, so that a library that colours a terminal's text (rich, click) writes it plain."""
+class _Shown:
+    """Where a tool's Python code prints: stderr, on a terminal with its control characters shown escaped
+    (`\\x1b`), as a tool's result is, and saying it is no terminal, so that a library that colours a terminal's
+    text (rich, click) writes it plain; into a pipe or a file byte for byte."""
 
-    def __init__(self, stream: TextIO, escaped: bool = False) -> None:
+    def __init__(self, stream: TextIO, escaped: bool) -> None:
         self.stream = stream
         self.escaped = escaped
 
     def write(self, text: str) -> int:
-        if threading.current_thread() in _abandoned:
-            return len(text)
         if self.escaped and isinstance(text, str):
             self.stream.write(_CONTROLS.sub(_escape, text))
             return len(text)
         return self.stream.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
 
     def isatty(self) -> bool:
         return False if self.escaped else bool(self.stream.isatty())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
+
+
+class _Routed:
+    """sys.stdout or sys.stderr while tools run: in a tool's own thread, where `_route` says (stderr, _Shown);
+    in a call's past its timeout, nowhere; in every other thread (a spinner, a log line, serve's other requests),
+    the stream it stands for, as before."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def _target(self) -> Any:
+        return _route.get() or self.stream
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() in _abandoned:
+            return len(text)
+        n = self._target().write(text)
+        return len(text) if n is None else int(n)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def isatty(self) -> bool:
+        return bool(self._target().isatty())
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, buffer, encoding: the thread's own stream's
+        return getattr(self._target(), name)
 
 
 def _escape(m: re.Match[str]) -> str:
@@ -74,7 +107,23 @@ def _terminal(stream: Any) -> bool:
 
 
 def _unwrapped(stream: TextIO) -> TextIO:
-    return stream.stream if isinstance(stream, _Muted) else stream
+    return stream.stream if isinstance(stream, _Routed) else stream
+
+
+def _route_streams() -> None:
+    """sys.stdout and sys.stderr as _Routed (once: left so while a call past its timeout runs on)."""
+    if sys.stdout is not None and not isinstance(sys.stdout, _Routed):
+        sys.stdout = typing.cast(TextIO, _Routed(sys.stdout))
+    if sys.stderr is not None and not isinstance(sys.stderr, _Routed):
+        sys.stderr = typing.cast(TextIO, _Routed(sys.stderr))
+
+
+def _unroute_streams() -> None:
+    """sys.stdout and sys.stderr back as they were (those that something else has replaced since are left)."""
+    if isinstance(sys.stdout, _Routed):
+        sys.stdout = sys.stdout.stream
+    if isinstance(sys.stderr, _Routed):
+        sys.stderr = sys.stderr.stream
 
 
 def abandon(worker: threading.Thread) -> None:
@@ -86,48 +135,66 @@ def abandon(worker: threading.Thread) -> None:
     if worker.ident is not None and worker.is_alive():  # CPython's C API: an exception raised in another thread
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(ToolStopped))
     with _redirect:
-        if not _redirected:
-            if not isinstance(sys.stdout, _Muted):
-                sys.stdout = typing.cast(TextIO, _Muted(sys.stdout))
-            if not isinstance(sys.stderr, _Muted):
-                sys.stderr = typing.cast(TextIO, _Muted(sys.stderr))
+        _route_streams()
 
 
 @contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """sys.stdout is stderr while a --functions file loads or a tool runs, and so is descriptor 1, which the
-    programs a tool starts inherit (subprocess.run, os.system): what they print is shown, but never into the
-    answer (stdout carries only the answer; --json stays one object). The answer is not written while a tool
-    runs: the turn waits for its calls. What Python code prints meanwhile (sys.stdout, sys.stderr) is shown as
-    a result is: on a terminal, its control characters escaped (a tool's `print("\\x1b]52;...")` cannot write
-    the clipboard or retitle the window). After, it drops what calls left running past their timeout print
-    (`abandon`); a program such a call started keeps writing to stderr, where it was pointed as it started."""
+def tools_running() -> Iterator[None]:
+    """While a --functions file loads or its tools run: descriptor 1 is stderr's, which the programs a tool starts
+    inherit (subprocess.run, os.system), so what they print is shown, but never into the answer (stdout carries
+    only the answer; --json stays one object). That is safe process-wide: the answer is not written while a tool
+    runs (the turn waits for its calls), and serve writes nothing on stdout. sys.stdout and sys.stderr are
+    _Routed: the threads that `stdout_to_stderr` or `printing_to_stderr` mark print as a result is shown (_Shown);
+    every other thread (a spinner, a log line, serve's other requests) writes as before. After, what calls left
+    running past their timeout print is dropped (`abandon`); a program such a call started keeps writing to
+    stderr, where it was pointed as it started."""
     with _redirect:
-        if not _redirected:
-            sys.stdout.flush()
-            out, err = _unwrapped(sys.stdout), _unwrapped(sys.stderr)
-            _redirected.append((out, err))
-            escaped = _terminal(err)
-            sys.stdout = typing.cast(TextIO, _Muted(err, escaped))
-            sys.stderr = typing.cast(TextIO, _Muted(err, escaped))
+        if not _open:
+            with contextlib.suppress(Exception):  # (what the answer wrote so far, before descriptor 1 moves)
+                sys.stdout.flush()
+            err = _unwrapped(sys.stderr)
+            _route_streams()
             _fd_to_stderr()
+            _open.append(typing.cast(TextIO, _Shown(err, _terminal(err))))
         else:
-            _redirected.append(_redirected[0])
+            _open.append(_open[0])
     try:
         yield
     finally:
         with _redirect:
-            out, err = _redirected.pop()
-            if not _redirected:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                for stream in {id(out): out, id(sys.__stdout__): sys.__stdout__}.values():
-                    with contextlib.suppress(Exception):  # what went to the stream itself: out as the tool ran
+            shown = _open.pop()
+            if not _open:
+                for stream in (shown, _unwrapped(sys.stdout), sys.__stdout__):  # what other threads (one a tool
+                    with contextlib.suppress(Exception):  # started) wrote on stdout meanwhile: onto descriptor 1 now
                         stream.flush()  # type: ignore[union-attr]
                 _fd_restore()
-                alive = any(t.is_alive() for t in list(_abandoned))
-                sys.stdout = typing.cast(TextIO, _Muted(out)) if alive else out
-                sys.stderr = typing.cast(TextIO, _Muted(err)) if alive else err
+                if not any(t.is_alive() for t in list(_abandoned)):
+                    _unroute_streams()
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """This thread's print()s (sys.stdout, sys.stderr) shown on stderr as a result is (on a terminal, its control
+    characters escaped: a `print("\\x1b]52;...")` cannot write the clipboard or retitle the window), as a
+    --functions file loads; and descriptor 1 is stderr's meanwhile (tools_running)."""
+    with tools_running():
+        token = _route.set(_open[-1])
+        try:
+            yield
+        finally:
+            _route.reset(token)
+
+
+def printing_to_stderr(target: Callable[[], None]) -> Callable[[], None]:
+    """`target` as a tool call's own thread runs it (made inside tools_running): what its Python code prints is
+    shown as stdout_to_stderr's is; the threads it starts itself print as before (as the programs it starts do)."""
+    shown = _open[-1]
+
+    def run() -> None:
+        _route.set(shown)  # (a thread's context is its own: nothing else sees this)
+        target()
+
+    return run
 
 
 def _fd_to_stderr() -> None:

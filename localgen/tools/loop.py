@@ -162,7 +162,7 @@ def _python_runner(name: str, fn: Callable[..., Any],
     import asyncio
     import inspect
 
-    from localgen.tools.functions import abandon, call_args, positional, stdout_to_stderr
+    from localgen.tools.functions import abandon, call_args, positional, printing_to_stderr, tools_running
 
     def run(args: dict[str, Any], timeout: float, stopped: Callable[[], bool]) -> str:
         box: dict[str, Any] = {}
@@ -182,9 +182,9 @@ def _python_runner(name: str, fn: Callable[..., Any],
             finally:
                 running.discard(threading.current_thread())
 
-        worker = threading.Thread(target=target, name=f"tool {name}", daemon=True)
-        running.add(worker)
-        with stdout_to_stderr():  # what the tool prints: shown on stderr, never in the answer
+        with tools_running():  # what the tool prints: shown on stderr, never in the answer
+            worker = threading.Thread(target=printing_to_stderr(target), name=f"tool {name}", daemon=True)
+            running.add(worker)
             worker.start()
             try:
                 late = not _waited(worker, timeout, stopped)
