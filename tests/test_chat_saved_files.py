@@ -1,11 +1,13 @@
 """Saved chat files written by hand or by another tool (docs/chat.md, Saving): one without a log id is logged as a
 conversation of its own once loaded; one with a malformed message is reported (the file and the entry) and left as
-it is; one without a model is named when it cannot be resumed."""
+it is; one without a model is named when it cannot be resumed; one saved as UTF-16, one whose first message is a
+system one, a chats folder that is a broken link and a name that is not UTF-8 (the section at the end)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -806,3 +808,175 @@ def test_tools_says_so_when_every_tool_has_gone() -> None:
     run_command("/tools", SimpleNamespace(toolbox=SimpleNamespace(specs=[], had_tools=False)), view)
     assert said == ["no tools are offered now: the MCP servers that gave them have gone",
                     "no tools are offered: the MCP servers list none"]
+
+
+# ---- written by an editor or another tool ----------------------------------------------------------------------
+# Saved chats that an editor or another tool wrote (docs/chat.md, Saving): a file saved as UTF-16 is said to be so
+# in one line, as a preset's is (text.config_text); a first message with the role "system" (OpenAI's shape) is the
+# conversation's system prompt. A chats folder that is a link to nothing is named as one where a save fails, and a
+# file's name whose byte is not UTF-8 is shown as \\xe8 (types.shown_path), never as Python's \\udce8.
+
+UTF16 = {"with a byte order mark (Notepad's Unicode)": lambda t: b"\xff\xfe" + t.encode("utf-16-le"),
+         "big-endian without a byte order mark": lambda t: t.encode("utf-16-be")}
+SAID_UTF16 = "is UTF-16 text, not UTF-8 as JSON is"
+SAVE_AS = "save it as UTF-8: in Notepad, Save As with Encoding UTF-8"
+
+
+# ---- a file saved as UTF-16 --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("encoding", UTF16)
+def test_resuming_a_utf16_saved_chat_is_one_line_that_says_so_and_the_file_is_left_as_it_is(
+        scli: CLI, encoding: str) -> None:
+    """It said `is unreadable: it is not UTF-8 text` (or `it is not JSON`, without a byte order mark), exit 1."""
+    path = _chats(scli) / "ed16.json"
+    data = UTF16[encoding](json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    path.write_bytes(data)
+    r = scli("chat", "--resume", "ed16", "-m", "smollm2:135m", *N, input="What is my name?\n")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == f"localgen: error: the saved conversation {path} {SAID_UTF16} ({SAVE_AS})\n", r.stderr
+    assert path.read_bytes() == data
+
+
+def test_chat_list_warns_of_a_utf16_saved_chat_in_those_words_and_lists_the_others(scli: CLI) -> None:
+    d = _chats(scli)
+    data = UTF16["with a byte order mark (Notepad's Unicode)"](json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    (d / "ed16.json").write_bytes(data)
+    (d / "ada.json").write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    r = scli("chat", "--list")
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["ada"], r.stdout
+    assert r.stderr == (f"warning: the saved conversation {d / 'ed16.json'} cannot be read (it {SAID_UTF16}; "
+                        f"{SAVE_AS}): it is left as it is\n"), r.stderr
+    assert (d / "ed16.json").read_bytes() == data
+
+
+def test_a_utf16_saved_chat_over_what_chat_list_reads_is_said_to_be_utf16_too(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A file larger than LIST_READ is listed from its head: UTF-16 there is the same reason, not "not UTF-8"."""
+    from localgen.chat import saved
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(saved, "LIST_READ", 1 << 10)
+    d = saved.chats_dir()
+    d.mkdir(parents=True)
+    doc = {"model": "smollm2:135m", "turns": 300, "messages": ADA * 300}
+    (d / "big16.json").write_bytes(UTF16["with a byte order mark (Notepad's Unicode)"](json.dumps(doc)))
+    skipped: list[tuple[Path, str]] = []
+    assert saved.list_sessions(skipped=skipped) == []
+    assert skipped == [(d / "big16.json", f"it {SAID_UTF16}; {SAVE_AS}")]
+
+
+# ---- a system message written as the first of "messages" ---------------------------------------------------------
+
+PIRATE = "You are a pirate. Answer as one."
+
+
+def test_a_hand_written_file_whose_first_message_is_a_system_one_resumes_with_that_system_prompt(scli: CLI) -> None:
+    """It was refused: `entry 1 of "messages" has the role "system" (user, assistant or tool)`, and not listed."""
+    path = _chats(scli) / "pirate.json"
+    path.write_text(json.dumps({"model": "smollm2:135m", "tags": ["mine"],
+                                "messages": [{"role": "system", "content": PIRATE}, *ADA]}))
+    listed = scli("chat", "--list")
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+    assert [line.split()[:1] + line.split()[3:5] for line in listed.stdout.splitlines()] == [["pirate", "1", "turn"]]
+    r = scli("chat", "--resume", "pirate", *N, input="/system\nWhat is my name?\n")
+    assert r.returncode == 0, r.stderr
+    assert f"system: {PIRATE}" in r.stderr, r.stderr
+    logged = json.loads(scli("logs", "-n", "1", "--json").stdout)
+    assert [(x["prompt"], x["system"]) for x in logged] == [("What is my name?", PIRATE)], logged
+    saved = json.loads(path.read_text())  # localgen's form: the prompt apart, the turns as they were, "tags" kept
+    assert (saved["system"], saved["messages"][:2], saved["tags"]) == (PIRATE, ADA, ["mine"]), saved
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant", "user", "assistant"], saved
+
+
+def test_a_first_system_message_of_text_parts_is_the_system_prompt_and_one_same_as_system_is_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from localgen.chat.session import ChatSession
+
+    monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path / "home"))
+    d = tmp_path / "home" / "data" / "chats"
+    d.mkdir(parents=True)
+    parts = [{"type": "text", "text": "You are a pirate."}, {"type": "text", "text": "Answer as one."}]
+    (d / "parts.json").write_text(json.dumps({"model": "m", "messages": [{"role": "system", "content": parts}, *ADA]}))
+    (d / "both.json").write_text(json.dumps({"model": "m", "system": PIRATE,
+                                             "messages": [{"role": "system", "content": PIRATE}, *ADA]}))
+    for name in ("parts", "both"):
+        s = ChatSession.load(name)
+        assert (s.system, s.messages, s.conversation()[0]) == (PIRATE, ADA, {"role": "system", "content": PIRATE})
+
+
+@pytest.mark.parametrize(("messages", "top", "said"), [
+    ([*ADA, {"role": "system", "content": "Be brief."}], None,
+     'has a malformed message: entry 3 of "messages" is a system message after the first entry: localgen keeps one '
+     'system prompt, sent before the conversation (move its text to "system")'),
+    ([{"role": "system", "content": PIRATE, "name": "captain"}, *ADA], None,
+     'has a malformed message: entry 1 of "messages" is a system message with "name": localgen keeps a system '
+     'prompt as text alone (put it in "system")'),
+    ([{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, *ADA], None,
+     'has a malformed message: entry 1 of "messages" is a system message whose content is not text'),
+    ([{"role": "system", "content": PIRATE}, *ADA], "Be brief.",
+     'is not in localgen\'s format: its "system" and its first message, a system message, differ: keep one'),
+], ids=["after the first", "with a name", "an image", "beside another system"])
+def test_a_system_message_a_save_could_not_keep_is_one_line_that_says_why(
+        scli: CLI, messages: list[dict[str, object]], top: str | None, said: str) -> None:
+    """What a save would lose or move is refused, as any entry it could not write back; the file is left as it is."""
+    path = _chats(scli) / "odd.json"
+    path.write_text(json.dumps({"model": "smollm2:135m", "system": top, "messages": messages}))
+    kept = path.read_bytes()
+    r = scli("chat", "--resume", "odd", *N, input="What is my name?\n")
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (1, "", 1), r.stderr
+    assert r.stderr.startswith(f"localgen: error: the saved conversation {path} {said} ("), r.stderr
+    assert path.read_bytes() == kept
+
+
+# ---- where the chats folder cannot be -----------------------------------------------------------------------------
+
+def test_a_chats_folder_that_is_a_link_to_nothing_is_named_as_one_when_a_save_fails(scli: CLI, tmp_path: Path) -> None:
+    """It said `…/chats is a file, not a folder`; a data folder that is a file was said to be chats."""
+    data = Path(scli.env["LOCALGEN_HOME"]) / "data"
+    data.mkdir(parents=True)
+    (data / "chats").symlink_to(tmp_path / "gone")
+    r = scli("chat", "-m", "smollm2:135m", "--no-log", *N, input="Hi\n")
+    assert r.returncode == 1 and r.stdout, r.stderr
+    said = f"{data / 'chats'} is a broken link (to {tmp_path / 'gone'}, which does not exist), not a folder"
+    assert r.stderr.startswith(f"warning: cannot write {data / 'chats'}/chat-"), r.stderr
+    assert f": {said}; the chat goes on, but the conversation is not saved\n" in r.stderr, r.stderr
+    assert "is a file" not in r.stderr and not (tmp_path / "gone").exists(), r.stderr
+    (data / "chats").unlink()
+    data.rmdir()
+    data.write_text("")
+    r = scli("chat", "-m", "smollm2:135m", "--no-log", *N, input="Hi\n")
+    assert r.returncode == 1 and f": {data} is a file, not a folder; the chat goes on" in r.stderr, r.stderr
+
+
+# ---- a file name whose byte is not UTF-8 ----------------------------------------------------------------------------
+
+def test_a_name_whose_byte_is_not_utf8_is_shown_as_the_byte_in_errors_and_warnings(scli: CLI) -> None:
+    """`caf$'\\xe8'` (a Latin-1 terminal's é): Python keeps the byte as '\\udce8', which stderr wrote as that."""
+    d = _chats(scli)
+    with open(os.path.join(os.fsencode(d), b"caf\xe8.json"), "w") as fh:
+        fh.write("{")
+    listed = scli("chat", "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stderr == (f"warning: the saved conversation {d}/caf\\xe8.json cannot be read (it is not JSON): it "
+                             "is left as it is\n"), listed.stderr
+    r = scli("chat", "-m", "caf\udce8.gguf", *N, input="Hi\n")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: -m/--model caf\\xe8.gguf: no such file"), r.stderr
+    r = scli("chat", "--resume", "caf\udce8", *N, input="Hi\n")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: bad conversation name 'caf\ufffd': use at most 64"), r.stderr
+    for out in (listed, r):
+        assert "udce8" not in out.stderr, out.stderr
+
+
+def test_chat_list_shows_a_saved_chat_whose_name_is_not_utf8_where_stdout_is_strict_utf8(scli: CLI) -> None:
+    """A saved chat `caf\\xe8.json` that is valid JSON: `chat --list` printed its name raw, and a stdout that encodes
+    UTF-8 strictly (PYTHONIOENCODING=utf-8, a UTF-8 locale's default for a pipe) ended in a UnicodeEncodeError
+    traceback. Its name shows as the byte (caf\\xe8), as its model's path does."""
+    d = _chats(scli)
+    (d / "ada.json").write_text(json.dumps({"model": "smollm2:135m", "messages": ADA}))
+    os.rename(d / "ada.json", os.fsencode(d) + b"/caf\xe8.json")
+    r = CLI({**scli.env, "PYTHONIOENCODING": "utf-8:strict"})("chat", "--list")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["caf\\xe8"], r.stdout

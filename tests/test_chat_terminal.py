@@ -292,3 +292,70 @@ def test_tab_completes_a_folder_with_its_slash(cli_env: dict[str, str], tmp_path
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+NOTICE = "(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)"
+
+
+def flood(child: Any, presses: int = 50) -> None:
+    """Ctrl-C `presses` times as a held key sends it: in groups, some landing as one read at the prompt, some
+    between two prompts (where the terminal makes them a signal)."""
+    for _ in range(presses // 10):
+        child.send("\x03" * 10)
+        time.sleep(0.02)
+        with contextlib.suppress(pexpect.TIMEOUT):
+            child.read_nonblocking(1 << 16, timeout=0)
+
+
+def test_a_flood_of_ctrl_c_at_the_prompt_says_how_to_leave_once_and_leaves_one_prompt(cli_env: dict[str, str]) -> None:
+    """chat.md: Ctrl-C at the prompt says how to leave once until a line is entered; later presses on an empty
+    prompt (a held key) show nothing. Each press left a new prompt: 50 presses, a screen of `>>>`. On a line with
+    text, Ctrl-C still drops the line."""
+    screen = terminal.Screen(TALL)
+    child = spawn(cli_env, "flood", "-n", "8", "--temperature", "0", log=screen, dimensions=TALL)
+    flood(child)
+    child.send("some text")
+    time.sleep(0.2)
+    flood(child)
+    child.sendline("/stats")
+    child.expect_exact("no answer yet", timeout=SAFETY_NET_S)
+    child.expect_exact(PROMPT)
+    rows = [row for row in screen.rows() if row]
+    start = next(i for i, row in enumerate(rows) if row == PROMPT)  # after the ready line (and a first run's tip)
+    assert rows[start:] == [PROMPT, NOTICE, f"{PROMPT} some text", f"{PROMPT} /stats", "no answer yet",
+                                PROMPT], "\n".join(rows)
+    child.sendline("Hi")  # a line entered: the next press says it again
+    child.expect("tok/s", timeout=SAFETY_NET_S)
+    child.expect_exact(PROMPT)
+    flood(child, 20)
+    exits(child)
+    assert sum(row == NOTICE for row in screen.rows()) == 2, "\n".join(screen.rows())
+
+
+def test_chat_list_fits_a_narrow_terminal_its_previews_cut_and_a_pipe_gets_whole_rows(cli_env: dict[str, str],
+                                                                                     tmp_path: Path) -> None:
+    """`chat --list` on a terminal 60 columns wide: one row each, the first message's preview cut with `…` (a wide
+    character counted as two cells); the rows wrapped, a second row with no name breaking the columns. Into a pipe
+    the rows are whole."""
+    from tests.conftest import CLI
+
+    lcli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")})
+    asked = {"rivers": "Tell me about the long history of rivers and how they shaped the towns along them.",
+             "yangtze": "给我讲讲长江的历史和它如何塑造了沿岸的城镇以及那里的人们的生活方式好吗"}
+    for name, message in asked.items():
+        r = lcli("chat", name, "-n", "1", "--temperature", "0", input=message + "\n")
+        assert r.returncode == 0, r.stderr
+    env = {**lcli.env, "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    screen = terminal.Screen((20, 60))
+    child = terminal.spawn(env, ["chat", "-l"], dimensions=(20, 60))
+    child.logfile_read = screen
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    rows = [row for row in screen.rows() if row]
+    assert sorted(row.split()[0] for row in rows) == sorted(asked), "\n".join(rows)
+    assert all(row.endswith("…") and "smollm2" in row for row in rows), "\n".join(rows)
+    assert next(row for row in rows if row.startswith("rivers")).split("smollm2:135m ")[1].startswith("Tell"), rows
+    piped = lcli("chat", "--list").stdout.splitlines()
+    assert len(piped) == 2 and all(asked[row.split()[0]][:60] in row for row in piped), piped

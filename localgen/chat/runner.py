@@ -10,13 +10,12 @@ after the system prompt; a summary that fails leaves them out as before."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localgen import compact, settings
+from localgen import compact, paths, settings
 from localgen.backend import Backend
 from localgen.chat.session import ChatSession, NameTaken, Summary
 from localgen.errors import ContextOverflowError, LocalgenError, no_chat_template
@@ -420,8 +419,10 @@ class ChatRunner:
             # temporary one it is written through
             where = e.filename if isinstance(e.filename, str) and not e.filename.endswith(".tmp") else None
             why = f"cannot write {where or self.session.path}: {e.strerror or e}"
-            if isinstance(e, FileExistsError | NotADirectoryError) and where and not os.path.isdir(where):
-                why = f"cannot write {self.session.path}: {where} is a file, not a folder"  # ("File exists")
+            if isinstance(e, FileExistsError | NotADirectoryError) and where:  # ("File exists", "Not a directory")
+                blocker = paths.in_the_way_of(Path(where))  # the chats folder or one above it: a file, a broken link
+                if blocker is not None:
+                    why = f"cannot write {self.session.path}: {paths.in_the_way(blocker)}"
             self._unsaved(why, f"{why}; the chat goes on, but the conversation is not saved", warn)
             self.unsaved_taken = False
             self.saving = False

@@ -15,6 +15,7 @@ from localgen import paths
 from localgen.errors import LocalgenError
 from localgen.media import text_of
 from localgen.regular import Unreadable, read_regular
+from localgen.text import SAVE_AS_UTF8, Utf16File, config_text, mended, utf16
 from localgen.types import Message
 
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
@@ -75,14 +76,31 @@ def stamp(path: Path) -> tuple[str, int, int, int]:
 ROLES = ("user", "assistant", "tool")  # what `messages` holds (the system prompt is saved apart)
 
 
+def saved_json(raw: bytes, path: Path) -> Any:
+    """A saved file's JSON, read as a file of settings is (text.config_text): a byte order mark an editor wrote
+    dropped; Utf16File naming the file where it is UTF-16 (an editor's "Unicode"); UnicodeDecodeError and
+    JSONDecodeError for the caller to word."""
+    return json.loads(config_text(raw, f"the saved conversation {path}", "JSON"))
+
+
 def checked_messages(saved: Any, path: Path) -> list[Message]:
-    """A saved file's messages; a LocalgenError naming the file and the first entry that is not a message (a
-    conversation loaded without it would be saved without it: the file is reported, and left as it is)."""
+    """A saved file's messages, a first entry that is a system message (system_entry) left out; a LocalgenError
+    naming the file and the first entry that is not a message (a conversation loaded without it would be saved
+    without it: the file is reported, and left as it is)."""
     why = malformed(saved)
     if why is not None:
         raise LocalgenError(f"the saved conversation {path} has a malformed message: {why}",
                             hint="fix or remove it in the file; the file was left as it is")
-    return [_message(m) for m in saved]
+    return [_message(m) for m in saved[1 if system_entry(saved) is not None else 0:]]
+
+
+def system_entry(saved: list[Any]) -> str | None:
+    """The system prompt of a file written by hand or by another tool in OpenAI's shape, a first entry of
+    "messages" with the role "system" (checked by malformed), else None. localgen keeps it apart (a save writes it
+    as "system"), so trimming never drops it."""
+    if not saved or not isinstance(saved[0], dict) or saved[0].get("role") != "system":
+        return None
+    return text_of(saved[0].get("content"))  # text parts joined, as a listing shows them
 
 
 def malformed(saved: Any) -> str | None:
@@ -91,7 +109,7 @@ def malformed(saved: Any) -> str | None:
     if not isinstance(saved, list):
         raise BadField('its "messages" are not a list')
     for i, m in enumerate(saved, 1):
-        why = _malformed(m)
+        why = _malformed_system(m, i) if isinstance(m, dict) and m.get("role") == "system" else _malformed(m)
         if why is not None:
             return f'entry {i} of "messages" {why}'
     return None
@@ -122,6 +140,23 @@ def _malformed(m: Any) -> str | None:
     if content is None and role == "assistant" and m.get("tool_calls"):  # OpenAI's shape of a call alone
         return None
     return "has no text content" if content is None else f"has a content of type {type(content).__name__}"
+
+
+def _malformed_system(m: dict[str, Any], i: int) -> str | None:
+    """What keeps entry `i`, a system message, from being read as the system prompt (None when it can be): only a
+    first entry can (a conversation has one system prompt, sent before it, never trimmed), holding text alone (a save
+    writes it as "system": another field would be lost)."""
+    if i > 1:
+        return ("is a system message after the first entry: localgen keeps one system prompt, sent before the "
+                'conversation (move its text to "system")')
+    content = m.get("content")
+    if not (isinstance(content, str) or (isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content))):
+        return "is a system message whose content is not text"
+    if others := [k for k in m if k not in ("role", "content")]:
+        return (f'is a system message with {", ".join(json.dumps(k, ensure_ascii=False)[:40] for k in others)}: '
+                'localgen keeps a system prompt as text alone (put it in "system")')
+    return None
 
 
 class Loaded(dict[str, Any]):
@@ -200,7 +235,7 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
         try:
             raw = read_regular(p, LIST_READ)  # a FIFO, a device or a folder of that name: skipped, never opened
             if len(raw) <= LIST_READ:
-                data = json.loads(raw.decode("utf-8-sig"))  # a byte order mark (an editor's) dropped
+                data = saved_json(raw, p)  # a byte order mark (an editor's) dropped; UTF-16: Utf16File
                 if not isinstance(data, dict):
                     raise TypeError
                 check_depth(data)
@@ -210,6 +245,8 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
                 first = next((m.get("content", "") for m in msgs if m.get("role") == "user"), "")
                 turns = sum(1 for m in msgs if m.get("role") == "user")
             else:
+                if (text := utf16(raw[:LIST_READ])) is not None:  # read as a smaller one is (saved_json)
+                    raise Utf16File(p, "JSON", text)
                 data, first = _head(raw)
                 turns = data["turns"]
                 if not isinstance(turns, int):
@@ -217,13 +254,13 @@ def list_sessions(asked: Callable[[str], str] = lambda text: text,
             out.append(SessionInfo(
                 name=p.stem, model=str(data.get("model", "")), turns=turns,
                 updated=saved_time(data, "updated", p.stat().st_mtime),  # a time `chat --list` can write
-                preview=" ".join(str(asked(text_of(first))).split())[:60],
+                preview=" ".join(mended(str(asked(text_of(first)))).split())[:60],  # a JSON "\udce8": U+FFFD
             ))
         except _TooBig:
             if skipped is not None:
                 skipped.append((p, f"it is larger than {LIST_READ >> 20} MiB and does not begin with the fields "
                                    "`chat --list` shows; its next save writes them"))
-        except (OSError, ValueError, AttributeError, TypeError, KeyError, Unreadable, RecursionError) as e:
+        except (OSError, ValueError, AttributeError, TypeError, KeyError, Unreadable, RecursionError, Utf16File) as e:
             if skipped is not None:
                 skipped.append((p, why_unreadable(e)))
             continue
@@ -285,6 +322,8 @@ def why_unreadable(e: Exception) -> str:
     """Why a saved conversation's file could not be read, in words."""
     if isinstance(e, (Unreadable, BadField)):
         return str(e)
+    if isinstance(e, Utf16File):  # as a file of settings says it (text.config_text)
+        return f"it is UTF-16 text, not UTF-8 as JSON is; {SAVE_AS_UTF8}"
     if isinstance(e, RecursionError):  # JSON's reader: far deeper than DEPTH
         return f"it nests more than {DEPTH} levels deep"
     if isinstance(e, UnicodeDecodeError):

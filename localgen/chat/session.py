@@ -26,14 +26,17 @@ from localgen.chat.saved import (
     checked_messages,
     saved_flag,
     saved_form,
+    saved_json,
     saved_time,
     stamp,
+    system_entry,
     valid_name,
     why_unreadable,
 )
 from localgen.errors import LocalgenError, UsageError
 from localgen.media import text_of
 from localgen.regular import Unreadable, read_regular
+from localgen.text import mended
 from localgen.types import Message
 
 
@@ -44,8 +47,9 @@ def check_name(name: str, model_hint: str | None = "localgen chat -m") -> str:
     if not valid_name(name):  # `$` alone would take a name ending in a newline
         model = model_hint is not None and _MODEL.fullmatch(name) and (":" in name or "/" in name) and \
             ".." not in name.split("/") and not name.lower().endswith(".gguf")  # a path (models/x.gguf) is not
-        raise UsageError(f"bad conversation name {name!r}: use at most 64 ASCII letters, digits, '.', '_' or '-', "
-                         "beginning with a letter or digit",
+        # a byte not UTF-8 (caf\xe8 typed on a Latin-1 terminal): U+FFFD, as a preset's name shows it, not '\udce8'
+        raise UsageError(f"bad conversation name {mended(name)!r}: use at most 64 ASCII letters, digits, '.', '_' "
+                         "or '-', beginning with a letter or digit",
                          hint=f"to chat with the model {name}: {model_hint} {name}" if model else None)
     return name
 
@@ -316,13 +320,14 @@ class ChatSession:
     @classmethod
     def load(cls, name: str) -> ChatSession:
         """Read a saved conversation by name. What localgen does not use of it (another tool's fields, at the top
-        or in a message) is kept and written back as it was; a field of localgen's that holds what it never
-        saves there, or a "format" newer than FORMAT, is an error naming the file (and the entry), and the file
-        is left as it is."""
+        or in a message) is kept and written back as it was; a first message with the role "system" (OpenAI's
+        shape) is its system prompt. A field of localgen's that holds what it never saves there, or a "format"
+        newer than FORMAT, is an error naming the file (and the entry), and the file is left as it is."""
         check_name(name)
         path = chats_dir() / f"{name}.json"
         try:
-            data = json.loads(read_regular(path, LOAD_READ, whole=True, what="a conversation").decode("utf-8-sig"))
+            # a file saved as UTF-16 is one line naming it (Utf16File), as a file of settings is
+            data = saved_json(read_regular(path, LOAD_READ, whole=True, what="a conversation"), path)
             check_depth(data)
         except FileNotFoundError:
             raise LocalgenError(f"no saved conversation named {name!r}", hint="see `localgen chat --list`") from None
@@ -345,6 +350,11 @@ class ChatSession:
             system = data.get("system")
             if system is not None and not isinstance(system, str):
                 raise BadField('its "system" is not text')
+            entry = system_entry(data["messages"])  # a file in OpenAI's shape: its first message is the prompt
+            if entry is not None:
+                if system and system != entry:  # a save writes one of them: the other would be lost
+                    raise BadField('its "system" and its first message, a system message, differ: keep one')
+                system = entry
             for key in ("model", "log_id"):
                 if data.get(key) is not None and not isinstance(data[key], str):
                     raise BadField(f'its "{key}" is not text')

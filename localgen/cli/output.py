@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any, TextIO
 
-from localgen.types import SamplingParams, Stats
+from localgen.types import SamplingParams, Stats, shown_path
 
 _said = {"interrupted": False}
 RESULT_PREVIEW = 300  # characters of a tool's result shown
@@ -281,9 +281,10 @@ def header_text(text: str) -> str:
 
 def error_text(line: str) -> str:
     """An error line as it is printed: a control character a quoted value carried is shown escaped (\\x1b), not
-    obeyed by the terminal, and a line past ERROR_HEAD + ERROR_TAIL characters (a 100 KB flag value quoted) keeps
-    its start and its end, where the hint is, around what was left out."""
-    line = _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), line)
+    obeyed by the terminal, a file name's byte that is not UTF-8 as \\xe8 (types.shown_path; stderr wrote the lone
+    surrogate Python keeps it as, \\udce8), and a line past ERROR_HEAD + ERROR_TAIL characters (a 100 KB flag value
+    quoted) keeps its start and its end, where the hint is, around what was left out."""
+    line = _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), shown_path(line))
     if len(line) > ERROR_HEAD + ERROR_TAIL + 100:
         left_out = len(line) - ERROR_HEAD - ERROR_TAIL
         line = f"{line[:ERROR_HEAD]} … ({left_out:,} characters left out) … {line[-ERROR_TAIL:]}"
@@ -343,8 +344,8 @@ class ErrWriter:
             self._print(text, "dim", fresh=False)
 
     def warn(self, text: str) -> None:
-        """A warning, always shown."""
-        self._print(f"warning: {text}", "yellow")
+        """A warning, always shown; a file name's byte that is not UTF-8 as \\xe8, as in an error (error_text)."""
+        self._print(f"warning: {shown_path(text)}", "yellow")
 
     def error(self, message: str, hint: str | None = None) -> None:
         """The one-line error: `localgen: error: message (hint)`, readable whatever value it quotes (error_text)."""

@@ -321,8 +321,8 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
 
 def _lines(line_input: Any, runner: Any, view: ChatView, between: Any) -> None:
     """Read and handle lines until Ctrl-D or /exit. Ctrl-C at the prompt says how to leave, once until a line is
-    entered: the presses of a burst that stopped an answer and reached the prompt each leave a new prompt, not a
-    screen of the same notice."""
+    entered: the later presses of a flood (or of a burst that stopped an answer) leave nothing on an empty prompt
+    (LineInput drops them), not a screen of prompts or of the same notice."""
     said = False
     while True:
         try:
@@ -434,13 +434,36 @@ def print_list() -> None:
     if not items:
         print("no saved conversations")
         return
+    import shutil
+
+    from rich.cells import cell_len
+
+    rows = []
     for s in items:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.updated))
         turns = f"{s.turns:3} turn{'' if s.turns == 1 else 's'}"
         # a saved prompt's ESC shows as \x1b on a terminal (it would set the title, write the clipboard)
         model = shown_path(s.model)  # a path that is not UTF-8 shown escaped (\xe8), never a UnicodeEncodeError
-        name, model = for_terminal(s.name, sys.stdout), for_terminal(model, sys.stdout)  # escaped, then padded
-        print(f"{_padded(name, 30)} {when}  {turns:9}  {_padded(model, 16)} {for_terminal(s.preview, sys.stdout)}")
+        name, model = for_terminal(shown_path(s.name), sys.stdout), for_terminal(model, sys.stdout)  # escaped, padded
+        rows.append((name, when, turns, model, for_terminal(s.preview, sys.stdout)))
+    width, names, models = None, 30, 16
+    if sys.stdout.isatty():  # each row fits the terminal (a row that wrapped broke the columns), its columns no
+        width = shutil.get_terminal_size().columns  # wider than what they hold, to leave the preview room
+        names = min(names, max(cell_len(row[0]) for row in rows))
+        models = min(models, max(cell_len(row[3]) for row in rows))
+    for name, when, turns, model, preview in rows:  # into a pipe, whole rows
+        row = f"{_padded(name, names)} {when}  {turns:9}  {_padded(model, models)} {preview}"
+        print(row if width is None else _fitted(row, width))
+
+
+def _fitted(row: str, cells: int) -> str:
+    """`row` cut to `cells` terminal cells, its end an ellipsis where it was cut (the preview, the last column; on a
+    terminal too narrow for the others, them too)."""
+    from rich.cells import cell_len, set_cell_size
+
+    if cell_len(row) <= cells:
+        return row
+    return set_cell_size(row, max(0, cells - 1)).rstrip() + "…"  # (a wide character cut in two: a space, dropped)
 
 
 def _padded(text: str, cells: int) -> str:

@@ -90,7 +90,8 @@ def make_completer(settable: Iterable[str], sessions: Callable[[], list[str]], m
 
 
 class LineInput:
-    """Reads one message; raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C."""
+    """Reads one message; raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C (on an empty prompt, only the
+    first press until a line is entered: the chat says how to leave once, and a flood of presses is calm)."""
 
     def __init__(self, history: Path, completer: Any) -> None:
         from prompt_toolkit import PromptSession
@@ -125,6 +126,15 @@ class LineInput:
             buf.text = buf.text + ("" if buf.text.endswith("\n") else "\n") + '"""'
             buf.validate_and_handle()
 
+        calm = Condition(lambda: self._told and not get_app().current_buffer.text)
+
+        @kb.add("c-c", filter=calm)
+        @kb.add("<sigint>", filter=calm)
+        def _calm(event: Any) -> None:
+            # Ctrl-C on an empty prompt once the chat has said how to leave: nothing, where a held key or a flood of
+            # presses left a new prompt for each (on a line with text it drops the line, as before)
+            pass
+
         @kb.add("c-g")
         def _editor(event: Any) -> None:
             missing = missing_editor()
@@ -143,6 +153,7 @@ class LineInput:
         )
         self._previous: list[Any] = []  # the SIGINT handler read() replaced, until give_press or release puts it back
         self._pressed = False  # a Ctrl-C that came once Enter was taken, for the line's command
+        self._told = False  # a Ctrl-C stopped a prompt since the last line entered: the chat said how to leave
 
     def read(self, prompt: str = ">>> ") -> str:
         """One message, with a \"\"\" block's quotes removed. A Ctrl-C that comes once Enter is taken (prompt_toolkit
@@ -178,12 +189,22 @@ class LineInput:
                 raise ValueError
             self._previous = [signal.signal(signal.SIGINT, on_sigint)]
         except ValueError:  # that, or not the main thread: prompt_toolkit's own handling
-            return unquote(str(self.session.prompt(prompt)))
+            return self._entered(lambda: self.session.prompt(prompt))
         try:
-            text = str(self.session.prompt(prompt, handle_sigint=False, pre_run=mark_started))
+            return self._entered(lambda: self.session.prompt(prompt, handle_sigint=False, pre_run=mark_started))
         except BaseException:
             self.release()
             raise
+
+    def _entered(self, prompt: Callable[[], Any]) -> str:
+        """The line `prompt` reads, noting whether Ctrl-C stopped it (until a line is entered, Ctrl-C on an empty
+        prompt does nothing)."""
+        try:
+            text = str(prompt())
+        except KeyboardInterrupt:
+            self._told = True
+            raise
+        self._told = False
         return unquote(text)
 
     def give_press(self) -> None:
