@@ -60,3 +60,28 @@ def checked_url(url: str, where: str, example: str) -> SplitResult:
     if fault := host_fault(parts.hostname or ""):
         raise UsageError(f"{where}: {shown!r} has {fault}", hint=f"e.g. {example}")
     return parts
+
+
+def lookup_fault(host: str, e: OSError) -> str:
+    """A failed name lookup of `host` (a socket.gaierror), to follow "cannot ... WHERE: " in a message: a lookup that
+    failed for now (no answer from DNS, EAI_AGAIN), which a retry or an address may get past, apart from a name the
+    resolver does not know, apart from any other failure of the name service. `temporary_lookup(e)` tells the first."""
+    if temporary_lookup(e):
+        return f"{host} could not be resolved right now (a temporary failure of the name lookup)"
+    if unknown_name(e):
+        return f"no such host: {host} is not found"
+    return f"{host} could not be resolved: {e.strerror or e}"
+
+
+def temporary_lookup(e: OSError) -> bool:
+    """Whether a failed lookup failed for now (EAI_AGAIN): the name may well exist."""
+    import socket
+
+    return e.errno == socket.EAI_AGAIN
+
+
+def unknown_name(e: OSError) -> bool:
+    """Whether a failed lookup says the name does not exist (or has no address): EAI_NONAME, NODATA, ADDRFAMILY."""
+    import socket
+
+    return e.errno in {getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY") if hasattr(socket, n)}

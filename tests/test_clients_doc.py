@@ -54,9 +54,10 @@ def test_a_v1_too_many_or_too_few_is_a_404(server: Server) -> None:
     import openai
 
     ask = [{"role": "user", "content": "hi"}]
-    with pytest.raises(openai.NotFoundError):  # OpenAI's clients want /v1
-        openai.OpenAI(base_url=server.url, api_key="none").chat.completions.create(
-            model="smollm2:135m", messages=ask, max_tokens=1)  # type: ignore[arg-type]
+    with pytest.raises(openai.NotFoundError):  # OpenAI's clients want /v1, but for llama-server's spellings without it
+        openai.OpenAI(base_url=server.url, api_key="none").batches.list()
+    openai.OpenAI(base_url=server.url, api_key="none").chat.completions.create(
+        model="smollm2:135m", messages=ask, max_tokens=1)  # type: ignore[arg-type]  # /chat/completions: served
     with pytest.raises(anthropic.NotFoundError):  # Anthropic's add it themselves
         anthropic.Anthropic(base_url=f"{server.url}/v1", api_key="none").messages.create(
             model="smollm2:135m", max_tokens=1, messages=ask)  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ from localgen.serve.http10 import Http10
 from localgen.serve.incoming import INCOMING, Incoming
 from localgen.serve.jobs import INTERNAL, Failed
 from localgen.serve.metrics import Metrics
+from localgen.serve.routing import aliased, aliases_of
 from localgen.serve.servelog import LOG, STDERR_LOG, TRACE, ServeLog, Trace, request_id
 from localgen.serve.state import ServeState
 
@@ -83,8 +84,10 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     desk = batches.Desk()  # the Batch and Files APIs (serve/batches.py; its runner: serve/batchrun.py)
     if state.tool_threads is None:
         state.tool_threads = servertools.ToolThreads()
-    gate = dataclasses.replace(policy or Policy(api_key=state.api_key), uploads=batches.UPLOADS + transcribe.PATHS,
-                               bodiless=batches.BODILESS)
+    given = policy or Policy(api_key=state.api_key)
+    uploads = batches.UPLOADS + transcribe.PATHS
+    gate = dataclasses.replace(given, uploads=uploads + aliases_of(uploads), bodiless=batches.BODILESS,
+                               open_paths=given.open_paths + aliases_of(given.open_paths))
     routes = [Route("/health", _health(state)), *listings.routes(state), *openai.routes(state),
               *anthropic.routes(state), *responses.routes(state), *ollama.routes(state), *embeds.routes(state),
               *manage.routes(state),
@@ -92,6 +95,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
               *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout)), *vectorstores.routes(state)]
     if state.upstreams is not None:  # serve --endpoint: a remote model's requests go to its server
         routes = state.upstreams.wrap(routes)
+    routes = aliased(routes)  # llama-server's paths without /v1 (serve/routing.py), after the wrap: remote too
     policy = gate
     desk.read_timeout, desk.max_line = policy.read_timeout, policy.max_body
     if webui:
@@ -139,7 +143,8 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
             await state.upstreams.aclose()
 
     # the routes whose tokens no worker counts (embeddings, rerank): their access line reads the response's usage
-    front = Front(metrics=metrics, usage_paths=frozenset(r.path for r in embeds.routes(state)))
+    counted = tuple(r.path for r in embeds.routes(state))
+    front = Front(metrics=metrics, usage_paths=frozenset(counted + aliases_of(counted)))
     drain = Drain(state, front)
     app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, HTTPException: on_routing,
                                                        Exception: on_unexpected},

@@ -1,4 +1,5 @@
-"""What the server offers, as each API lists it: OpenAI's /v1/models (with each model's window), Ollama's
+"""What the server offers, as each API lists it: OpenAI's /v1/models (with each model's window, and the router
+fields of llama-server's GET /models, the same listing), Ollama's
 /api/tags (every model), /api/ps (the loaded ones: memory, expiry), /api/version and the bare / that Ollama's
 clients probe. Nothing here loads a model: a listing reads GGUF headers only."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import os
 import time
 from typing import Any
@@ -27,8 +29,12 @@ def routes(state: ServeState) -> list[Route]:
     """The listing routes of both APIs."""
 
     def openai_model(name: str, ref: ModelRef, w: Any) -> dict[str, Any]:
+        """OpenAI's model, with llama-server's router fields: `path` (the file's name, not its folders: a client
+        learns which file, never where it is) and `status`."""
         return {"id": name, "object": "model", "created": int(state.started), "owned_by": "localgen",
-                "max_model_len": state.window(ref, w), **({"default": True} if name == state.default else {})}
+                "max_model_len": state.window(ref, w), **({"default": True} if name == state.default else {}),
+                "path": ref.path and os.path.basename(ref.file),
+                "status": {"value": "loaded" if w is not None and w.loaded else "unloaded"}}
 
     def anthropic_model(name: str) -> dict[str, Any]:
         return {"type": "model", "id": name, "display_name": name, "created_at": _iso(state.started)}
@@ -88,6 +94,7 @@ def routes(state: ServeState) -> list[Route]:
              **({"yielding_to": waiting} if (waiting := w.yielding_to) else {})}
             for gone, workers in ((False, held), (True, state.unloading())) for w in workers if w.loaded]})
 
+    # GET /models (llama-server's router list, and /v1/models without its /v1) is this route: serve/routing.py
     return [Route("/v1/models", models), Route("/v1/models/{id:path}", model),
             Route("/", root, methods=["GET", "HEAD"]), Route("/api/version", version),
             Route("/api/tags", tags), Route("/api/ps", ps)]
@@ -125,8 +132,9 @@ def _model_entry(name: str, ref: ModelRef) -> dict[str, Any]:
 
 def _remote_entry(name: str, where: Remote, started: float) -> dict[str, Any]:
     """A model another server runs (serve --endpoint), as Ollama lists its cloud models: remote_host its URL,
-    no size or digest known here."""
-    return {"name": name, "model": name, "modified_at": _iso(started), "size": 0, "digest": "",
+    no size known here; its digest stands for its name at that URL."""
+    digest = hashlib.sha256(f"remote|{where.endpoint.url}|{name}".encode("utf-8", "surrogatepass")).hexdigest()
+    return {"name": name, "model": name, "modified_at": _iso(started), "size": 0, "digest": digest,
             "remote_model": name, "remote_host": where.endpoint.url,
             "details": {"format": "remote", "family": "", "families": [], "parameter_size": "",
                         "quantization_level": "", "parent_model": ""}}
@@ -134,14 +142,24 @@ def _remote_entry(name: str, where: Remote, started: float) -> dict[str, Any]:
 
 def _digest(ref: ModelRef) -> str:
     """A model's digest as Ollama lists it: an Ollama model's is its manifest's (as `ollama list` shows it), not
-    its GGUF blob's; any other model's, its file's SHA-256 where known."""
+    its GGUF blob's; any other model's, its file's SHA-256 where known, else one of the file's real path, size and
+    modification time (a stat, never its bytes read: a listing reads headers only). Ollama's clients key a model
+    by its digest: the same while the file is, another once it is written again."""
     if ref.source == "ollama":
         from localgen.models import ollamastore
 
         found = ollamastore.manifest_digest(ref.name)
         if found is not None:
             return found
-    return ref.sha256 or ""
+    if ref.sha256:
+        return ref.sha256
+    real = os.path.realpath(ref.path)
+    try:
+        st = os.stat(real)
+        stamp = f"{st.st_size}|{st.st_mtime_ns}"
+    except OSError:  # not written yet: an embedded model in chunks, assembled when a request first uses it
+        stamp = "unwritten"
+    return hashlib.sha256(f"file|{real}|{stamp}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _expires(worker: ModelWorker) -> str:

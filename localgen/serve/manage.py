@@ -1,14 +1,13 @@
 """Model management over HTTP (#43 items 4 and 5), as Ollama's clients and llama-server's router call it:
 /api/pull (the same resumable, verified download as `localgen pull`, its progress as NDJSON lines),
 /api/delete, /api/copy, /api/create (presets, as `localgen rm | cp | create`), /api/show (without loading the
-model), and the router's GET /models, POST /models/load and /models/unload. Names are those `localgen list`
-prints: a request never names a file path to read, copy or delete."""
+model), and the router's POST /models/load and /models/unload (its GET /models is /v1/models: serve/listings.py).
+Names are those `localgen list` prints: a request never names a file path to read, copy or delete."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -38,7 +37,7 @@ def routes(state: ServeState) -> list[Route]:
 
 
 def _model_routes(state: ServeState) -> list[Route]:
-    """Pull and delete (Ollama's), and llama-server's router routes: list, load, unload."""
+    """Pull and delete (Ollama's), and llama-server's router routes: load, unload."""
 
     async def pull(request: Request) -> Response:
         body = await read_json(request)
@@ -49,14 +48,6 @@ def _model_routes(state: ServeState) -> list[Route]:
         name = _name(await read_json(request))
         await _delete(state, name)
         return JSONResponse({})
-
-    async def router_list(request: Request) -> Response:
-        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        return JSONResponse({"object": "list", "data": [
-            # the file's name, not its folders: a client learns which file, never where it is (without_paths)
-            {"id": name, "object": "model", "owned_by": "localgen", "path": ref.path and os.path.basename(ref.file),
-             "status": {"value": "loaded" if w is not None and w.loaded else "unloaded"}}
-            for name, ref, w in offered]})
 
     async def router_load(request: Request) -> Response:
         worker = state.worker(_name(await read_json(request)))
@@ -73,7 +64,7 @@ def _model_routes(state: ServeState) -> list[Route]:
         return JSONResponse({"success": True})
 
     return [Route("/api/pull", pull, methods=["POST"]), Route("/api/delete", delete, methods=["DELETE"]),
-            Route("/models", router_list), Route("/models/load", router_load, methods=["POST"]),
+            Route("/models/load", router_load, methods=["POST"]),
             Route("/models/unload", router_unload, methods=["POST"])]
 
 

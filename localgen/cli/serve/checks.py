@@ -366,24 +366,42 @@ def probe_socket(family: int) -> socket.socket:
 
 def check_port(host: str, port: int) -> None:
     """A port in use, or an address this machine cannot listen on, is a one-line error now, not a log line from
-    the server later; the hint fits the cause."""
+    the server later; the hint fits the cause. A --host that names no address of this machine (a name whose lookup
+    fails, for now or for good, or an address elsewhere) is a usage error, exit 2; a busy port is exit 1."""
     import errno
+    import ipaddress
     import socket
+
+    from localgen.hostnames import host_fault, lookup_fault, temporary_lookup
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets, as URLs write it
+    mine = "127.0.0.1 for this machine only, 0.0.0.0 for every interface"
+
+    def unresolved(e: OSError) -> UsageError:
+        return UsageError(f"cannot listen on {where}: {lookup_fault(host, e)}",
+                          hint=f"try again, or give an address of this machine: {mine}" if temporary_lookup(e) else
+                          f"--host takes an address or a host name of this machine: {mine}")
+
+    try:  # looked up here as well as inside bind, whose error says no more than "no such host"
+        found = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+    except socket.gaierror as e:
+        raise unresolved(e) from None
+    except UnicodeError:  # a name IDNA cannot write (an empty label, one over 63 characters)
+        raise UsageError(f"cannot listen on {where}: {host!r} has {host_fault(host) or 'no valid host name'}",
+                         hint=f"--host takes an address or a host name of this machine: {mine}") from None
     with probe_socket(family) as s:
         try:
             s.bind((host, port))
-        except socket.gaierror as e:  # the name does not resolve
-            raise UsageError(f"cannot listen on {where}: no such host: {e.strerror or e}",
-                             hint="--host takes an address or a host name of this machine, e.g. 127.0.0.1 or "
-                                  "0.0.0.0") from None
+        except socket.gaierror as e:  # its lookup failed this time
+            raise unresolved(e) from None
         except OSError as e:
-            if e.errno == errno.EADDRNOTAVAIL:
-                hint = "--host must be an address of this machine: 127.0.0.1, 0.0.0.0 or one of its interfaces"
-            elif e.errno == errno.EACCES:
-                hint = "ports below 1024 need privileges: pick a --port above 1023"
-            else:
-                hint = "pick another --port, or stop what is using it"
+            if e.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):  # EINVAL: link-local IPv6 with no interface (scope 0)
+                shown = host if str(found[0]) == host.partition("%")[0] else f"{host} ({found[0]})"
+                unscoped = len(found) == 4 and not found[-1] and ipaddress.ip_address(found[0]).is_link_local
+                raise UsageError(f"cannot listen on {where}: {shown} is not an address of this machine" +
+                                 (" (a link-local address needs its interface too: fe80::1%eth0)" if unscoped else ""),
+                                 hint=f"give one of this machine's: {mine}, or an interface's own address") from None
+            hint = ("ports below 1024 need privileges: pick a --port above 1023" if e.errno == errno.EACCES else
+                    "pick another --port, or stop what is using it")
             raise LocalgenError(f"cannot listen on {where}: {e.strerror or e}", hint=hint) from None

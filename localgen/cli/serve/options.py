@@ -70,12 +70,13 @@ class ListenOptions(OptionGroup):
 
 def host_and_port(host: str, port: int, port_typed: bool, host_typed: bool = True) -> tuple[str, int]:
     """--host (or LOCALGEN_HOST where it was not typed: its errors name it) as Ollama's OLLAMA_HOST takes it too:
-    `host:port`, `[v6]:port` or `http://host:port`, whose port counts unless --port was typed; else the host as
-    it is."""
+    `host:port`, `[v6]:port`, `[v6]` or `http://host:port`, whose port counts unless --port was typed; else the
+    host as it is."""
     import re
 
     m = re.fullmatch(r"(?:https?://)?(\[[0-9A-Fa-f:.]+\]|[^:/\[\]\s]+)(?::([0-9]{1,5}))?/?", host.strip())
-    if m is None or (m[2] is None and not host.strip().lower().startswith(("http://", "https://"))):
+    url = host.strip().lower().startswith(("http://", "https://"))
+    if m is None or (m[2] is None and not url and not m[1].startswith("[")):  # `[v6]` alone loses its brackets too
         return host, port
     if m[2] is not None and not 1 <= int(m[2]) <= 65535:
         source = "--host" if host_typed else "LOCALGEN_HOST"
