@@ -211,6 +211,9 @@ def check(out: str, page: Any, a: tuple[str, ...]) -> None:
         assert "FROM " in out if "--modelfile" in flags else out.strip(), out
     if a[0] == "ps":  # the server the page's serve example left up: the default model, loaded at its start
         assert SMOLLM2 in out, out
+    if a[0] == "stop":  # quiet: it unloaded the model, which that server no longer lists as loaded
+        assert out == "", out
+        assert SMOLLM2 not in httpx.get(f"{page.server.url}/api/ps", timeout=10).text
     if a[0] in ("create", "cp"):
         assert (page.home / "data" / "presets" / f"{a[-1] if a[0] == 'cp' else a[1]}.json".replace(":", "@")).exists()
     if a[:2] == ("chat", "-l"):

@@ -58,6 +58,7 @@ from tests.doc_examples_pages import CTX, GEMMA, PROVIDED, Page, bounded_catalog
 PLACEHOLDERS = {"MODEL": SMOLLM2}  # and ID, the page's latest logged conversation, known once it runs
 PREFILL_TPS, DECODE_TPS = 170, 80  # SmolLM2 on one core here (`run --stats`), for a benchmark's estimate
 AT_LEAST_RUN = 57
+ASKS_SERVER = ("ps", "stop")  # they ask the server of the serve example before them on their page
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def _network(v: Verdict, state: PageState) -> str | None:
              *(val for k, val in v.example.env if k in ("LOCALGEN_ENDPOINT", "LLAMA_ARG_RPC"))]
     hosts += [v.producer] if v.producer and v.producer.startswith(("curl", "wget")) else []
     hosts += ["a `localgen serve` running at 127.0.0.1:11435, and the example before it starts none there"
-              ] if v.argv[0] == "ps" and not state.serving else []
+              ] if v.argv[0] in ASKS_SERVER and not state.serving else []
     return ", ".join(hosts) or None
 
 
@@ -228,14 +229,14 @@ def _plan() -> list[Verdict]:
                 getattr(state.models, "discard" if argv[0] == "rm" else "add")(argv[1 + (argv[0] == "cp")])
             state.chats += argv[0] == "chat"
             state.logged += argv[0] in ("run", "chat") and "--no-log" not in argv
-            state.serving = _serves_ps(v) or (argv[0] == "ps" and state.serving)
+            state.serving = _serves_ps(v) or (argv[0] in ASKS_SERVER and state.serving)
     return plan
 
 
 PLAN = _plan()
 RUN = [v for v in PLAN if not v.rule]
 # the examples after which the page's server stays up: the next example run on the page is a ps that asks it
-KEEP_SERVING = {a for a, b in itertools.pairwise(RUN) if a.page == b.page and b.argv[0] == "ps"}
+KEEP_SERVING = {a for a, b in itertools.pairwise(RUN) if a.page == b.page and b.argv[0] in ASKS_SERVER}
 
 
 def not_run_summary(verbose: bool) -> list[str]:
@@ -292,7 +293,7 @@ def test_doc_example(verdict: Verdict, pages: Callable[[str], Page]) -> None:
     if _needs_gemma(verdict) or argv[0] == "serve":  # a serve lists Gemma too, and a listing assembles it
         page.assemble_gemma()
     cli = CLI({**page.cli.env, **dict(verdict.example.env)})
-    if argv[0] == "ps" and page.server is None:  # not a user's own server on 11435
+    if argv[0] in ASKS_SERVER and page.server is None:  # not a user's own server on 11435
         pytest.skip("asks the server of the serve example before it, which did not run here")
     with kept(page, verdict in KEEP_SERVING):
         if argv[0] in SERVES:

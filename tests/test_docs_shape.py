@@ -139,7 +139,7 @@ COMMAND_PAGES = {"run": "run.md", "chat": "chat.md", "serve": "serve.md", "ps": 
                  "quantize": "quantize.md", "perplexity": "perplexity.md", "bench": "bench.md", "fit": "fit.md",
                  "doctor": "doctor.md", "tune": "tune.md", "logs": "logs.md", "embed": "embed.md",
                  "similar": "embed.md", "rerank": "embed.md", "collections": "embed.md", "rpc-server": "rpc.md",
-                 "launch": "agents.md"}
+                 "launch": "agents.md", "stop": "serve.md"}
 
 
 def _options(cmd: Any, path: str) -> list[tuple[str, list[str]]]:

@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("localgen.cli.chat.command", "chat"),
     "serve": ("localgen.cli.serve.command", "serve"),
     "ps": ("localgen.cli.serve.ps", "ps"),
+    "stop": ("localgen.cli.serve.stop", "stop"),
     "launch": ("localgen.cli.launch", "launch"),
     "pull": ("localgen.cli.models.manage", "pull"),
     "list": ("localgen.cli.models.manage", "list_models"),

@@ -1,8 +1,10 @@
-"""`localgen ps`: the models a running `localgen serve` has loaded, asked over its Ollama route /api/ps."""
+"""`localgen ps`: the models a running `localgen serve` has loaded, asked over its Ollama route /api/ps; and how
+a client command (ps, stop) finds that server and asks it: its address, its key, and the one-line errors."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,32 +14,64 @@ from localgen import proxies
 from localgen.cli.inputfile import input_path
 from localgen.errors import LocalgenError, UsageError
 
+# the options by which ps and stop find a server, as serve's: its address, and its key
+HostOption = Annotated[str, typer.Option("--host", envvar="LOCALGEN_HOST", help="The server's address.")]
+PortOption = Annotated[
+    int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535, help="The server's port.")]
+ApiKeyOption = Annotated[
+    str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", show_default=False,
+                             help="The server's API key, if it has one (as serve's --api-key).")]
+ApiKeyFileOption = Annotated[
+    Path | None, typer.Option("--api-key-file", path_type=str, callback=input_path, show_default=False,
+                              help="Read the server's API key from a file (as serve's --api-key-file).")]
 
-def ps(
-    ctx: typer.Context,
-    host: Annotated[str, typer.Option("--host", envvar="LOCALGEN_HOST", help="The server's address.")] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option("--port", envvar="LOCALGEN_PORT", min=1, max=65535, help="The server's port.")
-    ] = 11435,
-    api_key: Annotated[
-        str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", show_default=False,
-                                 help="The server's API key, if it has one (as serve's --api-key).")
-    ] = None,
-    api_key_file: Annotated[
-        Path | None, typer.Option("--api-key-file", path_type=str, callback=input_path, show_default=False,
-                                  help="Read the server's API key from a file (as serve's --api-key-file).")
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="The server's answer as JSON.")] = False,
-) -> None:
-    """The models a running server has loaded: size, where (CPU or GPU), context, and when each unloads."""
-    import datetime
 
-    import httpx
+@dataclass(frozen=True)
+class Server:
+    """A running `localgen serve` as a client command asks it: its URL, the key it is sent (if any) and where
+    the host and the key came from, for the errors that name them."""
 
+    url: str
+    host: str
+    host_from: str  # --host, or LOCALGEN_HOST where it was not typed
+    key: str | None
+    key_from: str  # the option the key came from, as a refusal names it
+
+    def ask(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10) -> Any:
+        """The server's answer to GET `path` (POST `body` as JSON, where given), within `timeout` seconds; no
+        server there, none answering in time, and a refused or missing key are each one LocalgenError."""
+        import httpx
+
+        # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
+        auth = {b"Authorization": f"Bearer {self.key}".encode()} if self.key else {}
+        try:
+            if body is None:
+                r = proxies.get(f"{self.url}{path}", headers=auth, timeout=timeout)
+            else:
+                with proxies.client(timeout=timeout) as c:
+                    r = c.post(f"{self.url}{path}", headers=auth, json=body)
+        except httpx.InvalidURL as e:
+            raise UsageError(f"{self.host_from} {self.host[:100]!r} is not a host name or address: "
+                             f"{str(e)[:100]}") from None
+        except httpx.ReadTimeout:  # something listens there, and gives no whole answer in time
+            raise LocalgenError(f"the server at {self.url} did not answer {path} within {timeout:g} s",
+                                hint="is it localgen serve? give the --host and --port of one") from None
+        except httpx.HTTPError:
+            raise LocalgenError(f"no localgen serve is running at {self.url}", hint="start one with localgen serve, "
+                                "or give --host and --port") from None
+        if r.status_code == 401:
+            raise LocalgenError(f"the server at {self.url} needs an API key: give --api-key KEY or set "
+                                "LOCALGEN_API_KEY, or give --api-key-file FILE" if not self.key else
+                                f"the server at {self.url} refused the API key given ({self.key_from})")
+        return r
+
+
+def server_of(ctx: typer.Context, host: str, port: int, api_key: str | None, api_key_file: Path | None) -> Server:
+    """The server that --host, --port, --api-key and --api-key-file (or LOCALGEN_HOST, LOCALGEN_PORT and
+    LOCALGEN_API_KEY) name; a usage error for an address or a key no request can carry."""
     from localgen.childserver import url_of
     from localgen.cli.options.knobs import typed_by_user
     from localgen.cli.serve.options import check_host, check_host_name, host_and_port, key_fault, key_file
-    from localgen.units import format_bytes
 
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
                             typed_by_user(ctx, "host"))
@@ -50,25 +84,28 @@ def ps(
     if fault:
         raise UsageError(f"{'the API key file' if api_key_file else '--api-key (or LOCALGEN_API_KEY)'} {fault}: "
                          "no HTTP header carries it as given")
-    url = url_of(host, port)
-    try:
-        # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
-        auth = {b"Authorization": f"Bearer {api_key}".encode()} if api_key else {}
-        r = proxies.get(f"{url}/api/ps", headers=auth, timeout=10)
-    except httpx.InvalidURL as e:
-        raise UsageError(f"{source} {host[:100]!r} is not a host name or address: {str(e)[:100]}") from None
-    except httpx.ReadTimeout:  # something listens there, and gives no whole answer in time
-        raise LocalgenError(f"the server at {url} did not answer /api/ps within 10 s", hint="is it localgen serve? "
-                            "give the --host and --port of one") from None
-    except httpx.HTTPError:
-        raise LocalgenError(f"no localgen serve is running at {url}", hint="start one with localgen serve, or give "
-                            "--host and --port") from None
-    if r.status_code == 401:
-        raise LocalgenError(f"the server at {url} needs an API key: give --api-key KEY or set LOCALGEN_API_KEY"
-                            ", or give --api-key-file FILE" if not api_key else f"the server at {url} refused the API "
-                            f"key given ({'--api-key-file' if api_key_file else '--api-key or LOCALGEN_API_KEY'})")
+    return Server(url_of(host, port), host, source, api_key or None,
+                  "--api-key-file" if api_key_file else "--api-key or LOCALGEN_API_KEY")
+
+
+def ps(
+    ctx: typer.Context,
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 11435,
+    api_key: ApiKeyOption = None,
+    api_key_file: ApiKeyFileOption = None,
+    json_out: Annotated[bool, typer.Option("--json", help="The server's answer as JSON.")] = False,
+) -> None:
+    """The models a running server has loaded: size, where (CPU or GPU), context, and when each unloads."""
+    import datetime
+
+    from localgen.units import format_bytes
+
+    server = server_of(ctx, host, port, api_key, api_key_file)
+    url = server.url
+    r = server.ask("/api/ps")
     if r.status_code != 200:
-        raise LocalgenError(f"{url}/api/ps answered {r.status_code}: {_said(r)}")
+        raise LocalgenError(f"{url}/api/ps answered {r.status_code}: {said(r)}")
     models = r.json().get("models", [])
     if json_out:
         print(json.dumps(models))
@@ -104,7 +141,7 @@ def until_text(left: float) -> str:
     return f"{n} {unit}{'' if n == 1 else 's'} from now"
 
 
-def _said(r: Any) -> str:
+def said(r: Any) -> str:
     """What an error answer says: its `error` (Ollama's shape, or OpenAI's error.message), else its text, short."""
     try:
         error = r.json().get("error")

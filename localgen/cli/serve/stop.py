@@ -1,0 +1,72 @@
+"""`localgen stop MODEL`: a running `localgen serve` unloads a model now, as `ollama stop` asks Ollama's server;
+over llama-server's router route POST /models/unload, which says whether the model was loaded at all."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated
+
+import typer
+
+from localgen.cli.serve.ps import ApiKeyFileOption, ApiKeyOption, HostOption, PortOption, Server, said, server_of
+from localgen.errors import LocalgenError, UsageError
+
+UNLOAD_TIMEOUT_S = 60  # the server waits up to 30 s for a model to unload before it answers (serve/manage.py)
+
+
+class NotRunning(LocalgenError):
+    """The server has the model, and it is not loaded."""
+
+
+def stop(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Argument(
+        show_default=False, help="The model to unload, as `localgen ps` names it.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Unload every model the server has loaded.")] = False,
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 11435,
+    api_key: ApiKeyOption = None,
+    api_key_file: ApiKeyFileOption = None,
+) -> None:
+    """Unload a model from a running server now, freeing its memory. The next request that names it loads it
+    again. Quiet when done; a model answering requests unloads once they end (a line says so)."""
+    if model is not None and every:
+        raise UsageError("give a model or --all, not both")
+    if model is None and not every:
+        raise UsageError("name the model to stop (localgen ps lists those loaded), or give --all")
+    if model is not None and (not model or model != model.strip() or not model.isprintable()):
+        raise UsageError(f"{model[:100]!r} is not a model's name: it is empty, or has blanks around it or "
+                         "control characters in it")
+    server = server_of(ctx, host, port, api_key, api_key_file)
+    if model is not None:
+        _unload(server, model)
+        return
+    r = server.ask("/api/ps")
+    if r.status_code != 200:
+        raise LocalgenError(f"{server.url}/api/ps answered {r.status_code}: {said(r)}")
+    # one already unloading (a preset changed on disk: its old worker) frees its memory once its requests end
+    names = dict.fromkeys(m["name"] for m in r.json().get("models", []) if not m.get("unloading"))
+    for name in names:
+        with contextlib.suppress(NotRunning):  # it unloaded (idle, or for another model) since /api/ps listed it
+            _unload(server, name)
+
+
+def _unload(server: Server, name: str) -> None:
+    """Ask the server to unload `name` now; one answering requests is asked as Ollama's `keep_alive: 0`, so it
+    unloads once they end (said on stderr)."""
+    r = server.ask("/models/unload", {"model": name}, timeout=UNLOAD_TIMEOUT_S)
+    if r.status_code == 200:
+        return
+    if r.status_code == 400 and "not running" in said(r):  # llama-server's router's words
+        raise NotRunning(f"{name} is not running at {server.url}", hint="localgen ps lists the models loaded")
+    if r.status_code == 404 and "is not served here" in said(r):  # not a route missing (another kind of server)
+        raise LocalgenError(f"the server at {server.url} has no model {name!r}",
+                            hint="localgen ps lists the models loaded")
+    if r.status_code == 409:  # answering requests (or being deleted or replaced: /api/generate says so too)
+        later = server.ask("/api/generate", {"model": name, "keep_alive": 0}, timeout=UNLOAD_TIMEOUT_S)
+        if later.status_code == 200:
+            typer.echo(f"{name} is answering requests: it unloads once they end", err=True)
+            return
+        r = later
+    raise LocalgenError(f"the server at {server.url} did not unload {name}: it answered {r.status_code}: {said(r)}")
+
