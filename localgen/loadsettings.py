@@ -6,7 +6,7 @@ are settings.py's."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,32 +230,42 @@ def flash_attn_value(flash_attn: Any, no_flash_attn: bool = False) -> bool | str
     raise UsageError(f"--flash-attn takes on, off or auto, not {flash_attn!r}")
 
 
-def rpc_servers(text: str | None) -> tuple[str, ...]:
+def rpc_servers(text: str | None, name: str = "--rpc") -> tuple[str, ...]:
     """--rpc's servers (HOST:PORT,...), each checked for its shape and port range before anything connects or
-    loads: a usage error otherwise. The host has no colon, as llama.cpp's own parser splits at the first."""
+    loads: a usage error otherwise, which names `name` (the flag, or LLAMA_ARG_RPC where the value came from
+    it). The host has no colon, as llama.cpp's own parser splits at the first."""
     servers = tuple(x.strip() for x in str(text or "").split(",") if x.strip())
     if text is not None and not servers:  # `--rpc ""` is never taken for the flag left out
-        raise UsageError(f"--rpc {text!r} names no server", hint="give HOST:PORT[,HOST:PORT...], or leave it out")
+        raise UsageError(f"{name} {text!r} names no server", hint="give HOST:PORT[,HOST:PORT...], or leave it out")
     for server in servers:
         host, _, port = server.rpartition(":")
         if not host or ":" in host or not (port.isascii() and port.isdigit()):
-            raise UsageError(f"--rpc takes HOST:PORT[,HOST:PORT...], not {server!r}",
+            raise UsageError(f"{name} takes HOST:PORT[,HOST:PORT...], not {server!r}",
                              hint="e.g. 10.0.0.5:50052, where localgen rpc-server listens")
         if not 1 <= int(port) <= 65535:
-            raise UsageError(f"--rpc {server}: the port must be 1 to 65535")
+            raise UsageError(f"{name} {server}: the port must be 1 to 65535")
         if fault := host_fault(host):
-            raise UsageError(f"--rpc {server!r} has {fault}",
+            raise UsageError(f"{name} {server!r} has {fault}",
                              hint="e.g. 10.0.0.5:50052, where localgen rpc-server listens")
     repeated = next((x for i, x in enumerate(servers) if x in servers[:i]), None)
     if repeated is not None:  # llama.cpp would add it once: the layers planned for two servers would go to one
-        raise UsageError(f"--rpc names {repeated} twice", hint="give each server once")
+        raise UsageError(f"{name} names {repeated} twice", hint="give each server once")
     return servers
 
 
-def load_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+def env_sources(given: Collection[str], typed: Collection[str]) -> dict[str, str]:
+    """The load settings a command took from their environment variable (given, not typed: LLAMA_ARG_RPC,
+    LLAMA_ARG_OVERRIDE_TENSOR, ...) → that variable, which load_fields' errors name instead of the flag."""
+    return {n: k.envvar for n, k in LOAD_KNOBS.items() if k.envvar and n in given and n not in typed}
+
+
+def load_fields(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """LoadParams' fields from load settings as their flags take them (the knobs absent stay out, so a layer
-    of them can go over another's); --lora's files are the caller's (they are checked on disk)."""
+    of them can go over another's); --lora's files are the caller's (they are checked on disk). `sources`: the
+    name a setting's errors give where not its flag (env_sources: the variable its value came from)."""
     from localgen import placement
+
+    said = {"rpc": "--rpc", "override_tensor": "--override-tensor", **(sources or {})}
 
     out: dict[str, Any] = {k.field: values[k.name] for k in LOAD_KNOBS.values() if k.field and k.name in values}
     for name in ("cache_type_k", "cache_type_v", "prefix_reuse"):
@@ -274,7 +284,7 @@ def load_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     if "mlock" in values:
         out["use_mlock"] = bool(values["mlock"])
     if "rpc" in values:
-        out["rpc"] = rpc_servers(values["rpc"])
+        out["rpc"] = rpc_servers(values["rpc"], said["rpc"])
     if "override_tensor" in values:
-        out["override_tensor"] = placement.parse(values["override_tensor"])
+        out["override_tensor"] = placement.parse(values["override_tensor"], said["override_tensor"])
     return out

@@ -35,41 +35,47 @@ def n_cpu_moe(n: int) -> list[tuple[str, str]]:
     return [(rf"blk\.{i}{EXPS}", CPU) for i in range(min(n, MAX_LAYERS))]
 
 
-def parse(text: str | Iterable[str] | None) -> tuple[tuple[str, str], ...]:
+def parse(text: str | Iterable[str] | None, name: str = "--override-tensor") -> tuple[tuple[str, str], ...]:
     """-ot's value(s): PATTERN=BUFFER pairs, comma-separated, each pattern a regular expression llama.cpp can
-    compile; a UsageError (exit 2) names the first bad one. Buffer names are checked against this build's
-    devices where the load happens (native/devices.buffer_types)."""
+    compile; a UsageError (exit 2) names the first bad one, and `name`, where the value came from (the flag, or
+    LLAMA_ARG_OVERRIDE_TENSOR). An empty item (`-ot ''`, `exps=CPU,`, `a=CPU,,b=CPU`) is refused, as llama.cpp's
+    parser refuses an item without `=`. Buffer names are checked against this build's devices where the load
+    happens (native/devices.buffer_types)."""
     items = [text] if isinstance(text, str) else list(text or ())
     out = []
     for item in items:
         for part in item.split(","):
+            if not item:
+                raise UsageError(f"{name} is empty: give PATTERN=BUFFER (e.g. 'exps=CPU'), or leave it out")
             if not part.strip():
-                continue
+                raise UsageError(f"{name} has an empty item in {item!r}: each comma-separated item is "
+                                 "PATTERN=BUFFER (e.g. 'exps=CPU')")
             pattern, sep, buffer = part.partition("=")
             if not sep or not pattern or not buffer.strip():
-                raise UsageError(f"--override-tensor takes PATTERN=BUFFER (e.g. 'exps=CPU'), not {part!r}")
-            check_pattern(pattern)
+                raise UsageError(f"{name} takes PATTERN=BUFFER (e.g. 'exps=CPU'), not {part!r}")
+            check_pattern(pattern, name)
             out.append((pattern, buffer.strip()))
     return tuple(out)
 
 
-def check_pattern(pattern: str) -> None:
+def check_pattern(pattern: str, name: str = "--override-tensor") -> None:
     """A UsageError where llama.cpp's std::regex (ECMAScript) could not compile `pattern`, as far as Python's
-    re and the constructs only Python has tell, or where Python would read it otherwise than llama.cpp."""
+    re and the constructs only Python has tell, or where Python would read it otherwise than llama.cpp; `name`:
+    where the pattern came from."""
     otherwise = _read_otherwise(pattern)
     if otherwise is not None:  # before re.compile, which warns of it (FutureWarning) on the user's terminal
-        raise UsageError(f"--override-tensor: {pattern!r} has {otherwise}, which Python reads otherwise than "
+        raise UsageError(f"{name}: {pattern!r} has {otherwise}, which Python reads otherwise than "
                          "llama.cpp; escape the [ or write the characters out")
     braces = _bad_braces(pattern)
     if braces is not None:  # Python takes these as the characters; llama.cpp's std::regex refuses them at load
-        raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression llama.cpp can compile: "
+        raise UsageError(f"{name}: {pattern!r} is not a regular expression llama.cpp can compile: "
                          f"{braces}")
     try:
         re.compile(pattern)
     except (re.error, OverflowError, RecursionError) as e:  # a repeat count past C's int overflows
-        raise UsageError(f"--override-tensor: {pattern!r} is not a regular expression: {e}") from None
+        raise UsageError(f"{name}: {pattern!r} is not a regular expression: {e}") from None
     if _NOT_ECMASCRIPT.search(pattern):
-        raise UsageError(f"--override-tensor: {pattern!r} uses a construct llama.cpp's regular expressions lack "
+        raise UsageError(f"{name}: {pattern!r} uses a construct llama.cpp's regular expressions lack "
                          "((?P<..>), (?i), lookbehind, \\A, \\Z, \\N{..}, \\U, a*+)")
 
 

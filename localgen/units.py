@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+_LARGE = ("GiB", "TiB", "PiB", "EiB")  # 2^30 and on (an int64 of bytes ends at 8 EiB)
+
 
 def format_bytes(n: float | None, llama_bench: bool = False) -> str:
-    """Sizes as people read them, labelled as the binary multiples they are: "1.2 GiB", "94 MiB", "512 KiB",
-    "100 bytes" (under a MiB it would round to 0 or 1 MiB); with `llama_bench`, that tool's own style
+    """Sizes as people read them, labelled as the binary multiples they are: "1.5 TiB", "1.2 GiB", "94 MiB",
+    "512 KiB", "100 bytes" (under a MiB it would round to 0 or 1 MiB); with `llama_bench`, that tool's own style
     ("92.10 MiB", "4.58 GiB"), so our tables read like its tables."""
     if not n:
         return "-"
     if llama_bench:
         return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.2f} MiB"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):,.1f} GiB"
+    if n >= 1 << 30:  # a 2 TiB server's RAM is "2.0 TiB", not "2,048.0 GiB"; the unit is the one its tenths fit under
+        k = 0
+        while k + 1 < len(_LARGE) and round(n / (1 << (30 + 10 * k)), 1) >= 1024:
+            k += 1
+        return f"{n / (1 << (30 + 10 * k)):,.1f} {_LARGE[k]}"
     if n >= 1 << 20:  # (1.5 MiB is not "2 MiB": under 10 a tenth shows)
         mib = n / (1 << 20)
         return f"{mib:,.0f} MiB" if mib >= 9.95 or round(mib, 1).is_integer() else f"{mib:.1f} MiB"

@@ -320,7 +320,7 @@ def test_file_lines_jsonl_blank_and_bad_lines(cli: CLI, tmp_path: Path) -> None:
     assert plain.returncode == 1
     lines = plain.stdout.split("\n")[:-1]
     assert len(lines) == 6 and lines[1] == "" and lines[3] == "" and lines[0] and lines[5]
-    assert 'localgen: line 4: a JSON line needs a "prompt" string' in plain.stderr
+    assert 'localgen: error: line 4: a JSON line needs a "prompt" string' in plain.stderr
 
 
 def test_a_line_with_an_integer_past_a_floats_range_fails_alone(cli: CLI, tmp_path: Path) -> None:
@@ -329,7 +329,7 @@ def test_a_line_with_an_integer_past_a_floats_range_fails_alone(cli: CLI, tmp_pa
     f.write_text('{"prompt": "Say yes."}\n{"prompt": "Hi", "temperature": 1%s}\n{"prompt": "Say no."}\n' % ("0" * 400))
     r = cli("run", "--file", str(f), "-n", "2", "--ctx", "512")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "localgen: line 2: temperature must be a finite number" in r.stderr, r.stderr
+    assert "localgen: error: line 2: temperature must be a finite number" in r.stderr, r.stderr
     lines = r.stdout.split("\n")[:-1]
     assert len(lines) == 3 and lines[0] and lines[1] == "" and lines[2], r.stdout
 
@@ -591,11 +591,11 @@ def test_a_prompt_too_long_for_any_window_is_refused_by_its_size_before_it_is_te
     sent = len(huge) + len("\n\nSummarize")  # the piped text, a blank line, the question
     assert r.stderr.startswith(f"localgen: error: the prompt is {sent:,} "
                                "characters; the context window of 4,096 tokens holds at most 131,072 (shorten the "
-                               "prompt or raise --ctx"), r.stderr
+                               "prompt: it is longer than the 8,192 tokens"), r.stderr
     lines = tmp_path / "lines.jsonl"
     lines.write_text(json.dumps({"prompt": huge}) + "\n" + json.dumps({"prompt": "Name a color."}) + "\n")
     r = cli("run", "--file", str(lines), "-n", "2", "--temperature", "0")
-    assert r.returncode == 1 and r.stderr.startswith("localgen: line 1: the prompt is 5,000,000 characters; the "
+    assert r.returncode == 1 and r.stderr.startswith("localgen: error: line 1: the prompt is 5,000,000 characters; the "
                                                      "context window of 4,096 tokens holds at most 131,072"), r.stderr
     assert r.stdout.strip(), "the next line is answered"
 

@@ -514,11 +514,11 @@ def test_compare_of_two_ladders_pairs_each_file_whatever_threads_or_batch_timed_
     (("-p", "2000000000"), "pp2000000000 needs a context of 2,000,000,000 tokens (-p): past the 8,192 smollm2:135m"),
     (("-n", "9000"), "tg9000 needs a context of 9,000 tokens (-n): past the 8,192"),
     (("-p", "512", "-d", "8000"), "pp512 @ d8000 needs a context of 8,512 tokens (-p + -d)"),
-    (("-pg", "99999999999999999999,1"), "--prompt-gen: 99999999999999999999 is above 2147483647 (it takes 0 to "
-                                        "2,147,483,647)"),
-    (("-npl", "99999999999999999999"), "--parallel: 99999999999999999999 is above 256 (it takes 1 to 256)"),
+    (("-pg", "99999999999999999999,1"), "--prompt-gen must be at most 2,147,483,647 (llama.cpp takes it as a C int), "
+                                        "not 99999999999999999999"),
+    (("-npl", "99999999999999999999"), "--parallel must be within 1 to 256, not 99999999999999999999"),
     (("--endpoint", "http://127.0.0.1:9", "-npl", "5000"),
-     "--parallel/--concurrency: 5000 is above 1024 (it takes 1 to 1,024)"),
+     "--parallel/--concurrency must be within 1 to 1,024, not 5000"),
     (("--endpoint", "http://127.0.0.1:9", "-p", "100000", "-npl", "1000"), "--n-prompt × --num-prompts"),
     (("--endpoint", "http://127.0.0.1:9", "--num-prompts", "99999999999999999999"),
      "--num-prompts must be within 1 to 100000, not 99999999999999999999"),

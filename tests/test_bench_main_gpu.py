@@ -64,8 +64,8 @@ def test_bench_sweeps_main_gpu_as_its_other_load_settings(own: CLI) -> None:
 
 @pytest.mark.parametrize(("value", "said"), [
     ("x", r"-mg/--main-gpu|--main-gpu"),
-    ("-1", r"--main-gpu: -1 is below 0"),
-    ("2147483648", r"--main-gpu: 2147483648 is above 2147483647"),
+    ("-1", r"--main-gpu must be at least 0, not -1"),
+    ("2147483648", r"--main-gpu must be at most 2,147,483,647 \(llama.cpp takes it as a C int\), not 2147483648"),
 ], ids=["word", "negative", "past-int32"])
 def test_a_bad_main_gpu_is_one_line(cli_in_process: InProcessCLI, value: str, said: str) -> None:
     r = cli_in_process("bench", *SHORT, "-mg", value)

@@ -323,10 +323,11 @@ def test_a_resumed_chat_says_how_much_of_the_history_its_next_turn_evaluates_aga
             input="Name three colors of fruit.\nAnd three of flowers.\n")
     assert r.returncode == 0, r.stderr
     answered = int(re.findall(r"^(\d+) tokens? ·", r.stderr, re.M)[-1])
-    r = cli("chat", "--resume", "kv-told", "-n", "2", "--temp", "0", input="Thanks.\n/stats\n")
+    r = cli("chat", "--resume", "kv-told", "-n", "2", "--temp", "0", "--stats", input="Thanks.\n/stats\n")
     assert r.returncode == 0, r.stderr
-    told = re.search(r"restored the KV state of ([\d,]+) tokens: the next message evaluates again the last answer "
-                     r"\(([\d,]+) tokens\) and at most 71 tokens before it", r.stderr)
+    told = re.search(r"^([\d,]+) tokens of the history kept ready from the last time: the next message reads again "
+                     r"the last answer \(([\d,]+) tokens\) and at most 71 tokens before it \(see docs/caches.md\)$",
+                     r.stderr, re.M)
     assert told is not None, r.stderr
     restored, again = (int(n.replace(",", "")) for n in told.groups())
     stats = re.search(r"([\d,]+) prompt tokens \(([\d,]+) cached\)", r.stderr)
@@ -342,8 +343,8 @@ def test_a_resumed_small_state_is_said_to_be_evaluated_again_at_most_whole(cli: 
     32-token state)."""
     r = cli("chat", "kv-small", "-n", "2", "--temp", "0", input="hi\n")
     assert r.returncode == 0, r.stderr
-    r = cli("chat", "--resume", "kv-small", "-n", "2", input="/context\n")
-    told = re.search(r"restored the KV state of ([\d,]+) tokens: .* and at most ([\d,]+) tokens before it", r.stderr)
+    r = cli("chat", "--resume", "kv-small", "-n", "2", "--stats", input="/context\n")
+    told = re.search(r"([\d,]+) tokens of the history kept ready .* and at most ([\d,]+) tokens before it", r.stderr)
     assert r.returncode == 0 and told is not None, r.stderr
     restored, before = (int(n.replace(",", "")) for n in told.groups())
     assert before <= min(restored, 71), r.stderr

@@ -496,9 +496,9 @@ def test_a_path_that_is_not_utf8_is_skipped_in_a_folder_and_refused_when_named(
     r = dcli("embed", "-m", bert, "--store", "lat", "--docs", "lat/", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "skipped 1 file whose path holds control characters (a newline, a tab) or bytes that are not UTF-8, " \
-           "which an id cannot: 'lat/caf\\udce9.md'\n" in r.stderr, r.stderr
+           "which an id cannot: 'lat/caf\\xe9.md'\n" in r.stderr, r.stderr
     assert _ids(dcli, "lat", tmp_path) == ["lat/ok.md#1"]
-    for arg, error in (("lat/caf\udce9.md", "the file 'lat/caf\\udce9.md': a path with control characters (a "
+    for arg, error in (("lat/caf\udce9.md", "the file 'lat/caf\\xe9.md': a path with control characters (a "
                                             "newline, a tab) or bytes that are not UTF-8 cannot be an id"),
                        ("", "--docs: argument 1 is empty: give a file or a folder (. for this one)")):
         r = dcli("embed", "-m", bert, "--store", "lat", "--docs", arg, cwd=tmp_path)

@@ -823,7 +823,8 @@ def test_bench_sweeps_n_cpu_moe_as_llama_bench(cli: CLI, moe_path: Path) -> None
     header = next(line for line in table.stdout.splitlines() if line.startswith("| model"))
     assert table.returncode == 0 and "n_cpu_moe" in [c.strip() for c in header.split("|")]
     bad = cli("bench", "-m", str(moe_path), "-ncmoe", "-1")
-    assert bad.returncode == 2 and "--n-cpu-moe: -1 is below 0" in bad.stderr
+    # worded as run's and fit's: one wording for one flag
+    assert bad.returncode == 2 and "--n-cpu-moe must be at least 0, not -1" in bad.stderr
 
 
 def test_doctor_checks_a_moe_models_placement(cli: CLI, moe_path: Path) -> None:
@@ -1031,12 +1032,12 @@ def test_show_and_fit_escape_a_headers_control_characters_on_a_terminal(cli_env:
 
 
 def test_a_huge_size_reads_with_separators() -> None:
-    """A plan of 2^31 KV heads × 2^31 key length printed `70368744177664.0 GiB`; GiB have thousands separators as
-    MiB, KiB and bytes do."""
+    """A plan of 2^31 KV heads × 2^31 key length printed `70368744177664.0 GiB`; sizes step up to TiB, PiB and EiB
+    (`--gpu-memory 1P` printed `1,048,576.0 GiB`), with thousands separators past EiB as MiB, KiB and bytes have."""
     from localgen.units import format_bytes
 
-    assert format_bytes(70368744177664 << 30) == "70,368,744,177,664.0 GiB"
-    assert format_bytes(1536 << 30) == "1,536.0 GiB"
+    assert format_bytes(70368744177664 << 30) == "65,536.0 EiB"
+    assert format_bytes(1536 << 30) == "1.5 TiB"
     assert format_bytes(3 << 29) == "1.5 GiB"
     # serve --cache-ram 1.5 (MiB, as llama-server's) said "up to 2 MiB": under 10 MiB a tenth shows
     assert [format_bytes(n) for n in (3 << 19, 1 << 20, 92 << 20, int(9.96 * (1 << 20)))] == [

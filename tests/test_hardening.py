@@ -81,7 +81,8 @@ def test_a_bad_line_fails_alone_in_a_batch(cli: CLI, tmp_path: Path) -> None:
     r = cli("run", "--file", str(prompts), "--raw", "-n", "3", "--temperature", "0")
     lines = r.stdout.split("\n")
     assert r.returncode == 1 and lines[0] and lines[1] == "", r.stdout
-    assert r.stderr == "localgen: line 2: the line is not valid UTF-8 text: byte 0xe9 at character 4 is not UTF-8\n"
+    assert r.stderr == ("localgen: error: line 2: the line is not valid UTF-8 text: byte 0xe9 at character 4 is not "
+                        "UTF-8\n")
 
 
 def test_a_file_read_whole_that_is_not_utf8_names_the_file_and_line(cli: CLI, tmp_path: Path) -> None:

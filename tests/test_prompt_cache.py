@@ -316,7 +316,7 @@ def test_chat_resume_restores_the_kv_state(env: dict[str, str]) -> None:
     assert list((Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kv.*.state"))
     r = chat("--resume", "kv", "--stats", text="And seas?\n/stats\n")
     assert r.returncode == 0, r.stderr
-    assert "restored the KV state" in r.stderr
+    assert "of the history kept ready" in r.stderr
     prompt, cached = last_turn(r.stderr)
     assert cached == kept_of(saved, prompt) > 64, (saved, prompt, cached)
 
@@ -350,7 +350,7 @@ def test_a_chat_state_past_a_lowered_cap_is_not_resumed(env: dict[str, str]) -> 
     [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kc.*.state")
     assert state.stat().st_size > 1 << 20
     r = chat({"LOCALGEN_PROMPT_CACHE_MB": "1"}, "--resume", "kc", text="And lakes?\n/stats\n")
-    assert "restored the KV state" not in r.stderr and last_turn(r.stderr)[1] == 0, r.stderr
+    assert "of the history kept ready" not in r.stderr and last_turn(r.stderr)[1] == 0, r.stderr
     assert not state.exists(), "the state past the cap was evicted"
 
 
@@ -365,7 +365,7 @@ def test_a_damaged_chat_state_is_not_resumed(env: dict[str, str]) -> None:
     [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kd.*.state")
     state.write_bytes(damaged(state.read_bytes(), "flipped"))
     r = chat("--resume", "kd", text="And lakes?\n/stats\n")
-    assert "restored the KV state" not in r.stderr and last_turn(r.stderr)[1] == 0, r.stderr
+    assert "of the history kept ready" not in r.stderr and last_turn(r.stderr)[1] == 0, r.stderr
     assert not state.exists(), "the damaged state was removed"
 
 
@@ -373,8 +373,8 @@ def test_a_chat_state_too_long_for_a_smaller_window_is_kept_for_a_larger_one(env
     """--resume with a window smaller than the conversation's saved KV state cannot load it, but the state is whole:
     it stays, and --resume with the window that made it restores it (it was removed as if damaged, and the next
     resume read the whole history again)."""
-    def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
-        return CLI(env)("chat", *args, "-n", "6", "--temperature", "0", input=text, timeout=180)
+    def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:  # --stats: a script is told what was kept
+        return CLI(env)("chat", *args, "-n", "6", "--temperature", "0", "--stats", input=text, timeout=180)
 
     page = " ".join((Path(__file__).parents[1] / "docs" / "caches.md").read_text(encoding="utf-8").split())
     assert ("and so does a resume with a window too small for the state, which leaves it for a larger window until a "
@@ -383,16 +383,16 @@ def test_a_chat_state_too_long_for_a_smaller_window_is_kept_for_a_larger_one(env
     assert chat("kw", text=f"{rivers}\n").returncode == 0
     [state] = (Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("kw.*.state")
     r = chat("--resume", "kw", "--ctx", "512", text="")  # looked in, nothing said
-    assert r.returncode == 0 and "restored" not in r.stderr, r.stderr
+    assert r.returncode == 0 and "of the history kept ready" not in r.stderr, r.stderr
     assert state.exists(), "a whole state that this window cannot hold is not removed"
     r = chat("--resume", "kw", text="And lakes?\n")
-    assert r.returncode == 0 and "restored the KV state" in r.stderr, r.stderr
+    assert r.returncode == 0 and "of the history kept ready" in r.stderr, r.stderr
 
 
 def test_a_resume_into_a_window_the_conversation_outgrew_restores_nothing(env: dict[str, str]) -> None:
     """A short last prompt (its state fits a 512-token window) with a long answer after it: resumed with --ctx 512 the
     oldest turns are left out, so the state's prefix is not what is sent; nothing is restored, and nothing claims it
-    (it said "restored the KV state of 30 tokens: the next message evaluates again the last answer (600 tokens)")."""
+    (it said "30 tokens of the history kept ready ...: the next message reads again the last answer (600 tokens)")."""
     def chat(*args: str, text: str) -> subprocess.CompletedProcess[str]:
         r = CLI(env)("chat", *args, "--temperature", "0", "--stats", input=text, timeout=180)
         assert r.returncode == 0, r.stderr
@@ -401,15 +401,15 @@ def test_a_resume_into_a_window_the_conversation_outgrew_restores_nothing(env: d
     chat("ko", "-n", "600", "--ignore-eos", text="Tell me about rivers.\n")
     assert list((Path(env["LOCALGEN_HOME"]) / "cache" / "prompt-states" / "chats").glob("ko.*.state"))
     r = chat("--resume", "ko", "--ctx", "512", text="")
-    assert "restored" not in r.stderr, r.stderr
+    assert "of the history kept ready" not in r.stderr, r.stderr
     r = chat("--resume", "ko", text="")  # the window that made it: the state is whole, and restored
-    assert "restored the KV state" in r.stderr, r.stderr
+    assert "of the history kept ready" in r.stderr, r.stderr
     r = chat("--resume", "ko", "--ctx", "512", "-n", "4", text="And lakes?\n")
-    assert "restored" not in r.stderr and "outgrew the 512-token context" in r.stderr, r.stderr
+    assert "of the history kept ready" not in r.stderr and "outgrew the 512-token context" in r.stderr, r.stderr
     # a history within the window, but not with the room kept for the answer (-n 300): cut all the same
     chat("kr", "-n", "250", "--ignore-eos", text="Tell me about rivers.\n")
     r = chat("--resume", "kr", "--ctx", "512", "-n", "300", text="")
-    assert "restored" not in r.stderr, r.stderr
+    assert "of the history kept ready" not in r.stderr, r.stderr
 
 
 def test_a_chat_s_long_system_prompt_is_a_cached_prefix(env: dict[str, str], tmp_path: Path) -> None:

@@ -2,7 +2,13 @@
 file (after the new one is whole and verified), `list` names the model once, and a pull that fails leaves the old
 revision usable. A commit another ref still names, and the old revision's other files, stay. A split model's ref
 moves only after its last part; serve's /api/pull replaces too (a status line); a move for another file (a README)
-is said nowhere; a copy one of whose files is in use is kept whole."""
+is said nowhere; a copy one of whose files is in use is kept whole.
+
+A model named at a commit (owner/repo/resolve/COMMIT/FILE, as a pasted URL names it) means those bytes: a pull that
+moves main off that commit keeps the older copy where a preset pins it (by that name, or by its file's path), and
+says so (it removed it, and the preset then ran main's new bytes without a word, or, made from the file's path, could
+not find its file); a pinned name whose copy is gone is never answered with another commit's file: offline it says
+which revision the cache holds, online it pulls its own commit again."""
 
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ FILE = "smollm2-135m-instruct-Q4_1.gguf"
 OTHER = "smollm2-135m-instruct-Q8_0.gguf"
 OLD = hashlib.sha1(b"old").hexdigest()
 NEW = hashlib.sha1(b"new").hexdigest()
+PIN = f"{REPO}/resolve/{OLD}/{FILE}"
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +69,9 @@ def env(cli_env: dict[str, str], fake_hub: hub_server.FakeHub, old_file: hub_ser
     return e
 
 
-def lg(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def lg(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
+                          timeout=600, cwd=ROOT, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
 
 
 def repo_dir(env: dict[str, str]) -> Path:
@@ -379,3 +386,65 @@ def test_a_removal_passes_over_a_file_gone_meanwhile(tmp_path: Path) -> None:
     _, parts = _held_cache(tmp_path / "hf")
     links, _ = store.remove([], [parts[0], parts[0], parts[1]])
     assert not parts[0].exists() and not parts[1].exists() and len(links) == 3
+
+
+def sha_of(env: dict[str, str], name: str) -> str:
+    r = lg(env, "show", name, "--offline", "--json")
+    assert r.returncode == 0, r.stderr
+    return str(json.loads(r.stdout)["sha256"])
+
+
+def test_a_pull_that_moves_main_keeps_the_copy_a_preset_pins(env: dict[str, str], fake_hub: hub_server.FakeHub,
+                                                             old_file: hub_server.HubFile,
+                                                             new_file: hub_server.HubFile) -> None:
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    old_copy = repo_dir(env) / "snapshots" / OLD / FILE
+    r = lg(env, "create", "pinned", "-f", "-", stdin=f"FROM {PIN}\nPARAMETER temperature 0\n")
+    assert r.returncode == 0, r.stderr
+    r = lg(env, "create", "bypath", "-f", "-", stdin=f"FROM {old_copy}\n")  # kept as the blob's path
+    assert r.returncode == 0, r.stderr
+    fake_hub.repos[REPO] = hub_server.HubRepo(NEW, {FILE: new_file})
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0, r.stderr
+    assert (f"kept the copy of {FILE} at the older revision {OLD[:12]}: the presets bypath, pinned name it"
+            in r.stderr), r.stderr
+    assert "replaced" not in r.stderr, r.stderr
+    assert old_copy.is_file() and (repo_dir(env) / "snapshots" / NEW / FILE).is_file()
+    assert sha_of(env, "pinned") == old_file.sha256, "the preset runs the bytes of the commit it names"
+    assert sha_of(env, "bypath") == old_file.sha256
+    assert sha_of(env, f"{REPO}:Q4_1") == new_file.sha256
+    r = lg(env, "run", "-m", "pinned", "--offline", "-p", "Hi", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    names = {i["name"] for i in json.loads(lg(env, "list", "--json").stdout) if REPO in i["name"]}
+    assert names == {f"{REPO}:Q4_1", PIN}, names
+    r = lg(env, "pull", f"{REPO}:Q4_1")  # the same commit again: nothing to keep or replace, nothing said
+    assert r.returncode == 0 and "kept" not in r.stderr and "replaced" not in r.stderr, r.stderr
+
+
+def test_a_name_pinned_to_a_commit_never_takes_another_commits_file(env: dict[str, str],
+                                                                    fake_hub: hub_server.FakeHub,
+                                                                    old_file: hub_server.HubFile,
+                                                                    new_file: hub_server.HubFile) -> None:
+    """No preset pins it (the name typed once): main's pull replaces the older copy, as it does. The pinned name
+    then said nothing and showed (and ran) main's new file; offline it now says which revision the cache holds, and
+    online it pulls its own commit again. `rm` of the pinned name took main's copy too; now only its own."""
+    assert lg(env, "pull", PIN).returncode == 0
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0  # main at the same commit: refs/main names it
+    fake_hub.repos[REPO] = hub_server.HubRepo(NEW, {FILE: new_file})
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0 and f"replaced the copy of {FILE} at the older revision {OLD[:12]}" in r.stderr, r.stderr
+    for args in (["show", PIN, "--offline"], ["run", "-m", PIN, "--offline", "-p", "Hi", "-n", "2"]):
+        r = lg(env, *args)
+        assert (r.returncode, r.stdout) == (1, ""), (args, r.returncode, r.stdout)
+        assert r.stderr == (f"localgen: error: {REPO}/{FILE} at revision {OLD[:12]} is not in the cache and localgen "
+                            f"is offline (the cache holds it at {NEW[:12]} only) (fetch that revision without "
+                            f"--offline: localgen pull {PIN})\n"), r.stderr
+    fake_hub.repos[REPO] = hub_server.HubRepo(OLD, {FILE: old_file})  # the Hub keeps every commit: OLD's again
+    r = lg(env, "run", "-m", PIN, "-p", "Hi", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert sha_of(env, PIN) == old_file.sha256
+    assert sha_of(env, f"{REPO}:Q4_1") == new_file.sha256
+    r = lg(env, "rm", PIN, "--yes")
+    assert r.returncode == 0, r.stderr
+    snapshots = repo_dir(env) / "snapshots"
+    assert not (snapshots / OLD / FILE).exists() and (snapshots / NEW / FILE).is_file()

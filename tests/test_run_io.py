@@ -69,7 +69,8 @@ def test_stdin_that_is_not_utf8_is_told_alike_under_any_locale(cli: CLI, strict_
     assert one.stderr == b"localgen: error: stdin is not valid UTF-8 text: byte 0xe9 at character 4 is not UTF-8\n"
     lines = each.stdout.decode().split("\n")
     assert each.returncode == 1 and len(lines) == 4 and lines[0] and lines[1] == "" and lines[2], each.stdout
-    assert each.stderr == b"localgen: line 2: the line is not valid UTF-8 text: byte 0xe9 at character 1 is not UTF-8\n"
+    assert each.stderr == (b"localgen: error: line 2: the line is not valid UTF-8 text: byte 0xe9 at character 1 is "
+                           b"not UTF-8\n")
     assert chat.returncode == 2 and chat.stdout.strip(), chat.stdout  # "hi" answered, then the script ends
     assert chat.stderr.endswith(b"localgen: error: the message is not valid UTF-8 text: byte 0xe9 at character 1 "
                                 b"is not UTF-8\n"), chat.stderr

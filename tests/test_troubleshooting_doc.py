@@ -66,6 +66,7 @@ def test_each_line_the_page_quotes_is_what_localgen_says(cli_env: dict[str, str]
     said.append(cli("run", "-p", "word " * 5000, "--ctx", "512", "-n", "4").stderr)
     # held at the trained 8,192 (piped: an argument this long would not pass through the fork server)
     said.append(cli("run", "-p", "Sum it up.", "--ctx", "100000", "-n", "4", input="word " * 9000).stderr)
+    said.append(cli("run", "-p", "Sum it up.", "-n", "4", input="word " * 9000).stderr)  # at the default 4,096
     said.append(cli("chat", "--ctx", "256", "-n", "4", "--system", "word " * 400, input="hi\n").stderr)
     said.append(cli("run", "-m", "gemma3:270m", "-p", "The capital of France is", "-n", "2").stderr)
     with socket.socket() as held:
@@ -78,7 +79,7 @@ def test_each_line_the_page_quotes_is_what_localgen_says(cli_env: dict[str, str]
     said.append(cli("chat", "smollm2:135m", input="hi\n").stderr)
     lines = {_numbers_aside(line) for text in said for line in text.splitlines()}
     quoted = _quoted()
-    assert len(quoted) == 11
+    assert len(quoted) == 12
     for line in quoted:
         assert _numbers_aside(line) in lines, line
 

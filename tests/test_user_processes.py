@@ -185,7 +185,8 @@ def test_closed_or_full_standard_streams_are_one_line_or_nothing_never_a_traceba
     with open("/dev/full", "w") as full:
         r = subprocess.run([str(BIN), "--version"], env=user_env(user_home), stdout=full, stderr=subprocess.PIPE,
                            timeout=SAFETY_NET_S)
-    assert r.returncode == 1 and r.stderr == b"localgen: error: No space left on device\n", r.stderr
+    assert r.returncode == 1 and r.stderr == b"localgen: error: cannot write to stdout: No space left on device\n", \
+        r.stderr
     read, write = os.pipe()
     os.close(read)  # the reader has gone before it writes
     try:
@@ -280,7 +281,7 @@ def test_merged_stdout_and_stderr_keep_their_order(user_home: Path) -> None:
     assert proc.returncode == 1, out  # one line failed
     got = out.decode().split("\n")
     assert got[0].strip() and not got[0].startswith("localgen:"), got  # line 1's answer
-    assert got[1] == "localgen: line 2: top_k must be an integer, not 3.5", got
+    assert got[1] == "localgen: error: line 2: top_k must be an integer, not 3.5", got
     assert got[2] == "", got  # line 2's output line: blank
     assert got[3].strip() and not got[3].startswith("localgen:"), got  # line 3's answer
     assert got[4].startswith("2 prompts · ") and "1 failed" in got[4], got

@@ -288,11 +288,13 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
 
 
 def in_range(flag: str, values: Sequence[int | None], low: int, high: int) -> None:
-    """A UsageError naming the flag and the range it takes, for the first value outside it."""
+    """A UsageError naming the flag and the range it takes, for the first value outside it, worded as run's and
+    fit's (settings.out_of_range): `bench --n-cpu-moe -1` and `run --n-cpu-moe -1` say the same."""
+    from localgen.settings import out_of_range
+
     for v in values:
         if v is not None and not low <= v <= high:
-            raise UsageError(f"{flag}: {v} is {'below' if v < low else 'above'} {high if v > high else low}",
-                             hint=f"it takes {low} to {high:,}")
+            raise UsageError(out_of_range(flag, low, high, v))
 
 
 def check_context(plan: Plan, trained: dict[str, int | None]) -> None:

@@ -4,13 +4,14 @@ works, and the exact rebuild command when a GPU is present but the build cannot 
 from __future__ import annotations
 
 import platform
+import re
 import sys
 from typing import Annotated, Any
 
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import check_model
+from localgen.cli.inputfile import check_model, origin
 from localgen.cli.options.knobs import Knobs, typed_by_user
 from localgen.loadsettings import LOAD_KNOBS, rpc_servers
 
@@ -40,7 +41,7 @@ def doctor(
     check that model's load: what went where, experts in RAM included."""
     if not check:
         _refuse_typed_load_flags(ctx, knobs)
-    servers = rpc_servers(rpc)
+    servers = rpc_servers(rpc, origin("--rpc") or "--rpc")  # LLAMA_ARG_RPC's value is named by the variable
     if check:  # a path to nothing: a usage error, as run's -m (--no-check loads nothing: LOCALGEN_MODEL's is unused)
         check_model("-m/--model", model)
     from localgen.models import catalogue
@@ -164,7 +165,10 @@ def settings_line(params: Any, origins: dict[str, str]) -> str:
         v = getattr(params, name)
         return ("on" if v else "off") if isinstance(v, bool) else str(v)
 
-    return " · ".join(f"{name} {shown(name)} ({origins.get(name, 'default')})" for name in TUNABLE)
+    def origin_of(name: str) -> str:  # a reason's own aside joins it with a comma: `(rule: off, 0% of ...)`
+        return re.sub(r" \(([^()]*)\)", r", \1", origins.get(name, "default"))
+
+    return " · ".join(f"{name} {shown(name)} ({origin_of(name)})" for name in TUNABLE)
 
 
 def placement_line(record: dict[str, Any]) -> str:

@@ -89,7 +89,7 @@ def read(args: list[str]) -> list[tuple[str, str]]:
     found, unnamable = _files(args)
     if unnamable:
         err.line(f"skipped {plural(len(unnamable), 'file')} whose path holds control characters (a newline, a "
-                 f"tab) or bytes that are not UTF-8, which an id cannot: {_some(repr(i) for i in unnamable)}")
+                 f"tab) or bytes that are not UTF-8, which an id cannot: {_some(_quoted(i) for i in unnamable)}")
     docs, skipped = _read(found)
     if skipped:
         err.line(f"skipped {plural(len(skipped), 'file')} that {'is' if len(skipped) == 1 else 'are'} not UTF-8 "
@@ -104,6 +104,14 @@ def _some(names: Iterable[str]) -> str:
     names = list(names)
     more = f" and {len(names) - NAMED_SKIPPED:,} more" if len(names) > NAMED_SKIPPED else ""
     return ", ".join(names[:NAMED_SKIPPED]) + more
+
+
+def _quoted(path: str) -> str:
+    """A path quoted as repr() quotes it (a newline shown as \\n), a byte that is not UTF-8 as \\xe9, as
+    types.shown_path writes it elsewhere, not as Python's \\udce9 (an escape follows an even run of backslashes)."""
+    import re
+
+    return re.sub(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])", r"\1\\x\2", repr(path))
 
 
 def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
@@ -122,8 +130,8 @@ def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
         p = Path(arg)
         if p.is_dir():
             if unnamable_path(arg):
-                raise UsageError(f"the folder {arg!r}: a path with control characters (a newline, a tab) or bytes "
-                                 "that are not UTF-8 cannot be an id")
+                raise UsageError(f"the folder {_quoted(arg)}: a path with control characters (a newline, a tab) or "
+                                 "bytes that are not UTF-8 cannot be an id")
             for rel in _walk(p):
                 ident = os.path.normpath(os.path.join(arg, rel))
                 if unnamable_path(ident):
@@ -133,8 +141,9 @@ def _files(args: list[str]) -> tuple[list[tuple[str, Path, bool]], list[str]]:
         elif p.is_file():
             ident = os.path.normpath(arg)
             if unnamable_path(ident):
-                raise UsageError(f"the file {arg!r}: a path with control characters (a newline, a tab) or bytes "
-                                 "that are not UTF-8 cannot be an id", hint="rename it, or store its text with --file")
+                raise UsageError(f"the file {_quoted(arg)}: a path with control characters (a newline, a tab) or "
+                                 "bytes that are not UTF-8 cannot be an id",
+                                 hint="rename it, or store its text with --file")
             out.setdefault(ident, (ident, p, True))
         elif p.exists():
             raise UsageError(f"--docs {arg}: not a file or a folder")

@@ -68,7 +68,8 @@ def fit(
     _check_loadable(ref, weights)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
     _check_buffers(load, len(machine.gpus),
-                   ref.name if "override_tensor" in ref.load and not knobs.given("override_tensor") else None)
+                   ref.name if "override_tensor" in ref.load and not knobs.given("override_tensor") else None,
+                   knobs.given("override_tensor") and not knobs.typed("override_tensor"))
     # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx or a models.toml context (as run loads
     # it), else none (the largest that fits)
     said_by = asked_by = window_source(model, ref) if ref.context is not None else None
@@ -184,20 +185,24 @@ def _sane_size(flag: str, item: str, size: int) -> None:
         raise UsageError(f"{flag}: {item.strip()!r} is over 1 PiB, more memory than a machine has")
 
 
-def _check_buffers(load: Any, n_gpus: int, preset_name: str | None) -> None:
+def _check_buffers(load: Any, n_gpus: int, preset_name: str | None, from_env: bool = False) -> None:
     """-ot's buffer types against the devices planned for: CPU, or a GPU's number below their count. `preset_name`:
-    the preset that set them (no -ot given), which the error names, as run's does (cli/options/preset.py)."""
+    the preset that set them (no -ot given), which the error names, as run's does (cli/options/preset.py);
+    `from_env`: LLAMA_ARG_OVERRIDE_TENSOR set them, and the error names it."""
     from localgen import placement
     from localgen.errors import UsageError
+    from localgen.loadsettings import LOAD_KNOBS
 
     try:
         for _, buffer in load.override_tensor:
             placement.described_buffer(buffer, n_gpus)
     except UsageError as e:
+        said = e.message.removeprefix("--override-tensor: ")
+        if from_env:
+            raise UsageError(f"{LOAD_KNOBS['override_tensor'].envvar}: {said}") from None
         if preset_name is None:
             raise
-        raise UsageError(f"the preset {preset_name}'s PARAMETER override_tensor: "
-                         f"{e.message.removeprefix('--override-tensor: ')}",
+        raise UsageError(f"the preset {preset_name}'s PARAMETER override_tensor: {said}",
                          hint="give -ot to replace it here") from None
 
 
@@ -242,7 +247,9 @@ def _flags(plan: Any, given: Any) -> str:
     flags = [f"--ctx {plan.ctx}"]
     if plan.parallel > 1:  # the plan holds that many sequences' KV cache (serve's slots)
         flags.append(f"--parallel {plan.parallel}")
-    if plan.machine.gpus:
+    if "gpu_layers" in plan.fixed:  # as given (-ngl 99 is not said back as -1: the plan keeps it as it is)
+        flags.append(f"--gpu-layers {given.n_gpu_layers}")
+    elif plan.machine.gpus:
         flags.append(f"--gpu-layers {-1 if plan.gpu_layers >= plan.n_layer + 1 else plan.gpu_layers}")
     if load.n_cpu_moe:
         flags.append(f"--n-cpu-moe {load.n_cpu_moe}")

@@ -247,8 +247,11 @@ def print_version() -> None:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit goes there
     except OSError as e:  # `> /dev/full`
+        from localgen.cli.output import StdoutError
+
+        message = describe_os_error(StdoutError(e.errno, e.strerror))  # before stdout is replaced (`>&-`)
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # nothing more to write there at exit
-        print(f"localgen: error: {describe_os_error(e)}", file=sys.stderr)
+        print(f"localgen: error: {message}", file=sys.stderr)
         sys.exit(1)
     sys.exit(0)
 
@@ -345,6 +348,10 @@ def describe_os_error(e: OSError) -> str:
     path = e.filename
     if path is None and e.errno == errno.EBADF and _stdout_closed():  # `>&-`: the descriptor was never open
         return "stdout is closed: the output has nowhere to go"
+    from localgen.cli.output import StdoutError
+
+    if isinstance(e, StdoutError):  # `> /dev/full`: the reason alone did not say which write failed
+        return f"cannot write to stdout: {reason}"
     if path is None or reason.startswith(f"{os.fsdecode(path)} "):  # the reason names it ("X is a file, not a
         return reason  # folder": paths.make_dirs)
     if e.errno in _WRITE_ERRNOS:

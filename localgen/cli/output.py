@@ -18,8 +18,14 @@ class ReaderGone(Exception):
     """stdout's reader went away (`| head -1`). Not an OSError, so click does not turn it into exit 1."""
 
 
+class StdoutError(OSError):
+    """A write to stdout failed (`> /dev/full`: ENOSPC): an OSError as before, which the error line says was
+    stdout's (`cannot write to stdout: No space left on device`), not a bare reason with no file named."""
+
+
 class _GuardedStdout:
-    """Wraps sys.stdout: a write or flush to a closed pipe silences stdout and raises ReaderGone."""
+    """Wraps sys.stdout: a write or flush to a closed pipe silences stdout and raises ReaderGone; any other
+    failure raises StdoutError."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -30,6 +36,10 @@ class _GuardedStdout:
         except BrokenPipeError:
             silence_stdout()
             raise ReaderGone from None
+        except StdoutError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
 
     def flush(self) -> None:
         try:
@@ -37,6 +47,10 @@ class _GuardedStdout:
         except BrokenPipeError:
             silence_stdout()
             raise ReaderGone from None
+        except StdoutError:
+            raise
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -90,6 +90,26 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
     return resolved, origins
 
 
+def window_can_hold(tokens: int, trained: int | None, stretched: bool = False) -> bool:
+    """Whether some --ctx gives a window that holds a prompt of `tokens` tokens: resolve() caps the window at the
+    `trained` context unless RoPE scaling (`stretched`) is set, and a window of N holds at most N - 1 of them."""
+    return not trained or stretched or tokens < trained
+
+
+def overflow_hint(n_ctx: int, trained: int | None, needed: int | None = None, stretched: bool = False) -> str:
+    """What helps a prompt of `needed` tokens (None: not counted) that an `n_ctx` window cannot hold: a larger --ctx
+    only where the window can grow to hold it (window_can_hold), else a shorter prompt, or RoPE scaling."""
+    if not trained or stretched:
+        return "shorten the prompt or raise --ctx"
+    if n_ctx >= trained:
+        return (f"shorten the prompt: the window is already the {trained:,} tokens this model was trained on; "
+                "--rope-scaling linear stretches it, at some cost in quality")
+    if needed is not None and not window_can_hold(needed, trained):
+        return (f"shorten the prompt: it is longer than the {trained:,} tokens this model was trained on, past "
+                "which --ctx does not go; --rope-scaling linear stretches the window, at some cost in quality")
+    return f"shorten the prompt or raise --ctx; this model was trained on up to {trained:,}"
+
+
 def _rules(model: ModelRef, params: LoadParams, n_gpu: int | None,
            offload_to: str) -> dict[str, tuple[Any, str]]:
     """Each tunable's value and reason where neither a flag nor a record sets it; `offload_to` names where

@@ -280,22 +280,21 @@ class Engine:
         if not prompt.tokens:  # nothing to decode: llama.cpp would abort the process on the empty batch
             raise EmptyPrompt()
         if len(prompt.tokens) >= self.n_ctx:
-            raise self.overflow(f"the prompt is {len(prompt.tokens):,} tokens; the context window is {self.n_ctx:,}")
+            raise self.overflow(f"the prompt is {len(prompt.tokens):,} tokens; the context window is {self.n_ctx:,}",
+                                len(prompt.tokens))
         if sampling.grammar:
             self.check_grammar(sampling.grammar)
         return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs, lead)
 
-    def overflow(self, message: str) -> ContextOverflowError:
-        """The error for a prompt past the window, with what can help: a larger --ctx up to the trained context,
-        else a shorter prompt (or RoPE scaling)."""
-        trained = self.model.summary.context_length
-        if trained and self.n_ctx >= trained:  # a larger --ctx is capped here: it cannot help
-            hint = (f"shorten the prompt: the window is already the {trained:,} tokens this model was trained "
-                    "on; --rope-scaling linear stretches it, at some cost in quality")
-        else:
-            hint = "shorten the prompt or raise --ctx" + (f"; this model was trained on up to {trained:,}"
-                                                          if trained else "")
-        return ContextOverflowError(message, hint=hint)
+    def overflow(self, message: str, needed: int | None = None) -> ContextOverflowError:
+        """The error for a prompt of `needed` tokens (None: not counted) past the window, with what can help
+        (defaults.overflow_hint): a larger --ctx only where one could hold it, else a shorter prompt (or RoPE
+        scaling)."""
+        from localgen.engine.defaults import overflow_hint
+
+        stretched = bool(self.params.rope_scaling or self.params.rope_freq_scale)
+        return ContextOverflowError(message, hint=overflow_hint(self.n_ctx, self.model.summary.context_length,
+                                                                needed, stretched))
 
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent, and whole: a Ctrl-C during it is raised at its end,

@@ -95,7 +95,8 @@ class LocalBackend:
         most = CHARS_PER_TOKEN * self.engine.n_ctx
         if chars > max(most, SIZE_CHECKED):  # below a megabyte the tokenizer is quick, and says the tokens exactly
             raise self.engine.overflow(f"the prompt is {chars:,} characters; the context window of "
-                                       f"{self.engine.n_ctx:,} tokens holds at most {most:,}")
+                                       f"{self.engine.n_ctx:,} tokens holds at most {most:,}",
+                                       -(-chars // CHARS_PER_TOKEN))  # at least this many tokens
 
     def render(self, request: GenerationRequest) -> str:
         """The prompt text the model sees (media as libmtmd's marker)."""

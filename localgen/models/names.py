@@ -15,6 +15,7 @@ from pathlib import Path
 
 from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.models.hfcache import check_repo_id, safe_filename
+from localgen.text import mended
 
 # a path's most on Linux (PATH_MAX), and longer than any repo id (96) and file in it: a longer name is refused
 # before it reaches the file system (ENAMETOOLONG) or the Hub
@@ -121,7 +122,9 @@ def _exists(p: Path) -> bool:
 
 
 def _short(text: str) -> str:
-    return repr(text if len(text) <= 80 else text[:77] + "...")
+    """A typed name quoted in an error: at most 80 characters, a byte that is not UTF-8 as U+FFFD, as `unknown
+    model` quotes it (never Python's \\udce8 escape)."""
+    return repr(mended(text if len(text) <= 80 else text[:77] + "..."))
 
 
 def _hub(ref: str, original: str) -> HubSpec:
@@ -145,7 +148,7 @@ def _hub_spec(ref: str, original: str) -> HubSpec:
             return HubSpec(check_repo_id(repo), filename=safe_filename(filename), revision=revision or "main")
     parts = ref.split("/")
     if len(parts) < 2:
-        raise ModelNotFoundError(f"{original!r} is not owner/repo")
+        raise ModelNotFoundError(f"{_short(original)} is not owner/repo")
     repo = "/".join(parts[:2])
     if len(parts) > 2:
         return HubSpec(check_repo_id(repo), filename=safe_filename("/".join(parts[2:])))

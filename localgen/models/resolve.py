@@ -29,6 +29,7 @@ class Target:
     display: str
     sampling: dict[str, object]
     default_quant: str = "Q4_K_M"
+    entry: str | None = None  # the catalogue entry's name, for a catalogue model
 
 
 def resolve(name: str | None, offline: bool = False, progress: download.Progress | None = None,
@@ -239,20 +240,31 @@ def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Tar
     assert entry.repo
     q = quant or entry.default_quant
     spec = names.HubSpec(entry.repo, quant=q, filename=entry.files.get(q.upper()))
-    return Target(spec, f"{entry.name}@{q.upper()}", entry.sampling, entry.default_quant)
+    return Target(spec, f"{entry.name}@{q.upper()}", entry.sampling, entry.default_quant, entry.name)
 
 
 def _entry(name: str) -> catalogue.CatalogueEntry:
     cat = catalogue.for_name(name)
     entries = cat.entries
     if name not in entries:
-        close = [n for n in entries if n.split(":")[0] == name.split(":")[0]]
-        hint = f"did you mean {', '.join(close)}?" if close else "see `localgen list --catalogue`"
-        if cat.unreadable is not None:
-            hint = f"{hint}; {catalogue.user_file()} cannot be read, so its models are unknown"
         raise ModelNotFoundError(f"unknown model {mended(name)!r}",  # a byte not UTF-8 (caf\xe8): U+FFFD, not '\udce8'
-                                 hint=f"{hint}; or give owner/repo or a .gguf path")
+                                 hint=_unknown_hint(name, list(entries), cat.unreadable is not None))
     return entries[name]
+
+
+def _unknown_hint(name: str, known: list[str], unreadable: bool) -> str:
+    """What to try for a name the catalogue lacks: the entry it names but for case (SmolLM2:135M), else those of
+    its family (smollm2:7b), else the list; then a Hub repo or a file. `unreadable`: models.toml could not be read."""
+    folded = name.casefold()
+    same = [n for n in known if n.casefold() == folded]
+    family = folded.split(":")[0]
+    close = same or [n for n in known if n.casefold().split(":")[0] == family]
+    unread = f"{catalogue.user_file()} cannot be read, so its models are unknown" if unreadable else ""
+    if close:
+        names = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+        rest = "" if same else "; ".join(x for x in (unread, "or give owner/repo or a .gguf path") if x)
+        return f"did you mean {names}?" + (f" {rest[0].upper()}{rest[1:]}" if rest else "")
+    return "; ".join(x for x in ("see `localgen list --catalogue`", unread, "or give owner/repo or a .gguf path") if x)
 
 
 def _hub_model(t: Target, flag: bool, progress: download.Progress, pull_missing: bool) -> ModelRef:
@@ -264,17 +276,40 @@ def _hub_model(t: Target, flag: bool, progress: download.Progress, pull_missing:
         return _from_cache(cached[0], t, progress)
     if lost is not None and (offline or not pull_missing):
         raise lost
+    pin = _pinned_name(t)
+    if offline and pin is not None:  # the cache may hold the file at another commit: never those bytes for these
+        others = sorted({f.commit[:12] for f in store.find_cached(t.spec.repo, "main", None, t.spec.filename)})
+        held = f" (the cache holds it at {', '.join(others)} only)" if others else ""
+        raise NotDownloadedError(f"{t.display} at revision {t.spec.revision[:12]} is not in the cache and localgen "
+                                 f"is offline{held}",
+                                 hint=f"fetch that revision {hfcache.without_offline(flag)}: localgen pull {pin}",
+                                 name=pin)
     if offline:
         have = sorted({f"{f.repo}:{f.quant}" for f in store.cached_files()})
         raise NotDownloadedError(
             f"{t.display} is not in the cache and localgen is offline",
             hint=("cached: " + ", ".join(have[:8])) if have
             else f"nothing is cached yet; pull {hfcache.without_offline(flag)}",
-            name=t.display)
+            name=_pull_name(t))
     if not pull_missing:
-        raise NotDownloadedError(f"{t.display} is not downloaded", hint=f"localgen pull {t.display}",
-                                 name=t.display)
+        raise NotDownloadedError(f"{t.display} is not downloaded", hint=f"localgen pull {pin or _pull_name(t)}",
+                                 name=pin or _pull_name(t))
     return pull(t, progress)
+
+
+def _pull_name(t: Target) -> str:
+    """The name `localgen pull` is told for a target, as the README teaches it: a catalogue entry's own name at its
+    default quantization (qwen2.5:7b, not qwen2.5:7b@Q4_K_M), NAME@QUANT at another; else the name it shows."""
+    if t.entry is not None and (t.spec.quant or "").upper() == t.default_quant.upper():
+        return t.entry
+    return t.display
+
+
+def _pinned_name(t: Target) -> str | None:
+    """The name that pulls this target's file at its commit (owner/repo/resolve/COMMIT/FILE), where a commit names
+    it: its display (owner/repo/FILE) would pull the file at main."""
+    s = t.spec
+    return f"{s.repo}/resolve/{s.revision}/{s.filename}" if s.filename and hfcache.COMMIT.match(s.revision) else None
 
 
 def cached_files_of(t: Target) -> list[store.CachedFile]:
@@ -299,9 +334,10 @@ def _lost_part(f: store.CachedFile, t: Target, offline: bool, flag: bool) -> Not
     for i, part in enumerate(parts, 1):
         if not part.exists():
             name = t.display if t.spec.quant or t.spec.filename else f"{f.repo}:{f.quant}"
-            how = f"`localgen pull {name}`{' ' + hfcache.without_offline(flag) if offline else ''} fetches it again"
+            pulled = _pull_name(t) if t.entry is not None else name
+            how = f"`localgen pull {pulled}`{' ' + hfcache.without_offline(flag) if offline else ''} fetches it again"
             return NotDownloadedError(f"part {i} of {len(parts)} of {name} ({part.name}) is missing from the cache",
-                                      hint=how, name=name)
+                                      hint=how, name=pulled)
     return None
 
 
@@ -418,8 +454,9 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
 
 def replace_older(repo: str, revision: str, before: str | None, path: Path, progress: download.Progress) -> None:
     """After a pull that moved `revision` off commit `before`: the older commit's copy of the model goes
-    (store.replace_older), said in one note; a copy that cannot be removed (in use on Windows, a read-only cache)
-    is said and kept whole: the pull succeeded."""
+    (store.replace_older), said in one note; a copy a preset pins (names by its commit or its path) stays, said so;
+    a copy that cannot be removed (in use on Windows, a read-only cache) is said and kept whole: the pull
+    succeeded."""
     from localgen.units import format_amount
 
     try:
@@ -428,10 +465,14 @@ def replace_older(repo: str, revision: str, before: str | None, path: Path, prog
         progress.note(f"the copy of {path.name} at the older revision {(before or '')[:12]} was kept: "
                       f"{e.strerror or e}")
         return
-    if replaced is not None:
-        filename, freed = replaced
-        progress.note(f"replaced the copy of {filename} at the older revision {(before or '')[:12]}, freed "
-                      f"{format_amount(freed)}")
+    if replaced is not None and replaced.pinned_by:
+        users = replaced.pinned_by
+        which = f"the preset {users[0]} names" if len(users) == 1 else f"the presets {', '.join(users)} name"
+        progress.note(f"kept the copy of {replaced.filename} at the older revision {(before or '')[:12]}: {which} "
+                      "it")
+    elif replaced is not None:
+        progress.note(f"replaced the copy of {replaced.filename} at the older revision {(before or '')[:12]}, freed "
+                      f"{format_amount(replaced.freed)}")
 
 
 def _discard(repo: str, paths: list[Path]) -> None:

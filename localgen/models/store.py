@@ -112,11 +112,14 @@ def total_size(f: CachedFile) -> int:
 
 
 def find_cached(repo: str, revision: str, want: str | None, filename: str | None) -> list[CachedFile]:
-    """Cached files of a repo for a quant tag or file name, preferring the revision's commit."""
+    """Cached files of a repo for a quant tag or file name, preferring the revision's commit; only that commit's
+    where the revision is a commit (owner/repo/resolve/COMMIT/FILE names those bytes, never another commit's)."""
     commit = hfcache.cached_commit(repo, revision)
+    pinned = hfcache.COMMIT.match(revision) is not None
     found = [f for f in cached_files(repo)
-             if (filename and f.filename == filename)
-             or (not filename and (want is None or (f.quant or "").upper() == want.upper()))]
+             if (not pinned or f.commit == commit)
+             and ((filename and f.filename == filename)
+                  or (not filename and (want is None or (f.quant or "").upper() == want.upper())))]
     found.sort(key=lambda f: f.commit != commit)
     return found
 
@@ -159,12 +162,23 @@ def superseded(repo: str, old: str | None, new: str, filename: str) -> list[Path
     return [p for p in removal(olds) if there(p)]
 
 
-def replace_older(repo: str, revision: str, before: str | None, path: str) -> tuple[str, int] | None:
+@dataclass(frozen=True)
+class Replaced:
+    """What replace_older did with the older commit's copy of a model: removed (`freed` bytes), or kept for the
+    presets (`pinned_by`) that name that commit or one of its files."""
+
+    filename: str
+    freed: int = 0
+    pinned_by: tuple[str, ...] = ()
+
+
+def replace_older(repo: str, revision: str, before: str | None, path: str) -> Replaced | None:
     """After a pull of `revision` that moved it from commit `before` to a new one, whole and verified: remove the
-    older commit's copy of the model at `path` (superseded) and its blobs no other link uses. Returns the model's
-    file name and the bytes freed, or None where nothing was replaced: no older copy, or one whose every file is
-    the same blob as the new one's (the repo moved for another file, a README: its links go unsaid). An OSError
-    where the copy cannot go (remove's: nothing of it removed)."""
+    older commit's copy of the model at `path` (superseded) and its blobs no other link uses, unless a preset pins
+    that copy (pinned_by: it is kept, and said). Returns what was done, or None where nothing is to be said: no older
+    copy, or one whose every file is the same blob as the new one's (the repo moved for another file, a README: its
+    links go unsaid, or stay unsaid for a preset). An OSError where the copy cannot go (remove's: nothing of it
+    removed)."""
     new = hfcache.cached_commit(repo, revision)
     if before is None or new is None or before == new:
         return None
@@ -177,9 +191,39 @@ def replace_older(repo: str, revision: str, before: str | None, path: str) -> tu
     if not going:
         return None
     same = all(_same_blob(p, snaps / new / p.relative_to(snaps / before)) for p in going)
+    users = pinned_by(repo, before, going)
+    if users:
+        return None if same else Replaced(filename, pinned_by=tuple(users))
     sizes = {(b := blob_of(p)): b.stat().st_size for p in going if p.exists()}
     _, blobs = remove([], going)
-    return None if same else (filename, sum(sizes.get(b, 0) for b in blobs))
+    return None if same else Replaced(filename, sum(sizes.get(b, 0) for b in blobs))
+
+
+def pinned_by(repo: str, commit: str, links: list[Path]) -> list[str]:
+    """The presets whose model is one of these files of `repo` at `commit`: named by that commit, as a pasted URL
+    names it (owner/repo/resolve/COMMIT/FILE), or by the path of the file (create keeps a path resolved: a cache
+    file's is its blob's). A pull that moves the ref keeps such a copy: the preset means those bytes."""
+    from localgen.errors import LocalgenError
+    from localgen.models import names, presets
+
+    snap = hfcache.repo_dir(repo) / "snapshots" / commit
+    files = {p.relative_to(snap).as_posix() for p in links if p.is_relative_to(snap)}
+    paths = {os.path.realpath(p) for p in links} | {os.path.abspath(p) for p in links}
+    users = []
+    for preset in presets.all_presets():
+        base = preset.base
+        if names.looks_like_path(base) or os.path.isabs(base):  # C:\\...\\blobs\\HASH has no .gguf
+            if os.path.realpath(os.path.expanduser(base)) in paths or os.path.abspath(base) in paths:
+                users.append(preset.name)
+            continue
+        try:
+            spec = names.parse(base, local=False)
+        except LocalgenError:  # a name no longer read so: it pins nothing here
+            continue
+        if (isinstance(spec, names.HubSpec) and spec.repo.casefold() == repo.casefold() and spec.revision == commit
+                and spec.filename in files):
+            users.append(preset.name)
+    return users
 
 
 def _same_blob(a: Path, b: Path) -> bool:

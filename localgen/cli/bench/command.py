@@ -25,11 +25,14 @@ from localgen.cli.bench.options import (
     sweep,
 )
 from localgen.cli.bench.view import ProgressView, emit
+from localgen.cli.inputfile import origin
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.signals import term_as_interrupt
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import LocalgenError, UsageError
 from localgen.loadsettings import rpc_servers
+
+OT_ENV = "LLAMA_ARG_OVERRIDE_TENSOR"  # the default -ot, as run and llama.cpp read it
 
 bench_app = typer.Typer(
     help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",
@@ -134,7 +137,7 @@ def bench(
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
-    servers = rpc_servers(rpc)  # a malformed --rpc is a usage error before anything is planned
+    servers = rpc_servers(rpc, origin("--rpc") or "--rpc")  # a malformed --rpc: a usage error before any plan
     plan = _plan(model=model, threads=threads, ngl=ngl, mg=mg, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"),
                  batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg,
                  n_depth=n_depth,
@@ -251,8 +254,8 @@ def _env_placements() -> list[Any]:
     run and llama.cpp read them (not a sweep of placements as bench's -ot is); else none."""
     from localgen import placement
 
-    text = os.environ.get("LLAMA_ARG_OVERRIDE_TENSOR")
-    return [placement.parse(text)] if text else [()]
+    text = os.environ.get(OT_ENV)
+    return [placement.parse(text, OT_ENV)] if text else [()]
 
 
 def _placements(ot: Values, rpc: bool) -> list[Any]:
@@ -265,7 +268,12 @@ def _placements(ot: Values, rpc: bool) -> list[Any]:
     if buffers and not rpc:
         from localgen.native import devices
 
-        devices.check_buffers(buffers)
+        try:
+            devices.check_buffers(buffers)
+        except UsageError as e:  # a placement LLAMA_ARG_OVERRIDE_TENSOR gave: its error names the variable
+            if ot:
+                raise
+            raise UsageError(f"{OT_ENV}: {e.message.removeprefix('--override-tensor: ')}", hint=e.hint) from None
     return placements
 
 

@@ -1,7 +1,8 @@
 """One chat turn on screen: stream an answer as it comes (Ctrl-C cancels it between two tokens), with each
 tool call shown, asked for (y / n / always) and its result shown; record it, print its footer; a remote
 failure keeps a partial answer or takes the question back, a tool's failure takes it back; restoring a
-saved KV state. Used by the chat loops (loop.py) and the slash commands (slash.py)."""
+saved KV state, and saying how much of the history it keeps ready. Used by the chat loops (loop.py) and the
+slash commands (slash.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def restore_state(runner: Any, view: Any) -> None:
     """Load the conversation's saved KV state, so the next turn does not re-read the history up to the last
     answer (never with --no-prompt-cache). The state is what the last turn evaluated as its prompt: the answer
     generated after it is evaluated again with the next message, as in a chat that never stopped (a generated
-    token is never reused: engine/tokens.py, reusable_prefix), and the notice says so with its size."""
+    token is never reused: engine/tokens.py, reusable_prefix), and the notice says so with its size, where the
+    footer goes (_show_footer: on the terminal, or scripted with --stats; a script's stderr stays quiet)."""
     conv = runner.sent()
     if not conv or not runner.prompt_cache:
         return
@@ -35,16 +37,17 @@ def restore_state(runner: Any, view: Any) -> None:
         reused = runner.backend.restore_conversation(runner.session.name, request)
     except (ContextOverflowError, TemplateError):  # a history the window (or the template's 4 MiB) cannot hold by
         return  # its size: no state of it applies
-    if not reused:
+    if not reused or not (view.footer if view.interactive else view.stats):
         return
+    kept = f"{reused:,} tokens of the history kept ready from the last time"
     rest = int(runner.backend.count(request)) - reused  # the conversation as rendered now, past the state
     if rest <= 0:
-        view.info(f"restored the KV state of {reused:,} tokens; the history is not re-read")
+        view.info(f"{kept}: none of them is read again")
         return
     what = "the last answer" if conv[-1]["role"] == "assistant" else "the rest of the history"
     again = min(EXACT_SLACK, reused)  # a small state is evaluated again whole, never more than it holds
-    view.info(f"restored the KV state of {reused:,} tokens: the next message evaluates again {what} ({rest:,} "
-              f"tokens) and at most {again:,} tokens before it (see Caches and exactness in docs/caches.md)")
+    view.info(f"{kept}: the next message reads again {what} ({rest:,} tokens) and at most {again:,} tokens before "
+              "it (see docs/caches.md)")
 
 
 def save_state(runner: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from localgen.errors import UsageError
 from localgen.loadsettings import LOAD_KNOBS
 from localgen.settings import KNOBS
 from localgen.types import LoadParams, SamplingParams
@@ -55,15 +56,21 @@ class Knobs:
         checked against this build's devices (`check_buffers`: `fit` plans for devices described instead)."""
         from localgen import loadsettings
 
-        values = loadsettings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS})
+        # a value LLAMA_ARG_* gave is named by that variable in its errors, not by a flag the user never typed
+        env = loadsettings.env_sources(self.given_names,
+                                       self.given_names if self.typed_names is None else self.typed_names)
+        values = loadsettings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS}, env)
         values.update(lora=lora_adapters(self.get("lora"), self.get("lora_scaled")))
         values.update(override)
-        params = LoadParams(**values)
-        # (RPC servers' buffer types exist once they are registered: the load checks those)
-        if check_buffers and params.override_tensor and not params.rpc:
-            from localgen.native import devices
+        try:
+            params = LoadParams(**values)  # its own checks name the flag: `--ctx takes ...`
+            # (RPC servers' buffer types exist once they are registered: the load checks those)
+            if check_buffers and params.override_tensor and not params.rpc:
+                from localgen.native import devices
 
-            devices.check_buffers([b for _, b in params.override_tensor])
+                devices.check_buffers([b for _, b in params.override_tensor])
+        except UsageError as e:
+            raise _named_by_env(e, env) from None
         return params
 
     def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
@@ -94,6 +101,17 @@ class Knobs:
         LLAMA_ARG_* variables, exported for local loads, are no request to the server)."""
         return [_typed_as(LOAD_KNOBS[n].flags[0], self.values[n]) for n in self.values
                 if n in LOAD_KNOBS and n != "ctx" and self.typed(n) and _set(self.values[n])]
+
+
+def _named_by_env(e: UsageError, env: Mapping[str, str]) -> UsageError:
+    """A load setting's error that begins with its flag (`--ctx takes ...`, `--override-tensor: ...`), where the value
+    came from an environment variable (`env`: loadsettings.env_sources): that variable named instead, as the user
+    typed no flag (LOCALGEN_CTX=10 is no --ctx 10). Any other error as it is."""
+    for name, var in env.items():
+        flag = LOAD_KNOBS[name].flags[0].split("/")[0]
+        if e.message.startswith((f"{flag} ", f"{flag}:")):
+            return UsageError(var + e.message[len(flag):], hint=e.hint)
+    return e
 
 
 def _typed_as(flag: str, value: Any) -> str:

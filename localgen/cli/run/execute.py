@@ -217,12 +217,29 @@ def _with_system_share(e: ContextOverflowError, plan: RunPlan, backend: Backend,
     inherited = thread is not None and bool(thread.turns) and thread.system is not None \
         and thread.system == plan.send.system
     whose = "the conversation's" if inherited else "the"
+    cap = _past_cap(backend, need)
+    more = (f": this prompt is longer than the {cap:,} tokens the model was trained on, past which --ctx does not go"
+            if cap else ", or raise --ctx")
     return ContextOverflowError(
         f"this prompt needs {need:,} tokens with {whose} system prompt ({need - without:,} of them); the context "
         f"window is {n_ctx:,}",
         hint=("a continued conversation (--continue, --cid) is sent with its system prompt: give a shorter one "
-              "with --system, or raise --ctx"
-              if inherited else "shorten the system prompt or the prompt, or raise --ctx"))
+              f"with --system{more}"
+              if inherited else f"shorten the system prompt or the prompt{more}"))
+
+
+def _past_cap(backend: Backend, tokens: int) -> int | None:
+    """The context a local model was trained on, where a prompt of `tokens` tokens is past it: the load caps the
+    window there (engine/defaults.py), so no --ctx holds it. None where a larger --ctx could (a remote server's
+    window is its own)."""
+    from localgen.engine.defaults import window_can_hold
+
+    engine = getattr(backend, "engine", None)
+    if engine is None:
+        return None
+    trained = engine.model.summary.context_length
+    stretched = bool(engine.params.rope_scaling or engine.params.rope_freq_scale)
+    return None if window_can_hold(tokens, trained, stretched) else trained
 
 
 def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None, hits: list[Any],

@@ -2,8 +2,8 @@
 
 Input lines are prompts; a line that is a JSON object takes "prompt" and optional per-line "system",
 "id" and sampling settings (validated like the flags). With -p, each prompt is the line, a blank line,
-then the -p text. A blank input line gives a blank output line. A failed line is reported (stderr, or an
-"error" in JSONL) and the rest go on; the exit status is then 1.
+then the -p text. A blank input line gives a blank output line. A failed line is reported (`localgen: error: line
+N: ...` on stderr, and with --json an "error" in JSONL too) and the rest go on; the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, TextIO
 
 from localgen import settings
 from localgen.backend import Completion, Indexed
-from localgen.cli.output import for_terminal
+from localgen.cli.output import error_text, for_terminal
 from localgen.errors import UsageError
 from localgen.text import MAX_PROMPT_TEXT, checked, problem, too_long
 from localgen.types import GenerationRequest, SamplingParams, thinking_args
@@ -469,6 +469,8 @@ def _record(raw: bytes) -> tuple[int, bool] | None:
 
 
 def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = None) -> None:
+    if ln.error:  # said on stderr as every error is, with --json too (where it is also the line's "error")
+        print(error_text(f"localgen: error: line {ln.number}: {ln.error}"), file=sys.stderr, flush=True)
     if json_out:
         doc: dict[str, Any] = {"line": ln.number}
         if ln.ident is not None:
@@ -486,8 +488,6 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = N
                 doc["exact"] = exact
         out = json.dumps(doc, ensure_ascii=False, allow_nan=False)  # NaN and Infinity are no JSON
     else:
-        if ln.error:
-            print(f"localgen: line {ln.number}: {ln.error}", file=sys.stderr, flush=True)
         out = " ".join(c.text.split()) if c is not None and not ln.error else ""
     if problem(out) is not None:  # a lone surrogate an error quotes (a key's name): shown escaped, not a crash
         out = out.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -84,8 +84,9 @@ def prompt_parts(question: str | None, documents: Sequence[Path] | None, no_stdi
     parts += [p for p in (piped, question) if p]
     if media:
         return parts or [""]  # the pictures or clips are the prompt
-    if not parts:
-        raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin")
+    if not parts:  # at a terminal, one who typed `localgen run` as `ollama run` opens a conversation wants chat
+        raise UsageError("no prompt: give it as an argument or with -p, or pipe text on stdin",
+                         hint="to talk with the model turn by turn: localgen chat" if _at_terminal() else None)
     if not rag:
         _not_blank(parts, "the prompt and stdin" if question and piped else "stdin" if piped else "the prompt")
     return parts
@@ -97,6 +98,15 @@ def _not_blank(parts: list[str], what: str) -> None:
     if not "".join(parts).strip():
         raise UsageError(f"{what} {'are' if ' and ' in what else 'is'} only whitespace: there is no prompt",
                          hint="give the prompt as an argument or with -p, or pipe text on stdin")
+
+
+def _at_terminal() -> bool:
+    """Whether stdin is a terminal (not a pipe, a file, or closed)."""
+    stdin = sys.stdin
+    try:
+        return stdin is not None and not stdin.closed and stdin.isatty()
+    except (OSError, ValueError):
+        return False
 
 
 def _read_text(path: Path) -> str:

@@ -383,13 +383,19 @@ def check_port(host: str, port: int) -> None:
                           hint=f"try again, or give an address of this machine: {mine}" if temporary_lookup(e) else
                           f"--host takes an address or a host name of this machine: {mine}")
 
-    try:  # looked up here as well as inside bind, whose error says no more than "no such host"
-        found = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
-    except socket.gaierror as e:
-        raise unresolved(e) from None
-    except UnicodeError:  # a name IDNA cannot write (an empty label, one over 63 characters)
-        raise UsageError(f"cannot listen on {where}: {host!r} has {host_fault(host) or 'no valid host name'}",
-                         hint=f"--host takes an address or a host name of this machine: {mine}") from None
+    try:  # an address as written (127.0.0.1, fe80::1%eth0): nothing to look up, no name service asked
+        literal = ipaddress.ip_address(host)
+        address, unscoped = host.partition("%")[0], literal.is_link_local and not getattr(literal, "scope_id", None)
+    except ValueError:  # a name (or 1.2.3): looked up here as well as inside bind, which says only "no such host"
+        try:
+            found = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]
+        except socket.gaierror as e:
+            raise unresolved(e) from None
+        except UnicodeError:  # a name IDNA cannot write (an empty label, one over 63 characters)
+            raise UsageError(f"cannot listen on {where}: {host!r} has {host_fault(host) or 'no valid host name'}",
+                             hint=f"--host takes an address or a host name of this machine: {mine}") from None
+        address = str(found[0])
+        unscoped = len(found) == 4 and not found[-1] and ipaddress.ip_address(address).is_link_local
     with probe_socket(family) as s:
         try:
             s.bind((host, port))
@@ -397,8 +403,7 @@ def check_port(host: str, port: int) -> None:
             raise unresolved(e) from None
         except OSError as e:
             if e.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):  # EINVAL: link-local IPv6 with no interface (scope 0)
-                shown = host if str(found[0]) == host.partition("%")[0] else f"{host} ({found[0]})"
-                unscoped = len(found) == 4 and not found[-1] and ipaddress.ip_address(found[0]).is_link_local
+                shown = host if address == host.partition("%")[0] else f"{host} ({address})"
                 raise UsageError(f"cannot listen on {where}: {shown} is not an address of this machine" +
                                  (" (a link-local address needs its interface too: fe80::1%eth0)" if unscoped else ""),
                                  hint=f"give one of this machine's: {mine}, or an interface's own address") from None
