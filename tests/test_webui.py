@@ -271,7 +271,7 @@ def test_with_a_key_only_the_page_and_health_answer_without_it(server: Server) -
     assert httpx.get(f"{server.url}/webui/..%2fapp.py", headers=_auth()).status_code == 404
     answered = []
     for method, path in _routes():
-        if path in ("/", "/health") or path.startswith("/webui/"):  # open, checked above
+        if path in ("/", "/health", "/v1/health") or path.startswith("/webui/"):  # open (/v1/health as llama-server's)
             continue
         url = server.url + path.replace("{id}", "resp_x")
         r = httpx.request(method, url, json={} if method in ("POST",) else None, timeout=30)
@@ -279,6 +279,7 @@ def test_with_a_key_only_the_page_and_health_answer_without_it(server: Server) -
             answered.append(f"{method} {path}: {r.status_code}")
     assert not answered, answered
     assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/v1/health").status_code == 200
 
 
 def test_no_webui_turns_the_page_off(cli_env: dict[str, str], server: Server) -> None:
