@@ -73,6 +73,9 @@ def test_an_address_of_another_machine_is_a_usage_error_that_says_so(cli_in_proc
                     f"machine (give one of this machine's: {HINT}, or an interface's own address)\n"), said
     said = one_line(cli_in_process("serve", "--host", "192.0.2", "--port", port))  # inet_aton's short form
     assert "192.0.2 (192.0.0.2) is not an address of this machine" in said, said
+    said = one_line(cli_in_process("serve", "--host", "169.254.7.7", "--port", port))  # IPv4 link-local: no
+    assert said == (f"localgen: error: cannot listen on 169.254.7.7:{port}: 169.254.7.7 is not an address of this "
+                    f"machine (give one of this machine's: {HINT}, or an interface's own address)\n"), said  # %eth0
 
 
 def ipv6() -> bool:

@@ -9,6 +9,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -138,3 +139,41 @@ def test_help_lists_stop_after_ps(cli: CLI) -> None:
     rows = re.findall(r"^│ (\S+) {2,}", r.stdout, re.MULTILINE)  # each row's first word; not its continuations
     assert rows[rows.index("ps") + 1] == "stop", rows
     assert "Unload a model from a running server now" in r.stdout
+
+
+def test_stop_all_goes_on_past_a_model_that_fails_and_one_that_went(cli_in_process: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--all stopped at the first model whose unload did not answer as expected (one removed since /api/ps listed
+    it: a 404), leaving the rest loaded: one that went is skipped, one that fails is said at the end, the others
+    are unloaded all the same."""
+    from localgen.cli.serve import stop
+
+    unloaded: list[str] = []
+
+    class Answer:
+        def __init__(self, status: int, body: dict[str, Any]) -> None:
+            self.status_code, self.body, self.text = status, body, json.dumps(body)
+
+        def json(self) -> dict[str, Any]:
+            return self.body
+
+    class Fake:
+        url = "http://127.0.0.1:1"
+
+        def ask(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10) -> Answer:
+            if path == "/api/ps":
+                return Answer(200, {"models": [{"name": n} for n in ("gone", "broken", "a", "b")]})
+            name = (body or {}).get("model")
+            if name == "gone":
+                return Answer(404, {"error": {"message": "model 'gone' is not served here (served: a, b)"}})
+            if name == "broken":
+                return Answer(500, {"error": {"message": "it broke"}})
+            unloaded.append(str(name))
+            return Answer(200, {"success": True})
+
+    monkeypatch.setattr(stop, "server_of", lambda *args: Fake())
+    r = cli_in_process("stop", "--all")
+    assert unloaded == ["a", "b"], unloaded
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr == "localgen: error: the server at http://127.0.0.1:1 did not unload broken: it answered 500: it " \
+                       "broke\n", r.stderr

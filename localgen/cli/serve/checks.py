@@ -385,7 +385,8 @@ def check_port(host: str, port: int) -> None:
 
     try:  # an address as written (127.0.0.1, fe80::1%eth0): nothing to look up, no name service asked
         literal = ipaddress.ip_address(host)
-        address, unscoped = host.partition("%")[0], literal.is_link_local and not getattr(literal, "scope_id", None)
+        address = host.partition("%")[0]  # (an IPv4 link-local address, 169.254.x.y, needs no interface)
+        unscoped = literal.version == 6 and literal.is_link_local and not getattr(literal, "scope_id", None)
     except ValueError:  # a name (or 1.2.3): looked up here as well as inside bind, which says only "no such host"
         try:
             found = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4]

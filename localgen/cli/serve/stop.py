@@ -3,7 +3,6 @@ over llama-server's router route POST /models/unload, which says whether the mod
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 import typer
@@ -16,6 +15,10 @@ UNLOAD_TIMEOUT_S = 60  # the server waits up to 30 s for a model to unload befor
 
 class NotRunning(LocalgenError):
     """The server has the model, and it is not loaded."""
+
+
+class Gone(LocalgenError):
+    """The server has no model of that name (removed, or never one of its)."""
 
 
 def stop(
@@ -46,9 +49,17 @@ def stop(
         raise LocalgenError(f"{server.url}/api/ps answered {r.status_code}: {said(r)}")
     # one already unloading (a preset changed on disk: its old worker) frees its memory once its requests end
     names = dict.fromkeys(m["name"] for m in r.json().get("models", []) if not m.get("unloading"))
-    for name in names:
-        with contextlib.suppress(NotRunning):  # it unloaded (idle, or for another model) since /api/ps listed it
+    failed: list[LocalgenError] = []
+    for name in names:  # each in turn: one that fails leaves the others to be unloaded all the same
+        try:
             _unload(server, name)
+        except (NotRunning, Gone):  # it unloaded (idle, or for another model), or went, since /api/ps listed it
+            continue
+        except LocalgenError as e:
+            failed.append(e)
+    if failed:
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise LocalgenError(failed[0].message + more, hint=failed[0].hint)
 
 
 def _unload(server: Server, name: str) -> None:
@@ -60,8 +71,7 @@ def _unload(server: Server, name: str) -> None:
     if r.status_code == 400 and "not running" in said(r):  # llama-server's router's words
         raise NotRunning(f"{name} is not running at {server.url}", hint="localgen ps lists the models loaded")
     if r.status_code == 404 and "is not served here" in said(r):  # not a route missing (another kind of server)
-        raise LocalgenError(f"the server at {server.url} has no model {name!r}",
-                            hint="localgen ps lists the models loaded")
+        raise Gone(f"the server at {server.url} has no model {name!r}", hint="localgen ps lists the models loaded")
     if r.status_code == 409:  # answering requests (or being deleted or replaced: /api/generate says so too)
         later = server.ask("/api/generate", {"model": name, "keep_alive": 0}, timeout=UNLOAD_TIMEOUT_S)
         if later.status_code == 200:
