@@ -100,7 +100,7 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str) -> Path:
     try:
         if not (link.is_symlink() and os.readlink(link) == rel) and not _same_file(link, blob):
             link.parent.mkdir(parents=True, exist_ok=True)
-            tmp = link.with_name(f".{link.name}.{os.getpid()}.lnk")  # (its failure is the link's: named so)
+            tmp = link.with_name(f".{link.name}.{_writer()}.lnk")  # (its failure is the link's: named so)
             tmp.unlink(missing_ok=True)
             _link(blob, rel, tmp)
             os.replace(tmp, link)
@@ -123,7 +123,7 @@ def record_ref(repo: str, revision: str, commit: str) -> None:
     if ".." in Path(revision).parts:
         raise LocalgenError(f"unsafe revision name {revision!r}")
     ref = repo_dir(repo) / "refs" / revision
-    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+    tmp = ref.with_name(f".{ref.name}.{_writer()}.tmp")
     try:
         ref.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(commit)
@@ -132,6 +132,14 @@ def record_ref(repo: str, revision: str, commit: str) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise LocalgenError(f"cannot write {ref} in the Hugging Face cache: {e.strerror or e}") from None
+
+
+def _writer() -> str:
+    """This process and thread, for a temporary name: serve pulls in threads, and two pulls of one model wrote one
+    ref's temporary file at once (the second's rename found it gone: "cannot write main ... No such file")."""
+    import threading
+
+    return f"{os.getpid()}.{threading.get_ident()}"
 
 
 def _link(blob: Path, rel: str, tmp: Path) -> None:
