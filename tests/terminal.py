@@ -60,6 +60,23 @@ class ForkedTerminal(fdpexpect.fdspawn):  # type: ignore[misc]
         self.exitstatus, self.signalstatus = (code, None) if code >= 0 else (None, -code)
 
 
+def drained(primary: int, timeout: float) -> bytes:
+    """What a pty's far side showed until the process there closed it (or nothing came for `timeout` seconds), read as
+    it comes: a full pty would hold the run."""
+    import select
+
+    seen = b""
+    while select.select([primary], [], [], timeout)[0]:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the run has ended and closed its side
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen
+
+
 def spawn(env: dict[str, str], args: list[str], timeout: float = 60, dimensions: tuple[int, int] = (24, 80),
           module: str = "localgen") -> Any:
     """`python -m MODULE ARGS` on a pseudo-terminal of `dimensions` (rows, columns), in `env`, from the

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.terminal import drained
 
 BIN = Path(sys.executable).parent / "localgen"  # the console script, as a user runs it
 QWEN = ROOT / "tests" / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
@@ -36,18 +36,7 @@ def _on_a_terminal(env: dict[str, str], *args: str) -> tuple[bytes, bytes]:
         proc = subprocess.Popen([str(BIN), *args], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=secondary)
         os.close(secondary)
-        seen = b""
-        while True:  # the terminal's side, read as it comes (a full pty would hold the run)
-            ready, _, _ = select.select([primary], [], [], SAFETY_NET_S)
-            if not ready:
-                break
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the run has ended and closed its side
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = drained(primary, SAFETY_NET_S)
         out = proc.stdout.read() if proc.stdout else b""
         assert proc.wait(60) == 0, seen
     finally:

@@ -298,8 +298,9 @@ def test_what_a_tool_prints_reaches_a_terminal_escaped_and_never_a_pipe_on_stdou
     """docs/tools.md: a tool's print()s (sys.stdout and sys.stderr) reach a terminal as its result does, control
     characters escaped (an OSC 52 or a retitle went out raw, escape codes and all), and the stream says it is no
     terminal (so rich or click print plain); `run ... | jq` reads the answer alone on the pipe."""
-    import select
     import subprocess
+
+    from tests.terminal import drained
 
     fns = tmp_path / "f_escapes.py"
     fns.write_text('import sys\n\n\ndef get_weather(city: str) -> str:\n    """Weather."""\n'
@@ -310,18 +311,7 @@ def test_what_a_tool_prints_reaches_a_terminal_escaped_and_never_a_pipe_on_stdou
         proc = cli.popen(*RUN, "--functions", str(fns), "--yes", "--tool-choice", "get_weather", "-n", "40",
                          "--json", "Weather in Paris?", stdout=subprocess.PIPE, stderr=secondary)
         os.close(secondary)
-        seen = b""
-        while True:  # the terminal's side, read as it comes (a full pty would hold the run)
-            ready, _, _ = select.select([primary], [], [], 300)
-            if not ready:
-                break
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the run has ended and closed its side
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = drained(primary, 300)
         out = proc.stdout.read()
         assert proc.wait(60) == 0, seen
     finally:
