@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,7 +217,17 @@ def test_a_folding_requests_access_line_counts_its_answer_and_the_log_the_summar
         "store": False})
     assert r.status_code == 200, r.text
     usage = r.json()["usage"]
-    lines = [json.loads(line) for line in server.log().splitlines()[before:] if line.startswith("{")]
+    ident = r.headers["x-request-id"]
+
+    def logged() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in server.log().splitlines()[before:] if line.startswith("{")]
+
+    end = time.monotonic() + 60  # the access line is written after the response's last byte: wait for it
+    while not any(line.get("request_id") == ident and "prompt_tokens" in line for line in logged()):
+        if time.monotonic() > end:
+            break
+        time.sleep(0.05)
+    lines = logged()
     fitted = [line for line in lines if line.get("event") == "fitted"]
     assert len(fitted) == 1 and fitted[0]["summary_tokens"] > 0, lines
     access = [line for line in lines if line.get("path") == "/v1/responses" and "prompt_tokens" in line]
