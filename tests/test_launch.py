@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import ROOT, InProcessCLI
 from tests.test_serve import Server
+from tests.trickle import trickling
 
 # What every fake agent reports: its argv, the server's `localgen serve` child (launch's other child: its pid,
 # whether its command line holds the key, its key file and whether that is still there), the server's
@@ -834,39 +835,6 @@ def test_print_env_takes_a_key_kept_in_memory_but_not_a_pipes_name(tmp_path: Pat
     assert _lasting(Path(os.path.relpath(key))) == key
 
 
-@contextlib.contextmanager
-def _trickling(headers: bool = False) -> Iterator[int]:
-    """A port whose server sends an event stream's headers, then a keep-alive comment twice a second, for ever
-    (`headers`: its status line, then a header line twice a second, for ever)."""
-    import threading
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    stop = threading.Event()
-
-    def serve(conn: socket.socket) -> None:
-        with contextlib.suppress(OSError), conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\n" if headers else
-                         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-            while not stop.wait(0.5):
-                conn.sendall(b"X-Held: 1\r\n" if headers else b"3\r\n:\n\n\r\n")
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = listener.accept()
-                threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        listener.close()
-
-
 @pytest.mark.slow  # ps's 10 s
 @pytest.mark.parametrize("headers", [False, True], ids=["body", "headers"])
 def test_a_server_that_trickles_and_never_answers_is_given_up_on(cli_in_process: InProcessCLI, headers: bool) -> None:
@@ -874,7 +842,7 @@ def test_a_server_that_trickles_and_never_answers_is_given_up_on(cli_in_process:
     lines): ps gives up after its 10 s, saying something there did not answer (not that nothing runs), and launch
     --print-env after its 2 s probe, saying something other than localgen serve answers. Each waited for ever
     (httpx bounds each read only)."""
-    with _trickling(headers) as port:
+    with trickling(headers) as port:
         t0 = time.monotonic()
         r = cli_in_process("ps", "--port", str(port))
         assert time.monotonic() - t0 < 60, "given up on"

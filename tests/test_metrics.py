@@ -132,6 +132,37 @@ def test_requests_are_counted_by_route_template_and_status_behind_the_key() -> N
     assert not any("/no/such" in str(labels) for _, labels in got)
 
 
+
+def test_a_path_without_v1_is_counted_and_logged_as_its_v1_route() -> None:
+    """llama-server's spellings without /v1 (GET /models, /chat/completions) count as their /v1 route, one series
+    per route: a dashboard on /v1/models missed the clients that leave /v1 out. The JSON access line's `route`
+    is that route too, its `path` the one asked for."""
+    import json
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.servelog import ServeLog
+
+    app = build(ServeState(workers={}), Policy(api_key=KEY, check_host=False))
+    lines: list[str] = []
+    app.state.front.log = ServeLog(json_lines=True, write=lines.append)
+    client = TestClient(app)
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert client.get("/v1/models", headers=auth).status_code == 200
+    assert client.get("/models", headers=auth).status_code == 200
+    assert client.get("/chat/completions", headers=auth).status_code == 405
+    got = samples(client.get("/metrics", headers=auth).text)
+    assert value(got, "localgen_requests_total", route="/v1/models", status="200") == 2
+    assert value(got, "localgen_request_seconds_count", route="/v1/models") == 2
+    assert value(got, "localgen_requests_total", route="/v1/chat/completions", status="405") == 1
+    assert not any(dict(labels).get("route") in ("/models", "/chat/completions") for _, labels in got), got
+    logged = [json.loads(line) for line in lines]
+    asked = {(e["path"], e["route"]) for e in logged if e["event"] == "request"}
+    assert {("/models", "/v1/models"), ("/v1/models", "/v1/models"),
+            ("/chat/completions", "/v1/chat/completions")} <= asked, asked
+
 # ---- a real server ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

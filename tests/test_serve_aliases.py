@@ -112,3 +112,98 @@ def test_ctrl_c_stops_a_listening_server_with_exit_0_as_the_readme_says(cli_env:
             s.proc.wait()
     log = s.log()
     assert "Traceback" not in log and "interrupted" not in log, log
+
+
+def _wav() -> bytes:
+    """Half a second of silence, 16 kHz mono: audio the transcription route reads (what a model hears in it aside)."""
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * 8000)
+    return out.getvalue()
+
+
+def test_an_upload_to_audio_transcriptions_without_v1_is_read_as_the_v1_routes(server: Server) -> None:
+    """A multipart POST to /audio/transcriptions is the upload /v1/audio/transcriptions reads itself (the gate
+    took it for a JSON body and refused it, 415): the same answer, here SmolLM2's, which hears no audio."""
+    said: dict[str, Any] = {}
+    for path in ("/v1/audio/transcriptions", "/audio/transcriptions"):
+        r = httpx.post(f"{server.url}{path}", headers=_auth(), data={"model": MODEL}, timeout=120,
+                       files={"file": ("clip.wav", _wav(), "audio/wav")})
+        said[path] = (r.status_code, r.json()["error"]["message"] if r.status_code != 200 else r.json())
+    assert said["/audio/transcriptions"] == said["/v1/audio/transcriptions"], said
+    assert said["/audio/transcriptions"][0] != 415, said
+    # the route read the form: a file that is not audio is named as the route names it
+    r = httpx.post(f"{server.url}/audio/transcriptions", headers=_auth(), data={"model": MODEL}, timeout=60,
+                   files={"file": ("notes.txt", b"hello", "text/plain")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text
+
+
+def test_embeddings_without_v1_log_their_tokens_as_the_v1_route_does(server: Server) -> None:
+    """/embeddings' access line carries the usage its answer reports, as /v1/embeddings' does (no worker counts
+    an embedding's tokens: the line reads them from the answer); /metrics counts both under /v1/embeddings."""
+    for path, rid in (("/v1/embeddings", "alias-embed-v1"), ("/embeddings", "alias-embed-bare")):
+        r = httpx.post(f"{server.url}{path}", headers={**_auth(), "X-Request-Id": rid}, timeout=120,
+                       json={"model": MODEL, "input": "the sky is blue"})
+        assert r.status_code == 200, r.text
+        tokens = r.json()["usage"]["prompt_tokens"]
+        line = server.access(rid)
+        assert line.startswith(f"POST {path} 200 {tokens} tokens "), line
+    scrape = httpx.get(f"{server.url}/metrics", headers=_auth(), timeout=30).text
+    assert 'route="/embeddings"' not in scrape and 'localgen_requests_total{route="/v1/embeddings"' in scrape
+
+
+def test_get_models_without_v1_for_anthropics_client_errs_in_its_shape(server: Server) -> None:
+    """GET /models with anthropic-version is Anthropic's page, as /v1/models is: its 400s are Anthropic's too
+    (they came back in OpenAI's shape)."""
+    anthropic = {**_auth(), "anthropic-version": "2023-06-01"}
+    for path in ("/v1/models", "/models"):
+        page = httpx.get(f"{server.url}{path}", headers=anthropic, params={"limit": 1}, timeout=60)
+        assert page.status_code == 200 and page.json()["data"][0]["type"] == "model", page.text
+        for query in ({"limit": 0}, {"after_id": "no-such-model"}):
+            r = httpx.get(f"{server.url}{path}", headers=anthropic, params=query, timeout=60)
+            body = r.json()
+            assert r.status_code == 400 and body["type"] == "error", (path, r.text)
+            assert body["error"]["type"] == "invalid_request_error", (path, r.text)
+
+
+def test_tags_and_ps_stat_each_models_file_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/api/tags' and /api/ps' entries (a file's digest: its real path and a stat; its modification time) are made
+    in the thread that reads the listing, not on the event loop, where a slow disk held every other request."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from localgen.serve import listings
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    on_loop: list[bool] = []
+
+    def digest(ref: Any) -> str:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # none runs on this thread: a worker thread
+            on_loop.append(False)
+        return "0" * 64
+
+    monkeypatch.setattr(listings, "_digest", digest)
+    summary = SimpleNamespace(architecture="llama", n_params=135_000_000, quantization="Q4_1", file_size=1 << 20)
+    ref = SimpleNamespace(path="/nonexistent/m.gguf", summary=summary)
+    worker = SimpleNamespace(name="m", ref=ref, loaded=True, n_ctx=512, yielding_to=[], expires=lambda: None,
+                             residence=SimpleNamespace(need=1 << 20, vram_bytes=0, placement="cpu"))
+    state = ServeState(workers={"m": worker})  # type: ignore[dict-item]
+    client = TestClient(build(state, Policy(check_host=False)))
+    tags = client.get("/api/tags")
+    assert tags.status_code == 200 and [m["digest"] for m in tags.json()["models"]] == ["0" * 64], tags.text
+    ps = client.get("/api/ps")
+    assert ps.status_code == 200 and [m["name"] for m in ps.json()["models"]] == ["m"], ps.text
+    assert on_loop == [False, False]

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import CLI
 from tests.test_serve import KEY, Server
+from tests.trickle import trickling
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -113,7 +114,8 @@ def test_stop_a_model_answering_a_request_unloads_it_once_that_ends(server: Serv
         assert json.loads(next(lines))["done"] is False  # it is generating
         r = keyed("stop", "smollm2:135m", "--port", str(server.port))
         assert r.returncode == 0 and r.stdout == ""
-        assert _one_line(r.stderr) == "smollm2:135m is answering requests: it unloads once they end"
+        # true too where its requests ended between the 409 and keep_alive 0 (it unloaded at once then)
+        assert _one_line(r.stderr) == "smollm2:135m was answering requests: it unloads as soon as they have ended"
         assert "smollm2:135m" in _loaded(server)  # not cut off: it finishes what it answers
     deadline = time.monotonic() + 60  # the request ends as its client leaves, at the worker's next step
     while "smollm2:135m" in _loaded(server):
@@ -126,6 +128,7 @@ def test_stop_a_model_answering_a_request_unloads_it_once_that_ends(server: Serv
     (("smollm2:135m", "--all"), "give a model or --all, not both"),
     ((" smollm2:135m",), "' smollm2:135m' is not a model's name"),
     (("",), "'' is not a model's name"),
+    (("caf\udce8",), "'caf\ufffd' is not a model's name"),  # a byte not UTF-8, as U+FFFD (not '\udce8')
 ])
 def test_stop_usage_errors_are_one_line_and_exit_2(keyed: CLI, args: tuple[str, ...], says: str) -> None:
     r = keyed("stop", *args, "--port", "9")
@@ -177,3 +180,17 @@ def test_stop_all_goes_on_past_a_model_that_fails_and_one_that_went(cli_in_proce
     assert r.returncode == 1 and r.stdout == "", r
     assert r.stderr == "localgen: error: the server at http://127.0.0.1:1 did not unload broken: it answered 500: it " \
                        "broke\n", r.stderr
+
+
+def test_stop_gives_up_on_a_server_that_never_finishes_its_answer(cli_in_process: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that keeps sending a header line now and then, never a whole answer: stop gives up at its deadline
+    for the model (UNLOAD_TIMEOUT_S, here 1 s) with one line naming the model and the server. httpx bounds each
+    read only: it waited as long as the server kept trickling (for ever, for one that never stops)."""
+    from localgen.cli.serve import stop
+
+    monkeypatch.setattr(stop, "UNLOAD_TIMEOUT_S", 1)
+    with trickling(headers=True) as port:
+        r = cli_in_process("stop", "smollm2:135m", "--port", str(port))
+    assert r.returncode == 1 and r.stdout == "", r
+    assert f"the server at http://127.0.0.1:{port} did not unload smollm2:135m within 1 s" in _one_line(r.stderr)

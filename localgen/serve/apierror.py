@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from localgen.serve.jobs import Failed
+from localgen.serve.routing import ALIASES
 
 
 class HTTPError(Exception):
@@ -67,6 +68,7 @@ def api_of(path: str, headers: Mapping[str, str] | None = None) -> str:
         return OLLAMA
     if path.startswith("/v1/messages"):
         return ANTHROPIC
+    path = ALIASES.get(path, path)  # llama-server's GET /models is /v1/models: its errors too
     shared = path == "/v1/models" or path.startswith("/v1/models/")
     return ANTHROPIC if shared and headers is not None and "anthropic-version" in headers else OPENAI
 

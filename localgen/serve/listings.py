@@ -76,23 +76,28 @@ def routes(state: ServeState) -> list[Route]:
         # API this server speaks (tools, structured outputs, thinking with its levels), and localgen's own beside
         return JSONResponse({"version": OLLAMA_API_VERSION, "localgen": localgen.__version__})
 
+    def local_tags() -> list[dict[str, Any]]:
+        return [_model_entry(name, ref) for name, ref, _ in state.offered()]
+
     async def tags(request: Request) -> Response:
-        offered = await asyncio.to_thread(state.offered)  # reads GGUF headers
-        return JSONResponse({"models": [*(_model_entry(name, ref) for name, ref, _ in offered),
+        local = await asyncio.to_thread(local_tags)  # reads GGUF headers, and stats each file (its digest)
+        return JSONResponse({"models": [*local,
                                         *(_remote_entry(name, where, state.started) for name, where in remote())]})
 
-    async def ps(request: Request) -> Response:
+    def loaded() -> list[dict[str, Any]]:
         # each worker looked at first (a preset changed on disk: taken away), as the other listings do; one taken
         # away that still holds its model (it ends the requests it answers) is listed after, `unloading`; one
         # whose room another model waits for (a swap) unloads once its running requests end: `yielding_to` names
         # those waiting
-        held = list((await asyncio.to_thread(state.current_workers)).values())
-        return JSONResponse({"models": [
-            {**_model_entry(w.name, w.ref), "size": w.residence.need or w.ref.summary.file_size,
-             "expires_at": _expires(w), "size_vram": w.residence.vram_bytes, "context_length": w.n_ctx,
-             "placement": w.residence.placement, **({"unloading": True} if gone else {}),
-             **({"yielding_to": waiting} if (waiting := w.yielding_to) else {})}
-            for gone, workers in ((False, held), (True, state.unloading())) for w in workers if w.loaded]})
+        held = list(state.current_workers().values())
+        return [{**_model_entry(w.name, w.ref), "size": w.residence.need or w.ref.summary.file_size,
+                 "expires_at": _expires(w), "size_vram": w.residence.vram_bytes, "context_length": w.n_ctx,
+                 "placement": w.residence.placement, **({"unloading": True} if gone else {}),
+                 **({"yielding_to": waiting} if (waiting := w.yielding_to) else {})}
+                for gone, workers in ((False, held), (True, state.unloading())) for w in workers if w.loaded]
+
+    async def ps(request: Request) -> Response:
+        return JSONResponse({"models": await asyncio.to_thread(loaded)})  # each file stat'ed too (its digest)
 
     # GET /models (llama-server's router list, and /v1/models without its /v1) is this route: serve/routing.py
     return [Route("/v1/models", models), Route("/v1/models/{id:path}", model),

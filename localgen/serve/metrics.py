@@ -61,11 +61,12 @@ class Metrics:
         r.register(Gauges(state, desk))
 
     def route(self, scope: dict[str, Any]) -> str:
-        """The path template of the route that takes this request (`other` when none does)."""
+        """The path template of the route that takes this request (`other` when none does); llama-server's
+        spelling of a route without /v1 (serve/routing.py's Alias) counts as that route: one series per route."""
         for route in self.routes:
             match, _ = route.matches(scope)
             if match is not Match.NONE:  # PARTIAL: the path is the route's, the method is not (405)
-                return str(getattr(route, "path", OTHER))
+                return str(getattr(route, "meant", None) or getattr(route, "path", OTHER))
         return OTHER
 
     def request(self, scope: dict[str, Any], status: int, seconds: float, route: str | None = None) -> None:

@@ -32,11 +32,20 @@ ALIASES = {"/models": "/v1/models", "/chat/completions": "/v1/chat/completions",
            "/v1/health": "/health"}
 
 
+class Alias(Route):
+    """Another path (ALIASES) of a route: its endpoint for its methods, and `meant`, the route's own path (what
+    the metrics and the access line name the request by)."""
+
+    def __init__(self, path: str, route: Route) -> None:
+        super().__init__(path, route.endpoint, methods=sorted(route.methods or ()))
+        self.meant = route.path
+
+
 def aliased(routes: list[Route]) -> list[Route]:
-    """The routes, then each alias (ALIASES) of one of them: the same endpoint for the same methods."""
+    """The routes, then each alias (ALIASES) of one of them."""
     by_path = {r.path: r for r in routes}
-    return [*routes, *(Route(alias, by_path[meant].endpoint, methods=sorted(by_path[meant].methods or ()))
-                       for alias, meant in ALIASES.items() if meant in by_path and alias not in by_path)]
+    return [*routes, *(Alias(alias, by_path[meant]) for alias, meant in ALIASES.items()
+                       if meant in by_path and alias not in by_path)]
 
 
 def aliases_of(paths: tuple[str, ...]) -> tuple[str, ...]:

@@ -3,14 +3,18 @@ over llama-server's router route POST /models/unload, which says whether the mod
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
+from typing import Annotated, Any
 
 import typer
 
 from localgen.cli.serve.ps import ApiKeyFileOption, ApiKeyOption, HostOption, PortOption, Server, said, server_of
 from localgen.errors import LocalgenError, UsageError
+from localgen.text import mended
 
-UNLOAD_TIMEOUT_S = 60  # the server waits up to 30 s for a model to unload before it answers (serve/manage.py)
+# how long a model's unload may take in all, its requests together: the server waits up to 30 s for a model to
+# unload before it answers (serve/manage.py), and up to 10 s for keep_alive 0's (serve/loadnow.py)
+UNLOAD_TIMEOUT_S = 60
 
 
 class NotRunning(LocalgenError):
@@ -38,7 +42,7 @@ def stop(
     if model is None and not every:
         raise UsageError("name the model to stop (localgen ps lists those loaded), or give --all")
     if model is not None and (not model or model != model.strip() or not model.isprintable()):
-        raise UsageError(f"{model[:100]!r} is not a model's name: it is empty, or has blanks around it or "
+        raise UsageError(f"{mended(model[:100])!r} is not a model's name: it is empty, or has blanks around it or "
                          "control characters in it")
     server = server_of(ctx, host, port, api_key, api_key_file)
     if model is not None:
@@ -63,9 +67,10 @@ def stop(
 
 
 def _unload(server: Server, name: str) -> None:
-    """Ask the server to unload `name` now; one answering requests is asked as Ollama's `keep_alive: 0`, so it
-    unloads once they end (said on stderr)."""
-    r = server.ask("/models/unload", {"model": name}, timeout=UNLOAD_TIMEOUT_S)
+    """Ask the server to unload `name` now, within UNLOAD_TIMEOUT_S in all; one answering requests is asked as
+    Ollama's `keep_alive: 0`, so it unloads once they end (said on stderr)."""
+    deadline = time.monotonic() + UNLOAD_TIMEOUT_S
+    r = _asked(server, "/models/unload", {"model": name}, name, deadline)
     if r.status_code == 200:
         return
     if r.status_code == 400 and "not running" in said(r):  # llama-server's router's words
@@ -73,10 +78,34 @@ def _unload(server: Server, name: str) -> None:
     if r.status_code == 404 and "is not served here" in said(r):  # not a route missing (another kind of server)
         raise Gone(f"the server at {server.url} has no model {name!r}", hint="localgen ps lists the models loaded")
     if r.status_code == 409:  # answering requests (or being deleted or replaced: /api/generate says so too)
-        later = server.ask("/api/generate", {"model": name, "keep_alive": 0}, timeout=UNLOAD_TIMEOUT_S)
-        if later.status_code == 200:
-            typer.echo(f"{name} is answering requests: it unloads once they end", err=True)
+        later = _asked(server, "/api/generate", {"model": name, "keep_alive": 0}, name, deadline)
+        if later.status_code == 200:  # unloaded now if its requests ended since the 409, else once they do
+            typer.echo(f"{name} was answering requests: it unloads as soon as they have ended", err=True)
             return
         r = later
     raise LocalgenError(f"the server at {server.url} did not unload {name}: it answered {r.status_code}: {said(r)}")
 
+
+def _asked(server: Server, path: str, body: dict[str, Any], name: str, deadline: float) -> Any:
+    """The server's answer to POST `body` to `path` by `deadline` (time.monotonic()'s): httpx bounds each read
+    only, so a server that sent a byte now and then held stop for ever. The request runs on a thread of its own,
+    given up on (left to end with the process) at the deadline."""
+    import threading
+
+    outcome: list[Any] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(server.ask(path, body, timeout=UNLOAD_TIMEOUT_S))
+        except BaseException as e:  # raised again on the caller's thread
+            outcome.append(e)
+
+    worker = threading.Thread(target=ask, name="localgen-stop", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if not outcome:
+        raise LocalgenError(f"the server at {server.url} did not unload {name} within {UNLOAD_TIMEOUT_S:g} s",
+                            hint="localgen ps shows whether it is still loaded")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
