@@ -5,10 +5,10 @@ moves only after its last part; serve's /api/pull replaces too (a status line); 
 is said nowhere; a copy one of whose files is in use is kept whole.
 
 A model named at a commit (owner/repo/resolve/COMMIT/FILE, as a pasted URL names it) means those bytes: a pull that
-moves main off that commit keeps the older copy where a preset pins it (by that name, or by its file's path), and
-says so (it removed it, and the preset then ran main's new bytes without a word, or, made from the file's path, could
-not find its file); a pinned name whose copy is gone is never answered with another commit's file: offline it says
-which revision the cache holds, online it pulls its own commit again."""
+moves main off that commit keeps the older copy where a preset pins it (by that name, or by its file's path), or
+where it was pulled by that name, and says so (it removed it, and the preset then ran main's new bytes without a
+word, or, made from the file's path, could not find its file); a pinned name whose copy is gone is never answered
+with another commit's file: offline it says which revision the cache holds, online it pulls its own commit again."""
 
 from __future__ import annotations
 
@@ -421,18 +421,49 @@ def test_a_pull_that_moves_main_keeps_the_copy_a_preset_pins(env: dict[str, str]
     assert r.returncode == 0 and "kept" not in r.stderr and "replaced" not in r.stderr, r.stderr
 
 
-def test_a_name_pinned_to_a_commit_never_takes_another_commits_file(env: dict[str, str],
-                                                                    fake_hub: hub_server.FakeHub,
-                                                                    old_file: hub_server.HubFile,
-                                                                    new_file: hub_server.HubFile) -> None:
-    """No preset pins it (the name typed once): main's pull replaces the older copy, as it does. The pinned name
-    then said nothing and showed (and ran) main's new file; offline it now says which revision the cache holds, and
-    online it pulls its own commit again. `rm` of the pinned name took main's copy too; now only its own."""
+def scanned_refs(env: dict[str, str]) -> dict[str, set[str]]:
+    """What huggingface_hub's own scan of the cache reads: each revision and the refs that name it (a ref naming a
+    commit the cache lacks makes it call the repo corrupted: a warning, and the repo left out)."""
+    from huggingface_hub import scan_cache_dir
+
+    info = scan_cache_dir(env["HF_HUB_CACHE"])
+    assert not info.warnings, info.warnings
+    return {r.commit_hash: set(r.refs) for repo in info.repos for r in repo.revisions}
+
+
+def test_a_name_pulled_by_its_commit_stays_when_main_moves(env: dict[str, str], fake_hub: hub_server.FakeHub,
+                                                           old_file: hub_server.HubFile,
+                                                           new_file: hub_server.HubFile) -> None:
+    """A file pulled by its commit's name (owner/repo/resolve/COMMIT/FILE, typed once, no preset) means those bytes:
+    main's pull that moved off that commit removed it, so the name could not run offline and online downloaded it
+    again. The pull pins it (refs/localgen-pins/COMMIT/FILE, a ref huggingface_hub's scan reads as naming that
+    revision); main's pull keeps it and says so, and keeps none of the commit's other files. `rm` of the name takes
+    its copy and its pin, never main's copy; then the name is never answered with another commit's file: offline it
+    says which revision the cache holds, and online `run` pulls its commit again, pinned again."""
     assert lg(env, "pull", PIN).returncode == 0
+    pin = repo_dir(env) / "refs" / "localgen-pins" / OLD / FILE
+    assert pin.read_text() == OLD
     assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0  # main at the same commit: refs/main names it
     fake_hub.repos[REPO] = hub_server.HubRepo(NEW, {FILE: new_file})
     r = lg(env, "pull", f"{REPO}:Q4_1")
-    assert r.returncode == 0 and f"replaced the copy of {FILE} at the older revision {OLD[:12]}" in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert (f"kept the copy of {FILE} at the older revision {OLD[:12]}: it was pulled by that commit (`localgen rm "
+            f"{PIN}` removes it)\n" in r.stderr and "replaced" not in r.stderr), r.stderr
+    snapshots = repo_dir(env) / "snapshots"
+    assert (snapshots / OLD / FILE).is_file() and (snapshots / NEW / FILE).is_file()
+    assert sha_of(env, PIN) == old_file.sha256 and sha_of(env, f"{REPO}:Q4_1") == new_file.sha256
+    r = lg(env, "run", "-m", PIN, "--offline", "-p", "Hi", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert {i["name"] for i in listed(env)} == {f"{REPO}:Q4_1", PIN}
+    assert scanned_refs(env) == {OLD: {f"localgen-pins/{OLD}/{FILE}"}, NEW: {"main"}}
+    r = lg(env, "pull", f"{REPO}:Q4_1")  # the same commit again: nothing to keep or replace, nothing said
+    assert r.returncode == 0 and "kept" not in r.stderr and "replaced" not in r.stderr, r.stderr
+
+    r = lg(env, "rm", PIN, "--yes")
+    assert r.returncode == 0, r.stderr
+    assert not (snapshots / OLD).exists() and (snapshots / NEW / FILE).is_file()
+    assert not (repo_dir(env) / "refs" / "localgen-pins").exists()
+    assert scanned_refs(env) == {NEW: {"main"}}
     for args in (["show", PIN, "--offline"], ["run", "-m", PIN, "--offline", "-p", "Hi", "-n", "2"]):
         r = lg(env, *args)
         assert (r.returncode, r.stdout) == (1, ""), (args, r.returncode, r.stdout)
@@ -440,11 +471,40 @@ def test_a_name_pinned_to_a_commit_never_takes_another_commits_file(env: dict[st
                             f"is offline (the cache holds it at {NEW[:12]} only) (fetch that revision without "
                             f"--offline: localgen pull {PIN})\n"), r.stderr
     fake_hub.repos[REPO] = hub_server.HubRepo(OLD, {FILE: old_file})  # the Hub keeps every commit: OLD's again
-    r = lg(env, "run", "-m", PIN, "-p", "Hi", "-n", "2")
+    r = lg(env, "run", "-m", PIN, "-p", "Hi", "-n", "2")  # a run that downloads by the commit's name pins too
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
-    assert sha_of(env, PIN) == old_file.sha256
-    assert sha_of(env, f"{REPO}:Q4_1") == new_file.sha256
-    r = lg(env, "rm", PIN, "--yes")
-    assert r.returncode == 0, r.stderr
+    assert pin.read_text() == OLD
+    assert sha_of(env, PIN) == old_file.sha256 and sha_of(env, f"{REPO}:Q4_1") == new_file.sha256
+
+
+def test_a_pin_keeps_its_file_only_and_the_same_bytes_too(env: dict[str, str], fake_hub: hub_server.FakeHub,
+                                                          old_file: hub_server.HubFile,
+                                                          new_file: hub_server.HubFile) -> None:
+    """A pin keeps the file pulled by its commit's name, not the commit's other files: main's pull of another
+    file replaces that one's older copy as ever. Main moves for a README: the pinned file is the same blob at the
+    new commit, and its older link went without a word, so the name's own commit had no copy (offline: "the cache
+    holds it at NEW only"); it stays, without a word. `rm` of main's name takes every copy and the pin with it."""
+    assert lg(env, "pull", PIN).returncode == 0
+    assert lg(env, "pull", f"{REPO}:Q8_0").returncode == 0  # main at the pinned commit, for another file
+    fake_hub.repos[REPO] = hub_server.HubRepo(NEW, {FILE: new_file, OTHER: new_file})
+    r = lg(env, "pull", f"{REPO}:Q8_0")
+    assert r.returncode == 0 and f"replaced the copy of {OTHER} at the older revision {OLD[:12]}" in r.stderr, r.stderr
     snapshots = repo_dir(env) / "snapshots"
-    assert not (snapshots / OLD / FILE).exists() and (snapshots / NEW / FILE).is_file()
+    assert (snapshots / OLD / FILE).is_file() and not (snapshots / OLD / OTHER).exists()
+
+    shutil.rmtree(repo_dir(env))
+    fake_hub.repos[REPO] = hub_server.HubRepo(OLD, {FILE: old_file})
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    assert lg(env, "pull", PIN).returncode == 0  # a file the cache holds already: pinned all the same
+    assert (repo_dir(env) / "refs" / "localgen-pins" / OLD / FILE).read_text() == OLD
+    fake_hub.repos[REPO] = hub_server.HubRepo(NEW, {FILE: old_file, "README.md": hub_server.HubFile(b"# more\n")})
+    r = lg(env, "pull", f"{REPO}:Q4_1")
+    assert r.returncode == 0 and "kept" not in r.stderr and "replaced" not in r.stderr, r.stderr
+    snapshots = repo_dir(env) / "snapshots"
+    assert (snapshots / OLD / FILE).is_file() and (snapshots / NEW / FILE).is_file()
+    r = lg(env, "run", "-m", PIN, "--offline", "-p", "Hi", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")  # every commit's copy of it
+    assert r.returncode == 0, r.stderr
+    assert not (snapshots / OLD).exists() and not (snapshots / NEW / FILE).exists()
+    assert not (repo_dir(env) / "refs" / "localgen-pins").exists()

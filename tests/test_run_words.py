@@ -89,6 +89,21 @@ def test_a_model_name_in_the_wrong_case_is_suggested(cli_in_process: InProcessCL
     assert r.stderr.endswith("? Or give owner/repo or a .gguf path)\n") and " or smollm2:" in r.stderr, r.stderr
 
 
+def test_the_suggestion_for_a_name_in_the_wrong_case_keeps_its_quant(cli_in_process: InProcessCLI) -> None:
+    """`-m SmolLM2:1.7B@Q8_0` suggested smollm2:1.7b, without the @Q8_0 (run as told, that is Q4_K_M); `pull`'s
+    the same. An embedded model's own tag is kept too; another tag of one is said to be none of its."""
+    for args in (["run", "-m", "SmolLM2:1.7B@q8_0", "-p", "hi"], ["pull", "SmolLM2:1.7B@Q8_0"]):
+        r = cli_in_process(*args)
+        assert (r.returncode, r.stdout) == (1, ""), (args, r)
+        assert r.stderr == "localgen: error: unknown model 'SmolLM2:1.7B' (did you mean smollm2:1.7b@Q8_0?)\n", r.stderr
+    r = cli_in_process("run", "-m", "SmolLM2:135M@q4_1", "-p", "hi")
+    assert r.returncode == 1 and r.stderr == ("localgen: error: unknown model 'SmolLM2:135M' (did you mean "
+                                              "smollm2:135m@Q4_1?)\n"), r.stderr
+    r = cli_in_process("run", "-m", "SmolLM2:135M@Q8_0", "-p", "hi")
+    assert r.returncode == 1 and r.stderr == ("localgen: error: unknown model 'SmolLM2:135M' (did you mean "
+                                              "smollm2:135m? It ships only as Q4_1)\n"), r.stderr
+
+
 def test_run_with_no_prompt_at_a_terminal_points_to_chat(cli_env: dict[str, str]) -> None:
     """An Ollama user types `localgen run` at a terminal to talk: the error says where that is. Piped (nothing on
     stdin), it is the same error without that hint."""

@@ -1,5 +1,6 @@
 """The Hugging Face hub cache layout, shared with huggingface_hub and llama.cpp's `-hf`:
-models--OWNER--REPO/{blobs/SHA256, snapshots/COMMIT/FILE -> ../../blobs/SHA256, refs/REVISION}."""
+models--OWNER--REPO/{blobs/SHA256, snapshots/COMMIT/FILE -> ../../blobs/SHA256, refs/REVISION}; localgen's pins
+are refs too: refs/localgen-pins/COMMIT/FILE (record_pin)."""
 
 from __future__ import annotations
 
@@ -114,15 +115,68 @@ def link_snapshot(repo: str, commit: str, filename: str, sha256: str) -> Path:
     return link
 
 
+PINS = "localgen-pins"  # refs/localgen-pins/COMMIT/FILE: a file pulled by its commit's name
+
+
 def record_ref(repo: str, revision: str, commit: str) -> None:
-    """refs/REVISION names `commit` (a revision that is a commit has no ref); written only when it names another,
-    and only once every file of the pull is whole and verified: a pull cut short leaves the ref, and with it what
-    an offline run picks, at the older commit."""
+    """refs/REVISION names `commit` (a revision that is a commit has no ref: record_pin's); written only when it
+    names another, and only once every file of the pull is whole and verified: a pull cut short leaves the ref, and
+    with it what an offline run picks, at the older commit."""
     if COMMIT.match(revision) or cached_commit(repo, revision) == commit:
         return
     if ".." in Path(revision).parts:
         raise LocalgenError(f"unsafe revision name {revision!r}")
-    ref = repo_dir(repo) / "refs" / revision
+    _write_ref(repo_dir(repo) / "refs" / revision, commit)
+
+
+def pin_path(repo: str, commit: str, filename: str) -> Path:
+    """refs/localgen-pins/COMMIT/FILE."""
+    if not COMMIT.match(commit):
+        raise LocalgenError(f"the Hub gave a malformed commit id {commit!r}")
+    return repo_dir(repo) / "refs" / PINS / commit / safe_filename(filename)
+
+
+def record_pin(repo: str, commit: str, filename: str) -> None:
+    """Pin the file pulled by its commit's name (owner/repo/resolve/COMMIT/FILE): a ref holding the commit, so a
+    pull that moves main off that commit keeps this copy (store.replace_older), and huggingface_hub's tools see the
+    revision as named (`hf cache prune` removes only revisions no ref names). Written once, after the pull's files
+    are whole; its folder names the file, so a pin keeps that file alone, not the commit's others."""
+    ref = pin_path(repo, commit, filename)
+    if not pinned(repo, commit, filename):
+        _write_ref(ref, commit)
+
+
+def pinned(repo: str, commit: str, filename: str) -> bool:
+    """Whether a pull by the commit's name pinned this file (record_pin)."""
+    try:
+        return pin_path(repo, commit, filename).read_text().strip() == commit
+    except (OSError, LocalgenError):
+        return False
+
+
+def unpin_gone(repo: str) -> None:
+    """Remove the pins whose file the cache no longer holds (rm took it, or another tool did), and the folders
+    that leaves empty: a ref naming a commit whose snapshot is gone makes huggingface_hub's scan_cache_dir call the
+    whole repo corrupted. One that cannot be removed stays (it keeps nothing that is not there)."""
+    base = repo_dir(repo)
+    pins = base / "refs" / PINS
+    if not pins.is_dir():
+        return
+    for ref in sorted(pins.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # files, then their folders
+        with contextlib.suppress(OSError):
+            if ref.is_dir():
+                if not any(ref.iterdir()):
+                    ref.rmdir()
+                continue
+            link = base / "snapshots" / ref.relative_to(pins)
+            if not ref.name.startswith(".") and not (link.is_symlink() or link.exists()):
+                ref.unlink()
+    with contextlib.suppress(OSError):
+        pins.rmdir()  # (only where empty)
+
+
+def _write_ref(ref: Path, commit: str) -> None:
+    """A refs/ file that names `commit`, whole or not at all; a write that fails is an error naming its path."""
     tmp = ref.with_name(f".{ref.name}.{_writer()}.tmp")
     try:
         ref.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from localgen.errors import LocalgenError, ModelFormatError, ModelNotFoundError, NotDownloadedError, UsageError
 from localgen.models import catalogue, embedded, hfcache, mmproj, names, store
 from localgen.models.gguf_meta import read_summary
-from localgen.models.quant import QuantOption, best_that_fits, group_options, pick, rank, same_tag
+from localgen.models.quant import QUANT_RE, QuantOption, best_that_fits, group_options, pick, rank, same_tag
 from localgen.text import mended
 from localgen.types import ModelRef, shown_path
 
@@ -61,7 +61,7 @@ def resolve(name: str | None, offline: bool = False, progress: download.Progress
         made = _quantized(spec)
         if made is not None:
             return made
-        entry = _entry(spec.name)
+        entry = _entry(spec.name, spec.quant)
         if entry.embedded:
             if spec.quant and spec.quant.upper() != entry.default_quant.upper():
                 raise ModelNotFoundError(f"{entry.name} ships only as {entry.default_quant}")
@@ -243,28 +243,46 @@ def _catalogue_target(entry: catalogue.CatalogueEntry, quant: str | None) -> Tar
     return Target(spec, f"{entry.name}@{q.upper()}", entry.sampling, entry.default_quant, entry.name)
 
 
-def _entry(name: str) -> catalogue.CatalogueEntry:
+def _entry(name: str, quant: str | None = None) -> catalogue.CatalogueEntry:
+    """The catalogue entry of a name; ModelNotFoundError (with what to try) where there is none. `quant`: the
+    @QUANT typed with the name, kept in a suggestion."""
     cat = catalogue.for_name(name)
     entries = cat.entries
     if name not in entries:
         raise ModelNotFoundError(f"unknown model {mended(name)!r}",  # a byte not UTF-8 (caf\xe8): U+FFFD, not '\udce8'
-                                 hint=_unknown_hint(name, list(entries), cat.unreadable is not None))
+                                 hint=_unknown_hint(name, entries, cat.unreadable is not None, quant))
     return entries[name]
 
 
-def _unknown_hint(name: str, known: list[str], unreadable: bool) -> str:
+def _unknown_hint(name: str, known: dict[str, catalogue.CatalogueEntry], unreadable: bool,
+                  quant: str | None = None) -> str:
     """What to try for a name the catalogue lacks: the entry it names but for case (SmolLM2:135M), else those of
-    its family (smollm2:7b), else the list; then a Hub repo or a file. `unreadable`: models.toml could not be read."""
+    its family (smollm2:7b), else the list; then a Hub repo or a file. `unreadable`: models.toml could not be read.
+    A suggestion keeps the name's @QUANT where its entry takes that tag (SmolLM2:1.7B@Q8_0: smollm2:1.7b@Q8_0); an
+    embedded entry's other tag is said to be none of its (the suggestion without it would run another)."""
     folded = name.casefold()
     same = [n for n in known if n.casefold() == folded]
     family = folded.split(":")[0]
     close = same or [n for n in known if n.casefold().split(":")[0] == family]
     unread = f"{catalogue.user_file()} cannot be read, so its models are unknown" if unreadable else ""
     if close:
-        names = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
-        rest = "" if same else "; ".join(x for x in (unread, "or give owner/repo or a .gguf path") if x)
+        shown = [_with_quant(known[n], quant) for n in close]
+        names = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+        lone = known[same[0]] if len(same) == 1 else None
+        ships = (f"it ships only as {lone.default_quant}" if lone is not None and lone.embedded and quant
+                 and _with_quant(lone, quant) == lone.name else "")
+        rest = ships if same else "; ".join(x for x in (unread, "or give owner/repo or a .gguf path") if x)
         return f"did you mean {names}?" + (f" {rest[0].upper()}{rest[1:]}" if rest else "")
     return "; ".join(x for x in ("see `localgen list --catalogue`", unread, "or give owner/repo or a .gguf path") if x)
+
+
+def _with_quant(entry: catalogue.CatalogueEntry, quant: str | None) -> str:
+    """An entry's name with the @QUANT typed, where the entry takes that tag: a quantization tag (Q8_0, IQ4_XS,
+    BF16), for an embedded entry only the one it ships as."""
+    if not quant or not QUANT_RE.fullmatch(quant) or (entry.embedded and
+                                                        quant.upper() != entry.default_quant.upper()):
+        return entry.name
+    return f"{entry.name}@{quant.upper()}"
 
 
 def _hub_model(t: Target, flag: bool, progress: download.Progress, pull_missing: bool) -> ModelRef:
@@ -412,7 +430,9 @@ def cached(t: Target, progress: download.Progress, flag: bool = True) -> ModelRe
 
 def pull(t: Target, progress: download.Progress) -> ModelRef:
     """Download (or finish downloading) a Hub model and return it. Once every file of it is whole and verified,
-    the revision's ref moves to the listed commit, and the copy the ref named before goes (replace_older)."""
+    the revision's ref moves to the listed commit, and the copy the ref named before goes (replace_older); a
+    revision that is a commit (owner/repo/resolve/COMMIT/FILE, by `pull` or a `run` that downloads) pins the file
+    instead (hfcache.record_pin), so that no pull of another revision takes it away: only rm does."""
     from localgen.models import hub
 
     s = t.spec
@@ -445,6 +465,8 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
             "it was removed from the cache again" if option.first.name not in there else
             "the copy another tool put in the cache is kept")) from None
     hfcache.record_ref(s.repo, s.revision, listing.commit)  # only now: a pull cut short left the older one named
+    if hfcache.COMMIT.match(s.revision):  # a name that means these bytes: a pull of main that moves on keeps them
+        hfcache.record_pin(s.repo, listing.commit, option.first.name)
     replace_older(s.repo, s.revision, before, paths[0], progress)
     return ModelRef(name=name, path=str(paths[0]), source="hf", summary=summary,
                     repo=s.repo,
@@ -454,9 +476,9 @@ def pull(t: Target, progress: download.Progress) -> ModelRef:
 
 def replace_older(repo: str, revision: str, before: str | None, path: Path, progress: download.Progress) -> None:
     """After a pull that moved `revision` off commit `before`: the older commit's copy of the model goes
-    (store.replace_older), said in one note; a copy a preset pins (names by its commit or its path) stays, said so;
-    a copy that cannot be removed (in use on Windows, a read-only cache) is said and kept whole: the pull
-    succeeded."""
+    (store.replace_older), said in one note; a copy a preset pins (names by its commit or its path), or one pulled
+    by its commit's name, stays, said so; a copy that cannot be removed (in use on Windows, a read-only cache) is
+    said and kept whole: the pull succeeded."""
     from localgen.units import format_amount
 
     try:
@@ -465,11 +487,15 @@ def replace_older(repo: str, revision: str, before: str | None, path: Path, prog
         progress.note(f"the copy of {path.name} at the older revision {(before or '')[:12]} was kept: "
                       f"{e.strerror or e}")
         return
-    if replaced is not None and replaced.pinned_by:
-        users = replaced.pinned_by
-        which = f"the preset {users[0]} names" if len(users) == 1 else f"the presets {', '.join(users)} name"
-        progress.note(f"kept the copy of {replaced.filename} at the older revision {(before or '')[:12]}: {which} "
-                      "it")
+    if replaced is not None and replaced.kept:
+        users, why = replaced.pinned_by, []
+        if replaced.pulled_as is not None:
+            why.append(f"it was pulled by that commit (`localgen rm {replaced.pulled_as}` removes it)")
+        if users:
+            why.append(f"the preset {users[0]} names it" if len(users) == 1 else
+                       f"the presets {', '.join(users)} name it")
+        progress.note(f"kept the copy of {replaced.filename} at the older revision {(before or '')[:12]}: "
+                      f"{'; '.join(why)}")
     elif replaced is not None:
         progress.note(f"replaced the copy of {replaced.filename} at the older revision {(before or '')[:12]}, freed "
                       f"{format_amount(replaced.freed)}")
@@ -517,7 +543,7 @@ def target(name: str, local: bool = True) -> Target:
         made = _made_here(spec.name)
         if made is not None:
             raise LocalgenError(f"{spec.name} was quantized on this machine ({made}); there is nothing to pull")
-        entry = _entry(spec.name)
+        entry = _entry(spec.name, spec.quant)
         if entry.embedded or not entry.repo:
             raise LocalgenError(f"{entry.name} ships inside a Python package; there is nothing to pull")
         return _catalogue_target(entry, spec.quant)

@@ -143,11 +143,13 @@ def superseded(repo: str, old: str | None, new: str, filename: str) -> list[Path
     """The links at commit `old` that a pull of the model `filename` at `new` replaced (`old`: the commit the
     pulled revision's ref named before): every part of it, and the projector beside it where no other model
     there uses it, each only where `new` holds the same file. None when `old` is `new`, when another ref (a tag
-    or branch pulled by name) still names `old`, or when any part is missing at `new`; other files stay."""
+    or branch pulled by name) still names `old`, or when any part is missing at `new`; other files stay. A pin
+    (refs/localgen-pins/: the file pulled by its commit's name) is replace_older's to weigh, as a preset is."""
     if old is None or old == new or not (hfcache.COMMIT.match(old) and hfcache.COMMIT.match(new)):
         return []
     base = hfcache.repo_dir(repo)
-    if any(names_commit(ref, old) for ref in (base / "refs").rglob("*")):
+    pins = base / "refs" / hfcache.PINS
+    if any(names_commit(ref, old) for ref in (base / "refs").rglob("*") if pins not in ref.parents):
         return []
     olds = [f for f in cached_files(repo) if f.commit == old and f.filename == filename]
     if not olds:
@@ -165,20 +167,27 @@ def superseded(repo: str, old: str | None, new: str, filename: str) -> list[Path
 @dataclass(frozen=True)
 class Replaced:
     """What replace_older did with the older commit's copy of a model: removed (`freed` bytes), or kept for the
-    presets (`pinned_by`) that name that commit or one of its files."""
+    presets (`pinned_by`) that name that commit or one of its files, or for the name it was pulled by (`pulled_as`,
+    owner/repo/resolve/COMMIT/FILE: record_pin's)."""
 
     filename: str
     freed: int = 0
     pinned_by: tuple[str, ...] = ()
+    pulled_as: str | None = None
+
+    @property
+    def kept(self) -> bool:
+        """Whether the copy stayed for a preset or for its pin."""
+        return bool(self.pinned_by) or self.pulled_as is not None
 
 
 def replace_older(repo: str, revision: str, before: str | None, path: str) -> Replaced | None:
     """After a pull of `revision` that moved it from commit `before` to a new one, whole and verified: remove the
     older commit's copy of the model at `path` (superseded) and its blobs no other link uses, unless a preset pins
-    that copy (pinned_by: it is kept, and said). Returns what was done, or None where nothing is to be said: no older
-    copy, or one whose every file is the same blob as the new one's (the repo moved for another file, a README: its
-    links go unsaid, or stay unsaid for a preset). An OSError where the copy cannot go (remove's: nothing of it
-    removed)."""
+    that copy (pinned_by) or it was pulled by that commit's name (hfcache.pinned): it is kept, and said. Returns
+    what was done, or None where nothing is to be said: no older copy, or one whose every file is the same blob as
+    the new one's (the repo moved for another file, a README: its links go unsaid, or stay unsaid where pinned).
+    An OSError where the copy cannot go (remove's: nothing of it removed)."""
     new = hfcache.cached_commit(repo, revision)
     if before is None or new is None or before == new:
         return None
@@ -192,8 +201,9 @@ def replace_older(repo: str, revision: str, before: str | None, path: str) -> Re
         return None
     same = all(_same_blob(p, snaps / new / p.relative_to(snaps / before)) for p in going)
     users = pinned_by(repo, before, going)
-    if users:
-        return None if same else Replaced(filename, pinned_by=tuple(users))
+    pin = f"{repo}/resolve/{before}/{filename}" if hfcache.pinned(repo, before, filename) else None
+    if users or pin:
+        return None if same else Replaced(filename, pinned_by=tuple(users), pulled_as=pin)
     sizes = {(b := blob_of(p)): b.stat().st_size for p in going if p.exists()}
     _, blobs = remove([], going)
     return None if same else Replaced(filename, sum(sizes.get(b, 0) for b in blobs))
@@ -265,9 +275,10 @@ def orphan_projectors(repo: str) -> list[Path]:
 
 def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[list[Path], list[Path]]:
     """Remove the snapshot links of these models (`removal`'s, or `links`); delete a blob only when no other link in
-    the whole cache still points at it. All or nothing: each link and blob is first moved aside, and where one
-    cannot be (a file in use on Windows) the others are put back and the OSError raised, so a split model never
-    loses part 1 while a later part stays. Returns (links removed, blobs deleted)."""
+    the whole cache still points at it, and the pin of a model that went (hfcache.unpin_gone). All or nothing: each
+    link and blob is first moved aside, and where one cannot be (a file in use on Windows) the others are put back
+    and the OSError raised, so a split model never loses part 1 while a later part stays. Returns (links removed,
+    blobs deleted)."""
     targets = removal(files) if links is None else links
     seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
     blobs = {blob_of(p, seen) for p in targets if p.exists()}
@@ -289,7 +300,15 @@ def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[li
     for folder in dict.fromkeys(p.parent for p in targets):  # (a folder the one before emptied is gone)
         if folder.is_dir():
             _prune_empty(folder)
+    for repo_name in {r for p in targets if (r := _repo_of(p)) is not None}:
+        hfcache.unpin_gone(repo_name)
     return targets, deleted
+
+
+def _repo_of(link: Path) -> str | None:
+    """owner/repo of a snapshot link (its models--OWNER--REPO folder), or None."""
+    folder = next((d for d in link.parents if d.name.startswith("models--")), None)
+    return _repo_from_dir(folder.name) if folder is not None else None
 
 
 def _set_aside(paths: list[Path]) -> list[Path]:
