@@ -6,7 +6,7 @@ are settings.py's."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,12 +183,13 @@ def parse_load_text(name: str, text: str) -> tuple[str, Any]:
         value = (t,)
     else:
         value = t
-    return key, check_load(key, value)
+    return key, check_load(key, value, f"PARAMETER {name}")  # -ot's and --rpc's errors name the line's setting
 
 
-def check_load(key: str, value: Any) -> Any:
+def check_load(key: str, value: Any, name: str | None = None) -> Any:
     """A load setting's value as its flag takes it, typed, in range, and one LoadParams accepts; UsageError
-    otherwise (-ot's buffer types are checked where the model loads: they name this machine's devices)."""
+    otherwise (-ot's buffer types are checked where the model loads: they name this machine's devices). `name`:
+    where the value was written (`PARAMETER override_tensor`), which -ot's and --rpc's errors name for their flag."""
     k = LOAD_KNOBS[key]
     if k.kind in (BOOL, SWITCH):
         if not isinstance(value, bool):
@@ -210,7 +211,7 @@ def check_load(key: str, value: Any) -> Any:
         raise UsageError(f"{key} must be a string, not {shown_value(value)}")
     else:
         value = checked_text(value, key)
-    LoadParams(**load_fields({key: value}))  # its own checks: cache types, split modes, patterns, ...
+    LoadParams(**load_fields({key: value}, {key: name} if name else None))  # its own checks: patterns, ...
     return value
 
 
@@ -253,16 +254,10 @@ def rpc_servers(text: str | None, name: str = "--rpc") -> tuple[str, ...]:
     return servers
 
 
-def env_sources(given: Collection[str], typed: Collection[str]) -> dict[str, str]:
-    """The load settings a command took from their environment variable (given, not typed: LLAMA_ARG_RPC,
-    LLAMA_ARG_OVERRIDE_TENSOR, ...) → that variable, which load_fields' errors name instead of the flag."""
-    return {n: k.envvar for n, k in LOAD_KNOBS.items() if k.envvar and n in given and n not in typed}
-
-
 def load_fields(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """LoadParams' fields from load settings as their flags take them (the knobs absent stay out, so a layer
     of them can go over another's); --lora's files are the caller's (they are checked on disk). `sources`: the
-    name a setting's errors give where not its flag (env_sources: the variable its value came from)."""
+    name a setting's errors give where not its flag (the variable its value came from, a preset's PARAMETER line)."""
     from localgen import placement
 
     said = {"rpc": "--rpc", "override_tensor": "--override-tensor", **(sources or {})}

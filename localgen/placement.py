@@ -44,9 +44,9 @@ def parse(text: str | Iterable[str] | None, name: str = "--override-tensor") -> 
     items = [text] if isinstance(text, str) else list(text or ())
     out = []
     for item in items:
+        if not item:
+            raise UsageError(f"{name} is empty: give PATTERN=BUFFER (e.g. 'exps=CPU'), or leave it out")
         for part in item.split(","):
-            if not item:
-                raise UsageError(f"{name} is empty: give PATTERN=BUFFER (e.g. 'exps=CPU'), or leave it out")
             if not part.strip():
                 raise UsageError(f"{name} has an empty item in {item!r}: each comma-separated item is "
                                  "PATTERN=BUFFER (e.g. 'exps=CPU')")
@@ -162,18 +162,18 @@ def is_expert(tensor: str) -> bool:
     return re.search(EXPS, tensor) is not None
 
 
-def described_buffer(buffer: str, n_gpus: int) -> None:
+def described_buffer(buffer: str, n_gpus: int, name: str = "--override-tensor") -> None:
     """A UsageError where `buffer` is not one a plan for `n_gpus` described GPUs has (`localgen fit`): CPU, or a
-    GPU's below their count."""
+    GPU's below their count; `name`: where the buffer came from, as parse's."""
     if buffer == CPU:
         return
     m = GPU_BUFFER.fullmatch(buffer)
     if m is None:
-        raise UsageError(f"--override-tensor: {buffer!r} is not a buffer type: CPU, or a GPU's as llama.cpp names "
-                         "it (CUDA0, ROCm0, Vulkan0, SYCL0, MTL0)")
+        raise UsageError(f"{name}: {buffer!r} is not a buffer type: CPU, or a GPU's as llama.cpp names it (CUDA0, "
+                         "ROCm0, Vulkan0, SYCL0, MTL0)")
     gpu = int(m.group(2) or 0)
     if gpu >= n_gpus:
-        raise UsageError(f"--override-tensor: {buffer} names GPU {gpu}, and the plan has "
+        raise UsageError(f"{name}: {buffer} names GPU {gpu}, and the plan has "
                          f"{n_gpus or 'no'} GPU{'s' if n_gpus != 1 else ''}")
 
 

@@ -63,3 +63,65 @@ def test_fit_names_the_preset_whose_override_tensor_names_a_gpu_the_plan_lacks(o
                                         "1 GPU\n"), r.stderr
     r = own("fit", "-m", "otbot", "--gpu-memory", "24G", "-ot", "exps=CUDA0")
     assert r.returncode == 0 and "full GPU" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize(("knob", "value", "said", "flag"), [
+    ("override_tensor", ("exps=CPU,",), "PARAMETER override_tensor has an empty item in 'exps=CPU,'", "-ot"),
+    ("rpc", "127.0.0.1:99999", "PARAMETER rpc 127.0.0.1:99999: the port must be 1 to 65535", "--rpc"),
+])
+def test_a_presets_load_setting_refused_since_it_was_saved_names_the_preset(smollm2_path: Path, knob: str,
+                                                                           value: object, said: str,
+                                                                           flag: str) -> None:
+    """A preset saved with `PARAMETER override_tensor exps=CPU,` (taken then; an empty item is refused now) failed
+    every load with `--override-tensor has an empty item ...`, a flag never typed and no way out: its PARAMETER
+    line is named, with the flag that replaces it, as for a buffer type this build lacks. Replaced, it loads."""
+    import dataclasses
+
+    from localgen.cli.options import preset
+    from localgen.errors import UsageError
+    from localgen.models.resolve import resolve
+    from localgen.types import LoadParams
+
+    ref = dataclasses.replace(resolve(str(smollm2_path)), name="oldbot", load={knob: value})
+    with pytest.raises(UsageError) as e:
+        preset.load_params(ref, LoadParams(), lambda name: False)
+    assert e.value.message.startswith(f"the preset oldbot's {said}"), e.value.message
+    assert e.value.hint == f"give {flag} to replace it here"
+    assert preset.load_params(ref, LoadParams(), lambda name: name == knob) == LoadParams().for_model(
+        ref.summary.context_length)
+
+
+def test_a_load_setting_checked_as_text_names_where_it_was_written() -> None:
+    """check_load (a preset's file read back, an Ollama model's params): -ot's and --rpc's errors name the line
+    given, where the caller gives one; their flags otherwise."""
+    from localgen.errors import UsageError
+    from localgen.loadsettings import check_load
+
+    with pytest.raises(UsageError, match=r"^PARAMETER override_tensor has an empty item in 'exps=CPU,'"):
+        check_load("override_tensor", ("exps=CPU,",), "PARAMETER override_tensor")
+    with pytest.raises(UsageError, match=r"^PARAMETER rpc takes HOST:PORT"):
+        check_load("rpc", "x", "PARAMETER rpc")
+    with pytest.raises(UsageError, match=r"^--override-tensor has an empty item"):
+        check_load("override_tensor", ("exps=CPU,",))
+
+
+def test_an_empty_override_tensor_item_is_named_by_its_parameter_line_in_a_modelfile_and_a_saved_preset(
+        own: InProcessCLI, tmp_path: Path) -> None:
+    """`PARAMETER override_tensor exps=CPU,` said `PARAMETER override_tensor: --override-tensor has an empty item`
+    in a Modelfile, and a preset saved with it before empty items were refused named the flag alone: both name the
+    PARAMETER line, once."""
+    r = own("create", "oldbot", "-f", "-", input="FROM smollm2:135m\nPARAMETER override_tensor exps=CPU,\n")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.startswith("localgen: error: stdin line 2: PARAMETER override_tensor has an empty item in "
+                               "'exps=CPU,'"), r.stderr
+    r = own("create", "oldbot", "-f", "-", input="FROM smollm2:135m\nPARAMETER override_tensor exps=CPU\n")
+    assert r.returncode == 0, r.stderr
+    saved = tmp_path / "home" / "data" / "presets" / "oldbot.json"
+    data = json.loads(saved.read_text())
+    data["load"]["override_tensor"] = ["exps=CPU,"]  # as a preset created before the refusal keeps it
+    saved.write_text(json.dumps(data))
+    r = own("run", "-m", "oldbot", "-p", "hi", "-n", "1")
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (1, "", 1), r.stderr
+    assert f"the preset file {saved} is damaged: PARAMETER override_tensor has an empty item in 'exps=CPU,'" in \
+        r.stderr, r.stderr
+    assert "--override-tensor" not in r.stderr, r.stderr

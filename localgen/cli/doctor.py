@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import check_model, origin
+from localgen.cli.inputfile import check_model, env_source
 from localgen.cli.options.knobs import Knobs, typed_by_user
 from localgen.loadsettings import LOAD_KNOBS, rpc_servers
 
@@ -41,7 +41,7 @@ def doctor(
     check that model's load: what went where, experts in RAM included."""
     if not check:
         _refuse_typed_load_flags(ctx, knobs)
-    servers = rpc_servers(rpc, origin("--rpc") or "--rpc")  # LLAMA_ARG_RPC's value is named by the variable
+    servers = rpc_servers(rpc, env_source(ctx, "rpc") or "--rpc")  # LLAMA_ARG_RPC's value is named by the variable
     if check:  # a path to nothing: a usage error, as run's -m (--no-check loads nothing: LOCALGEN_MODEL's is unused)
         check_model("-m/--model", model)
     from localgen.models import catalogue

@@ -169,8 +169,9 @@ class _LoadArgs(o.CommandArgs):
     verbose: bool
 
     def knobs(self) -> Knobs:
-        """The load settings the command takes (similar's model loads with the default window)."""
-        return Knobs.of(self.context, self._settings())
+        """The load settings the command takes (similar's model loads with the default window); --ctx is the
+        parameter ctx_size (LOCALGEN_CTX's value is named by the variable in its errors, as run's)."""
+        return Knobs.of(self.context, self._settings(), {"ctx": "ctx_size"})
 
     def _settings(self) -> dict[str, object]:
         return {"threads": self.threads, "repack": self.repack}

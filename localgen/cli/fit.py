@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import check_model
+from localgen.cli.inputfile import check_model, env_source
 from localgen.cli.options import preset
-from localgen.cli.options.knobs import Knobs, typed_by_user
+from localgen.cli.options.knobs import Knobs, named_by_env
 from localgen.cli.output import header_text
 from localgen.errors import UsageError
 from localgen.types import LoadParams
@@ -62,23 +62,31 @@ def fit(
 
     machine = machine_for(gpu_memory, ram)
     load = knobs.load(check_buffers=False)
+    ctx_said = env_source(ctx, "context") or "--ctx"  # LOCALGEN_CTX=10 is no --ctx 10
+    if context is not None:  # 1 to 15 refused as run refuses them, before the model is looked up
+        try:
+            LoadParams(n_ctx=context)
+        except UsageError as e:
+            raise named_by_env(e, {"ctx": ctx_said}) from None
     check_model("-m/--model", model)  # a path to nothing: a usage error, as run's -m
     ref = resolve(model, offline=offline, pull_missing=False)
     weights = footprint.layout(ref.path)
     _check_loadable(ref, weights)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
-    _check_buffers(load, len(machine.gpus),
-                   ref.name if "override_tensor" in ref.load and not knobs.given("override_tensor") else None,
-                   knobs.given("override_tensor") and not knobs.typed("override_tensor"))
+    if "override_tensor" in ref.load and not knobs.given("override_tensor"):  # the preset's, as run says it
+        _check_buffers(load, len(machine.gpus), preset.said(ref, "override_tensor"),
+                       preset.replace_hint("override_tensor"))
+    else:
+        _check_buffers(load, len(machine.gpus), knobs.named("override_tensor"))
     # the context asked: --ctx (or LOCALGEN_CTX), else a preset's num_ctx or a models.toml context (as run loads
     # it), else none (the largest that fits)
     said_by = asked_by = window_source(model, ref) if ref.context is not None else None
     if asked_by == "ollama":  # an Ollama model's num_ctx is its params layer's: a preset's to JSON
         asked_by = "preset"
     if context is not None:
-        said_by = asked_by = "--ctx" if typed_by_user(ctx, "context") else "LOCALGEN_CTX"
+        said_by = asked_by = ctx_said
     asked = context if context is not None else ref.context
-    if asked is not None:  # 0 (as run's --ctx 0): the training context; 1 to 15 refused as run refuses them
+    if asked is not None:  # 0 (as run's --ctx 0): the training context
         asked = LoadParams(n_ctx=asked).for_model(ref.summary.context_length).n_ctx
     plan = planner.plan(ref.summary, weights, machine, load, ctx=asked, parallel=parallel)
     doc = _doc(ref, plan, load, asked, asked_by, ram_given=ram is not None)
@@ -185,25 +193,17 @@ def _sane_size(flag: str, item: str, size: int) -> None:
         raise UsageError(f"{flag}: {item.strip()!r} is over 1 PiB, more memory than a machine has")
 
 
-def _check_buffers(load: Any, n_gpus: int, preset_name: str | None, from_env: bool = False) -> None:
-    """-ot's buffer types against the devices planned for: CPU, or a GPU's number below their count. `preset_name`:
-    the preset that set them (no -ot given), which the error names, as run's does (cli/options/preset.py);
-    `from_env`: LLAMA_ARG_OVERRIDE_TENSOR set them, and the error names it."""
+def _check_buffers(load: Any, n_gpus: int, name: str, hint: str | None = None) -> None:
+    """-ot's buffer types against the devices planned for: CPU, or a GPU's number below their count. `name`: where
+    they came from, which the error names (the flag, LLAMA_ARG_OVERRIDE_TENSOR, a preset's PARAMETER line, as
+    run's does: cli/options/preset.py), with `hint`."""
     from localgen import placement
-    from localgen.errors import UsageError
-    from localgen.loadsettings import LOAD_KNOBS
 
     try:
         for _, buffer in load.override_tensor:
-            placement.described_buffer(buffer, n_gpus)
+            placement.described_buffer(buffer, n_gpus, name)
     except UsageError as e:
-        said = e.message.removeprefix("--override-tensor: ")
-        if from_env:
-            raise UsageError(f"{LOAD_KNOBS['override_tensor'].envvar}: {said}") from None
-        if preset_name is None:
-            raise
-        raise UsageError(f"the preset {preset_name}'s PARAMETER override_tensor: {said}",
-                         hint="give -ot to replace it here") from None
+        raise UsageError(e.message, hint=hint) from None
 
 
 def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None,

@@ -7,9 +7,12 @@ is such a file too (`LOCALGEN_MODEL=./m.gguf: no such file` when the environment
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from typer._click.core import Context  # typer.Context's base, which Click's own context functions return
 
 
 def input_problem(path: str | Path) -> str | None:
@@ -110,20 +113,27 @@ def _a_path(name: str | None) -> bool:
         return False
 
 
-def origin(flag: str) -> str | None:
-    """The environment variable the running command's option `flag` (as model_flag names it) took its value from,
-    or None when it was typed, or has no envvar, or no command runs (typer vendors click: typer._click)."""
+def env_source(ctx: Context, name: str) -> str | None:
+    """The environment variable the command's parameter `name` took its value from (LOCALGEN_CTX, LLAMA_ARG_RPC,
+    ...), or None when it was typed, left to its default, or has no envvar: what an error about its value names
+    instead of a flag the user never typed (typer vendors click: typer._click)."""
     from typer._click.core import ParameterSource
+
+    if ctx.get_parameter_source(name) is not ParameterSource.ENVIRONMENT:
+        return None
+    envvar = next((p.envvar for p in ctx.command.params if p.name == name), None)
+    return envvar if isinstance(envvar, str) else None
+
+
+def origin(flag: str) -> str | None:
+    """env_source of the running command's option `flag` (as model_flag names it), or None where no command runs."""
     from typer._click.globals import get_current_context
 
     ctx = get_current_context(silent=True)
     if ctx is None:
         return None
-    for p in ctx.command.params:
-        if (p.name and isinstance(p.envvar, str) and model_flag(list(p.opts)) == flag
-                and ctx.get_parameter_source(p.name) is ParameterSource.ENVIRONMENT):
-            return p.envvar
-    return None
+    return next((env_source(ctx, p.name) for p in ctx.command.params if p.name and model_flag(list(p.opts)) == flag),
+                None)
 
 
 def model_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:

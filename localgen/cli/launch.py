@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from localgen.cli.inputfile import input_path
+from localgen.cli.inputfile import env_source, input_path
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import MIN_CTX_FLAG
 
@@ -78,8 +78,9 @@ def launch(
     a = AGENTS.get(agent)
     if a is None:
         raise UsageError(f"no agent is called {agent!r}: launch knows {', '.join(AGENTS)}")
-    if n_ctx is not None and 0 < n_ctx < MIN_CTX_FLAG:  # as serve says it, before anything starts
-        raise UsageError(f"--ctx takes 0 (the model's trained context) or {MIN_CTX_FLAG} tokens or more, not {n_ctx}")
+    if n_ctx is not None and 0 < n_ctx < MIN_CTX_FLAG:  # as serve says it (LOCALGEN_CTX's named), before anything
+        raise UsageError(f"{env_source(ctx, 'n_ctx') or '--ctx'} takes 0 (the model's trained context) or "
+                         f"{MIN_CTX_FLAG} tokens or more, not {n_ctx}")
     if print_env and own_server:
         raise UsageError("--print-env and --own-server cannot be combined: --print-env starts nothing",
                          hint="start a server first (docs/agents.md), then give --print-env")

@@ -128,10 +128,12 @@ def parse(text: str, where: str = "Modelfile", folder: Path | None = None,
         except UsageError as e:
             raise UsageError(f"{where}: PARAMETER {name}: {e.message}") from None
     for key, texts in got.placed.items():  # override_tensor's lines, in order
+        named = f"PARAMETER {loadsettings.modelfile_name(key)}"
         try:
-            got.load[key] = loadsettings.check_load(key, tuple(texts))
-        except UsageError as e:
-            raise UsageError(f"{where}: PARAMETER {loadsettings.modelfile_name(key)}: {e.message}") from None
+            got.load[key] = loadsettings.check_load(key, tuple(texts), named)
+        except UsageError as e:  # -ot's own checks name the line already (check_load's `name`)
+            raise UsageError(f"{where}: {e.message}" if e.message.startswith(named) else
+                             f"{where}: {named}: {e.message}") from None
     # an empty SYSTEM or TEMPLATE ("") sets none, as Ollama's create: the base's (a preset's, an Ollama model's) stays
     return Modelfile(base=got.single["FROM"], parameters=got.params, context=got.context,
                      system=got.single.get("SYSTEM") or None, template=got.single.get("TEMPLATE") or None,
@@ -188,13 +190,18 @@ def _parameter(src: _Lines, number: int, key: str, value: str, got: _Found) -> N
         raise src.error(number, e.message) from None
 
 
+def _said(key: str, e: UsageError) -> str:
+    """A load setting's error as its line's: -ot's and --rpc's own checks name `PARAMETER KEY` already."""
+    return e.message if e.message.startswith(f"PARAMETER {key} ") else f"PARAMETER {key}: {e.message}"
+
+
 def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, got: _Found) -> None:
     """A load setting's line (n_cpu_moe, num_gpu, override_tensor, ...), checked as its flag is."""
     if loadsettings.LOAD_KNOBS[knob].kind == settings.TEXTS:  # repeats, as the flag does
         try:
             loadsettings.parse_load_text(key, value)
         except UsageError as e:
-            raise src.error(number, f"PARAMETER {key}: {e.message}") from None
+            raise src.error(number, _said(key, e)) from None
         got.placed.setdefault(knob, []).append(value)
         return
     if knob in got.load or knob in got.unset:
@@ -209,7 +216,7 @@ def _load_parameter(src: _Lines, number: int, key: str, knob: str, value: str, g
     try:
         got.load[knob] = loadsettings.parse_load_text(key, value)[1]
     except UsageError as e:
-        raise src.error(number, f"PARAMETER {key}: {e.message}") from None
+        raise src.error(number, _said(key, e)) from None
 
 
 def _ignored(src: _Lines, number: int, key: str, kind: str, value: str) -> None:

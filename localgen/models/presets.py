@@ -272,7 +272,8 @@ def _from_json(name: str, d: dict[str, Any]) -> Preset:
                                messages=tuple({"role": str(m["role"]), "content": str(m["content"])}
                                               for m in d.get("messages") or ()),
                                adapters=tuple(str(a) for a in d.get("adapters") or ()),
-                               load={k: loadsettings.check_load(k, tuple(v) if isinstance(v, list) else v)
+                               load={k: loadsettings.check_load(k, tuple(v) if isinstance(v, list) else v,
+                                                                f"PARAMETER {loadsettings.modelfile_name(k)}")
                                      for k, v in (d.get("load") or {}).items()})
     modelfile.parse(modelfile.write(spec))  # every value as create checks it
     return Preset(name, spec)

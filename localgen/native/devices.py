@@ -125,15 +125,15 @@ def buffer_types() -> dict[str, int]:
     return out
 
 
-def check_buffers(names: list[str]) -> None:
-    """A UsageError naming the buffer types this build has where one of `names` is not among them."""
+def check_buffers(buffers: list[str], name: str = "--override-tensor") -> None:
+    """A UsageError naming the buffer types this build has where one of `buffers` is not among them; `name`: where
+    they came from (the flag, LLAMA_ARG_OVERRIDE_TENSOR, a preset's PARAMETER override_tensor)."""
     from localgen.errors import UsageError
 
     have = buffer_types()
-    for name in names:
-        if name not in have:
-            raise UsageError(f"--override-tensor: no buffer type {name!r} here; this build has "
-                             f"{', '.join(sorted(have))}")
+    for buffer in buffers:
+        if buffer not in have:
+            raise UsageError(f"{name}: no buffer type {buffer!r} here; this build has {', '.join(sorted(have))}")
 
 
 def has_gpu() -> bool:

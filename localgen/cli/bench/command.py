@@ -25,14 +25,14 @@ from localgen.cli.bench.options import (
     sweep,
 )
 from localgen.cli.bench.view import ProgressView, emit
-from localgen.cli.inputfile import origin
+from localgen.cli.inputfile import env_source
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.signals import term_as_interrupt
 from localgen.cli.stopping import Stopped, stop_on_sigint
 from localgen.errors import LocalgenError, UsageError
-from localgen.loadsettings import rpc_servers
+from localgen.loadsettings import LOAD_KNOBS, rpc_servers
 
-OT_ENV = "LLAMA_ARG_OVERRIDE_TENSOR"  # the default -ot, as run and llama.cpp read it
+OT_ENV = str(LOAD_KNOBS["override_tensor"].envvar)  # LLAMA_ARG_OVERRIDE_TENSOR, the default -ot, as run reads it
 
 bench_app = typer.Typer(
     help="Benchmark models and settings (llama-bench compatible), keep the results, compare runs.",
@@ -137,7 +137,7 @@ def bench(
         return
     if serving.request_rate or serving.num_prompts or remote.api_key_env or serving.same_prompt:
         raise UsageError("--request-rate, --num-prompts, --same-prompt and --api-key-env go with --endpoint URL")
-    servers = rpc_servers(rpc, origin("--rpc") or "--rpc")  # a malformed --rpc: a usage error before any plan
+    servers = rpc_servers(rpc, env_source(ctx, "rpc") or "--rpc")  # a malformed --rpc: a usage error before any plan
     plan = _plan(model=model, threads=threads, ngl=ngl, mg=mg, ncmoe=ncmoe, ot=ot, cmoe=knobs.get("cpu_moe"),
                  batch=batch, ubatch=ubatch, fa=fa, ctk=ctk, ctv=ctv, n_prompt=n_prompt, n_gen=n_gen, pg=pg,
                  n_depth=n_depth,
@@ -268,12 +268,8 @@ def _placements(ot: Values, rpc: bool) -> list[Any]:
     if buffers and not rpc:
         from localgen.native import devices
 
-        try:
-            devices.check_buffers(buffers)
-        except UsageError as e:  # a placement LLAMA_ARG_OVERRIDE_TENSOR gave: its error names the variable
-            if ot:
-                raise
-            raise UsageError(f"{OT_ENV}: {e.message.removeprefix('--override-tensor: ')}", hint=e.hint) from None
+        # a placement LLAMA_ARG_OVERRIDE_TENSOR gave: its error names the variable
+        devices.check_buffers(buffers, "--override-tensor" if ot else OT_ENV)
     return placements
 
 

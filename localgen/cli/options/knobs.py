@@ -4,12 +4,13 @@ sampling and load parameters derived from them, which the user set, and --lora's
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from localgen.cli.inputfile import env_source
 from localgen.errors import UsageError
 from localgen.loadsettings import LOAD_KNOBS
 from localgen.settings import KNOBS
@@ -26,13 +27,18 @@ class Knobs:
     # of those, the ones typed on the command line (not from an environment variable such as llama.cpp's
     # LLAMA_ARG_*, which a user may export for every local load)
     typed_names: frozenset[str] | None = None
+    # of those, the ones an environment variable gave → that variable, which their errors name
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, ctx: typer.Context, values: Mapping[str, Any]) -> Knobs:
-        """The settings among a command's parameters."""
+    def of(cls, ctx: typer.Context, values: Mapping[str, Any], params: Mapping[str, str] | None = None) -> Knobs:
+        """The settings among a command's parameters (`params`: a setting's parameter where the command names it
+        otherwise, as embed's ctx_size)."""
         names = [n for n in values if n in KNOBS or n in LOAD_KNOBS]
-        return cls({n: values[n] for n in names}, frozenset(n for n in names if given_by_user(ctx, n)),
-                   frozenset(n for n in names if typed_by_user(ctx, n)))
+        param = {n: (params or {}).get(n, n) for n in names}
+        env = {n: var for n in names if (var := env_source(ctx, param[n])) is not None}
+        return cls({n: values[n] for n in names}, frozenset(n for n in names if given_by_user(ctx, param[n])),
+                   frozenset(n for n in names if typed_by_user(ctx, param[n])), env)
 
     def given(self, name: str) -> bool:
         return name in self.given_names
@@ -40,6 +46,11 @@ class Knobs:
     def typed(self, name: str) -> bool:
         """Whether the user typed this setting on the command line (None typed_names: as `given`)."""
         return name in (self.given_names if self.typed_names is None else self.typed_names)
+
+    def named(self, name: str) -> str:
+        """Where the user wrote a load setting, as its errors name it: the environment variable that gave it
+        (LLAMA_ARG_OVERRIDE_TENSOR), else its flag (--override-tensor)."""
+        return self.env.get(name) or LOAD_KNOBS[name].flags[0].split("/")[0]
 
     def get(self, name: str, default: Any = None) -> Any:
         """A setting's value as the command took it, or `default` where the command does not take it."""
@@ -57,20 +68,18 @@ class Knobs:
         from localgen import loadsettings
 
         # a value LLAMA_ARG_* gave is named by that variable in its errors, not by a flag the user never typed
-        env = loadsettings.env_sources(self.given_names,
-                                       self.given_names if self.typed_names is None else self.typed_names)
-        values = loadsettings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS}, env)
+        values = loadsettings.load_fields({n: v for n, v in self.values.items() if n in LOAD_KNOBS}, self.env)
         values.update(lora=lora_adapters(self.get("lora"), self.get("lora_scaled")))
         values.update(override)
         try:
             params = LoadParams(**values)  # its own checks name the flag: `--ctx takes ...`
-            # (RPC servers' buffer types exist once they are registered: the load checks those)
-            if check_buffers and params.override_tensor and not params.rpc:
-                from localgen.native import devices
-
-                devices.check_buffers([b for _, b in params.override_tensor])
         except UsageError as e:
-            raise _named_by_env(e, env) from None
+            raise named_by_env(e, self.env) from None
+        # (RPC servers' buffer types exist once they are registered: the load checks those)
+        if check_buffers and params.override_tensor and not params.rpc:
+            from localgen.native import devices
+
+            devices.check_buffers([b for _, b in params.override_tensor], self.named("override_tensor"))
         return params
 
     def sampling(self, *layers: Mapping[str, Any], grammar: str | None = None) -> SamplingParams:
@@ -103,10 +112,10 @@ class Knobs:
                 if n in LOAD_KNOBS and n != "ctx" and self.typed(n) and _set(self.values[n])]
 
 
-def _named_by_env(e: UsageError, env: Mapping[str, str]) -> UsageError:
-    """A load setting's error that begins with its flag (`--ctx takes ...`, `--override-tensor: ...`), where the value
-    came from an environment variable (`env`: loadsettings.env_sources): that variable named instead, as the user
-    typed no flag (LOCALGEN_CTX=10 is no --ctx 10). Any other error as it is."""
+def named_by_env(e: UsageError, env: Mapping[str, str]) -> UsageError:
+    """An error of LoadParams' own checks, which begins with a setting's flag (`--ctx takes ...`), where the value
+    came from an environment variable (`env`: setting → variable, as Knobs.env): that variable named instead, as the
+    user typed no flag (LOCALGEN_CTX=10 is no --ctx 10). Any other error as it is."""
     for name, var in env.items():
         flag = LOAD_KNOBS[name].flags[0].split("/")[0]
         if e.message.startswith((f"{flag} ", f"{flag}:")):

@@ -10,14 +10,20 @@ from typing import Any
 
 from localgen.types import LoadParams, Message, ModelRef
 
+# a preset's settings whose value may have become an error since it was saved (placement.parse, rpc_servers refuse
+# what they once took): the flag that replaces each for one command
+REPLACED_BY = {"override_tensor": "-ot", "rpc": "--rpc"}
+
 
 def load_params(ref: ModelRef, load: LoadParams, given: Callable[[str], bool],
                 check_buffers: bool = True) -> LoadParams:
     """`load` with the preset's num_ctx and load settings (n_cpu_moe, override_tensor, num_gpu, ...), each
     unless the user gave its flag (`given`, by the table's names: a flag or its environment variable); -ot's
     buffer types checked against this build's devices (`check_buffers`: `fit` plans for devices described). A
-    window of 0 (--ctx 0, num_ctx 0) is the model's trained context from here on."""
+    window of 0 (--ctx 0, num_ctx 0) is the model's trained context from here on. An error names the preset's
+    PARAMETER line and the flag that replaces it."""
     from localgen import loadsettings
+    from localgen.errors import UsageError
 
     if ref.context is not None and not given("ctx"):
         load = dataclasses.replace(load, n_ctx=ref.context)
@@ -25,18 +31,33 @@ def load_params(ref: ModelRef, load: LoadParams, given: Callable[[str], bool],
     mine = {k: v for k, v in ref.load.items() if not given(k) and not (k == "flash_attn" and given("no_flash_attn"))}
     if not mine:
         return load
-    params = dataclasses.replace(load, **loadsettings.load_fields(mine))
+    fields = loadsettings.load_fields({k: v for k, v in mine.items() if k not in REPLACED_BY})
+    for knob in (k for k in REPLACED_BY if k in mine):
+        try:
+            fields.update(loadsettings.load_fields({knob: mine[knob]}, {knob: said(ref, knob)}))
+        except UsageError as e:
+            raise UsageError(e.message, hint=replace_hint(knob)) from None
+    params = dataclasses.replace(load, **fields)
     if check_buffers and "override_tensor" in mine and not params.rpc:  # its buffer types name this machine's devices
-        from localgen.errors import UsageError
         from localgen.native import devices
 
         try:
-            devices.check_buffers([b for _, b in params.override_tensor])
+            devices.check_buffers([b for _, b in params.override_tensor], said(ref, "override_tensor"))
         except UsageError as e:
-            raise UsageError(f"the preset {ref.name}'s PARAMETER override_tensor: "
-                             f"{e.message.removeprefix('--override-tensor: ')}",
-                             hint="give -ot to replace it here") from None
+            raise UsageError(e.message, hint=replace_hint("override_tensor")) from None
     return params
+
+
+def said(ref: ModelRef, knob: str) -> str:
+    """A preset's load setting as its errors name it: `the preset NAME's PARAMETER override_tensor`."""
+    from localgen.loadsettings import modelfile_name
+
+    return f"the preset {ref.name}'s PARAMETER {modelfile_name(knob)}"
+
+
+def replace_hint(knob: str) -> str:
+    """What an error about a preset's load setting advises: its flag, which replaces it for this command."""
+    return f"give {REPLACED_BY[knob]} to replace it here"
 
 
 def _ref(backend: Any) -> ModelRef | None:
