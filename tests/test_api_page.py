@@ -80,6 +80,7 @@ def test_completions_logprobs_0_gives_the_chosen_tokens(child: Server) -> None:
 @pytest.mark.parametrize("extra, param", [
     ({"suffix": "y"}, "suffix"),
     ({"echo": True}, "echo"),
+    ({"best_of": 3}, "best_of"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"reasoning_effort": "huge"}, "reasoning_effort"),
 ])

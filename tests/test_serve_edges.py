@@ -608,6 +608,8 @@ WORDS = [  # (route, body, words the message holds, the param, or None for APIs 
     ("/api/chat", {"messages": [*HI, {"role": "tool", "content": "x", "tool_name": 5}], "stream": False},
      "`tool_name` must be a string", None),
     ("/api/pull", {"model": "x/y:", "stream": False}, "empty parts", None),
+    ("/api/chat", {"messages": HI, "options": {"stop": "x"}, "stream": False},
+     "options.stop must be a list of strings", None),  # as Ollama: 'option "stop" must be of type array'
 ]
 
 

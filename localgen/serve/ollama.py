@@ -65,6 +65,9 @@ class Generate:
         if unknown:
             raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}", param="options")
         _check_load_kinds(opts)
+        if isinstance(opts.get("stop"), str):  # Ollama's FromMap: 'option "stop" must be of type array'
+            raise HTTPError(400, 'options.stop must be a list of strings (["\\n\\n"]), not a string',
+                            param="options.stop")
         think = body.get("think")
         if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
             raise HTTPError(400, "`think` must be true, false, \"low\", \"medium\" or \"high\"", param="think")

@@ -121,6 +121,10 @@ class Completions:
         for key in ("echo", "suffix"):
             if flag(body, key) if key == "echo" else body.get(key):
                 raise HTTPError(400, f"`{key}` is not supported by this server", param=key)
+        best = body.get("best_of")  # as n: one completion is generated, so more to choose from is refused, not dropped
+        if best not in (None, 1) or isinstance(best, bool):
+            raise HTTPError(400, "only best_of=1 is supported: send the request several times and choose",
+                            param="best_of")
         return Ask(prompt=prompt, chat=False, **common)
 
     def _searched(self, body: dict[str, Any]) -> filesearch.Deferred | None:
