@@ -50,7 +50,7 @@ GPU = "gpu"
 LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
     LoadKnob("ctx", INT, ("--ctx", "--ctx-size", "-c"), "Context window in tokens (0: the model's training "
              "context, which caps it unless RoPE scaling is set).",
-             "n_ctx", lo=0, envvar="LOCALGEN_CTX", ollama="num_ctx"),
+             "n_ctx", lo=0, hi=INT32, envvar="LOCALGEN_CTX", ollama="num_ctx"),
     LoadKnob("threads", INT, ("--threads", "-t"), "CPU threads for generation (default: the model's tuning record, "
              "else the physical performance cores this process may use).", "n_threads", 1, 1024, ollama="num_thread"),
     LoadKnob("threads_batch", INT, ("--threads-batch", "-tb"), "CPU threads for prompt processing and batches "

@@ -80,6 +80,7 @@ PREFIX_REUSE = ("exact", "all")  # what a reused prefix keeps: engine/tokens.py,
 
 TRAINED_CTX = 0  # --ctx 0: the model's trained context, as llama.cpp's -c 0
 MIN_CTX_FLAG = 16  # the least --ctx other than 0
+MAX_CTX = 2**31 - 1  # the most --ctx: llama.cpp takes it as a C int (and pads it to 256 cells: 2**31 at the top)
 
 
 @dataclass(frozen=True)

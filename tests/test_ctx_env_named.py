@@ -24,6 +24,31 @@ def test_localgen_ctx_is_named_by_fit_embed_rerank_and_launch(cli_in_process: In
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"localgen: error: --ctx {UNKNOWN_CTX}\n"), r
 
 
+@pytest.mark.parametrize("command", [["run", "-m", "smollm2:135m", "-p", "hi"], ["fit", "-m", "smollm2:135m"],
+                                     ["embed", "-m", "smollm2:135m", "hi"], ["serve", "-m", "smollm2:135m"],
+                                     ["launch", "claude"], ["perplexity", "-m", "smollm2:135m"]])
+def test_a_context_past_a_c_int_is_refused_by_every_command(cli_in_process: InProcessCLI, command: list[str]) -> None:
+    """llama.cpp takes --ctx as a C int: 2,147,483,648 was taken by run (which went on to load) and fit (whose plan
+    then said it back as a flag), as no bound stopped it; each command's --ctx and LOCALGEN_CTX now stop at
+    2,147,483,647, as bench's sizes do."""
+    low = 16 if command[0] == "perplexity" else 0
+    r = cli_in_process(*command, "--ctx", "2147483648")
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert r.stderr.startswith(f"localgen: error: --ctx must be within {low} to 2147483647, not 2147483648"), r
+    if command[0] != "perplexity":  # (perplexity's --ctx is its window, no LOCALGEN_CTX)
+        r = InProcessCLI({**cli_in_process.env, "LOCALGEN_CTX": "2147483648"})(*command)
+        assert (r.returncode, r.stdout) == (2, ""), r
+        assert r.stderr.startswith("localgen: error: LOCALGEN_CTX must be within 0 to 2147483647, not 2147483648"), r
+
+
+def test_fits_plan_at_the_largest_context_says_a_flag_the_load_takes(cli_in_process: InProcessCLI) -> None:
+    """docs/fit.md: the plan's context is llama.cpp's, padded to a multiple of 256 cells (2**31 for a C int's
+    largest), but its `flags` line is what to type: it said `--ctx 2147483648`, which no command takes."""
+    r = cli_in_process("fit", "-m", "smollm2:135m", "--ctx", "2147483647", "--rope-scaling", "yarn", "--ram", "1P")
+    assert r.returncode == 0, r.stderr
+    assert "context 2,147,483,648 tokens (2,147,483,647 asked, rounded up to a multiple of 256)" in r.stdout, r.stdout
+    assert "--ctx 2147483647 --rope-scaling yarn" in r.stdout and "--ctx 2147483648" not in r.stdout, r.stdout
+
 
 def test_configuration_md_quotes_the_error_each_variable_gives() -> None:
     """configuration.md's rows of LOCALGEN_CTX, LLAMA_ARG_RPC and LLAMA_ARG_OVERRIDE_TENSOR promise that a bad value

@@ -15,7 +15,7 @@ from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs, named_by_env
 from localgen.cli.output import header_text
 from localgen.errors import UsageError
-from localgen.types import LoadParams
+from localgen.types import MAX_CTX, LoadParams
 from localgen.units import format_bytes, parse_bytes
 
 GpuMemory = Annotated[
@@ -36,7 +36,7 @@ def fit(
     ctx: typer.Context,
     model: o.Model = None,
     context: Annotated[
-        int | None, typer.Option("--ctx", "--ctx-size", "-c", min=0, envvar="LOCALGEN_CTX",
+        int | None, typer.Option("--ctx", "--ctx-size", "-c", min=0, max=MAX_CTX, envvar="LOCALGEN_CTX",
                                  rich_help_panel=o.MODEL_PANEL, show_default=False,
                                  help="Context per sequence to plan for (default: a preset's num_ctx, else the largest "
                                       "that fits, up to the model's training context); 0: the training context.")
@@ -241,10 +241,8 @@ def _flags(plan: Any, given: Any) -> str:
     placement, batch sizes, flash attention, cache types, repacking, the split, RoPE scaling."""
     import shlex
 
-    from localgen.types import LoadParams
-
     load, default = plan.load(given), LoadParams()
-    flags = [f"--ctx {plan.ctx}"]
+    flags = [f"--ctx {min(plan.ctx, MAX_CTX)}"]  # 2**31 cells: the most a flag says, which the load pads to them
     if plan.parallel > 1:  # the plan holds that many sequences' KV cache (serve's slots)
         flags.append(f"--parallel {plan.parallel}")
     if "gpu_layers" in plan.fixed:  # as given (-ngl 99 is not said back as -1: the plan keeps it as it is)

@@ -15,7 +15,7 @@ import typer
 
 from localgen.cli.inputfile import env_source, input_path
 from localgen.errors import LocalgenError, UsageError
-from localgen.types import MIN_CTX_FLAG
+from localgen.types import MAX_CTX, MIN_CTX_FLAG
 
 if TYPE_CHECKING:
     import subprocess
@@ -42,7 +42,7 @@ def launch(
         "--model", "-m", envvar="LOCALGEN_MODEL", show_default=False,
         help="The model the agent uses (default: the running server's default model, or serve's).")] = None,
     n_ctx: Annotated[int | None, typer.Option(
-        "--ctx", "--ctx-size", "-c", envvar="LOCALGEN_CTX", min=0, show_default=False,
+        "--ctx", "--ctx-size", "-c", envvar="LOCALGEN_CTX", min=0, max=MAX_CTX, show_default=False,
         help=f"The started server's window in tokens, 16 or more (default: {AGENT_CTX:,}, or the model's trained "
              "context if less; 0: the trained context).")] = None,
     gpu_layers: Annotated[int | None, typer.Option(

@@ -16,12 +16,13 @@ from localgen.cli import options as o
 from localgen.cli.inputfile import check_input, check_model
 from localgen.cli.signals import RestoreOnTerm, one_ctrl_c, term_as_interrupt
 from localgen.errors import UsageError
-from localgen.types import MIN_CTX_FLAG
+from localgen.types import MAX_CTX, MIN_CTX_FLAG
 
-CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=MIN_CTX_FLAG,
+CtxOpt = Annotated[int, typer.Option("--ctx", "--ctx-size", "-c", min=MIN_CTX_FLAG, max=MAX_CTX,
                                      help="Tokens per window; the second half of each is scored.")]
 # perplexity's: against a logits file, the window is the file's
-MeasureCtxOpt = Annotated[int | None, typer.Option("--ctx", "--ctx-size", "-c", min=MIN_CTX_FLAG, show_default=False,
+MeasureCtxOpt = Annotated[int | None, typer.Option("--ctx", "--ctx-size", "-c", min=MIN_CTX_FLAG, max=MAX_CTX,
+                                                   show_default=False,
                                                    help="Tokens per window; the second half of each is scored "
                                                         "(default 512; against a logits file, the context it was "
                                                         "saved at).")]
