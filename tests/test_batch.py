@@ -354,6 +354,13 @@ def test_a_prompt_longer_than_its_window_fails_alone(cli: CLI, tmp_path: Path) -
     assert docs[0]["text"] and docs[2]["text"]
     # worded as a single prompt's (it said "longer than the context window (607 ≥ 256 tokens)")
     assert re.fullmatch(r"the prompt is 6\d\d tokens; the context window is 256", docs[1]["error"]), docs[1]
+    # and with a single run's hint (docs/run.md): in the object, and on stderr in parentheses
+    hint = "shorten the prompt or raise --ctx; this model was trained on up to 8,192"
+    assert docs[1]["hint"] == hint, docs[1]
+    assert f"localgen: error: line 2: {docs[1]['error']} ({hint})\n" in r.stderr, r.stderr
+    single = cli("run", "-p", "word " * 600, "-n", "3", "--ctx", "256")
+    assert single.returncode == 1 and single.stderr.endswith(f" ({hint})\n"), single.stderr
+    assert "error" not in docs[0] and "hint" not in docs[0]
 
 
 def test_conflicting_batch_flags(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

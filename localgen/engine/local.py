@@ -192,7 +192,7 @@ class LocalBackend:
                     self.check_size(item.request)
                     prompt = self.prompt(item.request)
                 except LocalgenError as e:
-                    on_done(Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed))
+                    on_done(Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed, error=e))
                     continue
                 yield Request(item.index, prompt, item.request.sampling, item.seed, item.request.logprobs)
 

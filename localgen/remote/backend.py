@@ -259,7 +259,7 @@ class RemoteBackend:
             if e.down:
                 client.dead = e
                 return None
-            return Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed)
+            return Completion(item.index, "", f"error: {e.message}", 0, 0, 0.0, 0.0, item.seed, error=e)
         s = gen.stats
         assert s is not None
         return Completion(item.index, gen.text, s.finish_reason, s.prompt_tokens, s.completion_tokens,

@@ -34,6 +34,7 @@ class _Line:
     sampling: SamplingParams
     ident: Any = None
     error: str | None = None
+    hint: str | None = None  # what to do about the error, as a single run says it in parentheses
     previous: str | None = None  # --resume-from: the earlier output line ("" when it is already in the file)
     seeded: bool = False  # the JSON line has a "seed" of its own
 
@@ -147,6 +148,17 @@ class BatchOptions:
     needs_prompts: bool = False  # --file: an input without a line that is not blank is a UsageError
 
 
+def _overflow_hint(backend: Any, error: Exception | None) -> str | None:
+    """A prompt too long for its slot's window (errors.prompt_too_long, which knows its numbers): what helps, as a
+    single run's error says it."""
+    tokens, window = getattr(error, "tokens", None), getattr(error, "window", None)
+    if not isinstance(tokens, int) or not isinstance(window, int):
+        return None
+    from localgen.cli.run.execute import overflow_hint
+
+    return overflow_hint(backend, tokens, window)
+
+
 def run_batch(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions) -> int:
     """Complete every line; returns the exit status (1 if any line failed). A line past MAX_PROMPT_TEXT ends the
     input there: the lines before it are answered and written, then its UsageError is raised."""
@@ -199,6 +211,7 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
         ln = lines[c.index]
         if c.finish_reason.startswith("error: "):
             ln.error = c.finish_reason[len("error: "):]
+            ln.hint = getattr(c.error, "hint", None) or _overflow_hint(backend, c.error)
         ready[c.index] = (ln, c)
         flush()
 
@@ -470,13 +483,16 @@ def _record(raw: bytes) -> tuple[int, bool] | None:
 
 def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = None) -> None:
     if ln.error:  # said on stderr as every error is, with --json too (where it is also the line's "error")
-        print(error_text(f"localgen: error: line {ln.number}: {ln.error}"), file=sys.stderr, flush=True)
+        hint = f" ({ln.hint})" if ln.hint else ""  # as a single run's error says it
+        print(error_text(f"localgen: error: line {ln.number}: {ln.error}{hint}"), file=sys.stderr, flush=True)
     if json_out:
         doc: dict[str, Any] = {"line": ln.number}
         if ln.ident is not None:
             doc["id"] = ln.ident
         if ln.error:
             doc["error"] = ln.error
+            if ln.hint:
+                doc["hint"] = ln.hint
         elif c is not None:
             doc.update(text=c.text, finish_reason=c.finish_reason, seed=c.seed, prompt_tokens=c.prompt_tokens,
                        completion_tokens=c.completion_tokens, ttft_s=round(c.ttft_s, 4), total_s=round(c.total_s, 4))
