@@ -257,3 +257,23 @@ def test_an_empty_run_an_earlier_localgen_left_is_not_shown_as_a_result(cli: CLI
     assert r.returncode == 1 and r.stdout == "", r.stdout
     assert r.stderr == ("localgen: error: benchmark run 2 kept no result: it was stopped before its first (localgen "
                         "bench history lists the runs with results)\n"), r.stderr
+
+
+def test_a_quality_runs_files_typed_relative_are_kept_by_their_absolute_path(cli: CLI, tmp_path: Path,
+                                                                             smollm2_path: Path) -> None:
+    """bench.md: each file of a comparison is kept by its absolute path, however it was given; a --reference
+    typed relative (`--reference F16.gguf`) was kept as typed, a path that means another file from elsewhere."""
+    import shutil
+
+    c, _ = _home(cli, tmp_path)
+    folder = tmp_path / "w"
+    folder.mkdir()
+    shutil.copyfile(smollm2_path, folder / "ref.gguf")
+    shutil.copyfile(smollm2_path, folder / "copy.gguf")
+    r = c("bench", "-m", "copy.gguf", "--quality", "default", "--reference", "ref.gguf", "-c", "64", "--chunks", "2",
+          "-t", "1", "-p", "0", "-n", "0", "-o", "jsonl", cwd=folder)
+    assert r.returncode == 0, r.stderr
+    kept = c("bench", "history", "1", "-o", "json", cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    assert [row["path"] for row in json.loads(kept.stdout)["rows"]] == [str(folder / "ref.gguf"),
+                                                                        str(folder / "copy.gguf")], kept.stdout

@@ -1193,7 +1193,7 @@ def test_ctrl_c_before_the_ladders_first_row_keeps_no_run(qcli: CLI, smollm2_f16
                                              "--reference", str(smollm2_f16), "-c", "128", "-t", "1", "-p", "8",
                                              "-n", "4", "-r", "1")
     assert rc == 130 and out == "", err
-    assert err.strip().splitlines()[-1] == "interrupted before the first row: nothing was measured, nothing saved"
+    assert err.strip().splitlines()[-1] == "interrupted before the first row was whole: nothing saved"
     assert err.count("interrupted") == 1 and "Traceback" not in err
     assert qcli("bench", "history").stderr == "no benchmark runs yet: localgen bench\n"
 

@@ -58,7 +58,7 @@ def run_ladder(reference: ModelRef, files: list[ModelRef], text: Text | str, tex
     except KeyboardInterrupt:
         view.end()
         if not found:  # stopped while the reference was measured: no row, no run kept
-            err.interrupted("interrupted before the first row: nothing was measured, nothing saved")
+            err.interrupted("interrupted before the first row was whole: nothing saved")
             raise typer.Exit(130) from None
         show(found, kld_bound, output, recording.id)
         rows = "row above was" if len(found) == 1 else f"{len(found)} rows above were"

@@ -141,7 +141,7 @@ def rows(reference: ModelRef, files: list[ModelRef], text: Text | str, settings:
         if speed.timed:
             step(f"timing {reference.name}")
         pp, tg = speed_of(reference, speed, settings)
-        yield Row(reference.name, reference.path, _type_name(reference), reference.summary.file_size,
+        yield Row(reference.name, os.path.abspath(reference.path), _type_name(reference), reference.summary.file_size,
                   _bpw(reference), pp, tg, base.ppl, base.ppl_err, None, None, None, None, None, None,
                   fits_here(reference, settings.ctx), reference=True)
         for f in files:
@@ -156,8 +156,8 @@ def rows(reference: ModelRef, files: list[ModelRef], text: Text | str, settings:
             pp, tg = speed_of(f, speed, settings)
             d = m.divergence
             kp = (d.kld_percentiles or {}) if d else {}
-            yield Row(f.name, f.path, _type_name(f), f.summary.file_size, _bpw(f), pp, tg, m.ppl, m.ppl_err,
-                      d.kld if d else None, d.kld_err if d else None, kp.get("p99"), kp.get("max"),
+            yield Row(f.name, os.path.abspath(f.path), _type_name(f), f.summary.file_size, _bpw(f), pp, tg, m.ppl,
+                      m.ppl_err, d.kld if d else None, d.kld_err if d else None, kp.get("p99"), kp.get("max"),
                       d.same_top if d else None, d.rms_dp if d else None, fits_here(f, settings.ctx))
     finally:
         Path(temp).unlink(missing_ok=True)

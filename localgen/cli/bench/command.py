@@ -327,7 +327,7 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
         finally:
             view.end()
     if interrupted and not results:
-        err.line("interrupted before the first result: nothing was measured, nothing saved")
+        err.line("interrupted before the first result was whole (every repetition of a test): nothing saved")
         raise typer.Exit(130)
     if failed is not None:  # the rows measured before it are shown, and said which are kept, then the error
         if results and output != "jsonl":
