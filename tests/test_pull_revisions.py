@@ -508,3 +508,23 @@ def test_a_pin_keeps_its_file_only_and_the_same_bytes_too(env: dict[str, str], f
     assert r.returncode == 0, r.stderr
     assert not (snapshots / OLD).exists() and not (snapshots / NEW / FILE).exists()
     assert not (repo_dir(env) / "refs" / "localgen-pins").exists()
+
+
+def test_rm_of_every_copy_leaves_no_ref_to_a_commit_it_removed(env: dict[str, str]) -> None:
+    """`rm` of a model's every copy left refs/main naming a commit whose snapshot it had removed: huggingface_hub's
+    scan_cache_dir then called the whole repo corrupted (`hf cache ls` left it out with a warning). The ref goes
+    with its snapshot, as the hub's own delete strategy drops it; an offline run of the name is then the plain
+    'not downloaded' error, and a pull brings it back."""
+    from huggingface_hub import scan_cache_dir
+
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
+    assert r.returncode == 0, r.stderr
+    assert not (repo_dir(env) / "refs" / "main").exists()
+    info = scan_cache_dir(env["HF_HUB_CACHE"])
+    assert not info.warnings, info.warnings
+    r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "Hi", "-n", "1")
+    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (1, "", 1), r.stderr
+    assert r.stderr.startswith("localgen: error: ") and "Traceback" not in r.stderr, r.stderr
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    assert (repo_dir(env) / "refs" / "main").read_text() == OLD

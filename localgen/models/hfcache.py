@@ -175,6 +175,21 @@ def unpin_gone(repo: str) -> None:
         pins.rmdir()  # (only where empty)
 
 
+def forget_gone(repo: str) -> None:
+    """After a removal: the pins whose file went (unpin_gone), then each ref whose commit has no snapshot left, as
+    huggingface_hub's own delete strategy drops it: a ref naming a commit with no snapshot makes its scan_cache_dir
+    call the whole repo corrupted (`hf cache ls` leaves it out). One that cannot be removed stays."""
+    unpin_gone(repo)
+    base = repo_dir(repo)
+    refs, snaps = base / "refs", base / "snapshots"
+    if not refs.is_dir():
+        return
+    for ref in refs.iterdir():
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if ref.is_file() and not ref.name.startswith(".") and not (snaps / ref.read_text().strip()).is_dir():
+                ref.unlink()
+
+
 def _write_ref(ref: Path, commit: str) -> None:
     """A refs/ file that names `commit`, whole or not at all; a write that fails is an error naming its path."""
     tmp = ref.with_name(f".{ref.name}.{_writer()}.tmp")

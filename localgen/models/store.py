@@ -275,10 +275,10 @@ def orphan_projectors(repo: str) -> list[Path]:
 
 def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[list[Path], list[Path]]:
     """Remove the snapshot links of these models (`removal`'s, or `links`); delete a blob only when no other link in
-    the whole cache still points at it, and the pin of a model that went (hfcache.unpin_gone). All or nothing: each
-    link and blob is first moved aside, and where one cannot be (a file in use on Windows) the others are put back
-    and the OSError raised, so a split model never loses part 1 while a later part stays. Returns (links removed,
-    blobs deleted)."""
+    the whole cache still points at it, and the pins and refs of a model that went (hfcache.forget_gone). All or
+    nothing: each link and blob is first moved aside, and where one cannot be (a file in use on Windows) the others
+    are put back and the OSError raised, so a split model never loses part 1 while a later part stays. Returns
+    (links removed, blobs deleted)."""
     targets = removal(files) if links is None else links
     seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
     blobs = {blob_of(p, seen) for p in targets if p.exists()}
@@ -301,7 +301,7 @@ def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[li
         if folder.is_dir():
             _prune_empty(folder)
     for repo_name in {r for p in targets if (r := _repo_of(p)) is not None}:
-        hfcache.unpin_gone(repo_name)
+        hfcache.forget_gone(repo_name)
     return targets, deleted
 
 
