@@ -45,6 +45,8 @@ class Completion:
     error: Exception | None = None  # why a request could not run (its finish_reason then says "error: ...")
     drafted: int = 0  # speculative decoding (prompt lookup): tokens drafted, and those the model kept
     accepted: int = 0
+    stats: Stats | None = None  # a remote answer's, as its stream counted them (run --file --json's "stats")
+    server_timings: dict[str, Any] | None = None  # what a remote server reported (llama-server's shape)
 
 
 @dataclass(frozen=True)

@@ -363,6 +363,38 @@ def test_a_prompt_longer_than_its_window_fails_alone(cli: CLI, tmp_path: Path) -
     assert "error" not in docs[0] and "hint" not in docs[0]
 
 
+# What a --file --json line holds beside a single run's object (docs/run.md): its line and id, the exactness it
+# promises, and the numbers it carried at its top before it carried `stats` (drafted/accepted with --lookup); and
+# what it cannot hold
+FILE_LINE_ONLY = {"line", "id", "exact", "prompt_tokens", "completion_tokens", "ttft_s", "total_s", "drafted",
+                  "accepted"}
+NOT_PER_LINE = {"conversation_id"}  # the lines of a file are not logged as conversations
+
+
+def test_a_file_line_in_json_carries_the_fields_of_a_single_run(cli: CLI, tmp_path: Path) -> None:
+    single = cli("run", "-p", "Hi", "-n", "4", "--seed", "7", "--json")
+    assert single.returncode == 0, single.stderr
+    alone = json.loads(single.stdout)
+    f = tmp_path / "two.jsonl"
+    f.write_text('Hi\n{"prompt": "Hi", "id": "b", "temperature": 0, "max_tokens": 2}\n')
+    r = cli("run", "--file", str(f), "-n", "4", "--seed", "7", "--json")
+    assert r.returncode == 0, r.stderr
+    docs = [json.loads(x) for x in r.stdout.splitlines()]
+    for doc in docs:
+        assert set(doc) - FILE_LINE_ONLY == set(alone) - NOT_PER_LINE, doc
+        for part in ("model", "sampling", "load", "stats"):
+            assert set(doc[part]) == set(alone[part]), part
+    # the same prompt, seed and settings: the same settings said, the same model and load
+    assert docs[0]["sampling"] == alone["sampling"] and docs[0]["seed"] == alone["seed"] == 7
+    assert docs[0]["model"] == alone["model"] and docs[0]["load"] == alone["load"]
+    assert docs[0]["stats"]["completion_tokens"] == docs[0]["completion_tokens"] == 4
+    assert docs[0]["prompt_cache"] == "off", "many prompts use no prompt cache"
+    # each line's own settings and seed (--seed + line - 1)
+    assert docs[1]["sampling"]["temperature"] == 0 and docs[1]["sampling"]["max_tokens"] == 2
+    assert docs[1]["seed"] == docs[1]["sampling"]["seed"] == 8 and docs[1]["id"] == "b"
+    assert docs[1]["stats"]["finish_reason"] == docs[1]["finish_reason"] == "length"
+
+
 def test_conflicting_batch_flags(cli_in_process: InProcessCLI, tmp_path: Path) -> None:
     cli = cli_in_process
     f = tmp_path / "a.txt"

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import CLI, ROOT, SAFETY_NET_S, assert_same_greedy_text
 from tests.fake_openai import FakeServer, GatheringServer, StrictServer
+from tests.test_batch import FILE_LINE_ONLY, NOT_PER_LINE
 from tests.test_serve import Server
 
 
@@ -140,6 +141,28 @@ def test_json_sampling_is_what_was_sent_and_nothing_else(cli: CLI, fake: FakeSer
     assert body["seed"] == doc["seed"] and body["logit_bias"] == {"15043": -1.0}
     r = _run(cli, fake, "plain", "--json")
     assert json.loads(r.stdout)["sampling"] == {"seed": fake.requests[-1]["body"]["seed"]}
+
+
+def test_a_file_line_in_json_carries_the_fields_of_a_single_remote_run(cli: CLI, fake: FakeServer,
+                                                                         tmp_path: Path) -> None:
+    """docs/run.md: a --file --json line holds what one `run --json` object holds (test_batch's sets), from an
+    endpoint too: the settings sent, the endpoint's stats and the server's timings."""
+    r = _run(cli, fake, "usage", "--json", "--seed", "5", "--top-k", "9")
+    assert r.returncode == 0, r.stderr
+    alone = json.loads(r.stdout)
+    lines = tmp_path / "in.txt"
+    lines.write_text('hi\n{"prompt": "hi", "temperature": 0.5}\n')
+    r = cli("run", "--file", str(lines), "--endpoint", fake.url, "-m", "usage", "--json", "--seed", "5", "--top-k", "9",
+            timeout=60)
+    assert r.returncode == 0, r.stderr
+    docs = [json.loads(x) for x in r.stdout.splitlines()]
+    for doc in docs:
+        assert set(doc) - FILE_LINE_ONLY == set(alone) - NOT_PER_LINE, doc
+        assert doc["model"] == alone["model"] and doc["load"] == alone["load"] == {"remote": True}
+        assert doc["server_timings"] == alone["server_timings"] and doc["stats"] == alone["stats"] | {
+            k: doc["stats"][k] for k in ("ttft_s", "total_s", "itl_p50_ms", "itl_p99_ms", "decode_tps")}
+    assert docs[0]["sampling"] == alone["sampling"] == {"seed": 5, "top_k": 9}
+    assert docs[1]["sampling"] == {"seed": 6, "top_k": 9, "temperature": 0.5}
 
 
 def test_a_429_is_retried_and_a_busy_server_is_reported(cli: CLI, fake: FakeServer) -> None:

@@ -263,7 +263,8 @@ class RemoteBackend:
         s = gen.stats
         assert s is not None
         return Completion(item.index, gen.text, s.finish_reason, s.prompt_tokens, s.completion_tokens,
-                          s.ttft_s or 0.0, s.total_s, item.seed, gen.logprobs, s.cached_tokens)
+                          s.ttft_s or 0.0, s.total_s, item.seed, gen.logprobs, s.cached_tokens, stats=s,
+                          server_timings=gen.server_timings)
 
 
 def _with_seed(request: GenerationRequest, seed: int) -> GenerationRequest:

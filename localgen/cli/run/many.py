@@ -23,7 +23,7 @@ from localgen.backend import Completion, Indexed
 from localgen.cli.output import error_text, for_terminal
 from localgen.errors import UsageError
 from localgen.text import MAX_PROMPT_TEXT, checked, problem, too_long
-from localgen.types import GenerationRequest, SamplingParams, thinking_args
+from localgen.types import GenerationRequest, SamplingParams, Stats, thinking_args
 
 
 @dataclasses.dataclass
@@ -37,6 +37,7 @@ class _Line:
     hint: str | None = None  # what to do about the error, as a single run says it in parentheses
     previous: str | None = None  # --resume-from: the earlier output line ("" when it is already in the file)
     seeded: bool = False  # the JSON line has a "seed" of its own
+    request: GenerationRequest | None = None  # as sent: --json's "sampling" says its settings
 
 
 def _lines(source: TextIO, what: str) -> Iterator[str]:
@@ -113,8 +114,10 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
             sampling = settings.apply(base, knobs)
             text = "\n\n".join(p for p in (obj["prompt"], instruction) if p)
             yield _Line(number, text, obj.get("system", system), sampling, obj.get("id"), seeded="seed" in knobs)
-        except (ValueError, UsageError) as e:
-            yield _Line(number, None, system, base, error=e.message if isinstance(e, UsageError) else str(e))
+        except UsageError as e:
+            yield _Line(number, None, system, base, error=e.message, hint=e.hint)
+        except ValueError as e:
+            yield _Line(number, None, system, base, error=str(e))
         except RecursionError:
             yield _Line(number, None, system, base, error="the JSON line nests too deeply")
 
@@ -205,7 +208,9 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
                 ready[ln.number] = (ln, None)
                 flush()
                 continue
-            yield _request(ln, ln.prompt, base, opts)
+            item = _request(ln, ln.prompt, base, opts)
+            ln.request = item.request
+            yield item
 
     def done(c: Completion) -> None:
         ln = lines[c.index]
@@ -215,8 +220,11 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
         ready[c.index] = (ln, c)
         flush()
 
+    answer = _Answer(backend)
+
     def write(ln: _Line, c: Completion | None) -> bool:
-        return _write(ln, c, json_out, promise(opts.exact, ln.sampling.greedy) if promise is not None else None)
+        exact = promise(opts.exact, ln.sampling.greedy) if promise is not None else None
+        return _write(ln, c, answer if json_out else None, exact)
 
     def flush() -> None:
         while state["next"] in ready:
@@ -250,14 +258,75 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
     return 1 if state["failed"] else 0
 
 
-def _write(ln: _Line, c: Completion | None, json_out: bool, exact: str | None) -> bool:
-    """A line's output; True where it is an earlier output's line, copied (--resume-from)."""
+def _write(ln: _Line, c: Completion | None, answer: _Answer | None, exact: str | None) -> bool:
+    """A line's output (a JSON object where `answer` is given); True where it is an earlier output's line, copied
+    (--resume-from)."""
     if ln.previous is not None:
         if ln.previous:
             sys.stdout.write(for_terminal(ln.previous, sys.stdout) + "\n")
         return True
-    _emit(ln, c, json_out, exact)
+    _emit(ln, c, answer, exact)
     return False
+
+
+class _Answer:
+    """A line's answer as `run --json`'s one object says it (output.answer_json, so that the two keep one shape),
+    with the model and its load read once for the whole run."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._described: dict[str, Any] | None = None
+        self.remote = bool(getattr(backend, "endpoints", ()))
+        engine = getattr(backend, "engine", None)
+        self.load_s = engine.load_s if engine is not None else 0.0
+
+    def describe(self) -> dict[str, Any]:
+        """The backend's model and load (what answer_json reads), the same for every line."""
+        if self._described is None:
+            self._described = self.backend.describe()
+        return self._described
+
+    def doc(self, ln: _Line, c: Completion) -> dict[str, Any]:
+        """The line's answer in run --json's fields (no conversation_id: the lines are not logged)."""
+        from localgen.cli.output import answer_json
+
+        assert ln.request is not None
+        sampling = dataclasses.replace(ln.request.sampling, seed=c.seed)
+        sent = None
+        if self.remote:
+            from localgen.remote.client import sent_sampling
+
+            sent = sent_sampling(ln.request, c.seed)
+        # a remote line's own stats and server timings, where its Completion carries them (its stream's counts)
+        stats = getattr(c, "stats", None) or _stats(c, self.load_s)
+        gen = _Generation(c.text, c.finish_reason, c.seed, stats, c.logprobs, sent, getattr(c, "server_timings", None))
+        doc: dict[str, Any] = json.loads(answer_json(self, gen, sampling))
+        return doc
+
+
+@dataclasses.dataclass(frozen=True)
+class _Generation:
+    """A Completion in the shape answer_json reads a single run's Generation in."""
+
+    text: str
+    finish_reason: str
+    seed: int
+    stats: Stats
+    logprobs: list[Any]
+    sent_sampling: dict[str, Any] | None  # a remote line's: the settings sent
+    server_timings: dict[str, Any] | None
+    prompt_cache: str = "off"  # many prompts use no prompt cache (--prompt-cache is refused with them)
+
+
+def _stats(c: Completion, load_s: float) -> Stats:
+    """A line's stats as a single run's: its rates from the time its prompt took and the time after it (the first
+    token comes with the prompt, as Stats.combine counts it)."""
+    evaluated = c.prompt_tokens - c.cached_tokens
+    return Stats(prompt_tokens=c.prompt_tokens, cached_tokens=c.cached_tokens, completion_tokens=c.completion_tokens,
+                 load_s=load_s, ttft_s=c.ttft_s, prefill_tps=evaluated / c.prompt_s if c.prompt_s > 0 else None,
+                 decode_tps=(c.completion_tokens - 1) / c.decode_s if c.decode_s > 0 and c.completion_tokens > 1
+                 else None, total_s=c.total_s, finish_reason=c.finish_reason,  # type: ignore[arg-type]
+                 drafted=c.drafted or None, accepted=c.accepted if c.drafted else None)
 
 
 def _spill(ready: dict[int, tuple[_Line, Completion | None]],
@@ -481,11 +550,11 @@ def _record(raw: bytes) -> tuple[int, bool] | None:
     return None
 
 
-def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = None) -> None:
+def _emit(ln: _Line, c: Completion | None, answer: _Answer | None, exact: str | None = None) -> None:
     if ln.error:  # said on stderr as every error is, with --json too (where it is also the line's "error")
         hint = f" ({ln.hint})" if ln.hint else ""  # as a single run's error says it
         print(error_text(f"localgen: error: line {ln.number}: {ln.error}{hint}"), file=sys.stderr, flush=True)
-    if json_out:
+    if answer is not None:
         doc: dict[str, Any] = {"line": ln.number}
         if ln.ident is not None:
             doc["id"] = ln.ident
@@ -494,12 +563,12 @@ def _emit(ln: _Line, c: Completion | None, json_out: bool, exact: str | None = N
             if ln.hint:
                 doc["hint"] = ln.hint
         elif c is not None:
-            doc.update(text=c.text, finish_reason=c.finish_reason, seed=c.seed, prompt_tokens=c.prompt_tokens,
-                       completion_tokens=c.completion_tokens, ttft_s=round(c.ttft_s, 4), total_s=round(c.total_s, 4))
+            doc.update(answer.doc(ln, c))
+            # as before the line carried a single run's fields: also in "stats", kept at the top for scripts
+            doc.update(prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
+                       ttft_s=round(c.ttft_s, 4), total_s=round(c.total_s, 4))
             if c.drafted:
                 doc.update(drafted=c.drafted, accepted=c.accepted)
-            if c.logprobs:
-                doc["logprobs"] = [t.to_dict() for t in c.logprobs]
             if exact is not None:
                 doc["exact"] = exact
         out = json.dumps(doc, ensure_ascii=False, allow_nan=False)  # NaN and Infinity are no JSON
