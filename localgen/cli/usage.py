@@ -55,13 +55,28 @@ def out_of_range(args: list[str], message: str, param: Any) -> str:
     if m is None or not opts:
         return message
     value, low, high = (g[:-2] if g is not None and re.fullmatch(r"-?\d+\.0", g) else g for g in m.groups())
-    bound = (f"within {low} to {high}" if low is not None and high is not None else
-             f"at least {low}" if low is not None else f"at most {high}")
+    from localgen.settings import INT32
+
+    if high == str(INT32) and low is not None:  # a C int's top is no bound of the setting's own (settings.py)
+        v, lo = _number(value), _number(low)
+        below = v is not None and lo is not None and v < lo
+        bound = f"at least {low}" if below else f"at most {INT32:,} (llama.cpp takes it as a C int)"
+    else:
+        bound = (f"within {low} to {high}" if low is not None and high is not None else
+                 f"at least {low}" if low is not None else f"at most {high}")
     typed = next((a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in opts), None) or next(
         (a[:2] for a in args if len(a) > 2 and a[:2] in opts and not a.startswith("--")), None)  # -c-1 too
     envvar = getattr(param, "envvar", None)
     name = typed or (f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
     return f"{name} must be {bound}, not {value}"
+
+
+def _number(text: str | None) -> float | None:
+    """A number Click's message gives, or None."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def foreign_flag(args: list[str], error: Exception | None = None) -> tuple[str, str] | None:

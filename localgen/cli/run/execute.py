@@ -20,6 +20,7 @@ from localgen.cli.options.plan import RAG_NEEDS, LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
 from localgen.cli.run.options import DecodingOptions, ReportOptions
 from localgen.cli.run.plan import ManyPlan, RunPlan
+from localgen.cli.run.window import past_cap
 from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt, writable
 from localgen.errors import (
     ContextOverflowError,
@@ -217,7 +218,7 @@ def _with_system_share(e: ContextOverflowError, plan: RunPlan, backend: Backend,
     inherited = thread is not None and bool(thread.turns) and thread.system is not None \
         and thread.system == plan.send.system
     whose = "the conversation's" if inherited else "the"
-    cap = _past_cap(backend, need)
+    cap = past_cap(backend, need)
     more = (f": this prompt is longer than the {cap:,} tokens the model was trained on, past which --ctx does not go"
             if cap else ", or raise --ctx")
     return ContextOverflowError(
@@ -226,35 +227,6 @@ def _with_system_share(e: ContextOverflowError, plan: RunPlan, backend: Backend,
         hint=("a continued conversation (--continue, --cid) is sent with its system prompt: give a shorter one "
               f"with --system{more}"
               if inherited else f"shorten the system prompt or the prompt{more}"))
-
-
-def _past_cap(backend: Backend, tokens: int) -> int | None:
-    """The context a local model was trained on, where a prompt of `tokens` tokens is past it: the load caps the
-    window there (engine/defaults.py), so no --ctx holds it. None where a larger --ctx could (a remote server's
-    window is its own)."""
-    from localgen.engine.defaults import window_can_hold
-
-    trained, stretched = _training(backend)
-    return None if trained is None or window_can_hold(tokens, trained, stretched) else trained
-
-
-def overflow_hint(backend: Backend, tokens: int, window: int) -> str | None:
-    """What helps a prompt of `tokens` tokens a `window` cannot hold, as a single run's error says it
-    (defaults.overflow_hint: a larger --ctx only where one could hold it); None for a remote model."""
-    from localgen.engine import defaults
-
-    trained, stretched = _training(backend)
-    if trained is None and getattr(backend, "engine", None) is None:
-        return None
-    return defaults.overflow_hint(window, trained, tokens, stretched)
-
-
-def _training(backend: Backend) -> tuple[int | None, bool]:
-    """A local model's trained context and whether RoPE scaling stretches it; (None, False) for a remote one."""
-    engine = getattr(backend, "engine", None)
-    if engine is None:
-        return None, False
-    return engine.model.summary.context_length, bool(engine.params.rope_scaling or engine.params.rope_freq_scale)
 
 
 def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None, hits: list[Any],

@@ -157,7 +157,7 @@ def _overflow_hint(backend: Any, error: Exception | None) -> str | None:
     tokens, window = getattr(error, "tokens", None), getattr(error, "window", None)
     if not isinstance(tokens, int) or not isinstance(window, int):
         return None
-    from localgen.cli.run.execute import overflow_hint
+    from localgen.cli.run.window import overflow_hint
 
     return overflow_hint(backend, tokens, window)
 
