@@ -233,7 +233,7 @@ def test_a_load_number_past_a_c_int_is_refused(cli_in_process: InProcessCLI, com
     # ctypes wraps it silently: --yarn-orig-ctx 99999999999999999999 ran with some other number
     # serve's bad --log-format, found after the flags are parsed, keeps a regression from starting a server
     args = ["-m", "smollm2:135m", flag, value] + (["-n", "1", "hi"] if command == "run" else ["--log-format", "x"])
-    one_line_usage_error(cli_in_process(command, *args), flag, "2147483647")
+    one_line_usage_error(cli_in_process(command, *args), flag, "2,147,483,647")
 
 
 def test_ps_sends_a_key_outside_ascii_as_serve_compares_it(cli_in_process: InProcessCLI) -> None:

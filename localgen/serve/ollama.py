@@ -65,7 +65,8 @@ class Generate:
         if unknown:
             raise HTTPError(400, f"unknown options: {', '.join(sorted(unknown))}", param="options")
         _check_load_kinds(opts)
-        if isinstance(opts.get("stop"), str):  # Ollama's FromMap: 'option "stop" must be of type array'
+        if isinstance(opts.get("stop"), str) and opts["stop"]:  # Ollama's FromMap: 'option "stop" must be of type
+            # array' ("" is dropped, as every API here drops an empty stop)
             raise HTTPError(400, 'options.stop must be a list of strings (["\\n\\n"]), not a string',
                             param="options.stop")
         think = body.get("think")
