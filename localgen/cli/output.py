@@ -465,10 +465,16 @@ def finite_json(value: Any) -> Any:
 
 def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None,
                 extra: dict[str, Any] | None = None) -> str:
-    """`run --json`'s one object: text, finish reason, model, seed, settings (a remote answer's: those sent), load,
-    stats, logprobs, and the conversation's id in the log."""
+    """`run --json`'s one object (answer_doc) as its JSON text."""
     import json
 
+    return json.dumps(answer_doc(backend, gen, sampling, conversation_id, extra), ensure_ascii=False)
+
+
+def answer_doc(backend: Any, gen: Any, sampling: SamplingParams, conversation_id: str | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`run --json`'s one object: text, finish reason, model, seed, settings (a remote answer's: those sent), load,
+    stats, logprobs, and the conversation's id in the log (run --file --json's lines take it too)."""
     import localgen
 
     sent = getattr(gen, "sent_sampling", None)  # a remote answer's: the settings sent, the seed among them
@@ -497,4 +503,4 @@ def answer_json(backend: Any, gen: Any, sampling: SamplingParams, conversation_i
     if getattr(gen, "server_timings", None):
         doc["server_timings"] = gen.server_timings  # what a remote server reported (llama-server's shape)
     doc.update(extra or {})
-    return json.dumps(doc, ensure_ascii=False)
+    return doc

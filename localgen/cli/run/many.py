@@ -288,7 +288,7 @@ class _Answer:
 
     def doc(self, ln: _Line, c: Completion) -> dict[str, Any]:
         """The line's answer in run --json's fields (no conversation_id: the lines are not logged)."""
-        from localgen.cli.output import answer_json
+        from localgen.cli.output import answer_doc
 
         assert ln.request is not None
         sampling = dataclasses.replace(ln.request.sampling, seed=c.seed)
@@ -298,10 +298,9 @@ class _Answer:
 
             sent = sent_sampling(ln.request, c.seed)
         # a remote line's own stats and server timings, where its Completion carries them (its stream's counts)
-        stats = getattr(c, "stats", None) or _stats(c, self.load_s)
-        gen = _Generation(c.text, c.finish_reason, c.seed, stats, c.logprobs, sent, getattr(c, "server_timings", None))
-        doc: dict[str, Any] = json.loads(answer_json(self, gen, sampling))
-        return doc
+        gen = _Generation(c.text, c.finish_reason, c.seed, c.stats or _stats(c, self.load_s), c.logprobs, sent,
+                          c.server_timings)
+        return answer_doc(self, gen, sampling)
 
 
 @dataclasses.dataclass(frozen=True)

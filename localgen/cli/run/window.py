@@ -24,9 +24,9 @@ def overflow_hint(backend: Backend, tokens: int, window: int) -> str | None:
     (defaults.overflow_hint: a larger --ctx only where one could hold it); None for a remote model."""
     from localgen.engine import defaults
 
-    trained, stretched = _training(backend)
-    if trained is None and getattr(backend, "engine", None) is None:
+    if getattr(backend, "engine", None) is None:
         return None
+    trained, stretched = _training(backend)
     return defaults.overflow_hint(window, trained, tokens, stretched)
 
 
