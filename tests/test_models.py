@@ -612,10 +612,11 @@ def test_where_no_symlink_can_be_made_the_snapshot_is_a_hard_link_that_list_show
     assert b.is_file()
     r = run("rm", f"{REPO}:Q8_0", "--yes")
     assert r.returncode == 0 and r.stdout == "removed 1 file(s), freed 94 MiB\n", r.stdout
-    assert not b.exists()
+    assert not b.exists() and not snap.parents[1].exists(), "the repo's folder went with its last file"
 
+    b.parent.mkdir(parents=True)
     b.write_bytes(b"GGUF" + bytes(100))  # another tool's blob, named by a SHA-256 it does not have
-    snap.mkdir()
+    snap.mkdir(parents=True)
     real_link(b, q8)
     r = run("show", f"{REPO}:Q8_0")
     assert r.returncode == 1 and "failed its SHA-256 check and was removed" in r.stderr, r.stderr
@@ -854,7 +855,7 @@ def test_split_gguf_downloads_and_loads_as_one_model(env: dict[str, str], hub: h
     assert len(listed) == 1, "a split model is listed once"
     r = lg(env, "rm", "acme/Split-GGUF", "--yes")
     assert r.returncode == 0 and "removed 2 file(s)" in r.stdout
-    assert not list((Path(env["HF_HUB_CACHE"]) / "models--acme--Split-GGUF" / "blobs").iterdir())
+    assert not (Path(env["HF_HUB_CACHE"]) / "models--acme--Split-GGUF").exists(), "every part went, and the folder"
 
 
 def test_the_token_never_leaves_the_hub_host(env: dict[str, str], hub: hub_server.FakeHub,
@@ -1218,7 +1219,7 @@ def test_rm_removes_the_projector_pulled_with_the_model(env: dict[str, str], hub
     r = lg(env, "rm", "acme/Vision-GGUF", "--yes")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("removed 2 file(s), freed 94 MiB"), r.stdout
-    assert not list(blobs.iterdir()), "the projector went with its model"
+    assert not blobs.parent.exists(), "the projector went with its model, and the repo's folder with them"
     assert not list((blobs.parent / "snapshots").rglob("*.gguf"))
     # a projector an older localgen's rm left alone is removed by rm of its repo
     assert lg(env, "pull", "acme/Vision-GGUF").returncode == 0
@@ -1227,7 +1228,7 @@ def test_rm_removes_the_projector_pulled_with_the_model(env: dict[str, str], hub
     link.unlink()
     r = lg(env, "rm", "acme/Vision-GGUF", "--yes")
     assert r.returncode == 0 and r.stdout.startswith("removed 1 file(s)"), r.stdout + r.stderr
-    assert not list(blobs.iterdir())
+    assert not blobs.parent.exists()
 
 
 @pytest.mark.parametrize("spelled", [REPO, f"hf.co/{REPO}:Q4_1", f"{REPO}:q4_1"])

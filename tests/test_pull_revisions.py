@@ -347,7 +347,7 @@ def test_a_copy_whose_later_part_is_in_use_is_kept_whole(tmp_path: Path, monkeyp
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     r = cli("rm", "acme/Held-GGUF:Q4_0", "--yes")  # no longer in use: it goes, every part of both copies
     assert r.returncode == 0 and "removed 4 file(s), freed 16 bytes" in r.stdout, (r.stdout, r.stderr)
-    assert not list((base / "blobs").iterdir()) and not list((base / "snapshots").iterdir())
+    assert not base.exists(), sorted(base.rglob("*"))  # nothing of the repo left: its folder went too
 
 
 def test_what_a_killed_removal_set_aside_goes_at_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -510,21 +510,70 @@ def test_a_pin_keeps_its_file_only_and_the_same_bytes_too(env: dict[str, str], f
     assert not (repo_dir(env) / "refs" / "localgen-pins").exists()
 
 
+OFFLINE_MISSING = (f"localgen: error: {REPO}:Q4_1 is not in the cache and localgen is offline (nothing is cached "
+                   "yet; pull without --offline)\n")
+
+
 def test_rm_of_every_copy_leaves_no_ref_to_a_commit_it_removed(env: dict[str, str]) -> None:
     """`rm` of a model's every copy left refs/main naming a commit whose snapshot it had removed: huggingface_hub's
-    scan_cache_dir then called the whole repo corrupted (`hf cache ls` left it out with a warning). The ref goes
-    with its snapshot, as the hub's own delete strategy drops it; an offline run of the name is then the plain
-    'not downloaded' error, and a pull brings it back."""
+    scan_cache_dir then called the whole repo corrupted (`hf cache ls` left it out with a warning); then, the ref
+    gone, an empty models--OWNER--REPO folder that `hf cache ls` listed as a repo of 0 bytes. The ref goes with its
+    snapshot, and the folder with its last file, as the hub's own delete strategy drops them; an offline run of the
+    name is the same one-line 'not in the cache' error as before, and a pull brings it back."""
     from huggingface_hub import scan_cache_dir
 
     assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
     r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
     assert r.returncode == 0, r.stderr
-    assert not (repo_dir(env) / "refs" / "main").exists()
+    assert not repo_dir(env).exists(), sorted(str(p) for p in repo_dir(env).rglob("*"))
     info = scan_cache_dir(env["HF_HUB_CACHE"])
-    assert not info.warnings, info.warnings
+    assert not info.warnings and not info.repos, (info.warnings, info.repos)
     r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "Hi", "-n", "1")
-    assert (r.returncode, r.stdout, r.stderr.count("\n")) == (1, "", 1), r.stderr
-    assert r.stderr.startswith("localgen: error: ") and "Traceback" not in r.stderr, r.stderr
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", OFFLINE_MISSING)
     assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
     assert (repo_dir(env) / "refs" / "main").read_text() == OLD
+
+
+def test_rm_drops_the_refs_of_the_commits_it_removed_only(env: dict[str, str]) -> None:
+    """A ref below refs/ (refs/refs/pr/1, as `hf download --revision refs/pr/1` writes it) naming the commit `rm`
+    removed stayed, and the hub's scan called the repo corrupted all the same; and every ref to a missing commit
+    went, also one another tool's download had just written: huggingface_hub writes refs/REVISION before the
+    snapshot, so the download then finished with no ref to it (and `hf cache prune` removes a revision no ref names).
+    Refs at any depth naming a removed commit go, another commit's stay, and the folder stays with them."""
+    from huggingface_hub import scan_cache_dir
+
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    refs = repo_dir(env) / "refs"
+    (refs / "refs" / "pr").mkdir(parents=True)
+    (refs / "refs" / "pr" / "1").write_text(OLD)
+    (refs / "dev").write_text(NEW)  # a download of dev under way: its snapshot is yet to come
+    r = lg(env, "rm", REPO, "--yes")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.relative_to(refs).as_posix() for p in refs.rglob("*")) == ["dev"]
+    assert (refs / "dev").read_text() == NEW
+    (repo_dir(env) / "snapshots" / NEW).mkdir()  # the download done (its file aside)
+    info = scan_cache_dir(env["HF_HUB_CACHE"])
+    assert not info.warnings, info.warnings
+    assert {r.commit_hash: set(r.refs) for repo in info.repos for r in repo.revisions} == {NEW: {"dev"}}
+
+
+def test_rm_takes_the_repo_folder_with_its_unfinished_downloads(env: dict[str, str]) -> None:
+    """An unfinished download keeps the repo's folder (`rm OWNER/REPO:TAG` leaves it; which file it was is not
+    known offline); `rm OWNER/REPO`, which takes it, takes the folder too, with huggingface_hub's .no_exist record
+    (the files a commit lacks), as `hf cache rm` takes a repo whose every revision goes."""
+    from huggingface_hub import scan_cache_dir
+
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    partial = repo_dir(env) / "blobs" / f"{'0' * 64}.incomplete"
+    partial.write_bytes(b"\0" * 3000)
+    (repo_dir(env) / ".no_exist" / OLD).mkdir(parents=True)
+    (repo_dir(env) / ".no_exist" / OLD / "config.json").write_bytes(b"")
+    r = lg(env, "rm", f"{REPO}:Q4_1", "--yes")
+    assert r.returncode == 0 and partial.is_file(), r.stderr
+    assert not (repo_dir(env) / "refs" / "main").exists()
+    assert not scan_cache_dir(env["HF_HUB_CACHE"]).warnings
+    r = lg(env, "rm", REPO, "--yes")
+    assert (r.returncode, r.stdout) == (0, f"removed the unfinished download(s) of {REPO}, freed 3 KiB\n"), r.stderr
+    assert not repo_dir(env).exists(), sorted(str(p) for p in repo_dir(env).rglob("*"))
+    r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "Hi", "-n", "1")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", OFFLINE_MISSING)

@@ -175,19 +175,55 @@ def unpin_gone(repo: str) -> None:
         pins.rmdir()  # (only where empty)
 
 
-def forget_gone(repo: str) -> None:
-    """After a removal: the pins whose file went (unpin_gone), then each ref whose commit has no snapshot left, as
-    huggingface_hub's own delete strategy drops it: a ref naming a commit with no snapshot makes its scan_cache_dir
-    call the whole repo corrupted (`hf cache ls` leaves it out). One that cannot be removed stays."""
+def forget_gone(repo: str, commits: set[str]) -> None:
+    """After a removal of files at these commits: the pins whose file went (unpin_gone), then each ref, at any depth
+    (refs/main, refs/refs/pr/1), naming one of the commits whose snapshot went, as huggingface_hub's delete strategy
+    drops the refs of the revisions it deletes (a ref naming a commit with no snapshot makes its scan_cache_dir call
+    the whole repo corrupted: `hf cache ls` leaves it out); then the repo's folder where nothing is left in it
+    (drop_empty). Only these commits' refs: huggingface_hub writes a ref before its download's snapshot, so a ref
+    to another missing commit may be a download under way. One that cannot be removed stays."""
     unpin_gone(repo)
     base = repo_dir(repo)
     refs, snaps = base / "refs", base / "snapshots"
-    if not refs.is_dir():
+    gone = {c for c in commits if COMMIT.match(c) and not (snaps / c).is_dir()}
+    if gone and refs.is_dir():
+        with contextlib.suppress(OSError):
+            found = sorted(refs.rglob("*"), key=lambda p: len(p.parts), reverse=True)  # files, then their folders
+            for ref in found:
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    if ref.is_dir() and not ref.is_symlink():
+                        if not any(ref.iterdir()):
+                            ref.rmdir()
+                    elif not ref.name.startswith(".") and ref.read_text().strip() in gone:
+                        ref.unlink()
+    drop_empty(repo)
+
+
+def drop_empty(repo: str) -> None:
+    """Remove the repo's folder where nothing is left in it: no snapshot, ref or blob (an unfinished download's
+    blobs/SHA.incomplete is one), as `hf cache rm` deletes a repo whose every revision goes (`hf cache ls` listed the
+    empty folder as a repo of 0 bytes). huggingface_hub's .no_exist (the files a commit lacks) and OS helper files
+    (.DS_Store) go with it. Empty folders only (rmdir): a file written meanwhile keeps its folder."""
+    base = repo_dir(repo)
+    try:
+        entries = sorted(base.rglob("*"), key=lambda p: len(p.parts), reverse=True)  # files, then their folders
+    except OSError:
         return
-    for ref in refs.iterdir():
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            if ref.is_file() and not ref.name.startswith(".") and not (snaps / ref.read_text().strip()).is_dir():
-                ref.unlink()
+    disposable = [p for p in entries if not (p.is_dir() and not p.is_symlink())]
+    if any(p.relative_to(base).parts[0] != ".no_exist" and p.name not in _OS_FILES for p in disposable):
+        return
+    try:
+        for p in entries:
+            if p in disposable:
+                p.unlink()
+            else:
+                p.rmdir()
+        base.rmdir()
+    except OSError:  # a file written meanwhile (a pull of the repo begins), or one that cannot be removed: it stays
+        return
+
+
+_OS_FILES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})  # what huggingface_hub's scan also ignores
 
 
 def _write_ref(ref: Path, commit: str) -> None:

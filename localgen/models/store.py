@@ -275,10 +275,10 @@ def orphan_projectors(repo: str) -> list[Path]:
 
 def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[list[Path], list[Path]]:
     """Remove the snapshot links of these models (`removal`'s, or `links`); delete a blob only when no other link in
-    the whole cache still points at it, and the pins and refs of a model that went (hfcache.forget_gone). All or
-    nothing: each link and blob is first moved aside, and where one cannot be (a file in use on Windows) the others
-    are put back and the OSError raised, so a split model never loses part 1 while a later part stays. Returns
-    (links removed, blobs deleted)."""
+    the whole cache still points at it, the pins and refs of a model that went, and its repo's folder where nothing
+    is left in it (hfcache.forget_gone). All or nothing: each link and blob is first moved aside, and where one
+    cannot be (a file in use on Windows) the others are put back and the OSError raised, so a split model never
+    loses part 1 while a later part stays. Returns (links removed, blobs deleted)."""
     targets = removal(files) if links is None else links
     seen: dict[Path, list[tuple[Path, os.stat_result]]] = {}
     blobs = {blob_of(p, seen) for p in targets if p.exists()}
@@ -300,8 +300,13 @@ def remove(files: list[CachedFile], links: list[Path] | None = None) -> tuple[li
     for folder in dict.fromkeys(p.parent for p in targets):  # (a folder the one before emptied is gone)
         if folder.is_dir():
             _prune_empty(folder)
-    for repo_name in {r for p in targets if (r := _repo_of(p)) is not None}:
-        hfcache.forget_gone(repo_name)
+    commits: dict[str, set[str]] = {}  # each repo's commits whose files went (snapshots/COMMIT/...)
+    for p in targets:
+        snap = next((d for d in p.parents if d.parent.name == "snapshots"), None)
+        if snap is not None and (repo_name := _repo_of(p)) is not None:
+            commits.setdefault(repo_name, set()).add(snap.name)
+    for repo_name, gone in commits.items():
+        hfcache.forget_gone(repo_name, gone)
     return targets, deleted
 
 

@@ -371,6 +371,7 @@ def _drop_partials(repo: str, partials: list[Path]) -> tuple[int, int]:
             busy += 1
         finally:
             lock.release()
+    hfcache.drop_empty(repo)  # the last of the repo gone: its folder too, as rm of its last model takes it
     return freed, busy
 
 
