@@ -451,7 +451,7 @@ def test_ctrl_c_before_the_first_result_says_nothing_was_measured_and_keeps_no_r
     monkeypatch.setattr(Engine, "__init__", init)
     r = invoke("bench", "-p", "8", "-n", "0", "-r", "1", "--no-e2e")
     assert r.exit_code == 130 and r.stdout == ""
-    assert r.stderr == "interrupted before the first result was whole (every repetition of a test): nothing saved\n"
+    assert r.stderr == "interrupted before the first repetition was measured: nothing saved\n"
     monkeypatch.setattr(Engine, "__init__", real_init)  # (undo() would also leave this test's own home)
     listed = invoke("bench", "history")
     assert listed.stdout == "" and listed.stderr == "no benchmark runs yet: localgen bench\n"

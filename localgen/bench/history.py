@@ -208,7 +208,8 @@ _SERVING = {"endpoint": str, "n_parallel": int, "request_rate": str, "requests":
                                   for p in ("p50", "p90", "p99") if f"{w}_{p}" != "ttft_p50"},
             "ttft_ms": (_NUM, None)}
 _OPTIONAL = {"prompt_counted": (int, None), "gen_counted": (int, None), "n_prompt": int, "n_gen": int,
-             "batching": (str, None), "kv_unified": (bool, None), "kld_bound": _NUM,
+             "batching": (str, None), "kv_unified": (bool, None), "kld_bound": _NUM, "repetitions": int,
+             "repetitions_planned": int,
              **{k: _SCALAR for k in ("n_threads", "n_gpu_layers", "n_batch", "n_ubatch", "flash_attn", "type_k",
                                      "type_v", "n_cpu_moe", "main_gpu", "tensor_buft_overrides")}}
 

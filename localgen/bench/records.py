@@ -21,7 +21,7 @@ LLAMA_BENCH_FIELDS = [
 ]
 OUR_FIELDS = [
     "test", "n_parallel", "model_name", "load_s", "ttft_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "peak_rss_bytes",
-    "peak_gpu_bytes", "limit_ts", "limit_share", "batching", "kv_unified",
+    "peak_gpu_bytes", "limit_ts", "limit_share", "batching", "kv_unified", "repetitions", "repetitions_planned",
     "localgen_version",
 ]
 
@@ -75,6 +75,8 @@ def record(r: Result, system: dict[str, Any]) -> dict[str, Any]:
         "limit_share": round(r.avg_ts / r.limit_ts, 4) if r.limit_ts else None,
         "batching": r.batching,
         "kv_unified": r.kv_unified,
+        # the repetitions the row holds, of those asked (-r): fewer where the run was stopped inside this test
+        "repetitions": r.repetitions, "repetitions_planned": r.planned,
         "moved": r.model.get("moved", {}),  # what the placement moved, from llama.cpp's load log (native/report.py)
         "localgen_version": system["localgen_version"],
         "samples_ns": r.samples_ns, "samples_ts": [round(x, 6) for x in r.samples_ts],
@@ -132,8 +134,7 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         cells.append([
             r["model_type"], size_gib(r["model_size"]), params_b(r["model_n_params"]), r["backends"],
             *[_cell(r.get(c, DEFAULTS.get(c, 0))) for c in cols],
-            r["test"] + (f" ({r['batching']}{', one pool' if r.get('kv_unified') else ''})" if r.get("batching")
-                         else ""),
+            shown_test(r),
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
             f"{r['ttft_ms']:.1f}" if r["ttft_ms"] is not None else "",
             f"{r['itl_p50_ms']:.2f}/{r['itl_p99_ms']:.2f}" if r["itl_p50_ms"] is not None else "",
@@ -141,6 +142,20 @@ def rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
             f"{r['limit_share'] * 100:.0f} %" if r["limit_share"] else "",
         ])
     return headers, cells
+
+
+def shown_test(r: dict[str, Any]) -> str:
+    """The test as a table shows it: its -npl scheduling, and a row stopped before all its repetitions marked so."""
+    batching = f" ({r['batching']}{', one pool' if r.get('kv_unified') else ''})" if r.get("batching") else ""
+    return f"{r['test']}{batching}{stopped_note(r)}"
+
+
+def stopped_note(r: dict[str, Any]) -> str:
+    """` (18 of 200 reps)` for a row stopped before all its repetitions (Ctrl-C inside its test), else ""."""
+    done, planned = r.get("repetitions"), r.get("repetitions_planned")  # (history from before they were kept)
+    if type(done) is int and type(planned) is int and done < planned:
+        return f" ({done:,} of {planned:,} reps)"
+    return ""
 
 
 def _cell(value: Any) -> str:

@@ -40,6 +40,8 @@ class Result:
     test_time: str
     batching: str | None = None  # -npl tests: the scheduler's mode, "exact" or "throughput"
     kv_unified: bool | None = None  # -npl tests: the sequences' KV cells were one pool (else a stream each)
+    repetitions: int = 0  # the repetitions run (an e2e one whose answer had no token is run, with no sample)
+    planned: int = 0  # the repetitions asked (-r): more than `repetitions` where the run was stopped in this test
 
     @property
     def avg_ts(self) -> float:
@@ -53,8 +55,9 @@ class Result:
 
 
 class Progress:
-    """Callbacks for a progress display; the default does nothing. A display may raise from `loading` or `step`
-    to stop the run there: between two measurements, never inside a model load or a context's freeing."""
+    """Callbacks for a progress display; the default does nothing. A display may raise from `loading`, `loaded`,
+    `estimate` or `step` to stop the run there: between two measurements, never inside a model load or a context's
+    freeing."""
 
     def begin(self, total: int) -> None:
         """`total` measurements (configurations × tests × repetitions)."""
@@ -161,8 +164,12 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
         # a peak that cannot be reset would carry an earlier load's over: only the first load's rows give it then
         rss_measured = _reset_peak_rss() or cfg is plan.configs[0]
         engine = Engine(ref, params)
-        moved_bytes(engine, ref.path)
-        progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
+        try:
+            moved_bytes(engine, ref.path)
+            progress.loaded(ref.name, ref.path, vars(engine.params), engine.origins)
+        except BaseException:  # stopped once it loaded (Ctrl-C during the load): before any measurement
+            engine.close()
+            raise
         # the settings the load chose where the sweep left them open (tuning record or rule), as measured; -ub as
         # asked, as llama-bench records it (llama.cpp caps the micro-batch at --batch-size, in both tools). One a
         # tuning record chose larger than this context is capped at it by the load's settings (engine/defaults.py)
@@ -189,10 +196,18 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                 progress.estimate(plan.seconds(_probe(bench, room, engine.load_s + time.perf_counter() - warm)))
                 probed = True
             for test in plan.tests:
-                if test.n_parallel > 1:
-                    result = _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact)
-                else:
-                    result = _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit)
+                cut: list[Result] = []  # the repetitions measured before a stop inside this test, as one row
+                try:
+                    if test.n_parallel > 1:
+                        result = _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact,
+                                                   cut=cut.append)
+                    else:
+                        result = _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit,
+                                          cut=cut.append)
+                except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: what was measured is a row, then the stop
+                    if cut:
+                        yield cut[0] if rss_measured else dataclasses.replace(cut[0], peak_rss=None)
+                    raise
                 yield result if rss_measured else dataclasses.replace(result, peak_rss=None)
         finally:
             engine.close()
@@ -226,60 +241,77 @@ def _describe(cfg: LoadConfig) -> str:
 
 
 def _measure(engine: Any, bench: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,
-             progress: Progress, limit: float | None) -> Result:
+             progress: Progress, limit: float | None, cut: Callable[[Result], None] | None = None) -> Result:
+    """The test's `reps` repetitions as one row. Stopped part-way (the display's stop, a KeyboardInterrupt, an
+    error), the repetitions measured before are handed to `cut` as a row of fewer, and the stop goes on."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     samples: list[float] = []
     ttfts: list[float] = []
     token_times: list[float] = []
-    for rep in range(reps):
-        bench.clear()
-        if test.kind == "e2e":
-            measured = _e2e(engine, test.n_gen, seed=rep + 1,
-                            warn=progress.warning if rep == 0 else lambda _: None)  # once
-            if measured is None:  # no token: the repetition has no rate; the others make the row
-                progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
-                continue
-            seconds, ttft, itl, n = measured
-            samples.append(seconds)
-            ttfts.append(ttft)
-            token_times += itl
-            tokens = n
-        else:
-            if test.n_depth:
-                bench.prompt(test.n_depth)
-            seconds = 0.0
-            if test.n_prompt:
-                seconds += bench.prompt(test.n_prompt)
-            if test.n_gen:
-                times = bench.generate(test.n_gen)
-                if test.kind == "pg":
-                    ttfts.append(seconds + times[0])
-                seconds += sum(times)
-                token_times += times
-            samples.append(seconds)
-            tokens = test.n_prompt + test.n_gen
-        progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+    tokens = 0
+    done = 0
+
+    def row() -> Result:
+        return Result(
+            config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples],
+            samples_ts=[tokens / s for s in samples], load_s=engine.load_s,
+            ttft_ms=statistics.fmean(ttfts) * 1000 if ttfts else None, itl_ms=_percentiles(token_times),
+            peak_rss=_peak_rss(), peak_gpu=_gpu_used(), limit_ts=limit if test.kind in ("tg", "e2e") else None,
+            test_time=started, repetitions=done, planned=reps,
+        )
+
+    try:
+        for rep in range(reps):
+            bench.clear()
+            if test.kind == "e2e":
+                measured = _e2e(engine, test.n_gen, seed=rep + 1,
+                                warn=progress.warning if rep == 0 else lambda _: None)  # once
+                if measured is None:  # no token: the repetition has no rate; the others make the row
+                    done = rep + 1
+                    progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+                    continue
+                seconds, ttft, itl, n = measured
+                samples.append(seconds)
+                ttfts.append(ttft)
+                token_times += itl
+                tokens = n
+            else:
+                if test.n_depth:
+                    bench.prompt(test.n_depth)
+                seconds = 0.0
+                if test.n_prompt:
+                    seconds += bench.prompt(test.n_prompt)
+                if test.n_gen:
+                    times = bench.generate(test.n_gen)
+                    if test.kind == "pg":
+                        ttfts.append(seconds + times[0])
+                    seconds += sum(times)
+                    token_times += times
+                samples.append(seconds)
+                tokens = test.n_prompt + test.n_gen
+            done = rep + 1
+            progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+    except BaseException:
+        if samples and cut is not None:
+            cut(row())
+        raise
     if not samples:  # every repetition's answer ended before its first token (only e2e's can)
         from localgen.errors import LocalgenError
 
         raise LocalgenError(f"{test.label}: each answer ended before its first token, so it has no rate",
                             hint="--no-e2e skips it")
-    ts = [tokens / s for s in samples]
-    return Result(
-        config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples], samples_ts=ts,
-        load_s=engine.load_s, ttft_ms=statistics.fmean(ttfts) * 1000 if ttfts else None,
-        itl_ms=_percentiles(token_times), peak_rss=_peak_rss(), peak_gpu=_gpu_used(),
-        limit_ts=limit if test.kind in ("tg", "e2e") else None, test_time=started,
-    )
+    return row()
 
 
 def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str, Any], reps: int,
-                      progress: Progress, exact: bool | None = None) -> Result:
+                      progress: Progress, exact: bool | None = None,
+                      cut: Callable[[Result], None] | None = None) -> Result:
     """Aggregate rates over n_parallel sequences decoded together (llama-batched-bench's S_PP / S_TG), on the
     context `serve` makes here but for its KV cells: a stream per sequence unless --kv-unified, as
     llama-batched-bench keeps them (engine/batchmode.py, kv_pool). The prompts go through the batch scheduler
     that `serve` and `run --file` use (engine/batch.py); a tg test then decodes every sequence together (untimed
-    prompts first, as that tool does). `exact`: --exact / --no-exact, else the mode `serve` would use."""
+    prompts first, as that tool does). `exact`: --exact / --no-exact, else the mode `serve` would use. Stopped
+    part-way, the repetitions measured before go to `cut` as a row of fewer, as _measure's."""
     import random
 
     from localgen.engine.batch import ParallelContext
@@ -292,21 +324,29 @@ def _measure_parallel(engine: Any, cfg: LoadConfig, test: Test, model: dict[str,
     pc = ParallelContext(engine, test.n_parallel, test.n_prompt + test.n_gen + 16, pooled=mode.throughput)
     rng = random.Random(1234)
     samples: list[float] = []
+    tokens = test.n_parallel * (test.n_gen or test.n_prompt)
+
+    def row() -> Result:
+        return Result(
+            config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples],
+            samples_ts=[tokens / s for s in samples], load_s=engine.load_s, ttft_ms=None, itl_ms={},
+            peak_rss=_peak_rss(), peak_gpu=_gpu_used(), limit_ts=None, test_time=started, batching=mode.name,
+            kv_unified=pc.one_pool, repetitions=len(samples), planned=reps,
+        )
+
     try:
         bench_parallel(pc, min(test.n_prompt, 16) or 1, 1, rng)  # warm-up
         for rep in range(reps):
             t_pp, t_tg = bench_parallel(pc, test.n_prompt or 1, test.n_gen, rng, mode.exact)
             samples.append(t_pp if test.n_gen == 0 else t_tg)
             progress.step(f"{model['name']} {test.label} ({rep + 1}/{reps})")
+    except BaseException:
+        if samples and cut is not None:
+            cut(row())
+        raise
     finally:
         pc.close()
-    tokens = test.n_parallel * (test.n_gen or test.n_prompt)
-    return Result(
-        config=cfg, test=test, model=model, samples_ns=[int(s * 1e9) for s in samples],
-        samples_ts=[tokens / s for s in samples], load_s=engine.load_s, ttft_ms=None, itl_ms={},
-        peak_rss=_peak_rss(), peak_gpu=_gpu_used(), limit_ts=None, test_time=started, batching=mode.name,
-        kv_unified=pc.one_pool,
-    )
+    return row()
 
 
 def _e2e(engine: Any, n: int, seed: int,

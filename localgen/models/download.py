@@ -106,12 +106,8 @@ def _verified_db() -> Path:
     return paths.data_dir() / "verified-blobs.json"
 
 
-def _load_verified() -> dict[str, list[int]]:
-    try:
-        data = json.loads(_verified_db().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+def _load_verified() -> dict[str, Any]:
+    return _load(_verified_db())
 
 
 def _key(blob: Path) -> tuple[str, list[int]]:
@@ -129,21 +125,71 @@ def is_verified(blob: Path) -> bool:
 
 
 def mark_verified(blob: Path) -> None:
-    """Record a blob as checked: the small JSON file read, changed and replaced whole under its lock, so pulls at
-    once (in two processes, or two threads of a serve) each keep their record. A record that cannot be written is
-    skipped."""
+    """Record a blob as checked. A record that cannot be written is skipped: the blob is hashed again when next
+    used."""
+    k, v = _key(blob)
+    _record(_verified_db(), k, v)
+
+
+def _record(target: Path, key: str, value: Any) -> None:
+    """One entry of a small JSON record (which blobs are verified, which files' SHA-256 is known): the file read,
+    changed and replaced whole under its lock, so writers at once (two processes, or two threads of a serve) each
+    keep theirs. One that cannot be written is skipped (a record, never a reason for a command to fail)."""
     from filelock import FileLock, Timeout
 
-    k, v = _key(blob)
-    target = _verified_db()
     try:
         paths.make_dirs(target.parent)
         with FileLock(str(target) + ".lock", timeout=30):  # in a private folder (no mode: filelock would fchmod)
-            db = _load_verified()
-            db[k] = v
+            db = _load(target)
+            db[key] = value
             paths.replace_text(target, json.dumps(db))
-    except (Timeout, OSError):  # held that long by a stuck process, or a full or read-only data folder: unrecorded,
-        return  # the blob is hashed again when next used (a record, never a reason for a run or a pull to fail)
+    except (Timeout, OSError):  # held that long by a stuck process, or a full or read-only data folder: unrecorded
+        return
+
+
+def _load(target: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(target.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+# ---- the SHA-256s computed of files (`show --sha256`) ------------------------------------------------
+
+
+def _hashes_db() -> Path:
+    return paths.data_dir() / "file-sha256.json"
+
+
+def _file_key(path: Path) -> tuple[str, list[int]]:
+    real = path.resolve()  # a link's file, by its own name
+    st = real.stat()
+    return str(real), [st.st_size, st.st_mtime_ns]
+
+
+def known_sha256(path: Path) -> str | None:
+    """The SHA-256 computed earlier of this file (sha256_kept), while its real path, size and modification time
+    are those it had then; None otherwise."""
+    try:
+        k, v = _file_key(path)
+    except OSError:
+        return None
+    entry = _load(_hashes_db()).get(k)
+    if not isinstance(entry, list) or entry[:2] != v or len(entry) != 3 or not isinstance(entry[2], str):
+        return None
+    return entry[2] if hfcache.SHA256.match(entry[2]) else None
+
+
+def sha256_kept(path: Path, progress: Progress | None = None) -> str:
+    """A file's SHA-256, computed (the whole file read) and kept for known_sha256 by its real path, size and
+    modification time, unless the file changed while it was read."""
+    k, v = _file_key(path)
+    sha = sha256_file(Path(k), progress)
+    with contextlib.suppress(OSError):
+        if _file_key(path) == (k, v):
+            _record(_hashes_db(), k, [*v, sha])
+    return sha
 
 
 def sha256_file(path: Path, progress: Progress | None = None) -> str:

@@ -183,6 +183,9 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     n_ctx = q.quality_ctx if q.quality_ctx is not None else QUALITY_CTX
     settings = ms.Settings(ctx=n_ctx, batch=ms.fitting_batch(n_ctx), chunks=q.chunks, threads=t,
                            gpu_layers=ngl_one)
+    # a text too short for two windows, refused before the reference is measured (its vocabulary alone is read), as
+    # quantize --ladder --measure refuses it
+    ms.check_text(reference, text, n_ctx, q.chunks)
     run_ladder(reference, files, text, q.quality, settings, speed, q.kld_bound if q.kld_bound is not None
                else KLD_BOUND, output)
 
@@ -326,8 +329,8 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
             failed = e
         finally:
             view.end()
-    if interrupted and not results:
-        err.line("interrupted before the first result was whole (every repetition of a test): nothing saved")
+    if interrupted and not results:  # a test stopped part-way is a row of the repetitions it measured
+        err.line("interrupted before the first repetition was measured: nothing saved")
         raise typer.Exit(130)
     if failed is not None:  # the rows measured before it are shown, and said which are kept, then the error
         if results and output != "jsonl":
@@ -339,7 +342,10 @@ def _measure(plan: Any, output: str | None, offline: bool, rpc: tuple[str, ...] 
     if recording.id is not None:
         err.line(f"saved as run {recording.id}: localgen bench history {recording.id}")
     if interrupted:
-        err.line("interrupted; the results above were measured and kept")
+        last = results[-1]
+        cut = (f" ({last['test']} holds {last['repetitions']:,} of its {last['repetitions_planned']:,} repetitions)"
+               if records.stopped_note(last) else "")
+        err.line(f"interrupted; the results above were measured and kept{cut}")
         raise typer.Exit(130)
 
 

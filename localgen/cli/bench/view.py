@@ -80,6 +80,7 @@ class ProgressView:
         from localgen.cli.hints import record_note
 
         record_note(self._say, name, path, values, origins)  # a record is never a silent default
+        self._stop()  # Ctrl-C during the load: nothing measured yet
 
     def warning(self, text: str) -> None:
         if text not in self._warned:
@@ -87,6 +88,7 @@ class ProgressView:
             self._say(f"warning: {text}")
 
     def estimate(self, seconds: float) -> None:
+        self._stop()  # Ctrl-C during the warm-up: before the first repetition
         if not self._tty and seconds < LONG_S:
             return
         self._lines = not self._tty
@@ -101,9 +103,14 @@ class ProgressView:
         """One row finished: a line for it when stderr is not a terminal, for a long sweep."""
         if not self._lines:
             return
+        from localgen.bench import records
+
         total = self._rows
-        left = f", about {duration(self.elapsed() / done * (total - done))} left" if done < total else ""
-        self._say(f"bench: {done:,}/{total:,} {rec['model_name']} {rec['test']}: {rec['avg_ts']:,.2f} t/s{left}")
+        stopped = records.stopped_note(rec)  # the run's last row: nothing is left
+        left = f", about {duration(self.elapsed() / done * (total - done))} left" if done < total and not stopped \
+            else ""
+        self._say(f"bench: {done:,}/{total:,} {rec['model_name']} {rec['test']}{stopped}: {rec['avg_ts']:,.2f} t/s"
+                  f"{left}")
 
     def _say(self, text: str) -> None:
         if self._p is not None:
@@ -228,7 +235,7 @@ def label(r: dict[str, Any], all_records: list[dict[str, Any]]) -> str:
     settings = " ".join(f"{records.SHORT[c]}={int(r[c]) if isinstance(r.get(c), bool) else r.get(c, 0)}"
                         for c in records.swept(all_records))
     many = len({x["model_filename"] for x in all_records}) > 1
-    return " ".join(x for x in ((r["model_name"] if many else ""), r["test"], settings) if x)
+    return " ".join(x for x in ((r["model_name"] if many else ""), r["test"] + records.stopped_note(r), settings) if x)
 
 
 def bar_chart(items: list[tuple[str, float | None]], width: int = 40, columns: int | None = None) -> str:

@@ -95,7 +95,7 @@ def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
         target = Path(ref.path).resolve()
         progress = make_progress()
         progress.start(f"hashing {target.name}", target.stat().st_size, 0)
-        sha = download.sha256_file(target, progress)
+        sha = download.sha256_kept(target, progress)  # the next `show` knows it
         progress.finish()
     return {
         "name": ref.name, "file": ref.file, "sha256": sha, "architecture": s.architecture, "model_name": s.name,
@@ -226,10 +226,11 @@ def _modelfile(name: str, offline: bool) -> str:
 
 
 def _known_sha256(ref: Any) -> str | None:
-    """A SHA-256 known without reading the file: a cache blob's name, or an embedded model's published one."""
+    """A SHA-256 known without reading the file: a cache blob's name, an embedded model's published one, or the one
+    `show --sha256` computed of this file as it is now."""
     from pathlib import Path
 
-    from localgen.models import embedded, hfcache, store
+    from localgen.models import download, embedded, hfcache, store
 
     try:
         blob = store.blob_of(Path(ref.path)).name  # a hard link's blob too (its own name is no SHA)
@@ -238,4 +239,6 @@ def _known_sha256(ref: Any) -> str | None:
     if hfcache.SHA256.match(blob):
         return blob
     model = embedded.EMBEDDED.get(ref.name)
-    return model.sha256 if model is not None and ref.source == "embedded" else None
+    if model is not None and model.sha256 is not None and ref.source == "embedded":
+        return model.sha256
+    return download.known_sha256(Path(ref.path))
