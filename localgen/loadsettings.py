@@ -57,10 +57,11 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
              "(default: the model's tuning record, else every logical CPU this process may use).", "n_threads_batch",
              1, 1024),
     LoadKnob("gpu_layers", INT, ("--gpu-layers", "--n-gpu-layers", "-ngl"), "Layers to offload to the GPU; -1 all "
-             "(default: as many as fit when this build can offload, else 0).", "n_gpu_layers", -1, ollama="num_gpu"),
-    LoadKnob("batch_size", INT, ("--batch-size", "-b"), "Logical batch size.", "n_batch", 1, ollama="num_batch"),
+             "(default: as many as fit when this build can offload, else 0).", "n_gpu_layers", -1, INT32,
+             ollama="num_gpu"),
+    LoadKnob("batch_size", INT, ("--batch-size", "-b"), "Logical batch size.", "n_batch", 1, INT32, ollama="num_batch"),
     LoadKnob("ubatch_size", INT, ("--ubatch-size", "-ub"), "Physical batch size (default: the model's tuning "
-             "record, else 512).", "n_ubatch", 1),
+             "record, else 512).", "n_ubatch", 1, INT32),
     LoadKnob("flash_attn", TEXT, ("--flash-attn", "-fa"), "Flash attention (default: the model's tuning record, "
              "else on; `localgen tune` measures which is faster here). auto: llama.cpp decides. A bare -fa means on.",
              metavar="on|off|auto"),
@@ -95,7 +96,7 @@ LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
              "scratch with row).", "main_gpu", 0, INT32, panel=GPU, ollama="main_gpu"),
     LoadKnob("n_cpu_moe", INT, ("--n-cpu-moe", "-ncmoe"), "Keep the mixture-of-experts weights of the first N "
              "layers in RAM, the rest of those layers on the GPU (default: as the plan finds room; `localgen fit`).",
-             "n_cpu_moe", 0, panel=GPU, envvar="LLAMA_ARG_N_CPU_MOE", metavar="N"),
+             "n_cpu_moe", 0, INT32, panel=GPU, envvar="LLAMA_ARG_N_CPU_MOE", metavar="N"),
     LoadKnob("cpu_moe", BOOL, ("--cpu-moe", "-cmoe"), "Keep every layer's mixture-of-experts weights in RAM.",
              "cpu_moe", panel=GPU, envvar="LLAMA_ARG_CPU_MOE"),
     LoadKnob("override_tensor", TEXTS, ("--override-tensor", "-ot"), "Put the tensors whose names match a regular "

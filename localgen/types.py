@@ -80,7 +80,14 @@ PREFIX_REUSE = ("exact", "all")  # what a reused prefix keeps: engine/tokens.py,
 
 TRAINED_CTX = 0  # --ctx 0: the model's trained context, as llama.cpp's -c 0
 MIN_CTX_FLAG = 16  # the least --ctx other than 0
-MAX_CTX = 2**31 - 1  # the most --ctx: llama.cpp takes it as a C int (and pads it to 256 cells: 2**31 at the top)
+MAX_CTX = 2**31 - 1  # the most --ctx: llama.cpp takes it as a C int
+# the most cells a context gets: the largest multiple of 256 (llama.cpp pads a context to one) a C int holds, so
+# --ctx 2147483647, padded up, is not 2**31
+MAX_CELLS = MAX_CTX // 256 * 256
+# the load settings llama.cpp takes as C ints, with their flags: at most MAX_CTX (2**32 wrapped to 0 in ctypes)
+C_INT_FIELDS = {"n_ctx": "--ctx", "n_batch": "--batch-size", "n_ubatch": "--ubatch-size",
+                "n_gpu_layers": "--gpu-layers", "n_cpu_moe": "--n-cpu-moe", "main_gpu": "--main-gpu",
+                "yarn_orig_ctx": "--yarn-orig-ctx"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,12 @@ class LoadParams:
         if self.n_ctx != TRAINED_CTX and self.n_ctx < MIN_CTX_FLAG:
             raise UsageError(f"--ctx takes {TRAINED_CTX} (the model's trained context) or {MIN_CTX_FLAG} tokens or "
                              f"more, not {self.n_ctx}")
+        for name, flag in C_INT_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None and value > MAX_CTX:  # as bench's sizes and --top-k are told
+                from localgen.settings import out_of_range
+
+                raise UsageError(out_of_range(flag, value, MAX_CTX, value))
         for name in (self.cache_type_k, self.cache_type_v):
             if name not in KV_CACHE_TYPES:
                 raise UsageError(f"unknown KV-cache type {name!r}; choose from {', '.join(KV_CACHE_TYPES)}")

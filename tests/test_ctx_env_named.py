@@ -42,15 +42,6 @@ def test_a_context_past_a_c_int_is_refused_by_every_command(cli_in_process: InPr
                                    "as a C int), not 2147483648"), r
 
 
-def test_fits_plan_at_the_largest_context_says_a_flag_the_load_takes(cli_in_process: InProcessCLI) -> None:
-    """docs/fit.md: the plan's context is llama.cpp's, padded to a multiple of 256 cells (2**31 for a C int's
-    largest), but its `flags` line is what to type: it said `--ctx 2147483648`, which no command takes."""
-    r = cli_in_process("fit", "-m", "smollm2:135m", "--ctx", "2147483647", "--rope-scaling", "yarn", "--ram", "1P")
-    assert r.returncode == 0, r.stderr
-    assert "context 2,147,483,648 tokens (2,147,483,647 asked, rounded up to a multiple of 256)" in r.stdout, r.stdout
-    assert "--ctx 2147483647 --rope-scaling yarn" in r.stdout and "--ctx 2147483648" not in r.stdout, r.stdout
-
-
 def test_configuration_md_quotes_the_error_each_variable_gives() -> None:
     """configuration.md's rows of LOCALGEN_CTX, LLAMA_ARG_RPC and LLAMA_ARG_OVERRIDE_TENSOR promise that a bad value
     is named by the variable; the errors they quote are the ones given (above, and tests/test_placement_words.py)."""

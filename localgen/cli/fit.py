@@ -242,7 +242,7 @@ def _flags(plan: Any, given: Any) -> str:
     import shlex
 
     load, default = plan.load(given), LoadParams()
-    flags = [f"--ctx {min(plan.ctx, MAX_CTX)}"]  # 2**31 cells: the most a flag says, which the load pads to them
+    flags = [f"--ctx {plan.ctx}"]
     if plan.parallel > 1:  # the plan holds that many sequences' KV cache (serve's slots)
         flags.append(f"--parallel {plan.parallel}")
     if "gpu_layers" in plan.fixed:  # as given (-ngl 99 is not said back as -1: the plan keeps it as it is)
@@ -279,7 +279,8 @@ def _flags(plan: Any, given: Any) -> str:
 
 def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = True) -> str:
     """How the plan's context came to be, as the plan line says it: the training context or the largest that
-    fits (none asked); as asked, capped at the training context, rounded up to llama.cpp's multiple of 256; and
+    fits (none asked); as asked, capped at the training context, rounded up to llama.cpp's multiple of 256 (down,
+    past the largest a C int holds); and
     shrunk to fit, or to the floor with memory still short there (the verdict is "won't fit"), or to what the
     layers left on the GPU hold (they left it at the floor; the context then grew back)."""
     done = []
@@ -287,6 +288,8 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
         done.append("capped at the training context")
     elif asked is not None and plan.asked > asked:
         done.append("rounded up to a multiple of 256")
+    elif asked is not None and plan.asked < asked:  # past MAX_CELLS: rounded up, it would pass llama.cpp's C int
+        done.append("rounded down to a multiple of 256, the largest a C int holds")
     if plan.shrunk:
         from localgen.models.fit import MIN_CTX
 

@@ -46,7 +46,7 @@ def launch(
         help=f"The started server's window in tokens, 16 or more (default: {AGENT_CTX:,}, or the model's trained "
              "context if less; 0: the trained context).")] = None,
     gpu_layers: Annotated[int | None, typer.Option(
-        "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
+        "--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, max=MAX_CTX, show_default=False,
         help="Layers the started server offloads to the GPU (as serve's -ngl).")] = None,
     offline: Annotated[bool, typer.Option("--offline", envvar="LOCALGEN_OFFLINE",
                                           help="The started server never downloads anything.")] = False,

@@ -26,14 +26,15 @@ MeasureCtxOpt = Annotated[int | None, typer.Option("--ctx", "--ctx-size", "-c", 
                                                    help="Tokens per window; the second half of each is scored "
                                                         "(default 512; against a logits file, the context it was "
                                                         "saved at).")]
-BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1,
+BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", min=1, max=MAX_CTX,
                                        help="Tokens per llama_decode: batch // ctx windows go together.")]
-UBatchOpt = Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="Physical batch size.")]
+UBatchOpt = Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, max=MAX_CTX, help="Physical batch size.")]
 ChunksOpt = Annotated[int | None, typer.Option("--chunks", min=1, show_default=False,
                                                help="Measure only the first N windows (default: all).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", "-t", min=1, max=1024, show_default=False,
                                                 help="CPU threads (default: the cores this process may use).")]
-GpuOpt = Annotated[int | None, typer.Option("--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, show_default=False,
+GpuOpt = Annotated[int | None, typer.Option("--gpu-layers", "--n-gpu-layers", "-ngl", min=-1, max=MAX_CTX,
+                                            show_default=False,
                                             help="Layers on the GPU, -1 all (default: as many as fit).")]
 TextOpt = Annotated[str | None, typer.Option("--file", "-f", show_default=False, metavar="TEXT",
                                              help="The text, UTF-8 ('-': stdin); default: the text localgen ships "

@@ -9,7 +9,7 @@ import hashlib
 from typing import Any
 
 from localgen import hardware, tuning
-from localgen.types import LoadParams, ModelRef
+from localgen.types import MAX_CELLS, LoadParams, ModelRef
 
 UBATCH = 512  # llama.cpp's default physical batch
 
@@ -51,7 +51,7 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
 
     train_ctx = model.summary.context_length
     params = params.for_model(train_ctx)  # --ctx 0: the trained context
-    n_ctx = -(-params.n_ctx // 256) * 256
+    n_ctx = min(-(-params.n_ctx // 256) * 256, MAX_CELLS)  # --ctx 2147483647 padded up would pass a C int
     if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
         n_ctx = min(n_ctx, train_ctx)
     n_gpu = 0 if cpu_only else params.n_gpu_layers

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from localgen import hardware
 from localgen.models.footprint import Footprint, Placement, WeightLayout, cells, estimate
 from localgen.monotone import least, most
-from localgen.types import TRAINED_CTX, GGUFSummary, LoadParams
+from localgen.types import MAX_CELLS, TRAINED_CTX, GGUFSummary, LoadParams
 
 FULL_GPU, PARTIAL_GPU, CPU_ONLY, WONT_FIT = "full GPU", "partial GPU", "CPU only", "won't fit"
 MIN_CTX = 4096  # the floor a context is shrunk to (llama.cpp's --fit-ctx default)
@@ -172,7 +172,7 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
     n_layer = weights.n_layer or s.n_layers or 0
     train = s.context_length or MIN_CTX
     stretched = bool(load.rope_scaling or load.rope_freq_scale)
-    top = cells(ctx if ctx is not None else train)
+    top = min(cells(ctx if ctx is not None else train), MAX_CELLS)  # --ctx 2147483647 padded up passes a C int
     # a GGUF that names no training context has nothing to cap at: the load takes what is asked
     capped = bool(s.context_length) and not stretched and top > cells(train)
     if capped:

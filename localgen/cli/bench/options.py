@@ -13,7 +13,7 @@ from localgen.bench.serving import MAX_PROMPTS
 from localgen.bench.sweep import MAX_REPETITIONS
 from localgen.cli import options as o
 from localgen.cli.options import OptionGroup
-from localgen.types import MIN_CTX_FLAG
+from localgen.types import MAX_CTX, MIN_CTX_FLAG
 
 SWEEP = "Sweep (lists 1,2,4 and ranges 1-8, 1-16*2, 0-40+10; flags may repeat)"
 Values = list[str] | None  # a sweep flag's values as given: lists and ranges, the flag repeatable
@@ -106,8 +106,8 @@ class Quality(OptionGroup):
                                                     show_default=False,
                                                     help=f"With --quality: the mean KLD the verdict accepts "
                                                          f"(default {KLD_BOUND}).")] = None
-    quality_ctx: Annotated[int | None, typer.Option("--ctx", "-c", min=MIN_CTX_FLAG, rich_help_panel=QUALITY,
-                                                    show_default=False,
+    quality_ctx: Annotated[int | None, typer.Option("--ctx", "-c", min=MIN_CTX_FLAG, max=MAX_CTX,
+                                                    rich_help_panel=QUALITY, show_default=False,
                                                     help=f"With --quality: tokens per perplexity window (default "
                                                          f"{QUALITY_CTX}).")] = None
     chunks: Annotated[int | None, typer.Option("--chunks", min=1, rich_help_panel=QUALITY, show_default=False,
