@@ -74,6 +74,11 @@ class Backend(Protocol):
         """Start a stream (raises ContextOverflowError, TemplateError, GrammarError before any work)."""
         ...
 
+    def window_cap(self) -> int | None:
+        """The largest window any --ctx gives: a local model's trained context, where the load caps the window
+        (engine/defaults.py); None where nothing caps it (a remote server's window is its own)."""
+        ...
+
     def count(self, request: GenerationRequest) -> int:
         """Prompt tokens the request takes."""
         ...

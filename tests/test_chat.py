@@ -436,6 +436,31 @@ def test_a_message_that_cannot_fit_is_refused_and_nothing_is_lost(cli: CLI) -> N
     assert "last exchange dropped" in r.stderr and "0 messages" in r.stderr
 
 
+def test_a_message_past_the_trained_context_is_not_told_to_restart_with_a_larger_ctx(cli: CLI) -> None:
+    """troubleshooting.md: a message longer than the 8,192 tokens SmolLM2 was trained on was told "restart with a
+    larger --ctx", which is capped there; the hint says what helps, as run's does: a larger --ctx only where the
+    window it gives holds the message with the answer's room, and RoPE scaling (which lifts the cap) is told so."""
+    def refused(text: str, *flags: str) -> str:
+        r = cli("chat", "-n", "8", *flags, input=text + "\n")
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("localgen: error: this message needs "), r.stderr
+        return r.stderr
+
+    stretch = "a restart with --rope-scaling linear stretches the window, at some cost in quality"
+    assert refused("word " * 9000, "--ctx", "4096").endswith(
+        "; the context window is 4,096 (shorten it: with the answer's room it needs more than the 8,192 tokens this "
+        f"model was trained on, past which --ctx does not go; {stretch}; the conversation is kept)\n")
+    assert refused("word " * 9000, "--ctx", "8192").endswith(
+        "; the context window is 8,192 (shorten it: the window is already the 8,192 tokens this model was trained "
+        f"on; {stretch}; the conversation is kept)\n")
+    assert refused("word " * 5000, "--ctx", "4096").endswith(
+        "; the context window is 4,096 (shorten it, or restart with a larger --ctx, up to the 8,192 tokens this "
+        "model was trained on; the conversation is kept)\n")
+    # stretched, the window is capped by no training: a larger --ctx holds it
+    assert refused("word " * 9000, "--ctx", "4096", "--rope-scaling", "linear").endswith(
+        "; the context window is 4,096 (shorten it, or restart with a larger --ctx; the conversation is kept)\n")
+
+
 def test_save_never_overwrites_another_conversation(cli: CLI, home: Path) -> None:
     cli("chat", "keepme", "-n", "4", input="Remember the number 7.\n")
     before = (home / "data" / "chats" / "keepme.json").read_text()

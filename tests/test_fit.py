@@ -497,6 +497,13 @@ def test_a_ctx_over_the_training_context_is_capped_as_run_caps_it(cli: CLI, cli_
     r = cli_in_process("fit", "-m", m, "--ctx", "100000")
     assert r.returncode == 0, r.stderr
     assert _plan_line(r.stdout).endswith("context 8,192 tokens (100,000 asked, capped at the training context)")
+    # --rope-scaling none turns scaling off: the cap stays (it lifted it, as linear and yarn do)
+    off = json.loads(cli_in_process("fit", "-m", m, "--ctx", "100000", "--rope-scaling", "none", "--ram", "1P",
+                                    "--json").stdout)
+    assert (off["ctx"], off["capped"]) == (8192, True), off
+    on = json.loads(cli_in_process("fit", "-m", m, "--ctx", "100000", "--rope-scaling", "linear", "--ram", "1P",
+                                   "--json").stdout)
+    assert on["ctx"] == 100096 and not on["capped"], on
     # run loads what fit planned: the training context, not the 100,000 asked (and not an error)
     ran = cli("run", "-m", m, "--ctx", "100000", "-p", "hi", "-n", "1", "--json")
     assert ran.returncode == 0, ran.stderr[-2000:]

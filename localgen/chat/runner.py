@@ -66,9 +66,10 @@ class ChatRunner:
         self.session.settings[key] = settings.jsonable(typed)
         return f"{key} = {settings.as_text(key, typed)}"
 
-    def reserve(self) -> int:
-        """Tokens kept free for the answer when deciding whether the history fits."""
-        n_ctx = int(self.backend.n_ctx)
+    def reserve(self, n_ctx: int | None = None) -> int:
+        """Tokens kept free for the answer when deciding whether the history fits a window of `n_ctx` tokens (None:
+        the backend's)."""
+        n_ctx = int(self.backend.n_ctx) if n_ctx is None else n_ctx
         want = self.sampling.max_tokens if self.sampling.max_tokens > 0 else n_ctx // 4
         return max(16, min(want, n_ctx // 2))
 
@@ -218,10 +219,25 @@ class ChatRunner:
             raise ContextOverflowError(
                 f"this message needs {need:,} tokens with the system prompt, and {self.reserve():,} more are kept "
                 f"for the answer; the context window is {n_ctx:,}",
-                hint="shorten it, or restart with a larger --ctx; the conversation is kept",
+                hint=f"{self._overflow_hint(need)}; the conversation is kept",
             )
         self.last_request = self.request(self.sent())
         return self.first - self.covered()
+
+    def _overflow_hint(self, need: int) -> str:
+        """What helps a message that needs `need` tokens with the system prompt, as run's error says it
+        (defaults.overflow_hint): a larger --ctx only where the largest window one gives (Backend.window_cap) holds
+        it with the answer's room, else a shorter message, or RoPE scaling."""
+        cap = self.backend.window_cap()
+        if cap is None:
+            return "shorten it, or restart with a larger --ctx"
+        stretch = "a restart with --rope-scaling linear stretches the window, at some cost in quality"
+        if int(self.backend.n_ctx) >= cap:
+            return f"shorten it: the window is already the {cap:,} tokens this model was trained on; {stretch}"
+        if need > cap - self.reserve(cap):
+            return (f"shorten it: with the answer's room it needs more than the {cap:,} tokens this model was trained "
+                    f"on, past which --ctx does not go; {stretch}")
+        return f"shorten it, or restart with a larger --ctx, up to the {cap:,} tokens this model was trained on"
 
     def _auto_compact(self, limit: int) -> None:
         """Fold the oldest turns into the summary, keeping verbatim the newest that fill at most half of `limit`

@@ -52,7 +52,7 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
     train_ctx = model.summary.context_length
     params = params.for_model(train_ctx)  # --ctx 0: the trained context
     n_ctx = min(-(-params.n_ctx // 256) * 256, MAX_CELLS)  # --ctx 2147483647 padded up would pass a C int
-    if train_ctx and not params.rope_scaling and not params.rope_freq_scale:
+    if train_ctx and not stretched(params):
         n_ctx = min(n_ctx, train_ctx)
     n_gpu = 0 if cpu_only else params.n_gpu_layers
     if n_gpu is None:
@@ -88,6 +88,12 @@ def resolve(model: ModelRef, params: LoadParams, cpu_only: bool,
         repack=bool(values["repack"]), flash_attn=values["flash_attn"],
     )
     return resolved, origins
+
+
+def stretched(params: LoadParams) -> bool:
+    """Whether RoPE scaling (--rope-scaling linear or yarn, --rope-freq-scale) stretches the window past the trained
+    context, where resolve() would cap it (`--rope-scaling none` turns scaling off: the cap stays)."""
+    return bool(params.rope_scaling not in (None, "none") or params.rope_freq_scale)
 
 
 def window_can_hold(tokens: int, trained: int | None, stretched: bool = False) -> bool:

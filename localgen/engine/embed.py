@@ -55,9 +55,9 @@ class Embedder:
             flash_attn_type=(1 if engine.flash_attn else 0) if given else -1, no_perf=True)
         self.ctx = _context(engine, p)
         self.n_ctx = n_ctx
-        trained = engine.model.summary.context_length
+        cap = engine.window_cap()
         # the window is the model's trained one (a larger --ctx was capped to it): a larger --ctx cannot help
-        self.at_trained = trained is not None and 0 < trained <= n_ctx and not (prm.rope_scaling or prm.rope_freq_scale)
+        self.at_trained = cap is not None and cap <= n_ctx
         self.pooling = POOLING_NAMES.get(context.pooling_type(self.ctx), "none")
         if scores:
             if self.pooling != "rank":

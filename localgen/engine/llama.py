@@ -286,15 +286,21 @@ class Engine:
             self.check_grammar(sampling.grammar)
         return Generation(self, prompt, sampling, started, drafter, draft_max, logprobs, lead)
 
+    def window_cap(self) -> int | None:
+        """The largest window any --ctx loads this model with: the context it was trained on, where the load caps
+        it (defaults.resolve); None where nothing caps it (no trained context named, or RoPE scaling stretches it)."""
+        from localgen.engine.defaults import stretched
+
+        trained = self.model.summary.context_length
+        return trained if trained and not stretched(self.params) else None
+
     def overflow(self, message: str, needed: int | None = None) -> ContextOverflowError:
         """The error for a prompt of `needed` tokens (None: not counted) past the window, with what can help
         (defaults.overflow_hint): a larger --ctx only where one could hold it, else a shorter prompt (or RoPE
         scaling)."""
         from localgen.engine.defaults import overflow_hint
 
-        stretched = bool(self.params.rope_scaling or self.params.rope_freq_scale)
-        return ContextOverflowError(message, hint=overflow_hint(self.n_ctx, self.model.summary.context_length,
-                                                                needed, stretched))
+        return ContextOverflowError(message, hint=overflow_hint(self.n_ctx, self.window_cap(), needed))
 
     def close(self) -> None:
         """Free the context, the model and the batch (idempotent, and whole: a Ctrl-C during it is raised at its end,

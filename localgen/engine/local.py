@@ -48,6 +48,10 @@ class LocalBackend:
         """The context window in tokens."""
         return self.engine.n_ctx
 
+    def window_cap(self) -> int | None:
+        """The largest window any --ctx loads the model with (Engine.window_cap)."""
+        return self.engine.window_cap()
+
     def prompt(self, request: GenerationRequest) -> Prompt:
         """The request's prompt as the engine takes it (chat template for messages; BOS as the model asks for
         raw). With images or audio, libmtmd's (native/mtmd.py): their positions hold placeholders, and its

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localgen import hardware
+from localgen.engine import defaults
 from localgen.models.footprint import Footprint, Placement, WeightLayout, cells, estimate
 from localgen.monotone import least, most
 from localgen.types import MAX_CELLS, TRAINED_CTX, GGUFSummary, LoadParams
@@ -171,7 +172,7 @@ def plan(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPara
         ctx = load.n_ctx
     n_layer = weights.n_layer or s.n_layers or 0
     train = s.context_length or MIN_CTX
-    stretched = bool(load.rope_scaling or load.rope_freq_scale)
+    stretched = defaults.stretched(load)
     top = min(cells(ctx if ctx is not None else train), MAX_CELLS)  # --ctx 2147483647 padded up passes a C int
     # a GGUF that names no training context has nothing to cap at: the load takes what is asked
     capped = bool(s.context_length) and not stretched and top > cells(train)

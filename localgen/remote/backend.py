@@ -132,6 +132,10 @@ class RemoteBackend:
         settings = props.get("default_generation_settings") if isinstance(props, dict) else None
         return (count(settings.get("n_ctx")) or None) if isinstance(settings, dict) else None
 
+    def window_cap(self) -> int | None:
+        """None: the server's window is its own, capped by no --ctx of ours."""
+        return None
+
     def generate(self, request: GenerationRequest, started: float | None = None) -> RemoteGeneration:
         """A stream from the first endpoint."""
         return RemoteGeneration(self.clients[0], request, started if started is not None else time.perf_counter())

@@ -11,12 +11,12 @@ if TYPE_CHECKING:
 
 def past_cap(backend: Backend, tokens: int) -> int | None:
     """The context a local model was trained on, where a prompt of `tokens` tokens is past it: the load caps the
-    window there (engine/defaults.py), so no --ctx holds it. None where a larger --ctx could (a remote server's
+    window there (Backend.window_cap), so no --ctx holds it. None where a larger --ctx could (a remote server's
     window is its own)."""
     from localgen.engine.defaults import window_can_hold
 
-    trained, stretched = _training(backend)
-    return None if trained is None or window_can_hold(tokens, trained, stretched) else trained
+    cap = backend.window_cap()
+    return None if cap is None or window_can_hold(tokens, cap) else cap
 
 
 def overflow_hint(backend: Backend, tokens: int, window: int) -> str | None:
@@ -24,15 +24,7 @@ def overflow_hint(backend: Backend, tokens: int, window: int) -> str | None:
     (defaults.overflow_hint: a larger --ctx only where one could hold it); None for a remote model."""
     from localgen.engine import defaults
 
-    if getattr(backend, "engine", None) is None:
+    if getattr(backend, "engine", None) is None:  # a remote server's window is no --ctx of ours
         return None
-    trained, stretched = _training(backend)
-    return defaults.overflow_hint(window, trained, tokens, stretched)
+    return defaults.overflow_hint(window, backend.window_cap(), tokens)
 
-
-def _training(backend: Backend) -> tuple[int | None, bool]:
-    """A local model's trained context and whether RoPE scaling stretches it; (None, False) for a remote one."""
-    engine = getattr(backend, "engine", None)
-    if engine is None:
-        return None, False
-    return engine.model.summary.context_length, bool(engine.params.rope_scaling or engine.params.rope_freq_scale)
