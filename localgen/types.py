@@ -145,10 +145,8 @@ class LoadParams:
                              f"more, not {self.n_ctx}")
         for name, flag in C_INT_FIELDS.items():
             value = getattr(self, name)
-            if value is not None and value > MAX_CTX:  # as bench's sizes and --top-k are told
-                from localgen.settings import out_of_range
-
-                raise UsageError(out_of_range(flag, value, MAX_CTX, value))
+            if value is not None and value > MAX_CTX:  # worded as settings.out_of_range words a C int's top
+                raise UsageError(f"{flag} must be at most {MAX_CTX:,} (llama.cpp takes it as a C int), not {value}")
         for name in (self.cache_type_k, self.cache_type_v):
             if name not in KV_CACHE_TYPES:
                 raise UsageError(f"unknown KV-cache type {name!r}; choose from {', '.join(KV_CACHE_TYPES)}")
