@@ -313,7 +313,7 @@ def test_a_schema_saying_never_this_where_a_value_may_be_absent_is_taken(schema:
     """Only the parts every value must meet are checked: a property not required, additionalProperties, items,
     then/else or one anyOf branch that no value meets says "never this" (zod writes z.never() as not: {}); they
     were refused, and a tool with one broke every request that offered it. A huge integer const is no float."""
-    from localgen.engine.grammar import check_satisfiable
+    from localgen.engine.satisfiable import check_satisfiable
 
     check_satisfiable(schema)
 

@@ -81,7 +81,8 @@ def test_pydantic_and_mcp_style_schemas_make_grammars_in_every_format(smollm2_en
             c = constraint(fmt, tools, forced, True)
             if c is not None:
                 smollm2_engine.check_grammar(c.grammar)  # llama.cpp's parser takes it
-    from localgen.engine.grammar import grammar_from_json_schema, resolve_schema
+    from localgen.engine.grammar import grammar_from_json_schema
+    from localgen.engine.schemaresolve import resolve_schema
 
     for schema in SCHEMAS.values():  # response_format and --json-schema take the same schemas
         smollm2_engine.check_grammar(grammar_from_json_schema(json.dumps(schema)))
@@ -107,7 +108,8 @@ def test_a_schema_error_under_a_named_tool_choice_counts_every_tool() -> None:
 
 
 def test_recursive_references_are_bounded_not_a_recursion_error() -> None:
-    from localgen.engine.grammar import REF_DEPTH, grammar_from_json_schema, resolve_schema
+    from localgen.engine.grammar import grammar_from_json_schema
+    from localgen.engine.schemaresolve import REF_DEPTH, resolve_schema
     from localgen.errors import GrammarError
 
     tree = resolve_schema(Node.model_json_schema())

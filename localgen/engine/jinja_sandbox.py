@@ -1,170 +1,38 @@
 """The Jinja environment chat templates run in (engine/template.py): immutable and sandboxed, with a size cap on
 every string, list or dict a template builds, checked before it is built (so that no single C-level step,
 which the render's time limit cannot stop, runs long), bounded widths, integers and batches, a linear `sum`,
-and amplifying filters and methods bounded or refused."""
+and amplifying filters and methods bounded or refused. This module hooks the caps into Jinja (its filters,
+operators, calls, string methods and compiled code); the caps and their arithmetic are engine/jinja_caps.py."""
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import json
-import operator
 from typing import Any
 
-MAX_OUTPUT = 4 << 20  # characters; a prompt this long would not fit any context anyway
-MAX_SEQUENCE = 1 << 20  # result size of `*` on strings and lists
-# size of any string or list a template builds (`~`, `+`, `%`, format, join, replace, a filter's or a call's
-# result, a literal), measured as the text str() would make of it: a message's content is concatenated whole,
-# so the bound is the output's. Every C-level step a template can take (str() of a list, a comparison, a sort,
-# json.dumps) is linear in the sizes it is given, so with them bounded no single one runs for long.
-MAX_BUILT = MAX_OUTPUT
-FLOAT_REPR = 24  # characters of a float's repr or JSON at most: -1.7976931348623157e+308
-FLOAT_FORMATTED = 330  # of one formatted ('%f' of 1e308 writes every digit)
-MAX_WIDTH = 100_000  # widths, paddings and precisions in formats and string methods
-MAX_INT_BITS = 1 << 16  # results of ** and * on integers
-MAX_BATCH = 10_000  # the batch and slice filters' counts (each may fill that many places)
-
-
-def _check_built(size: int, what: str = "string") -> None:
-    """Refuse a string or list of `size` before it is built."""
-    if size > MAX_BUILT:
-        from jinja2.exceptions import SecurityError
-
-        raise SecurityError(f"{what} too long ({size:,} > {MAX_BUILT:,})")
-
-
-class _Measure:
-    """Upper bounds of the text str() (repr, for what is inside a container) or json.dumps makes of a value,
-    counting a value held twice twice (a list of a million references to one list is a million lists), walked
-    once per object, and given up once past the limit."""
-
-    def __init__(self, json_style: bool = False, ensure_ascii: bool = False, per_item: int = 2,
-                 indent: int = 0, floats: int = FLOAT_REPR) -> None:
-        self.json_style = json_style
-        self.floats = floats  # a float's characters: its repr's (or JSON's), or a format's ('%f' of 1e308: 330)
-        self.ensure_ascii = ensure_ascii
-        self.per_item = per_item  # separators between items, between a key and its value
-        self.indent = indent  # json's indent: each item on its own line, indented by its depth
-        self.seen: dict[tuple[int, int], int] = {}
-
-    def text(self, value: Any) -> int:
-        """Of str(value)."""
-        if isinstance(value, str):
-            return len(value)
-        return self.of(value)
-
-    def of(self, value: Any, depth: int = 0) -> int:
-        """Of repr(value) or the JSON of value."""
-        if isinstance(value, str):
-            return self._string(value)
-        if isinstance(value, bool) or value is None:
-            return 5
-        if isinstance(value, int):
-            return value.bit_length() // 3 + 2
-        if isinstance(value, float):
-            return self.floats
-        key = (id(value), depth if self.indent else 0)
-        if key in self.seen:
-            return self.seen[key]
-        items = _items(value)
-        if items is None:
-            return 200  # an object's repr: <Macro 'm'>, <generator object ...>, an undefined
-        self.seen[key] = 16  # a container holding itself: repr writes [...]
-        line = 1 + self.indent * (depth + 1) if self.indent else 0
-        flat = self._flat(items, line) if isinstance(items, (list, tuple, set, frozenset)) else None
-        if flat is not None:
-            self.seen[key] = flat
-            return flat
-        listed = items if isinstance(items, (list, tuple)) else list(items)
-        # the brackets (and a name: <Namespace {...}>, dict_items([...])), the closing line, the separators
-        total = (2 if isinstance(value, (list, tuple, dict)) else 16) + line + len(listed) * (self.per_item + line)
-        # each object measured once, times the places that hold it (counted in C: a million places is quick)
-        times = collections.Counter(map(id, listed))
-        for at, item in dict(zip(map(id, listed), listed, strict=True)).items():
-            total += self.of(item, depth + 1) * times[at]
-            if total > MAX_BUILT:
-                break
-        self.seen[key] = total
-        return total
-
-    def _flat(self, items: Any, line: int) -> int | None:
-        """A list of strings or of numbers measured in C, without a Python call an item (a template's loop
-        of `+` measures its list each time)."""
-        import json.encoder
-
-        kinds = set(map(type, items))
-        extra = len(items) * (self.per_item + line) + 18
-        if kinds <= {str}:
-            if self.json_style:
-                encode = json.encoder.encode_basestring_ascii if self.ensure_ascii else \
-                    json.encoder.encode_basestring
-                return sum(map(len, map(encode, items))) + extra
-            if all(map(str.isprintable, items)):
-                escaped = sum(map(operator.methodcaller("count", "\\"), items)) + sum(
-                    map(operator.methodcaller("count", "'"), items))
-                return int(sum(map(len, items))) + int(escaped) + 2 * len(items) + extra
-            return int(sum(map(len, map(repr, items)))) + extra
-        if kinds <= {int, bool}:
-            return sum(map(int.bit_length, items)) // 3 + 5 * len(items) + extra
-        if kinds <= {float}:
-            return self.floats * len(items) + extra
-        return None
-
-    def _string(self, s: str) -> int:
-        import json.encoder
-
-        if self.json_style:
-            encode = json.encoder.encode_basestring_ascii if self.ensure_ascii else json.encoder.encode_basestring
-            return len(encode(s))
-        if s.isprintable():  # repr escapes only backslashes and quotes
-            return len(s) + s.count("\\") + s.count("'") + 2
-        return len(repr(s))
-
-
-def _items(value: Any) -> Any:
-    """What str() of a container writes, flattened (a dict's keys and values), or None for another object."""
-    from collections.abc import ItemsView, KeysView, ValuesView
-
-    from jinja2.utils import Namespace
-
-    if isinstance(value, (list, tuple, set, frozenset, KeysView, ValuesView)):
-        return value
-    if isinstance(value, (dict, ItemsView)):
-        return _flat(value.items() if isinstance(value, dict) else value)
-    if isinstance(value, Namespace):
-        return _flat(object.__getattribute__(value, "_Namespace__attrs").items())
-    return None
-
-
-def _flat(pairs: Any) -> Any:
-    return itertools.chain.from_iterable(pairs)
-
-
-def _what(value: Any) -> str:
-    return "string" if isinstance(value, str) else "list" if isinstance(value, (list, tuple)) else \
-        "dict" if isinstance(value, dict) else "value"
-
-
-def _check_text(value: Any) -> Any:
-    """Refuse a value whose text (str() of it) would be past MAX_BUILT, before it is made; returns it."""
-    _check_built(_Measure().text(value), _what(value))
-    return value
-
-
-def _check_value(value: Any) -> Any:
-    """A value a template built (a filter's, a call's result, a literal): refused past MAX_BUILT."""
-    if isinstance(value, str):
-        _check_built(len(value))
-    elif _items(value) is not None:
-        _check_built(_Measure().of(value), _what(value))
-    return value
+from localgen.engine.jinja_caps import (
+    FLOAT_FORMATTED,
+    MAX_BATCH,
+    MAX_INT_BITS,
+    MAX_SEQUENCE,
+    MAX_WIDTH,
+    Measure,
+    capped,
+    check_brace_format,
+    check_built,
+    check_join,
+    check_text,
+    check_value,
+    kind_of,
+    percent_bound,
+)
 
 
 def _bounded_concat(seq: Any) -> str:
     """`a ~ b ~ ...` (jinja's str_join), refused before a result past MAX_BUILT is built."""
-    measure = _Measure()
-    _check_built(sum(measure.text(x) for x in seq))
+    measure = Measure()
+    check_built(sum(measure.text(x) for x in seq))
     return "".join(str(x) for x in seq)
 
 
@@ -176,7 +44,7 @@ class _TextBuffer(list[str]):
 
     def append(self, piece: str) -> None:
         self.size += len(piece)
-        _check_built(self.size)
+        check_built(self.size)
         super().append(piece)
 
     def extend(self, pieces: Any) -> None:
@@ -187,88 +55,8 @@ class _TextBuffer(list[str]):
 def _bounded_join(pieces: Any) -> str:
     """The text of a block (a macro's, a `{% set %}` block's, a filter block's), refused past MAX_BUILT."""
     listed = list(pieces)
-    _check_built(sum(len(x) for x in listed))
+    check_built(sum(len(x) for x in listed))
     return "".join(listed)
-
-
-def _check_join(sep: str, items: Any) -> list[Any]:
-    """`sep.join(items)` or `items|join(sep)`: the items listed and their total refused past MAX_BUILT."""
-    listed = list(items)
-    _check_built(_texts(listed) + len(sep) * len(listed))
-    return listed
-
-
-def _texts(listed: list[Any]) -> int:
-    """A bound of the length of str() of each of `listed`, together."""
-    if set(map(type, listed)) <= {str}:
-        return sum(map(len, listed))
-    measure = _Measure()
-    return sum(measure.text(x) for x in listed)
-
-
-def _percent_bound(fmt: str, args: Any) -> int:
-    """An upper bound of `fmt % args`'s length, its widths and precisions refused past MAX_WIDTH."""
-    widths = _check_percent_format(fmt, args)
-    measure = _Measure(floats=FLOAT_FORMATTED)
-    if isinstance(args, tuple):  # each placeholder takes its own argument
-        filled = sum(measure.of(a) for a in args)
-    else:  # one argument, or a mapping whose keys a placeholder may name again and again
-        values = list(args.values()) if isinstance(args, dict) else [args]
-        filled = fmt.count("%") * max((measure.of(v) for v in values), default=0)
-    return len(fmt) + filled + widths
-
-
-def _check_percent_format(fmt: str, args: Any) -> int:
-    """`fmt % args`: refuse widths or precisions past MAX_WIDTH (they allocate that many characters); their
-    sum."""
-    import re
-
-    from jinja2.exceptions import SecurityError
-
-    values = args if isinstance(args, tuple) else (args,)
-    total = 0
-    for m in re.finditer(r"%[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?", fmt):
-        for g in m.groups():
-            if g is None:
-                continue
-            n = max((abs(v) for v in values if isinstance(v, int)), default=0) if g == "*" else int(g)
-            if n > MAX_WIDTH:
-                raise SecurityError("format width too large")
-            total += n
-    return total
-
-
-def _check_brace_format(fmt: str) -> int:
-    """`fmt.format(...)`: the same for the format specs of {} fields."""
-    import re
-    import string
-
-    from jinja2.exceptions import SecurityError
-
-    try:
-        fields = list(string.Formatter().parse(fmt))
-    except ValueError:
-        return 0  # str.format raises the same error itself
-    total = 0
-    for _literal, _name, spec, _conv in fields:
-        for d in re.findall(r"\d+", spec or ""):
-            if int(d) > MAX_WIDTH:
-                raise SecurityError("format width too large")
-            total += int(d)
-    return total
-
-
-def _capped(name: str, fn: Any) -> Any:
-    """A string filter whose numeric arguments may not exceed MAX_WIDTH."""
-    def wrapper(value: Any, *args: Any, **kwargs: Any) -> Any:
-        from jinja2.exceptions import SecurityError
-
-        for a in (*args, *kwargs.values()):
-            if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_WIDTH:
-                raise SecurityError(f"{name} width too large")
-        return fn(value, *args, **kwargs)
-
-    return functools.update_wrapper(wrapper, fn)
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
@@ -287,9 +75,9 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separato
         # character under ensure_ascii): made first, then checked, as a Python walk of it under the time limit's
         # tracer cost ten times json.dumps (a request's tools, rendered for each request)
         out = json.dumps(value, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
-        _check_built(len(out))
+        check_built(len(out))
         return out
-    _check_built(_Measure(True, bool(ensure_ascii), per_item, width).of(value))  # an indent grows with the depth
+    check_built(Measure(True, bool(ensure_ascii), per_item, width).of(value))  # an indent grows with the depth
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -307,15 +95,15 @@ def _sum(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0)
     if kinds <= {int, float, bool}:
         return sum(items, start)
     if kinds in ({list}, {tuple}):
-        measure = _Measure()
-        _check_built(measure.of(start) + measure.of(items), "list")
+        measure = Measure()
+        check_built(measure.of(start) + measure.of(items), "list")
         joined = list(itertools.chain(start, *items))
         return joined if isinstance(start, list) else tuple(joined)
     total = start
     for x in items:  # a step at a time: the time limit can stop it
         if isinstance(total, (str, list, tuple)) and isinstance(x, (str, list, tuple)):
-            measure = _Measure()
-            _check_built(measure.of(total) + measure.of(x), _what(total))
+            measure = Measure()
+            check_built(measure.of(total) + measure.of(x), kind_of(total))
         total = total + x
     return total
 
@@ -327,7 +115,7 @@ def _bounded_filters(env: Any) -> None:
     filters["tojson"] = _tojson
     filters["sum"] = functools.update_wrapper(_sum, filters["sum"])
     for name in ("center", "truncate"):
-        filters[name] = _capped(name, filters[name])
+        filters[name] = capped(name, filters[name])
 
     def ahead(name: str, check: Any) -> None:
         original = filters[name]
@@ -346,7 +134,7 @@ def _bounded_filters(env: Any) -> None:
 
         if attribute is not None:
             value = map(make_attrgetter(eval_ctx.environment, attribute), value)
-        return join(eval_ctx, _check_join(str(d), value), d)  # listed: a generator is read once
+        return join(eval_ctx, check_join(str(d), value), d)  # listed: a generator is read once
 
     filters["join"] = functools.update_wrapper(join_filter, join)
     for name, check in (("replace", _before_replace), ("format", _before_format), ("indent", _before_indent),
@@ -366,38 +154,38 @@ def _bounded_filters(env: Any) -> None:
 # pass MAX_BUILT (or a width MAX_WIDTH, a count MAX_BATCH)
 
 def _before_replace(s: Any, old: Any, new: Any, count: Any = None) -> None:
-    text, old, new = str(_check_text(s)), str(old), str(new)
+    text, old, new = str(check_text(s)), str(old), str(new)
     n = text.count(old) if old else len(text) + 1
     if isinstance(count, int) and count >= 0:
         n = min(n, count)
-    _check_built(len(text) + n * max(0, len(new) - len(old)))
+    check_built(len(text) + n * max(0, len(new) - len(old)))
 
 
 def _before_format(value: Any, *args: Any, **kwargs: Any) -> None:
     if args and kwargs:
         return  # the filter refuses both itself
-    _check_built(_percent_bound(str(_check_text(value)), kwargs or args))
+    check_built(percent_bound(str(check_text(value)), kwargs or args))
 
 
 def _before_indent(s: Any, width: Any = 4, first: bool = False, blank: bool = False) -> None:
     from jinja2.exceptions import SecurityError
 
-    text = str(_check_text(s))
+    text = str(check_text(s))
     pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
     if pad > MAX_WIDTH:
         raise SecurityError("indent width too large")
-    _check_built(len(text) + (text.count("\n") + 1) * pad)
+    check_built(len(text) + (text.count("\n") + 1) * pad)
 
 
 def _before_wordwrap(s: Any, width: int = 79, break_long_words: bool = True, wrapstring: Any = None,
                      break_on_hyphens: bool = True) -> None:
     from jinja2.exceptions import SecurityError
 
-    text = str(_check_text(s))
+    text = str(check_text(s))
     if isinstance(width, int) and width > MAX_WIDTH:
         raise SecurityError("wordwrap width too large")
     wrap = len(wrapstring) if isinstance(wrapstring, str) else 2  # each line is at least a character
-    _check_built(len(text) + (len(text) + 1) * wrap)
+    check_built(len(text) + (len(text) + 1) * wrap)
 
 
 def _before_fill(name: str) -> Any:
@@ -410,17 +198,17 @@ def _before_fill(name: str) -> Any:
 
 
 def _before_text(value: Any, *args: Any, **kwargs: Any) -> None:
-    _check_text(value)
+    check_text(value)
 
 
 def _before_escape(value: Any, *args: Any, **kwargs: Any) -> None:
-    text = str(_check_text(value))  # &, <, >, ' and " become at most 5 characters
-    _check_built(len(text) + 4 * sum(text.count(c) for c in "&<>'\""))
+    text = str(check_text(value))  # &, <, >, ' and " become at most 5 characters
+    check_built(len(text) + 4 * sum(text.count(c) for c in "&<>'\""))
 
 
 def _results_checked(fn: Any) -> Any:
     def checked(*args: Any, **kwargs: Any) -> Any:
-        return _check_value(fn(*args, **kwargs))
+        return check_value(fn(*args, **kwargs))
 
     return functools.update_wrapper(checked, fn)
 
@@ -458,7 +246,7 @@ def _sandbox_class() -> Any:
         bounded_concat = staticmethod(_bounded_concat)
         concat = staticmethod(_bounded_join)  # the compiled code's `concat`, for the text of a block
         text_buffer = _TextBuffer
-        checked = staticmethod(_check_value)
+        checked = staticmethod(check_value)
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             return _bounded_binop(operator, left, right)
@@ -475,16 +263,16 @@ def _sandbox_class() -> Any:
             if wrapped is None:
                 return None
             fmt = value.__self__
-            widths = _check_brace_format(fmt)
+            widths = check_brace_format(fmt)
 
             def bounded(*args: Any, **kwargs: Any) -> Any:
                 values = [*args, *kwargs.values()]
                 if len(args) == 1 and not kwargs and isinstance(args[0], dict):  # format_map
                     values = list(args[0].values())
-                measure = _Measure(floats=FLOAT_FORMATTED)
+                measure = Measure(floats=FLOAT_FORMATTED)
                 # each field (at most one per `{`) filled by the longest argument, or a part of one
                 longest = max((measure.of(v) for v in values), default=0)
-                _check_built(len(fmt) + fmt.count("{") * longest + widths)
+                check_built(len(fmt) + fmt.count("{") * longest + widths)
                 return wrapped(*args, **kwargs)
 
             return bounded
@@ -497,7 +285,7 @@ def _sandbox_class() -> Any:
                 if not __self.is_safe_callable(__obj):
                     raise SecurityError(f"{__obj!r} is not safely callable")
                 return _bounded_join(__obj._stack[__obj._depth](__obj._context))
-            return _check_value(super().call(__context, __obj, *args, **kwargs))
+            return check_value(super().call(__context, __obj, *args, **kwargs))
 
     return Sandbox
 
@@ -508,15 +296,15 @@ def _bounded_binop(operator: str, left: Any, right: Any) -> Any:
 
     if operator == "%":
         if isinstance(left, str):
-            _check_built(_percent_bound(left, right))
+            check_built(percent_bound(left, right))
         return left % right
     if operator == "+":
-        if type(left) is str and type(right) is str:  # (the common case, measured without a _Measure)
-            _check_built(len(left) + len(right), "string")
+        if type(left) is str and type(right) is str:  # (the common case, measured without a Measure)
+            check_built(len(left) + len(right), "string")
             return left + right
         if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
-            measure = _Measure()
-            _check_built(measure.text(left) + measure.text(right), _what(left))
+            measure = Measure()
+            check_built(measure.text(left) + measure.text(right), kind_of(left))
         return left + right
     ints = isinstance(left, int) and isinstance(right, int)
     if operator == "**":
@@ -531,7 +319,7 @@ def _bounded_binop(operator: str, left: Any, right: Any) -> Any:
         if isinstance(n, int) and not isinstance(n, bool) and hasattr(seq, "__len__") and n > 0:
             if len(seq) * n > MAX_SEQUENCE:
                 raise SecurityError("sequence repetition too large")
-            _check_built(_Measure().text(seq) * n, _what(seq))
+            check_built(Measure().text(seq) * n, kind_of(seq))
     return left * right
 
 
@@ -539,17 +327,17 @@ def _str_method_args(owner: str, name: str, args: tuple[Any, ...], kwargs: dict[
     """A string method's arguments, checked before it runs where it could build past the caps (a padding, tabs
     expanded, a join, a replacement); a join's iterable is listed (a generator is read once)."""
     if name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
-        _capped(name, lambda v, *a, **k: None)(owner, *args, **kwargs)
+        capped(name, lambda v, *a, **k: None)(owner, *args, **kwargs)
         if name == "expandtabs":
             size = args[0] if args else kwargs.get("tabsize", 8)
-            _check_built(len(owner) + owner.count("\t") * (size if isinstance(size, int) else 8))
+            check_built(len(owner) + owner.count("\t") * (size if isinstance(size, int) else 8))
     if name == "join" and args:
-        return (_check_join(owner, args[0]), *args[1:])
+        return (check_join(owner, args[0]), *args[1:])
     if name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
         count = owner.count(args[0]) if args[0] else len(owner) + 1
         if len(args) > 2 and isinstance(args[2], int) and args[2] >= 0:
             count = min(count, args[2])
-        _check_built(len(owner) + count * max(0, len(args[1]) - len(args[0])))
+        check_built(len(owner) + count * max(0, len(args[1]) - len(args[0])))
     return args
 
 
@@ -595,7 +383,7 @@ def _bounded_code_generator() -> Any:
 @functools.lru_cache(maxsize=1)
 def environment() -> Any:
     """One sandboxed environment for every template (its filters are pure; Jinja renders concurrently)."""
-    env = _sandbox_class()(trim_blocks=True, lstrip_blocks=True, finalize=_check_text,
+    env = _sandbox_class()(trim_blocks=True, lstrip_blocks=True, finalize=check_text,
                            extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False}
     _bounded_filters(env)

@@ -13,7 +13,8 @@ import time
 from types import FrameType
 from typing import Any
 
-from localgen.engine.jinja_sandbox import MAX_OUTPUT, environment
+from localgen.engine.jinja_caps import MAX_OUTPUT
+from localgen.engine.jinja_sandbox import environment
 from localgen.errors import TemplateError
 from localgen.types import final_text
 

@@ -102,56 +102,6 @@ def int_range(lo: int | None, hi: int | None) -> str:
 def _build(min_value: int | None, max_value: int | None, out: list[str], decimals_left: int = DECIMALS,
            top_level: bool = True) -> None:
     """build_min_max_int: None stands for the C++ code's INT64_MIN / INT64_MAX (no bound)."""
-    def digit_range(lo: str, hi: str) -> None:
-        out.append(f"[{lo}]" if lo == hi else f"[{lo}-{hi}]")
-
-    def more_digits(min_digits: int, max_digits: int) -> None:
-        out.append("[0-9]")
-        if min_digits == max_digits == 1:
-            return
-        out.append("{" + str(min_digits) + ("" if max_digits == min_digits else f",{max_digits}") + "}")
-
-    def uniform_range(start: str, end: str) -> None:
-        i = 0
-        while i < len(start) and i < len(end) and start[i] == end[i]:
-            i += 1
-        if i > 0:
-            out.append(f'"{start[:i]}"')
-        if i < len(start) and i < len(end):
-            if i > 0:
-                out.append(" ")
-            sub_len = len(start) - i - 1
-            if sub_len > 0:
-                from_sub, to_sub = start[i + 1:], end[i + 1:]
-                sub_zeros, sub_nines = "0" * sub_len, "9" * sub_len
-                to_reached = False
-                out.append("(")
-                if from_sub == sub_zeros:
-                    digit_range(start[i], chr(ord(end[i]) - 1))
-                    out.append(" ")
-                    more_digits(sub_len, sub_len)
-                else:
-                    out.append(f"[{start[i]}] (")
-                    uniform_range(from_sub, sub_nines)
-                    out.append(")")
-                    if start[i] < chr(ord(end[i]) - 1):
-                        out.append(" | ")
-                        if to_sub == sub_nines:
-                            digit_range(chr(ord(start[i]) + 1), end[i])
-                            to_reached = True
-                        else:
-                            digit_range(chr(ord(start[i]) + 1), chr(ord(end[i]) - 1))
-                        out.append(" ")
-                        more_digits(sub_len, sub_len)
-                if not to_reached:
-                    out.append(" | ")
-                    digit_range(end[i], end[i])
-                    out.append(" ")
-                    uniform_range(sub_zeros, to_sub)
-                out.append(")")
-            else:
-                out.append(f"[{start[i]}-{end[i]}]")
-
     if min_value is not None and max_value is not None:
         if min_value < 0 and max_value < 0:
             out.append('"-" (')
@@ -165,10 +115,10 @@ def _build(min_value: int | None, max_value: int | None, out: list[str], decimal
             min_value = 0
         min_s, max_s = str(min_value), str(max_value)
         for digits in range(len(min_s), len(max_s)):
-            uniform_range(min_s, "9" * digits)
+            _uniform_range(out, min_s, "9" * digits)
             min_s = "1" + "0" * digits
             out.append(" | ")
-        uniform_range(min_s, max_s)
+        _uniform_range(out, min_s, max_s)
         return
 
     less_decimals = max(decimals_left - 1, 1)
@@ -178,56 +128,56 @@ def _build(min_value: int | None, max_value: int | None, out: list[str], decimal
             out.append('"-" (')
             _build(None, -min_value, out, decimals_left, top_level=False)
             out.append(") | [0] | [1-9] ")
-            more_digits(0, decimals_left - 1)
+            _more_digits(out, 0, decimals_left - 1)
         elif min_value == 0:
             if top_level:
                 out.append("[0] | [1-9] ")
-                more_digits(0, less_decimals)
+                _more_digits(out, 0, less_decimals)
             else:
-                more_digits(1, decimals_left)
+                _more_digits(out, 1, decimals_left)
         elif min_value <= 9:
             c = str(min_value)
             range_start = "1" if top_level else "0"
             if c > range_start:
-                digit_range(range_start, chr(ord(c) - 1))
+                _digit_range(out, range_start, chr(ord(c) - 1))
                 out.append(" ")
-                more_digits(1, less_decimals)
+                _more_digits(out, 1, less_decimals)
                 out.append(" | ")
-            digit_range(c, "9")
+            _digit_range(out, c, "9")
             out.append(" ")
-            more_digits(0, less_decimals)
+            _more_digits(out, 0, less_decimals)
         else:
             min_s = str(min_value)
             length, c, tail = len(min_s), min_s[0], min_s[1:]
             if c > "1":
-                digit_range("1" if top_level else "0", chr(ord(c) - 1))
+                _digit_range(out, "1" if top_level else "0", chr(ord(c) - 1))
                 out.append(" ")
-                more_digits(length, less_decimals)
+                _more_digits(out, length, less_decimals)
                 out.append(" | ")
-            digit_range(c, c)
+            _digit_range(out, c, c)
             out.append(" (")
             if len(tail) > 1 and tail[0] == "0":
                 # localgen: llama.cpp recurses on int(tail), losing its zeros (100 let "10" through): the tail is
                 # its own length of digits at least tail, or any longer run
-                uniform_range(tail, "9" * len(tail))
+                _uniform_range(out, tail, "9" * len(tail))
                 if len(tail) < less_decimals:
                     out.append(" | ")
-                    more_digits(len(tail) + 1, less_decimals)
+                    _more_digits(out, len(tail) + 1, less_decimals)
             else:
                 _build(int(tail), None, out, less_decimals, top_level=False)
             out.append(")")
             if c < "9":
                 out.append(" | ")
-                digit_range(chr(ord(c) + 1), "9")
+                _digit_range(out, chr(ord(c) + 1), "9")
                 out.append(" ")
-                more_digits(length - 1, less_decimals)
+                _more_digits(out, length - 1, less_decimals)
         return
 
     assert max_value is not None
     if max_value >= 0:
         if top_level:
             out.append('"-" [1-9] ')
-            more_digits(0, less_decimals)
+            _more_digits(out, 0, less_decimals)
             out.append(" | ")
         _build(0, max_value, out, decimals_left, top_level=True)
     else:
@@ -235,3 +185,60 @@ def _build(min_value: int | None, max_value: int | None, out: list[str], decimal
         # localgen: top level (llama.cpp passes false), so no zero follows the minus sign
         _build(-max_value, None, out, decimals_left, top_level=True)
         out.append(")")
+
+
+# build_min_max_int's lambdas, each writing its part of the rule to `out`
+def _digit_range(out: list[str], lo: str, hi: str) -> None:
+    """A digit from lo to hi (one character class)."""
+    out.append(f"[{lo}]" if lo == hi else f"[{lo}-{hi}]")
+
+
+def _more_digits(out: list[str], min_digits: int, max_digits: int) -> None:
+    """From min_digits to max_digits more digits, any of them."""
+    out.append("[0-9]")
+    if min_digits == max_digits == 1:
+        return
+    out.append("{" + str(min_digits) + ("" if max_digits == min_digits else f",{max_digits}") + "}")
+
+
+def _uniform_range(out: list[str], start: str, end: str) -> None:
+    """The digit strings of start's length from start to end, both included."""
+    i = 0
+    while i < len(start) and i < len(end) and start[i] == end[i]:
+        i += 1
+    if i > 0:
+        out.append(f'"{start[:i]}"')
+    if i < len(start) and i < len(end):
+        if i > 0:
+            out.append(" ")
+        sub_len = len(start) - i - 1
+        if sub_len > 0:
+            from_sub, to_sub = start[i + 1:], end[i + 1:]
+            sub_zeros, sub_nines = "0" * sub_len, "9" * sub_len
+            to_reached = False
+            out.append("(")
+            if from_sub == sub_zeros:
+                _digit_range(out, start[i], chr(ord(end[i]) - 1))
+                out.append(" ")
+                _more_digits(out, sub_len, sub_len)
+            else:
+                out.append(f"[{start[i]}] (")
+                _uniform_range(out, from_sub, sub_nines)
+                out.append(")")
+                if start[i] < chr(ord(end[i]) - 1):
+                    out.append(" | ")
+                    if to_sub == sub_nines:
+                        _digit_range(out, chr(ord(start[i]) + 1), end[i])
+                        to_reached = True
+                    else:
+                        _digit_range(out, chr(ord(start[i]) + 1), chr(ord(end[i]) - 1))
+                    out.append(" ")
+                    _more_digits(out, sub_len, sub_len)
+            if not to_reached:
+                out.append(" | ")
+                _digit_range(out, end[i], end[i])
+                out.append(" ")
+                _uniform_range(out, sub_zeros, to_sub)
+            out.append(")")
+        else:
+            out.append(f"[{start[i]}-{end[i]}]")

@@ -11,7 +11,7 @@ import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,14 +88,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     uploads = batches.UPLOADS + transcribe.PATHS
     gate = dataclasses.replace(given, uploads=uploads + aliases_of(uploads), bodiless=batches.BODILESS,
                                open_paths=given.open_paths + aliases_of(given.open_paths))
-    routes = [Route("/health", _health(state)), *listings.routes(state), *openai.routes(state),
-              *anthropic.routes(state), *responses.routes(state), *ollama.routes(state), *embeds.routes(state),
-              *manage.routes(state),
-              *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout, state.tool_threads),
-              *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout)), *vectorstores.routes(state)]
-    if state.upstreams is not None:  # serve --endpoint: a remote model's requests go to its server
-        routes = state.upstreams.wrap(routes)
-    routes = aliased(routes)  # llama-server's paths without /v1 (serve/routing.py), after the wrap: remote too
+    routes = _api_routes(state, desk, gate)
     policy = gate
     desk.read_timeout, desk.max_line = policy.read_timeout, policy.max_body
     if webui:
@@ -107,7 +100,44 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
     state.counts = metrics
     if state.upstreams is not None:
         state.upstreams.bind(metrics)
+    # the routes whose tokens no worker counts (embeddings, rerank): their access line reads the response's usage
+    counted = tuple(r.path for r in embeds.routes(state))
+    front = Front(metrics=metrics, usage_paths=frozenset(counted + aliases_of(counted)))
+    drain = Drain(state, front)
+    app = Starlette(routes=routes, exception_handlers=_error_handlers(front, routes),
+                    lifespan=_lifespan(state, desk, policy, front, drain))
+    # `/health/` is the API's 404, not Starlette's redirect to a URL built from the Host header
+    app.router.redirect_slashes = False
+    app.state.drain = drain
+    app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
+    # each added outside the ones before it: FrontDoor, UpgradeWithBody, the Gate, Unhandled, then Http10 around
+    # the routes
+    app.add_middleware(Http10)  # type: ignore[arg-type]  # a 1.0 client's stream held whole
+    app.add_middleware(Unhandled)  # type: ignore[arg-type]
+    app.add_middleware(Gate, policy=policy, routes=routes)  # type: ignore[arg-type]
+    app.add_middleware(UpgradeWithBody)  # type: ignore[arg-type]
+    app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]
+    return app
 
+
+def _api_routes(state: ServeState, desk: batches.Desk, gate: Policy) -> list[Route]:
+    """Every API's routes, a remote model's wrapped to go to its server, each also under llama-server's path
+    without /v1."""
+    routes = [Route("/health", _health(state)), *listings.routes(state), *openai.routes(state),
+              *anthropic.routes(state), *responses.routes(state), *ollama.routes(state), *embeds.routes(state),
+              *manage.routes(state),
+              *batches.routes(desk), *servertools.routes(state.toolbox, state.tool_timeout, state.tool_threads),
+              *transcribe.routes(state, lambda: (gate.max_body, gate.read_timeout)), *vectorstores.routes(state)]
+    if state.upstreams is not None:  # serve --endpoint: a remote model's requests go to its server
+        routes = state.upstreams.wrap(routes)
+    return aliased(routes)  # llama-server's paths without /v1 (serve/routing.py), after the wrap: remote too
+
+
+_Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+def _error_handlers(front: Front, routes: list[Route]) -> dict[Any, _Handler]:
+    """Starlette's exception handlers: each error in its API's shape, the server's faults in its log."""
     async def on_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPError)
         if exc.logged:  # the server's fault, one line in its log (no traceback: it says what to do)
@@ -127,6 +157,12 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         # the traceback goes to the server's log (FrontDoor writes it once this 500 is sent), never to the client
         return error_response(request, HTTPError(500, INTERNAL, "server_error"))
 
+    return {HTTPError: on_error, HTTPException: on_routing, Exception: on_unexpected}
+
+
+def _lifespan(state: ServeState, desk: batches.Desk, policy: Policy, front: Front,
+              drain: Drain) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    """The app's start-up and shutdown: the batches' runner for its whole life, the remote clients closed after."""
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # load anyio's asyncio backend now: a streamed response's task group would import it inside the first
@@ -142,25 +178,7 @@ def build(state: ServeState, policy: Policy | None = None, webui: bool = True) -
         if state.upstreams is not None:
             await state.upstreams.aclose()
 
-    # the routes whose tokens no worker counts (embeddings, rerank): their access line reads the response's usage
-    counted = tuple(r.path for r in embeds.routes(state))
-    front = Front(metrics=metrics, usage_paths=frozenset(counted + aliases_of(counted)))
-    drain = Drain(state, front)
-    app = Starlette(routes=routes, exception_handlers={HTTPError: on_error, HTTPException: on_routing,
-                                                       Exception: on_unexpected},
-                    lifespan=lifespan)
-    # `/health/` is the API's 404, not Starlette's redirect to a URL built from the Host header
-    app.router.redirect_slashes = False
-    app.state.drain = drain
-    app.state.front = front  # cli/serve/command.py sets its fetch pool and access log from the flags
-    # each added outside the ones before it: FrontDoor, UpgradeWithBody, the Gate, Unhandled, then Http10 around
-    # the routes
-    app.add_middleware(Http10)  # type: ignore[arg-type]  # a 1.0 client's stream held whole
-    app.add_middleware(Unhandled)  # type: ignore[arg-type]
-    app.add_middleware(Gate, policy=policy, routes=routes)  # type: ignore[arg-type]
-    app.add_middleware(UpgradeWithBody)  # type: ignore[arg-type]
-    app.add_middleware(FrontDoor, front=front)  # type: ignore[arg-type]
-    return app
+    return lifespan
 
 
 class UpgradeWithBody:
