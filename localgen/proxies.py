@@ -36,10 +36,15 @@ def client(**settings: Any) -> Any:
 
 
 def get(url: str, **settings: Any) -> Any:
-    """httpx.get, as `client` sends it: the response, read whole, within its `timeout` in all (httpx's bounds each
-    read: a server that sends a byte a second, an event stream's keep-alive comments, a header line now and then,
-    held it for ever); past that, httpx.ReadTimeout. The request runs on a thread of its own, given up on (left
-    to end with the process) once the time is out."""
+    """httpx.get, as `client` sends it, within its `timeout` in all (request)."""
+    return request("GET", url, **settings)
+
+
+def request(method: str, url: str, **settings: Any) -> Any:
+    """httpx.request, as `client` sends it: the response, read whole, within its `timeout` in all (httpx's bounds
+    each read: a server that sends a byte a second, an event stream's keep-alive comments, a header line now and
+    then, held it for ever); past that, httpx.ReadTimeout. The request runs on a thread of its own, given up on
+    (left to end with the process) once the time is out."""
     import threading
     import time
 
@@ -52,7 +57,7 @@ def get(url: str, **settings: Any) -> Any:
     def fetch() -> None:
         try:
             with client(timeout=timeout, follow_redirects=settings.pop("follow_redirects", False)) as c, \
-                    c.stream("GET", url, **settings) as r:
+                    c.stream(method, url, **settings) as r:
                 body = bytearray()
                 for chunk in r.iter_bytes():  # decoded (gzip): the headers' Content-Encoding is not kept below
                     body += chunk
@@ -63,7 +68,7 @@ def get(url: str, **settings: Any) -> Any:
         except BaseException as e:  # raised again on the caller's thread
             outcome.append(e)
 
-    worker = threading.Thread(target=fetch, name="localgen-get", daemon=True)
+    worker = threading.Thread(target=fetch, name=f"localgen-{method.lower()}", daemon=True)
     worker.start()
     worker.join(timeout + 1)  # the second: httpx's own timeouts (a connect timeout) end it first, said as they are
     if not outcome:

@@ -194,3 +194,30 @@ def test_stop_gives_up_on_a_server_that_never_finishes_its_answer(cli_in_process
         r = cli_in_process("stop", "smollm2:135m", "--port", str(port))
     assert r.returncode == 1 and r.stdout == "", r
     assert f"the server at http://127.0.0.1:{port} did not unload smollm2:135m within 1 s" in _one_line(r.stderr)
+
+
+def test_a_posted_question_is_given_up_on_at_its_timeout_in_all() -> None:
+    """Server.ask bounds the whole answer to a POST, as it did a GET's (proxies.request): httpx bounds each read
+    only, so a server trickling header lines held any client command's POST for ever (stop kept a thread of its own
+    for it). Given up on, it is NoAnswer, one line naming the route."""
+    import threading
+
+    from localgen.cli.serve.ps import NoAnswer
+    from localgen.cli.serve.ps import Server as Asked
+
+    outcome: list[BaseException | object] = []
+    with trickling(headers=True) as port:
+        server = Asked(url=f"http://127.0.0.1:{port}", host="127.0.0.1", host_from="--host", key=None,
+                       key_from="--api-key")
+
+        def ask() -> None:
+            try:
+                outcome.append(server.ask("/models/unload", {"model": "m"}, timeout=1))
+            except BaseException as e:
+                outcome.append(e)
+
+        worker = threading.Thread(target=ask, daemon=True)
+        worker.start()
+        worker.join(30)  # a safety net far past the timeout: the old code never came back
+    assert outcome and isinstance(outcome[0], NoAnswer), outcome
+    assert outcome[0].message == f"the server at http://127.0.0.1:{port} did not answer /models/unload within 1 s"

@@ -26,6 +26,10 @@ ApiKeyFileOption = Annotated[
                               help="Read the server's API key from a file (as serve's --api-key-file).")]
 
 
+class NoAnswer(LocalgenError):
+    """A server that gave no whole answer in time."""
+
+
 @dataclass(frozen=True)
 class Server:
     """A running `localgen serve` as a client command asks it: its URL, the key it is sent (if any) and where
@@ -38,23 +42,21 @@ class Server:
     key_from: str  # the option the key came from, as a refusal names it
 
     def ask(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10) -> Any:
-        """The server's answer to GET `path` (POST `body` as JSON, where given), within `timeout` seconds; no
-        server there, none answering in time, and a refused or missing key are each one LocalgenError."""
+        """The server's answer to GET `path` (POST `body` as JSON, where given), whole within `timeout` seconds
+        (proxies.request: a server that trickled bytes held a POST for ever); no server there, none answering in
+        time (NoAnswer), and a refused or missing key are each one LocalgenError."""
         import httpx
 
         # the key's UTF-8 bytes, as serve compares them (httpx would encode a str header as ASCII only)
         auth = {b"Authorization": f"Bearer {self.key}".encode()} if self.key else {}
         try:
-            if body is None:
-                r = proxies.get(f"{self.url}{path}", headers=auth, timeout=timeout)
-            else:
-                with proxies.client(timeout=timeout) as c:
-                    r = c.post(f"{self.url}{path}", headers=auth, json=body)
+            r = proxies.request("GET" if body is None else "POST", f"{self.url}{path}", headers=auth,
+                                timeout=timeout, **({} if body is None else {"json": body}))
         except httpx.InvalidURL as e:
             raise UsageError(f"{self.host_from} {self.host[:100]!r} is not a host name or address: "
                              f"{str(e)[:100]}") from None
         except httpx.ReadTimeout:  # something listens there, and gives no whole answer in time
-            raise LocalgenError(f"the server at {self.url} did not answer {path} within {timeout:g} s",
+            raise NoAnswer(f"the server at {self.url} did not answer {path} within {timeout:g} s",
                                 hint="is it localgen serve? give the --host and --port of one") from None
         except httpx.HTTPError:
             raise LocalgenError(f"no localgen serve is running at {self.url}", hint="start one with localgen serve, "

@@ -8,7 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from localgen.cli.serve.ps import ApiKeyFileOption, ApiKeyOption, HostOption, PortOption, Server, said, server_of
+from localgen.cli.serve.ps import (
+    ApiKeyFileOption,
+    ApiKeyOption,
+    HostOption,
+    NoAnswer,
+    PortOption,
+    Server,
+    said,
+    server_of,
+)
 from localgen.errors import LocalgenError, UsageError
 from localgen.text import mended
 
@@ -87,25 +96,13 @@ def _unload(server: Server, name: str) -> None:
 
 
 def _asked(server: Server, path: str, body: dict[str, Any], name: str, deadline: float) -> Any:
-    """The server's answer to POST `body` to `path` by `deadline` (time.monotonic()'s): httpx bounds each read
-    only, so a server that sent a byte now and then held stop for ever. The request runs on a thread of its own,
-    given up on (left to end with the process) at the deadline."""
-    import threading
-
-    outcome: list[Any] = []
-
-    def ask() -> None:
-        try:
-            outcome.append(server.ask(path, body, timeout=UNLOAD_TIMEOUT_S))
-        except BaseException as e:  # raised again on the caller's thread
-            outcome.append(e)
-
-    worker = threading.Thread(target=ask, name="localgen-stop", daemon=True)
-    worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()))
-    if not outcome:
+    """The server's answer to POST `body` to `path`, whole by `deadline` (time.monotonic()'s): a server that sent a
+    byte now and then held stop for ever (Server.ask bounds the whole answer)."""
+    left = deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise NoAnswer("out of time")
+        return server.ask(path, body, timeout=left)
+    except NoAnswer:
         raise LocalgenError(f"the server at {server.url} did not unload {name} within {UNLOAD_TIMEOUT_S:g} s",
-                            hint="localgen ps shows whether it is still loaded")
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+                            hint="localgen ps shows whether it is still loaded") from None
