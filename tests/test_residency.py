@@ -612,3 +612,60 @@ def test_on_apple_silicon_the_default_budget_is_no_more_than_metal_may_use(monke
                                                                 16 * 1024 * MB * 2 // 3, None, True)])
     assert serve._residency(ResidencyOptions(), True).budget == 16 * 1024 * MB * 2 // 3
     assert serve._residency(ResidencyOptions(), False).budget == int(16 * 1024 * MB * 0.9)  # all on the CPU
+
+
+def test_a_model_being_loaded_is_listed_loading(monkeypatch: pytest.MonkeyPatch, cli_in_process: Any) -> None:
+    """docs/serve.md: once its room is made, a model being loaded is in /api/ps with `"loading": true` and in
+    `localgen ps` as `loading` (a swap's new model was in neither while /health had it among those loaded: `ps`
+    said no model was loaded for as long as a large model's memory filled). One not loaded, and not loading, is
+    in neither."""
+    from types import SimpleNamespace
+
+    from starlette.testclient import TestClient
+
+    from localgen.cli.serve import ps as ps_command
+    from localgen.serve import listings
+    from localgen.serve.app import build
+    from localgen.serve.guard import Policy
+    from localgen.serve.state import ServeState
+
+    monkeypatch.setattr(listings, "_digest", lambda ref: "0" * 64)
+    summary = SimpleNamespace(architecture="llama", n_params=135_000_000, quantization="Q4_1", file_size=100 * MB)
+
+    def worker(name: str, loading: bool) -> Any:
+        ref = SimpleNamespace(path="/nonexistent/m.gguf", summary=summary)
+        residence = SimpleNamespace(need=300 * MB, vram_bytes=0, placement={}, loading=loading)
+        return SimpleNamespace(name=name, ref=ref, loaded=False, n_ctx=4096, yielding_to=[], expires=lambda: None,
+                               residence=residence)
+
+    state = ServeState(workers={"new": worker("new", True), "idle": worker("idle", False)})  # type: ignore[dict-item]
+    client = TestClient(build(state, Policy(check_host=False)))
+    listed = client.get("/api/ps").json()["models"]
+    assert [(m["name"], m.get("loading"), m["size"], m["context_length"]) for m in listed] == [
+        ("new", True, 300 * MB, 4096)], listed
+    monkeypatch.setattr(ps_command.Server, "ask", lambda self, path: client.get(path))
+    r = cli_in_process("ps")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1].split() == ["new", "300", "MiB", "-", "4,096", "loading"], r.stdout
+
+
+def test_a_residence_is_loading_from_its_room_made_to_its_load_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Residence.loading (what /api/ps lists as loading): true while the model's load runs, false once it failed
+    or ended."""
+    from localgen.models.resolve import resolve
+    from localgen.serve import model
+    from localgen.serve.residence import Residence
+    from localgen.types import LoadParams
+
+    seen: list[bool] = []
+    res = Residence(object(), resolve("smollm2:135m"), LoadParams(n_ctx=512), 1, 300, fault=lambda e, s: None)
+
+    def failing_load(*args: Any, **kw: Any) -> Any:
+        seen.append(res.loading)
+        raise OSError("no such file")
+
+    monkeypatch.setattr(model, "open_model", failing_load)
+    assert not res.loading
+    with pytest.raises(OSError):
+        res.ensure(warm=False)
+    assert seen == [True] and not res.loading and not res.loaded

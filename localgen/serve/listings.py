@@ -88,13 +88,16 @@ def routes(state: ServeState) -> list[Route]:
         # each worker looked at first (a preset changed on disk: taken away), as the other listings do; one taken
         # away that still holds its model (it ends the requests it answers) is listed after, `unloading`; one
         # whose room another model waits for (a swap) unloads once its running requests end: `yielding_to` names
-        # those waiting
+        # those waiting; one whose room was made and whose model is being loaded is listed `loading` (a swap's
+        # new model: for a large one, the seconds its memory fills)
         held = list(state.current_workers().values())
         return [{**_model_entry(w.name, w.ref), "size": w.residence.need or w.ref.summary.file_size,
                  "expires_at": _expires(w), "size_vram": w.residence.vram_bytes, "context_length": w.n_ctx,
                  "placement": w.residence.placement, **({"unloading": True} if gone else {}),
+                 **({"loading": True} if loading else {}),
                  **({"yielding_to": waiting} if (waiting := w.yielding_to) else {})}
-                for gone, workers in ((False, held), (True, state.unloading())) for w in workers if w.loaded]
+                for gone, workers in ((False, held), (True, state.unloading())) for w in workers
+                if (loading := not w.loaded and w.residence.loading) or w.loaded]
 
     async def ps(request: Request) -> Response:
         return JSONResponse({"models": await asyncio.to_thread(loaded)})  # each file stat'ed too (its digest)

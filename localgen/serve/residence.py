@@ -59,6 +59,7 @@ class Residence:
         self.mode: Mode | None = None  # the batching Mode, known once the model has loaded
         self.sched: Scheduler | None = None  # made with each load
         self.n_ctx = load.n_ctx
+        self.loading = False  # room made, the model being loaded (/api/ps lists it so)
         self.need = 0  # bytes the model takes loaded, by its estimate (serve/model.py's footprint), its embeddings too
         self.embeddings = 0  # of `need`: its embeddings context's bytes, once counted (0: not yet)
         self.warm_restored = 0  # prefixes its loads found in the store
@@ -115,6 +116,7 @@ class Residence:
         self.need += self.embeddings
         waited = self._residency.admit(self.tenant, self.need, wanted, patient) if self._residency is not None else 0.0
         t0 = time.perf_counter()
+        self.loading = True
         try:
             backend, pc, mode = open_model(self.ref, self.load, self.parallel, self._exact, self._share_prefixes,
                                            self._cache_ram, self._warn, warm=warm, lookup=self._lookup,
@@ -123,6 +125,8 @@ class Residence:
             if self._residency is not None:
                 self._residency.released(self.tenant, failed=True)
             raise
+        finally:
+            self.loading = False
         self.backend, self.pc, self.mode = backend, pc, mode
         _import_decode_path()
         self.sched = Scheduler(pc, mode.exact, reuse=True, interleave=True)

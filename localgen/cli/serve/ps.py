@@ -119,13 +119,14 @@ def ps(
     rows = [["NAME", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
     for m in models:
         vram, size = m.get("size_vram", 0), m.get("size", 0)
-        where = "100% CPU" if not vram else f"{min(100, round(100 * vram / max(size, 1)))}% GPU"
+        where = "-" if m.get("loading") else "100% CPU" if not vram else \
+            f"{min(100, round(100 * vram / max(size, 1)))}% GPU"
         until = datetime.datetime.fromisoformat(m["expires_at"].replace("Z", "+00:00"))
         left = (until - now).total_seconds()
         swap = m.get("yielding_to") or []  # a swap: it unloads once its running requests end
         rows.append([m["name"], format_bytes(size), where, f"{m.get('context_length', 0):,}",
-                     "unloading" if m.get("unloading") else f"unloading for {', '.join(swap)}" if swap else
-                     until_text(left)])
+                     "loading" if m.get("loading") else "unloading" if m.get("unloading") else
+                     f"unloading for {', '.join(swap)}" if swap else until_text(left)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
