@@ -61,6 +61,16 @@ def test_ctrl_c_inside_a_test_keeps_its_measured_repetitions_as_a_row_marked_so(
     head = csv[0].split(",")
     cells = csv[1].split(",")
     assert (cells[head.index("repetitions")], cells[head.index("repetitions_planned")]) == ("3", "5")
+    # bench compare marks the partial side (it compared its mean as any other's, unsaid)
+    whole = invoke("bench", "-p", "16", "-n", "4", "-r", "2", "-t", "1", "--no-e2e", "-o", "json")
+    assert whole.exit_code == 0, whole.stderr
+    whole_id = re.search(r"saved as run (\d+)", whole.stderr).group(1)  # type: ignore[union-attr]
+    doc = json.loads(invoke("bench", "compare", run_id.group(1), whole_id, "--json").stdout)["results"]
+    assert [(x["test"], x["a_repetitions"], x["a_repetitions_planned"], x["b_repetitions"],
+             x["b_repetitions_planned"]) for x in doc] == [("pp16", 3, 5, 2, 2), ("tg4", None, None, 2, 2)], doc
+    text = invoke("bench", "compare", run_id.group(1), whole_id).stdout.splitlines()
+    row = next(line for line in text if line.split()[1:2] == ["pp16"])
+    assert re.search(r"pp16 +[\d.]+ \(3 of 5 reps\) +[\d.]+ +[\d.]+x$", row), text
 
 
 @pytest.mark.slow  # benchmarks SmolLM2 in this process

@@ -95,6 +95,13 @@ def _when(created: float | None) -> str:
     return "?" if created is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
 
 
+def _stopped(row: dict[str, Any], side: str) -> str:
+    """` (3 of 5 reps)` beside a side's figure where its row was stopped part-way (records.stopped_note)."""
+    from localgen.bench import records
+
+    return records.stopped_note({k: row[f"{side}_{k}"] for k in ("repetitions", "repetitions_planned")})
+
+
 def compare_cmd(
     a: Annotated[int, typer.Argument(metavar="RUN_A", show_default=False,
                                      help="The baseline run's number (localgen bench history lists them).")],
@@ -125,7 +132,10 @@ def compare_cmd(
         tb = y["avg_ts"] if y else None
         name = (x or y or {}).get("model_name", key["model_filename"])
         rows.append({**key, "model_name": name, "a_ts": ta, "b_ts": tb,
-                     "ratio": round(tb / ta, 4) if ta and tb else None})
+                     "ratio": round(tb / ta, 4) if ta and tb else None,
+                     # a row stopped part-way (Ctrl-C inside its test): the repetitions it holds, of those asked
+                     **{f"{side}_{k}": (r or {}).get(k) for side, r in (("a", x), ("b", y))
+                        for k in ("repetitions", "repetitions_planned")}})
     if json_out:
         print(json.dumps({"a": a, "b": b, "results": rows}))
         return
@@ -133,7 +143,7 @@ def compare_cmd(
                             "type_k", "type_v", "tensor_buft_overrides") if len({r[k] for r in rows}) > 1]
     head = ["model", "test", *settings, f"run {a} t/s", f"run {b} t/s", "B/A"]
     cells = [[r["model_name"], r["test"], *["-" if r[k] is None else str(r[k]) for k in settings],  # none: a server's
-              f"{r['a_ts']:.2f}" if r["a_ts"] else "", f"{r['b_ts']:.2f}" if r["b_ts"] else "",
+              *[f"{r[f'{s}_ts']:.2f}{_stopped(r, s)}" if r[f"{s}_ts"] else "" for s in "ab"],
               f"{r['ratio']:.2f}x" if r["ratio"] else ""] for r in rows]  # a missing figure stays empty
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
     for line in [head, *cells]:

@@ -82,7 +82,7 @@ def measure(urls: list[str] | None, key_env: str | None, models: Values, paralle
     except KeyboardInterrupt:
         view.end()
         if not results:
-            err.interrupted("interrupted before the first result was whole (every repetition of a test): nothing saved")
+            err.interrupted("interrupted before the first point was measured: nothing saved")
         else:
             err.interrupted("interrupted; the results above were measured and kept")
         raise typer.Exit(130) from None
