@@ -69,9 +69,11 @@ def env(cli_env: dict[str, str], fake_hub: hub_server.FakeHub, old_file: hub_ser
     return e
 
 
-def lg(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def lg(env: dict[str, str], *args: str, stdin: str | None = None,
+       timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "localgen", *args], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
+                          timeout=timeout, cwd=ROOT, input=stdin,
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
 
 
 def repo_dir(env: dict[str, str]) -> Path:
@@ -555,6 +557,25 @@ def test_rm_drops_the_refs_of_the_commits_it_removed_only(env: dict[str, str]) -
     info = scan_cache_dir(env["HF_HUB_CACHE"])
     assert not info.warnings, info.warnings
     assert {r.commit_hash: set(r.refs) for repo in info.repos for r in repo.revisions} == {NEW: {"dev"}}
+
+
+def test_rm_reads_no_ref_that_is_no_file_and_removes_nothing_through_a_link(env: dict[str, str],
+                                                                            tmp_path: Path) -> None:
+    """A FIFO among the refs (read, it held rm for ever, the model already removed), or a ref linked to /dev/zero
+    (read without end): no ref huggingface_hub writes, left as they are. A folder of refs linked outside the cache
+    keeps what is in it, refs naming the removed commit too."""
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    refs = repo_dir(env) / "refs"
+    os.mkfifo(refs / "pipe")
+    (refs / "zero").symlink_to("/dev/zero")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "main").write_text(OLD)
+    (refs / "elsewhere").symlink_to(outside)
+    r = lg(env, "rm", REPO, "--yes", timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("removed 1 file(s)"), r.stderr
+    assert sorted(p.name for p in refs.iterdir()) == ["elsewhere", "pipe", "zero"]
+    assert (outside / "main").read_text() == OLD, "nothing outside the cache is removed"
 
 
 def test_rm_takes_the_repo_folder_with_its_unfinished_downloads(env: dict[str, str]) -> None:

@@ -148,10 +148,12 @@ def _record(target: Path, key: str, value: Any) -> None:
 
 
 def _load(target: Path) -> dict[str, Any]:
+    """A small JSON record as a dict; {} where it is missing, damaged or not one (nested past Python's recursion
+    limit: a traceback on every show)."""
     try:
         data = json.loads(target.read_text())
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
@@ -163,27 +165,30 @@ def _hashes_db() -> Path:
 
 
 def _file_key(path: Path) -> tuple[str, list[int]]:
+    """A file's real path, and what changes when its bytes do: size, modification time, and the inode's number
+    and change time, which no tool sets back (`touch -d`, `cp -p`, `rsync -t` and `tar x` set a modification
+    time back: a file written again so kept its old SHA-256)."""
     real = path.resolve()  # a link's file, by its own name
     st = real.stat()
-    return str(real), [st.st_size, st.st_mtime_ns]
+    return str(real), [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 def known_sha256(path: Path) -> str | None:
-    """The SHA-256 computed earlier of this file (sha256_kept), while its real path, size and modification time
-    are those it had then; None otherwise."""
+    """The SHA-256 computed earlier of this file (sha256_kept), while it is as it was then (_file_key); None
+    otherwise."""
     try:
         k, v = _file_key(path)
     except OSError:
         return None
     entry = _load(_hashes_db()).get(k)
-    if not isinstance(entry, list) or entry[:2] != v or len(entry) != 3 or not isinstance(entry[2], str):
+    if not isinstance(entry, list) or entry[:-1] != v or not entry or not isinstance(entry[-1], str):
         return None
-    return entry[2] if hfcache.SHA256.match(entry[2]) else None
+    return entry[-1] if hfcache.SHA256.match(entry[-1]) else None
 
 
 def sha256_kept(path: Path, progress: Progress | None = None) -> str:
-    """A file's SHA-256, computed (the whole file read) and kept for known_sha256 by its real path, size and
-    modification time, unless the file changed while it was read."""
+    """A file's SHA-256, computed (the whole file read) and kept for known_sha256 by its real path and its
+    state (_file_key), unless the file changed while it was read."""
     k, v = _file_key(path)
     sha = sha256_file(Path(k), progress)
     with contextlib.suppress(OSError):

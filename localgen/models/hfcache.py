@@ -186,17 +186,37 @@ def forget_gone(repo: str, commits: set[str]) -> None:
     base = repo_dir(repo)
     refs, snaps = base / "refs", base / "snapshots"
     gone = {c for c in commits if COMMIT.match(c) and not (snaps / c).is_dir()}
-    if gone and refs.is_dir():
+    if gone and refs.is_dir() and not _linked_out(base, refs):
         with contextlib.suppress(OSError):
             found = sorted(refs.rglob("*"), key=lambda p: len(p.parts), reverse=True)  # files, then their folders
             for ref in found:
                 with contextlib.suppress(OSError, UnicodeDecodeError):
-                    if ref.is_dir() and not ref.is_symlink():
+                    if ref.is_symlink() or _linked_out(refs, ref.parent):  # no ref huggingface_hub writes: kept
+                        continue
+                    if ref.is_dir():
                         if not any(ref.iterdir()):
                             ref.rmdir()
-                    elif not ref.name.startswith(".") and ref.read_text().strip() in gone:
-                        ref.unlink()
+                    elif ref.is_file() and not ref.name.startswith(".") and _ref_text(ref) in gone:
+                        ref.unlink()  # (a FIFO or a device is no ref: read, it held rm for ever)
     drop_empty(repo)
+
+
+def _ref_text(ref: Path) -> str:
+    """What a ref file names (a commit: 40 characters; its first 256 bytes only)."""
+    with ref.open("rb") as f:
+        return f.read(256).decode().strip()
+
+
+def _linked_out(top: Path, inner: Path) -> bool:
+    """Whether `inner` (at or below `top`) is reached through a symbolic link: what rm removes in it would be
+    outside the cache."""
+    p = inner
+    while True:
+        if p.is_symlink():
+            return True
+        if p == top or p == p.parent:
+            return False
+        p = p.parent
 
 
 def drop_empty(repo: str) -> None:
@@ -205,6 +225,8 @@ def drop_empty(repo: str) -> None:
     empty folder as a repo of 0 bytes). huggingface_hub's .no_exist (the files a commit lacks) and OS helper files
     (.DS_Store) go with it. Empty folders only (rmdir): a file written meanwhile keeps its folder."""
     base = repo_dir(repo)
+    if base.is_symlink():  # the repo's folder elsewhere: nothing of it is removed from here
+        return
     try:
         entries = sorted(base.rglob("*"), key=lambda p: len(p.parts), reverse=True)  # files, then their folders
     except OSError:

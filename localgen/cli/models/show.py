@@ -88,7 +88,7 @@ def _show_doc(ref: Any, hash_now: bool) -> dict[str, Any]:
     from localgen.models import mmproj as projectors
 
     s = ref.summary
-    sha = ref.sha256 or _known_sha256(ref)
+    sha = ref.sha256 or _known_sha256(ref, remembered=not hash_now)  # --sha256: one remembered is computed again
     if sha is None and hash_now:
         from localgen.cli.progress import make_progress
 
@@ -225,9 +225,9 @@ def _modelfile(name: str, offline: bool) -> str:
     return modelfile_of(name, resolve(name, offline=offline, pull_missing=False))
 
 
-def _known_sha256(ref: Any) -> str | None:
-    """A SHA-256 known without reading the file: a cache blob's name, an embedded model's published one, or the one
-    `show --sha256` computed of this file as it is now."""
+def _known_sha256(ref: Any, remembered: bool = True) -> str | None:
+    """A SHA-256 known without reading the file: a cache blob's name, an embedded model's published one, or (where
+    `remembered`) the one `show --sha256` computed of this file as it is now."""
     from pathlib import Path
 
     from localgen.models import download, embedded, hfcache, store
@@ -241,4 +241,4 @@ def _known_sha256(ref: Any) -> str | None:
     model = embedded.EMBEDDED.get(ref.name)
     if model is not None and model.sha256 is not None and ref.source == "embedded":
         return model.sha256
-    return download.known_sha256(Path(ref.path))
+    return download.known_sha256(Path(ref.path)) if remembered else None
