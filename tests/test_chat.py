@@ -446,7 +446,7 @@ def test_a_message_past_the_trained_context_is_not_told_to_restart_with_a_larger
         assert r.stderr.startswith("localgen: error: this message needs "), r.stderr
         return r.stderr
 
-    stretch = "a restart with --rope-scaling linear stretches the window, at some cost in quality"
+    stretch = "a restart with --rope-scaling linear and a larger --ctx stretches the window, at some cost in quality"
     assert refused("word " * 9000, "--ctx", "4096").endswith(
         "; the context window is 4,096 (shorten it: with the answer's room it needs more than the 8,192 tokens this "
         f"model was trained on, past which --ctx does not go; {stretch}; the conversation is kept)\n")

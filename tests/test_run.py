@@ -607,7 +607,7 @@ def test_a_ctx_past_the_training_context_is_said_once_on_stderr(cli: CLI) -> Non
     r = cli("run", "-c", "100000", "Hi", "-n", "2", "--temperature", "0")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     assert r.stderr == ("warning: --ctx 100,000 is past the 8,192 tokens smollm2:135m was trained on: the window is "
-                        "8,192 (--rope-scaling stretches it)\n"), r.stderr
+                        "8,192 (--rope-scaling linear or yarn stretches it)\n"), r.stderr
     r = cli("run", "-c", "8192", "Hi", "-n", "2", "--temperature", "0", "--json")
     assert r.returncode == 0 and r.stderr == "" and json.loads(r.stdout)["load"]["n_ctx"] == 8192, r.stderr
     assert "[default: 4096]" in " ".join(cli("run", "--help").stdout.split("--ctx", 1)[1].split()[:40])

@@ -130,7 +130,8 @@ def test_a_prompt_past_the_trained_context_is_not_told_to_raise_ctx(cli: CLI) ->
     assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert "raise --ctx" not in r.stderr and r.stderr.endswith(
         "; the context window is 4,096 (shorten the prompt: it is longer than the 8,192 tokens this model was trained "
-        "on, past which --ctx does not go; --rope-scaling linear stretches the window, at some cost in quality)\n"), \
+        "on, past which --ctx does not go; --rope-scaling linear with a larger --ctx stretches the window, at some "
+        "cost in quality)\n"), \
         r.stderr
     r = cli("run", "-m", "smollm2:135m", "-p", "Sum it up.", "-n", "2", input="word " * 5000)
     assert r.returncode == 1 and r.stderr.endswith(

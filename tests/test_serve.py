@@ -1291,7 +1291,7 @@ def test_a_ctx_past_the_trained_window_is_said_at_start(cli_env: dict[str, str])
         assert s.stop() == 0
     text = s.proc.stderr.read().decode() if s.proc.stderr else ""
     assert ("warning: --ctx 16,384 is past the 8,192 tokens smollm2:135m was trained on: its window is 8,192 "
-            "(--rope-scaling stretches it)") in text, text
+            "(--rope-scaling linear or yarn stretches it)") in text, text
 
 
 def test_models_are_listed_in_the_shape_of_the_client_that_asks(server: Server) -> None:

@@ -231,7 +231,8 @@ class ChatRunner:
         cap = self.backend.window_cap()
         if cap is None:
             return "shorten it, or restart with a larger --ctx"
-        stretch = "a restart with --rope-scaling linear stretches the window, at some cost in quality"
+        stretch = "a restart with --rope-scaling linear and a larger --ctx stretches the window, at some cost in " \
+            "quality"
         if int(self.backend.n_ctx) >= cap:
             return f"shorten it: the window is already the {cap:,} tokens this model was trained on; {stretch}"
         if need > cap - self.reserve(cap):

@@ -109,10 +109,11 @@ def overflow_hint(n_ctx: int, trained: int | None, needed: int | None = None, st
         return "shorten the prompt or raise --ctx"
     if n_ctx >= trained:
         return (f"shorten the prompt: the window is already the {trained:,} tokens this model was trained on; "
-                "--rope-scaling linear stretches it, at some cost in quality")
+                "--rope-scaling linear with a larger --ctx stretches it, at some cost in quality")
     if needed is not None and not window_can_hold(needed, trained):
         return (f"shorten the prompt: it is longer than the {trained:,} tokens this model was trained on, past "
-                "which --ctx does not go; --rope-scaling linear stretches the window, at some cost in quality")
+                "which --ctx does not go; --rope-scaling linear with a larger --ctx stretches the window, at some cost "
+                "in quality")
     return f"shorten the prompt or raise --ctx; this model was trained on up to {trained:,}"
 
 

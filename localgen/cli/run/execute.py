@@ -336,8 +336,9 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     if trained and not stretched(params) and params.n_ctx > trained:
         asked = _ctx_asker(load, ref)  # the flag, the variable, a preset's num_ctx or a models.toml context
         if asked is not None:
+            # as the load caps it (engine/defaults.py)
             err.warn(f"{asked} {params.n_ctx:,} is past the {trained:,} tokens {ref.name} was trained on: the window "
-                     f"is {trained:,} (--rope-scaling stretches it)")  # as the load caps it (engine/defaults.py)
+                     f"is {trained:,} (--rope-scaling linear or yarn stretches it)")
     draft = decoding.draft
     draft_ref = resolve(draft, offline=load.offline, progress=make_progress()) if draft else None
     err.status(f"loading {ref.name} ({ref.quantization or 'unknown quantization'}) ...")

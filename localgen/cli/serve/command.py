@@ -307,7 +307,7 @@ def _ctx_warning(w: ModelWorker, models: ModelSettings, log: ServeLog) -> None:
     trained, load = w.ref.summary.context_length, models.load
     if models.ctx_given and trained and not stretched(load) and load.n_ctx > trained:
         log.warning(f"--ctx {load.n_ctx:,} is past the {trained:,} tokens {w.name} was trained on: its window is "
-                    f"{trained:,} (--rope-scaling stretches it)")
+                    f"{trained:,} (--rope-scaling linear or yarn stretches it)")
 
 
 def _worker_lines(w: ModelWorker, log: ServeLog) -> None:
