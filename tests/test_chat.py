@@ -448,8 +448,9 @@ def test_a_message_past_the_trained_context_is_not_told_to_restart_with_a_larger
 
     stretch = "a restart with --rope-scaling linear and a larger --ctx stretches the window, at some cost in quality"
     assert refused("word " * 9000, "--ctx", "4096").endswith(
-        "; the context window is 4,096 (shorten it: with the answer's room it needs more than the 8,192 tokens this "
-        f"model was trained on, past which --ctx does not go; {stretch}; the conversation is kept)\n")
+        "; the context window is 4,096 (shorten it: with the answer's room (16 tokens in that window; -n sets it) it "
+        "needs more than the 8,192 tokens this model was trained on, past which --ctx does not go; "
+        f"{stretch}; the conversation is kept)\n")
     assert refused("word " * 9000, "--ctx", "8192").endswith(
         "; the context window is 8,192 (shorten it: the window is already the 8,192 tokens this model was trained "
         f"on; {stretch}; the conversation is kept)\n")
