@@ -1268,3 +1268,25 @@ def test_ctrl_z_at_the_prompt_puts_no_control_character_in_the_message(cli_env: 
     leaves(child)
     saved = json.loads((home / "data" / "chats" / "ctrl-z.json").read_text())
     assert saved["messages"][0]["content"] == "abcd", saved["messages"][0]
+
+
+def test_help_rows_wrap_under_their_text_on_a_narrow_terminal() -> None:
+    """/help at 100 columns wrapped /set's row at the terminal's edge, its rest at column 0 (`/ compact`, read as a
+    command); a row goes on under its text, the names' column left clear."""
+    import io
+
+    from rich.console import Console
+
+    from localgen.cli.chat import slash
+    from localgen.cli.chat.repl import COMMANDS
+    from localgen.cli.chat.view import ChatView
+
+    view = ChatView(interactive=True, plain=True, stats=False)
+    out = io.StringIO()
+    view.console = Console(file=out, width=100, color_system=None, soft_wrap=False)
+    slash._help(None, view, "")
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 100 for line in lines), lines
+    names = [line.split()[0] for line in lines if line and not line.startswith(" ")]
+    assert names[:len(COMMANDS)] == list(COMMANDS), lines
+    assert any(line.startswith(" " * 10) and "compact" in line for line in lines), lines

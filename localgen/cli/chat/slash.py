@@ -37,11 +37,16 @@ def _exit(runner: Any, view: Any, arg: str) -> bool:
 
 
 def _help(runner: Any, view: Any, arg: str) -> None:
+    import textwrap
+
     from localgen.cli.chat.repl import COMMANDS as HELP
     from localgen.cli.chat.repl import KEYS_HELP
 
-    for name, meta in HELP.items():
-        view.info(f"{name:9} {meta}")
+    width = view.console.width - 1 if view.console is not None else None
+    for name, meta in HELP.items():  # on a terminal, a long row goes on under its text, never under the names
+        row = f"{name:9} {meta}"
+        view.info(textwrap.fill(row, width, subsequent_indent=" " * 10, break_long_words=False,
+                                break_on_hyphens=False) if width and width > 30 else row)
     if view.interactive:  # scripted, lines are messages (docs/chat.md, Scripted): no keys to press
         view.info(KEYS_HELP)
 
