@@ -155,12 +155,7 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                 progress.warning(text)
         # a context that holds the micro-batch asked (or the rule's), so that llama.cpp does not cap it at a short
         # test's context: the value recorded is the one used, as asked
-        params = LoadParams(n_ctx=max(n_ctx, cfg.n_ubatch or UBATCH), n_threads=cfg.n_threads,
-                            n_threads_batch=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch,
-                            n_ubatch=cfg.n_ubatch, flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k,
-                            cache_type_v=cfg.type_v, rpc=rpc,
-                            n_cpu_moe=cfg.n_cpu_moe or None, override_tensor=cfg.override_tensor,
-                            cpu_moe=cfg.cpu_moe, kv_unified=plan.kv_unified, main_gpu=cfg.main_gpu)
+        params = _load_params(cfg, max(n_ctx, cfg.n_ubatch or UBATCH), plan.kv_unified, rpc)
         # a peak that cannot be reset would carry an earlier load's over: only the first load's rows give it then
         rss_measured = _reset_peak_rss() or cfg is plan.configs[0]
         engine = Engine(ref, params)
@@ -195,23 +190,40 @@ def run(plan: Plan, progress: Progress | None = None, bandwidth: float | None = 
                 room = min(cfg.n_batch, n_ctx - PROBE_GEN - 1)
                 progress.estimate(plan.seconds(_probe(bench, room, engine.load_s + time.perf_counter() - warm)))
                 probed = True
-            for test in plan.tests:
-                cut: list[Result] = []  # the repetitions measured before a stop inside this test, as one row
-                try:
-                    if test.n_parallel > 1:
-                        result = _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact,
-                                                   cut=cut.append)
-                    else:
-                        result = _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit,
-                                          cut=cut.append)
-                except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: what was measured is a row, then the stop
-                    if cut:
-                        yield cut[0] if rss_measured else dataclasses.replace(cut[0], peak_rss=None)
-                    raise
+            for result in _tests(plan, engine, bench, cfg, model, progress, limit):
                 yield result if rss_measured else dataclasses.replace(result, peak_rss=None)
         finally:
             engine.close()
     progress.end()
+
+
+def _tests(plan: Plan, engine: Any, bench: Any, cfg: LoadConfig, model: dict[str, Any], progress: Progress,
+           limit: float | None) -> Iterator[Result]:
+    """Each of the plan's tests on one loaded configuration, a row as each is measured; one stopped (Ctrl-C,
+    SIGTERM) or failed part-way is a row of the repetitions it measured, then the stop goes on."""
+    for test in plan.tests:
+        cut: list[Result] = []  # the repetitions measured before a stop inside this test, as one row
+        try:
+            if test.n_parallel > 1:
+                result = _measure_parallel(engine, cfg, test, model, plan.repetitions, progress, plan.exact,
+                                           cut=cut.append)
+            else:
+                result = _measure(engine, bench, cfg, test, model, plan.repetitions, progress, limit,
+                                  cut=cut.append)
+        except BaseException:
+            if cut:
+                yield cut[0]
+            raise
+        yield result
+
+
+def _load_params(cfg: LoadConfig, n_ctx: int, kv_unified: bool | None, rpc: tuple[str, ...]) -> LoadParams:
+    """The load settings of one configuration of the sweep, with a context of n_ctx."""
+    return LoadParams(n_ctx=n_ctx, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads,
+                      n_gpu_layers=cfg.n_gpu_layers, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
+                      flash_attn=cfg.flash_attn, cache_type_k=cfg.type_k, cache_type_v=cfg.type_v, rpc=rpc,
+                      n_cpu_moe=cfg.n_cpu_moe or None, override_tensor=cfg.override_tensor, cpu_moe=cfg.cpu_moe,
+                      kv_unified=kv_unified, main_gpu=cfg.main_gpu)
 
 
 PROBE_PROMPT, PROBE_GEN = 64, 4

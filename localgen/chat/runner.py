@@ -235,8 +235,9 @@ class ChatRunner:
             "quality"
         if int(self.backend.n_ctx) >= cap:
             return f"shorten it: the window is already the {cap:,} tokens this model was trained on; {stretch}"
-        if need > cap - self.reserve(cap):
-            return (f"shorten it: with the answer's room ({self.reserve(cap):,} tokens in that window; -n sets it) it "
+        room = self.reserve(cap)  # the answer's, at the largest window
+        if need > cap - room:
+            return (f"shorten it: with the answer's room ({room:,} tokens in that window; -n sets it) it "
                     f"needs more than the {cap:,} tokens this model was trained on, past which --ctx does not go; "
                     f"{stretch}")
         return f"shorten it, or restart with a larger --ctx, up to the {cap:,} tokens this model was trained on"

@@ -293,7 +293,7 @@ def _kept(model: str | None) -> str | None:
 def _backend(f: _LoadArgs, model: str | None) -> Any:
     from localgen.cli.output import ErrWriter
     from localgen.cli.progress import make_progress
-    from localgen.engine.defaults import stretched
+    from localgen.engine.defaults import past_training
     from localgen.engine.local import LocalBackend
     from localgen.models.load import open_engine
     from localgen.models.resolve import resolve
@@ -304,8 +304,7 @@ def _backend(f: _LoadArgs, model: str | None) -> Any:
     # generation's reason to leave them off (exact batching) does not apply.
     load = f.knobs().load(**({} if f.repack is not None else {"repack": True}))
     trained = ref.summary.context_length
-    if isinstance(f, _InputArgs) and f.given("ctx_size") and trained and load.n_ctx > trained and not stretched(load):
-        # as run warns: the load caps it (engine/defaults.py)
+    if isinstance(f, _InputArgs) and f.given("ctx_size") and past_training(load, trained):  # as run warns
         err.warn(f"--ctx {load.n_ctx:,} is past the {trained:,} tokens {ref.name} was trained on: the window is "
                  f"{trained:,}")
     engine = open_engine(ref, load, verbose=f.verbose, warn=err.warn)

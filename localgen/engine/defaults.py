@@ -96,6 +96,12 @@ def stretched(params: LoadParams) -> bool:
     return bool(params.rope_scaling not in (None, "none") or params.rope_freq_scale)
 
 
+def past_training(params: LoadParams, trained: int | None) -> bool:
+    """Whether the window asked is past the `trained` context, where resolve() caps it: what run, serve and embed
+    warn of when the --ctx was given."""
+    return trained is not None and 0 < trained < params.n_ctx and not stretched(params)
+
+
 def window_can_hold(tokens: int, trained: int | None, stretched: bool = False) -> bool:
     """Whether some --ctx gives a window that holds a prompt of `tokens` tokens: resolve() caps the window at the
     `trained` context unless RoPE scaling (`stretched`) is set, and a window of N holds at most N - 1 of them."""

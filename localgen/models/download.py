@@ -106,10 +106,6 @@ def _verified_db() -> Path:
     return paths.data_dir() / "verified-blobs.json"
 
 
-def _load_verified() -> dict[str, Any]:
-    return _load(_verified_db())
-
-
 def _key(blob: Path) -> tuple[str, list[int]]:
     st = blob.stat()
     return str(blob), [st.st_size, st.st_mtime_ns]
@@ -121,7 +117,7 @@ def is_verified(blob: Path) -> bool:
         k, v = _key(blob)
     except OSError:
         return False
-    return _load_verified().get(k) == v
+    return _load(_verified_db()).get(k) == v
 
 
 def mark_verified(blob: Path) -> None:
@@ -181,7 +177,7 @@ def known_sha256(path: Path) -> str | None:
     except OSError:
         return None
     entry = _load(_hashes_db()).get(k)
-    if not isinstance(entry, list) or entry[:-1] != v or not entry or not isinstance(entry[-1], str):
+    if not isinstance(entry, list) or entry[:-1] != v or not isinstance(entry[-1], str):  # ([] is no [*v, sha])
         return None
     return entry[-1] if hfcache.SHA256.match(entry[-1]) else None
 

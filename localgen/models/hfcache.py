@@ -231,7 +231,7 @@ def drop_empty(repo: str) -> None:
         entries = sorted(base.rglob("*"), key=lambda p: len(p.parts), reverse=True)  # files, then their folders
     except OSError:
         return
-    disposable = [p for p in entries if not (p.is_dir() and not p.is_symlink())]
+    disposable = {p for p in entries if not (p.is_dir() and not p.is_symlink())}
     if any(p.relative_to(base).parts[0] != ".no_exist" and p.name not in _OS_FILES for p in disposable):
         return
     try:

@@ -321,7 +321,7 @@ def _ctx_asker(load: Any, ref: Any) -> str | None:
 def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
     """Resolve (pulling if needed) and load the model, and the draft model for --draft."""
     from localgen.cli.progress import make_progress
-    from localgen.engine.defaults import stretched
+    from localgen.engine.defaults import past_training
     from localgen.engine.local import LocalBackend
     from localgen.models.load import for_draft, open_engine
     from localgen.models.resolve import resolve
@@ -333,7 +333,7 @@ def open_backend(plan: RunPlan, err: ErrWriter) -> LocalBackend:
                                   load.template_file)
     params = preset.load_params(ref, load.params, load.load_given.__contains__)
     trained = ref.summary.context_length
-    if trained and not stretched(params) and params.n_ctx > trained:
+    if past_training(params, trained):
         asked = _ctx_asker(load, ref)  # the flag, the variable, a preset's num_ctx or a models.toml context
         if asked is not None:
             # as the load caps it (engine/defaults.py)

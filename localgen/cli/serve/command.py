@@ -302,10 +302,10 @@ def _tool_lines(toolbox: Any, log: ServeLog) -> None:
 
 def _ctx_warning(w: ModelWorker, models: ModelSettings, log: ServeLog) -> None:
     """A --ctx past what the model was trained on is capped at load, as run's is: said, as run says it."""
-    from localgen.engine.defaults import stretched
+    from localgen.engine.defaults import past_training
 
     trained, load = w.ref.summary.context_length, models.load
-    if models.ctx_given and trained and not stretched(load) and load.n_ctx > trained:
+    if models.ctx_given and past_training(load, trained):
         log.warning(f"--ctx {load.n_ctx:,} is past the {trained:,} tokens {w.name} was trained on: its window is "
                     f"{trained:,} (--rope-scaling linear or yarn stretches it)")
 
