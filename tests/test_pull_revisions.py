@@ -598,3 +598,56 @@ def test_rm_takes_the_repo_folder_with_its_unfinished_downloads(env: dict[str, s
     assert not repo_dir(env).exists(), sorted(str(p) for p in repo_dir(env).rglob("*"))
     r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "Hi", "-n", "1")
     assert (r.returncode, r.stdout, r.stderr) == (1, "", OFFLINE_MISSING)
+
+
+def test_rm_of_an_older_copy_by_the_name_list_gives_it_removes_that_copy_only(
+        env: dict[str, str], fake_hub: hub_server.FakeHub, old_file: hub_server.HubFile,
+        new_file: hub_server.HubFile) -> None:
+    """`list` names a copy kept at an older commit a tag names OWNER/REPO/resolve/TAG/FILE; `rm` of that name removed
+    main's copy too (a tag was read as 'any commit, that one first'). It removes the tag's commit's copy and the tag
+    (no copy of its commit left); main's stays, and runs offline. A tag the cache has no ref for removes nothing."""
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    (repo_dir(env) / "refs" / "v1").write_text(OLD)
+    move(fake_hub, new_file)
+    assert lg(env, "pull", f"{REPO}:Q4_1").returncode == 0
+    snaps = repo_dir(env) / "snapshots"
+    tagged = f"{REPO}/resolve/v1/{FILE}"
+    r = lg(env, "rm", f"{REPO}/resolve/v2/{FILE}", "--yes")
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert "not in the cache" in r.stderr and (snaps / OLD / FILE).is_file() and (snaps / NEW / FILE).is_file()
+    r = lg(env, "rm", tagged, "--yes")
+    assert r.returncode == 0 and r.stdout.startswith("removed 1 file(s)"), (r.stdout, r.stderr)
+    assert not (snaps / OLD).exists() and not (repo_dir(env) / "refs" / "v1").exists()
+    assert sha256(snaps / NEW / FILE) == new_file.sha256
+    assert {i["name"]: i["path"] for i in listed(env)} == {f"{REPO}:Q4_1": str(snaps / NEW / FILE)}
+    r = lg(env, "run", "-m", f"{REPO}:Q4_1", "--offline", "-p", "Hi", "-n", "1")
+    assert r.returncode == 0, r.stderr
+
+
+def test_rm_in_a_snapshots_folder_it_cannot_write_removes_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       cli_in_process: Any) -> None:
+    """A cache whose snapshots/ folder the user cannot write (shared, made by another user): rm removed the model's
+    files, then failed on the emptied commit folder, exit 1 'Permission denied' for a removal that had happened.
+    The folder stays; rm says what it removed, exit 0, and the model is no longer listed."""
+    from tests.conftest import InProcessCLI
+
+    base, _ = _held_cache(tmp_path / "hf")
+    snaps = base / "snapshots"
+    real_rmdir = os.rmdir
+
+    def refusing(path: Any, *args: Any, **kwargs: Any) -> None:
+        if Path(path).parent == snaps:
+            raise PermissionError(13, "Permission denied", str(path))
+        real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", refusing)
+    cli = InProcessCLI({**cli_in_process.env, "HF_HUB_CACHE": str(tmp_path / "hf"),
+                        "LOCALGEN_HOME": str(tmp_path / "home")})
+    r = cli("rm", "acme/Held-GGUF:Q4_0", "--yes")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert "removed 4 file(s), freed 16 bytes" in r.stdout, r.stdout
+    assert sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()) == ["refs/main"]
+    assert sorted(p.name for p in (base / "snapshots").iterdir()) == sorted([NEW, OLD]), \
+        "the empty commit folders it could not remove"
+    r = cli("list", "--json")
+    assert r.returncode == 0 and "Held" not in r.stdout, r.stdout

@@ -369,8 +369,11 @@ def _alive(pid: int) -> bool:
 
 
 def _prune_empty(d: Path) -> None:
-    while d.name and d.parent.name != "snapshots" and not any(d.iterdir()):
-        d.rmdir()
-        d = d.parent
-    if d.parent.name == "snapshots" and d.exists() and not any(d.iterdir()):
-        os.rmdir(d)
+    """Remove the folders a removal emptied, up to its commit's folder; one that cannot be removed (a snapshots/
+    folder of a cache shared read-only, a file put there meanwhile) stays: the files are gone all the same."""
+    with contextlib.suppress(OSError):
+        while d.name and d.parent.name != "snapshots" and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+        if d.parent.name == "snapshots" and d.exists() and not any(d.iterdir()):
+            os.rmdir(d)

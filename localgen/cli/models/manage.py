@@ -307,6 +307,11 @@ def rm(
     t = target(name)
     quant = t.spec.quant if (isinstance(spec, names.CatalogueSpec) or t.spec.quant) else None
     files = store.find_cached(t.spec.repo, t.spec.revision, quant, t.spec.filename)
+    if t.spec.revision != "main":  # a name at a tag or branch (list's name of an older copy) is that commit's copy
+        from localgen.models import hfcache  # only, as a commit's name is: never main's copy of the file too
+
+        at = hfcache.cached_commit(t.spec.repo, t.spec.revision)
+        files = [f for f in files if f.commit == at]
     if quant and not t.spec.filename and files:  # a tag two files of a snapshot share names neither, as for every
         from localgen.models.resolve import ambiguous  # other command (rm took both)
 
