@@ -326,7 +326,7 @@ def test_history_takes_every_output_format_with_and_without_an_id(benv: dict[str
     assert json.loads(bench_here("bench", "history", run, "-o", "json").stdout) == recs
     listed = json.loads(bench_here("bench", "history", "-o", "json").stdout)
     assert listed[0]["id"] == int(run) and listed[0]["results"] == 2 and "-t 1,2" in listed[0]["command"]
-    assert set(listed[0]) == {"id", "created", "results", "command"}
+    assert set(listed[0]) == {"id", "created", "results", "partial", "command"} and listed[0]["partial"] == 0
     lines = [json.loads(x) for x in bench_here("bench", "history", "-o", "jsonl").stdout.splitlines()]
     assert lines == listed
     table = list(csv.DictReader(io.StringIO(bench_here("bench", "history", "-o", "csv").stdout)))

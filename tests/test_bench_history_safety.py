@@ -6,6 +6,8 @@ insert as a full disk would, bytes overwritten in the file)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sqlite3
 from pathlib import Path
@@ -277,3 +279,26 @@ def test_a_quality_runs_files_typed_relative_are_kept_by_their_absolute_path(cli
     assert kept.returncode == 0, kept.stderr
     assert [row["path"] for row in json.loads(kept.stdout)["rows"]] == [str(folder / "ref.gguf"),
                                                                         str(folder / "copy.gguf")], kept.stdout
+
+
+def test_the_list_of_runs_counts_partial_rows_and_passes_over_damaged_ones(cli: CLI, tmp_path: Path) -> None:
+    """`bench history` lists how many of a run's results are rows of a test stopped part-way (`repetitions` below
+    `repetitions_planned`), as its rows say it: `2 (1 partial)`, `"partial": 1`. A result that is not JSON, is JSON
+    but no object, or holds the counts as text counts as no partial row, and the list still reads."""
+    c, db = _home(cli, tmp_path)
+    for _ in range(2):
+        assert c("bench", *TINY).returncode == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE results SET record = json_set(record, '$.repetitions', 1, '$.repetitions_planned', 5) "
+                     "WHERE run_id = 2 AND seq = 1")
+        conn.execute("INSERT INTO results (run_id, seq, record) VALUES (1, 2, '{\"repetitions\": 1, '), "
+                     "(1, 3, '[1, 2]'), (1, 4, '{\"repetitions\": \"1\", \"repetitions_planned\": \"5\"}'), "
+                     "(1, 5, x'00ff')")
+    listed = c("bench", "history", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(d["id"], d["results"], d["partial"]) for d in json.loads(listed.stdout)] == [(2, 2, 1), (1, 6, 0)]
+    table = c("bench", "history").stdout.splitlines()  # the column as wide as its widest cell, right-aligned
+    assert [line[24:39] for line in table] == ["      RESULTS  ", "2 (1 partial)  ", "            6  "], table
+    assert "| 2 (1 partial) |" in c("bench", "history", "-o", "md").stdout
+    rows = csv.DictReader(io.StringIO(c("bench", "history", "-o", "csv").stdout))
+    assert [(x["id"], x["results"], x["partial"]) for x in rows] == [("2", "2", "1"), ("1", "6", "0")]

@@ -61,6 +61,11 @@ def test_ctrl_c_inside_a_test_keeps_its_measured_repetitions_as_a_row_marked_so(
     head = csv[0].split(",")
     cells = csv[1].split(",")
     assert (cells[head.index("repetitions")], cells[head.index("repetitions_planned")]) == ("3", "5")
+    # the list of runs says it holds a partial row (only its rows did)
+    assert [(x["id"], x["results"], x["partial"]) for x in json.loads(invoke("bench", "history", "-o", "json").stdout)
+            ] == [(int(run_id.group(1)), 1, 1)]
+    listed = invoke("bench", "history").stdout.splitlines()
+    assert re.fullmatch(rf" +{run_id.group(1)}  [\d-]+ [\d:]+  1 \(1 partial\)  \S.*", listed[1]), listed
     # bench compare marks the partial side (it compared its mean as any other's, unsaid)
     whole = invoke("bench", "-p", "16", "-n", "4", "-r", "2", "-t", "1", "--no-e2e", "-o", "json")
     assert whole.exit_code == 0, whole.stderr

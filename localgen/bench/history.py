@@ -144,16 +144,27 @@ class Listed:
     created: float | None  # None: its date no longer reads as one (damaged, edited by hand)
     command: str
     results: int
+    partial: int = 0  # of them, rows of a test stopped part-way (fewer repetitions than planned)
+
+
+# a result that is a row of a test stopped part-way (records.stopped_note), read by SQLite (one not JSON, or damaged:
+# not one; CASE tries its branches in order, so json_type never reads a text that is not JSON)
+_PARTIAL = ("CASE WHEN typeof(results.record) != 'text' OR NOT json_valid(results.record) THEN 0 "
+            "WHEN json_type(results.record, '$.repetitions') = 'integer' "
+            "AND json_type(results.record, '$.repetitions_planned') = 'integer' "
+            "AND json_extract(results.record, '$.repetitions') < json_extract(results.record, "
+            "'$.repetitions_planned') THEN 1 ELSE 0 END")
 
 
 def runs() -> list[Listed]:
     """Every run that kept a result, most recent first (an empty one, which an earlier localgen left when it was
-    killed before its first result, is no result: not listed)."""
+    killed before its first result, is no result: not listed), with how many of its results are rows of a test
+    stopped part-way."""
     with _db() as conn:
-        rows = conn.execute("SELECT runs.id, runs.created, runs.command, COUNT(results.seq) FROM runs "
-                            "JOIN results ON results.run_id = runs.id GROUP BY runs.id ORDER BY runs.id DESC"
-                            ).fetchall()
-    return [Listed(int(i), _created(c), str(cmd), int(n)) for i, c, cmd, n in rows]
+        rows = conn.execute(f"SELECT runs.id, runs.created, runs.command, COUNT(results.seq), SUM({_PARTIAL}) "
+                            "FROM runs JOIN results ON results.run_id = runs.id GROUP BY runs.id "
+                            "ORDER BY runs.id DESC").fetchall()
+    return [Listed(int(i), _created(c), str(cmd), int(n), int(p or 0)) for i, c, cmd, n, p in rows]
 
 
 def _created(value: Any) -> float | None:

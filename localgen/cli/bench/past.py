@@ -41,13 +41,16 @@ def history_cmd(
 
 
 def _list_runs(rows: list[Any], output: str | None) -> None:
-    """Every run, newest first: a table (ID, date, results, command), or each run's id, created (seconds since
-    the epoch), results and command in the -o format."""
+    """Every run, newest first: a table (ID, date, results, command; `5 (1 partial)` where a test was stopped
+    part-way), or each run's id, created (seconds since the epoch), results, partial (those of its results that
+    are a stopped test's) and command in the -o format."""
     import csv
     import io
     import json
 
-    docs = [{"id": r.id, "created": r.created, "results": r.results, "command": r.command} for r in rows]
+    docs = [{"id": r.id, "created": r.created, "results": r.results, "partial": r.partial, "command": r.command}
+            for r in rows]
+    cells = {r.id: f"{r.results}" + (f" ({r.partial} partial)" if r.partial else "") for r in rows}
     for r in rows:
         if r.created is None:
             from localgen.cli.output import ErrWriter
@@ -59,7 +62,7 @@ def _list_runs(rows: list[Any], output: str | None) -> None:
         sys.stdout.write("".join(json.dumps(d) + "\n" for d in docs))
     elif output == "csv":
         out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=["id", "created", "results", "command"], lineterminator="\n")
+        w = csv.DictWriter(out, fieldnames=["id", "created", "results", "partial", "command"], lineterminator="\n")
         w.writeheader()
         w.writerows(docs)
         sys.stdout.write(out.getvalue())
@@ -69,11 +72,12 @@ def _list_runs(rows: list[Any], output: str | None) -> None:
         print("| ID | date | results | command |\n|---:|---|---:|---|")
         for d in docs:
             command = str(d["command"]).replace("|", "\\|")
-            print(f"| {d['id']} | {_when(d['created'])} | {d['results']} | `{command}` |")
+            print(f"| {d['id']} | {_when(d['created'])} | {cells[d['id']]} | `{command}` |")
     else:
-        print(f"{'ID':>4}  {'DATE':16}  {'RESULTS':>7}  COMMAND")
+        width = max(7, *(len(c) for c in cells.values()))
+        print(f"{'ID':>4}  {'DATE':16}  {'RESULTS':>{width}}  COMMAND")
         for d in docs:
-            print(f"{d['id']:>4}  {_when(d['created']):16}  {d['results']:>7}  {d['command']}")
+            print(f"{d['id']:>4}  {_when(d['created']):16}  {cells[d['id']]:>{width}}  {d['command']}")
 
 
 def _say_damaged(run: Any) -> None:
