@@ -55,10 +55,11 @@ def test_a_load_size_past_a_c_int_is_refused(cli_in_process: InProcessCLI, comma
 
 
 def test_an_environment_variable_past_a_c_int_is_named(cli_in_process: InProcessCLI) -> None:
-    """LLAMA_ARG_N_CPU_MOE, a C int in llama.cpp, is held to the flag's top and named as the value's source."""
-    r = InProcessCLI({**cli_in_process.env, "LLAMA_ARG_N_CPU_MOE": "4294967296"})(
-        "fit", "-m", "smollm2:135m")
-    one_line(r, f"LLAMA_ARG_N_CPU_MOE {C_INT}4294967296")
+    """LLAMA_ARG_N_CPU_MOE, a C int in llama.cpp, is held to the flag's top and named as the value's source (bench
+    named --n-cpu-moe, a flag not typed)."""
+    env = InProcessCLI({**cli_in_process.env, "LLAMA_ARG_N_CPU_MOE": "4294967296"})
+    for args in (("fit", "-m", "smollm2:135m"), ("bench", "-m", "smollm2:135m", "-p", "8", "-n", "0", "-r", "1")):
+        one_line(env(*args), f"LLAMA_ARG_N_CPU_MOE {C_INT}4294967296")
 
 
 @pytest.mark.parametrize(("setting", "knob"), [("num_batch", "batch_size"), ("num_gpu", "gpu_layers")])

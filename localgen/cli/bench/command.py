@@ -249,6 +249,9 @@ def _env_ncmoe() -> list[int]:
         return [0]
     if not re.fullmatch(r"[0-9]+", text):
         raise UsageError(f"LLAMA_ARG_N_CPU_MOE takes a number of layers (0 or more), not {text!r}")
+    from localgen.bench.sweep import C_INT, in_range
+
+    in_range("LLAMA_ARG_N_CPU_MOE", [int(text)], 0, C_INT)  # named as run names it: no --n-cpu-moe was typed
     return [int(text)]
 
 
