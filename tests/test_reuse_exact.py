@@ -121,3 +121,24 @@ def test_a_reused_prefix_gives_a_fresh_evaluations_logits_bit_for_bit(engine: An
     kept = kv.evaluate(Prompt.text(tokens))
     assert np.array_equal(logits(), cold)
     assert kept == reusable_prefix(250, 250, 300, 128, 256) == 192
+
+
+def test_a_context_past_llama_cpps_uint32_cells_is_refused_never_wrapped(engine: Any) -> None:
+    """--ctx × --parallel reaches llama.cpp as one uint32: 2**31 cells per sequence × 2 was 2**32, which ctypes
+    kept as 0 (llama.cpp then took the model's trained context instead, unsaid). It is one clear error, before any
+    memory is asked for; within the type it goes on as before."""
+    from localgen.engine.batch import ParallelContext
+    from localgen.errors import LocalgenError
+    from localgen.native import context
+
+    with pytest.raises(LocalgenError) as e:
+        ParallelContext(engine, 2, 2**31)
+    assert e.value.message == "llama.cpp's context takes n_ctx up to 4,294,967,295, not 4,294,967,296", e.value.message
+    assert e.value.hint == "lower --ctx or --parallel"
+    with pytest.raises(LocalgenError, match="takes n_seq_max up to 4,294,967,295, not -1"):
+        context.new(engine.model_ptr, n_seq_max=-1)
+    small = ParallelContext(engine, 2, 256)
+    try:
+        assert small.ctx and small.n_ctx_seq == 256
+    finally:
+        small.close()

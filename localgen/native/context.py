@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localgen.errors import LocalgenError
 from localgen.native import logs, lora
 from localgen.native.batch import Batch
 from localgen.native.lib import lib
@@ -23,6 +24,10 @@ def new(model: Any, **fields: Any) -> Any:
         if not hasattr(p, name):
             raise TypeError(f"llama_context_params has no field {name!r}")
         setattr(p, name, value)
+        if isinstance(value, int) and getattr(p, name) != value:
+            # ctypes keeps a number's low bits past the field's type (2**32 cells, --ctx × --parallel, read as 0)
+            raise LocalgenError(f"llama.cpp's context takes {name} up to {_top(p, name):,}, not {value:,}",
+                                hint="lower --ctx or --parallel")
     # A Ctrl-C handled as llama.cpp returns the context would be raised before anyone holds it (its KV cache lost
     # to the process, which a chat outlives): it waits to the block's end, the context freed first.
     with logs.unbroken():
@@ -31,6 +36,13 @@ def new(model: Any, **fields: Any) -> Any:
             lc.llama_free(ctx)
             ctx = None
     return ctx
+
+
+def _top(p: Any, name: str) -> int:
+    """The largest value a ctypes integer field of `p` holds."""
+    kind = dict(p._fields_)[name]
+    bits = 8 * ctypes.sizeof(kind)
+    return int(2 ** (bits - 1) - 1 if kind(-1).value < 0 else 2 ** bits - 1)
 
 
 def free(ctx: Any) -> None:
@@ -104,7 +116,6 @@ def logits(ctx: Any, rows: int, n_vocab: int) -> Any:
     (llama_get_logits); valid until the next decode."""
     import numpy as np
 
-    from localgen.errors import LocalgenError
 
     ptr = lib().llama_get_logits(ctx)
     if not ptr:
