@@ -488,7 +488,7 @@ def test_a_file_where_a_folder_of_localgens_goes_is_named(own: CLI) -> None:
 
 
 def test_a_context_past_a_modelfiles_bound_and_a_table_beside_models_are_warnings(own: CLI) -> None:
-    """configuration.md: an entry's `context` is held to a Modelfile's num_ctx bound (16 to 2147483647: one past it
+    """configuration.md: an entry's `context` is held to a Modelfile's num_ctx bound (16 to 2,147,483,647: one past it
     was listed by `list --catalogue`), a warning as other bad entries; a top-level table or key other than
     [models] (a typo such as [model.mine]) was ignored in silence, and is a warning as an unknown key is."""
     path = _models(own, b'[other]\nx = 1\n\n[model.typo]\nrepo = "a/b"\n\n[models.big]\nrepo = "a/b"\n'
@@ -501,9 +501,9 @@ def test_a_context_past_a_modelfiles_bound_and_a_table_beside_models_are_warning
     assert _lines(r) == [
         f"warning: {path}: 'other' at the top level is ignored (localgen reads only [models.NAME] tables)",
         f"warning: {path}: 'model' at the top level is ignored (localgen reads only [models.NAME] tables)",
-        f"warning: {path}: [models.big] context must be a whole number of tokens within 16 to 2147483647, not "
+        f"warning: {path}: [models.big] context must be a whole number of tokens within 16 to 2,147,483,647, not "
         "99999999999999999999999 (big cannot be used until this is fixed)",
-        f"warning: {path}: [models.small] context must be a whole number of tokens within 16 to 2147483647, not 8 "
+        f"warning: {path}: [models.small] context must be a whole number of tokens within 16 to 2,147,483,647, not 8 "
         "(small cannot be used until this is fixed)"], r.stderr
 
 

@@ -557,3 +557,15 @@ def test_an_lm_studio_name_without_a_tag_takes_the_best_file_that_fits(cli_in_pr
     assert doc["name"] == "lmstudio:acme/Big-GGUF:Q4_1" and doc["file"].endswith("big-Q4_1.gguf"), doc
     r = lg("show", "lmstudio:acme/Big-GGUF:Q8_0", "--json")  # asked for by its tag: that file, as before
     assert r.returncode != 0 and "big-Q8_0.gguf" in r.stderr, r.stderr
+
+
+def test_an_ollama_params_num_ctx_past_the_bound_is_said_as_the_flags_say_it() -> None:
+    """The line that leaves an Ollama model's num_ctx out writes its bound as every other bound is written
+    (2,147,483,647, not 2147483647), and a number of hundreds of digits in exponent form."""
+    from localgen.errors import UsageError
+    from localgen.models import ollamastore
+
+    for value, said in ((2**40, "1099511627776"), (10**300, "1e+300"), (8, "8")):
+        with pytest.raises(UsageError) as e:
+            ollamastore._context(value)
+        assert e.value.message == f"num_ctx must be 0 or within 16 to 2,147,483,647, not {said}"

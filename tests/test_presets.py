@@ -90,7 +90,8 @@ def test_what_a_modelfile_writes_reads_back_the_same(text: str) -> None:
     ("FROM smollm2:135m\nPARAMETER num_predict -5\n", ["line 2", "num_predict must be at least -1"]),  # not max_tokens
     ("FROM smollm2:135m\nPARAMETER mirostat_tau -1\n", ["line 2", "mirostat_tau must be"]),
     ("FROM smollm2:135m\nPARAMETER mirostat_eta x\n", ["line 2", "mirostat_eta takes a number"]),
-    ("FROM smollm2:135m\nPARAMETER num_ctx 8\n", ["line 2", "num_ctx"]),
+    ("FROM smollm2:135m\nPARAMETER num_ctx 8\n", ["line 2", "num_ctx must be 0 (the model's training context) or "
+                                                  "within 16 to 2,147,483,647, not 8"]),  # as the flags write it
     ("FROM smollm2:135m\nPARAMETER num_gpu lots\n", ["line 2", "num_gpu takes an integer"]),
     ("FROM smollm2:135m\nPARAMETER n_cpu_moe -1\n", ["line 2", "n_cpu_moe must be at least 0, not -1"]),
     ("FROM smollm2:135m\nPARAMETER n_cpu_moe 1\nPARAMETER n_cpu_moe 2\n", ["line 3", "given twice"]),

@@ -150,7 +150,7 @@ def _entry(name: str, raw: Any, source: Path) -> CatalogueEntry:
         raise UsageError(f"{where} default_quant is empty")
     if context is not None and not MIN_CTX_FLAG <= context <= settings.INT32:  # as a Modelfile's num_ctx
         raise UsageError(f"{where} context must be a whole number of tokens within {MIN_CTX_FLAG} to "
-                         f"{settings.INT32}, not {_shown(context)}")
+                         f"{settings.INT32:,}, not {_shown(context)}")
     for quant, file in files.items():
         if not isinstance(file, str) or not file.strip():
             raise UsageError(f"{where} files.{quant} must be a file name, not {_shown(file)}")

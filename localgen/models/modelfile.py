@@ -301,7 +301,7 @@ def _context(src: _Lines, number: int, value: str) -> int:
         raise src.error(number, f"num_ctx takes an integer, not {value!r}") from None
     if (n != TRAINED_CTX and n < MIN_CTX) or n > settings.INT32:  # 0: the model's training context, as --ctx 0
         raise src.error(number, f"num_ctx must be 0 (the model's training context) or within {MIN_CTX} to "
-                                f"{settings.INT32}, not {settings.shown_value(n)}")
+                                f"{settings.INT32:,}, not {settings.shown_value(n)}")
     return n
 
 

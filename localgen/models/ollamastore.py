@@ -386,7 +386,8 @@ def _damaged(m: Manifest, layer: Layer, why: str) -> LocalgenError:
 def _context(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or (value != TRAINED_CTX and value < MIN_CTX_FLAG) or (
             value > settings.INT32):
-        raise UsageError(f"num_ctx must be 0 or within {MIN_CTX_FLAG} to {settings.INT32}, not {value!r}")
+        raise UsageError(f"num_ctx must be 0 or within {MIN_CTX_FLAG} to {settings.INT32:,}, not "
+                         f"{settings.shown_value(value)}")
     return value
 
 
