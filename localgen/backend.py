@@ -114,3 +114,18 @@ class Backend(Protocol):
     def close(self) -> None:
         """Free what the backend holds."""
         ...
+
+
+def overflow_case(n_ctx: int, cap: int | None, needed: int | None = None, room: int = 1) -> str:
+    """Which remedy helps a prompt of `needed` tokens (None: not counted) that an `n_ctx` window cannot hold, where
+    `cap` is the largest window any --ctx gives (Backend.window_cap; None: nothing caps it) and `room` the tokens the
+    window keeps free beside the prompt (one: a window of N holds N - 1; chat's answer room at that window):
+    "open" (a larger --ctx), "full" (the window is the cap already), "past" (the cap cannot hold it: shorter, or
+    RoPE scaling) or "grow" (a larger --ctx, up to the cap). run's and chat's overflow hints word each case."""
+    if not cap:
+        return "open"
+    if n_ctx >= cap:
+        return "full"
+    if needed is not None and needed + room > cap:
+        return "past"
+    return "grow"

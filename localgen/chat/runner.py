@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen import compact, paths, settings
-from localgen.backend import Backend
+from localgen.backend import Backend, overflow_case
 from localgen.chat.session import ChatSession, NameTaken, Summary
 from localgen.errors import ContextOverflowError, LocalgenError, no_chat_template
 from localgen.types import GenerationRequest, Message, SamplingParams, Stats, thinking_args
@@ -226,21 +226,22 @@ class ChatRunner:
 
     def _overflow_hint(self, need: int) -> str:
         """What helps a message that needs `need` tokens with the system prompt, as run's error says it
-        (defaults.overflow_hint): a larger --ctx only where the largest window one gives (Backend.window_cap) holds
+        (backend.overflow_case): a larger --ctx only where the largest window one gives (Backend.window_cap) holds
         it with the answer's room, else a shorter message, or RoPE scaling."""
         cap = self.backend.window_cap()
-        if cap is None:
-            return "shorten it, or restart with a larger --ctx"
+        room = self.reserve(cap) if cap else 0  # the answer's, at the largest window
+        case = overflow_case(int(self.backend.n_ctx), cap, need, room)
         stretch = "a restart with --rope-scaling linear and a larger --ctx stretches the window, at some cost in " \
             "quality"
-        if int(self.backend.n_ctx) >= cap:
+        if case == "full":
             return f"shorten it: the window is already the {cap:,} tokens this model was trained on; {stretch}"
-        room = self.reserve(cap)  # the answer's, at the largest window
-        if need > cap - room:
+        if case == "past":
             return (f"shorten it: with the answer's room ({room:,} tokens in that window; -n sets it) it "
                     f"needs more than the {cap:,} tokens this model was trained on, past which --ctx does not go; "
                     f"{stretch}")
-        return f"shorten it, or restart with a larger --ctx, up to the {cap:,} tokens this model was trained on"
+        if case == "grow":
+            return f"shorten it, or restart with a larger --ctx, up to the {cap:,} tokens this model was trained on"
+        return "shorten it, or restart with a larger --ctx"
 
     def _auto_compact(self, limit: int) -> None:
         """Fold the oldest turns into the summary, keeping verbatim the newest that fill at most half of `limit`

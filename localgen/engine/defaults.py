@@ -9,6 +9,7 @@ import hashlib
 from typing import Any
 
 from localgen import hardware, tuning
+from localgen.backend import overflow_case
 from localgen.types import MAX_CELLS, LoadParams, ModelRef
 
 UBATCH = 512  # llama.cpp's default physical batch
@@ -108,19 +109,21 @@ def window_can_hold(tokens: int, trained: int | None, stretched: bool = False) -
     return not trained or stretched or tokens < trained
 
 
-def overflow_hint(n_ctx: int, trained: int | None, needed: int | None = None, stretched: bool = False) -> str:
-    """What helps a prompt of `needed` tokens (None: not counted) that an `n_ctx` window cannot hold: a larger --ctx
-    only where the window can grow to hold it (window_can_hold), else a shorter prompt, or RoPE scaling."""
-    if not trained or stretched:
-        return "shorten the prompt or raise --ctx"
-    if n_ctx >= trained:
-        return (f"shorten the prompt: the window is already the {trained:,} tokens this model was trained on; "
+def overflow_hint(n_ctx: int, cap: int | None, needed: int | None = None) -> str:
+    """What helps a prompt of `needed` tokens (None: not counted) that an `n_ctx` window cannot hold, as run's
+    error says it (backend.overflow_case): a larger --ctx only where the window can grow to hold it, else a shorter
+    prompt, or RoPE scaling."""
+    case = overflow_case(n_ctx, cap, needed)
+    if case == "full":
+        return (f"shorten the prompt: the window is already the {cap:,} tokens this model was trained on; "
                 "--rope-scaling linear with a larger --ctx stretches it, at some cost in quality")
-    if needed is not None and not window_can_hold(needed, trained):
-        return (f"shorten the prompt: it is longer than the {trained:,} tokens this model was trained on, past "
+    if case == "past":
+        return (f"shorten the prompt: it is longer than the {cap:,} tokens this model was trained on, past "
                 "which --ctx does not go; --rope-scaling linear with a larger --ctx stretches the window, at some cost "
                 "in quality")
-    return f"shorten the prompt or raise --ctx; this model was trained on up to {trained:,}"
+    if case == "grow":
+        return f"shorten the prompt or raise --ctx; this model was trained on up to {cap:,}"
+    return "shorten the prompt or raise --ctx"
 
 
 def _rules(model: ModelRef, params: LoadParams, n_gpu: int | None,
