@@ -103,7 +103,8 @@ def _answers(cli: CLI, *args: str) -> list[dict[str, Any]]:
 def test_the_near_tie_check_takes_alones_runner_up_and_refuses_another_prompts_answer(cli: CLI) -> None:
     """The check that a GPU's batched answers keep their promise (below), on SmolLM2 here: "Why do cats purr?"
     begins "The" alone, "Cats" a close second (0.28 log-units apart on this build); "Name a prime number." ends
-    after "2." alone (11 tokens), where going on with " It" is 1.05 log-units less likely, not a near tie."""
+    after "2." alone (11 tokens), where going on with " It" is about 1.05 log-units less likely (1.07 on another
+    CPU: llama.cpp's kernels for it sum in another order), not a near tie."""
     common = ["-n", "12", "--temperature", "0", "--ctx", "512"]
     cats = _answers(cli, "-p", "Why do cats purr?", *common)[0]
     prime = _answers(cli, "-p", "Name a prime number.", *common)[0]
@@ -121,7 +122,8 @@ def test_the_near_tie_check_takes_alones_runner_up_and_refuses_another_prompts_a
     assert said is not None and said.startswith("token 1: ' capital' is not among"), said
     assert _where_it_parts(cli, "Name a prime number.", prime, common) is None  # alone's own, its end too
     said = _where_it_parts(cli, "Name a prime number.", made(*tokens(prime), b" It", b" is"), common)  # past its end
-    assert said is not None and said.startswith("token 11: ' It' is 1.05 log-units below"), said
+    gap = re.match(r"token 11: ' It' is (\d+\.\d\d) log-units below alone's choice ", said or "")
+    assert gap and NEAR_TIE < 0.95 < float(gap.group(1)) < 1.15, said
     said = _where_it_parts(cli, "Why do cats purr?", made(*tokens(cats)[:4], end="eos"), common)  # an end far off
     assert said is not None and said.startswith("token 4: the end of text is "), said
     said = _where_it_parts(cli, "Why do cats purr?", made(*tokens(cats)[:4]), common)  # cut short, no end said
