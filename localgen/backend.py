@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from localgen.types import Chunk, FinishReason, GenerationRequest, Stats, TokenLogprob
 
@@ -116,7 +116,10 @@ class Backend(Protocol):
         ...
 
 
-def overflow_case(n_ctx: int, cap: int | None, needed: int | None = None, room: int = 1) -> str:
+OverflowCase = Literal["open", "full", "past", "grow"]
+
+
+def overflow_case(n_ctx: int, cap: int | None, needed: int | None = None, room: int = 1) -> OverflowCase:
     """Which remedy helps a prompt of `needed` tokens (None: not counted) that an `n_ctx` window cannot hold, where
     `cap` is the largest window any --ctx gives (Backend.window_cap; None: nothing caps it) and `room` the tokens the
     window keeps free beside the prompt (one: a window of N holds N - 1; chat's answer room at that window):
