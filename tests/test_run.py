@@ -655,3 +655,21 @@ def test_json_writes_a_ban_as_the_string_inf_and_a_file_line_reads_it_back(cli: 
     assert again.returncode == 0, again.stderr
     line = _strict(again.stdout)
     assert isinstance(line, dict) and line["text"] == doc["text"], (line, doc["text"])
+
+
+@pytest.mark.parametrize("items", [False, {"type": "string"}])
+def test_a_tuples_prefix_items_hold_the_answer_beside_items(cli: CLI, items: Any) -> None:
+    """llama.cpp's converter reads `items` before `prefixItems`: a tuple with `items: false` became any JSON array
+    (the answer `[{"name": "Ava", ...`), one with an items schema held every position to that alone. The tuple is
+    what the answer holds to (api.md: prefixItems); where minItems asks for more than the tuple has, items stays."""
+    from localgen.engine.schemaresolve import resolve_schema
+
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}], "items": items}
+    r = cli("run", "-p", "List three people with their names and ages as JSON objects.", "-j", json.dumps(schema),
+            "--temperature", "0", *QUICK)
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)
+    assert isinstance(answer, list) and len(answer) == 2, answer
+    assert type(answer[0]) is int and type(answer[1]) is bool, answer
+    longer = {**schema, "minItems": 3}
+    assert "items" in resolve_schema(longer) and "prefixItems" in resolve_schema(longer)

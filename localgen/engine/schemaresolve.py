@@ -72,6 +72,9 @@ def resolve_schema(schema: Any) -> Any:
         for key, value in node.items():
             if key in ("$defs", "definitions", "$schema", "$id", "$comment"):
                 continue
+            if key == "items" and _tuple_first(node):
+                walk(value, refs)  # left out, but a reference in it that points at nothing is said all the same
+                continue
             if key in _MAP and isinstance(value, dict):
                 out[key] = {k: walk(v, refs) for k, v in value.items() if v is not False}
             elif key in _LIST and isinstance(value, list):
@@ -86,6 +89,16 @@ def resolve_schema(schema: Any) -> Any:
         return walk(schema, ())
     except RecursionError:
         raise GrammarError("the schema nests too deeply to become a grammar") from None
+
+
+def _tuple_first(node: dict[str, Any]) -> bool:
+    """Whether an array's `items` gives way to its `prefixItems`: the converter reads `items` first and then never
+    `prefixItems`, so a tuple with `items: false` (nothing after it) answered any JSON array, and one with an items
+    schema held its first positions to that schema alone. The tuple alone is what the schema allows, its later
+    items left out; unless `minItems` asks for more items than the tuple has, where `items` is kept."""
+    prefix = node.get("prefixItems")
+    least = node.get("minItems", 0)
+    return isinstance(prefix, list) and bool(prefix) and not (isinstance(least, int) and least > len(prefix))
 
 
 def _plain(node: dict[str, Any]) -> dict[str, Any]:
