@@ -293,6 +293,8 @@ def test_a_json_schema_answer_holds_no_raw_control_character(cli: CLI) -> None:
     ('{"type": "object", "properties": {"x": {"type": "null", "const": 0}}, "required": ["x"]}',
      "part at properties/x has const 0"),
     ('{"anyOf": [{"type": "string", "enum": [1]}, false]}', "an anyOf of which no part can be met"),
+    ('{"type": "object", "properties": {}, "required": ["a"], "additionalProperties": false}',  # answered { }
+     "requires the property 'a', which additionalProperties: false forbids"),
 ])
 def test_a_json_schema_no_value_meets_is_refused_naming_the_part(cli: CLI, schema: str, said: str) -> None:
     # they became grammars whose answers broke the schema (`-j false` answered null, exit 0)

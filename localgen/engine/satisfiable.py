@@ -53,8 +53,9 @@ def check_bounds(schema: Any, path: str = "") -> None:
 def check_satisfiable(schema: Any, path: str = "") -> None:
     """A GrammarError naming the part of a schema (as given: before its allOf is merged) that no value meets: the
     schema false, `not: {}`, a type that none of its enum's values (or its const) has, an allOf whose parts allow
-    no type in common, a required property whose schema is false. A grammar for it would admit values that break
-    it; $refs are not followed, and `not` and `if` hold parts no value meets by design."""
+    no type in common, a required property whose schema is false or that additionalProperties: false forbids. A
+    grammar for it would admit values that break it; $refs are not followed, and `not` and `if` hold parts no value
+    meets by design."""
     at = f"the JSON schema's part at {path.lstrip('/')}" if path else "the JSON schema"
     if schema is False:
         raise GrammarError(f"{at} is false: no value meets it")
@@ -87,6 +88,12 @@ def check_satisfiable(schema: Any, path: str = "") -> None:
     for name in required if isinstance(required, list) and isinstance(props, dict) else ():
         if isinstance(name, str) and isinstance(props, dict) and props.get(name) is False:
             raise GrammarError(f"{at} requires the property {name!r}, whose schema is false: no value meets it")
+    listed = props if isinstance(props, dict) else {}
+    if schema.get("additionalProperties") is False and "patternProperties" not in schema:
+        for name in required if isinstance(required, list) else ():
+            if isinstance(name, str) and name not in listed:
+                raise GrammarError(f"{at} requires the property {name!r}, which additionalProperties: false forbids "
+                                   "(it is not among its properties): no value meets it")
     # only the parts every value must meet: a property not required, additionalProperties, items, then/else or a
     # single anyOf branch that no value meets is how a schema says "never this" (zod's z.never() is not: {})
     for i, part in enumerate(parts):
