@@ -22,6 +22,7 @@ LADDER = "Ladder (--ladder TYPES: each type made and measured against the source
 
 
 def quantize(
+    cmd: typer.Context,
     source: Annotated[str, typer.Argument(help="The model to quantize: an F16/BF16/F32 GGUF path, or any model "
                                                "name run takes.", show_default=False, metavar="SOURCE")],
     type_name: Annotated[str | None, typer.Argument(
@@ -86,6 +87,8 @@ def quantize(
                          "give a TYPE or --ladder TYPES, not both")
     if ladder_types is not None and output is not None:
         raise UsageError("--ladder keeps each type in localgen's models; -o names one file")
+    if ladder_types is None:
+        _refuse_ladder_options(cmd)
     if name is not None:
         quantized.check_base(name)
     from localgen.quant import quantize as q
@@ -108,6 +111,19 @@ def quantize(
         return
     _ladder(ref, src, base, ladder_types, opts, measure, ctx, chunks, kld_bound, n_prompt, n_gen, reps, threads,
             gpu_layers, json_out, verbose)
+
+
+def _refuse_ladder_options(cmd: typer.Context) -> None:
+    """The ladder's own options given to a single quantization: refused, as bench refuses --ctx without --quality,
+    rather than ignored in silence (a --measure file that is not there included)."""
+    from localgen.cli.options.knobs import given_by_user
+
+    given = [flag for param, flag in (("measure", "--measure"), ("ctx", "--ctx"), ("chunks", "--chunks"),
+                                      ("kld_bound", "--kld-bound"), ("n_prompt", "-p"), ("n_gen", "-n"),
+                                      ("reps", "-r"), ("gpu_layers", "-ngl")) if given_by_user(cmd, param)]
+    if given:
+        raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --ladder",
+                         hint="add --ladder TYPES, or leave them out")
 
 
 def _cores() -> int:
@@ -246,6 +262,8 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
     types = list(dict.fromkeys(q.parse_type(t)[0] for t in types_text.split(",") if t.strip()))
     if not types:
         raise UsageError("--ladder: no types given")
+    speed = ladder.Speed(n_prompt=n_prompt, n_gen=n_gen, reps=reps, threads=threads)
+    ladder.check_speed(speed, {str(src): ref.summary.context_length})  # the types keep the source's context
     if measure_text and measure_text != "-":
         check_input("--measure", measure_text)
     text: MeasureText | str = read_text(measure_text, chunks) if measure_text else default_text()
@@ -274,8 +292,7 @@ def _ladder(ref: Any, src: Path, base: str, types_text: str, opts: Any, measure_
         files.append(resolve(model_name, offline=True))
     settings = ms.Settings(ctx=ctx, batch=ms.fitting_batch(ctx), chunks=chunks, threads=threads,
                            gpu_layers=gpu_layers, verbose=verbose)
-    run_ladder(ref, files, text, measure_text or "default", settings,
-               ladder.Speed(n_prompt=n_prompt, n_gen=n_gen, reps=reps, threads=threads), kld_bound,
+    run_ladder(ref, files, text, measure_text or "default", settings, speed, kld_bound,
                "json" if json_out else None)
 
 

@@ -92,15 +92,12 @@ def _type_name(ref: ModelRef) -> str:
 
 def speed_of(ref: ModelRef, speed: Speed, settings: ms.Settings) -> tuple[float | None, float | None]:
     """pp and tg tokens/s of the model here (bench's runner: random tokens, warm-up, repetitions)."""
-    from localgen.bench import sweep
     from localgen.bench.runner import run
 
     if not speed.timed:
         return None, None
-    plan = sweep.build(models=[ref.path], threads=[speed.threads], ngl=[settings.gpu_layers if settings.gpu_layers
-                       is not None else (-1 if _offload() else 0)], batch=[2048], ubatch=[None], fa=[None],
-                       ctk=["f16"], ctv=["f16"], prompts=[speed.n_prompt] if speed.n_prompt > 0 else [],
-                       gens=[speed.n_gen] if speed.n_gen > 0 else [], pg=[], depths=[0], reps=speed.reps, e2e=False)
+    plan = speed_plan([ref.path], speed, settings.gpu_layers if settings.gpu_layers is not None
+                      else (-1 if _offload() else 0))
     pp = tg = None
     for result in run(plan, open_model=lambda _: ref):
         if result.test.kind == "pp":
@@ -108,6 +105,24 @@ def speed_of(ref: ModelRef, speed: Speed, settings: ms.Settings) -> tuple[float 
         elif result.test.kind == "tg":
             tg = result.avg_ts
     return pp, tg
+
+
+def speed_plan(models: list[str], speed: Speed, gpu_layers: int) -> Any:
+    """bench's plan for the speed columns of these models (its sizes checked as a sweep's are)."""
+    from localgen.bench import sweep
+
+    return sweep.build(models=models, threads=[speed.threads], ngl=[gpu_layers], batch=[2048], ubatch=[None],
+                       fa=[None], ctk=["f16"], ctv=["f16"], prompts=[speed.n_prompt] if speed.n_prompt > 0 else [],
+                       gens=[speed.n_gen] if speed.n_gen > 0 else [], pg=[], depths=[0], reps=speed.reps, e2e=False)
+
+
+def check_speed(speed: Speed, trained: dict[str, int | None]) -> None:
+    """Refuse the speed columns' sizes before anything is made or measured, as a sweep refuses them: -r past
+    bench's bound, -p or -n past a C int or past a model's trained context (`trained`, by model)."""
+    from localgen.bench import sweep
+
+    if speed.timed:
+        sweep.check_context(speed_plan(list(trained), speed, 0), trained)
 
 
 def _offload() -> bool:

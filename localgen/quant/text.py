@@ -70,7 +70,8 @@ class MeasureText:
             if not self._data:
                 head = f.read(4)
                 if head == b"GGUF":  # a model given for the text, by mistake: said before it is read
-                    raise UsageError(f"{self.path} is a GGUF model, not a text", hint="the model to measure goes to -m")
+                    raise UsageError(f"{self.path} is a GGUF model, not a text",
+                                     hint="a text goes here; the model to measure goes to -m, quantize's to SOURCE")
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):  # a pipe or a device cannot be read on later: all of it now
                     more = head + f.read(MAX_TEXT + 1 - len(head))

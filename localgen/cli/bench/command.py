@@ -173,13 +173,9 @@ def _measure_quality(models: Values, q: Quality, n_prompt: Values, n_gen: Values
     text: MeasureText | str = default_text() if q.quality == "default" else read_text(q.quality, q.chunks)
     reference = resolve(q.reference, offline=offline)
     files = [resolve(m, offline=offline) for m in names]
-    if speed.n_prompt != 0 or speed.n_gen != 0:  # -p 0 -n 0: no speed columns
-        # the speed columns' plan, checked as a sweep's is, before the minutes of perplexity that come first
-        plan = sweep.build(models=[q.reference, *names], threads=[t], ngl=[0], batch=[2048], ubatch=[None],
-                           fa=[None], ctk=["f16"], ctv=["f16"], prompts=[speed.n_prompt], gens=[speed.n_gen], pg=[],
-                           depths=[0], reps=reps, e2e=False)
-        sweep.check_context(plan, {m: f.summary.context_length
-                                   for m, f in zip([q.reference, *names], [reference, *files], strict=True)})
+    # the speed columns' plan (-p 0 -n 0: none), checked as a sweep's is, before the minutes of perplexity first
+    ladder.check_speed(speed, {m: f.summary.context_length
+                               for m, f in zip([q.reference, *names], [reference, *files], strict=True)})
     n_ctx = q.quality_ctx if q.quality_ctx is not None else QUALITY_CTX
     settings = ms.Settings(ctx=n_ctx, batch=ms.fitting_batch(n_ctx), chunks=q.chunks, threads=t,
                            gpu_layers=ngl_one)
