@@ -244,8 +244,10 @@ def _check_bias(value: Any, shown: str = "logit_bias") -> tuple[tuple[int, float
         tok, bias = item
         if isinstance(tok, str) and tok.strip().isascii() and tok.strip().isdigit():  # "²" is a digit int() refuses
             tok = int(tok)
-        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= INT32:
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
             raise UsageError(f"{shown}: a token id must be a non-negative integer, not {tok!r}")
+        if tok > INT32:  # a vocabulary's ids are a C int's
+            raise UsageError(f"{shown}: a token id must be at most {INT32:,}, not {shown_value(tok)}")
         if isinstance(bias, str) and bias.strip().lower() in ("-inf", "inf", "+inf"):  # run --json's spelling
             bias = float(bias)
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(as_float(bias)):

@@ -41,7 +41,8 @@ def test_a_flags_bad_value_names_the_flag_typed_and_a_lines_names_its_field(cli:
     for args, said in ((("--stop", BAD), "--stop is not valid UTF-8 text"),
                        (("--dry-sequence-breaker", BAD), "--dry-sequence-breaker is not valid UTF-8 text"),
                        (tuple(many), "--stop: at most 64 strings"),
-                       (("--logit-bias", "99999999999+1"), "--logit-bias: a token id must be a non-negative integer")):
+                       (("--logit-bias", "99999999999+1"),  # a non-negative integer, past a C int
+                        "--logit-bias: a token id must be at most 2,147,483,647, not 99999999999")):
         for command in ("run", "chat"):
             r = cli(command, "-n", "2", *args, *(("-p", "hi") if command == "run" else ()), input="hi\n")
             _one_line_error(r, 2, f"localgen: error: {said}")

@@ -295,12 +295,39 @@ def test_a_json_schema_answer_holds_no_raw_control_character(cli: CLI) -> None:
     ('{"anyOf": [{"type": "string", "enum": [1]}, false]}', "an anyOf of which no part can be met"),
     ('{"type": "object", "properties": {}, "required": ["a"], "additionalProperties": false}',  # answered { }
      "requires the property 'a', which additionalProperties: false forbids"),
+    ('{"allOf": [{"const": 1}, {"const": 2}]}', "no value that its const and enum (its allOf's parts' too) all allow"),
 ])
 def test_a_json_schema_no_value_meets_is_refused_naming_the_part(cli: CLI, schema: str, said: str) -> None:
     # they became grammars whose answers broke the schema (`-j false` answered null, exit 0)
     r = cli("run", "-p", "hi", "-j", schema, *QUICK)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert said in r.stderr and "no value meets it" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"enum": ["a", "b"]}, {"enum": ["c"]}]}, {"const": "x", "enum": ["y"]},
+    {"allOf": [{"const": True}, {"enum": [1]}]}, {"type": "object", "properties": {"k": {"allOf": [{"const": 1}, {
+        "const": 2}]}}, "required": ["k"]},
+])
+def test_const_and_enum_values_with_none_in_common_are_refused(schema: Any) -> None:
+    """allOf's const and enum were merged "first wins" (allOf [{const: 1}, {const: 2}] answered 1, 200); a const
+    beside an enum without it too: no value meets them together (true is not 1)."""
+    from localgen.engine.grammar import grammar_from_json_schema
+    from localgen.errors import GrammarError
+
+    with pytest.raises(GrammarError, match=r"const and enum \(its allOf's parts' too\) all allow: no value meets it"):
+        grammar_from_json_schema(json.dumps(schema))
+
+
+def test_an_allofs_const_and_enum_hold_the_values_they_share() -> None:
+    """The merged grammar answers only what every part allows (it took the first part's enum: "a" broke the
+    second part); 1 and 1.0 are one JSON value."""
+    from localgen.engine.grammar import grammar_from_json_schema
+
+    both = grammar_from_json_schema(json.dumps({"allOf": [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}]}))
+    assert 'schema0 ::= "\\"b\\""' in both.splitlines(), both
+    number = grammar_from_json_schema(json.dumps({"allOf": [{"const": 1}, {"enum": [1.0, 2]}]}))
+    assert 'schema0 ::= "1"' in number.splitlines(), number
 
 
 @pytest.mark.parametrize("schema", [

@@ -111,6 +111,7 @@ CASES: list[tuple[str, dict[str, Any] | str, str]] = [
     # was dropped; json_schema without its json_schema was any object; a user's null content was ""; a model that
     # is not a name was a 404 "not served"; a bias on a token past the vocabulary named no param
     ("/v1/chat/completions", _chat(max_tokens=0), "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 0}, "max_tokens"),  # api.md: as for chat
     ("/v1/chat/completions", {**_chat(), "max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens"),
     ("/v1/chat/completions", _chat(top_logprobs=2), "top_logprobs"),
     ("/v1/chat/completions", _chat(response_format={"type": "json_schema"}), "response_format.json_schema"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, TypeGuard
 
-from localgen.engine.schemaresolve import JSON_TYPES, subschemas
+from localgen.engine.schemaresolve import JSON_TYPES, common_values, subschemas
 from localgen.errors import GrammarError
 
 # a lower and an upper bound no value can meet, with the kind of value they bound
@@ -53,9 +53,9 @@ def check_bounds(schema: Any, path: str = "") -> None:
 def check_satisfiable(schema: Any, path: str = "") -> None:
     """A GrammarError naming the part of a schema (as given: before its allOf is merged) that no value meets: the
     schema false, `not: {}`, a type that none of its enum's values (or its const) has, an allOf whose parts allow
-    no type in common, a required property whose schema is false or that additionalProperties: false forbids. A
-    grammar for it would admit values that break it; $refs are not followed, and `not` and `if` hold parts no value
-    meets by design."""
+    no type in common, const and enum values (its own and its allOf's) with none in common, a required property
+    whose schema is false or that additionalProperties: false forbids. A grammar for it would admit values that
+    break it; $refs are not followed, and `not` and `if` hold parts no value meets by design."""
     at = f"the JSON schema's part at {path.lstrip('/')}" if path else "the JSON schema"
     if schema is False:
         raise GrammarError(f"{at} is false: no value meets it")
@@ -83,6 +83,9 @@ def check_satisfiable(schema: Any, path: str = "") -> None:
                 not any(_has_kind(v, kinds) for v in node["enum"]):
             raise GrammarError(f"{at} has an enum with no {' or '.join(sorted(kinds))} among its values: no value "
                                "meets it")
+    if common_values([schema, *parts]) == []:
+        raise GrammarError(f"{at} has no value that its const and enum (its allOf's parts' too) all allow: no value "
+                           "meets it")
     props = schema.get("properties")
     required = schema.get("required")
     for name in required if isinstance(required, list) and isinstance(props, dict) else ():

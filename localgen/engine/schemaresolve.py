@@ -127,8 +127,8 @@ def _plain(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _merged(parts: Sequence[Any]) -> dict[str, Any]:
-    """allOf's parts as one schema: properties and required joined, other keywords from the first part
-    that has them (exact intersection is left to the validation after generation)."""
+    """allOf's parts as one schema: properties and required joined, const and enum as the values they all allow,
+    other keywords from the first part that has them."""
     out: dict[str, Any] = {}
     for part in parts:
         if not isinstance(part, dict):
@@ -142,7 +142,40 @@ def _merged(parts: Sequence[Any]) -> dict[str, Any]:
                 out[key] = value
     if "properties" in out and "type" not in out:
         out["type"] = "object"
+    shared = common_values(parts)
+    if shared is not None:  # the values every part's const and enum allow, not the first part's alone
+        out.pop("const", None)
+        out["enum"] = shared
     return _plain(out)
+
+
+def common_values(nodes: Sequence[Any]) -> list[Any] | None:
+    """The values that every node's `const` and `enum` allow together, in the first list's order (None: no node
+    has either). Equal as JSON: 1 and 1.0 are one value, true and 1 two."""
+    lists: list[list[Any]] = []
+    for node in nodes:
+        if isinstance(node, dict):
+            if "const" in node:
+                lists.append([node["const"]])
+            if isinstance(node.get("enum"), list):
+                lists.append(node["enum"])
+    if not lists:
+        return None
+    keys = [{_json_key(v) for v in values} for values in lists[1:]]
+    return [v for v in lists[0] if all(_json_key(v) in k for k in keys)]
+
+
+def _json_key(value: Any) -> Any:
+    """A value as a hashable key that JSON's equality holds to (a bool is not a number; 1 == 1.0)."""
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    if isinstance(value, list):
+        return ("array", tuple(_json_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("object", tuple(sorted((str(k), _json_key(v)) for k, v in value.items())))
+    return ("string", value)
 
 
 def subschemas(node: Any) -> list[tuple[str, Any]]:

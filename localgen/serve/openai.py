@@ -74,11 +74,12 @@ class Completions:
         if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):  # null: OpenAI's default, 1; true ≠ 1
             raise HTTPError(400, "only n=1 is supported: send the request n times (they run in parallel slots)",
                             param="n")
-        if self.chat:
-            for key in ("max_tokens", "max_completion_tokens"):  # as OpenAI: at least 1 (-1, llama-server's: no limit)
-                if body.get(key) == 0 and not isinstance(body.get(key), bool):
-                    raise HTTPError(400, f"{key} must be at least 1 (or -1: until the model stops or the window is "
-                                         "full), not 0", param=key)
+        # as OpenAI's chat: at least 1 (-1, llama-server's: no limit); /v1/completions too, as api.md says (OpenAI's
+        # legacy completions take 0 only to echo the prompt's logprobs, and echo is refused here)
+        for key in ("max_tokens", "max_completion_tokens") if self.chat else ("max_tokens",):
+            if body.get(key) == 0 and not isinstance(body.get(key), bool):
+                raise HTTPError(400, f"{key} must be at least 1 (or -1: until the model stops or the window is "
+                                     "full), not 0", param=key)
         logprobs = None
         count = body.get("logprobs")  # /v1/completions: a count, and 0 (the chosen tokens alone) asks too
         asked = flag(body, "logprobs") if self.chat else count is not None and count is not False
