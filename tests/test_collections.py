@@ -291,12 +291,12 @@ def test_an_interrupted_replace_run_removes_nothing(hcli: CLI, tmp_path: Path) -
 
 
 def _long_store(hcli: CLI, tmp_path: Path, name: str) -> tuple[Path, Any]:
-    """128 texts of some 30 tokens (seconds a step of 64 on one thread), and `embed --store NAME` of them started
+    """128 texts of some 15 tokens (seconds a step of 64 on one thread), and `embed --store NAME` of them started
     on a terminal."""
     from tests import terminal
 
     texts = tmp_path / "long.jsonl"
-    texts.write_text("".join(json.dumps({"id": f"t{i}", "text": f"note {i}: " + "a longer line of text " * 6})
+    texts.write_text("".join(json.dumps({"id": f"t{i}", "text": f"note {i}: " + "a longer line of text " * 2})
                              + "\n" for i in range(128)))
     return texts, terminal.spawn(hcli.env, ["embed", "--store", name, "--file", str(texts)], timeout=SAFETY_NET_S)
 
