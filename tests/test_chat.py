@@ -165,9 +165,11 @@ def paragraphs_shown(rows: list[str], question: str) -> list[list[str]]:
 
 
 def wait_until(child: Any, shown: Callable[[], bool]) -> None:
-    """Read what `child` writes (its screen fed as it comes) until `shown()`."""
+    """Read what `child` writes (its screen fed as it comes) until `shown()`. Each read takes all that came: the
+    screen is fed as pexpect reads, so taking one character at a time asked `shown()` (a render of the whole
+    screen) again of the same screen for each character read, seconds of CPU an answer."""
     while not shown():
-        child.expect(r"[\s\S]", timeout=SAFETY_NET_S)
+        child.expect(r"[\s\S]+", timeout=SAFETY_NET_S)
 
 
 def paragraphs_saved(text: str) -> list[list[str]]:
