@@ -83,10 +83,7 @@ def check_satisfiable(schema: Any, path: str = "") -> None:
                 not any(_has_kind(v, kinds) for v in node["enum"]):
             raise GrammarError(f"{at} has an enum with no {' or '.join(sorted(kinds))} among its values: no value "
                                "meets it")
-    # two limits at least (an enum of no values alone is said as such where the grammar is built)
-    limits = [n for n in (schema, *parts) if isinstance(n, dict) and ("const" in n or isinstance(n.get("enum"), list))]
-    both = "const" in schema and isinstance(schema.get("enum"), list)
-    if (len(limits) > 1 or both) and common_values(limits) == []:
+    if common_values([schema, *parts]) == []:
         raise GrammarError(f"{at} has no value that its const and enum (its allOf's parts' too) all allow: no value "
                            "meets it")
     props = schema.get("properties")

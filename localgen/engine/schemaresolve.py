@@ -150,8 +150,9 @@ def _merged(parts: Sequence[Any]) -> dict[str, Any]:
 
 
 def common_values(nodes: Sequence[Any]) -> list[Any] | None:
-    """The values that every node's `const` and `enum` allow together, in the first list's order (None: no node
-    has either). Equal as JSON: 1 and 1.0 are one value, true and 1 two."""
+    """The values that every node's `const` and `enum` allow together, in the first list's order (None: fewer
+    than two of them, nothing to intersect; an enum of no values alone is said where the grammar is built). Equal
+    as JSON: 1 and 1.0 are one value, true and 1 two."""
     lists: list[list[Any]] = []
     for node in nodes:
         if isinstance(node, dict):
@@ -159,7 +160,7 @@ def common_values(nodes: Sequence[Any]) -> list[Any] | None:
                 lists.append([node["const"]])
             if isinstance(node.get("enum"), list):
                 lists.append(node["enum"])
-    if not lists:
+    if len(lists) < 2:
         return None
     keys = [{_json_key(v) for v in values} for values in lists[1:]]
     return [v for v in lists[0] if all(_json_key(v) in k for k in keys)]
