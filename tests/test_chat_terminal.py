@@ -49,9 +49,19 @@ def burst(child: Any, screen: terminal.Screen, until: str | tuple[str, ...], aft
     return presses
 
 
-def settles(child: Any, screen: terminal.Screen) -> None:
+def settles(child: Any, screen: terminal.Screen, said: str | tuple[str, ...]) -> None:
     """Wait until the chat shows its prompt again, on the last row it wrote (the presses that reached the prompt
-    each had their own)."""
+    each had their own). `said`: what the burst waited for. Nothing is typed before a prompt follows it: until the
+    turn is over, a press the chat takes drops the keys typed and not yet read (cli/echo.py drop_typed), and a
+    press taken late (a busy machine: the chat not scheduled for the burst's last 30 ms) dropped the `/stats`
+    typed after it, so the chat waited at its prompt for a line that never came. At the prompt, presses are keys."""
+    said = (said,) if isinstance(said, str) else said
+    start = max(screen.written.rfind(text) for text in said)
+    deadline = time.monotonic() + SAFETY_NET_S
+    while PROMPT not in screen.written[start:]:
+        assert time.monotonic() < deadline, "no prompt came back:\n" + "\n".join(screen.rows())
+        with contextlib.suppress(pexpect.TIMEOUT):
+            child.read_nonblocking(1 << 16, timeout=0.2)
     child.sendline("/stats")  # answered at a prompt: the presses before it are all taken
     child.expect(r"(tokens|no answer yet)", timeout=SAFETY_NET_S)
     child.expect_exact(PROMPT, timeout=SAFETY_NET_S)
@@ -76,7 +86,7 @@ def test_a_burst_of_ctrl_c_as_an_answer_stops_echoes_nothing_and_the_chat_goes_o
         child.expect_exact("\x1b[?2004l")  # the prompt's last word to the terminal: what follows is the answer
         child.expect(r"(?<![\x1b\[?0-9;])[A-Za-z]{3}", timeout=SAFETY_NET_S)  # it streams
         burst(child, screen, "(stopped; the partial answer is kept)")
-        settles(child, screen)
+        settles(child, screen, "(stopped; the partial answer is kept)")
         no_stray_ctrl_c(screen.rows(), "(stopped; the partial answer is kept)")
     told = sum("(Ctrl-C stops an answer; to leave" in row for row in screen.rows())
     assert told <= 3, "said more than once a line:\n" + "\n".join(screen.rows())  # the presses that reached the prompt
@@ -102,7 +112,7 @@ def test_a_burst_of_ctrl_c_while_an_approved_tool_runs_echoes_nothing(cli_env: d
     child.sendline("y")
     child.expect(r"tick \d+", timeout=SAFETY_NET_S)
     burst(child, screen, "(stopped before the answer began; the message was taken back)")
-    settles(child, screen)
+    settles(child, screen, "(stopped before the answer began; the message was taken back)")
     no_stray_ctrl_c(screen.rows(), "(stopped before the answer began; the message was taken back)")
     exits(child)
 
@@ -122,7 +132,7 @@ def test_a_burst_of_ctrl_c_during_compact_echoes_nothing(cli_env: dict[str, str]
     child.expect_exact("\x1b[?2004l")  # Enter taken: the summary is being written
     stopped = ("error: the summary was stopped", "(Ctrl-C stopped /compact before it finished)")  # (a press as Enter
     burst(child, screen, stopped)  # was taken)
-    settles(child, screen)
+    settles(child, screen, stopped)
     no_stray_ctrl_c(screen.rows(), next(said for said in stopped if said in screen.written))
     exits(child)
     assert json.loads((home / "data" / "chats" / "compactburst.json").read_text()).get("summary") is None
