@@ -146,11 +146,12 @@ def _path(p: Path, info: Any, bad: Any) -> Path:
 
 FA_FLAGS = ("-fa", "--flash-attn")
 FA_VALUES = frozenset({"on", "off", "auto", "1", "0", "true", "false", "enabled", "disabled"})
-FA_COMMANDS = frozenset({"run", "chat", "serve"})
+FA_COMMANDS = frozenset({"run", "chat", "serve", "fit"})
 
 
 def flash_attn_argv(args: list[str]) -> list[str]:
-    """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` word (run, chat, serve)."""
+    """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` word (run, chat, serve, fit: not
+    bench, whose -fa takes a list, as llama-bench's)."""
     first = next((a for a in args if not a.startswith("-")), None)
     if first not in FA_COMMANDS:
         return args

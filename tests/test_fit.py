@@ -547,10 +547,11 @@ def test_a_plan_that_fits_nothing_says_so_and_exits_0_as_pull_list_does(
     line = _plan_line(r.stdout)
     assert line.startswith("plan      partial GPU · context 5,632 tokens") and line.endswith(
         "(shrunk to fit, with layers off the GPU)"), line
-    # the layers left on a card fill it at the floor: the context stays there
+    # the layers left on a card fill it at the floor: the context stays there (it said "still short of GPU memory"
+    # of a plan that fits, which read as a failure: a newcomer's trial)
     r = cli_in_process("fit", "-m", m, "--gpu-memory", "1.85G", "--ram", "8G", "--ctx", "8192")
     assert _plan_line(r.stdout) == ("plan      partial GPU · context 4,096 tokens (8,192 asked, shrunk to the floor, "
-                                    "still short of GPU memory)"), r.stdout
+                                    "with layers off the GPU)"), r.stdout
     # no layer fits the card even at the floor: the plan of no GPU, the context asked in RAM (docs/fit.md)
     r = cli_in_process("fit", "-m", m, "--gpu-memory", "1G", "--ctx", "8192")
     assert _plan_line(r.stdout) == "plan      CPU only · context 8,192 tokens (as asked)", r.stdout
@@ -1074,3 +1075,22 @@ def test_the_experts_line_says_what_is_in_ram(cli_in_process: InProcessCLI, moe_
         f"experts   every layer's in RAM ({format_bytes(every)})"
     assert experts("--n-cpu-moe", "1", "--gpu-memory", "24G") == \
         f"experts   the first layer's in RAM ({format_bytes(every // w.n_layer)})"
+    # a second trial: --cpu-moe beside --n-cpu-moe 3 said `the first 3 layers'` of every layer's bytes, and layers
+    # kept on the CPU (llama.cpp offloads the last) counted in the bytes and not in the words
+    assert experts("--cpu-moe", "--n-cpu-moe", "1", "--gpu-memory", "24G") == \
+        f"experts   every layer's in RAM ({format_bytes(every)})"
+    two = format_bytes(2 * (every // w.n_layer))
+    assert experts("--n-cpu-moe", "1", "--gpu-layers", "3", "--gpu-memory", "24G") == \
+        f"experts   the first 2 layers' in RAM ({two}), as those layers are on the CPU"
+    assert experts("-ot", "exps=CUDA0", "--gpu-layers", "0", "--gpu-memory", "24G") == "experts   none in RAM"
+
+
+def test_a_bare_fa_is_on_in_fit_as_in_run(cli_in_process: InProcessCLI, moe_path: Path) -> None:
+    """fit --help says `A bare -fa means on`, as run's does: `fit -fa` was 'requires an argument', and `-fa -ub 256`
+    took -ub as -fa's value (a newcomer's trial)."""
+    for args in (["-fa"], ["-fa", "-ub", "256"], ["-fa", "off", "-ub", "256"]):
+        r = cli_in_process("fit", "-m", str(moe_path), *args, "--json")
+        assert r.returncode == 0, (args, r.stderr)
+        flags = json.loads(r.stdout)["flags"]
+        assert ("-fa off" if "off" in args else "-fa on") in flags, (args, flags)
+        assert ("-ub 256" in flags) == ("-ub" in args), (args, flags)

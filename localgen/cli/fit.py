@@ -297,8 +297,8 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
             done.append("shrunk to fit")
         elif not plan.fits:
             done.append(f"shrunk to the floor, still short of {plan.short_of}")
-        elif plan.ctx <= MIN_CTX:
-            done.append("shrunk to the floor, still short of GPU memory")
+        elif plan.ctx <= MIN_CTX:  # (it fits: "still short" is a plan that does not)
+            done.append("shrunk to the floor, with layers off the GPU")
         else:  # layers left the GPU at the floor; the context grew back to what that placement holds
             done.append("shrunk to fit, with layers off the GPU")
     if not plan.fits and not plan.shrunk:  # a context at or under the floor, and the model short all the same
@@ -318,6 +318,29 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
     return ", ".join([f"{asked:,} asked{by}", *done])
 
 
+def _experts_line(doc: dict[str, Any]) -> str:
+    """Which layers' experts are in RAM, and their bytes: those of the first --n-cpu-moe layers (every layer's with
+    --cpu-moe), and those of the layers kept on the CPU (llama.cpp offloads the last layers, so the first stay),
+    whichever are more. With -ot, which may put any expert anywhere, the bytes alone."""
+    import shlex
+
+    md, given = doc["model"], shlex.split(doc["flags"])
+    n_layer, ram = md["layers"], format_bytes(doc["experts_in_ram"])
+    if not doc["experts_in_ram"]:
+        return "none in RAM"
+    if not doc["gpu_layers"]:  # (a --n-cpu-moe then changes nothing: every layer is in RAM)
+        return f"all in RAM ({ram}): no layer is on a GPU"
+    if "-ot" in given:
+        return f"in RAM: {ram}"
+    by_flag = n_layer if "--cpu-moe" in given else min(doc["n_cpu_moe"], n_layer)
+    on_cpu = min(n_layer, max(n_layer + 1 - doc["gpu_layers"], 0))  # (the output layer is the first offloaded)
+    n = max(by_flag, on_cpu)
+    if not n:
+        return f"in RAM: {ram}"
+    first = "the first layer's" if n == 1 else "every layer's" if n == n_layer else f"the first {n} layers'"
+    return f"{first} in RAM ({ram})" + (", as those layers are on the CPU" if on_cpu >= by_flag else "")
+
+
 def _print(doc: dict[str, Any], why: str) -> None:
     md, m = doc["model"], doc["machine"]
     trained = f"trained to {md['context_length']:,} tokens" if md["context_length"] else "no training context"
@@ -335,13 +358,7 @@ def _print(doc: dict[str, Any], why: str) -> None:
         print(f"layers    {doc['gpu_layers']} of {md['layers'] + 1} on the GPU{'s' if len(m['gpus']) > 1 else ''} "
               f"({per} repeating{', and the output layer' if doc['gpu_layers'] else ''})")
     if md["moe"]:
-        n, ram = min(doc["n_cpu_moe"], md["layers"]), format_bytes(doc["experts_in_ram"])
-        first = "the first layer's" if n == 1 else "every layer's" if n == md["layers"] else f"the first {n} layers'"
-        if not doc["gpu_layers"]:  # (a --n-cpu-moe then changes nothing: every layer is in RAM)
-            kept = f"all in RAM ({ram}): no layer is on a GPU" if doc["experts_in_ram"] else "none"
-        else:
-            kept = f"{first} in RAM ({ram})" if n else f"in RAM: {ram}" if doc["experts_in_ram"] else "none in RAM"
-        print(f"experts   {kept}")
+        print(f"experts   {_experts_line(doc)}")
     rows = [["DEVICE", "WEIGHTS", "KV CACHE", "COMPUTE", "OUTPUT", "TOTAL", "BUDGET"]]
     for d in doc["devices"]:
         rows.append([d["device"], *(format_bytes(d[k]) for k in ("weights", "kv", "compute", "output", "total",

@@ -304,7 +304,7 @@ def flush_stdout(err: Any, rc: int) -> int:
 
 
 def normalize_argv(args: list[str]) -> list[str]:
-    """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` word (run, chat, serve)."""
+    """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` word (run, chat, serve, fit)."""
     from localgen._compat import flash_attn_argv
 
     return flash_attn_argv(args)
