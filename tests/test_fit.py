@@ -171,6 +171,8 @@ def test_the_experts_flags_on_a_dense_model_are_a_warning_and_the_run_goes_on(cl
         r = cli("run", "-m", str(smollm2_path), "-p", "hi", "-n", "1", *flags)
         assert r.returncode == 0, r.stderr[-2000:]
         assert f"warning: {says(said)}" in r.stderr.splitlines(), r.stderr
+    planned = cli("fit", "-m", str(smollm2_path), "--n-cpu-moe", "4")  # fit said nothing (a newcomer's trial)
+    assert planned.returncode == 0 and f"warning: {says('--n-cpu-moe 4')}" in planned.stderr.splitlines(), planned
     chat = cli("chat", "-m", str(smollm2_path), "--cpu-moe", "-n", "1", input="hi\n")
     assert chat.returncode == 0 and says("--cpu-moe") in chat.stdout + chat.stderr, chat.stdout + chat.stderr
     s = Server(cli_env, "-m", str(smollm2_path), "--n-cpu-moe", "2", "--ctx", "512", "-np", "1")

@@ -57,6 +57,7 @@ def fit(
     load by the same plan."""
     from localgen.models import fit as planner
     from localgen.models import footprint
+    from localgen.models.load import experts_flag_moves_nothing
     from localgen.models.presets import window_source
     from localgen.models.resolve import resolve
 
@@ -73,6 +74,11 @@ def fit(
     weights = footprint.layout(ref.path)
     _check_loadable(ref, weights)
     load = preset.load_params(ref, load, knobs.given, check_buffers=False)  # a preset's n_cpu_moe, -ot, ...
+    said = experts_flag_moves_nothing(ref.name, load, weights)  # as run says it
+    if said:
+        from localgen.cli.output import ErrWriter
+
+        ErrWriter().warn(said)
     if "override_tensor" in ref.load and not knobs.given("override_tensor"):  # the preset's, as run says it
         _check_buffers(load, len(machine.gpus), preset.said(ref, "override_tensor"),
                        preset.replace_hint("override_tensor"))

@@ -65,6 +65,15 @@ def moved_bytes(engine: Any, path: str, layout: Any = None) -> None:
     engine.load_report = dataclasses.replace(report, sizes={t.name: t.nbytes for t in tensors})
 
 
+def experts_flag_moves_nothing(name: str, params: LoadParams, layout: Any) -> str | None:
+    """The warning for --cpu-moe or --n-cpu-moe given for a model with no experts (`layout`: its tensors), which
+    run, chat, serve and fit give; None where they move something, or were not given."""
+    if not (params.cpu_moe or params.n_cpu_moe) or layout is None or layout.moe:
+        return None
+    flag = "--cpu-moe" if params.cpu_moe else f"--n-cpu-moe {params.n_cpu_moe}"
+    return f"{flag}: {name} is not a mixture of experts (it has no experts to keep in RAM), so it moves nothing"
+
+
 def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
                 warn: Callable[[str], None] = lambda s: None, factory: Callable[..., Any] | None = None,
                 kv_tokens: int | None = None, machine: fit.Machine | None = None) -> Any:
@@ -85,9 +94,9 @@ def open_engine(ref: ModelRef, params: LoadParams, verbose: bool = False,
     layout = footprint.layout(ref.path) if params.override_tensor or not params.rpc else None  # RPC: no plan
     for text in unmatched_overrides(ref, params.override_tensor, layout):
         warn(text)
-    if (params.cpu_moe or params.n_cpu_moe) and layout is not None and not layout.moe:
-        flag = "--cpu-moe" if params.cpu_moe else f"--n-cpu-moe {params.n_cpu_moe}"
-        warn(f"{flag}: {ref.name} is not a mixture of experts (it has no experts to keep in RAM), so it moves nothing")
+    said = experts_flag_moves_nothing(ref.name, params, layout)
+    if said:
+        warn(said)
     # a GPU to move layers off (a shortage then is the GPU's, and fewer layers can help); without one, RAM's
     # (RPC servers' devices count: their memory is short too, and fewer layers help, as engine/llama.py has it)
     offload = (bool(backend_info()["gpu_offload"]) if machine is None else bool(machine.gpus)) or bool(params.rpc)
