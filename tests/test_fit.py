@@ -1096,3 +1096,14 @@ def test_a_bare_fa_is_on_in_fit_as_in_run(cli_in_process: InProcessCLI, moe_path
         flags = json.loads(r.stdout)["flags"]
         assert ("-fa off" if "off" in args else "-fa on") in flags, (args, flags)
         assert ("-ub 256" in flags) == ("-ub" in args), (args, flags)
+
+
+def test_a_described_gpu_given_no_layer_keeps_its_row(cli_in_process: InProcessCLI, smollm2_path: Path) -> None:
+    """A newcomer's trial: a GPU the plan gives nothing was left out of the table and of `devices`, though the
+    machine line named it; it shows with nothing on it and its budget."""
+    args = ("fit", "-m", str(smollm2_path), "--gpu-memory", "24G,12G", "-ts", "1")
+    doc = json.loads(cli_in_process(*args, "--json").stdout)
+    assert [d["device"] for d in doc["devices"]] == ["CPU", "GPU0", "GPU1"]
+    assert doc["devices"][2]["total"] == 0 and doc["devices"][2]["budget"] > 0
+    row = next(line for line in cli_in_process(*args).stdout.splitlines() if line.startswith("GPU1"))
+    assert row.split()[1:6] == ["-"] * 5, row

@@ -217,7 +217,13 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
     s = ref.summary
     m = plan.machine
     devices = []
-    for d in plan.footprint.devices:
+    # every GPU the plan is for, one it gives no layer included (with nothing, as llama.cpp would leave it)
+    gpus = ["GPU"] if len(m.gpus) == 1 else [f"GPU{i}" for i in range(len(m.gpus))]
+    named = [d.device for d in plan.footprint.devices]
+    named += [g for g in gpus if g not in named]
+    order = {name: (0, 0) if name == "CPU" else (1, gpus.index(name)) if name in gpus else (2, i)
+             for i, name in enumerate(named)}
+    for d in (plan.footprint.on(name) for name in sorted(named, key=order.__getitem__)):
         if d.device == "CPU":
             budget = m.ram_budget
         else:
