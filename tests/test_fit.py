@@ -1105,5 +1105,8 @@ def test_a_described_gpu_given_no_layer_keeps_its_row(cli_in_process: InProcessC
     doc = json.loads(cli_in_process(*args, "--json").stdout)
     assert [d["device"] for d in doc["devices"]] == ["CPU", "GPU0", "GPU1"]
     assert doc["devices"][2]["total"] == 0 and doc["devices"][2]["budget"] > 0
+    assert doc["layers_per_gpu"] == [30, 0] and doc["gpu_layers"] == 31  # repeating layers; the output's in the count
+    none = json.loads(cli_in_process("fit", "-m", str(smollm2_path), "--gpu-memory", "0", "--json").stdout)
+    assert none["layers_per_gpu"] == [] and none["gpu_layers"] == 0  # one entry a GPU: it said [0] with none
     row = next(line for line in cli_in_process(*args).stdout.splitlines() if line.startswith("GPU1"))
     assert row.split()[1:6] == ["-"] * 5, row

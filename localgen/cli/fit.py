@@ -241,7 +241,8 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
                     "ram_described": ram_given},
         "ctx": plan.ctx, "asked": asked, "asked_by": asked_by, "largest": asked is None, "capped": plan.capped,
         "shrunk": plan.shrunk, "parallel": plan.parallel,
-        "gpu_layers": plan.gpu_layers, "layers_per_gpu": list(plan.layers), "n_cpu_moe": plan.load(load).n_cpu_moe or 0,
+        "gpu_layers": plan.gpu_layers, "layers_per_gpu": list(plan.layers) if m.gpus else [],
+        "n_cpu_moe": plan.load(load).n_cpu_moe or 0,
         "experts_in_ram": plan.experts_in_ram, "fits": plan.fits, "verdict": plan.verdict, "devices": devices,
         "flags": _flags(plan, load),
     }
