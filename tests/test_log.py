@@ -580,6 +580,38 @@ def test_a_log_whose_writes_meet_damage_is_called_damaged_by_logs_and_status(lcl
     assert (status.stdout, status.stderr) == (f"logging is on · {db} · 1 exchange\n", ""), status
 
 
+def test_a_damaged_search_index_or_a_log_that_cannot_be_counted_is_called_damaged_by_status(lcli: CLI) -> None:
+    """A newcomer's trial: a damaged page of the full-text index (FTS5: `vtable constructor failed`) made every
+    run's write fail while `logs status` said `logging is on` with no warning, since only two of SQLite's words
+    counted as damage; and a log damaged where counting reads made `logs status` fail (exit 1), so a user could
+    not see whether logging was on."""
+    r = lcli("run", "-m", "smollm2:135m", "A first question.", *N)
+    assert r.returncode == 0, r.stderr
+    db = _db(lcli)
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'responses_fts_config'").fetchone()[0]
+    with db.open("r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(bytes(range(256)) * (page_size // 256))
+    r = lcli("run", "-m", "smollm2:135m", "Another question.", *N)
+    assert r.returncode == 0 and "vtable constructor failed: responses_fts" in r.stderr, r.stderr
+    status = lcli("logs", "status")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout == (f"logging is on but failing · {db} · 1 exchange · damaged: vtable constructor failed: "
+                             "responses_fts\n"), status.stdout
+    assert "runs are not logged; move it away, and the next run starts a new log" in status.stderr, status.stderr
+    for suffix in ("", "-wal", "-shm"):  # another file, with no database at all in it: not even its exchanges
+        Path(str(db) + suffix).unlink(missing_ok=True)  # can be counted, and no write has met it yet
+    db.write_bytes(bytes(range(256)) * 64)
+    status = lcli("logs", "status")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout == (f"logging is on but failing · {db} · its exchanges cannot be counted · damaged: file is "
+                             "not a database\n"), status.stdout
+    assert lcli("logs", "-n", "1").returncode == 1  # listing it is still the error logs.md says
+
+
 def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) -> None:
     """logs.md: --continue goes on with the conversation's model "unless -m" says otherwise; LOCALGEN_MODEL is a
     default (configuration.md), not -m typed, and replaced it (here with a model that has no chat template)."""

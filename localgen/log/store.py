@@ -43,6 +43,14 @@ class LogError(LocalgenError):
     """The log cannot be read or written (damaged, read-only, no space)."""
 
 
+class Damaged(LogError):
+    """The log's file is damaged: SQLite's words for it in `said`."""
+
+    def __init__(self, message: str, said: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.said = said
+
+
 class NoConversation(LogError):
     """The log holds no conversation with that id (the log itself is fine)."""
 
@@ -175,11 +183,16 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
             raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
         yield conn
     except (sqlite3.Error, OSError) as e:  # OSError: the lock the schema is made under (a read-only folder)
-        damaged = str(e) in ("file is not a database", "database disk image is malformed")
+        from localgen.sqlitedb import DAMAGED
+
+        # (a damaged page of the full-text index: FTS5 cannot open it, and every insert's trigger fails)
+        damaged = str(e) in DAMAGED or str(e).startswith("vtable constructor failed")
         if damaged and create:
             _mark_damaged(db, str(e))
-        raise LogError(f"the log at {db} is unusable: {_why(e, db.parent)}",
-                       hint="move it away, and the next run starts a new log" if damaged else None) from None
+        said = f"the log at {db} is unusable: {_why(e, db.parent)}"
+        if damaged:
+            raise Damaged(said, str(e), hint="move it away, and the next run starts a new log") from None
+        raise LogError(said) from None
     finally:
         conn.close()
 

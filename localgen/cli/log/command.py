@@ -126,18 +126,22 @@ def status() -> None:
     from localgen.cli.output import plural
     from localgen.log import store
 
-    n = store.count() if store.path().exists() else 0
     damage = store.damage()
+    try:
+        counted = plural(store.count() if store.path().exists() else 0, "exchange")
+    except store.Damaged as e:  # the damage is where counting reads: still say whether logging is on, and where
+        counted, damage = "its exchanges cannot be counted", damage or e.said
     typer.echo(f"logging is {'on' if store.enabled() else 'off'}{' but failing' if damage else ''} · {store.path()} · "
-               f"{plural(n, 'exchange')}{f' · damaged: {damage}' if damage else ''}")
-    _say_damage()
+               f"{counted}{f' · damaged: {damage}' if damage else ''}")
+    _say_damage(damage)
 
 
-def _say_damage() -> None:
-    """One warning line when the last write found the log damaged: it may still read, but nothing is logged."""
+def _say_damage(damage: str | None = None) -> None:
+    """One warning line when the last write found the log damaged (or `damage` says it is): it may still read,
+    but nothing is logged."""
     from localgen.log import store
 
-    damage = store.damage()
+    damage = damage or store.damage()
     if damage:
         from localgen.cli.output import ErrWriter
 
