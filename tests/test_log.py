@@ -61,6 +61,14 @@ def test_every_run_is_logged_and_found(lcli: CLI) -> None:
     assert lcli("logs", "status").stdout.endswith(" · 1 exchange\n")
 
 
+def test_logs_m_finds_a_run_by_the_m_it_was_given(lcli: CLI, smollm2_path: Path) -> None:
+    """A newcomer's trial: `run -m PATH` was logged under the file's name, and `logs -m PATH` found nothing (only
+    that name, never shown in the listing, did)."""
+    assert lcli("run", "-m", str(smollm2_path), "Name a colour.", *N).returncode == 0
+    [row] = _logged(lcli, "-m", str(smollm2_path))
+    assert row["model"] == smollm2_path.name and _logged(lcli, "-m", smollm2_path.name) == [row]
+
+
 def test_the_log_keeps_the_seed_a_run_drew_so_the_answer_can_be_made_again(lcli: CLI) -> None:
     sampled = ("-n", "12", "--temperature", "1.5", "--top-k", "0", "--top-p", "1")  # a drawn seed decides the words
     run = json.loads(lcli("run", "Invent a word.", *sampled, "--json").stdout)

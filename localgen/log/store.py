@@ -430,9 +430,9 @@ def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: 
     and answers (its words, as plain words: fts_query); filtered by model and conversation. Yielded as they are
     read, the log held open meanwhile: tens of thousands of rows are never in memory at once."""
     where, args = [], []
-    if model:
-        where.append("r.model = ?")
-        args.append(model)
+    if model:  # the model's name as listed, or the -m its run was given (a path, as typed)
+        where.append("(r.model = ? OR r.model_spec = ?)")
+        args += [model, model]
     if cid:
         where.append("r.conversation_id = ?")
         args.append(cid)
