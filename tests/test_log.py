@@ -55,6 +55,11 @@ def test_every_run_is_logged_and_found(lcli: CLI) -> None:
     assert _logged(lcli, "-m", "other-model") == []
     shown = lcli("logs")
     assert "## Prompt\n\nName a fruit that is yellow." in shown.stdout and answer in shown.stdout
+    # logs.md: the heading's time is UTC, the log's, whatever the time zone (a newcomer's trial read it as local)
+    east = CLI({**lcli.env, "TZ": "America/New_York"})("logs")
+    assert f"# {str(row['datetime_utc']).replace('T', ' ')}  smollm2:135m  conversation " in east.stdout, east.stdout
+    assert "Each exchange's heading gives its time in UTC" in " ".join(
+        (ROOT / "docs" / "logs.md").read_text().split())
     db = _db(lcli)
     assert stat.S_IMODE(db.stat().st_mode) == 0o600 and stat.S_IMODE(db.parent.stat().st_mode) == 0o700
     assert lcli("logs", "path").stdout.strip() == str(db)
