@@ -104,6 +104,9 @@ def test_continue_sends_the_earlier_turns(lcli: CLI) -> None:
     assert r.returncode == 1 and "no conversation 'nonexistent'" in r.stderr and r.stderr.count("\n") == 1
     r = lcli("run", "--continue", "--raw", "hi")
     assert r.returncode == 2 and "cannot be combined with --raw" in r.stderr
+    r = lcli("run", "-C", "--cid", str(first["conversation_id"]), "hi")  # --cid won, -C dropped unsaid (a trial)
+    assert r.returncode == 2 and r.stderr == ("localgen: error: --continue and --cid each name the conversation to "
+                                              "go on with: give one\n"), r.stderr
 
 
 def test_a_continued_conversation_longer_than_the_window_leaves_its_oldest_turns_out(lcli: CLI) -> None:

@@ -61,6 +61,8 @@ def check(f: RunArgs) -> RunPlan:
         from localgen.text import checked
 
         checked(f.log.cid, "--cid")
+    if f.log.continue_ and f.log.cid is not None:  # the latest conversation, or that one: not both (--cid won)
+        raise UsageError("--continue and --cid each name the conversation to go on with: give one")
     many = f.many.file is not None or f.many.each_line
     if (f.log.continue_ or f.log.cid) and (many or f.raw):
         raise UsageError(f"{'--continue' if f.log.continue_ else '--cid'} continues a chat: it cannot be combined "
