@@ -618,9 +618,11 @@ def test_a_damaged_search_index_or_a_log_that_cannot_be_counted_is_called_damage
     assert status.stdout == (f"logging is on but failing · {db} · 1 exchange · damaged: vtable constructor failed: "
                              "responses_fts\n"), status.stdout
     assert "runs are not logged; move it away, and the next run starts a new log" in status.stderr, status.stderr
-    for suffix in ("", "-wal", "-shm"):  # another file, with no database at all in it: not even its exchanges
-        Path(str(db) + suffix).unlink(missing_ok=True)  # can be counted, and no write has met it yet
-    db.write_bytes(bytes(range(256)) * 64)
+    other = db.with_name("other.db")  # another file (made while the first is there: not its inode), with no
+    other.write_bytes(bytes(range(256)) * 64)  # database at all in it: not even its exchanges can be counted, and
+    for suffix in ("-wal", "-shm"):  # no write has met it yet
+        Path(str(db) + suffix).unlink(missing_ok=True)
+    other.replace(db)
     status = lcli("logs", "status")
     assert status.returncode == 0, status.stderr
     assert status.stdout == (f"logging is on but failing · {db} · its exchanges cannot be counted · damaged: file is "
