@@ -31,6 +31,7 @@ def burst(child: Any, screen: terminal.Screen, until: str | tuple[str, ...], aft
     them) shows and `after_s` more (the presses that come as the chat winds down and its prompt comes back). Returns
     the presses."""
     until = (until,) if isinstance(until, str) else until
+    mark = len(screen.written)  # this burst's notice, not an earlier burst's
     presses, stop_at = 0, None
     deadline = time.monotonic() + SAFETY_NET_S
     while stop_at is None or time.monotonic() < stop_at:
@@ -44,7 +45,7 @@ def burst(child: Any, screen: terminal.Screen, until: str | tuple[str, ...], aft
             pass
         except pexpect.EOF:
             raise AssertionError("the chat ended:\n" + "\n".join(screen.rows())) from None
-        if stop_at is None and any(text in screen.written for text in until):
+        if stop_at is None and any(text in screen.written[mark:] for text in until):
             stop_at = time.monotonic() + after_s
     return presses
 
