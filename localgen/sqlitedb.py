@@ -34,3 +34,9 @@ def read_only(path: Path) -> Any:
 
 
 DAMAGED = ("file is not a database", "database disk image is malformed")  # SQLite's words for a damaged file
+
+
+def damaged(said: str) -> bool:
+    """Whether SQLite's words `said` tell of a damaged file: DAMAGED's, or a virtual table that cannot be opened
+    (a damaged page of an FTS5 index's tables: `vtable constructor failed: NAME`)."""
+    return said in DAMAGED or said.startswith("vtable constructor failed")

@@ -101,7 +101,7 @@ def fit(
         return
     if context == 0 and ref.summary.context_length:  # --ctx 0 (or LOCALGEN_CTX=0): the training context, asked
         said_by = "trained"
-    _print(doc, _why(plan, asked, said_by, trained=bool(ref.summary.context_length)))
+    _print(doc, load, _why(plan, asked, said_by, trained=bool(ref.summary.context_length)))
 
 
 def _check_loadable(ref: Any, weights: Any) -> None:
@@ -218,12 +218,12 @@ def _doc(ref: Any, plan: Any, load: Any, asked: int | None, asked_by: str | None
     m = plan.machine
     devices = []
     # every GPU the plan is for, one it gives no layer included (with nothing, as llama.cpp would leave it)
-    gpus = ["GPU"] if len(m.gpus) == 1 else [f"GPU{i}" for i in range(len(m.gpus))]
-    named = [d.device for d in plan.footprint.devices]
-    named += [g for g in gpus if g not in named]
-    order = {name: (0, 0) if name == "CPU" else (1, gpus.index(name)) if name in gpus else (2, i)
-             for i, name in enumerate(named)}
-    for d in (plan.footprint.on(name) for name in sorted(named, key=order.__getitem__)):
+    from localgen.models.fit import gpu_name
+
+    gpus = [gpu_name(i, len(m.gpus)) for i in range(len(m.gpus))]
+    present = [d.device for d in plan.footprint.devices]
+    names = [*(["CPU"] if "CPU" in present else []), *gpus, *(n for n in present if n != "CPU" and n not in gpus)]
+    for d in map(plan.footprint.on, names):
         if d.device == "CPU":
             budget = m.ram_budget
         else:
@@ -331,21 +331,19 @@ def _why(plan: Any, asked: int | None, asked_by: str | None, trained: bool = Tru
     return ", ".join([f"{asked:,} asked{by}", *done])
 
 
-def _experts_line(doc: dict[str, Any]) -> str:
+def _experts_line(doc: dict[str, Any], load: Any) -> str:
     """Which layers' experts are in RAM, and their bytes: those of the first --n-cpu-moe layers (every layer's with
     --cpu-moe), and those of the layers kept on the CPU (llama.cpp offloads the last layers, so the first stay),
-    whichever are more. With -ot, which may put any expert anywhere, the bytes alone."""
-    import shlex
-
-    md, given = doc["model"], shlex.split(doc["flags"])
-    n_layer, ram = md["layers"], format_bytes(doc["experts_in_ram"])
+    whichever are more. With -ot, which may put any expert anywhere, the bytes alone. `load`: the settings the
+    plan was made with (a preset's included)."""
+    n_layer, ram = doc["model"]["layers"], format_bytes(doc["experts_in_ram"])
     if not doc["experts_in_ram"]:
         return "none in RAM"
     if not doc["gpu_layers"]:  # (a --n-cpu-moe then changes nothing: every layer is in RAM)
         return f"all in RAM ({ram}): no layer is on a GPU"
-    if "-ot" in given:
+    if load.override_tensor:
         return f"in RAM: {ram}"
-    by_flag = n_layer if "--cpu-moe" in given else min(doc["n_cpu_moe"], n_layer)
+    by_flag = n_layer if load.cpu_moe else min(doc["n_cpu_moe"], n_layer)
     on_cpu = min(n_layer, max(n_layer + 1 - doc["gpu_layers"], 0))  # (the output layer is the first offloaded)
     n = max(by_flag, on_cpu)
     if not n:
@@ -354,7 +352,7 @@ def _experts_line(doc: dict[str, Any]) -> str:
     return f"{first} in RAM ({ram})" + (", as those layers are on the CPU" if on_cpu >= by_flag else "")
 
 
-def _print(doc: dict[str, Any], why: str) -> None:
+def _print(doc: dict[str, Any], load: Any, why: str) -> None:
     md, m = doc["model"], doc["machine"]
     trained = f"trained to {md['context_length']:,} tokens" if md["context_length"] else "no training context"
     print(f"model     {header_text(md['name'])} · {header_text(md['architecture'])}{' (MoE)' if md['moe'] else ''} · "
@@ -371,7 +369,7 @@ def _print(doc: dict[str, Any], why: str) -> None:
         print(f"layers    {doc['gpu_layers']} of {md['layers'] + 1} on the GPU{'s' if len(m['gpus']) > 1 else ''} "
               f"({per} repeating{', and the output layer' if doc['gpu_layers'] else ''})")
     if md["moe"]:
-        print(f"experts   {_experts_line(doc)}")
+        print(f"experts   {_experts_line(doc, load)}")
     rows = [["DEVICE", "WEIGHTS", "KV CACHE", "COMPUTE", "OUTPUT", "TOTAL", "BUDGET"]]
     for d in doc["devices"]:
         rows.append([d["device"], *(format_bytes(d[k]) for k in ("weights", "kv", "compute", "output", "total",

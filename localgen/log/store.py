@@ -183,10 +183,9 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
             raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
         yield conn
     except (sqlite3.Error, OSError) as e:  # OSError: the lock the schema is made under (a read-only folder)
-        from localgen.sqlitedb import DAMAGED
+        from localgen.sqlitedb import damaged as said_damaged
 
-        # (a damaged page of the full-text index: FTS5 cannot open it, and every insert's trigger fails)
-        damaged = str(e) in DAMAGED or str(e).startswith("vtable constructor failed")
+        damaged = said_damaged(str(e))  # (a damaged full-text index too: every insert's trigger fails)
         if damaged and create:
             _mark_damaged(db, str(e))
         said = f"the log at {db} is unusable: {_why(e, db.parent)}"

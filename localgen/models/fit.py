@@ -246,7 +246,7 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
 
     @functools.cache
     def filled(ngl: int, ncm: int) -> tuple[float, ...]:
-        return _fill_in_turn(lambda sh, i: fp(ngl, ncm, sh).on(_gpu_name(i, len(gpus))).total,
+        return _fill_in_turn(lambda sh, i: fp(ngl, ncm, sh).on(gpu_name(i, len(gpus))).total,
                              tuple(machine.gpu_budget(i) for i in range(len(gpus))), ngl)
 
     def over(f: Footprint, unknown: bool = True) -> tuple[str, ...]:
@@ -255,7 +255,7 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
         if machine.unified:
             return ("CPU",) if f.total > machine.ram_budget else ()
         return tuple(name for name, budget in (("CPU", machine.ram_budget), *(
-            (_gpu_name(i, len(gpus)), machine.gpu_budget(i)) for i in range(len(gpus)) if unknown or gpus[i]))
+            (gpu_name(i, len(gpus)), machine.gpu_budget(i)) for i in range(len(gpus)) if unknown or gpus[i]))
             if f.on(name).total > budget)
 
     def gpus_fit(f: Footprint) -> bool:
@@ -333,7 +333,8 @@ def _fill_in_turn(gpu_total: Callable[[tuple[float, ...], int], int], budgets: t
     return (*counts, float(left))
 
 
-def _gpu_name(i: int, n: int) -> str:
+def gpu_name(i: int, n: int) -> str:
+    """The plan's name for GPU `i` of `n`: GPU with one, GPU0, GPU1, ... with several."""
     return "GPU" if n == 1 else f"GPU{i}"
 
 
