@@ -278,7 +278,8 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     assert placed.fits and placed.gpu_layers == 49 and placed.n_cpu_moe == 0
     # weights sent elsewhere than their layers' device: the verdict follows the weights
     assert _plan(path, (24 * GB,), override_tensor=(("attn", "CPU"),)).verdict == fit.PARTIAL_GPU
-    assert _plan(path, (24 * GB,), override_tensor=((".", "CPU"),)).verdict == fit.CPU_ONLY
+    # every weight in RAM, each layer's KV cache still on the GPU: not CPU only
+    assert _plan(path, (24 * GB,), override_tensor=((".", "CPU"),)).verdict == fit.PARTIAL_GPU
     on_gpu = _plan(path, (4 * GB,), n_gpu_layers=0, override_tensor=(("blk", "CUDA0"),))
     assert on_gpu.verdict == fit.WONT_FIT and on_gpu.footprint.on("GPU").weights > on_gpu.machine.gpu_budget(0)
 
@@ -1110,3 +1111,25 @@ def test_a_described_gpu_given_no_layer_keeps_its_row(cli_in_process: InProcessC
     assert none["layers_per_gpu"] == [] and none["gpu_layers"] == 0  # one entry a GPU: it said [0] with none
     row = next(line for line in cli_in_process(*args).stdout.splitlines() if line.startswith("GPU1"))
     assert row.split()[1:6] == ["-"] * 5, row
+
+
+def test_the_verdict_follows_the_output_matrix_and_the_kv_cache_where_the_flags_send_them(
+        cli_in_process: InProcessCLI, shape_path: Callable[[str], Path]) -> None:
+    """fit.md's verdicts: `-ot token_embd.weight=CPU` keeps SmolLM2's tied output matrix in RAM (no bytes more there:
+    it was `full GPU`); `-ot '.=CPU'` leaves the layers' KV cache on the GPU (it was `CPU only` beside `31 of 31 on
+    the GPU`); --gpu-layers 0 is `CPU only`; and `-ot exps=CUDA0` on a card too small for the experts keeps every
+    layer on the GPU (every layer was taken off it, which freed nothing the experts need)."""
+    def verdict(*args: str, card: str = "24G") -> dict[str, Any]:
+        r = cli_in_process("fit", "--gpu-memory", card, "--json", *args)
+        assert r.returncode == 0, (args, r.stderr)
+        return json.loads(r.stdout)
+
+    assert verdict("-m", "smollm2:135m")["verdict"] == "full GPU"
+    tied = verdict("-m", "smollm2:135m", "-ot", "token_embd.weight=CPU")
+    assert tied["verdict"] == "partial GPU" and tied["gpu_layers"] == 31
+    every = verdict("-m", "smollm2:135m", "-ot", ".=CPU")
+    assert every["verdict"] == "partial GPU" and every["devices"][1]["weights"] == 0 and every["devices"][1]["kv"]
+    assert verdict("-m", "smollm2:135m", "--gpu-layers", "0")["verdict"] == "CPU only"
+    moe = verdict("-m", str(shape_path("moe-30b-a3b")), "-ot", "exps=CUDA0", card="8G")
+    assert moe["verdict"] == "won't fit" and moe["gpu_layers"] == moe["model"]["layers"] + 1, moe
+    assert moe["flags"].startswith("--ctx 4096 --gpu-layers -1 ")

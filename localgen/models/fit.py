@@ -134,13 +134,16 @@ class Plan:
 
     @property
     def verdict(self) -> str:
-        """full GPU / partial GPU / CPU only / won't fit: by where the weights are (a placement flag may send them
-        elsewhere than the layers' device)."""
+        """full GPU / partial GPU / CPU only / won't fit: by where the weights and the KV cache are (a placement
+        flag may send weights elsewhere than the layers' device). Full: every weight on a GPU but the token
+        embedding, the output matrix included (-ot may keep a tied one in RAM at no cost in bytes); CPU only: no
+        weight and no KV cache on a GPU (layers whose weights -ot keeps in RAM still attend there)."""
         if not self.fits:
             return WONT_FIT
-        if not self.machine.gpus or not sum(d.weights for d in self.footprint.gpus):
+        if not self.machine.gpus or not sum(d.weights + d.kv for d in self.footprint.gpus):
             return CPU_ONLY
-        if self.gpu_layers >= self.n_layer + 1 and self.footprint.on("CPU").weights <= self.held_on_cpu:
+        if (self.gpu_layers >= self.n_layer + 1 and self.footprint.on("CPU").weights <= self.held_on_cpu
+                and self.footprint.output_matrix != "CPU"):
             return FULL_GPU
         return PARTIAL_GPU
 
@@ -302,6 +305,8 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
         if placed is not None:
             return placed
     ncm = n_layer if moe else 0  # fewer layers on the GPU, with no experts there
+    if not gpus_fit(fp(0, ncm)):  # a placement given puts more there than the GPU holds with no layer at all:
+        return result(every, 0, full)  # taking layers off frees nothing it needs, so the layers stay as they were
     ngl = most(0, n_layer, lambda k: gpus_fit(fp(k, ncm)))
     return result(ngl, ncm if ngl else 0, fp(ngl, ncm if ngl else 0))
 

@@ -86,6 +86,9 @@ class Footprint:
     """A model's needs on each device it loads onto (the CPU always; each GPU given layers)."""
 
     devices: tuple[DeviceNeed, ...]
+    # where the output matrix is (output.weight, or a tied embedding's copy): a placement pattern may keep it in RAM
+    # with the output layer on a GPU; None where the model has none (an encoder)
+    output_matrix: str | None = None
 
     @property
     def total(self) -> int:
@@ -325,6 +328,7 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
     repack = bool(load.repack) if repack is None else repack
     spans: dict[int, tuple[int, int]] = {}  # file -> the first byte and the end of the CPU's mapped tensors in it
     copies = 0  # repacked copies of CPU tensors (llama.cpp's CPU_REPACK buffer)
+    matrix: str | None = None  # where output.weight is
     known = load.use_mmap  # the span is known: mapped, and every tensor's offset read from the file
     for t in weights.tensors:
         home = layer_dev[n_layer] if t.output else (None if t.layer is None else layer_dev[t.layer])
@@ -337,6 +341,8 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
                 dev = placement.gpu_index(buffer)
                 dev = None if dev is None else min(dev, n_gpus - 1)
         name = _device_name(dev, n_gpus)
+        if t.name == "output.weight":
+            matrix = name
         repacked = dev is None and repack and t.repackable
         w[name] += t.nbytes * (2 if repacked else 1) + (0 if dev is None else t.gpu_pad)
         known = known and t.offset >= 0
@@ -353,6 +359,8 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
         if buffer is not None:
             out_dev = placement.gpu_index(buffer)
             out_dev = None if out_dev is None else min(out_dev, n_gpus - 1)
+    if weights.tied and not s.encoder_only:
+        matrix = _device_name(out_dev, n_gpus)
     if weights.tied and out_dev is not None:  # the embedding again, as the output matrix
         w[_device_name(out_dev, n_gpus)] += weights.embedding + weights.embedding_gpu_pad
     elif weights.tied and repack and weights.tied_repackable:  # on the CPU, the output matrix's repacked copy
@@ -374,7 +382,7 @@ def estimate(s: GGUFSummary, weights: WeightLayout, load: LoadParams, n_seq: int
                           output=output if name == CPU else 0, experts=experts[name],
                           mapped=mapped if name == CPU else 0)
                for name in names if name == CPU or w[name] or kv[name] or compute[name]]
-    return Footprint(tuple(devices))
+    return Footprint(tuple(devices), output_matrix=matrix)
 
 
 def _compute(s: GGUFSummary, load: LoadParams, n_cells: int, layer_dev: list[str], names: list[str]) -> dict[str, int]:
