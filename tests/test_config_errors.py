@@ -481,6 +481,8 @@ def test_a_file_where_a_folder_of_localgens_goes_is_named(own: CLI) -> None:
     (home / "config").write_text("")
     r = own("logs", "off")
     assert r.returncode == 1 and _lines(r) == [f"localgen: error: {home / 'config'} is a file, not a folder"]
+    r = own("logs", "on")  # no folder, so no logs-off file in it: logging is on (it was "cannot use ...: Not a
+    assert r.returncode == 0 and _lines(r) == ["logging is on"], r.stderr  # directory", exit 1)
     r = own("list")
     assert r.returncode == 0 and _lines(r) == [f"warning: cannot read the model catalogue "
                                                f"{home / 'config' / 'models.toml'}: {home / 'config'} is a file, not "

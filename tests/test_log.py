@@ -630,6 +630,36 @@ def test_a_damaged_search_index_or_a_log_that_cannot_be_counted_is_called_damage
     assert lcli("logs", "-n", "1").returncode == 1  # listing it is still the error logs.md says
 
 
+def test_a_log_that_is_a_folder_or_a_newer_localgens_says_what_to_do(lcli: CLI) -> None:
+    """A newcomer's trial: a folder where the log should be was "cannot be opened: unable to open database file",
+    a newer localgen's log said so and no more, and `logs status` failed (exit 1) on both, so a user could not see
+    whether logging was on."""
+    db = _db(lcli)
+    db.mkdir(parents=True)
+    r = lcli("run", "-m", "smollm2:135m", "A question.", *N)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr == (f"warning: the log at {db} is a folder, not a file; this answer was not logged; move it away, "
+                        "and the next run starts a new log\n"), r.stderr
+    listing = lcli("logs", "-n", "1")
+    assert listing.returncode == 1 and listing.stderr == (
+        f"localgen: error: the log at {db} is a folder, not a file (move it away, and the next run starts a new "
+        "log)\n"), listing.stderr
+    status = lcli("logs", "status")
+    assert status.returncode == 0 and status.stdout == f"logging is on · {db} · its exchanges cannot be counted\n"
+    assert status.stderr == (f"warning: the log at {db} is a folder, not a file; move it away, and the next run "
+                             "starts a new log\n"), status.stderr
+    db.rmdir()
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA user_version = 999")
+    listing = lcli("logs", "-n", "1")
+    assert listing.returncode == 1 and listing.stderr.count("\n") == 1, listing.stderr
+    assert listing.stderr.endswith("was written by a newer localgen (schema 999) (read it with that version, or move "
+                                   "it away, and the next run starts a new log; it was left as it is)\n")
+    status = lcli("logs", "status")
+    assert status.returncode == 0 and status.stdout == f"logging is on · {db} · its exchanges cannot be counted\n"
+    assert "newer localgen (schema 999); read it with that version" in status.stderr, status.stderr
+
+
 def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) -> None:
     """logs.md: --continue goes on with the conversation's model "unless -m" says otherwise; LOCALGEN_MODEL is a
     default (configuration.md), not -m typed, and replaced it (here with a model that has no chat template)."""

@@ -39,6 +39,9 @@ COLUMNS = {
 }
 
 
+MOVE_AWAY = "move it away, and the next run starts a new log"
+
+
 class LogError(LocalgenError):
     """The log cannot be read or written (damaged, read-only, no space)."""
 
@@ -107,7 +110,8 @@ def set_enabled(on: bool) -> None:
     removed: logging is then as it was)."""
     marker = _off_marker()
     if on:
-        marker.unlink(missing_ok=True)
+        with suppress(NotADirectoryError):  # a file where the config folder goes: no marker, so logging is on
+            marker.unlink(missing_ok=True)
     else:
         paths.make_dirs(marker.parent)
         if marker.is_symlink():  # never written through: a link planted there would aim the note at another file
@@ -147,6 +151,8 @@ def _ours(db: Path) -> None:
 def _connect(create: bool) -> Iterator[sqlite3.Connection]:
     """A connection with the schema in place (made if `create`); LogError for anything that goes wrong."""
     db = path()
+    if db.is_dir():  # (SQLite says "unable to open database file")
+        raise LogError(f"the log at {db} is a folder, not a file", hint=MOVE_AWAY)
     try:
         if not db.exists():
             if not create:
@@ -180,7 +186,8 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
                 raise _Empty(f"the log at {db} is empty")
             # else a schema whose making stopped half-way (a full disk): its rows are read as they are
         elif version > SCHEMA_VERSION:
-            raise LogError(f"the log at {db} was written by a newer localgen (schema {version})")
+            raise LogError(f"the log at {db} was written by a newer localgen (schema {version})",
+                           hint="read it with that version, or " + MOVE_AWAY + "; it was left as it is")
         yield conn
     except (sqlite3.Error, OSError) as e:  # OSError: the lock the schema is made under (a read-only folder)
         from localgen.sqlitedb import damaged as said_damaged
@@ -190,7 +197,7 @@ def _connect(create: bool) -> Iterator[sqlite3.Connection]:
             _mark_damaged(db, str(e))
         said = f"the log at {db} is unusable: {_why(e, db.parent)}"
         if damaged:
-            raise Damaged(said, str(e), hint="move it away, and the next run starts a new log") from None
+            raise Damaged(said, str(e), hint=MOVE_AWAY) from None
         raise LogError(said) from None
     finally:
         conn.close()

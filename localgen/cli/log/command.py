@@ -126,14 +126,20 @@ def status() -> None:
     from localgen.cli.output import plural
     from localgen.log import store
 
-    damage = store.damage()
+    damage, unread = store.damage(), None
     try:
         counted = plural(store.count() if store.path().exists() else 0, "exchange")
     except store.Damaged as e:  # the damage is where counting reads: still say whether logging is on, and where
         counted, damage = "its exchanges cannot be counted", damage or e.said
+    except store.LogError as e:  # a folder, a newer localgen's log: the same, and why on stderr
+        counted, unread = "its exchanges cannot be counted", e
     typer.echo(f"logging is {'on' if store.enabled() else 'off'}{' but failing' if damage else ''} · {store.path()} · "
                f"{counted}{f' · damaged: {damage}' if damage else ''}")
     _say_damage(damage)
+    if unread is not None:
+        from localgen.cli.output import ErrWriter
+
+        ErrWriter().warn(unread.message + (f"; {unread.hint}" if unread.hint else ""))
 
 
 def _say_damage(damage: str | None = None) -> None:
@@ -145,5 +151,4 @@ def _say_damage(damage: str | None = None) -> None:
     if damage:
         from localgen.cli.output import ErrWriter
 
-        ErrWriter().warn(f"the log at {store.path()} is damaged ({damage}): runs are not logged; move it "
-                         "away, and the next run starts a new log")
+        ErrWriter().warn(f"the log at {store.path()} is damaged ({damage}): runs are not logged; {store.MOVE_AWAY}")

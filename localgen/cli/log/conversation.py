@@ -130,7 +130,7 @@ def record(err: Any, backend: Any, request: GenerationRequest, cid: str, text: s
     except store.LogError as e:
         # a chat says it once (cli/chat/loop.py), so it says what its later turns meet too
         later = " (nor are the chat's later answers while this lasts)" if source == "chat" else ""
-        err.warn(f"{e.message}; this answer was not logged{later}")
+        err.warn(f"{e.message}; this answer was not logged{later}" + (f"; {e.hint}" if e.hint else ""))
 
 
 def _text(content: Any) -> str:
