@@ -316,6 +316,8 @@ def test_the_log_keeps_what_was_sent_and_a_cut_off_answer(cli: CLI, raw: Callabl
     assert r.returncode == 1, r.stderr
     logged = json.loads(local("logs", "-n", "1", "--json").stdout)[0]
     assert (logged["response"], logged["finish_reason"]) == ("x", "error"), logged
+    listed = local("logs", "-n", "1").stdout  # and the listing says so (it looked finished)
+    assert "\n## Response (broken off by an error)\n\nx\n" in listed, listed
     r = local("chat", "--endpoint", broken.url, "-m", "fake", input="hello\n", timeout=60)
     logged = json.loads(local("logs", "-n", "1", "--json").stdout)[0]
     assert (logged["response"], logged["finish_reason"]) == ("x", "error"), logged

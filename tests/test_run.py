@@ -418,6 +418,8 @@ def test_ctrl_c_stops_generation_with_130(cli: CLI, tmp_path: Path) -> None:
     assert logged["prompt"] == "Write a long essay about rivers." and logged["finish_reason"] == "cancelled", logged
     assert said.decode().rstrip("\n") and logged["response"].startswith(said.decode().rstrip("\n")), \
         (said, logged["response"])
+    listed = lg("logs", "-n", "1").stdout  # logs.md: the listing says it was stopped (it looked finished)
+    assert "\n## Response (stopped before its end)\n" in listed, listed
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

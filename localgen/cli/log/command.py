@@ -89,7 +89,9 @@ def logs(
         parts = [head, ""]
         if e.system:
             parts += ["## System", "", e.system, ""]
-        parts += ["## Prompt", "", e.prompt, "", "## Response", "", e.response, ""]
+        # an answer stopped before its end (Ctrl-C, a kill, a reader gone) or broken off looks finished otherwise
+        cut = {"cancelled": " (stopped before its end)", "error": " (broken off by an error)"}.get(e.finish_reason, "")
+        parts += ["## Prompt", "", e.prompt, "", f"## Response{cut}", "", e.response, ""]
         if not out.write("\n".join(parts) + "\n"):
             return
 
