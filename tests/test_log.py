@@ -713,7 +713,7 @@ def test_a_log_another_user_owns_is_not_written_and_one_of_ours_is_made_private(
     """docs/logs.md: the log is mode 0600 in a 0700 folder. A log (or its folder) another user made first, in a
     shared LOCALGEN_HOME or planted where ours was renamed away, took every prompt, readable by that user and
     without a word: now it is not written (a LogError, one warning in run and chat). One of ours whose mode
-    another program loosened is made 0600 again at the next write."""
+    another program loosened is made 0600 again at the next write, in a 0700 folder again."""
     from localgen.log import store
 
     monkeypatch.setenv("LOCALGEN_HOME", str(tmp_path))
@@ -724,8 +724,9 @@ def test_a_log_another_user_owns_is_not_written_and_one_of_ours_is_made_private(
     store.record(entry())
     db = store.path()
     os.chmod(db, 0o666)
+    os.chmod(db.parent, 0o755)  # (its folder was left as it was: others could list the log's files)
     store.record(entry())
-    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600 and stat.S_IMODE(db.parent.stat().st_mode) == 0o700
     monkeypatch.setattr(os, "geteuid", lambda: db.stat().st_uid + 4242)  # as another user sees these files
     with pytest.raises(store.LogError) as caught:
         store.record(entry())

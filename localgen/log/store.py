@@ -133,7 +133,7 @@ def new_id() -> str:
 def _ours(db: Path) -> None:
     """A log is written only where this user owns it and its folder: in one another user made first (a shared
     LOCALGEN_HOME, a folder renamed away and planted), what people type would go where that user reads it. One of
-    ours made readable by others (made before this rule, or by hand) is made private again."""
+    ours made readable by others (made before this rule, or by hand) is made private again, and so is its folder."""
     if not hasattr(os, "geteuid"):  # Windows: no owners to compare
         return
     me = os.geteuid()
@@ -142,9 +142,10 @@ def _ours(db: Path) -> None:
         if st.st_uid != me:
             raise LogError(f"the log at {db} is not written: {where} belongs to another user (uid {st.st_uid}); "
                            "set LOCALGEN_HOME to a folder of your own")
-    if db.lstat().st_mode & 0o077:
-        with suppress(OSError):  # a disk that keeps no modes (vfat): not ours to change
-            os.chmod(db, 0o600)
+    for where, mode in ((db.parent, 0o700), (db, 0o600)):
+        if where.lstat().st_mode & 0o077:
+            with suppress(OSError):  # a disk that keeps no modes (vfat): not ours to change
+                os.chmod(where, mode)
 
 
 @contextmanager
