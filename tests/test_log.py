@@ -660,6 +660,19 @@ def test_a_log_that_is_a_folder_or_a_newer_localgens_says_what_to_do(lcli: CLI) 
     assert "newer localgen (schema 999); read it with that version" in status.stderr, status.stderr
 
 
+def test_logs_cid_takes_a_saved_chats_name(lcli: CLI) -> None:
+    """logs.md: `--cid` takes a saved chat's name (chat --list's) as well as a conversation's id; a name was "no
+    logged exchange matches" (a newcomer's trial)."""
+    r = lcli("chat", "-m", "smollm2:135m", *N, input="A question for the trip.\n/save trip\n")
+    assert r.returncode == 0, r.stderr
+    assert lcli("run", "-m", "smollm2:135m", "Another conversation.", *N).returncode == 0
+    [logged] = json.loads(lcli("logs", "--cid", "trip", "--json").stdout)
+    assert logged["prompt"] == "A question for the trip." and logged["source"] == "chat", logged
+    assert json.loads(lcli("logs", "--cid", logged["conversation_id"], "--json").stdout) == [logged]
+    none = lcli("logs", "--cid", "nope")
+    assert none.returncode == 0 and none.stderr == "no logged exchange matches --cid 'nope'\n", none.stderr
+
+
 def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) -> None:
     """logs.md: --continue goes on with the conversation's model "unless -m" says otherwise; LOCALGEN_MODEL is a
     default (configuration.md), not -m typed, and replaced it (here with a model that has no chat template)."""

@@ -22,7 +22,8 @@ def logs(
     ] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", show_default=False, help="Only this model.")] = None,
     cid: Annotated[
-        str | None, typer.Option("--cid", show_default=False, help="Only this conversation (all of it with -n 0).")
+        str | None, typer.Option("--cid", show_default=False,
+                                 help="Only this conversation, by its id or a saved chat's name (all of it with -n 0).")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="A JSON array of the exchanges.")] = False,
 ) -> None:
@@ -62,6 +63,10 @@ def logs(
         return
     entries = store.recent(count, query=query, model=model, cid=cid)
     first = next(entries, None)  # (a log that cannot be read at all is the one error line of recent())
+    named = _chats_log_id(cid) if first is None and cid is not None else None
+    if named is not None:  # --cid NAME: a saved chat's (chat --list, /save NAME), by its conversation in the log
+        entries = store.recent(count, query=query, model=model, cid=named)
+        first = next(entries, None)
     _say_damage()
     if first is None:
         what = " and ".join(f"{k} {v[:80] + '…' if len(v) > 80 else v!r}"  # a long one cut, as errors are
@@ -142,6 +147,22 @@ def status() -> None:
         from localgen.cli.output import ErrWriter
 
         ErrWriter().warn(unread.message + (f"; {unread.hint}" if unread.hint else ""))
+
+
+def _chats_log_id(name: str) -> str | None:
+    """The log's conversation id of the chat saved as `name`; None where there is no such chat (or it cannot be
+    read, or it has no conversation in the log)."""
+    from localgen.chat.saved import chats_dir, valid_name
+
+    if not valid_name(name) or not (chats_dir() / f"{name}.json").is_file():
+        return None
+    from localgen.chat.session import ChatSession
+    from localgen.errors import LocalgenError
+
+    try:
+        return ChatSession.load(name).log_id
+    except LocalgenError:
+        return None
 
 
 def _say_damage(damage: str | None = None) -> None:
