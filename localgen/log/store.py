@@ -364,9 +364,14 @@ def _rebuild_fts(db: Path) -> None:
 
 def fts_query(text: str) -> str:
     """Plain words as an FTS5 query that matches them all, whatever they hold: each word a quoted phrase
-    (so `AND`, `*`, `"` or `-` are searched for, not parsed); words with no letter or digit are dropped."""
-    words = [w for w in text.split() if any(c.isalnum() for c in w)]
-    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
+    (so `AND`, `*`, `"` or `-` are searched for, not parsed); words with no letter or digit are dropped, and a word
+    said again (in any case: the index folds case) once, as it matches nothing more: a pasted text's 40,000 words
+    took seconds to minutes, a phrase each."""
+    words: dict[str, str] = {}
+    for w in text.split():
+        if any(c.isalnum() for c in w):
+            words.setdefault(w.lower(), w)
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words.values())
 
 
 def search_words(query: str) -> str:
