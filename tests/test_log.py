@@ -674,8 +674,8 @@ def test_a_log_that_is_a_folder_or_a_newer_localgens_says_what_to_do(lcli: CLI) 
 
 
 def test_logs_cid_takes_a_saved_chats_name(lcli: CLI) -> None:
-    """logs.md: `--cid` takes a saved chat's name (chat --list's) as well as a conversation's id; a name was "no
-    logged exchange matches" (a newcomer's trial)."""
+    """logs.md: `logs --cid` and `run --cid` take a saved chat's name (chat --list's) as well as a conversation's
+    id; a name was "no logged exchange matches" and "the log has no conversation" (a newcomer's trial)."""
     r = lcli("chat", "-m", "smollm2:135m", *N, input="A question for the trip.\n/save trip\n")
     assert r.returncode == 0, r.stderr
     assert lcli("run", "-m", "smollm2:135m", "Another conversation.", *N).returncode == 0
@@ -684,6 +684,10 @@ def test_logs_cid_takes_a_saved_chats_name(lcli: CLI) -> None:
     assert json.loads(lcli("logs", "--cid", logged["conversation_id"], "--json").stdout) == [logged]
     none = lcli("logs", "--cid", "nope")
     assert none.returncode == 0 and none.stderr == "no logged exchange matches --cid 'nope'\n", none.stderr
+    on = lcli("run", "--cid", "trip", "And then?", *N, "--json")  # run --cid goes on with it by the name too
+    assert on.returncode == 0 and json.loads(on.stdout)["conversation_id"] == logged["conversation_id"], on.stderr
+    gone = lcli("run", "--cid", "nope", "And then?", *N)
+    assert gone.returncode == 1 and "the log has no conversation 'nope'" in gone.stderr, gone.stderr
 
 
 def test_continue_keeps_the_conversations_model_under_localgen_model(lcli: CLI) -> None:

@@ -50,6 +50,7 @@ def logs(
     for flag, value in (("-q", query), ("-m", model), ("--cid", cid)):
         if value is not None:
             checked(value, flag)  # bytes that are not UTF-8 match nothing the log holds: a usage error
+    from localgen.cli.log.conversation import chats_log_id
     from localgen.cli.output import ErrWriter, TextWriter
     from localgen.log import store
 
@@ -63,7 +64,7 @@ def logs(
         return
     entries = store.recent(count, query=query, model=model, cid=cid)
     first = next(entries, None)  # (a log that cannot be read at all is the one error line of recent())
-    named = _chats_log_id(cid) if first is None and cid is not None else None
+    named = chats_log_id(cid) if first is None and cid is not None else None
     if named is not None:  # --cid NAME: a saved chat's (chat --list, /save NAME), by its conversation in the log
         entries = store.recent(count, query=query, model=model, cid=named)
         first = next(entries, None)
@@ -147,22 +148,6 @@ def status() -> None:
         from localgen.cli.output import ErrWriter
 
         ErrWriter().warn(unread.message + (f"; {unread.hint}" if unread.hint else ""))
-
-
-def _chats_log_id(name: str) -> str | None:
-    """The log's conversation id of the chat saved as `name`; None where there is no such chat (or it cannot be
-    read, or it has no conversation in the log)."""
-    from localgen.chat.saved import chats_dir, valid_name
-
-    if not valid_name(name) or not (chats_dir() / f"{name}.json").is_file():
-        return None
-    from localgen.chat.session import ChatSession
-    from localgen.errors import LocalgenError
-
-    try:
-        return ChatSession.load(name).log_id
-    except LocalgenError:
-        return None
 
 
 def _say_damage(damage: str | None = None) -> None:

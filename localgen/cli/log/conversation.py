@@ -33,7 +33,30 @@ def thread_for(log: LogOptions) -> Thread:
         cid = store.last_conversation()
         if cid is None:
             raise LocalgenError("--continue: the log has no conversation yet", hint="run without --continue first")
-    return logged_thread(cid)
+        return logged_thread(cid)
+    try:
+        return logged_thread(cid)
+    except store.NoConversation:  # --cid NAME: a saved chat's conversation in the log
+        named = chats_log_id(cid)
+        if named is None:
+            raise
+        return logged_thread(named)
+
+
+def chats_log_id(name: str) -> str | None:
+    """The log's conversation id of the chat saved as `name`; None where there is no such chat (or it cannot be
+    read, or it has no conversation in the log)."""
+    from localgen.chat.saved import chats_dir, valid_name
+
+    if not valid_name(name) or not (chats_dir() / f"{name}.json").is_file():
+        return None
+    from localgen.chat.session import ChatSession
+    from localgen.errors import LocalgenError
+
+    try:
+        return ChatSession.load(name).log_id
+    except LocalgenError:
+        return None
 
 
 def logged_thread(cid: str) -> Thread:

@@ -146,7 +146,8 @@ class LogOptions(OptionGroup):
     ] = False
     cid: Annotated[
         str | None, typer.Option("--cid", rich_help_panel=o.LOG_PANEL, show_default=False,
-                                 help="Continue this conversation from the log (`localgen logs` shows the ids).")
+                                 help="Continue this conversation from the log (`localgen logs` shows the ids), or "
+                                      "a saved chat's (its name, as `chat --list` shows it).")
     ] = None
     no_log: o.NoLog = False
 
