@@ -191,6 +191,22 @@ def test_serve_tunes_for_its_streams_and_health_says_where_settings_came_from(cl
     assert settings["n_threads_batch"]["value"] == rec["settings"]["n_threads_batch"]
 
 
+def test_a_tune_whose_reader_went_away_keeps_its_record(cli_env: dict[str, str], cli_in_process: InProcessCLI,
+                                                        tmp_path: Path) -> None:
+    """`localgen tune ... | true`: the table met a closed pipe, and the record measured whole was lost, exit 0, with
+    no word on stderr (a newcomer's trial). It is kept, and said, as in a terminal."""
+    cli = CLI({**cli_env, "LOCALGEN_HOME": str(tmp_path), **NO_GPU})
+    p = cli.popen("tune", "--depth", "0", "--prompt", "16", "--answer", "1", "--even-if-busy",
+                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # what `| true` does
+    err = p.stderr.read()
+    assert p.wait(timeout=600) == 0 and "tuned smollm2:135m in " in err.decode(), err.decode()
+    records = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(tmp_path)})
+    rec = _json(records, "tune", "--show", "--json")
+    assert (rec["prompt"], rec["answer"], rec["partial"]) == (16, 1, False), rec
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_tune_keeps_what_it_measured_on_ctrl_c(cli_env: dict[str, str], cli_in_process: InProcessCLI,
                                                tmp_path: Path, sig: int) -> None:
@@ -671,3 +687,36 @@ def test_records_of_wrong_types_are_left_out_with_a_warning_and_reset_counts_as_
     r = cli("tune", "--reset")
     assert r.returncode == 0 and r.stderr == ("forgot 0 tuning records\nwarning: 1 tuning record in "
                                               f"{path} cannot be read (wrong fields or types): it is removed\n")
+
+
+def test_a_thread_count_clearly_slower_at_the_first_depth_is_not_measured_deeper_nor_listed() -> None:
+    """tune.md: a thread count more than 1.25× slower than the best at the first depth is not measured deeper, and
+    the table (and the record's) holds the combinations measured at every depth (a newcomer's trial counted the
+    rows against "2 configurations × 2 thread counts" and found the slow thread count gone, unexplained)."""
+    from types import SimpleNamespace
+
+    from localgen.cli.tune import _rank
+    from localgen.engine.tune import Job, Point, _lost
+
+    first = [Point("tg", 0, 1, 512, 1.3), Point("tg", 0, 2, 512, 1.0)]
+    assert _lost(first, Job("tg", 64, 1)) and not _lost(first, Job("tg", 64, 2))
+    assert not _lost(first, Job("tg", 0, 1))  # the first depth itself is always measured
+    assert not _lost([Point("tg", 0, 1, 512, 1.2), Point("tg", 0, 2, 512, 1.0)], Job("tg", 64, 1))  # within 1.25×
+    points = [*first, Point("pp", 0, 1, 512, 0.5), Point("pp", 0, 2, 512, 0.4),
+              Point("tg", 64, 2, 512, 1.1), Point("pp", 64, 2, 512, 0.45)]  # 1 thread: only the first depth
+    plan = SimpleNamespace(depths=(0, 64), answer=8, rule={"flash_attn": True, "repack": False, "n_threads": 2,
+                                                           "n_threads_batch": 2, "n_ubatch": 512})
+    rows = _rank({(False, True): points}, plan, 1)  # type: ignore[arg-type]
+    assert [(r["n_threads"], r["n_threads_batch"]) for r in rows] == [(2, 2)], rows
+
+
+def test_tune_show_says_a_record_was_made_on_a_busy_machine(own_home: Path, smollm2_path: Path,
+                                                            cli_in_process: InProcessCLI) -> None:
+    """tune.md: a record kept with --even-if-busy is marked, and every use of it says so; `tune --show` did not (a
+    newcomer's trial), where a user looks to learn why its threads are 1."""
+    from localgen import tuning
+
+    busy = "62% of the CPU time just before measuring"
+    assert tuning.save(dataclasses.replace(_record(_ref(smollm2_path)), busy=busy)) is None
+    shown = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(own_home)})("tune", "--show")
+    assert shown.returncode == 0 and f"· tuned 2026-11-25 on a busy machine ({busy}) · " in shown.stdout, shown

@@ -52,7 +52,8 @@ def tune(
     reset: Annotated[
         bool, typer.Option("--reset", help="Forget the tuning records (with -m: that model's only) and exit.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the record as one JSON object.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the record as one JSON object (--show: one per record, a line each).")] = False,
     even_if_busy: Annotated[
         bool, typer.Option("--even-if-busy", help="Keep the record even when other work kept the CPUs busy before "
                                                   "or while measuring (it says so wherever it is used).")
@@ -294,13 +295,20 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
         table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer, busy=busy,
     )
-    if as_json:  # the figures first: a record that then cannot be written (a full disk) loses none of them
-        import json
+    from localgen.cli.output import ReaderGone
 
-        sys.stdout.write(json.dumps(record.to_json()) + "\n")
-    else:
-        _print_table(table, plan, parallel)
-    sys.stdout.flush()
+    try:
+        if as_json:  # the figures first: a record that then cannot be written (a full disk) loses none of them
+            import json
+
+            sys.stdout.write(json.dumps(record.to_json()) + "\n")
+        else:
+            _print_table(table, plan, parallel)
+        sys.stdout.flush()
+    except (ReaderGone, BrokenPipeError):  # the reader went away (`| head -1`): the record is kept all the same,
+        from localgen.cli.output import silence_stdout  # and said on stderr (it was lost, exit 0, without a word)
+
+        silence_stdout()
     whole = tuning.save(record) if busy is None or even_if_busy else None  # an earlier whole tune, kept instead
     took = time.perf_counter() - started
     if busy is not None and not even_if_busy:
@@ -449,6 +457,7 @@ def _show(records: list[Any], as_json: bool, quiet: bool = False) -> None:
         streams = f" · {r.key.streams} streams" if r.key.streams > 1 else ""
         streams += f" · {r.key.placement}" if r.key.placement else ""
         partial = " (partial)" if r.partial else ""
+        partial += f" on a busy machine ({r.busy})" if r.busy else ""  # as each use of it says (--even-if-busy)
         print(f"{r.model}{streams} · tuned {r.day}{partial} · {r.prompt}+{r.answer} tokens · flash-attn "
               f"{_onoff(s['flash_attn'])} · repack {_onoff(s['repack'])} · threads {s['n_threads']}/"
               f"{s['n_threads_batch']} · ubatch {s['n_ubatch']} · {r.exchange_s:.2f} s · {r.key.device} · "
