@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -127,7 +128,7 @@ def _load() -> tuple[dict[str, Any], str | None]:
     whole, it holds no record for a load, and is never overwritten (_writable)."""
     try:
         raw = regular.read_regular(store_path(), MAX_FILE, whole=True, what="the tuning records' file")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none, or a file where the state dir goes: none there either
         return _empty(), None
     except OSError as e:
         return _empty(), f"it cannot be opened ({paths.os_cause(e)})"
@@ -220,15 +221,20 @@ def check_writable() -> None:
     except OSError as e:
         raise _cannot_write(e) from None
     if cannot_write(path.parent):
+        full = os.access(path.parent, os.W_OK)
         raise LocalgenError(f"the tuning records {path} cannot be written: "
-                            + ("its folder is read-only" if not os.access(path.parent, os.W_OK) else
-                               "no space is left on its disk"),
-                            hint="free some space, or set LOCALGEN_HOME to a state dir that can be written")
+                            + ("no space is left on its disk" if full else "its folder is read-only"),
+                            hint=_WHERE_TO if not full else "free some space, or " + _WHERE_TO)
+
+
+_WHERE_TO = "set LOCALGEN_HOME to a state dir that can be written"
 
 
 def _cannot_write(e: OSError) -> LocalgenError:
+    """Free space is the hint only where space is what is short (not a read-only place, a file in the way)."""
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
     return LocalgenError(f"the tuning records {store_path()} cannot be written: {paths.os_cause(e)}",
-                         hint="free some space, or set LOCALGEN_HOME to a state dir that can be written")
+                         hint="free some space, or " + _WHERE_TO if full else _WHERE_TO)
 
 
 def _write(doc: dict[str, Any]) -> None:
@@ -297,6 +303,8 @@ def reset(sha256: str | None = None, model: str | None = None) -> int:
         return (sha256 is not None and d.get("key", {}).get("sha256") == sha256) or (
             model is not None and d.get("model") == model)
 
+    if not os.path.lexists(store_path()):  # nothing to forget: nothing is written (a read-only place failed here)
+        return 0
     with _locked():
         _writable()
         doc = _read()

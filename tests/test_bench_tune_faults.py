@@ -209,6 +209,31 @@ def test_tune_on_a_full_disk_refuses_before_measuring(cli_env: dict[str, str], t
     assert not [name for name in lines[1:] if name.endswith(".tmp")], lines
 
 
+def test_a_file_where_the_state_dir_goes_or_a_read_only_one_is_not_called_damaged_records_nor_full(
+        cli_in_process: InProcessCLI, tmp_path: Path) -> None:
+    """A newcomer's trial: a file where the state dir goes was "tuning.json cannot be read ... move it aside, or mend
+    it" (there is no such file), a place that cannot be written said "free some space", and `tune --reset` with no
+    record at all failed there. The one line says what is in the way; --reset forgets nothing, exit 0."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "state").write_text("")
+    own = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(home)})
+    r = own("tune", "--depth", "0", "--prompt", "16")  # refused before a model loads
+    assert (r.returncode, r.stdout) == (1, ""), r.stderr
+    assert r.stderr == (f"localgen: error: the tuning records {home / 'state' / 'tuning.json'} cannot be written: "
+                        f"{home / 'state'} is a file, not a folder (set LOCALGEN_HOME to a state dir that can be "
+                        "written)\n"), r.stderr
+    shown = own("tune", "--show")
+    assert shown.returncode == 0 and shown.stderr == "no tuning records (localgen tune -m MODEL makes one)\n"
+    for where in (home, Path("/proc/self/localgen-home")):  # (/proc: written by no one, root included)
+        reset = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(where)})("tune", "--reset")
+        assert (reset.returncode, reset.stderr) == (0, "forgot 0 tuning records\n"), (where, reset.stderr)
+    no = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": "/proc/self/localgen-home"})(
+        "tune", "--depth", "0", "--prompt", "16")
+    assert no.returncode == 1 and "free some space" not in no.stderr and no.stderr.endswith(
+        "(set LOCALGEN_HOME to a state dir that can be written)\n"), no.stderr
+
+
 def test_even_if_busy_says_the_record_is_kept(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
                                               ) -> None:
     """`tune --even-if-busy` on a busy machine warned "the record is not kept unless --even-if-busy"; it now says the
