@@ -450,7 +450,7 @@ def test_a_message_past_the_trained_context_is_not_told_to_restart_with_a_larger
 
     stretch = "a restart with --rope-scaling linear and a larger --ctx stretches the window, at some cost in quality"
     assert refused("word " * 9000, "--ctx", "4096").endswith(
-        "; the context window is 4,096 (shorten it: with the answer's room (16 tokens in that window; -n sets it) it "
+        "; the context window is 4,096 (shorten it: with the answer's room (8 tokens in that window; -n sets it) it "
         "needs more than the 8,192 tokens this model was trained on, past which --ctx does not go; "
         f"{stretch}; the conversation is kept)\n")
     assert refused("word " * 9000, "--ctx", "8192").endswith(

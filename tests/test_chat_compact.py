@@ -548,3 +548,17 @@ def test_a_summary_saved_before_it_counted_what_it_summarized_stands_for_all_it_
     for bad in (0, 5, "2", True):
         with pytest.raises(ValueError):
             Summary.from_dict({**old, "summarized": bad}, 6)
+
+
+def test_the_room_kept_for_the_answer_is_max_tokens_where_given() -> None:
+    """chat.md: the room left for the answer is --max-tokens, or a quarter of the window (at least 16), at most
+    half of it. `chat -n 8` said "16 more are kept for the answer" (a newcomer's trial): the floor was taken for
+    the answer asked for too."""
+    from localgen.chat.runner import ChatRunner
+
+    def reserve(max_tokens: int, n_ctx: int) -> int:
+        return int(ChatRunner(ChatSession(name="room", model="m"), None, SamplingParams(max_tokens=max_tokens))
+                   .reserve(n_ctx))
+
+    assert reserve(8, 256) == 8 and reserve(500, 256) == 128 and reserve(8, 8) == 4
+    assert reserve(0, 256) == 64 and reserve(0, 32) == 16 and reserve(0, 8192) == 2048

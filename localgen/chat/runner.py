@@ -68,10 +68,11 @@ class ChatRunner:
 
     def reserve(self, n_ctx: int | None = None) -> int:
         """Tokens kept free for the answer when deciding whether the history fits a window of `n_ctx` tokens (None:
-        the backend's)."""
+        the backend's): --max-tokens, else a quarter of the window and at least 16; at most half of it."""
         n_ctx = int(self.backend.n_ctx) if n_ctx is None else n_ctx
-        want = self.sampling.max_tokens if self.sampling.max_tokens > 0 else n_ctx // 4
-        return max(16, min(want, n_ctx // 2))
+        if self.sampling.max_tokens > 0:  # the answer asked for (-n 8 kept 16, the floor of a quarter of the window)
+            return min(self.sampling.max_tokens, max(1, n_ctx // 2))
+        return max(16, n_ctx // 4)
 
     def request(self, messages: list[Message]) -> GenerationRequest:
         """A request for these messages with the current settings. Without tools, earlier calls and results
