@@ -67,6 +67,22 @@ def test_the_settings_line_says_where_each_setting_came_from(cli: CLI, tmp_path:
         "· n_threads_batch 1 (tuned on 2026-11-25) · n_ubatch 128 (tuned on 2026-11-25)"), r.stdout
 
 
+def test_a_record_made_on_a_busy_machine_is_said_once_on_the_settings_line() -> None:
+    """doctor.md's settings line, of a record kept with --even-if-busy: its busy note was said in each of the five
+    settings' origins (a newcomer's trial); it is said once, at the end."""
+    from types import SimpleNamespace
+
+    from localgen.cli.doctor import settings_line
+
+    busy = " on a busy machine (62% of the CPU time just before measuring)"
+    params = SimpleNamespace(flash_attn=True, repack=False, n_threads=1, n_threads_batch=1, n_ubatch=512)
+    origins = {k: "tuned on 2026-11-25" + busy for k in ("flash_attn", "repack", "n_threads", "n_threads_batch")}
+    assert settings_line(params, {**origins, "n_ubatch": "flag"}) == (
+        "flash_attn on (tuned on 2026-11-25) · repack off (tuned on 2026-11-25) · n_threads 1 (tuned on 2026-11-25) · "
+        "n_threads_batch 1 (tuned on 2026-11-25) · n_ubatch 512 (flag) · the record was made on a busy machine (62% "
+        "of the CPU time just before measuring)")
+
+
 def test_doctor_m_loads_a_presets_placement_and_a_flag_wins(cli: CLI, tmp_path: Path, moe_path: Path) -> None:
     """doctor.md: `doctor -m MODEL` loads it as `run` does, "with a preset's load settings, and with the placement
     flags"; the preset's n_cpu_moe puts two layers' experts in RAM, and `--n-cpu-moe 1` one."""

@@ -165,10 +165,16 @@ def settings_line(params: Any, origins: dict[str, str]) -> str:
         v = getattr(params, name)
         return ("on" if v else "off") if isinstance(v, bool) else str(v)
 
-    def origin_of(name: str) -> str:  # a reason's own aside joins it with a comma: `(rule: off, 0% of ...)`
-        return re.sub(r" \(([^()]*)\)", r", \1", origins.get(name, "default"))
+    # a record made on a busy machine says so in each setting's origin: said once, at the end (it was five times)
+    busy = {m.group(0) for o in origins.values() if (m := re.search(r" on a busy machine \(.*\)$", o))}
+    note = busy.pop() if len(busy) == 1 else ""
 
-    return " · ".join(f"{name} {shown(name)} ({origin_of(name)})" for name in TUNABLE)
+    def origin_of(name: str) -> str:  # a reason's own aside joins it with a comma: `(rule: off, 0% of ...)`
+        origin = origins.get(name, "default")
+        return re.sub(r" \(([^()]*)\)", r", \1", origin.removesuffix(note) if note else origin)
+
+    line = " · ".join(f"{name} {shown(name)} ({origin_of(name)})" for name in TUNABLE)
+    return line + (f" · the record was made{note}" if note else "")
 
 
 def placement_line(record: dict[str, Any]) -> str:
