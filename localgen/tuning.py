@@ -90,7 +90,7 @@ class Record:
         if not isinstance(table, list) or not isinstance(d.get("partial", False), bool) or not isinstance(
                 busy, str | None):
             raise ValueError("table, partial or busy")
-        return Record(key=key, model=_str(d, "model"), size=_int(d, "size", 0, 1 << 62), date=_str(d, "date"),
+        return Record(key=key, model=_str(d, "model"), size=_int(d, "size", 0, 1 << 62), date=_date(d),
                       settings=dict(settings), depth=_int(d, "depth", 0, 1 << 30), exchange_s=float(exchange_s),
                       table=list(table), partial=bool(d.get("partial", False)),
                       prompt=_int(d, "prompt", 1, 1 << 30, 512), answer=_int(d, "answer", 1, 1 << 30, 256),
@@ -104,6 +104,19 @@ def _str(d: dict[str, Any], name: str, default: str | None = None) -> str:
     v = d.get(name, default) if default is not None else d[name]
     if not isinstance(v, str):
         raise ValueError(name)
+    return v
+
+
+def _date(d: dict[str, Any]) -> str:
+    """The record's date, an ISO 8601 time (its day is shown: `tuned 2026-11-25`); a hand edit such as "yesterday"
+    is a record that cannot be read, as other wrong fields are."""
+    import datetime
+
+    v = _str(d, "date")
+    try:
+        datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError("date") from None
     return v
 
 
