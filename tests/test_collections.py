@@ -537,6 +537,37 @@ def test_collections_on_a_read_only_disk_are_read_and_a_store_says_it_cannot_wri
     assert sorted(_held(hcli, "notes").values()) == sorted(LINES)
 
 
+def test_a_store_of_the_other_normalisation_or_from_the_same_path_changed_is_refused_with_a_hint_that_helps(
+        hcli: CLI, bert: str, tmp_path: Path) -> None:
+    """A newcomer's trial: `--no-normalize` into a normalised collection was taken (a vector of length 38 beside
+    unit ones, and `normalized: true` listed); it is refused as another pooling is. And a store from the very path a
+    collection was made from, its file since replaced by other weights, was told to `use -m` that same path."""
+    import shutil
+
+    from tests.tiny_bert import with_other_weights
+
+    _store(hcli, bert, "notes", *LINES)
+    before = _held(hcli, "notes")
+    r = hcli("embed", "-m", bert, "--store", "notes", "--no-normalize", "a dog")
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr == ("localgen: error: collection 'notes' holds normalised vectors, not unnormalised ones (use "
+                        "--normalize, or another collection name)\n"), r.stderr
+    assert _store(hcli, bert, "raw", "--no-normalize", "a dog") == "raw: 1 embedded and stored, 0 unchanged\n"
+    r = hcli("embed", "-m", bert, "--store", "raw", "a cat")
+    assert r.returncode == 2 and r.stderr.endswith("holds unnormalised vectors, not normalised ones (use "
+                                                   "--no-normalize, or another collection name)\n"), r.stderr
+    assert _held(hcli, "notes") == before
+    moved = tmp_path / "model" / "tiny-bert.gguf"
+    moved.parent.mkdir()
+    shutil.copyfile(bert, moved)
+    _store(hcli, str(moved), "mine", "a dog")
+    with_other_weights(bert, tmp_path / "other.gguf").replace(moved)  # the same path, other weights
+    r = hcli("embed", "-m", str(moved), "--store", "mine", "a cat")
+    assert r.returncode == 2 and r.stderr.endswith(
+        f"(a file of that name with other content), not of this one ({moved} has changed since it was stored: put "
+        "back the file it was, or use another collection name)\n"), r.stderr
+
+
 def test_a_later_store_with_another_file_of_the_same_name_is_refused(hcli: CLI, bert: str, tmp_path: Path) -> None:
     """docs/embed.md: a collection keeps its model's fingerprint (its file's content), not only its file's name: a
     store from another tiny-bert.gguf (other weights) was taken ("notes: 1 embedded and stored") and mixed two

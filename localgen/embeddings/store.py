@@ -131,15 +131,28 @@ def _same_way(r: Any, c: Collection) -> None:
     if not same and r["model"] == c.model:  # another file of the same name: said so, not "bert.gguf, not bert.gguf"
         spec = r["model_spec"] or r["model"]  # (`-m` as typed then: the same words name another file now)
         relative = not os.path.isabs(os.path.expanduser(spec)) and ("/" in spec or spec.endswith(".gguf"))
+        here = c.model_spec is not None and _where(spec) == _where(c.model_spec)  # the very file, changed since
         raise UsageError(f"collection {c.name!r} holds vectors of another {r['model']} (a file of that name with "
                          f"other content), not of this one",
                          hint=f"{spec} was a relative path, read from the current folder: store from the folder it "
                               "was stored from, or use another collection name" if relative else
+                              f"{spec} has changed since it was stored: put back the file it was, or use another "
+                              "collection name" if here else
                               f"use {_same_as(r, c)}, or another collection name")
     if not same or (r["pooling"], int(r["dimensions"])) != (c.pooling, c.dimensions):
         raise UsageError(f"collection {c.name!r} holds {r['model']} vectors ({r['pooling']} pooling, "
                          f"{r['dimensions']} dimensions), not {c.model} ({c.pooling}, {c.dimensions})",
                          hint=f"use {_same_as(r, c)}, or another collection name")
+    if bool(r["normalized"]) != c.normalized:  # its vectors would be of two kinds, and `normalized` wrong for some
+        raise UsageError(f"collection {c.name!r} holds {'' if r['normalized'] else 'un'}normalised vectors, not "
+                         f"{'' if c.normalized else 'un'}normalised ones",
+                         hint=f"use {'--normalize' if r['normalized'] else '--no-normalize'}, or another collection "
+                              "name")
+
+
+def _where(spec: str) -> str:
+    """Where a model path given leads (a name of a model, not a path, stays as it is)."""
+    return os.path.realpath(os.path.expanduser(spec)) if spec.lower().endswith(".gguf") else spec
 
 
 def _same_as(stored: Any, c: Collection) -> str:
