@@ -568,6 +568,20 @@ def test_a_store_of_the_other_normalisation_or_from_the_same_path_changed_is_ref
         "back the file it was, or use another collection name)\n"), r.stderr
 
 
+def test_a_file_where_the_collections_folder_goes_is_named_not_no_collections_yet(hcli: CLI, bert: str) -> None:
+    """A newcomer's trial: with a file at <data>/embeddings, `embed --store z` said "there are no collections yet
+    (make one with `localgen embed --store NAME`)", the command just run, and `collections` exited 2."""
+    folder = Path(hcli.env["LOCALGEN_HOME"]) / "data" / "embeddings"
+    folder.parent.mkdir(parents=True)
+    folder.write_text("")
+    said = (f"localgen: error: the collections database {folder / 'embeddings.db'} cannot be opened: {folder} is a "
+            "file, not a folder (move it away, and the next `localgen embed --store` makes the folder)\n")
+    for args in (["collections"], ["similar", "notes", "a cat"], ["embed", "-m", bert, "--store", "z", "x"]):
+        r = hcli(*args)
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", said), (args, r.stderr)
+    assert folder.read_text() == ""
+
+
 def test_a_later_store_with_another_file_of_the_same_name_is_refused(hcli: CLI, bert: str, tmp_path: Path) -> None:
     """docs/embed.md: a collection keeps its model's fingerprint (its file's content), not only its file's name: a
     store from another tiny-bert.gguf (other weights) was taken ("notes: 1 embedded and stored") and mixed two

@@ -114,6 +114,10 @@ def db(create: bool, write: bool = False) -> Iterator[Any]:
 
     db_path = path()
     if not db_path.exists():
+        blocker = paths.in_the_way_of(db_path.parent)
+        if blocker is not None:  # a file where its folder goes: not "no collections yet, make one" (that failed)
+            raise LocalgenError(f"the collections database {db_path} cannot be opened: {paths.in_the_way(blocker)}",
+                                hint="move it away, and the next `localgen embed --store` makes the folder")
         if not create:
             raise UsageError("there are no collections yet", hint="make one with `localgen embed --store NAME`")
         try:
