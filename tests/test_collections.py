@@ -287,6 +287,9 @@ def test_an_interrupted_replace_run_removes_nothing(hcli: CLI, tmp_path: Path) -
     err = proc.stderr.read()
     proc.stderr.close()
     assert proc.wait(timeout=SAFETY_NET_S) == 130 and "interrupted" in err, err
+    # said (it was a bare "interrupted": a newcomer's trial)
+    assert ("notes: nothing was stored or removed: an interrupted --replace run leaves the collection as it "
+            "was\n") in err, err
     assert _held(hcli, "notes") == before
 
 

@@ -328,7 +328,15 @@ def run_embed(f: EmbedArgs) -> None:
     # a SIGTERM or SIGHUP (`timeout`, a closed terminal) stops it as Ctrl-C does, so that what --store embedded is
     # stored; the process then ends by that signal
     with term_as_interrupt():
-        _embed_items(f, items, docs)
+        try:
+            _embed_items(f, items, docs)
+        except KeyboardInterrupt:
+            if f.store and f.replace:  # said, not a bare "interrupted" (a plain run says what it stored)
+                from localgen.cli.output import ErrWriter
+
+                ErrWriter().line(f"{f.store}: nothing was stored or removed: an interrupted --replace run leaves the "
+                                 "collection as it was")
+            raise
 
 
 def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[str, str]]) -> None:
