@@ -478,6 +478,10 @@ def test_a_json_line_s_id_is_a_string_on_one_line_or_a_whole_number(hcli: CLI, b
     assert not _db(hcli).exists()
     _store(hcli, bert, "notes", input='{"id": 7, "text": "the cat"}\n{"id": "a b", "text": "the dog"}\n')
     assert _held(hcli, "notes") == {"7": "the cat", "a b": "the dog"}
+    # embed.md: a line that begins with `{` (past its spaces) is a JSON line; such a text goes as an argument
+    r = hcli("embed", "-m", bert, "--store", "notes", input="  {braces in a plain note}\n")
+    assert r.returncode == 2 and r.stderr.startswith("localgen: error: line 1: bad JSON line: "), r.stderr
+    assert "1 embedded and stored" in _store(hcli, bert, "notes", "{braces in a plain note}")
 
 
 def test_an_empty_or_tableless_database_holds_no_collections_yet_and_the_next_store_makes_it(hcli: CLI,
