@@ -149,6 +149,9 @@ def test_show_lists_a_collections_ids_and_the_start_of_each_text(hcli: CLI, bert
     r = hcli("collections", "show", "notes")
     assert r.returncode == 0 and "\n\n" not in r.stdout and "entries       0\n" in r.stdout, r.stdout
     assert json.loads(hcli("collections", "show", "notes", "--json").stdout)["items"] == []
+    r = hcli("similar", "notes", "a cat")  # said (it printed nothing, exit 0, without a word: a newcomer's trial)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "the collection 'notes' is empty: there is nothing to "
+                                                         "rank\n"), r.stderr
     r = hcli("collections", "show", "nope")
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert "no collection named 'nope' (there are: notes, other)" in r.stderr, r.stderr

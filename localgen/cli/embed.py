@@ -582,4 +582,8 @@ def run_similar(f: SimilarArgs) -> None:
     with Retriever(f.collection, lambda spec: _backend(f, spec)) as retriever:
         vector = retriever.embed_query(query, truncate=f.truncate)
     hits = retriever.rank(vector, f.count)
+    if not retriever.rows:  # (every entry removed): said, not an empty answer with no word
+        from localgen.cli.output import ErrWriter
+
+        ErrWriter().line(f"the collection {f.collection!r} is empty: there is nothing to rank")
     _ndjson({"id": h.id, "score": h.shown_score, "content": h.text} for h in hits)
