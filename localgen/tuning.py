@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,10 @@ def _date(d: dict[str, Any]) -> str:
     import datetime
 
     v = _str(d, "date")
-    try:
-        datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    try:  # its first ten characters are the day shown: the extended form (2026-11-25T10:00:00Z), in UTC
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}(?:T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?Z?)?", v):
+            raise ValueError(v)
+        datetime.datetime.fromisoformat(v.removesuffix("Z"))
     except ValueError:
         raise ValueError("date") from None
     return v

@@ -272,6 +272,9 @@ def test_plans_for_an_8b_dense_model_on_small_and_large_cards(shape_path: Callab
     unknown = fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(0,)), LoadParams(n_gpu_layers=99))
     assert unknown.fits and unknown.ctx == 131072 and unknown.gpu_layers == 33
     assert fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(0,)), LoadParams()).gpu_layers == 0
+    # nor do layers go there behind a placement given that it cannot judge (-ot blk=CUDA0 put all 33 there)
+    pinned = fit.plan(s, w, fit.Machine(ram=64 * GB, gpus=(0,)), LoadParams(override_tensor=(("blk", "CUDA0"),)))
+    assert pinned.gpu_layers == 0 and pinned.verdict != fit.FULL_GPU
     moe = shape_path("moe-30b-a3b")  # nor does it send a MoE's experts to RAM behind the layers given
     placed = fit.plan(read_summary(str(moe)), footprint.layout(str(moe)), fit.Machine(ram=64 * GB, gpus=(0,)),
                       LoadParams(n_gpu_layers=99))

@@ -227,6 +227,8 @@ def test_a_word_said_again_in_q_is_searched_once(cli_in_process: InProcessCLI, t
     from localgen.log import store
 
     assert store.fts_query('Yellow yellow YELLOW fruit "x" fruit') == '"Yellow" "fruit" """x"""'
+    # only ASCII case is folded here: unicode61 keeps Georgian capitals apart from the small letters
+    assert store.fts_query("ᲗᲑᲘᲚᲘᲡᲘ თბილისი") == '"ᲗᲑᲘᲚᲘᲡᲘ" "თბილისი"'
     home = _seeded_home(tmp_path, monkeypatch, ("Name a yellow fruit.", "Name a red one."))
     r = InProcessCLI({**cli_in_process.env, "LOCALGEN_HOME": str(home)})("logs", "-q", " ".join(["YELLOW"] * 40000),
                                                                           "--json")
@@ -684,6 +686,10 @@ def test_logs_cid_takes_a_saved_chats_name(lcli: CLI) -> None:
     assert json.loads(lcli("logs", "--cid", logged["conversation_id"], "--json").stdout) == [logged]
     none = lcli("logs", "--cid", "nope")
     assert none.returncode == 0 and none.stderr == "no logged exchange matches --cid 'nope'\n", none.stderr
+    damaged = Path(lcli.env["LOCALGEN_HOME"]) / "data" / "chats" / "broken.json"
+    damaged.write_text("{not json")  # a saved chat that cannot be read says why, not "no logged exchange"
+    r = lcli("logs", "--cid", "broken")
+    assert r.returncode == 1 and f"the saved conversation {damaged} is unreadable" in r.stderr, r.stderr
     on = lcli("run", "--cid", "trip", "And then?", *N, "--json")  # run --cid goes on with it by the name too
     assert on.returncode == 0 and json.loads(on.stdout)["conversation_id"] == logged["conversation_id"], on.stderr
     gone = lcli("run", "--cid", "nope", "And then?", *N)

@@ -670,7 +670,11 @@ def test_records_of_wrong_types_are_left_out_with_a_warning_and_reset_counts_as_
     tuning.save(_record(_ref(smollm2_path)))
     path = tuning.store_path()
     doc = json.loads(path.read_text())
-    # (a date that is no time, "yesterday", was shown as `tuned yesterday`: a newcomer's trial)
+    # (a date that is no time, "yesterday", was shown as `tuned yesterday`: a newcomer's trial; an ISO basic or
+    # week form as `tuned 20261125T1`)
+    for bad in ("20261125T101010", "2026-W48-3", "2026-11-25T10:00:00+05:30", "2026-13-01"):
+        with pytest.raises(ValueError):
+            tuning._date({"date": bad})
     doc["records"] += [5, {"key": [1]}, {**doc["records"][0], "date": "yesterday"}]
     doc["hashes"] += [[1], 7]
     path.write_text(json.dumps(doc))

@@ -24,6 +24,15 @@ from localgen.types import GenerationRequest, Message, SamplingParams, Stats, th
 SETTABLE = sorted(settings.KNOBS)
 
 
+def answer_room(n_ctx: int, max_tokens: int) -> int:
+    """The tokens kept free for the answer in a window of `n_ctx`: --max-tokens where given (-n 8 kept 16, the
+    floor below), else a quarter of the window and at least 16; at most half of it. Chat's turns and --rag's
+    excerpts (run's and chat's) leave this room."""
+    if max_tokens > 0:
+        return min(max_tokens, max(1, n_ctx // 2))
+    return max(16, n_ctx // 4)
+
+
 class ChatRunner:
     """Builds each turn's request from the conversation (the backend reuses the cached prefix), sends the
     newest turns that fit the window, and records answers."""
@@ -69,10 +78,7 @@ class ChatRunner:
     def reserve(self, n_ctx: int | None = None) -> int:
         """Tokens kept free for the answer when deciding whether the history fits a window of `n_ctx` tokens (None:
         the backend's): --max-tokens, else a quarter of the window and at least 16; at most half of it."""
-        n_ctx = int(self.backend.n_ctx) if n_ctx is None else n_ctx
-        if self.sampling.max_tokens > 0:  # the answer asked for (-n 8 kept 16, the floor of a quarter of the window)
-            return min(self.sampling.max_tokens, max(1, n_ctx // 2))
-        return max(16, n_ctx // 4)
+        return answer_room(int(self.backend.n_ctx) if n_ctx is None else n_ctx, self.sampling.max_tokens)
 
     def request(self, messages: list[Message]) -> GenerationRequest:
         """A request for these messages with the current settings. Without tools, earlier calls and results

@@ -409,11 +409,13 @@ def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[st
         keep = [i for i, _ in items] if f.replace else None
         gone = collections.put(made, rows, keep=keep, waiting=err.line_once, files=[d for d, _ in docs],
                                given=[i for i, _ in items])
-        removed = f", {gone:,} removed" if f.replace or gone else ""
-        cut = f" {plural(len(docs), 'file')} in {plural(len(items), 'chunk')}:" if f.docs else ""
-        err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip) + len(reused):,} unchanged{removed}")
-        if f.docs and reused:  # a document's texts came from another: the same file by another path?
-            _warn_copies(err, f.store, [d for d, _ in docs])
+        with ignoring_ctrl_c():  # stored: a press now is no "nothing was stored" (an interrupted --replace's words)
+            removed = f", {gone:,} removed" if f.replace or gone else ""
+            cut = f" {plural(len(docs), 'file')} in {plural(len(items), 'chunk')}:" if f.docs else ""
+            err.line(f"{f.store}:{cut} {len(todo):,} embedded and stored, {len(skip) + len(reused):,} unchanged"
+                     f"{removed}")
+            if f.docs and reused:  # a document's texts came from another: the same file by another path?
+                _warn_copies(err, f.store, [d for d, _ in docs])
         return
     if emit is None:
         _print_vectors(f, name, pooling, todo, vectors)
@@ -580,10 +582,11 @@ def run_similar(f: SimilarArgs) -> None:
     checked(f.collection, "the collection")
     query = checked(_asked(f.query), "the query")
     with Retriever(f.collection, lambda spec: _backend(f, spec)) as retriever:
+        if not retriever.rows:  # (every entry removed): said before any model loads, not an empty answer unsaid
+            from localgen.cli.output import ErrWriter
+
+            ErrWriter().line(f"the collection {f.collection!r} is empty: there is nothing to rank")
+            return
         vector = retriever.embed_query(query, truncate=f.truncate)
     hits = retriever.rank(vector, f.count)
-    if not retriever.rows:  # (every entry removed): said, not an empty answer with no word
-        from localgen.cli.output import ErrWriter
-
-        ErrWriter().line(f"the collection {f.collection!r} is empty: there is nothing to rank")
     _ndjson({"id": h.id, "score": h.shown_score, "content": h.text} for h in hits)

@@ -295,8 +295,9 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
         table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer, busy=busy,
     )
-    from localgen.cli.output import ReaderGone
+    from localgen.cli.output import ReaderGone, StdoutError
 
+    failed: StdoutError | None = None
     try:
         if as_json:  # the figures first: a record that then cannot be written (a full disk) loses none of them
             import json
@@ -309,7 +310,14 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
         from localgen.cli.output import silence_stdout  # and said on stderr (it was lost, exit 0, without a word)
 
         silence_stdout()
+    except StdoutError as e:  # `> /dev/full`: said after the record is kept (it was lost with the figures)
+        failed = e
     whole = tuning.save(record) if busy is None or even_if_busy else None  # an earlier whole tune, kept instead
+    if failed is not None:
+        if (busy is None or even_if_busy) and whole is None:
+            err.line(f"tuned {ref.name}: the record is kept (localgen tune --show lists it), but its table could "
+                     "not be written to stdout")
+        raise failed
     took = time.perf_counter() - started
     if busy is not None and not even_if_busy:
         err.error(f"not kept: other work took {busy}, so these figures reflect it (and favour fewer threads)",

@@ -143,7 +143,7 @@ def _ours(db: Path) -> None:
             raise LogError(f"the log at {db} is not written: {where} belongs to another user (uid {st.st_uid}); "
                            "set LOCALGEN_HOME to a folder of your own")
     for where, mode in ((db.parent, 0o700), (db, 0o600)):
-        if where.lstat().st_mode & 0o077:
+        if where.stat().st_mode & 0o077:  # (a link's own mode is 0777: what it leads to is what is read)
             with suppress(OSError):  # a disk that keeps no modes (vfat): not ours to change
                 os.chmod(where, mode)
 
@@ -365,12 +365,13 @@ def _rebuild_fts(db: Path) -> None:
 def fts_query(text: str) -> str:
     """Plain words as an FTS5 query that matches them all, whatever they hold: each word a quoted phrase
     (so `AND`, `*`, `"` or `-` are searched for, not parsed); words with no letter or digit are dropped, and a word
-    said again (in any case: the index folds case) once, as it matches nothing more: a pasted text's 40,000 words
-    took seconds to minutes, a phrase each."""
+    said again once (an ASCII one in any case: the index folds its case), as it matches nothing more: a pasted
+    text's 40,000 words took seconds to minutes, a phrase each."""
     words: dict[str, str] = {}
     for w in text.split():
         if any(c.isalnum() for c in w):
-            words.setdefault(w.lower(), w)
+            # ASCII only: unicode61 keeps some cases Python folds apart (Georgian, Cherokee capitals)
+            words.setdefault(w.lower() if w.isascii() else w, w)
     return " ".join('"' + w.replace('"', '""') + '"' for w in words.values())
 
 

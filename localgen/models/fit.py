@@ -305,8 +305,10 @@ def _place(s: GGUFSummary, weights: WeightLayout, machine: Machine, load: LoadPa
         if placed is not None:
             return placed
     ncm = n_layer if moe else 0  # fewer layers on the GPU, with no experts there
-    if not gpus_fit(fp(0, ncm)):  # a placement given puts more there than the GPU holds with no layer at all:
-        return result(every, 0, full)  # taking layers off frees nothing it needs, so the layers stay as they were
+    if "placement" in fixed and all(gpus) and not machine.unified and not gpus_fit(fp(0, ncm)):
+        # a placement given puts more on a GPU than it holds with no layer at all: taking layers off frees nothing
+        # it needs, so the layers stay as they were (a GPU of unknown memory takes nothing by the plan: not here)
+        return result(every, 0, full)
     ngl = most(0, n_layer, lambda k: gpus_fit(fp(k, ncm)))
     return result(ngl, ncm if ngl else 0, fp(ngl, ncm if ngl else 0))
 

@@ -44,19 +44,15 @@ def thread_for(log: LogOptions) -> Thread:
 
 
 def chats_log_id(name: str) -> str | None:
-    """The log's conversation id of the chat saved as `name`; None where there is no such chat (or it cannot be
-    read, or it has no conversation in the log)."""
+    """The log's conversation id of the chat saved as `name`; None where there is no such chat (or it has no
+    conversation in the log). One that cannot be read is its own error (a damaged file, a newer format)."""
     from localgen.chat.saved import chats_dir, valid_name
 
     if not valid_name(name) or not (chats_dir() / f"{name}.json").is_file():
         return None
     from localgen.chat.session import ChatSession
-    from localgen.errors import LocalgenError
 
-    try:
-        return ChatSession.load(name).log_id
-    except LocalgenError:
-        return None
+    return ChatSession.load(name).log_id
 
 
 def logged_thread(cid: str) -> Thread:

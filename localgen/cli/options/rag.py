@@ -79,7 +79,7 @@ def fitted(question: str, hits: list[Hit], fits: Callable[[str], bool],
 
 
 def answer_room(n_ctx: int, max_tokens: int) -> int:
-    """Tokens the excerpts leave free for the answer: --max-tokens (a quarter of the window when unlimited),
-    at least 16, at most half the window (as chat keeps for each answer)."""
-    want = max_tokens if max_tokens > 0 else n_ctx // 4
-    return max(16, min(want, n_ctx // 2))
+    """Tokens the excerpts leave free for the answer, as chat keeps for each answer (chat/runner.answer_room)."""
+    from localgen.chat.runner import answer_room as room
+
+    return room(n_ctx, max_tokens)
