@@ -182,6 +182,9 @@ def in_the_way(blocker: Path) -> str:
     return f"{blocker} is a link to a file, {shown}, not a folder"
 
 
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a quota reached: freeing space is what helps
+
+
 def os_reason(e: OSError) -> str:
     """An OSError's reason in words, without Python's `[Errno N]` and path: where a file is in the way of a folder
     ("Not a directory"), which file that is."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import json
 import os
@@ -248,7 +247,7 @@ _WHERE_TO = "set LOCALGEN_HOME to a state dir that can be written"
 
 def _cannot_write(e: OSError) -> LocalgenError:
     """Free space is the hint only where space is what is short (not a read-only place, a file in the way)."""
-    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    full = e.errno in paths.NO_ROOM
     return LocalgenError(f"the tuning records {store_path()} cannot be written: {paths.os_cause(e)}",
                          hint="free some space, or " + _WHERE_TO if full else _WHERE_TO)
 

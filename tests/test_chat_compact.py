@@ -562,6 +562,6 @@ def test_the_room_kept_for_the_answer_is_max_tokens_where_given() -> None:
 
     assert reserve(8, 256) == 8 and reserve(500, 256) == 128 and reserve(8, 8) == 4
     assert reserve(0, 256) == 64 and reserve(0, 32) == 16 and reserve(0, 8192) == 2048
-    from localgen.cli.options.rag import answer_room  # run --rag leaves the same room (rag.md): it kept 16 for -n 8
+    from localgen.chat.runner import answer_room  # run --rag leaves the same room (rag.md): it kept 16 for -n 8
 
     assert answer_room(256, 8) == 8 and answer_room(256, 0) == 64 and answer_room(256, 500) == 128

@@ -295,7 +295,7 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
         settings={k: best[k] for k in tuning.TUNABLE}, depth=max(plan.depths), exchange_s=best["total_s"],
         table=table, partial=interrupted, prompt=plan.prompt, answer=plan.answer, busy=busy,
     )
-    from localgen.cli.output import ReaderGone, StdoutError
+    from localgen.cli.output import ReaderGone, StdoutError, silence_stdout
 
     failed: StdoutError | None = None
     try:
@@ -307,19 +307,18 @@ def _run(ref: Any, plan: _Plan, parallel: int, as_json: bool, even_if_busy: bool
             _print_table(table, plan, parallel)
         sys.stdout.flush()
     except (ReaderGone, BrokenPipeError):  # the reader went away (`| head -1`): the record is kept all the same,
-        from localgen.cli.output import silence_stdout  # and said on stderr (it was lost, exit 0, without a word)
-
-        silence_stdout()
+        silence_stdout()  # and said on stderr (it was lost, exit 0, without a word)
     except StdoutError as e:  # `> /dev/full`: said after the record is kept (it was lost with the figures)
         failed = e
-    whole = tuning.save(record) if busy is None or even_if_busy else None  # an earlier whole tune, kept instead
+    keep = busy is None or even_if_busy
+    whole = tuning.save(record) if keep else None  # an earlier whole tune, kept instead
     if failed is not None:
-        if (busy is None or even_if_busy) and whole is None:
+        if keep and whole is None:
             err.line(f"tuned {ref.name}: the record is kept (localgen tune --show lists it), but its table could "
                      "not be written to stdout")
         raise failed
     took = time.perf_counter() - started
-    if busy is not None and not even_if_busy:
+    if not keep:
         err.error(f"not kept: other work took {busy}, so these figures reflect it (and favour fewer threads)",
                   "tune again on a quiet machine, or add --even-if-busy to keep them anyway")
         raise typer.Exit(130 if interrupted else 1)

@@ -222,7 +222,7 @@ def _os_why(e: OSError, folder: Path) -> str:
     cause = os_cause(e) if e.strerror else "unknown error"
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return f"its folder cannot be written ({where}: {cause})"
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if e.errno in paths.NO_ROOM:
         return f"no space is left on its disk ({where}: {cause})"
     return f"{where}: {cause}"
 

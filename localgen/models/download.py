@@ -402,7 +402,7 @@ def _open_partial(path: Path) -> Iterator[BinaryIO]:
 
 def _disk_error(e: OSError, path: Path) -> DownloadError:
     what = e.strerror or str(e)
-    hint = "free some disk space, then pull again: it resumes" if e.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    hint = "free some disk space, then pull again: it resumes" if e.errno in paths.NO_ROOM else None
     return DownloadError(f"cannot write {path}: {what}", hint=hint)
 
 

@@ -76,10 +76,3 @@ def fitted(question: str, hits: list[Hit], fits: Callable[[str], bool],
     if len(kept) < len(hits) and (kept or fits(question)):  # a question too long alone: the caller's error is all
         say(dropped_line(hits[len(kept):], len(kept)))
     return rag_message(question, kept), kept
-
-
-def answer_room(n_ctx: int, max_tokens: int) -> int:
-    """Tokens the excerpts leave free for the answer, as chat keeps for each answer (chat/runner.answer_room)."""
-    from localgen.chat.runner import answer_room as room
-
-    return room(n_ctx, max_tokens)

@@ -166,7 +166,7 @@ def _fitted_turns(plan: RunPlan, backend: Backend, turns: list[Message], err: Er
     error. A thread of megabytes is cut by its characters first, then by its tokens: never tokenized whole."""
     import bisect
 
-    from localgen.cli.options.rag import answer_room
+    from localgen.chat.runner import answer_room
     from localgen.errors import ContextOverflowError
     from localgen.media import text_of
     from localgen.text import CHARS_PER_TOKEN
@@ -233,7 +233,8 @@ def _with_excerpts(plan: RunPlan, backend: Backend, turns: list[Message] | None,
                    err: ErrWriter, toolbox: Any = None) -> tuple[RunPlan, list[Any]]:
     """The plan whose question carries the excerpts that fit the window with the tools as sent and room for the
     answer (the lowest-scoring left out first, said in one line); and those excerpts, the sources."""
-    from localgen.cli.options.rag import answer_room, fitted
+    from localgen.chat.runner import answer_room
+    from localgen.cli.options.rag import fitted
 
     *before, question = plan.parts
     room = answer_room(int(backend.n_ctx), plan.send.sampling.params(backend.defaults).max_tokens)
