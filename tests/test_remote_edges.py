@@ -96,6 +96,48 @@ def test_when_two_endpoints_are_gone_each_says_why_and_no_line_counts_as_moved(c
     assert "moved" not in r.stderr and "3 failed" in r.stderr, r.stderr
 
 
+def _dead_url() -> str:
+    """A loopback URL nothing listens on (a port bound, then closed): its connections are refused."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("spelling", ["flags", "comma", "env"])
+def test_a_single_prompt_passes_a_dead_endpoint_over_for_the_next(cli: CLI, fake: FakeServer, spelling: str) -> None:
+    """remote.md: a single prompt goes to the first endpoint that answers, the one passed over named on stderr; with
+    -m and without (the model from the next endpoint's list). It went to the first alone: `cannot reach`, exit 1."""
+    dead = _dead_url()
+    where = {"flags": ["--endpoint", dead, "--endpoint", fake.url], "comma": ["--endpoint", f"{dead},{fake.url}"],
+             "env": []}[spelling]
+    run = CLI({**cli.env, "LOCALGEN_ENDPOINT": f"{dead} {fake.url}"}) if spelling == "env" else cli
+    for model in (["-m", "plain"], []):
+        r = run("run", *where, *model, "-p", "hi")
+        assert (r.returncode, r.stdout) == (0, "Hello world\n"), r.stderr
+        host = dead.removeprefix("http://")
+        assert f"warning: cannot reach {host}" in r.stderr, r.stderr
+        assert f"asking {fake.url.removeprefix('http://').split('/')[0]} instead" in r.stderr, r.stderr
+
+
+def test_a_chats_turns_go_on_at_the_endpoint_that_answered(cli: CLI, fake: FakeServer) -> None:
+    """The endpoint passed over is named once: the second turn starts at the one that answered the first."""
+    dead = _dead_url()
+    r = cli("chat", "--endpoint", dead, "--endpoint", fake.url, "-m", "plain", input="hi\nagain\n")
+    assert (r.returncode, r.stdout) == (0, "Hello world\nHello world\n"), r.stderr
+    assert r.stderr.count(f"cannot reach {dead.removeprefix('http://')}") == 1, r.stderr
+
+
+def test_a_single_prompt_whose_every_endpoint_is_dead_says_the_last_ones_error(cli: CLI) -> None:
+    first, second = _dead_url(), _dead_url()
+    r = cli("run", "--endpoint", first, "--endpoint", second, "-m", "plain", "-p", "hi")
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith(f"warning: cannot reach {first.removeprefix('http://')}"), r.stderr
+    assert lines[-1].startswith(f"localgen: error: cannot reach {second.removeprefix('http://')}"), r.stderr
+
+
 def test_resume_from_appends_a_blank_lines_record_once(cli: CLI, fake: FakeServer, tmp_path: Path) -> None:
     """A blank input line's `{"line": N}` counts as answered: resuming twice with `>>` adds nothing."""
     prompts = tmp_path / "in.txt"

@@ -1,5 +1,6 @@
-"""Remote endpoints behind the Backend protocol (backend.py): a single stream goes to the first endpoint;
-`run --file` spreads lines over all of them, with up to N in flight on each, and moves the lines of an
+"""Remote endpoints behind the Backend protocol (backend.py): a single stream goes to the first endpoint that
+answers (one that is down is passed over, with a warning, for the next, and later streams start at the one that
+answered); `run --file` spreads lines over all of them, with up to N in flight on each, and moves the lines of an
 endpoint that dies to the others."""
 
 from __future__ import annotations
@@ -101,15 +102,29 @@ def _picked(ep: Endpoint) -> str:
 
 class RemoteBackend:
     """One or more OpenAI-compatible endpoints serving `model`, behind the Backend protocol. A single
-    stream goes to the first; run --file spreads lines over all of them."""
+    stream goes to the first that answers; run --file spreads lines over all of them. `warn` hears of an endpoint
+    a single stream passed over."""
 
-    def __init__(self, endpoints: list[Endpoint], model: str, assumed_ctx: int | None = None) -> None:
+    def __init__(self, endpoints: list[Endpoint], model: str, assumed_ctx: int | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.endpoints = endpoints
         self.clients = [RemoteClient(e, model) for e in endpoints]
         self.name = model
         self.defaults: dict[str, Any] = {}  # the server applies its own
         self._assumed_ctx = assumed_ctx  # --ctx: only for a server that does not report its window
         self._n_ctx: int | None = None
+        self._first = 0  # where a single stream starts: past the endpoints found down
+        self._warn = warn
+
+    def _in_order(self) -> list[RemoteClient]:
+        """The clients in the order a single stream tries them: from the last that answered, round the list."""
+        return self.clients[self._first:] + self.clients[:self._first]
+
+    def _passed_over(self, client: RemoteClient, e: RemoteError) -> None:
+        """A single stream found `client`'s endpoint down: the next streams start past it, and the user hears."""
+        self._first = (self.clients.index(client) + 1) % len(self.clients)
+        if self._warn is not None:
+            self._warn(f"{client.scrubbed(e).message}: asking {self.clients[self._first].endpoint.label} instead")
 
     @property
     def n_ctx(self) -> int:
@@ -120,7 +135,17 @@ class RemoteBackend:
         return self._n_ctx
 
     def _server_ctx(self) -> int | None:
-        c = self.clients[0]
+        order = self._in_order()
+        for i, c in enumerate(order):  # the first that answers
+            try:
+                return self._ctx_of(c)
+            except RemoteError as e:
+                if not e.down or i == len(order) - 1:
+                    raise
+                self._passed_over(c, e)
+        return None
+
+    def _ctx_of(self, c: RemoteClient) -> int | None:
         models = c.get("/models")
         listed = models.get("data") if isinstance(models, dict) else None
         for m in listed if isinstance(listed, list) else []:
@@ -137,8 +162,10 @@ class RemoteBackend:
         return None
 
     def generate(self, request: GenerationRequest, started: float | None = None) -> RemoteGeneration:
-        """A stream from the first endpoint."""
-        return RemoteGeneration(self.clients[0], request, started if started is not None else time.perf_counter())
+        """A stream from the first endpoint that answers."""
+        first, *others = self._in_order()
+        return RemoteGeneration(first, request, started if started is not None else time.perf_counter(),
+                                fallbacks=others, passed_over=self._passed_over)
 
     def count(self, request: GenerationRequest) -> int:
         """An estimate (the server tokenizes): 1 token per 3 characters, plus a few per message."""

@@ -15,7 +15,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from localgen.errors import RemoteError
@@ -106,12 +106,17 @@ def _percentile(values: list[float], p: float) -> float | None:
 
 
 class RemoteGeneration:
-    """One streamed answer from an endpoint (iterate for Chunks; the rest is final once it ends)."""
+    """One streamed answer from an endpoint (iterate for Chunks; the rest is final once it ends). `fallbacks`: the
+    endpoints to ask, in turn, where `client`'s is down before it answers (`passed_over` hears of each passed)."""
 
     prompt_cache = "off"
 
-    def __init__(self, client: RemoteClient, request: GenerationRequest, started: float) -> None:
-        self.client = client
+    def __init__(self, client: RemoteClient, request: GenerationRequest, started: float,
+                 fallbacks: Sequence[RemoteClient] = (),
+                 passed_over: Callable[[RemoteClient, RemoteError], None] | None = None) -> None:
+        self.client = client  # the endpoint that answers, once one has
+        self._fallbacks = fallbacks
+        self._passed_over = passed_over
         self.request = request
         self.started = started
         self.seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(31)
@@ -150,11 +155,11 @@ class RemoteGeneration:
         more come or the answer ends, where a key cut between two pieces would pass unseen."""
         from localgen.redact import scrubbed
 
-        key = self.client.endpoint.key
-        held = len(key) - 1 if key else 0
         carry = ""
         try:
             for chunk in self._pieces():
+                key = self.client.endpoint.key  # the endpoint that answered
+                held = len(key) - 1 if key else 0
                 text = scrubbed(carry + chunk.text, key)
                 cut = max(0, len(text) - held)
                 carry = text[cut:]
@@ -174,7 +179,7 @@ class RemoteGeneration:
         cap = self.request.sampling.max_tokens  # -n: -1 is none
         size = 0  # of the text so far
         try:
-            self._response = self.client.open(self.request, self.seed)
+            self._response = self._open()
             for piece, finish in events(self._response, self.client.endpoint.label, self):
                 if piece and cap >= 0 and (self.n >= cap or size >= cap * TOKEN_CHARS):
                     # a server that ignores max_tokens: -n caps the answer, as it does here (the piece past the cap
@@ -201,6 +206,25 @@ class RemoteGeneration:
             if self._response is not None:
                 self._response.close()
             self._finish()
+
+    def _open(self) -> Any:
+        """The stream of the first endpoint that answers: one that is down (unreachable, refusing the key) is passed
+        over for the next fallback; the last one's failure is raised."""
+        *tried, last = [self.client, *self._fallbacks]
+        for client in tried:
+            try:
+                response = client.open(self.request, self.seed)
+            except RemoteError as e:
+                if not e.down:
+                    self.client = client  # its error is said with its key scrubbed
+                    raise
+                if self._passed_over is not None:
+                    self._passed_over(client, e)
+                continue
+            self.client = client
+            return response
+        self.client = last
+        return last.open(self.request, self.seed)
 
     def _finish(self) -> None:
         end = time.perf_counter()

@@ -275,7 +275,7 @@ def remote_backend(endpoints: list[Any], name: str, assumed_ctx: int | None, vie
 
     if switching:
         check_served(endpoints[0], name)
-    backend = RemoteBackend(endpoints, name, assumed_ctx=assumed_ctx)
+    backend = RemoteBackend(endpoints, name, assumed_ctx=assumed_ctx, warn=view.warning)
     if view.interactive:
         view.info(f"{name} on {', '.join(e.label for e in endpoints)} · context {backend.n_ctx:,} tokens · /help for "
                   "commands")

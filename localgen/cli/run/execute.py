@@ -118,7 +118,7 @@ def _opened(plan: RunPlan, err: ErrWriter) -> Backend:
     loads, said in one line."""
     load = plan.load
     try:
-        return remote_backend(load) if load.remote else open_backend(plan, err)
+        return remote_backend(load, err) if load.remote else open_backend(plan, err)
     except ModelNotFoundError as e:
         thread = plan.thread
         if thread is not None and thread.turns and not load.model_given:  # the conversation's model is gone
@@ -286,12 +286,13 @@ def _as_sent(tools: ToolOptions | None, backend: Backend, request: GenerationReq
     return with_tools(plan, request) if plan is not None else request
 
 
-def remote_backend(load: LoadPlan) -> Backend:
-    """The endpoints as a backend, with the model they serve (the only one, when -m is not given)."""
+def remote_backend(load: LoadPlan, err: ErrWriter) -> Backend:
+    """The endpoints as a backend, with the model they serve (the only one, when -m is not given); `err` hears of an
+    endpoint that is down, passed over for the next."""
     from localgen.remote.backend import RemoteBackend, pick_model
 
     model = load.model or pick_model(list(load.endpoints))
-    return RemoteBackend(list(load.endpoints), model, assumed_ctx=load.assumed_ctx)
+    return RemoteBackend(list(load.endpoints), model, assumed_ctx=load.assumed_ctx, warn=err.warn)
 
 
 def _typed_models(plan: RunPlan) -> None:
