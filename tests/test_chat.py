@@ -501,13 +501,22 @@ def test_save_s_overwrite_question_shows_y_n_takes_ctrl_d_as_no_and_a_sigterm_en
 
 ASKED = """
 import signal, sys, threading, time
+import localgen.cli.chat.view as shown
 from localgen.cli.chat.view import ChatView
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+reading = threading.Event()
+read = shown.read_answer
+def read_answer():
+    reading.set()
+    return read()
+shown.read_answer = read_answer
 def poke():
-    time.sleep(0.5)  # the question asked, its read begun
+    reading.wait(60)  # the question asked (under load, past any fixed sleep: it once came after the signal)
+    time.sleep(0.3)  # its read begun
     signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread: the main one's read goes on
+view = ChatView(interactive=True, plain=True, stats=False)
 threading.Thread(target=poke, daemon=True).start()
-print(ChatView(interactive=True, plain=True, stats=False).ask("Overwrite it? [y/N] "))
+print(view.ask("Overwrite it? [y/N] "))
 """
 
 

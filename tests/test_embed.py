@@ -154,7 +154,17 @@ def test_similar_refuses_a_query_longer_than_the_window_before_embedding_it(ecli
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert "the query is 20,001 tokens; the embeddings window is 4,096 (give a shorter query, or --truncate " \
            "to embed its first 4,096 tokens)" in r.stderr, r.stderr
-    r = ecli("similar", "notes", long[:21_000], "--truncate", "-n", "2")  # 4,201 tokens: its first 4,096
+    # --truncate, where the window is the model's training context (the tiny BERT's 512): filling SmolLM2's 4,096
+    # took this test four minutes of one core
+    from tests.tiny_bert import build
+
+    bert = build(tmp_path / "tiny-bert.gguf")
+    r = ecli("embed", *TEXTS[:2], "--store", "small", "-m", str(bert))
+    assert r.returncode == 0, r.stderr
+    r = ecli("similar", "small", long[:5_000])
+    assert r.returncode == 2 and "; the embeddings window is 512 (give a shorter query, or --truncate to embed its " \
+        "first 512 tokens)" in r.stderr, r.stderr
+    r = ecli("similar", "small", long[:5_000], "--truncate", "-n", "2")
     assert r.returncode == 0, r.stderr
     assert sorted(json.loads(line)["content"] for line in r.stdout.splitlines()) == sorted(TEXTS[:2])
 
