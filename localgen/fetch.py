@@ -169,9 +169,9 @@ def _backend(clock: _Clock, private: bool) -> httpcore.NetworkBackend:
 
 @functools.cache
 def _tls() -> Any:
-    import httpx
+    from localgen.proxies import tls
 
-    return httpx.create_ssl_context()
+    return tls()
 
 
 def _client(clock: _Clock, private: bool, proxies: bool) -> httpx.Client:

@@ -21,6 +21,21 @@ def this_machine(url: str) -> bool:
     return host in {name.strip("[]") for name in THIS_MACHINE}
 
 
+_TLS: list[Any] = []  # the process's TLS context, made at its first client
+
+
+def tls() -> Any:
+    """The TLS settings every client of this process shares: httpx's default (certifi's roots, or the
+    environment's SSL_CERT_FILE or SSL_CERT_DIR), made once. Each client, and each transport of a client, made its
+    own, loading every root certificate again: four for a client with this machine's mounts (docs/benchmarks.md,
+    "HTTP clients")."""
+    if not _TLS:
+        import httpx
+
+        _TLS.append(httpx.create_ssl_context())
+    return _TLS[0]
+
+
 def direct_mounts(make: Callable[[], Any]) -> dict[str, Any]:
     """httpx mounts that send a client's requests to this machine direct, whatever proxy the environment names
     for the rest: a transport made by `make` for each of its names (a mount wins over the environment's proxy
@@ -32,7 +47,7 @@ def client(**settings: Any) -> Any:
     """An httpx.Client (with `settings`) that takes the environment's proxy for other machines only."""
     import httpx
 
-    return httpx.Client(mounts=direct_mounts(httpx.HTTPTransport), **settings)
+    return httpx.Client(verify=tls(), mounts=direct_mounts(lambda: httpx.HTTPTransport(verify=tls())), **settings)
 
 
 def get(url: str, **settings: Any) -> Any:

@@ -72,10 +72,30 @@ def on_all_cpus(f: Any) -> Any:
         os.sched_setaffinity(0, mine)
 
 
+def _one_tls_context() -> None:
+    """The tests' own HTTP calls (httpx.get and .post, a client each; the openai, anthropic and ollama clients) share
+    one TLS context, as localgen's clients do (proxies.tls): each made its own, 60 ms of CPU on this machine's cores,
+    ten times a second in a loop that polls a server, on the core the server shares."""
+    from httpx._transports import default as transports
+
+    made = transports.create_ssl_context
+    shared: dict[bool, Any] = {}
+
+    def create(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return made(verify=verify, cert=cert, trust_env=trust_env)
+        if trust_env not in shared:
+            shared[trust_env] = made(verify=True, cert=None, trust_env=trust_env)
+        return shared[trust_env]
+
+    transports.create_ssl_context = create
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`scripts/test` runs one worker per CPU and one more, which shares the first), each
     worker keeps to one CPU, and so do the processes it starts: llama.cpp then runs one thread in each process,
-    and no thread of it waits at llama.cpp's barriers for another."""
+    and no thread of it waits at llama.cpp's barriers for another. The tests' HTTP calls share a TLS context."""
+    _one_tls_context()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):
         cpus = sorted(os.sched_getaffinity(0))

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from localgen.errors import RemoteError
-from localgen.proxies import direct_mounts
+from localgen.proxies import direct_mounts, tls
 from localgen.remote.endpoints import Endpoint
 from localgen.remote.errortext import error_text
 from localgen.remote.stream import URL_HINT, bounded, events, said
@@ -264,7 +264,7 @@ class RemoteClient:
         # no redirects: the key goes only to the URL the user named
         self.http = httpx.Client(base_url=endpoint.url, headers=headers, follow_redirects=False,
                                  timeout=httpx.Timeout(timeout, connect=10.0),
-                                 mounts=direct_mounts(httpx.HTTPTransport))
+                                 verify=tls(), mounts=direct_mounts(lambda: httpx.HTTPTransport(verify=tls())))
         self.dead: RemoteError | None = None
         # the server refused stream_options (a 400 or 422 naming it): its requests go without, for this run
         self.no_stream_options = False

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from localgen.proxies import direct_mounts
+from localgen.proxies import direct_mounts, tls
 from localgen.remote.errortext import error_text
 from localgen.serve.apierror import HTTPError, error_response
 from localgen.serve.http10 import STREAM_HEADERS
@@ -116,7 +116,8 @@ class Upstreams(RemoteModels):
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
             self._client = httpx.AsyncClient(follow_redirects=False,
                                              timeout=httpx.Timeout(self.timeout, connect=CONNECT_S), limits=limits,
-                                             mounts=direct_mounts(lambda: httpx.AsyncHTTPTransport(limits=limits)))
+                                             verify=tls(), mounts=direct_mounts(
+                                                 lambda: httpx.AsyncHTTPTransport(limits=limits, verify=tls())))
         return self._client
 
     async def send(self, request: Request, remote: Remote, model: str, suffix: str, content: bytes,
