@@ -37,6 +37,9 @@ def url_of(host: str, port: int) -> str:
     return f"http://{'[' + host + ']' if ':' in host and not host.startswith('[') else host}:{port}"
 
 
+HEALTH_S = 10  # for a server's /health: one busy generating on every core (or a loaded machine) may take seconds
+
+
 def running_at(url: str) -> bool | None:
     """Whether a localgen server answers /health at url (its `status` and `models`): True; nothing answers:
     False; something else answers: None. A 503 (a model's worker stopped) is an error rather than a server to
@@ -44,7 +47,7 @@ def running_at(url: str) -> bool | None:
     import httpx
 
     try:
-        r = proxies.get(f"{url}/health", timeout=2)
+        r = proxies.get(f"{url}/health", timeout=HEALTH_S)
     except (httpx.ReadTimeout, httpx.RemoteProtocolError):  # it listens, and gives no answer in time: no localgen
         return None
     except httpx.HTTPError:

@@ -48,10 +48,12 @@ def _page(name: str) -> str:
 def test_the_agents_page_check_runs_with_the_environment_it_sets(server: Server, cli_env: dict[str, str]) -> None:
     page = _page("agents.md").split("\n## 1. ", 1)[1]  # the by-hand sections (launch's --print-env shows others)
     exports = dict(re.findall(r"^export (\w+)=(.+)$", page, re.M))
-    assert exports == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:11435", "ANTHROPIC_AUTH_TOKEN": '"$(cat key.txt)"',
-                       "OPENAI_BASE_URL": "http://127.0.0.1:11435/v1", "OPENAI_API_KEY": '"$(cat key.txt)"'}
-    env = {k: v.replace("http://127.0.0.1:11435", server.url).replace('"$(cat key.txt)"', KEY)
-           for k, v in exports.items()}
+    # the key as serve reads its file: without the blanks around it (a CRLF, spaces), which `cat` kept, and the
+    # client refused to send a header of
+    read = '"$(tr -d \'[:space:]\' < key.txt)"'
+    assert exports == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:11435", "ANTHROPIC_AUTH_TOKEN": read,
+                       "OPENAI_BASE_URL": "http://127.0.0.1:11435/v1", "OPENAI_API_KEY": read}
+    env = {k: v.replace("http://127.0.0.1:11435", server.url).replace(read, KEY) for k, v in exports.items()}
     [code] = re.findall(r"^```python\n(.*?)^```$", page, re.S | re.M)
     assert f'model="{AGENT_MODEL}"' in code and 'model="claude-sonnet-4-6"' in code
     sizes = []

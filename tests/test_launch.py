@@ -383,6 +383,20 @@ def test_a_running_server_is_used_and_left_running(env: dict[str, str], running:
     assert server.health()["slots"] == 2
 
 
+def test_a_running_servers_model_that_cannot_chat_is_refused_too(env: dict[str, str],
+                                                                  running: tuple[Server, Path]) -> None:
+    """agents.md: the refusal holds for a server already running, as its /api/show describes the model (no
+    template). The agent was started on it (its own exit status), and --print-env printed its lines, exit 0."""
+    server, key = running
+    for extra in ((), ("--print-env",)):
+        r = _launch(env, "codex", "-m", "gemma3:270m", "--api-key-file", str(key), *extra,
+                    LOCALGEN_PORT=str(server.port), FAKE_RC="7")
+        assert r.returncode == 2 and not r.stdout, r.stderr
+        assert r.stderr.startswith("localgen: error: gemma3:270m has no chat template (it may be a base model), "
+                                   "which codex needs"), r.stderr
+    assert server.health()["slots"] == 2  # left running
+
+
 def test_a_remote_model_is_refused_to_the_agents_it_cannot_reach(env: dict[str, str], cli_env: dict[str, str],
                                                                  tmp_path: Path) -> None:
     """A model a running server fronts for another (serve --endpoint; tests/fake_openai.py's `plain`): only chat
@@ -840,7 +854,7 @@ def test_print_env_takes_a_key_kept_in_memory_but_not_a_pipes_name(tmp_path: Pat
 def test_a_server_that_trickles_and_never_answers_is_given_up_on(cli_in_process: InProcessCLI, headers: bool) -> None:
     """A port whose server keeps sending a byte now and then, never a whole answer (in its body, or in its header
     lines): ps gives up after its 10 s, saying something there did not answer (not that nothing runs), and launch
-    --print-env after its 2 s probe, saying something other than localgen serve answers. Each waited for ever
+    --print-env after its 10 s probe, saying something other than localgen serve answers. Each waited for ever
     (httpx bounds each read only)."""
     with trickling(headers) as port:
         t0 = time.monotonic()
@@ -870,3 +884,17 @@ def test_a_model_that_cannot_chat_is_refused_before_the_agent_starts(env: dict[s
         assert r.returncode == 2 and not r.stdout, r.stderr
         assert r.stderr.startswith(f"localgen: error: {said}") and r.stderr.count("\n") == 1, r.stderr
         assert "(give -m a chat model whose template renders tools (agents.md))" in r.stderr
+
+
+def test_print_env_with_no_key_anywhere_gives_the_word_localgen(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """agents.md: a keyless server, no --api-key-file and no LOCALGEN_API_KEY: the key stands as the word
+    `localgen` (the clients insist on one), never an unset `$LOCALGEN_API_KEY`."""
+    import localgen.cli.launch as launch
+    from localgen.agents import AGENTS
+
+    monkeypatch.setattr(launch, "_model_there", lambda *_: "smollm2:135m")  # no server asked
+    monkeypatch.delenv("LOCALGEN_API_KEY", raising=False)
+    launch._print_env(AGENTS["claude"], "http://127.0.0.1:11435", None, None, None, [])
+    out = capsys.readouterr().out
+    assert 'export ANTHROPIC_AUTH_TOKEN="localgen"' in out and "LOCALGEN_API_KEY" not in out, out

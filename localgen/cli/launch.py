@@ -219,8 +219,12 @@ def _model_there(a: Agent, url: str, key: str | None, model: str | None) -> str:
     from localgen.serve.remotemodels import ROUTES
 
     if model is None:
-        return default_model(url, key)
+        name = default_model(url, key)
+        _chats_there(a, url, key, name)
+        return name
     entry = check_model(url, key, model)
+    if "upstream" not in entry:
+        _chats_there(a, url, key, model)
     if "upstream" in entry and a.route not in ROUTES:
         raise LocalgenError(f"the server at {url} does not offer {model} on {a.route}, which {a.name} uses: it runs "
                             f"on {entry.get('owned_by', 'another server')} (serve --endpoint), which only "
@@ -228,6 +232,32 @@ def _model_there(a: Agent, url: str, key: str | None, model: str | None) -> str:
                             hint="give -m a model the server runs itself (localgen list), or use localgen launch "
                                  "opencode, which asks by chat completions")
     return model
+
+
+def _chats_there(a: Agent, url: str, key: str | None, model: str) -> None:
+    """The refusal _serve_args gives a model that cannot chat, for a server already running, as its /api/show
+    describes the model (localgen serve's and Ollama's: its capabilities, its template); a server without that
+    route, or that says nothing of them, is taken at its word."""
+    import httpx
+
+    from localgen import proxies
+    from localgen.errors import no_chat_template
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = proxies.request("POST", f"{url}/api/show", json={"model": model}, headers=headers, timeout=30)
+        doc = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return
+    if not isinstance(doc, dict):
+        return
+    chat_model = "give -m a chat model whose template renders tools (agents.md)"
+    capabilities = doc.get("capabilities")
+    if isinstance(capabilities, list) and "embedding" in capabilities and "completion" not in capabilities:
+        raise UsageError(f"{model} makes embeddings (or rerank scores), not text, which {a.name} needs",
+                         hint=chat_model)
+    if doc.get("template") == "":
+        raise no_chat_template(model, f"{a.name} needs", hint=chat_model)
 
 
 def _is_fifo(path: Path) -> bool:
