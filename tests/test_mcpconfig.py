@@ -64,13 +64,13 @@ def test_a_config_file_names_servers_as_the_desktop_apps_write_them(tmp_path: Pa
     ({"mcpServers": {"a": {"command": "x", "args": "one two"}}}, "args must be a list of strings"),
     ({"mcpServers": {"a": {"command": "x", "env": {"K": ["v"]}}}}, "env must map names to strings"),
     # the red team's [1] started `python 1`; numbers, true and a list for a map were taken as strings or nothing
-    ({"mcpServers": {"a": {"command": "python", "args": [1]}}}, "'a''s args must be a list of strings"),
+    ({"mcpServers": {"a": {"command": "python", "args": [1]}}}, "the server 'a': its args must be a list of strings"),
     ({"mcpServers": {"a": {"command": "x", "args": [True]}}}, "args must be a list of strings"),
     ({"mcpServers": {"a": {"command": "x", "env": {"PORT": 8080}}}}, "env must map names to strings"),
     ({"mcpServers": {"a": {"command": "x", "env": []}}}, "env must map names to strings"),
     ({"mcpServers": {"a": {"url": "http://h/", "headers": {"X": 1}}}}, "headers must map names to strings"),
     ({"mcpServers": {"a": {"url": "http://h/", "headers": ""}}}, "headers must map names to strings"),
-    ({"mcpServers": {"a": {"command": ["python", "s.py"]}}}, "'a''s command must be a string"),
+    ({"mcpServers": {"a": {"command": ["python", "s.py"]}}}, "the server 'a': its command must be a string"),
     ({"mcpServers": {"a": {"command": "x", "cwd": 1}}}, "cwd must be a string"),
     ({"mcpServers": {"a": {"url": 5}}}, "url that is not http(s)"),
     ({"mcpServers": {"a": {"url": "ftp://h/"}}}, "url that is not http(s)"),
@@ -140,7 +140,7 @@ def test_run_refuses_a_bad_config_file_before_the_model_loads(cli_in_process: In
     for value, said in ((str(tmp_path / "none.json"), "no such file"),
                         (_write(tmp_path, "{"), "not valid JSON"),
                         (_write(tmp_path, {"mcpServers": {"s": {"command": "python", "args": [1]}}}, "args.json"),
-                         "the server 's''s args must be a list of strings")):
+                         "the server 's': its args must be a list of strings")):
         r = cli_in_process("run", "-m", missing, "--mcp", value, "--yes", "Go.")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.stderr
         assert "missing.gguf" not in r.stderr

@@ -60,6 +60,9 @@ def test_calls_run_the_real_tools_and_failures_are_results_the_model_can_read(se
     assert _call(server, "add", {"a": 2, "b": 40}) == {"object": "tool.result", "name": "add", "content": "42",
                                                         "is_error": False}
     assert _call(server, "add", '{"a": 1, "b": 1}')["content"] == "2"  # as the model wrote the arguments
+    garbled = _call(server, "add", "not json")  # the model's mistake too (tools.md)
+    assert garbled["is_error"] and "are not JSON" in garbled["content"], garbled
+    assert _call(server, "get_weather", None)["is_error"]  # null: no arguments, which its schema needs
     bad = _call(server, "add", {"a": 2, "b": "x"})
     assert bad["is_error"] and "fail its schema" in bad["content"] and "integer" in bad["content"]
     raised = _call(server, "explode", {"reason": "on purpose"})
@@ -80,7 +83,8 @@ def test_bad_calls_are_http_errors(server: Server) -> None:
     r = httpx.post(f"{server.url}/tools/call", json={"name": "nope"}, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["param"] == "name"
     assert "tools: get_weather" in r.json()["error"]["message"]
-    for body, param in (({}, "name"), ({"name": "add", "arguments": 5}, "arguments")):
+    for body, param in (({}, "name"), ({"name": "add", "arguments": 5}, "arguments"),
+                        ({"name": "add", "arguments": [1, 2]}, "arguments")):
         r = httpx.post(f"{server.url}/tools/call", json=body, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     # a web page of another origin cannot make the server run a tool

@@ -169,14 +169,14 @@ def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
         return McpTarget(name, url=url, headers=_strings(where, name, entry, "headers"), named=True)
     args = entry.get("args", [])
     if not isinstance(command, str):
-        raise UsageError(f"{where}: the server {name!r}'s command must be a string")
+        raise UsageError(f"{where}: the server {name!r}: its command must be a string")
     if not command.strip():
         raise UsageError(f"{where}: the server {name!r} has an empty command")
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):  # [1]: not started with "1"
-        raise UsageError(f"{where}: the server {name!r}'s args must be a list of strings")
+        raise UsageError(f"{where}: the server {name!r}: its args must be a list of strings")
     cwd = entry.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
-        raise UsageError(f"{where}: the server {name!r}'s cwd must be a string")
+        raise UsageError(f"{where}: the server {name!r}: its cwd must be a string")
     return McpTarget(name, argv=(command, *(str(a) for a in args)), env=_strings(where, name, entry, "env"),
                      cwd=cwd, named=True)
 
@@ -186,5 +186,5 @@ def _strings(where: str, name: str, entry: dict[str, Any], key: str) -> dict[str
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise UsageError(f"{where}: the server {name!r}'s {key} must map names to strings")
+        raise UsageError(f"{where}: the server {name!r}: its {key} must map names to strings")
     return dict(value)
