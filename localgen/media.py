@@ -85,7 +85,9 @@ def _sniff_part(data: bytes, default: str) -> Media:
 
 
 def _formats_hint() -> str:
-    return f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}; video: {', '.join(VIDEO_FORMATS)}"
+    """The formats read here: WebP among the images where ffmpeg is at hand (libmtmd decodes it with ffmpeg)."""
+    images = (*IMAGE_FORMATS, "WebP") if ffmpeg_dir() is not None else IMAGE_FORMATS
+    return f"images: {', '.join(images)}; audio: {', '.join(AUDIO_FORMATS)}; video: {', '.join(VIDEO_FORMATS)}"
 
 
 def ffmpeg_dir() -> str | None:

@@ -162,6 +162,8 @@ def test_bad_input_at_the_command_line(cli: CLI, mm: dict[str, Path], tmp_path: 
     corrupt.write_bytes(_png_header(64, 64, b"garbage" * 10))
     clip = tmp_path / "clip.wav"
     clip.write_bytes(_wav(1.0))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a projector\n")
     cases = [
         (["--image", pic], "reads text only: it has no multimodal projector"),
         (["--mmproj", str(mm["wide"]), "--image", pic], "makes embeddings of 640 values, but smollm2:135m takes 576"),
@@ -170,12 +172,17 @@ def test_bad_input_at_the_command_line(cli: CLI, mm: dict[str, Path], tmp_path: 
         (["--mmproj", str(mm["proj"]), "-a", str(clip)], "reads images, not audio"),
         (["--mmproj", str(mm["proj"]), "--image", str(clip)], "is WAV audio: attach it with -a"),
         (["--mmproj", str(mm["proj"]), "--image", str(tmp_path / "missing.png")], "no such file"),
+        (["--mmproj", str(mm["proj"]), "--image", "http://127.0.0.1:9/pic.png"],
+         "no such file (--image takes a file; -a takes an http(s) URL)"),
         (["--mmproj", str(mm["proj"]), "--image", pic, "--raw"], "cannot be combined with --raw"),
         (["--mmproj", "/dev/null", "--image", pic], "the projector /dev/null is not a regular file"),  # (it said
-    ]  # "no such projector file" of a path that is there)
+        # "no such projector file" of a path that is there)
+        (["--mmproj", str(notes), "--image", pic], "is not a GGUF file (wrong magic bytes) (give --mmproj the mmproj"),
+    ]
+    not_a_projector = {str(smollm2_path), str(notes)}  # no projector's GGUF: exit 1, as a model file's (ci.md)
     for extra, words in cases:
         r = cli("run", "-p", "Describe it.", "-n", "4", *extra)
-        assert r.returncode != 0, (extra, r.stdout)
+        assert r.returncode == (1 if not_a_projector & set(extra) else 2), (extra, r.returncode, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], (extra, r.stderr)
         assert "Traceback" not in r.stderr

@@ -74,6 +74,8 @@ def test_containers_parts_and_paths(tmp_path: Path) -> None:
     b64 = base64.b64encode(m.data).decode()
     assert media.part_media({"type": "input_video", "input_video": {"data": b64}}).data == m.data  # llama-server's
     assert media.part_media({"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + b64}}).fps is None
+    beside = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + b64}, "fps": 1}
+    assert media.part_media(beside).fps is None  # media.md: one beside "type" is not read
     with pytest.raises(media.MediaError, match=r"is MP4 video, where an image goes$"):
         media.part_media({"type": "image_url", "image_url": {"url": "data:video/mp4;base64," + b64}})
     with pytest.raises(media.MediaError, match=r"is a PNG image, where a video goes$"):
@@ -95,7 +97,13 @@ def test_without_ffmpeg_video_is_one_line_and_webp_stays_refused(monkeypatch: py
     webp = vid["pic.webp"].read_bytes()
     m = media.sniff(webp, "pic.webp")  # with ffmpeg: a picture, its size from its header
     assert (m.kind, m.format, m.width, m.height, m.mime) == ("image", "WebP", 96, 64, "image/webp")
+    with pytest.raises(media.MediaError) as e:  # what is read here, said of a file that is none of it
+        media.sniff(b"plain text, no picture", "notes.txt")
+    assert str(e.value.hint).startswith("images: PNG, JPEG, GIF, BMP, WebP; audio: ")
     monkeypatch.setattr(media, "ffmpeg_dir", lambda: None)
+    with pytest.raises(media.MediaError) as e:
+        media.sniff(b"plain text, no picture", "notes.txt")
+    assert str(e.value.hint).startswith("images: PNG, JPEG, GIF, BMP; audio: ")
     with pytest.raises(media.MediaError) as e:
         media.sniff(webp, "pic.webp")
     assert e.value.message == "pic.webp is WebP (96×64 pixels), which localgen cannot read"

@@ -38,6 +38,9 @@ def input_problem(path: str | Path) -> str | None:
     return None
 
 
+URL_HINTS = {"--image": "--image takes a file; -a takes an http(s) URL"}  # a URL where a flag takes only files
+
+
 def check_input(flag: str, path: str | Path) -> None:
     """A usage error, `FLAG PATH: why`, when the input file a flag names cannot be read."""
     why = input_problem(path) if str(path) else "an empty path, not a file"  # (Path("") would be ".", a folder)
@@ -45,7 +48,8 @@ def check_input(flag: str, path: str | Path) -> None:
     if why is not None:
         from localgen.errors import UsageError
 
-        raise UsageError(f"{flag} {path}: {why}")
+        web = why == "no such file" and str(path).lower().startswith(("http://", "https://"))
+        raise UsageError(f"{flag} {path}: {why}", hint=URL_HINTS.get(flag) if web else None)
 
 
 def input_file(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:

@@ -77,10 +77,17 @@ def read(path: str) -> ProjectorInfo:
 
 
 def attach(ref: ModelRef, path: str) -> ModelRef:
-    """The model with the projector at `path`, once its header says it fits (--mmproj)."""
+    """The model with the projector at `path`, once its header says it fits (--mmproj): a file that is no projector's
+    GGUF is a ModelFormatError (exit 1, as a model file's: docs/ci.md) whose hint names the file to give instead."""
     import dataclasses
 
-    check_fits(read(path), ref.summary, ref.name)
+    try:
+        info = read(path)
+    except ModelFormatError as e:
+        if isinstance(e, UsageError):
+            raise
+        raise ModelFormatError(e.message, hint="give --mmproj the mmproj-*.gguf file from the model's repo") from None
+    check_fits(info, ref.summary, ref.name)
     return dataclasses.replace(ref, mmproj=path)
 
 
