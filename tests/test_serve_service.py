@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from localgen.engine.tokens import reusable_prefix
+from localgen.serve.residence import KEEP_EVERY_S
 from tests.conftest import CLI, InProcessCLI
 from tests.test_serve import SERVE_GRID, Server
 
@@ -168,7 +169,7 @@ def test_a_request_for_another_model_is_not_starved(cli_env: dict[str, str], tmp
         while not stop.is_set():
             r = httpx.post(f"{s.url}/api/generate", timeout=600, json={
                 "model": "smollm2:135m", "prompt": "Count to ten.", "stream": False,
-                "options": {"num_predict": 12, "ignore_eos": True}})
+                "options": {"num_predict": 4, "ignore_eos": True}})
             statuses.append(r.status_code)
 
     clients = [threading.Thread(target=client) for _ in range(4)]  # 2 in slots, 2 queued: never idle
@@ -251,16 +252,22 @@ def test_the_requests_waiting_for_a_models_load_all_run_in_that_load(cli_env: di
 
 # ---- the prompt cache across a restart -----------------------------------------------------------------------
 
-FACTS = " ".join(f"Rule {i}: the {c} door opens on day {i % 7 + 1}." for i, c in
-                 enumerate(["red", "blue", "green", "gold", "grey", "pink", "teal", "plum"] * 9))
+RULES = [f"Rule {i}: the {c} door opens on day {i % 7 + 1}." for i, c in
+         enumerate(["red", "blue", "green", "gold", "grey", "pink", "teal", "plum"] * 5)]
+# a prompt of more than one of serve's ubatches (SERVE_GRID: 512 rows), so what a restart reads back spans one's
+# edge: about 575 tokens with the chat template
+FACTS = " ".join(RULES)
+# a prefix just over what is stored (the prompt cache keeps 64 tokens or more): about 150 tokens
+SHORT_FACTS = " ".join(RULES[:10])
 
 
-def _turn(server: Server, history: list[dict[str, str]], question: str) -> tuple[tuple[str, object], int, int]:
+def _turn(server: Server, history: list[dict[str, str]], question: str,
+          facts: str = FACTS) -> tuple[tuple[str, object], int, int]:
     """One more turn of the conversation: the answer with its tokens' log-probabilities (which show a logit
     that differs in its last bit), its prompt tokens, and how many a slot already held."""
-    msgs = [{"role": "system", "content": FACTS}, *history, {"role": "user", "content": question}]
+    msgs = [{"role": "system", "content": facts}, *history, {"role": "user", "content": question}]
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=600, json={
-        "model": "smollm2:135m", "messages": msgs, "max_tokens": 24, "temperature": 0, "logprobs": True,
+        "model": "smollm2:135m", "messages": msgs, "max_tokens": 4, "temperature": 0, "logprobs": True,
         "top_logprobs": 3})
     assert r.status_code == 200, r.text
     doc = r.json()
@@ -282,7 +289,8 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     without the disk cache gives, bit for bit. A store torn meanwhile is skipped with one line: the answer is
     the same, evaluated afresh."""
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
-    args = ("-np", "1", "--ctx", "2048")
+    args = ("-np", "1", "--ctx", "1024")
+    began = time.monotonic()
     first = Server(env, *args)
     try:
         answered, prompt, _ = _turn(first, [], "Which day does the gold door open?")
@@ -292,9 +300,11 @@ def test_the_prompt_cache_survives_a_restart(cli_env: dict[str, str], tmp_path: 
     assert twice == answered, (twice, answered)
     assert cached_twice == _kept(prompt, prompt) > 0, cached_twice
     answer = answered[0]
-    assert prompt > 1000, prompt
+    assert prompt > SERVE_GRID[0], prompt  # long: more than one ubatch
     log = _log(first)
-    assert re.search(r"smollm2:135m: kept [0-9.]+ [KMG]iB of prefixes for the next start", log), log  # serve.md
+    if time.monotonic() - began < KEEP_EVERY_S:  # else an idle keep may have written it all before the stop: nothing
+        # new to write at the stop, and no line (serve.md); a busy machine's first server lived past it in CI
+        assert re.search(r"smollm2:135m: kept [0-9.]+ [KMG]iB of prefixes for the next start", log), log  # serve.md
     store = tmp_path / "home" / "cache" / "serve-prefixes"
     assert list(store.glob("*/*.prefix"))
     history = [{"role": "user", "content": "Which day does the gold door open?"},
@@ -358,25 +368,25 @@ def test_a_server_with_another_window_or_slot_count_leaves_the_stored_prefixes(c
     assert ("The settings include `--ctx` and `--parallel`: a server started with another window or slot count "
             "starts without the prefixes, and leaves them for the next start with the settings that made them") in page
     env = {**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}
-    first = Server(env, "-np", "1", "--ctx", "2048")
+    first = Server(env, "-np", "1", "--ctx", "1024")
     try:
-        _, prompt, _ = _turn(first, [], "Which day does the gold door open?")
+        _, prompt, _ = _turn(first, [], "Which day does the gold door open?", SHORT_FACTS)
     finally:
         assert first.stop() == 0
     store = tmp_path / "home" / "cache" / "serve-prefixes"
     written = sorted(store.glob("*/*.prefix"))
     assert written, _log(first)
-    for other in (("-np", "2", "--ctx", "2048"), ("-np", "1", "--ctx", "4096")):
+    for other in (("-np", "2", "--ctx", "1024"), ("-np", "1", "--ctx", "512")):
         s = Server(env, *other)
         try:
-            _, _, cached = _turn(s, [], "Which day does the gold door open?")
+            _, _, cached = _turn(s, [], "Which day does the gold door open?", SHORT_FACTS)
         finally:
             assert s.stop() == 0
         assert cached == 0 and "; 0 stored prefixes read back" in _log(s), (other, _log(s))
         assert set(written) <= set(store.glob("*/*.prefix")), other
-    again = Server(env, "-np", "1", "--ctx", "2048")
+    again = Server(env, "-np", "1", "--ctx", "1024")
     try:
-        _, _, cached = _turn(again, [], "Which day does the gold door open?")
+        _, _, cached = _turn(again, [], "Which day does the gold door open?", SHORT_FACTS)
     finally:
         assert again.stop() == 0
     assert "; 1 stored prefix read back" in _log(again) and cached == _kept(prompt, prompt) > 0, _log(again)
@@ -391,7 +401,7 @@ def test_a_prefix_folder_that_cannot_be_made_is_one_warning_and_serve_answers(cl
     (tmp_path / "home" / "cache" / "serve-prefixes").write_text("not a folder")
     s = Server({**cli_env, "LOCALGEN_HOME": str(tmp_path / "home")}, "-np", "1", "--ctx", "1024")
     try:
-        _turn(s, [], "Hello?")
+        _turn(s, [], "Hello?", SHORT_FACTS)
     finally:
         assert s.stop() == 0
     log = _log(s)
@@ -413,7 +423,7 @@ def test_a_model_file_removed_while_served_costs_only_its_prefixes(cli_env: dict
     try:
         name = httpx.get(f"{s.url}/v1/models", timeout=30).json()["data"][0]["id"]
         r = httpx.post(f"{s.url}/v1/chat/completions", timeout=600, json={
-            "model": name, "max_tokens": 2, "messages": [{"role": "system", "content": FACTS},
+            "model": name, "max_tokens": 2, "messages": [{"role": "system", "content": SHORT_FACTS},
                                                          {"role": "user", "content": "Hello?"}]})
         assert r.status_code == 200, r.text
         model.unlink()
