@@ -167,19 +167,13 @@ def _backend(clock: _Clock, private: bool) -> httpcore.NetworkBackend:
     return Backend()
 
 
-@functools.cache
-def _tls() -> Any:
-    from localgen.proxies import tls
-
-    return tls()
-
-
 def _client(clock: _Clock, private: bool, proxies: bool) -> httpx.Client:
     import urllib.request
 
     import httpx
 
     import localgen
+    from localgen.proxies import tls
 
     headers = {"User-Agent": f"localgen/{localgen.__version__}", "Accept-Encoding": "identity"}
     if proxies and private and urllib.request.getproxies():
@@ -190,10 +184,10 @@ def _client(clock: _Clock, private: bool, proxies: bool) -> httpx.Client:
 
         return httpx.Client(trust_env=True, follow_redirects=False, timeout=httpx.Timeout(clock.timeout),
                             headers=headers,
-                            mounts=direct_mounts(lambda: httpx_transport(_tls(), _backend(clock, private))))
+                            mounts=direct_mounts(lambda: httpx_transport(tls(), _backend(clock, private))))
     from localgen._compat import httpx_transport
 
-    transport = httpx_transport(_tls(), _backend(clock, private))  # httpx takes no network backend itself
+    transport = httpx_transport(tls(), _backend(clock, private))  # httpx takes no network backend itself
     return httpx.Client(transport=transport, trust_env=False, follow_redirects=False,
                         timeout=httpx.Timeout(clock.timeout), headers=headers)
 

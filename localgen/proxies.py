@@ -6,6 +6,7 @@ certificates (SSL_CERT_FILE, SSL_CERT_DIR) hold for every request, this machine'
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,19 +22,15 @@ def this_machine(url: str) -> bool:
     return host in {name.strip("[]") for name in THIS_MACHINE}
 
 
-_TLS: list[Any] = []  # the process's TLS context, made at its first client
-
-
+@functools.cache
 def tls() -> Any:
     """The TLS settings every client of this process shares: httpx's default (certifi's roots, or the
     environment's SSL_CERT_FILE or SSL_CERT_DIR), made once. Each client, and each transport of a client, made its
     own, loading every root certificate again: four for a client with this machine's mounts (docs/benchmarks.md,
     "HTTP clients")."""
-    if not _TLS:
-        import httpx
+    import httpx
 
-        _TLS.append(httpx.create_ssl_context())
-    return _TLS[0]
+    return httpx.create_ssl_context()
 
 
 def direct_mounts(make: Callable[[], Any]) -> dict[str, Any]:

@@ -241,7 +241,6 @@ def _chats_there(a: Agent, url: str, key: str | None, model: str) -> None:
     import httpx
 
     from localgen import proxies
-    from localgen.errors import no_chat_template
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
@@ -251,13 +250,21 @@ def _chats_there(a: Agent, url: str, key: str | None, model: str) -> None:
         return
     if not isinstance(doc, dict):
         return
-    chat_model = "give -m a chat model whose template renders tools (agents.md)"
     capabilities = doc.get("capabilities")
-    if isinstance(capabilities, list) and "embedding" in capabilities and "completion" not in capabilities:
-        raise UsageError(f"{model} makes embeddings (or rerank scores), not text, which {a.name} needs",
-                         hint=chat_model)
-    if doc.get("template") == "":
-        raise no_chat_template(model, f"{a.name} needs", hint=chat_model)
+    _refuse_what_cannot_chat(model, a.name, embeds=isinstance(capabilities, list) and "embedding" in capabilities
+                             and "completion" not in capabilities, template=doc.get("template") != "")
+
+
+def _refuse_what_cannot_chat(name: str, agent: str, embeds: bool, template: bool) -> None:
+    """A usage error for a model an agent cannot chat with: one that makes embeddings, or has no chat template (the
+    agent would start, and every request of it fail with a 400)."""
+    from localgen.errors import no_chat_template
+
+    chat_model = "give -m a chat model whose template renders tools (agents.md)"
+    if embeds:
+        raise UsageError(f"{name} makes embeddings (or rerank scores), not text, which {agent} needs", hint=chat_model)
+    if not template:
+        raise no_chat_template(name, f"{agent} needs", hint=chat_model)
 
 
 def _is_fifo(path: Path) -> bool:
@@ -293,7 +300,7 @@ def _serve_args(model: str | None, n_ctx: int | None, gpu_layers: int | None, of
     """serve's flags for an agent: the model, a window large enough (capped at the trained context), one slot,
     never unloaded while the agent thinks. A model that cannot chat (an embedding model, a base model without a
     chat template) is refused first: the agent would start, and every request of it fail with a 400."""
-    from localgen.errors import NotDownloadedError, no_chat_template
+    from localgen.errors import NotDownloadedError
     from localgen.models.resolve import resolve
     from localgen.serve.model import embeds
 
@@ -301,12 +308,7 @@ def _serve_args(model: str | None, n_ctx: int | None, gpu_layers: int | None, of
         ref = resolve(model, offline=True, pull_missing=False)
     except NotDownloadedError as e:
         raise LocalgenError(f"{model} is not downloaded", hint=f"localgen pull {e.name} first") from None
-    chat_model = "give -m a chat model whose template renders tools (agents.md)"
-    if embeds(ref):
-        raise UsageError(f"{ref.name} makes embeddings (or rerank scores), not text, which {agent} needs",
-                         hint=chat_model)
-    if not ref.summary.chat_template:
-        raise no_chat_template(ref.name, f"{agent} needs", hint=chat_model)
+    _refuse_what_cannot_chat(ref.name, agent, embeds=embeds(ref), template=bool(ref.summary.chat_template))
     trained = ref.summary.context_length
     window = n_ctx if n_ctx is not None else min(AGENT_CTX, trained) if trained else AGENT_CTX
     args = [*(["-m", model] if model else []), "--ctx", str(window), "--parallel", "1", "--keep-alive", "-1"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from localgen.backend import Completion, Indexed
 from localgen.errors import RemoteError, UsageError
-from localgen.remote.client import RemoteClient, RemoteGeneration, count
+from localgen.remote.client import RemoteClient, RemoteGeneration, count, first_that_answers
 from localgen.remote.endpoints import Endpoint
 from localgen.types import GenerationRequest
 
@@ -135,15 +135,7 @@ class RemoteBackend:
         return self._n_ctx
 
     def _server_ctx(self) -> int | None:
-        order = self._in_order()
-        for i, c in enumerate(order):  # the first that answers
-            try:
-                return self._ctx_of(c)
-            except RemoteError as e:
-                if not e.down or i == len(order) - 1:
-                    raise
-                self._passed_over(c, e)
-        return None
+        return first_that_answers(self._in_order(), self._ctx_of, self._passed_over)[1]
 
     def _ctx_of(self, c: RemoteClient) -> int | None:
         models = c.get("/models")

@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from localgen.errors import RemoteError
 from localgen.proxies import direct_mounts, tls
@@ -103,6 +103,30 @@ def _percentile(values: list[float], p: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(p * (len(ordered) - 1))))]
+
+
+T = TypeVar("T")
+
+
+def first_that_answers(clients: Sequence[RemoteClient], ask: Callable[[RemoteClient], T],
+                       passed_over: Callable[[RemoteClient, RemoteError], None] | None = None,
+                       ) -> tuple[RemoteClient, T]:
+    """`ask` of each client in turn, to the first that answers: the client and its answer. One that is down
+    (unreachable, refusing the key) is passed over for the next (`passed_over` hears of it); another error, or the
+    last one's, is raised, with that endpoint's key scrubbed from it."""
+    *tried, last = clients
+    for client in tried:
+        try:
+            return client, ask(client)
+        except RemoteError as e:
+            if not e.down:
+                raise client.scrubbed(e) from None
+            if passed_over is not None:
+                passed_over(client, e)
+    try:
+        return last, ask(last)
+    except RemoteError as e:
+        raise last.scrubbed(e) from None
 
 
 class RemoteGeneration:
@@ -208,23 +232,10 @@ class RemoteGeneration:
             self._finish()
 
     def _open(self) -> Any:
-        """The stream of the first endpoint that answers: one that is down (unreachable, refusing the key) is passed
-        over for the next fallback; the last one's failure is raised."""
-        *tried, last = [self.client, *self._fallbacks]
-        for client in tried:
-            try:
-                response = client.open(self.request, self.seed)
-            except RemoteError as e:
-                if not e.down:
-                    self.client = client  # its error is said with its key scrubbed
-                    raise
-                if self._passed_over is not None:
-                    self._passed_over(client, e)
-                continue
-            self.client = client
-            return response
-        self.client = last
-        return last.open(self.request, self.seed)
+        """The stream of the first endpoint that answers (first_that_answers)."""
+        self.client, response = first_that_answers([self.client, *self._fallbacks],
+                                                   lambda c: c.open(self.request, self.seed), self._passed_over)
+        return response
 
     def _finish(self) -> None:
         end = time.perf_counter()
