@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -634,14 +635,18 @@ def test_a_request_while_its_model_is_deleted_or_replaced_is_answered_and_the_ne
             ("POST", "/api/create", {**create, "system": "You are new."}))
     statuses: list[int] = []
     try:
-        for _ in range(20):  # until the take comes while no request runs (else it is a 409, and goes again), and
-            # one request comes while it is under way
+        for _ in range(20):  # until one request comes while the take is under way: the requests start once /api/ps
+            # no longer shows the model (started beside the take, they came first, and the take was a busy 409)
             assert httpx.post(f"{s.url}/api/create", json=create, timeout=120).status_code == 200
             assert httpx.post(f"{s.url}/api/generate", json={"model": "mgr-rc"}, timeout=120).status_code == 200
             taken: list[httpx.Response] = []
             thread = threading.Thread(target=lambda answers=taken: answers.append(
                 httpx.request(take[0], f"{s.url}{take[1]}", json=take[2], timeout=120)))
             thread.start()
+            with httpx.Client(timeout=30) as poll:  # until the take is under way: the model is no longer shown
+                while thread.is_alive() and any(m["name"].startswith("mgr-rc")
+                                                for m in poll.get(f"{s.url}/api/ps").json()["models"]):
+                    time.sleep(0.005)
             during: list[int] = []
             while thread.is_alive():  # loads of the model (no prompt) while it is being taken away
                 during.append(httpx.post(f"{s.url}/api/generate", json={"model": "mgr-rc"}, timeout=60).status_code)
