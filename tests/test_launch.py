@@ -367,9 +367,9 @@ def test_a_running_server_is_used_and_left_running(env: dict[str, str], running:
     r = _launch(env, "claude", LOCALGEN_PORT=str(server.port), LOCALGEN_API_KEY="sk-running-server",
                 LOCALGEN_CTX="4096")  # a window from the environment is not a flag typed for this launch
     assert r.returncode == 0 and "left as" not in r.stderr, r.stderr
-    r = _launch(env, "claude", "--ctx", "4096", "--print-env", LOCALGEN_PORT=str(server.port),
-                LOCALGEN_API_KEY="sk-running-server")  # --print-env says so too
-    assert r.returncode == 0 and "--ctx left as it has it (--own-server" in r.stderr
+    r = _launch(env, "claude", "--ctx", "4096", "--n-gpu-layers=0", "--print-env", LOCALGEN_PORT=str(server.port),
+                LOCALGEN_API_KEY="sk-running-server")  # --print-env says so too, with each flag as it was spelled
+    assert r.returncode == 0 and "--ctx, --n-gpu-layers left as it has them (--own-server" in r.stderr, r.stderr
     # a key it needs and was not given; a model it does not have
     r = _launch(env, "claude", LOCALGEN_PORT=str(server.port))
     assert r.returncode == 1 and "needs an API key" in r.stderr and "--api-key-file" in r.stderr

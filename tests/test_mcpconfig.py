@@ -162,7 +162,7 @@ def test_the_docs_config_file_works_as_written_and_a_url_that_fails_is_named_by_
     missing = str(tmp_path / "missing.gguf")
     r = cli_in_process("run", "-m", missing, "--mcp", _write(tmp_path, doc), "--yes", "--tool-choice", "nosuch",
                        "Go.")
-    assert r.returncode == 1 and "tool_choice names 'nosuch', which is not among the tools" in r.stderr, r.stderr
+    assert r.returncode == 1 and "--tool-choice names 'nosuch', which is none of the tools" in r.stderr, r.stderr
     with socket.socket() as s:  # a port where nothing listens
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/mcp"

@@ -740,7 +740,8 @@ def test_a_tool_choice_naming_no_tool_is_refused_before_the_model_loads(cli_in_p
         r = cli_in_process(command, "-m", missing, "--functions", fns, "--yes", "--tool-choice", "nosuch",
                            *(["Go."] if command == "run" else []), input="Go.\n")
         assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-        assert "tool_choice names 'nosuch', which is not among the tools" in r.stderr and "missing" not in r.stderr
+        assert "--tool-choice names 'nosuch', which is none of the tools: " in r.stderr and "missing" not in r.stderr
+        assert "get_weather" in r.stderr.split("none of the tools: ")[1], r.stderr  # the tools it could name
 
 
 def test_run_keeps_secrets_from_the_model(cli: CLI, tmp_path: Path) -> None:

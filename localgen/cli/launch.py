@@ -103,6 +103,7 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
          print_env: bool) -> None:
     from localgen.agents import Endpoint
     from localgen.childserver import ChildServer, ServeExited, default_model, running_at
+    from localgen.cli.optionorder import typed_as
     from localgen.cli.options.knobs import typed_by_user
     from localgen.cli.output import ErrWriter
 
@@ -111,8 +112,8 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
     found = False if own_server else running_at(url)
     reuse = found is True
     other = f"something other than localgen serve answers at {url}"
-    # --ctx and -ngl typed (not from LOCALGEN_CTX) cannot change a running server: said
-    given = [flag for flag, name in (("--ctx", "n_ctx"), ("-ngl", "gpu_layers")) if typed_by_user(ctx, name)]
+    # --ctx and -ngl typed (not from LOCALGEN_CTX) cannot change a running server: said, as they were spelled
+    given = [typed_as(ctx, name) for name in ("n_ctx", "gpu_layers") if typed_by_user(ctx, name)]
     if reuse and given:
         err.warn(f"using the server running at {url}: {', '.join(given)} left as it has "
                  f"{'them' if len(given) > 1 else 'it'} (--own-server starts one for the agent)")

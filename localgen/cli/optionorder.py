@@ -10,6 +10,7 @@ import typer
 from typer.core import TyperCommand
 
 _ORDER = "localgen.option_order"  # in the context's meta: the options as given, one name per occurrence
+_ARGS = "localgen.args"  # in the context's meta: the command's arguments as typed
 
 
 class OrderedCommand(TyperCommand):
@@ -20,9 +21,20 @@ class OrderedCommand(TyperCommand):
         if args:  # Click's parser alone, on a copy (it consumes its list): no value converted, no callback run
             _, _, order = self.make_parser(ctx).parse_args(args=list(args))
             ctx.meta[_ORDER] = [param.name for param in order]
+            ctx.meta[_ARGS] = list(args)
         return super().parse_args(ctx, args)
 
 
 def given_in_order(ctx: typer.Context, names: Collection[str]) -> list[str]:
     """Of the parameters `names`, those given on the command line, once per time each was given, in that order."""
     return [n for n in ctx.meta.get(_ORDER, ()) if n in names]
+
+
+def typed_as(ctx: typer.Context, name: str) -> str:
+    """How the user last spelled parameter `name`'s flag (`-ngl` or `--gpu-layers`), for a message about it; its
+    first long name where it was not typed."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    spellings = [*param.opts, *param.secondary_opts]
+    typed = (arg.split("=", 1)[0] for arg in reversed(ctx.meta.get(_ARGS, ())))
+    return next((flag for flag in typed if flag in spellings),
+                next((flag for flag in spellings if flag.startswith("--")), spellings[0]))

@@ -7,12 +7,15 @@ from typing import Any
 
 from localgen.cli.options import ToolOptions
 
+TOOLS_NAMED = 8  # a refused --tool-choice lists this many of the tools' names
+
 
 def open_toolbox(tools: ToolOptions | None) -> Any:
     """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
     names none of them is refused here, before the model loads."""
     if tools is None or not tools.any:
         return None
+    from localgen.errors import ToolError
     from localgen.tools.loop import Toolbox, named_choice
     from localgen.tools.plan import check_choice
 
@@ -22,6 +25,11 @@ def open_toolbox(tools: ToolOptions | None) -> Any:
         print(f"warning: {text}", file=sys.stderr)
     try:
         check_choice(box.specs, named_choice(tools.tool_choice or "auto"))
+    except ToolError:
+        box.close()
+        names = ", ".join(t.name for t in box.specs[:TOOLS_NAMED]) + (", ..." if len(box.specs) > TOOLS_NAMED else "")
+        raise ToolError(f"--tool-choice names {tools.tool_choice!r}, which is none of the tools: {names or 'none'}",
+                        "give auto, none, required or a tool's name") from None
     except BaseException:
         box.close()
         raise
