@@ -35,6 +35,7 @@ def test_keep_alive_comments_role_chunk_and_no_usage(cli: CLI, fake: FakeServer)
     assert doc["text"] == "Hello world" and doc["finish_reason"] == "stop"
     assert doc["stats"]["completion_tokens"] == 2, "without a usage chunk, the pieces are counted"
     assert doc["stats"]["ttft_s"] is not None and "inter-token p50" in r.stderr
+    assert doc["stats"]["load_s"] == 0 and " load " not in r.stderr, r.stderr  # the server's load: not known here
     assert doc["model"]["endpoint"] == [f"{fake.url}/v1"]
     r = _run(cli, fake, "usage", "--json")
     doc = json.loads(r.stdout)

@@ -230,7 +230,8 @@ def format_stats(s: Stats) -> str:
         parts.append(f"first token {s.ttft_s:.2f} s")
     if s.itl_p50_ms is not None:
         parts.append(f"inter-token p50 {s.itl_p50_ms:.1f} ms, p99 {s.itl_p99_ms or 0:.1f} ms")
-    parts.append(f"load {s.load_s:.2f} s")
+    if s.load_s:  # 0: another server's model (remote.md), whose load is not known here
+        parts.append(f"load {s.load_s:.2f} s")
     parts.append(f"total {s.total_s:.2f} s")
     if s.drafted is not None:
         rate = f" ({(s.accepted or 0) / s.drafted:.0%})" if s.drafted else ""
