@@ -175,7 +175,8 @@ def check(out: str, page: Any, a: tuple[str, ...]) -> None:
     elif a[0] in ("run", "chat") and not {"--json", "--file", "--each-line", "-l"} & flags:
         assert out.strip(), "no answer on stdout"
     if a[0] == "run" and {"--file", "--each-line"} & flags:  # a batch: one answer per line, none an error
-        given = (page.work / values(a, "--file")[0]).read_text() if "--file" in flags else page.given
+        named = values(a, "--file")[0] if "--file" in flags else "-"  # --file - is stdin, as --each-line's
+        given = page.given if named == "-" else (page.work / named).read_text()
         got = json_lines(out) if "--json" in flags else out.splitlines()
         assert len(got) == len(given.splitlines()), out
         assert all(not isinstance(g, dict) or (g.get("text") and "error" not in g) for g in got), out

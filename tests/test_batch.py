@@ -731,6 +731,9 @@ def test_a_file_with_no_prompts_is_a_usage_error(cli: CLI, tmp_path: Path) -> No
         r = cli("run", "-m", "/nonexistent.gguf", "--file", str(path))  # refused before the model is looked for
         assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
         assert r.stderr == f"localgen: error: --file {path} has no prompts: {why} (one prompt a line)\n", r.stderr
+        r = cli("run", "--file", "-", "-n", "2", input=path.read_text())  # --file - is stdin, named so (a pipe:
+        # said once read)
+        assert r.stderr == f"localgen: error: stdin has no prompts: {why} (one prompt a line)\n", r.stderr
     fifo = tmp_path / "fifo"
     import os
     import threading

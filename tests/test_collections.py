@@ -446,12 +446,16 @@ def test_a_collection_name_with_control_characters_is_refused(hcli: CLI, bert: s
 def test_embed_of_an_empty_file_or_dev_zero_is_one_line_and_keeps_the_collection(hcli: CLI, bert: str,
                                                                                  tmp_path: Path) -> None:
     """docs/embed.md: bad input is one line and exit 2 before the model loads; --file and stdin are read only
-    up to a bound (/dev/zero never ends), and the collection the run would have written keeps what it held."""
-    _store(hcli, bert, "notes", *LINES)
+    up to a bound (/dev/zero never ends), and the collection the run would have written keeps what it held.
+    `--file -` is stdin."""
+    _store(hcli, bert, "notes", "--file", "-", input="".join(f"{line}\n" for line in LINES))
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     r = hcli("embed", "-m", bert, "--store", "notes", "--replace", "--file", str(empty))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "every line is blank" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"nothing to embed: --file {empty} is empty" in r.stderr, r.stderr
+    r = hcli("embed", "-m", bert, "--store", "notes", "--replace", "--file", "-", input="\n \n")  # - is stdin
+    assert r.returncode == 2 and "nothing to embed: every line of stdin is blank" in r.stderr, r.stderr
     r = hcli("embed", "-m", bert, "--store", "notes", "--replace", "--file", "/dev/zero", timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "/dev/zero is larger than 256 MiB" in r.stderr

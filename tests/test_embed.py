@@ -381,7 +381,7 @@ def test_rerank_scores_match_llama_cpps(cli: CLI, tiny: dict[str, Path], tmp_pat
                                            r.stderr), r.stderr
     assert "embed" not in r.stderr
     r = cli("rerank", "-m", str(tiny["reranker"]), ref["query"], input="\n \n")
-    assert r.returncode == 2 and "nothing to rerank: every line is blank" in r.stderr, r.stderr
+    assert r.returncode == 2 and "nothing to rerank: every line of stdin is blank" in r.stderr, r.stderr
 
 
 def test_models_refuse_what_they_cannot_do(cli: CLI, tiny: dict[str, Path]) -> None:

@@ -15,7 +15,7 @@ from localgen.cli import documents
 from localgen.cli import options as o
 from localgen.cli.documents import CHUNK_OVERLAP, CHUNK_TOKENS, controls
 from localgen.cli.embed_texts import read_texts
-from localgen.cli.inputfile import input_path
+from localgen.cli.inputfile import input_path_or_stdin
 from localgen.cli.options.knobs import Knobs
 from localgen.cli.output import plural
 from localgen.errors import UsageError
@@ -34,7 +34,7 @@ Pooling = Annotated[
 
 InputFile = Annotated[
     Path | None,
-    typer.Option("--file", path_type=str, callback=input_path, show_default=False, rich_help_panel=EMBED,
+    typer.Option("--file", path_type=str, callback=input_path_or_stdin, show_default=False, rich_help_panel=EMBED,
                  help='One text per line, or JSON lines {"id": ..., "text": ...}.'),
 ]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.cli.documents import BOM, MAX_INPUT, controls
+from localgen.cli.inputfile import shown_input
 from localgen.cli.output import plural
 from localgen.errors import UsageError
 
@@ -44,10 +45,12 @@ def read_texts(texts: list[str] | None, file: Path | None, by_content: bool = Fa
             data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
         _bounded(len(data), str(file), verb)
         lines = decode(data, str(file)).removeprefix(BOM).split("\n")
+        source = "stdin" if shown_input(file) == "stdin" else f"--file {file}"
     elif sys.stdin is not None and not sys.stdin.isatty():
         text = sys.stdin.read(MAX_INPUT + 1)
         _bounded(len(text), "stdin", verb)
         lines = text.removeprefix(BOM).split("\n")
+        source = "stdin"
     else:
         what = "documents" if verb == "rerank" else "texts"
         raise UsageError(f"nothing to {verb}: give {what} as arguments, --file, or lines on stdin")
@@ -72,7 +75,8 @@ def read_texts(texts: list[str] | None, file: Path | None, by_content: bool = Fa
         out.append((ident, checked(text, f"line {n}")))
         seen.setdefault(ident, []).append(n)
     if not out:
-        raise UsageError(f"nothing to {verb}: every line is blank")
+        raise UsageError(f"nothing to {verb}: {source} is empty" if not "\n".join(lines) else
+                         f"nothing to {verb}: every line of {source} is blank")
     if unique:
         _unique_ids(seen)
     return out

@@ -73,6 +73,23 @@ def input_path(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> An
     return [Path(v) for v in value] if isinstance(value, (list, tuple)) else Path(value)
 
 
+STDIN_FILE = "/dev/stdin"  # what `--file -` reads: stdin as a file (a pipe or a redirect), where the system has it
+
+
+def input_path_or_stdin(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """input_path for a flag where `-` is stdin (run's and embed's --file), read as the file STDIN_FILE."""
+    import os
+
+    if value == "-" and os.path.exists(STDIN_FILE):
+        value = STDIN_FILE
+    return input_path(ctx, param, value)
+
+
+def shown_input(path: str | Path | None) -> str:
+    """An input file's name in a message: `stdin` for none, or for `--file -` (STDIN_FILE)."""
+    return "stdin" if path is None or str(path) == STDIN_FILE else str(path)
+
+
 def check_model(flag: str, name: str | None, env: str | None = None) -> None:
     """A usage error, `FLAG PATH: why`, when a model name the user typed is a file's path (models/names.py: ./m.gguf,
     /abs/m.gguf, m.gguf, dir/m.gguf, or a file that is there) that cannot be read; `ENV=PATH: why` when the

@@ -15,6 +15,7 @@ import typer
 
 from localgen.cli.echo import EchoOff
 from localgen.cli.hints import model_gone
+from localgen.cli.inputfile import shown_input
 from localgen.cli.options import ToolOptions, files, preset
 from localgen.cli.options.plan import RAG_NEEDS, LoadPlan
 from localgen.cli.output import ErrWriter, TextWriter
@@ -533,7 +534,7 @@ def run_many(many: ManyPlan, plan: RunPlan, backend: Backend, err: ErrWriter) ->
     opts = BatchOptions(instruction=many.instruction, system=preset.system(backend, send.system), raw=plan.raw,
                         parallel=many.parallel, json_out=report.json_out, stats=report.stats, exact=many.exact,
                         logprobs=report.logprobs, json_schema=send.json_schema, resume_from=many.resume_from,
-                        think=send.think, source_name=str(many.file) if many.file is not None else "stdin",
+                        think=send.think, source_name=shown_input(many.file),
                         needs_prompts=many.file is not None)
     try:
         if many.file is not None:

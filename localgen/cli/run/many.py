@@ -252,7 +252,7 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
     if stopped:
         raise stopped[0]
     if opts.needs_prompts and not state["given"]:  # a FIFO, which no_prompts() could not read ahead
-        raise UsageError(f"--file {opts.source_name} has no prompts: "
+        raise UsageError(f"{'stdin' if opts.source_name == 'stdin' else '--file ' + opts.source_name} has no prompts: "
                          f"{'it holds only blank lines' if state['next'] > 1 else 'it is empty'}",
                          hint="one prompt a line")
     return 1 if state["failed"] else 0

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from localgen.cli import options as o
-from localgen.cli.inputfile import input_path
+from localgen.cli.inputfile import input_path, input_path_or_stdin
 from localgen.cli.options import OptionGroup
 
 MANY = "Many prompts"
@@ -24,7 +24,7 @@ class ManyOptions(OptionGroup):
 
     file: Annotated[
         Path | None,
-        typer.Option("--file", path_type=str, callback=input_path, rich_help_panel=MANY, show_default=False,
+        typer.Option("--file", path_type=str, callback=input_path_or_stdin, rich_help_panel=MANY, show_default=False,
                      help="One prompt per line (or JSONL with \"prompt\" and per-line settings); answers in input "
                           "order, one per line."),
     ] = None

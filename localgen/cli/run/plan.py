@@ -94,11 +94,14 @@ def check(f: RunArgs) -> RunPlan:
 
         check_resume(f.many.resume_from)
     if f.many.file is not None:
+        from localgen.cli.inputfile import shown_input
         from localgen.cli.run.many import no_prompts
 
         why = no_prompts(f.many.file)
         if why:
-            raise UsageError(f"--file {f.many.file} has no prompts: {why}", hint="one prompt a line")
+            shown = shown_input(f.many.file)
+            raise UsageError(f"{'stdin' if shown == 'stdin' else '--file ' + shown} has no prompts: {why}",
+                             hint="one prompt a line")
     media = prompt.attachments(f.media, [
         ("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
         ("--draft/--lookup", bool(d.draft or d.lookup)), ("--endpoint", bool(f.remote.endpoint)),
