@@ -241,6 +241,17 @@ def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in
         "(to chat with the model smollm2:135m: localgen chat -m smollm2:135m)\n"), r.stderr
     r = cli_in_process("run", "hello", "world")
     assert r.returncode == 2 and "-m" not in r.stderr, r.stderr
+    r = cli_in_process("run", "llama3.2", "Why is the sky blue?")  # a family's name: its models, in the hint
+    assert r.returncode == 2 and r.stderr.endswith(
+        "(the model is named with -m: localgen run -m llama3.2:1b \"PROMPT\" or -m llama3.2:3b)\n"), r.stderr
+    # `ollama run MODEL` with no prompt: the name is refused as a prompt (it went to the model), before any load
+    for word, hint in (("smollm2:135m", 'localgen run -m smollm2:135m "PROMPT"; localgen chat -m smollm2:135m'),
+                       ("smollm2", 'localgen run -m smollm2:135m "PROMPT" or -m smollm2:1.7b;')):
+        r = cli_in_process("run", word, "-n", "2")
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"localgen: error: {word} names a model, not a prompt: ") and hint in r.stderr
+    r = cli_in_process("run", "-m", "smollm2:135m", "smollm2", "-n", "2")  # with -m, the word is the prompt
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
 
 
 @pytest.mark.parametrize(("args", "stdin", "what"), [

@@ -150,7 +150,38 @@ def model_first(args: list[str], message: str) -> str | None:
     if args[:1] != ["run"] or not message.startswith("Got unexpected extra argument") or len(positional) < 2:
         return None
     model = positional[0]
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)*(:[\w.@-]+)?", model) or not (":" in model or "/" in model or
-                                                                      model.endswith(".gguf")):
+    meant = [model] if re.fullmatch(MODEL_WORD, model) and (":" in model or "/" in model or model.endswith(".gguf")) \
+        else names_a_model(model)
+    if not meant:
         return None
-    return f"the model is named with -m: localgen run -m {shlex.quote(model)} \"PROMPT\""
+    return f"the model is named with -m: localgen run -m {shlex.quote(meant[0])} \"PROMPT\"" + "".join(
+        f" or -m {shlex.quote(m)}" for m in meant[1:])
+
+
+MODEL_WORD = r"[\w.-]+(/[\w.-]+)*(:[\w.@-]+)?"  # what a model's name looks like on a command line
+
+
+def names_a_model(word: str) -> list[str]:
+    """The models `word` names here, as a user typing Ollama's `ollama run MODEL` means one: itself where it is a
+    catalogue entry (smollm2:135m) or a preset, else the entries of the family it names (llama3.2: llama3.2:1b,
+    llama3.2:3b); none for any other word. Read only where a mistake is suspected."""
+    import re
+
+    from localgen.errors import LocalgenError
+    from localgen.models import catalogue, presets
+
+    if not re.fullmatch(MODEL_WORD, word):
+        return []
+    try:
+        entries = catalogue.load()
+        if word in entries or presets.find(word) is not None:
+            return [word]
+        return [name for name in entries if name.partition(":")[0] == word]
+    except LocalgenError:  # a damaged catalogue or preset: said where the model is used, not here
+        return []
+    try:
+        entries = catalogue.load()
+        return word in entries or word in {name.partition(":")[0] for name in entries} or \
+            presets.find(word) is not None
+    except LocalgenError:  # a damaged catalogue or preset: said where the model is used, not here
+        return False

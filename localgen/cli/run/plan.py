@@ -76,6 +76,7 @@ def check(f: RunArgs) -> RunPlan:
         if thread.system and not f.given("system"):
             f = dataclasses.replace(f, system=thread.system)
     _check_combinations(f, many)
+    _not_a_model(f)
     d = f.decoding
     model = shared.check(f, shared.CommandRules(
         with_tools=(("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
@@ -116,6 +117,22 @@ def check(f: RunArgs) -> RunPlan:
                    thread=thread, parts=parts, media=media, warnings=warnings,
                    many=ManyPlan(f.many.file, f.prompt, f.many.parallel if f.given("parallel") or not model.load.remote
                                  else REMOTE_PARALLEL, f.many.exact, f.many.resume_from) if many else None)
+
+
+def _not_a_model(f: RunArgs) -> None:
+    """`localgen run MODEL`, typed as `ollama run MODEL` is, with no -m: the model's name would be the prompt."""
+    from localgen.cli.usage import names_a_model
+
+    word = f.prompt_arg
+    meant = names_a_model(word) if word is not None and not f.typed("model") else []
+    if meant:
+        import shlex
+
+        first = shlex.quote(meant[0])
+        raise UsageError(f"{word} names a model, not a prompt: the model is named with -m",
+                         hint=f"localgen run -m {first} \"PROMPT\"" + "".join(f" or -m {shlex.quote(m)}"
+                                                                               for m in meant[1:]) +
+                         f"; localgen chat -m {first} to talk turn by turn")
 
 
 def _check_combinations(f: RunArgs, many: bool) -> None:
