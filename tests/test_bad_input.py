@@ -212,7 +212,7 @@ def test_an_empty_environment_variable_is_still_none_given(cli_in_process: InPro
 
 
 def test_bench_compare_names_its_arguments(cli_in_process: InProcessCLI) -> None:
-    one_line_usage_error(cli_in_process("bench", "compare", "abc", "1"), "Invalid value for 'RUN_A'")
+    one_line_usage_error(cli_in_process("bench", "compare", "abc", "1"), "RUN_A: 'abc' is not a valid integer")
     one_line_usage_error(cli_in_process("bench", "compare", "1"), "Missing argument 'RUN_B'")
 
 
@@ -301,6 +301,9 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
     (("ps",), {"LOCALGEN_PORT": "0"}, "LOCALGEN_PORT must be within 1 to 65535, not 0"),  # no --port typed
     (("ps", "--port", "70000"), {"LOCALGEN_PORT": "0"}, "--port must be within 1 to 65535, not 70000"),
     (("fit", "-m", "smollm2:135m", "-c-1"), {"LOCALGEN_CTX": "100"}, "-c must be at least 0, not -1"),  # joined
+    (("serve", "--port", "abc"), {}, "--port: 'abc' is not a valid integer"),  # Click's other "Invalid value"s too
+    (("run", "--temp", "x", "hi"), {}, "--temp: 'x' is not a valid number"),
+    (("ps",), {"LOCALGEN_PORT": "x"}, "LOCALGEN_PORT: 'x' is not a valid integer"),
 ])
 def test_a_value_past_a_flags_range_is_said_as_localgen_says_it(cli_in_process: InProcessCLI, args: tuple[str, ...],
                                                                   env: dict[str, str], said: str) -> None:
@@ -327,7 +330,7 @@ def test_a_flag_of_other_commands_is_named_not_read_as_a_letter_and_a_value(cli_
     one_line_usage_error(cli_in_process("list", "-np", "2"), "localgen list has no -np option: run, serve, fit and "
                                                               "tune have it")
     one_line_usage_error(cli_in_process("logs", "-ngl", "9", "on"), "localgen logs has no -ngl option: ")
-    one_line_usage_error(cli_in_process("run", "-p", "hi", "-ngl", "x"), "'-ngl': 'x' is not a valid integer")
+    one_line_usage_error(cli_in_process("run", "-p", "hi", "-ngl", "x"), "error: -ngl: 'x' is not a valid integer")
     # an error about something else is Click's: a word read right, a group's own flag before its subcommand, an
     # option's value that looks like a flag
     one_line_usage_error(cli_in_process("tune", "-n", "x"), "'x' is not a valid integer")

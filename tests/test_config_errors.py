@@ -270,7 +270,7 @@ def test_localgen_debug_on_gives_the_traceback(own: CLI) -> None:
     assert r.returncode == 1 and "Traceback" in r.stderr and "ModelNotFoundError" in r.stderr
     r = CLI({**own.env, "LOCALGEN_DEBUG": "1"})("run", "--ctx", "abc", "hi")  # configuration.md: the command
     assert r.returncode == 2 and len(_lines(r)) == 1 and "Traceback" not in r.stderr, r.stderr  # line's own: one line
-    assert r.stderr.startswith("localgen: error: Invalid value for '--ctx'"), r.stderr
+    assert r.stderr.startswith("localgen: error: --ctx: 'abc' is not a valid integer"), r.stderr
 
 
 @pytest.mark.parametrize(("given", "said"), [

@@ -46,14 +46,21 @@ def out_of_range(args: list[str], message: str, param: Any) -> str:
     """Click's "Invalid value for '--logprobs': 30 is not in the range 0<=x<=20." said as localgen says a value
     past its range ("--logprobs must be within 0 to 20, not 30"; "at least", "at most" for one bound), naming the
     flag as typed, or the environment variable the value came from (LOCALGEN_PORT=0 is no --port the user
-    typed). Any other message as it is."""
+    typed); its other "Invalid value" messages so too ("--ctx: 'abc' is not a valid integer"). Any other message
+    as it is."""
     import re
 
-    m = re.fullmatch(r"Invalid value for '[^']*'(?: / '[^']*')*(?: \(env var: '[^']*'\))?: "
-                     r"(.+) is not in the range (?:([^<x]+)<=)?x(?:<=([^<]+))?\.", message)
+    head = r"Invalid value for '[^']*'(?: / '[^']*')*(?: \(env var: '[^']*'\))?: "
+    m = re.fullmatch(head + r"(.+) is not in the range (?:([^<x]+)<=)?x(?:<=([^<]+))?\.", message)
     opts = list(getattr(param, "opts", None) or [])
-    if m is None or not opts:
+    if not opts:
         return message
+    if m is None:  # an argument (bench compare's RUN_A) is named as Click names it
+        other = re.fullmatch(r"Invalid value for '([^']*)'" + head.removeprefix("Invalid value for '[^']*'") +
+                             r"(.+?)\.?", message, re.S)
+        if other is None or "\n" in other[2]:
+            return message
+        return f"{_named(args, param, opts) if opts[0].startswith('-') else other[1]}: {other[2]}"
     value, low, high = (g[:-2] if g is not None and re.fullmatch(r"-?\d+\.0", g) else g for g in m.groups())
     from localgen.settings import INT32
 
@@ -64,11 +71,16 @@ def out_of_range(args: list[str], message: str, param: Any) -> str:
     else:
         bound = (f"within {low} to {high}" if low is not None and high is not None else
                  f"at least {low}" if low is not None else f"at most {high}")
+    return f"{_named(args, param, opts)} must be {bound}, not {value}"
+
+
+def _named(args: list[str], param: Any, opts: list[str]) -> str:
+    """The flag of a bad value as the user typed it, else the environment variable it came from, else the flag's
+    longest name."""
     typed = next((a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in opts), None) or next(
         (a[:2] for a in args if len(a) > 2 and a[:2] in opts and not a.startswith("--")), None)  # -c-1 too
     envvar = getattr(param, "envvar", None)
-    name = typed or (f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
-    return f"{name} must be {bound}, not {value}"
+    return typed or (f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
 
 
 def _number(text: str | None) -> float | None:
