@@ -112,7 +112,7 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
     assert "smollm2:135m" in [m.id for m in codex.models.list()]
     with pytest.raises(openai.NotFoundError) as found2:
         codex.batches.list()
-    assert "did you mean /v1/batches?" in str(found2.value) and "an OpenAI client's ends in /v1" in str(found2.value)
+    assert "did you mean /v1/batches? (an OpenAI client's base URL ends in /v1)" in str(found2.value), found2.value
     assert "An OpenAI client without `/v1` works too" in " ".join(_page("clients.md").split())
     import ollama  # given the OpenAI base URL: its 404 said only "Invalid URL (POST /v1/api/chat)"
 
@@ -120,6 +120,12 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
         ollama.Client(host=f"{server.url}/v1", headers={"Authorization": f"Bearer {KEY}"}).chat(
             model="smollm2:135m", messages=[{"role": "user", "content": "Hi"}])
     assert "did you mean /api/chat? (an Ollama client's host has no /v1" in str(found3.value), found3.value
+    assert found3.value.error.startswith("Invalid URL"), found3.value  # in Ollama's error shape, which it reads
+    for path in ("/api/chat/completions", "/api/v1/chat/completions"):  # an OpenAI client given Ollama's /api
+        r = httpx.post(f"{server.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
+        assert r.status_code == 404 and r.json()["error"] == (
+            f"Invalid URL (POST {path}): did you mean /v1/chat/completions? (an OpenAI client's base URL ends in "
+            "/v1)"), r.text
     r = httpx.post(f"{server.url}/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nothing)", r.text
 

@@ -421,14 +421,18 @@ class Drain:
 
 def _meant(path: str, routes: list[Any]) -> str:
     """For a path that is a route but for its /v1 (a client's base URL given with /v1 where it adds it itself,
-    as Anthropic's clients do, or without it where it does not, as OpenAI's): which route it meant, and why."""
+    as Anthropic's and Ollama's clients do, or without it, or with /api, where it does not, as OpenAI's): which
+    route it meant, and why."""
     if path.startswith("/v1/api/"):  # an Ollama client given the OpenAI base URL
-        alt = path[3:]
-        if alt in {getattr(r, "path", None) for r in routes}:
-            return f": did you mean {alt}? (an Ollama client's host has no /v1: http://HOST:PORT)"
+        alt, why = path[3:], "an Ollama client's host has no /v1: http://HOST:PORT"
+    elif path.startswith("/v1/v1/messages"):
+        alt, why = path[3:], "an Anthropic client's base URL has no /v1: it adds it"
+    elif path.startswith("/v1/v1/"):
+        alt, why = path[3:], "the client adds /v1 itself: give its base URL without /v1"
+    elif path.startswith(("/api/v1/", "/api/")):  # an OpenAI client given Ollama's /api (or /api/v1)
+        alt, why = "/v1" + path.removeprefix("/api").removeprefix("/v1"), "an OpenAI client's base URL ends in /v1"
+    elif path.startswith("/v1/"):
         return ""
-    alt = path[3:] if path.startswith("/v1/v1/") else "" if path.startswith("/v1/") else "/v1" + path
-    if not alt or alt not in {getattr(r, "path", None) for r in routes}:
-        return ""
-    return (f": did you mean {alt}? (an Anthropic client's base URL has no /v1, it adds it; an OpenAI client's "
-            "ends in /v1)")
+    else:
+        alt, why = "/v1" + path, "an OpenAI client's base URL ends in /v1"
+    return f": did you mean {alt}? ({why})" if alt in {getattr(r, "path", None) for r in routes} else ""
