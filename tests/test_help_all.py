@@ -4,6 +4,7 @@ through the entry point a subprocess runs."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -89,6 +90,9 @@ def test_help_reads_as_a_user_writes_the_command_at_80_columns(cli_in_process: I
         assert not PYTHON_TYPES.search(out), (where, PYTHON_TYPES.search(out))
         assert "…" not in out and all(len(line) <= 80 for line in out.splitlines()), where
         lines = out.splitlines()
+        prose = [ln.rstrip() for ln in lines[:next(i for i, ln in enumerate(lines) if ln.startswith("╭"))]]
+        for a, b in itertools.pairwise(prose):  # a paragraph wrapped, not broken where its source was
+            assert not (a.strip() and b.strip() and len(a) + 1 + len(b.split()[0]) <= 79), (where, a, b)
         for p in getattr(command, "params", []):
             if p.param_type_name != "option" or p.hidden or not p.help:
                 continue

@@ -68,6 +68,11 @@ def readable(command: Any) -> None:
         write(ctx, formatter)
 
     command.format_help = format_help
+    if command.help:  # a paragraph's lines joined, as Click joins them and this Typer does only for the first
+        import inspect
+
+        first, *rest = inspect.cleandoc(command.help).split("\n\n")
+        command.help = "\n\n".join([first, *(p if p.startswith("\b") else " ".join(p.splitlines()) for p in rest)])
     for sub in getattr(command, "commands", {}).values():
         readable(sub)
 

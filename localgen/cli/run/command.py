@@ -63,6 +63,7 @@ def run(
     """Generate from one prompt (or many) and stream the answer to stdout.
 
     stdout carries only the answer; loading messages, warnings and --stats go to stderr.
+
     Exit codes: 0 done, 1 error, 2 bad usage, 130 interrupted.
     """
     from localgen.cli.run.execute import execute

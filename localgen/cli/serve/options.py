@@ -37,8 +37,8 @@ class ListenOptions(OptionGroup):
                                       help="Port.")] = 11435
     api_key: Annotated[
         str | None, typer.Option("--api-key", envvar="LOCALGEN_API_KEY", rich_help_panel=SERVE, show_default=False,
-                                 help="Require `Authorization: Bearer KEY` on every route but /health and the chat "
-                                      "page's files.")
+                                 help="Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but "
+                                      "/health and the chat page's files.")
     ] = None
     api_key_file: Annotated[
         Path | None, typer.Option("--api-key-file", path_type=str, callback=input_path, rich_help_panel=SERVE,
