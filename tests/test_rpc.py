@@ -75,6 +75,30 @@ def test_a_model_split_over_two_servers_answers_as_locally(cli: CLI,
     assert doctor.returncode == 0 and all(f"RPC       {ep}" in doctor.stdout for _, ep in servers)
 
 
+def test_one_server_under_two_names_is_named_twice_before_load(
+        cli: CLI, servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """rpc.md: a server named twice is a usage error; under two names (localhost and 127.0.0.1) too, told by the
+    address its greeting came from. It passed the check of the names, and the load waited for ever on the second
+    connection to a server that serves one client at a time."""
+    port = servers[0][1].rpartition(":")[2]
+    r = cli("run", "-p", "hi", "-n", "2", "--rpc", f"localhost:{port},127.0.0.1:{port}", timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr == (
+        f"localgen: error: localhost:{port} and 127.0.0.1:{port} are one RPC server (127.0.0.1:{port}), named twice "
+        "(give each server once)\n"), r.stderr
+
+
+def test_a_server_serving_another_client_says_it_may_be(cli: CLI,
+                                                         servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """rpc.md: a server serves one client at a time; while another holds it, the greeting goes unanswered, and the
+    5 s error's hint says that it may be serving another (it asked only whether an RPC server listened there)."""
+    host, _, port = servers[1][1].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30):  # another client, served
+        time.sleep(0.5)  # (accepted: the error is the same either way, this only makes it the case described)
+        r = cli("run", "-p", "hi", "-n", "2", "--rpc", servers[1][1])
+    assert r.returncode == 1 and "did not answer llama.cpp's RPC greeting within 5 s" in r.stderr, r.stderr
+    assert "one that is serves one client at a time, and may be serving another)" in r.stderr, r.stderr
+
+
 def test_a_dead_server_is_an_error_before_load(cli: CLI) -> None:
     port = _free_port()
     r = cli("run", "-p", "hi", "--rpc", f"127.0.0.1:{port}", "--verbose")

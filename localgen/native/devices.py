@@ -14,6 +14,7 @@ from localgen.errors import LocalgenError
 CPU, GPU, IGPU, ACCEL = 0, 1, 2, 3
 _ggml: Any = None
 _registered: set[str] = set()
+_peers: dict[str, tuple[Any, ...]] = {}  # each server the greeting reached: the address it answered at
 
 
 def _lib() -> Any:
@@ -167,13 +168,15 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
         raise LocalgenError(f"cannot reach the RPC server {endpoint}: {e.strerror or e}",
                             hint="start it with `localgen rpc-server` on that machine") from None
     step = "the greeting"
+    _peers[endpoint] = tuple(s.getpeername()[:2])
     try:
         with s:
             s.sendall(bytes([_HELLO]) + struct.pack("<Q", _CAPS) + bytes(_CAPS))
             head = _recv(s, 8)
             size = struct.unpack("<Q", head)[0]
             if size != 4 + _CAPS:
-                raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (answer of {size} bytes)",
+                raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (its answer to the greeting "
+                                    "is not llama.cpp's)",
                                     hint="run `localgen rpc-server` from the same llama-cpp-python build")
             major, minor, patch = _recv(s, size)[:3]
             if major == RPC_PROTO_MAJOR:
@@ -183,7 +186,8 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
         if step == "the greeting":
             raise LocalgenError(f"{endpoint} accepted the connection but did not answer llama.cpp's RPC greeting "
                                 f"within {timeout:g} s", hint="is an RPC server listening there? start one with "
-                                "`localgen rpc-server` on that machine") from None
+                                "`localgen rpc-server` on that machine; one that is serves one client at a time, "
+                                "and may be serving another") from None
         raise LocalgenError(f"the RPC server {endpoint} answered the greeting but not {step} within {timeout:g} s "
                             "(llama.cpp would wait for it for ever)",
                             hint="restart it with `localgen rpc-server` on that machine") from None
@@ -207,7 +211,8 @@ def _devices_answer(sock: Any, endpoint: str) -> None:
         sock.sendall(bytes([cmd]) + struct.pack("<Q", len(payload)) + payload)
         got = struct.unpack("<Q", _recv(sock, 8))[0]
         if got != size:
-            raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (answer of {got} bytes)",
+            raise LocalgenError(f"the RPC server {endpoint} speaks another protocol (its answer about its devices "
+                                "is not llama.cpp's)",
                                 hint="run `localgen rpc-server` from the same llama-cpp-python build")
         return _recv(sock, size)
 
@@ -245,6 +250,21 @@ def _recv(sock: Any, n: int) -> bytes:
     return data
 
 
+def _one_each(servers: tuple[str, ...]) -> None:
+    """A UsageError where two of the servers are one, under two names (localhost:P, 127.0.0.1:P): llama.cpp would
+    connect to it twice, and a server answers one client at a time, so the load would wait on it for ever."""
+    from localgen.errors import UsageError
+
+    seen: dict[tuple[Any, ...], str] = {}
+    for endpoint in servers:
+        peer = _peers.get(endpoint)
+        if peer is not None and peer in seen:
+            raise UsageError(f"{seen[peer]} and {endpoint} are one RPC server ({peer[0]}:{peer[1]}), named twice",
+                             hint="give each server once")
+        if peer is not None:
+            seen[peer] = endpoint
+
+
 def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     """Add llama.cpp RPC servers (HOST:PORT) as devices, once each, as llama.cpp's --rpc does:
     the RPC backend's ggml_backend_rpc_add_server proc address, then ggml_backend_register. Every server is
@@ -252,6 +272,7 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     for endpoint in servers:
         if endpoint not in _registered:
             rpc_hello(endpoint)
+    _one_each(servers)
     from localgen.native.lib import exit_when_stuck
 
     exit_when_stuck()  # a server may yet go silent mid-load or mid-answer: a second Ctrl-C then ends the process
