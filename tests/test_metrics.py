@@ -176,12 +176,14 @@ def _scrape(server: Server, want: dict[str, float]) -> dict[tuple[str, tuple[tup
     """The server's metrics once the counts `want` names have reached their values (a request is counted as
     its response ends, a moment after its client has the answer)."""
     auth = {"Authorization": f"Bearer {KEY}"}
-    for _ in range(50):
+    deadline = time.monotonic() + 60  # a safety net for busy cores, not a timing
+    while True:
         got = samples(httpx.get(f"{server.url}/metrics", headers=auth, timeout=30).text)
-        if all(_find(got, k) == v for k, v in want.items()):
+        short = {k: _find(got, k) for k, v in want.items() if _find(got, k) != v}
+        if not short:
             return got
+        assert time.monotonic() < deadline, f"after 60 s, these counts are {short}, not as in {want}"
         time.sleep(0.1)
-    return got
 
 
 def _find(got: dict[tuple[str, tuple[tuple[str, str], ...]], float], key: str) -> float | None:

@@ -36,7 +36,8 @@ class Raw:
 
     def __init__(self, answer: Callable[[str, str, socket.socket], None]) -> None:
         self.answer = answer
-        self.seen = 0
+        self.seen = 0  # counted under `lock`: each connection has its thread
+        self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -66,7 +67,8 @@ class Raw:
             while len(body) < length:
                 body += conn.recv(65536)
             auth = next((x.split(":", 1)[1].strip() for x in lines if x.lower().startswith("authorization:")), "")
-            self.seen += 1
+            with self.lock:
+                self.seen += 1
             with contextlib.suppress(OSError):
                 self.answer(lines[0].split()[1], auth, conn)
 
@@ -193,21 +195,29 @@ def test_ctrl_c_writes_the_answers_held_behind_a_silent_line_and_resume_skips_th
     def hang(path: str, auth: str, conn: socket.socket) -> None:
         time.sleep(60)
 
-    silent, good = raw(hang), raw(ok)
+    def ok_but_the_tenth(path: str, auth: str, conn: socket.socket) -> None:
+        # with -np 1 its 10th request (line 11) is sent only once the answer before it was handed on: when it
+        # comes, the 9 answers (lines 2 to 10) are certain to be held; it goes unanswered too
+        if good.seen == 10:
+            hang(path, auth, conn)
+        else:
+            ok(path, auth, conn)
+
+    silent, good = raw(hang), raw(ok_but_the_tenth)
     lines = tmp_path / "in.txt"
-    lines.write_text("".join(f"q{i}\n" for i in range(10)))
+    lines.write_text("".join(f"q{i}\n" for i in range(11)))
     out = tmp_path / "out.jsonl"
     with open(out, "w") as sink:
         p = cli.popen("run", "--file", str(lines), "--json", "-m", "fake", "-np", "1", "--endpoint", silent.url,
                       "--endpoint", good.url, stdout=sink, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while good.seen < 9 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # a safety net for busy cores, not a timing
+        while good.seen < 10:
+            assert time.monotonic() < deadline, f"the good endpoint had {good.seen} of 10 requests in 60 s"
+            time.sleep(0.05)
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     assert p.returncode == (130 if sig == signal.SIGINT else -sig), err
-    assert good.seen == 9 and out.read_text(), (good.seen, err)
+    assert good.seen == 10 and out.read_text(), (good.seen, err)
     held = [json.loads(x) for x in out.read_text().splitlines()]
     assert sorted(d["line"] for d in held) == list(range(2, 11)) and all(d["text"] == "ok" for d in held), held
     before = good.seen
@@ -215,8 +225,8 @@ def test_ctrl_c_writes_the_answers_held_behind_a_silent_line_and_resume_skips_th
         p = cli.popen("run", "--file", str(lines), "--json", "-m", "fake", "--endpoint", good.url,
                       "--resume-from", str(out), stdout=sink, stderr=subprocess.PIPE, text=True)
         _, err = p.communicate(timeout=60)
-    assert p.returncode == 0 and good.seen == before + 1, (err, good.seen)
-    assert sorted(json.loads(x)["line"] for x in out.read_text().splitlines()) == list(range(1, 11))
+    assert p.returncode == 0 and good.seen == before + 2, (err, good.seen)
+    assert sorted(json.loads(x)["line"] for x in out.read_text().splitlines()) == list(range(1, 12))
 
 
 def test_a_stream_line_past_16_mib_is_an_error_naming_the_endpoint(cli: CLI, raw: Callable[..., Raw]) -> None:

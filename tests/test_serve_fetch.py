@@ -38,7 +38,8 @@ class Pictures:
     def __init__(self) -> None:
         self.picture = png(32, 32)
         self.hung_up: list[float] = []  # when each slow body's reader went away (monotonic)
-        self.slow_started = 0  # slow bodies begun
+        self.slow_started = 0  # slow bodies begun (counted under `lock`: each handler has its thread)
+        self.lock = threading.Lock()
         self.cut = threading.Event()  # set: slow bodies end now, cut short (their fetch fails)
         pictures = self
 
@@ -72,7 +73,8 @@ class Pictures:
                 self.end_headers()
 
             def _slow(self) -> None:
-                pictures.slow_started += 1
+                with pictures.lock:
+                    pictures.slow_started += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
                 self.send_header("Content-Length", str(len(pictures.picture)))
@@ -385,9 +387,13 @@ def test_sigterm_stops_the_server_while_slow_fetches_are_in_flight(lan: Server, 
             got.append(type(e).__name__)
 
     slow = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+    before = pictures.slow_started
     for t in slow:
         t.start()
-    time.sleep(1)
+    deadline = time.monotonic() + 60  # a safety net for busy cores, not a timing
+    while pictures.slow_started - before < 6:  # the signal comes once every fetch is under way
+        assert time.monotonic() < deadline, f"{pictures.slow_started - before} of 6 slow fetches began in 60 s"
+        time.sleep(0.02)
     lan.proc.send_signal(signal.SIGTERM)
     assert lan.proc.wait(timeout=60) == 0
     for t in slow:

@@ -6,6 +6,7 @@ cache kept across a restart (SIGTERM, then the conversation continued from disk;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -122,7 +123,7 @@ def test_every_json_line_parses_and_carries_its_request(two: Server) -> None:
     stream = httpx.post(f"{two.url}/api/chat", timeout=120, json={
         "model": "smollm2:135m", "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 3}})
     assert stream.status_code == 200
-    time.sleep(0.5)  # the access line is written as the response ends
+    _logged(two, [r.headers["x-request-id"] for r in (ok, unsafe, missing, *about.values(), stream)])
     lines = _log_lines(two)
     docs = [json.loads(line) for line in lines]  # every line parses
     for doc in docs:
@@ -151,6 +152,23 @@ def _log_lines(server: Server) -> list[str]:
     assert server.proc.stderr is not None
     server.proc.stderr.seek(0)
     return [line for line in server.proc.stderr.read().decode().splitlines() if line.strip()]
+
+
+def _logged(server: Server, ids: list[str]) -> None:
+    """Waits until --log-format json has written each request's line: it is written after the response's last
+    byte, so it can reach the log a moment after the client has the answer (as test_serve.py's Server.access)."""
+    deadline = time.monotonic() + 60  # a safety net for busy cores, not a timing
+    while True:
+        seen: set[str] = set()
+        for line in _log_lines(server):
+            with contextlib.suppress(ValueError):  # a line still being written (the test parses them all after)
+                doc = json.loads(line)
+                if isinstance(doc, dict) and doc.get("event") == "request":
+                    seen.add(str(doc.get("request_id")))
+        if set(ids) <= seen:
+            return
+        assert time.monotonic() < deadline, f"no request line in 60 s for {sorted(set(ids) - seen)}"
+        time.sleep(0.05)
 
 
 # ---- fair swaps ----------------------------------------------------------------------------------------------
