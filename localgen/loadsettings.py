@@ -48,8 +48,9 @@ _KV = ", ".join(KV_CACHE_TYPES)
 GPU = "gpu"
 
 LOAD_KNOBS: dict[str, LoadKnob] = {k.name: k for k in (
-    LoadKnob("ctx", INT, ("--ctx", "--ctx-size", "-c"), "Context window in tokens (0: the model's training "
-             "context, which caps it unless RoPE scaling is set).",
+    LoadKnob("ctx", INT, ("--ctx", "--ctx-size", "-c"), "Context window in tokens, each sequence's: each of "
+             "serve's -np slots has its own (0: the model's training context, which caps it unless RoPE scaling is "
+             "set).",
              "n_ctx", lo=0, hi=INT32, envvar="LOCALGEN_CTX", ollama="num_ctx"),
     LoadKnob("threads", INT, ("--threads", "-t"), "CPU threads for generation (default: the model's tuning record, "
              "else the physical performance cores this process may use).", "n_threads", 1, 1024, ollama="num_thread"),

@@ -351,6 +351,19 @@ def test_serve_speculates_by_lookup_or_a_draft_model_as_the_page_says(cli_in_pro
     assert r.returncode == 2 and "No such option" not in r.stderr, r.stderr
 
 
+def test_load_wait_takes_a_duration_as_keep_alive_does(cli_in_process: InProcessCLI) -> None:
+    """team.md gives --load-wait in minutes beside --keep-alive 30m: it takes 90s or 2m as well as seconds (2m was
+    "not a valid number"), within 1 s to 1 h, each refusal one line and exit 2."""
+    for good in ("2m", "90s", "90"):  # accepted: the error is the next check's, the model's
+        r = cli_in_process("serve", "--load-wait", good, "-m", "no-such-model:1b")
+        assert r.returncode == 1 and "unknown model 'no-such-model:1b'" in r.stderr, (good, r.stderr)
+    for bad, said in (("2x", "--load-wait: bad duration '2x': use seconds, or e.g. 90s, 2m"),
+                      ("2h", "--load-wait must be within 1 s to 1 h, not 2h"), ("0", "--load-wait must be within")):
+        r = cli_in_process("serve", "--load-wait", bad, "-m", "no-such-model:1b")
+        assert r.returncode == 2 and r.stderr.startswith(f"localgen: error: {said}"), (bad, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
+
+
 def test_the_team_pages_defaults_are_serves() -> None:
     """team.md names serve's defaults: the address, the port, --max-models, --load-wait, --keep-alive, --parallel,
     --max-queue and --drain-timeout (--max-models' and --max-memory's rules: tests/test_residency.py)."""
@@ -365,7 +378,7 @@ def test_the_team_pages_defaults_are_serves() -> None:
     assert default["--host"] == "127.0.0.1" and "By default the server listens on `127.0.0.1`" in page
     assert f"open `http://ADDRESS:{default['--port']}/`" in page
     assert default["--max-models"] is None and "`--max-models N` (default 3, or 3 per GPU when offloading)" in page
-    assert default["--load-wait"] == 120 and "up to `--load-wait` (2 minutes by default)" in page
+    assert default["--load-wait"] == "2m" and "up to `--load-wait` (2 minutes by default)" in page
     assert default["--keep-alive"] == "5m" and "after that long idle (default `5m`)" in page
     assert default["--parallel"] == 4 and "`--parallel N` (default 4)" in page
     assert default["--max-queue"] == 64 and "up to `--max-queue` requests (default 64)" in page

@@ -232,7 +232,23 @@ def _residency(options: ResidencyOptions, offload_given: bool, log: Any = None) 
     from localgen.serve.servelog import STDERR_LOG
 
     return Residency(budget=budget, max_models=options.max_models or 3 * max(1, len(gpus) if offload else 1),
-                     wait_s=options.load_wait, log=log or STDERR_LOG)
+                     wait_s=_load_wait(options.load_wait), log=log or STDERR_LOG)
+
+
+LOAD_WAIT_S = (1.0, 3600.0)  # --load-wait's range
+
+
+def _load_wait(text: str) -> float:
+    """--load-wait's seconds, from seconds or a duration as --keep-alive takes it (90s, 2m)."""
+    from localgen.serve.jobs import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except LocalgenError:
+        raise UsageError(f"--load-wait: bad duration {text[:40]!r}: use seconds, or e.g. 90s, 2m") from None
+    if not LOAD_WAIT_S[0] <= seconds <= LOAD_WAIT_S[1]:
+        raise UsageError(f"--load-wait must be within 1 s to 1 h, not {text[:40]}")
+    return seconds
 
 
 def _cache_ram(text: str) -> int:

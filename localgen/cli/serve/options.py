@@ -203,11 +203,11 @@ class ResidencyOptions(OptionGroup):
                                       "Metal may use).")
     ] = None
     load_wait: Annotated[
-        float, typer.Option("--load-wait", min=1, max=3600, rich_help_panel=SERVE, metavar="SECONDS",
-                            help="How long a model's load may wait for room while the loaded models are busy: "
-                                 "meanwhile the least recently used one takes no new requests (they wait behind "
-                                 "the swap), then unloads; past this the request gets 503.")
-    ] = 120.0
+        str, typer.Option("--load-wait", rich_help_panel=SERVE, metavar="DURATION",
+                          help="How long a model's load may wait for room while the loaded models are busy (seconds, "
+                               "or e.g. 90s, 2m; 1 s to 1 h): meanwhile the least recently used one takes no new "
+                               "requests (they wait behind the swap), then unloads; past this the request gets 503.")
+    ] = "2m"
     on_demand: Annotated[
         bool, typer.Option("--on-demand/--no-on-demand", rich_help_panel=SERVE,
                            help="Offer every model on this machine (localgen list) by name, loading one when a "
