@@ -88,3 +88,19 @@ def request(method: str, url: str, **settings: Any) -> Any:
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
+
+
+def connection_reason(e: BaseException) -> str:
+    """Why a connection failed, in words ("connection refused", "name or service not known", "timed out"):
+    the system's reason inside the HTTP client's message (`[Errno 111] Connection refused`), never the
+    exception's class."""
+    import re
+
+    text = str(e).strip()
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]\n]+)", text)
+    if found:
+        return found.group(1).strip().rstrip(".").lower()
+    if "timeout" in type(e).__name__.lower() or "timed out" in text.lower():
+        return "timed out"
+    line = text.splitlines()[0].strip() if text else ""
+    return line[:200] if line and " " in line else "the connection failed"

@@ -241,7 +241,8 @@ def test_bad_answers_and_addresses_are_one_line_errors(cli: CLI, fake: FakeServe
     cases = [
         (_run(cli, fake, "garbage"), "not JSON"),
         (_run(cli, fake, "html"), "not an OpenAI stream"),
-        (cli("run", "--endpoint", "http://127.0.0.1:1", "-m", "x", "-p", "hi"), "cannot reach 127.0.0.1:1"),
+        (cli("run", "--endpoint", "http://127.0.0.1:1", "-m", "x", "-p", "hi"),  # in words, not [Errno 111] ...
+         "cannot reach 127.0.0.1:1: connection refused\n"),
         (cli("run", "--endpoint", fake.url.replace("http:", "https:"), "-m", "x", "-p", "hi"), "TLS failed"),
         # a 404's hint names the endpoint's list (it said `curl URL/models`, the word URL itself)
         (cli("run", "--endpoint", f"{fake.url}/nowhere", "-m", "x", "-p", "hi"),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from localgen import paths
+from localgen import paths, proxies
 from localgen.errors import LocalgenError
 from localgen.models import hfcache, hub
 from localgen.models.quant import RemoteFile
@@ -478,7 +478,7 @@ def _reason(e: BaseException, reading: bool = False) -> str:
     reason = getattr(e, "reason", e)
     if isinstance(reason, TimeoutError) or isinstance(e, TimeoutError):
         return f"no byte came for {TIMEOUT_S} s"
-    return hub.connection_reason(e) if reading else str(reason)
+    return proxies.connection_reason(e) if reading else str(reason)
 
 
 def _not_the_file(resp: Any, start: int, size: int) -> str | None:

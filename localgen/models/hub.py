@@ -15,6 +15,7 @@ from urllib.parse import quote, urlsplit
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models.hfcache import COMMIT, check_repo_id, safe_filename
 from localgen.models.quant import RemoteFile
+from localgen.proxies import connection_reason
 
 RETRIES = 3
 MAX_WAIT = 60  # seconds: the most one retry waits for a Retry-After (the Hub's API, and every file download)
@@ -278,21 +279,6 @@ def waiting(who: str, asked: float, wait: float, status: int | None) -> str:
     """The line a retry that waits for a Retry-After says: what the server asked, and what is waited."""
     then = "trying again after that" if wait >= asked else f"trying again in {wait:.0f} s"
     return f"{who} asked to wait {asked:.0f} s (HTTP {status}); {then}"
-
-
-def connection_reason(e: BaseException) -> str:
-    """Why a connection failed, in words ("connection refused", "name or service not known", "timed out"):
-    the system's reason inside the HTTP client's message, never the exception's class."""
-    import re
-
-    text = str(e).strip()
-    found = re.search(r"\[Errno -?\d+\] ([^'\")\]\n]+)", text)
-    if found:
-        return found.group(1).strip().rstrip(".").lower()
-    if "timeout" in type(e).__name__.lower() or "timed out" in text.lower():
-        return "timed out"
-    line = text.splitlines()[0].strip() if text else ""
-    return line[:200] if line and " " in line else "the connection failed"
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localgen import paths
+from localgen import paths, proxies
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models import oci, registry
 from localgen.models.oci import OciName
@@ -112,7 +112,7 @@ class Session:
             reason = getattr(e, "reason", None)
             raise registry.RegistryUnreachableError(
                 f"cannot reach the token service {host}: "
-                f"{hub.connection_reason(reason if isinstance(reason, BaseException) else e)}") from None
+                f"{proxies.connection_reason(reason if isinstance(reason, BaseException) else e)}") from None
         try:
             doc = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_TOKEN else None
         except (UnicodeDecodeError, ValueError):
@@ -168,7 +168,7 @@ class Session:
                     reason = getattr(e, "reason", None)
                     raise registry.RegistryUnreachableError(
                         f"cannot reach the registry {self.name.host}: "
-                        f"{hub.connection_reason(reason if isinstance(reason, BaseException) else e)}",
+                        f"{proxies.connection_reason(reason if isinstance(reason, BaseException) else e)}",
                         hint="`localgen list` shows the models already here, which --offline uses without a network",
                     ) from None
             time.sleep(0.5 * 2**attempt)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localgen import paths
+from localgen import paths, proxies
 from localgen.errors import LocalgenError, ModelNotFoundError
 from localgen.models import ollamastore
 from localgen.models.ollamastore import DIGEST, MEDIA, OllamaName
@@ -269,7 +269,7 @@ def fetch_manifest(name: OllamaName, guard: Callable[[str, str], None] | None = 
                 reason = getattr(e, "reason", None)  # urllib's URLError: the socket's error inside it
                 raise RegistryUnreachableError(
                     f"cannot reach the registry {name.host}: "
-                    f"{hub.connection_reason(reason if isinstance(reason, BaseException) else e)}",
+                    f"{proxies.connection_reason(reason if isinstance(reason, BaseException) else e)}",
                     hint="`localgen list` shows the models already here, which --offline uses without a network",
                 ) from None
         time.sleep(0.5 * 2**attempt)

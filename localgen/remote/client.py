@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from localgen.errors import RemoteError
-from localgen.proxies import direct_mounts, tls
+from localgen.proxies import connection_reason, direct_mounts, tls
 from localgen.remote.endpoints import Endpoint
 from localgen.remote.errortext import error_text
 from localgen.remote.stream import URL_HINT, bounded, events, said
@@ -384,7 +384,7 @@ def _connect_message(where: str, e: Exception) -> str:
     text = str(e)
     if "SSL" in text or "CERTIFICATE" in text.upper() or "TLS" in text:
         return f"TLS failed with {where}: {text}"
-    return f"cannot reach {where}: {text or type(e).__name__}"
+    return f"cannot reach {where}: {connection_reason(e)}"  # in words: "connection refused", not "[Errno 111] ..."
 
 
 def _head(r: Any) -> str:
