@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import sqlite3
 import subprocess
@@ -63,6 +64,8 @@ def test_a_model_split_over_two_servers_answers_as_locally(cli: CLI,
     to = "GPU and RPC servers" if has_gpu() else "RPC servers"  # a GPU here takes the layers the servers do not
     assert origins["repack"] == f"rule: off with layers offloaded to {to}", origins
     assert origins["flash_attn"] == f"rule: on (layers offloaded to {to})", origins
+    offloaded = json.loads(remote.stdout)["load"]["offloaded"]  # llama.cpp says "to GPU" for any device
+    assert re.fullmatch(rf"offloaded (\d+)/\1 layers to {to}", offloaded), offloaded
     for _, ep in servers:
         assert any(ep in dev and mib > 1 for dev, mib in placed.items()), f"weights on {ep}: {placed}"
         assert any(ep in line and "buffer size" in line for line in remote.stderr.splitlines()), \

@@ -63,11 +63,12 @@ def parse_load_log(lines: Sequence[str]) -> LoadReport:
     """The LoadReport of a load's log lines."""
     chosen = next((m.group(1) for line in lines if (m := _FA_AUTO.search(line))), None)
     offloaded = [m.group(1) for line in lines if (m := _OFFLOADED.search(line))]
+    buffers = tuple((m.group(1), float(m.group(2))) for line in lines if (m := _BUFFER.search(line)))
     return LoadReport(
-        buffers=tuple((m.group(1), float(m.group(2))) for line in lines if (m := _BUFFER.search(line))),
+        buffers=buffers,
         repacked=any(_REPACK_BUFFER.search(line) for line in lines),
         flash_attn_auto=None if chosen is None else chosen == "enabled",
-        offloaded=offloaded[-1] if offloaded else None,
+        offloaded=_where_offloaded(offloaded[-1], buffers) if offloaded else None,
         overridden=tuple((m.group(1), m.group(3), int(m.group(2))) for line in lines
                          if (m := _OVERRIDDEN.search(line))),
     )
@@ -78,3 +79,14 @@ def last_load() -> LoadReport:
     from localgen.native import logs
 
     return parse_load_log(logs.lines(last=1000))
+
+
+def _where_offloaded(said: str, buffers: tuple[tuple[str, float], ...]) -> str:
+    """llama.cpp's "offloaded 31/31 layers to GPU", which says GPU for any device layers go to: "to RPC servers"
+    where they went to RPC servers' buffers (RPC0[host:port]) and no GPU's, "to GPU and RPC servers" for both."""
+    from localgen.placement import gpu_index
+
+    if not any(name.startswith("RPC") for name, _ in buffers):
+        return said
+    gpu = any(gpu_index(name) is not None and not name.startswith("RPC") for name, _ in buffers)
+    return said.replace("to GPU", "to GPU and RPC servers" if gpu else "to RPC servers")
