@@ -211,6 +211,16 @@ def test_an_empty_environment_variable_is_still_none_given(cli_in_process: InPro
     assert r.returncode == 0 and json.loads(r.stdout)["model"]["name"] == "smollm2:135m", r.stderr
 
 
+def test_an_unknown_flag_is_offered_only_flags_close_to_it(cli_in_process: InProcessCLI) -> None:
+    """A typo gets the flag it meant; a word like none of them gets no guess (Click offered --verbose for --bogus
+    and --lora, --prompt, -ot for --port: its likeness counted their dashes)."""
+    r = cli_in_process("run", "--temprature", "1", "hi")
+    one_line_usage_error(r, "No such option: --temprature (Possible options: --temperature)")
+    for typed in ("--bogus", "--port"):
+        r = cli_in_process("run", typed, "1", "hi")
+        assert r.stderr == f"localgen: error: No such option: {typed} (see 'localgen run --help')\n", r.stderr
+
+
 def test_bench_compare_names_its_arguments(cli_in_process: InProcessCLI) -> None:
     one_line_usage_error(cli_in_process("bench", "compare", "abc", "1"), "RUN_A: 'abc' is not a valid integer")
     one_line_usage_error(cli_in_process("bench", "compare", "1"), "Missing argument 'RUN_B'")

@@ -31,6 +31,7 @@ def usage_line(args: list[str], e: Exception) -> str:
     """Click's usage error as localgen says it: its message and the command's help to see (empty where Click's is,
     for no arguments); a llama.cpp flag the command lacks (`tune -ngl 99`, read as `-n gl`) named, not the letter
     Click saw."""
+    _close_only(e)
     message = e.format_message() if hasattr(e, "format_message") else str(e)
     if not message.strip():
         return message
@@ -40,6 +41,20 @@ def usage_line(args: list[str], e: Exception) -> str:
         return f"{foreign[1]} (see '{foreign[0]} --help')"
     message = out_of_range(args, message, getattr(e, "param", None))
     return message + (f" (see '{ctx.command_path} --help')" if ctx is not None else "")
+
+
+CLOSE = 0.7  # how alike (difflib's ratio) a flag must be to the one typed to be offered as meant, dashes aside
+
+
+def _close_only(e: Exception) -> None:
+    """Click's "No such option: --bogus (Possible options: --verbose)" keeps only the options close to the one typed,
+    compared without their dashes (Click's 0.6 with them offered --verbose for --bogus, -ot for --port)."""
+    import difflib
+
+    typed, offered = getattr(e, "option_name", None), getattr(e, "possibilities", None)
+    if isinstance(typed, str) and offered:
+        e.possibilities = [p for p in offered  # type: ignore[attr-defined]
+                           if difflib.SequenceMatcher(None, typed.lstrip("-"), p.lstrip("-")).ratio() >= CLOSE]
 
 
 def out_of_range(args: list[str], message: str, param: Any) -> str:
