@@ -262,6 +262,11 @@ def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in
         assert r.stderr.startswith(f"localgen: error: {word} names a model, not a prompt: ") and hint in r.stderr
     r = cli_in_process("run", "-m", "smollm2:135m", "smollm2", "-n", "2")  # with -m, the word is the prompt
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = cli_in_process("run", "gemma3", "-n", "2")  # a family's models smallest first; -p sends the word
+    assert r.returncode == 2 and '-m gemma3:270m "PROMPT" or -m gemma3:1b or -m gemma3:4b or -m gemma3:12b;' in \
+        r.stderr and r.stderr.endswith("; -p gemma3 sends the word as the prompt)\n"), r.stderr
+    r = cli_in_process("run", "-p", "smollm2", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
 
 
 @pytest.mark.parametrize(("args", "stdin", "what"), [
@@ -312,6 +317,8 @@ def test_a_lone_document_of_only_whitespace_is_a_usage_error(cli_in_process: InP
     (("ps", "--port", "70000"), {"LOCALGEN_PORT": "0"}, "--port must be within 1 to 65535, not 70000"),
     (("fit", "-m", "smollm2:135m", "-c-1"), {"LOCALGEN_CTX": "100"}, "-c must be at least 0, not -1"),  # joined
     (("serve", "--port", "abc"), {}, "--port: 'abc' is not a valid integer"),  # Click's other "Invalid value"s too
+    (("run", "--ctx", "100", "-c", "abc", "hi"), {}, "-c: 'abc' is not a valid integer"),  # the spelling whose value
+    # Click kept: the last given
     (("run", "--temp", "x", "hi"), {}, "--temp: 'x' is not a valid number"),
     (("ps",), {"LOCALGEN_PORT": "x"}, "LOCALGEN_PORT: 'x' is not a valid integer"),
 ])

@@ -92,8 +92,10 @@ def out_of_range(args: list[str], message: str, param: Any) -> str:
 def _named(args: list[str], param: Any, opts: list[str]) -> str:
     """The flag of a bad value as the user typed it, else the environment variable it came from, else the flag's
     longest name."""
-    typed = next((a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in opts), None) or next(
-        (a[:2] for a in args if len(a) > 2 and a[:2] in opts and not a.startswith("--")), None)  # -c-1 too
+    mine = args[:args.index("--")] if "--" in args else args
+    typed = next((a.split("=", 1)[0] if a.split("=", 1)[0] in opts else a[:2] for a in reversed(mine)  # the last
+                  if a.split("=", 1)[0] in opts or (len(a) > 2 and a[:2] in opts and not a.startswith("--"))),
+                 None)  # given, whose value Click kept; -c-1 too
     envvar = getattr(param, "envvar", None)
     return typed or (f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
 
@@ -203,12 +205,15 @@ def names_a_model(word: str) -> list[str]:
         entries = catalogue.load()
         if word in entries or presets.find(word) is not None:
             return [word]
-        return [name for name in entries if name.partition(":")[0] == word]
+        return sorted((name for name in entries if name.partition(":")[0] == word), key=_size_of_tag)
     except LocalgenError:  # a damaged catalogue or preset: said where the model is used, not here
         return []
-    try:
-        entries = catalogue.load()
-        return word in entries or word in {name.partition(":")[0] for name in entries} or \
-            presets.find(word) is not None
-    except LocalgenError:  # a damaged catalogue or preset: said where the model is used, not here
-        return False
+
+
+def _size_of_tag(name: str) -> float:
+    """A catalogue name's size as its tag says it (gemma3:270m before gemma3:4b before gemma3:12b); a tag of no
+    size last."""
+    import re
+
+    m = re.match(r"(\d+(?:\.\d+)?)([mb])", name.partition(":")[2].lower())
+    return float(m[1]) * (1e6 if m[2] == "m" else 1e9) if m else float("inf")

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from localgen.cli.inputfile import shown_input
 from localgen.cli.log.conversation import Thread
 from localgen.cli.options import plan as shared
 from localgen.cli.options import refuse_empty
@@ -95,7 +96,6 @@ def check(f: RunArgs) -> RunPlan:
 
         check_resume(f.many.resume_from)
     if f.many.file is not None:
-        from localgen.cli.inputfile import shown_input
         from localgen.cli.run.many import no_prompts
 
         why = no_prompts(f.many.file)
@@ -125,14 +125,15 @@ def _not_a_model(f: RunArgs) -> None:
 
     word = f.prompt_arg
     meant = names_a_model(word) if word is not None and not f.typed("model") else []
-    if meant:
+    if word is not None and meant:
         import shlex
 
         first = shlex.quote(meant[0])
         raise UsageError(f"{word} names a model, not a prompt: the model is named with -m",
                          hint=f"localgen run -m {first} \"PROMPT\"" + "".join(f" or -m {shlex.quote(m)}"
                                                                                for m in meant[1:]) +
-                         f"; localgen chat -m {first} to talk turn by turn")
+                         f"; localgen chat -m {first} to talk turn by turn; -p {shlex.quote(word)} sends the word "
+                         "as the prompt")
 
 
 def _check_combinations(f: RunArgs, many: bool) -> None:
@@ -142,6 +143,8 @@ def _check_combinations(f: RunArgs, many: bool) -> None:
         raise UsageError("give the prompt once: as an argument or with -p, not both")
     if f.many.file is not None and f.many.each_line:
         raise UsageError("--file and --each-line cannot be combined")
+    if f.no_stdin and f.many.file is not None and shown_input(f.many.file) == "stdin":  # --file -: as --each-line
+        raise UsageError("--file - reads its prompts from stdin: it cannot be combined with --no-stdin")
     if f.many.each_line and f.no_stdin:  # the prompts are stdin's lines: there would be none
         raise UsageError("--each-line reads its prompts from stdin: it cannot be combined with --no-stdin",
                          hint="give the prompts with --file FILE instead")
