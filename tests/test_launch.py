@@ -898,3 +898,19 @@ def test_print_env_with_no_key_anywhere_gives_the_word_localgen(monkeypatch: pyt
     launch._print_env(AGENTS["claude"], "http://127.0.0.1:11435", None, None, None, [])
     out = capsys.readouterr().out
     assert 'export ANTHROPIC_AUTH_TOKEN="localgen"' in out and "LOCALGEN_API_KEY" not in out, out
+
+
+def test_the_flags_named_are_spelled_as_typed_before_the_agents_arguments() -> None:
+    """launch's warning names --ctx and the GPU-layers flag as the user spelled them (optionorder.typed_as): the
+    last spelling given, and only of launch's own arguments, not the agent's after `--` (Codex's `-c key=value`)."""
+    import typer
+
+    from localgen.cli import app, params
+    from localgen.cli.optionorder import typed_as
+
+    params.install()
+    launch = typer.main.get_command(app.build("launch")).commands["launch"]  # type: ignore[attr-defined]
+    for args, said in ((["codex", "--ctx", "8192", "--", "-c", "effort=high"], ("--ctx", "--gpu-layers")),
+                       (["codex", "-c", "8192", "--ctx-size=9", "-ngl", "3"], ("--ctx-size", "-ngl"))):
+        ctx = launch.make_context("launch", args)
+        assert (typed_as(ctx, "n_ctx"), typed_as(ctx, "gpu_layers")) == said, args

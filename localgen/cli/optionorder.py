@@ -35,6 +35,8 @@ def typed_as(ctx: typer.Context, name: str) -> str:
     first long name where it was not typed."""
     param = next(p for p in ctx.command.params if p.name == name)
     spellings = [*param.opts, *param.secondary_opts]
-    typed = (arg.split("=", 1)[0] for arg in reversed(ctx.meta.get(_ARGS, ())))
+    args = list(ctx.meta.get(_ARGS, ()))
+    mine = args[:args.index("--")] if "--" in args else args  # (what follows `--` is another program's: launch's)
+    typed = (arg.split("=", 1)[0] for arg in reversed(mine))
     return next((flag for flag in typed if flag in spellings),
                 next((flag for flag in spellings if flag.startswith("--")), spellings[0]))
