@@ -9,6 +9,7 @@ import re
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,24 @@ def test_one_server_under_two_names_is_named_twice_before_load(
     assert r.returncode == 2 and r.stdout == "" and r.stderr == (
         f"localgen: error: localhost:{port} and 127.0.0.1:{port} are one RPC server (127.0.0.1:{port}), named twice "
         "(give each server once)\n"), r.stderr
+
+
+def test_one_server_under_a_second_name_in_a_later_load_is_named_twice(
+        servers: list[tuple[subprocess.Popen[bytes], str]]) -> None:
+    """The same check against the servers of earlier loads in the process (serve's models may each name theirs):
+    a later name for a server already added is refused, not waited on for ever. In a process of its own: added
+    servers stay in llama.cpp's registry for the process's life."""
+    port = servers[0][1].rpartition(":")[2]
+    script = ("from localgen.errors import UsageError\n"
+              "from localgen.native import devices\n"
+              f"devices.register_rpc(('localhost:{port}',))\n"
+              "try:\n"
+              f"    devices.register_rpc(('127.0.0.1:{port}',))\n"
+              "except UsageError as e:\n"
+              "    print(e.message)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.stdout == f"localhost:{port} and 127.0.0.1:{port} are one RPC server (127.0.0.1:{port}), named twice\n", \
+        (r.stdout, r.stderr)
 
 
 def test_a_server_serving_another_client_says_it_may_be(cli: CLI,

@@ -259,7 +259,8 @@ def _one_each(servers: tuple[str, ...]) -> None:
     for endpoint in servers:
         peer = _peers.get(endpoint)
         if peer is not None and peer in seen:
-            raise UsageError(f"{seen[peer]} and {endpoint} are one RPC server ({peer[0]}:{peer[1]}), named twice",
+            host = f"[{peer[0]}]" if ":" in str(peer[0]) else peer[0]  # an IPv6 address as a URL writes it
+            raise UsageError(f"{seen[peer]} and {endpoint} are one RPC server ({host}:{peer[1]}), named twice",
                              hint="give each server once")
         if peer is not None:
             seen[peer] = endpoint
@@ -272,7 +273,7 @@ def register_rpc(servers: tuple[str, ...]) -> list[Device]:
     for endpoint in servers:
         if endpoint not in _registered:
             rpc_hello(endpoint)
-    _one_each(servers)
+    _one_each((*sorted(_registered - set(servers)), *servers))  # those of earlier loads too (serve's)
     from localgen.native.lib import exit_when_stuck
 
     exit_when_stuck()  # a server may yet go silent mid-load or mid-answer: a second Ctrl-C then ends the process
