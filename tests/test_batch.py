@@ -721,6 +721,24 @@ def test_a_line_written_after_the_ctrl_c_echo_begins_a_line_of_its_own(monkeypat
     assert re.sub(r"\x1b\[[0-9;]*m", "", got) == "\r\nfirst\r\nwaiting\r\n", repr(got)
 
 
+def test_file_dash_is_stdin_refused_at_a_terminal_and_with_no_stdin(cli_env: dict[str, str], cli: CLI) -> None:
+    """run.md, embed.md: `--file -` reads stdin; where stdin is the terminal it is refused at once, as `-a -` is
+    (it loaded the model, then waited on the terminal saying nothing), and with --no-stdin, as --each-line is."""
+    import pexpect
+
+    from tests import terminal
+
+    for command in (["run", "--file", "-", "-n", "2"], ["embed", "--file", "-"]):
+        child = terminal.spawn(dict(cli_env), command, timeout=60)
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 2 and child.before.strip().count("\n") == 0, child.before
+        assert "--file - reads stdin, but stdin is this terminal" in child.before, child.before
+    r = cli("run", "--file", "-", "--no-stdin", "-n", "2", input="hi\n")
+    assert r.returncode == 2 and r.stdout == "" and "--file - reads its prompts from stdin: it cannot be combined " \
+        "with --no-stdin" in r.stderr, r.stderr
+
+
 def test_a_file_with_no_prompts_is_a_usage_error(cli: CLI, tmp_path: Path) -> None:
     """An empty --file, or one of blank lines, says so (exit 2) before the model loads; it printed nothing and
     exited 0. A FIFO, which cannot be read ahead, says it after its lines are read."""

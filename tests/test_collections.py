@@ -456,6 +456,10 @@ def test_embed_of_an_empty_file_or_dev_zero_is_one_line_and_keeps_the_collection
     assert f"nothing to embed: --file {empty} is empty" in r.stderr, r.stderr
     r = hcli("embed", "-m", bert, "--store", "notes", "--replace", "--file", "-", input="\n \n")  # - is stdin
     assert r.returncode == 2 and "nothing to embed: every line of stdin is blank" in r.stderr, r.stderr
+    with open("/dev/zero", "rb") as zero:  # named stdin, not /dev/stdin, in every error
+        p = subprocess.run(hcli.argv("embed", "-m", bert, "--file", "-"), stdin=zero, capture_output=True,
+                           text=True, env=hcli.env, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("localgen: error: stdin is larger than 256 MiB"), p.stderr
     r = hcli("embed", "-m", bert, "--store", "notes", "--replace", "--file", "/dev/zero", timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "/dev/zero is larger than 256 MiB" in r.stderr

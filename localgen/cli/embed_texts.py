@@ -41,11 +41,12 @@ def read_texts(texts: list[str] | None, file: Path | None, by_content: bool = Fa
     if file:
         from localgen.text import decode
 
+        shown = shown_input(file)  # --file - is stdin, named so
         with file.open("rb") as stream:
             data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
-        _bounded(len(data), str(file), verb)
-        lines = decode(data, str(file)).removeprefix(BOM).split("\n")
-        source = "stdin" if shown_input(file) == "stdin" else f"--file {file}"
+        _bounded(len(data), shown, verb)
+        lines = decode(data, shown).removeprefix(BOM).split("\n")
+        source = "stdin" if shown == "stdin" else f"--file {file}"
     elif sys.stdin is not None and not sys.stdin.isatty():
         text = sys.stdin.read(MAX_INPUT + 1)
         _bounded(len(text), "stdin", verb)

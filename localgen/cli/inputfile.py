@@ -79,7 +79,13 @@ STDIN_FILE = "/dev/stdin"  # what `--file -` reads: stdin as a file (a pipe or a
 def input_path_or_stdin(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     """input_path for a flag where `-` is stdin (run's and embed's --file), read as the file STDIN_FILE."""
     import os
+    import sys
 
+    if value == "-" and not ctx.resilient_parsing and sys.stdin is not None and sys.stdin.isatty():
+        from localgen.errors import UsageError  # (as -a - is refused there: nothing would say it waits on you)
+
+        raise UsageError(f"{param.opts[0]} - reads stdin, but stdin is this terminal",
+                         hint="pipe the lines in, or give the file's path")
     if value == "-" and os.path.exists(STDIN_FILE):
         value = STDIN_FILE
     return input_path(ctx, param, value)
