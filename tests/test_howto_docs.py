@@ -104,7 +104,8 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
     claude = anthropic.Anthropic(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
     with pytest.raises(anthropic.NotFoundError) as found:
         claude.messages.create(model="claude-sonnet-4-6", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
-    assert "did you mean /v1/messages? (an Anthropic client's base URL has no /v1" in str(found.value), found.value
+    assert "did you mean /v1/messages? (an Anthropic client's base URL is http://HOST:PORT, with no /v1" in \
+        str(found.value), found.value
     # clients.md: an OpenAI client without /v1 works too (llama-server's spellings without it are served), but for
     # a route that has no such spelling: the 404 names it
     codex = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
@@ -121,11 +122,17 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
             model="smollm2:135m", messages=[{"role": "user", "content": "Hi"}])
     assert "did you mean /api/chat? (an Ollama client's host has no /v1" in str(found3.value), found3.value
     assert found3.value.error.startswith("Invalid URL"), found3.value  # in Ollama's error shape, which it reads
-    for path in ("/api/chat/completions", "/api/v1/chat/completions"):  # an OpenAI client given Ollama's /api
+    for path in ("/api/chat/completions", "/api/v1/chat/completions"):  # an OpenAI client given Ollama's /api:
+        # OpenAI's shape, which it reads
         r = httpx.post(f"{server.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
-        assert r.status_code == 404 and r.json()["error"] == (
+        assert r.status_code == 404 and r.json()["error"]["message"] == (
             f"Invalid URL (POST {path}): did you mean /v1/chat/completions? (an OpenAI client's base URL ends in "
             "/v1)"), r.text
+    for path in ("/api/messages", "/messages"):  # Anthropic's route: its rule, in its shape
+        r = httpx.post(f"{server.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
+        assert r.status_code == 404 and r.json()["type"] == "error" and r.json()["error"]["message"].endswith(
+            "did you mean /v1/messages? (an Anthropic client's base URL is http://HOST:PORT, with no /v1: it adds "
+            "/v1 itself)"), r.text
     r = httpx.post(f"{server.url}/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
     assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nothing)", r.text
 

@@ -64,9 +64,9 @@ def api_of(path: str, headers: Mapping[str, str] | None = None) -> str:
     """Whose error shape a route answers in, by its path: Anthropic's, Ollama's, else OpenAI's. The model
     listings are both OpenAI's and Anthropic's: a request carrying anthropic-version (as Anthropic's clients
     send on every call) is answered in Anthropic's shape there."""
-    if path.startswith(("/api/", "/v1/api/")):  # (the second: an Ollama client given /v1, whose 404 it reads)
+    if path.startswith("/api/"):
         return OLLAMA
-    if path.startswith(("/v1/messages", "/v1/v1/messages")):
+    if path.startswith("/v1/messages"):
         return ANTHROPIC
     path = ALIASES.get(path, path)  # llama-server's GET /models is /v1/models: its errors too
     shared = path == "/v1/models" or path.startswith("/v1/models/")
@@ -151,6 +151,8 @@ def _temp_folders() -> set[str]:
     return {os.path.abspath(p) for p in named | {"/tmp", "/var/tmp", "/usr/tmp"} if p}
 
 
-def error_response(request: Request, e: HTTPError, headers: Mapping[str, str] | None = None) -> Response:
-    """The error as its route's API answers it."""
-    return JSONResponse(error_body(api_of(request.url.path, request.headers), e), status_code=e.status, headers=headers)
+def error_response(request: Request, e: HTTPError, headers: Mapping[str, str] | None = None,
+                   path: str | None = None) -> Response:
+    """The error as its route's API answers it (`path`'s, where the request meant another route: a 404's)."""
+    return JSONResponse(error_body(api_of(path or request.url.path, request.headers), e), status_code=e.status,
+                        headers=headers)

@@ -148,10 +148,13 @@ def _error_handlers(front: Front, routes: list[Route]) -> dict[Any, _Handler]:
         """Starlette's own refusals (no such route, a method the route does not take) in the API's shape."""
         assert isinstance(exc, HTTPException)
         where = f"{request.method} {request.url.path}"[:200]
-        message = {404: f"Invalid URL ({where}){_meant(request.url.path, routes)}",
+        meant = _meant(request.url.path, routes) if exc.status_code == 404 else None
+        message = {404: f"Invalid URL ({where})" + (f": did you mean {meant[0]}? ({meant[1]})" if meant else ""),
                    405: f"Method not allowed ({where}; it takes "
                    f"{(exc.headers or {}).get('Allow', 'another method')})"}.get(exc.status_code, str(exc.detail))
-        return error_response(request, HTTPError(exc.status_code, message, "invalid_request_error"), exc.headers)
+        # in the shape of the API of the route meant: the one its client speaks
+        return error_response(request, HTTPError(exc.status_code, message, "invalid_request_error"), exc.headers,
+                              meant[0] if meant else None)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         # the traceback goes to the server's log (FrontDoor writes it once this 500 is sent), never to the client
@@ -419,20 +422,20 @@ class Drain:
                 self.front.log.warning(f"the tool call {name} is abandoned, still running: {STOPPING}")
 
 
-def _meant(path: str, routes: list[Any]) -> str:
+def _meant(path: str, routes: list[Any]) -> tuple[str, str] | None:
     """For a path that is a route but for its /v1 (a client's base URL given with /v1 where it adds it itself,
     as Anthropic's and Ollama's clients do, or without it, or with /api, where it does not, as OpenAI's): which
     route it meant, and why."""
     if path.startswith("/v1/api/"):  # an Ollama client given the OpenAI base URL
         alt, why = path[3:], "an Ollama client's host has no /v1: http://HOST:PORT"
-    elif path.startswith("/v1/v1/messages"):
-        alt, why = path[3:], "an Anthropic client's base URL has no /v1: it adds it"
     elif path.startswith("/v1/v1/"):
         alt, why = path[3:], "the client adds /v1 itself: give its base URL without /v1"
     elif path.startswith(("/api/v1/", "/api/")):  # an OpenAI client given Ollama's /api (or /api/v1)
         alt, why = "/v1" + path.removeprefix("/api").removeprefix("/v1"), "an OpenAI client's base URL ends in /v1"
     elif path.startswith("/v1/"):
-        return ""
+        return None
     else:
         alt, why = "/v1" + path, "an OpenAI client's base URL ends in /v1"
-    return f": did you mean {alt}? ({why})" if alt in {getattr(r, "path", None) for r in routes} else ""
+    if alt.startswith("/v1/messages"):  # Anthropic's route: its client's rule
+        why = "an Anthropic client's base URL is http://HOST:PORT, with no /v1: it adds /v1 itself"
+    return (alt, why) if alt in {getattr(r, "path", None) for r in routes} else None
