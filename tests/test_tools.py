@@ -362,7 +362,7 @@ def test_run_tool_failures_are_one_line_errors(cli: CLI, cli_in_process: InProce
              "Go.")
     assert r.returncode == 1 and "stall did not finish within 1 s" in r.stderr
     r = _run(cli_in_process, "--functions", fns, "--yes", "--tool-choice", "nosuch", "Go.")  # refused before the load
-    assert r.returncode == 1 and "not among the tools" in r.stderr
+    assert r.returncode == 1 and "which is none of the tools" in r.stderr
     r = _run(cli_in_process, "--tool-choice", "get_weather", "--yes", "Go.")  # no tools at all: a usage error
     assert r.returncode == 2 and "go with tools: add --functions or --mcp" in r.stderr
     r = _run(cli_in_process, "--functions", str(ROOT / "tests" / "conftest.py"), "--yes", "--raw", "Go.")
@@ -837,7 +837,8 @@ def test_a_listing_in_pages_is_read_to_its_end_and_one_that_never_ends_is_one_li
     for command, pages in (("run", "1"), ("chat", "1"), ("run", "emptycursor")):  # an empty cursor: the end
         r = cli_in_process(command, "-m", missing, "--mcp", f"{MCP} --pages {pages}", "--yes", "--tool-choice",
                            "crash", *(["Go."] if command == "run" else []), input="Go.\n")
-        assert r.returncode != 0 and "missing.gguf" in r.stderr and "not among the tools" not in r.stderr, r.stderr
+        assert r.returncode != 0 and "missing.gguf" in r.stderr, r.stderr
+        assert "which is none of the tools" not in r.stderr, r.stderr
     for how, said in (("same", "sent the same tools/list cursor twice: its listing would never end"),
                       ("endless", "listed its tools in more than 1,000 pages: at most 1,000 are read"),
                       ("bigcursor", "sent a tools/list cursor of 5,000 characters: at most 4,096 are sent back")):
@@ -928,11 +929,11 @@ def test_an_mcp_tool_whose_name_a_request_cannot_carry_is_left_out_of_run_with_a
     kept (a name holding a space, a newline and a quote was offered to the model as it was)."""
     missing = str(tmp_path / "missing.gguf")
     r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --bad-names", "--yes", "--tool-choice", "add", "Go.")
-    assert r.returncode != 0 and "missing.gguf" in r.stderr and "not among the tools" not in r.stderr, r.stderr
+    assert r.returncode != 0 and "missing.gguf" in r.stderr and "which is none of the tools" not in r.stderr, r.stderr
     assert "is left out: a tool's name must be 1-64 ASCII letters, digits, _ . or -" in r.stderr
     assert "tool 'a b\\n\"c' is left out" in r.stderr and "tool 'search_" + "x" * 73 + "' is left out" in r.stderr
     r = cli_in_process("run", "-m", missing, "--mcp", f"{MCP} --bad-names", "--yes", "--tool-choice", "a b", "Go.")
-    assert r.returncode != 0 and "not among the tools" in r.stderr, r.stderr
+    assert r.returncode != 0 and "which is none of the tools" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("command", ["run", "chat"])

@@ -26,8 +26,8 @@ def open_toolbox(tools: ToolOptions | None) -> Any:
     try:
         check_choice(box.specs, named_choice(tools.tool_choice or "auto"))
     except ToolError:
-        box.close()
         names = ", ".join(t.name for t in box.specs[:TOOLS_NAMED]) + (", ..." if len(box.specs) > TOOLS_NAMED else "")
+        box.close()
         raise ToolError(f"--tool-choice names {tools.tool_choice!r}, which is none of the tools: {names or 'none'}",
                         "give auto, none, required or a tool's name") from None
     except BaseException:
