@@ -747,21 +747,34 @@ def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, ser
     page.select_option("#model", "thinker")
     page.wait_for_function("() => document.getElementById('attach').title === 'thinker takes no images'")
     assert not page.is_enabled("#attach")
-    page.evaluate("""(b64) => {  // pasted (the page takes a picture from the clipboard too)
+    page.evaluate("""(b64) => {  // pasted: refused as the button is (the page takes a picture from the clipboard)
         const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
         const data = new DataTransfer();
         data.items.add(new File([bytes], 'p.png', {type: 'image/png'}));
         document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', {clipboardData: data}));
     }""", base64.b64encode(picture).decode())
-    page.locator("#attachments img").wait_for()
+    page.wait_for_function("() => !document.getElementById('banner').hidden")
+    assert page.inner_text("#banner-text") == "thinker takes no images: pick a model that does to send one."
+    assert page.locator("#attachments img").count() == 0
+    # the conversation's first message holds a picture, which each message sends again: the server refuses it for
+    # this model, and the note says which message to edit (each later message met the same error, unexplained)
     article = ask(page, "And now?")
-    assert article.locator(".note").inner_text() == "thinker reads text only: it has no multimodal projector (HTTP 400)"
+    assert article.locator(".note").inner_text() == (
+        "thinker reads text only: it has no multimodal projector (HTTP 400). A message of this conversation holds a "
+        "picture, which each message sends again: edit that message to branch off without it, or start a new chat.")
     page.click("#new-chat")
     page.select_option("#model", "smollm2:135m")
-    article = ask(page, "word " * 3000)
+    article = ask(page, "word " * 3000)  # a first message: nothing earlier to branch off from
     note = article.locator(".note").inner_text()
     assert note.startswith("Too long for the model's window: the prompt is "), note
-    assert "context window is 2,048. Start a new chat, or edit an earlier message" in note
+    assert note.endswith("context window is 2,048. Send a shorter message."), note
+    ask(page, "Hi")
+    article = ask(page, "word " * 3000)  # a later message: branch off from an earlier one
+    assert article.locator(".note").inner_text().endswith(
+        "Start a new chat, or edit an earlier message to branch off with less."), article.locator(".note").inner_text()
+    page.select_option("#model", "gemma3:270m")  # a base model: the page says it cannot chat before a message fails
+    page.wait_for_function("() => document.getElementById('model-note').textContent.startsWith('a base model')")
+    assert page.inner_text("#model-note") == "a base model, with no chat template: it cannot chat; pick another"
 
 
 def sse(body: str) -> Any:
@@ -1507,7 +1520,7 @@ def test_a_full_local_storage_and_a_model_removed_while_picked(tab: Tab, server:
     }""")
     page.select_option("#model", "gemma3:270m")
     page.wait_for_function("() => document.getElementById('attach').title === 'gemma3:270m takes no images'")
-    assert page.locator("#model-note").inner_text() == "not loaded yet: the first message loads it"
+    assert page.locator("#model-note").inner_text().startswith("a base model, with no chat template: it cannot chat")
     page.evaluate("localStorage.clear()")
     r = httpx.post(f"{server.url}/api/create", headers=_auth(), json={
         "model": "gone-soon", "from": "smollm2:135m", "stream": False})

@@ -111,14 +111,16 @@ export async function loaded() {
   return new Set(doc.data.filter((m) => m.status && m.status.value === "loaded").map((m) => m.id));
 }
 
-/** What a model takes ("vision", "thinking", ...), from its GGUF header: nothing is loaded. */
+/** What a model takes ("vision", "thinking", ...), from its GGUF header: nothing is loaded; and "chat" where it
+ * has a chat template (a base model has none: the server refuses its chats). */
 export async function capabilities(model) {
   const doc = await json("api/show", {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ model }),
   });
-  return Array.isArray(doc.capabilities) ? doc.capabilities : [];
+  const caps = Array.isArray(doc.capabilities) ? doc.capabilities : [];
+  return typeof doc.template === "string" && doc.template.trim() ? [...caps, "chat"] : caps;
 }
 
 /** The tools the server offers (serve's --mcp and --functions): [{type, function: {name, description,

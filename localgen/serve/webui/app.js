@@ -36,6 +36,7 @@ const state = {
   loaded: new Set(), // the models loaded now, as /models said last
   loadedKnown: false, // whether /models has answered yet (until then the note says nothing)
   vision: null, // whether the picked model takes images (null: unknown, so the page lets you try)
+  chats: null, // whether it has a chat template (false: a base model, whose chats the server refuses)
   running: null, // {controller, conv, answer, calls, asking, calling} while an answer streams or runs its tools
   tools: null, // the server's tools (/tools): a list, [] with none, null when it could not say
   toolsError: "", // why /tools could not be read
@@ -243,6 +244,7 @@ async function modelChanged(chosen) {
     state.loadedKnown = true;
   }
   state.vision = caps.status === "fulfilled" ? caps.value.includes("vision") : null;
+  state.chats = caps.status === "fulfilled" ? caps.value.includes("chat") : null;
   ui.attach.disabled = state.vision === false;
   ui.attach.title = {
     true: `Attach an image for ${name}`,
@@ -270,6 +272,11 @@ function showNote() {
     return;
   }
   const loading = state.loading === name;
+  if (state.chats === false && !loading) { // a base model: the server refuses its chat (no chat template)
+    ui.note.className = "warning";
+    ui.note.textContent = "a base model, with no chat template: it cannot chat; pick another";
+    return;
+  }
   ui.note.className = loading ? "loading" : "";
   if (loading) ui.note.textContent = `Loading ${name}…`;
   else if (!state.loadedKnown) ui.note.textContent = "";
@@ -939,6 +946,12 @@ function pictured(m) {
   return !conv || tree.path(conv, m.parent).some((x) => x.images && x.images.length);
 }
 
+/** Whether `m` answers the conversation's first message (no earlier one to branch off from). */
+function firstAnswer(m) {
+  const conv = state.conv.messages[m.id] === m ? state.conv : null;
+  return !!conv && tree.path(conv, m.parent).filter((x) => x.role === "user").length <= 1;
+}
+
 function noteOf(m) {
   const run = runOf(m);
   if (run && run.asking) return [el("span", null, `Waiting for you: Run or Deny the call to ${run.asking.name}.`)];
@@ -949,7 +962,13 @@ function noteOf(m) {
       size: pictured(m)
         ? " Each message sends the conversation's pictures again: start a new chat to send fewer."
         : " Each message sends the whole conversation again: start a new chat, or send less.",
-      context: " Start a new chat, or edit an earlier message to branch off with less.",
+      context: firstAnswer(m)
+        ? " Send a shorter message."
+        : " Start a new chat, or edit an earlier message to branch off with less.",
+      refused: pictured(m) && /reads text only/.test(m.error.message)
+        ? " A message of this conversation holds a picture, which each message sends again: edit that message to "
+          + "branch off without it, or start a new chat."
+        : "",
     }[m.error.kind] || "";
     const what = m.error.kind === "context" ? "Too long for the model's window: " : "";
     const said = advice && !/[.!?]$/.test(m.error.message) ? m.error.message + "." : m.error.message;
@@ -1551,6 +1570,10 @@ function stop() {
 // ---- attachments
 
 async function attach(files) {
+  if (state.vision === false) { // (the button is off; a picture pasted or dropped would be refused by the server)
+    banner(`${ui.model.value} takes no images: pick a model that does to send one.`, null, "info");
+    return;
+  }
   for (const file of files) {
     if (!file.type.startsWith("image/")) {
       banner(`${file.name} is not an image.`, null, "info");
