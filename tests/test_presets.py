@@ -1027,7 +1027,9 @@ def test_a_preset_of_thousands_of_turns_is_refused_by_its_rendered_size(pcli: In
     """A preset whose MESSAGE turns render past what the window could hold is refused by the characters the
     template wrote, before they are tokenized (each turn's few characters of markup were not counted: a preset
     of 40,000 turns tokenized for half a minute before "the prompt is 428,921 tokens")."""
-    turns = "".join(f"MESSAGE user {'word ' * 34}word\n" for _ in range(5400))  # 945,000 characters of text
+    # 1,029,000 characters of text, under the 1 MiB past which a prompt is refused by its size: the turns' markup
+    # takes it past (in 1,000 turns: 5,400 shorter ones took the template past its 2 s on a loaded CI's cores)
+    turns = "".join(f"MESSAGE user {'word ' * 205}word\n" for _ in range(1000))
     assert pcli("create", "many", "-f", "-", input=f"FROM smollm2:135m\n{turns}").returncode == 0
     line = one_error(pcli("run", "-m", "many", "-p", "hi", "-n", "1", "--ctx", "4096"), "the prompt is ")
     assert "characters; the context window of 4,096 tokens holds at most 131,072" in line, line
