@@ -12,6 +12,7 @@ import * as tree from "./tree.js";
 
 const $ = (id) => document.getElementById(id);
 const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
+const REACH_RETRY_MS = 5000; // how often the page asks again for a server out of reach
 const MAX_IMPORT_BYTES = 64 * 1024 * 1024; // a file to import: read whole, then parsed, so bounded first
 const SAVE_EVERY_MS = 1500; // while an answer streams, what came so far is kept this often (a reload keeps it)
 const MODEL_KEY = "localgen.model";
@@ -74,6 +75,7 @@ function button(label, className, onClick, aria) {
 
 let retry = null;
 let about = null; // what the banner on screen is about
+let reachTimer = null; // watchReach's interval while the server is out of reach
 
 function banner(message, again = null, kind = "error", subject = "notice") {
   ui.bannerText.textContent = message;
@@ -173,6 +175,7 @@ async function loadModels() {
     // the server out of reach: said until any call reaches it again (onReached), not only this one
     banner(e.message, loadModels, "error", e.kind === "network" ? "reach" : "models");
     ui.note.textContent = "";
+    if (e.kind === "network") watchReach();
     return;
   }
   clearBanner("models"); // its own complaint: another (a conversation not found) stays
@@ -193,6 +196,20 @@ async function loadModels() {
     banner("The server offers no model: pull one with localgen pull, then Retry.", loadModels, "error", "models");
   }
   await modelChanged(false);
+}
+
+/** While the server is out of reach, ask again every REACH_RETRY_MS (the page visible, no answer coming): the
+ * banner goes once it is back, without a press of Retry. */
+function watchReach() {
+  if (reachTimer !== null) return;
+  reachTimer = setInterval(() => {
+    if (about !== "reach" || ui.banner.hidden) {
+      clearInterval(reachTimer);
+      reachTimer = null;
+    } else if (document.visibilityState === "visible" && !state.running) {
+      loadModels();
+    }
+  }, REACH_RETRY_MS);
 }
 
 async function loadTools() {
