@@ -622,6 +622,7 @@ def test_a_later_store_with_another_file_of_the_same_name_is_refused(hcli: CLI, 
     same.parent.mkdir()
     shutil.copyfile(bert, same)
     assert _store(hcli, str(same), "notes", "a dog") == "notes: 1 embedded and stored, 0 unchanged\n"
+    refused = refused.replace(f"-m {bert},", f"-m {same},")  # the collection loads the copy now: where it was stored
     with closing(sqlite3.connect(_db(hcli))) as conn, conn:  # as a collection was kept before
         conn.execute("ALTER TABLE collections DROP COLUMN model_id")
     assert [c["name"] for c in _listed(hcli)] == ["notes"]
@@ -639,6 +640,27 @@ def test_a_later_store_with_another_file_of_the_same_name_is_refused(hcli: CLI, 
         assert (r.returncode, r.stdout) == (2, ""), (args, r.stderr)
         assert r.stderr.startswith(f"localgen: error: the collection 'others' was made with another tiny-bert.gguf "
                                    f"than {other} is now (a file of other content)"), (args, r.stderr)
+
+
+def test_a_store_with_the_model_moved_records_where_it_is_now(hcli: CLI, bert: str, tmp_path: Path) -> None:
+    """docs/embed.md: the same file moved is the same model, and a store with it records where it is now, so
+    `similar` loads it from there (the collection kept the old path: similar and --rag failed with "no such model
+    file" whatever was stored, and the hint said to store it again)."""
+    import shutil
+
+    first, moved = tmp_path / "a" / "bert.gguf", tmp_path / "b" / "bert.gguf"
+    first.parent.mkdir()
+    shutil.copyfile(bert, first)
+    _store(hcli, str(first), "notes", *LINES)
+    moved.parent.mkdir()
+    first.rename(moved)
+    r = hcli("similar", "notes", "a cat", "-n", "1")
+    assert r.returncode == 1 and f"the collection 'notes' was made with {first}: no such model file" in r.stderr
+    assert "store into the collection with it from where it is now (`localgen embed -m PATH --store notes" in \
+        r.stderr, r.stderr
+    assert _store(hcli, str(moved), "notes", "a bird") == "notes: 1 embedded and stored, 0 unchanged\n"
+    r = hcli("similar", "notes", LINES[0], "-n", "1")
+    assert r.returncode == 0 and json.loads(r.stdout)["content"] == LINES[0], r.stderr
 
 
 FULL_DISK_STORE = r'''

@@ -71,7 +71,9 @@ class Retriever:
                     f"the collection {self.name!r} was made with {spec}: {e.message}",
                     hint="a relative path is read from the current folder: run this from the folder it was stored "
                          "from, or store it again with the model's full path" if relative
-                    else e.hint or "bring the model back, or store the collection again with another") from None
+                    else e.hint or f"bring the model back, or store into the collection with it from where it is "
+                    f"now (`localgen embed -m PATH --store {self.name} ...`: the same file is the same model, and "
+                    "the collection then loads it from there)") from None
             if c.model_id is not None and store.fingerprint(backend.engine.model.path,
                                                             backend.engine.adapters) != c.model_id:
                 backend.close()

@@ -222,7 +222,8 @@ def put(c: Collection, rows: list[tuple[str, str, list[float] | bytes]], keep: I
     IMMEDIATE: it waits for other writers): the collection's record where it is new (else a check that it was made
     the same way: several processes may make it at once, and the first stays), every row and the removals, or
     nothing (a first run that fails leaves no collection). A collection made before fingerprints were recorded
-    takes c's, its model's name being the same. How many were removed."""
+    takes c's, its model's name being the same; one stored with the same file by another name (moved, copied)
+    records that name, which `similar` loads. How many were removed."""
     import json
 
     now = time.time()
@@ -233,7 +234,12 @@ def put(c: Collection, rows: list[tuple[str, str, list[float] | bytes]], keep: I
             conn.execute("INSERT OR IGNORE INTO collections (name, model, model_spec, pooling, dimensions, normalized, "
                          "created, model_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                          (name, c.model, c.model_spec, c.pooling, c.dimensions, int(c.normalized), now, c.model_id))
-            _same_way(next(iter(db.table("collections").rows_where("name = ?", [name]))), c)
+            stored = next(iter(db.table("collections").rows_where("name = ?", [name])))
+            _same_way(stored, c)
+            if c.model_id is not None and stored.get("model_id") == c.model_id and stored["model_spec"] != c.model_spec:
+                # the same file by another name (moved, copied, downloaded again): `similar` and --rag load it as
+                # this run named it, the name the collection had may be gone
+                conn.execute("UPDATE collections SET model_spec = ? WHERE name = ?", (c.model_spec, name))
             if c.model_id is not None:
                 conn.execute("UPDATE collections SET model_id = ? WHERE name = ? AND model_id IS NULL",
                              (c.model_id, name))
