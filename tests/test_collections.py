@@ -440,6 +440,10 @@ def test_a_collection_name_with_control_characters_is_refused(hcli: CLI, bert: s
         r = hcli("embed", "-m", bert, "--store", name, "the cat")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stdout == "", r.stderr
         assert "cannot hold control characters" in r.stderr
+    for name in ("d ", " d"):  # listed, it read as d's name (a collection of its own)
+        r = hcli("embed", "-m", bert, "--store", name, "the cat")
+        assert r.returncode == 2 and r.stderr == (f"localgen: error: --store {name!r}: a collection's name cannot "
+                                                  "begin or end with a space (--store 'd')\n"), r.stderr
     assert not _db(hcli).exists()
 
 

@@ -469,6 +469,9 @@ def _check_flags(f: EmbedArgs) -> None:
         checked(f.store, "--store")  # a byte that is not UTF-8 cannot be a name SQLite stores
     if f.store and controls(f.store):  # one line a collection, wherever listed
         raise UsageError(f"--store {f.store!r}: a collection's name cannot hold control characters (a newline, a tab)")
+    if f.store and f.store != f.store.strip():  # listed, it would read as another collection's name
+        raise UsageError(f"--store {f.store!r}: a collection's name cannot begin or end with a space",
+                         hint=f"--store {f.store.strip()!r}")
     if f.replace and not f.store:
         raise UsageError("--replace needs --store NAME (the collection whose other entries it removes)")
     shaping = [flag for flag, on in (("--json", f.json_out), ("--format", f.given("fmt"))) if on]
