@@ -470,6 +470,17 @@ def test_ctrl_c_during_a_quantize_leaves_no_file(qcli: CLI, smollm2_f16: Path, t
         assert [x.name for x in folder.iterdir()] == (["q.gguf"] if force else [])
     assert sha256_file(out) == before
     assert "a result it was replacing (`--force`) is kept as it was" in _flat("quantize.md")
+    # a SIGTERM (timeout, a kill) the same, into a folder it made: removed (it printed nothing and left the folder)
+    made = tmp_path / "made" / "sub"
+    p = qcli.popen("quantize", str(smollm2_f16), "Q4_K_M", "-o", f"{made}/", "-t", "1", stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE)
+    _wait_for_bytes(p)
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=60)
+    err = p.stderr.read().decode() if p.stderr else ""
+    assert rc == 143 and "stopped by SIGTERM: nothing was written (" in err, (rc, err)
+    assert not (tmp_path / "made").exists()
+    assert "A SIGTERM or SIGHUP does the same" in _flat("quantize.md")
 
 
 def _wait_for_bytes(p: Any) -> None:

@@ -202,31 +202,38 @@ def prepare(src: Path, type_text: str, base: str, output: str | None, opts: Any)
 def run_job(job: Any, model_name: str | None, made: Path | None = None) -> Any:
     """Run a planned quantization with a progress bar; Ctrl-C removes what it wrote (and the folders made for it,
     `made`) and exits at once. A model of localgen's gets its record of what it was made from."""
+    import signal
+
     from localgen.cli.progress import make_progress
+    from localgen.cli.signals import ended_by_term, term_as_interrupt
     from localgen.quant import quantize as q
 
     replacing = job.out.exists()
-    try:
-        done = q.run(job, make_progress(), label=model_name)
-    except KeyboardInterrupt:
-        q.abandon(job)
-        if made is not None:
-            _unmake(job.out.parent, made)
-        kept = (f"the earlier {model_name or job.out.name} is kept as it was" if replacing else
-                f"{job.out.name} is not there")
-        exit_now(f"interrupted: nothing was written ({kept}; llama.cpp's call cannot be stopped, so localgen exits "
-                 "at once)")
+    with term_as_interrupt():  # a SIGTERM or SIGHUP (timeout, a kill, the terminal closed) as Ctrl-C
+        try:
+            done = q.run(job, make_progress(), label=model_name)
+        except KeyboardInterrupt:  # (handled inside: the block's end would end the process by the signal at once)
+            q.abandon(job)
+            if made is not None:
+                _unmake(job.out.parent, made)
+            kept = (f"the earlier {model_name or job.out.name} is kept as it was" if replacing else
+                    f"{job.out.name} is not there")
+            signum = ended_by_term()
+            exit_now(f"{f'stopped by {signal.Signals(signum).name}' if signum else 'interrupted'}: nothing was "
+                     f"written ({kept}; llama.cpp's call cannot be stopped, so localgen exits at once)",
+                     128 + signum if signum else 130)
     if model_name is not None:
         q.remember(done.path, job.made_from)
     return done, model_name
 
 
-def exit_now(message: str) -> None:
-    """Exit 130 at once: llama_model_quantize is still running in its thread and cannot be stopped or waited for."""
+def exit_now(message: str, code: int = 130) -> None:
+    """Exit at once (130: Ctrl-C; 143, 129: SIGTERM, SIGHUP): llama_model_quantize is still running in its thread
+    and cannot be stopped or waited for."""
     sys.stdout.flush()
     sys.stderr.write(f"localgen: {message}\n")
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(code)
 
 
 def _report(made: Any, json_out: bool) -> None:
