@@ -1047,6 +1047,8 @@ def test_the_ladder_measures_each_type_and_keeps_the_rows(qcli: CLI, tiny_f16: P
         assert 0 < rows[t]["kld"] == pytest.approx(d["kld"], rel=1e-6)
         assert rows[t]["ppl"] == pytest.approx(json.loads(alone.stdout)["ppl"], rel=1e-6)
         assert rows[t]["same_top"] == pytest.approx(d["same_top"], rel=1e-6)
+        # quantize-choose.md: under 100 positions scored no percentile is given, as llama-perplexity gives none
+        assert (rows[t]["kld_p99"] is None) == (d["kld_percentiles"] is None), (rows[t], d)
         assert rows[t]["size"] == Path(rows[t]["path"]).stat().st_size
         assert rows[t]["pp_ts"] > 0 and rows[t]["tg_ts"] > 0 and rows[t]["fits"] in ("CPU only", "full GPU")
     assert rows["Q8_0"]["bits_per_weight"] > rows["Q4_K_M"]["bits_per_weight"]
