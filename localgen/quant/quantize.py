@@ -101,8 +101,8 @@ def _tensor_type(flag: str, text: str | None) -> int | None:
     types = ggml_types()
     found = types.get(text.strip().lower())
     if found is None:
-        raise UsageError(f"{flag}: unknown ggml type {text!r}",
-                         hint=f"the ggml types a tensor can be quantized to: {', '.join(types)}")
+        raise UsageError(f"{flag}: {text!r} is no ggml type a tensor can be quantized to",
+                         hint=f"those types: {', '.join(types)}")
     return found
 
 
