@@ -665,6 +665,15 @@ def test_a_store_with_the_model_moved_records_where_it_is_now(hcli: CLI, bert: s
     assert _store(hcli, str(moved), "notes", "a bird") == "notes: 1 embedded and stored, 0 unchanged\n"
     r = hcli("similar", "notes", LINES[0], "-n", "1")
     assert r.returncode == 0 and json.loads(r.stdout)["content"] == LINES[0], r.stderr
+    # a collection made before fingerprints were kept: its first store takes the model's and where it is now
+    with closing(sqlite3.connect(_db(hcli))) as conn, conn:
+        conn.execute("ALTER TABLE collections DROP COLUMN model_id")
+    again = tmp_path / "c" / "bert.gguf"
+    again.parent.mkdir()
+    moved.rename(again)
+    assert _store(hcli, str(again), "notes", "a fish") == "notes: 1 embedded and stored, 0 unchanged\n"
+    r = hcli("similar", "notes", LINES[0], "-n", "1")
+    assert r.returncode == 0 and json.loads(r.stdout)["content"] == LINES[0], r.stderr
 
 
 FULL_DISK_STORE = r'''

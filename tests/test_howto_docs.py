@@ -128,6 +128,9 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
         assert r.status_code == 404 and r.json()["error"]["message"] == (
             f"Invalid URL (POST {path}): did you mean /v1/chat/completions? (an OpenAI client's base URL ends in "
             "/v1)"), r.text
+    r = httpx.post(f"{server.url}/v1/api/push", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
+    assert r.status_code == 404 and r.json()["error"] == "Invalid URL (POST /v1/api/push)", r.text  # a route
+    # localgen lacks, asked by an Ollama client given /v1: its shape still
     for path in ("/api/messages", "/messages"):  # Anthropic's route: its rule, in its shape
         r = httpx.post(f"{server.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
         assert r.status_code == 404 and r.json()["type"] == "error" and r.json()["error"]["message"].endswith(

@@ -97,9 +97,12 @@ def test_one_server_under_a_second_name_in_a_later_load_is_named_twice(
     a later name for a server already added is refused, not waited on for ever. In a process of its own: added
     servers stay in llama.cpp's registry for the process's life."""
     port = servers[0][1].rpartition(":")[2]
-    script = ("from localgen.errors import UsageError\n"
+    script = ("import socket\n"
+              "from localgen.errors import UsageError\n"
               "from localgen.native import devices\n"
               f"devices.register_rpc(('localhost:{port}',))\n"
+              f"held = socket.create_connection(('127.0.0.1', {port}))\n"  # as a model loaded through it holds it:
+              # the server, serving it, would answer no greeting (the refusal comes before one)
               "try:\n"
               f"    devices.register_rpc(('127.0.0.1:{port}',))\n"
               "except UsageError as e:\n"

@@ -2199,6 +2199,35 @@ def test_the_server_out_of_reach_is_no_longer_said_once_it_answers(tab: Tab) -> 
             ask(page, "Hi")
         page.wait_for_function("() => document.getElementById('banner').hidden", timeout=30_000)
 
+    asked: list[Any] = []
+    page.route("**/models", lambda route: route.abort() if not asked.append(route) and len(asked) == 1 else None)
+    page.evaluate("() => document.dispatchEvent(new Event('visibilitychange'))")
+    page.wait_for_function(BANNER_SAYS, arg="Cannot reach the server: is localgen serve still running?")
+    page.wait_for_timeout(11_000)  # two of the page's asks were due
+    assert len(asked) == 2, len(asked)  # the refused one, then one left hanging
+    page.unroute("**/models")
+
+
+def test_a_server_that_hangs_is_asked_once_at_a_time(tab: Tab) -> None:
+    """While the server is out of reach the page asks every 5 s; one that hangs rather than refuses is asked once
+    at a time (an ask every 5 s piled up, each answered at once when it came back)."""
+    page = tab.open()
+    page.wait_for_function("() => document.getElementById('model-note').textContent === 'loaded'")  # (its calls
+    # answered: one answered once the server was out of reach would say it is back)
+    asked: list[Any] = []
+
+    def hang_after_the_first(route: Any) -> None:  # (every call of the server's: any answer says it is back)
+        asked.append(route.request.url)
+        if len(asked) == 1:
+            route.abort()  # refused: the banner; the later ones are never answered
+
+    page.route("**/*", lambda route: route.continue_() if "/webui/" in route.request.url else
+               hang_after_the_first(route))
+    page.evaluate("() => document.dispatchEvent(new Event('visibilitychange'))")  # a tab shown again reads them
+    page.wait_for_function(BANNER_SAYS, arg="Cannot reach the server: is localgen serve still running?")
+    page.wait_for_timeout(16_000)  # three of the page's asks were due
+    assert [url.rpartition("/")[2] for url in asked] == ["models", "models"], asked  # refused, then one hanging
+
 
 def test_if_none_match_is_read_with_rfc_9110s_weak_comparison(server: Server) -> None:
     """docs/webui.md: a weak tag (W/"..."), as a proxy that compresses the file sends back, a list of tags, or `*`

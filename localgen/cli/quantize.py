@@ -233,6 +233,11 @@ def exit_now(message: str, code: int = 130) -> None:
     sys.stdout.flush()
     sys.stderr.write(f"localgen: {message}\n")
     sys.stderr.flush()
+    import signal
+
+    if code - 128 in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):  # ended by that signal, as its default
+        signal.signal(code - 128, signal.SIG_DFL)  # action ends a process (run's and embed's too); Ctrl-C: 130
+        os.kill(os.getpid(), code - 128)
     os._exit(code)
 
 

@@ -236,7 +236,8 @@ def put(c: Collection, rows: list[tuple[str, str, list[float] | bytes]], keep: I
                          (name, c.model, c.model_spec, c.pooling, c.dimensions, int(c.normalized), now, c.model_id))
             stored = next(iter(db.table("collections").rows_where("name = ?", [name])))
             _same_way(stored, c)
-            if c.model_id is not None and stored.get("model_id") == c.model_id and stored["model_spec"] != c.model_spec:
+            if c.model_id is not None and stored.get("model_id") in (None, c.model_id) and \
+                    stored["model_spec"] != c.model_spec:  # (None: one made before fingerprints takes c's, below)
                 # the same file by another name (moved, copied, downloaded again): `similar` and --rag load it as
                 # this run named it, the name the collection had may be gone
                 conn.execute("UPDATE collections SET model_spec = ? WHERE name = ?", (c.model_spec, name))

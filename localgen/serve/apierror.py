@@ -64,9 +64,9 @@ def api_of(path: str, headers: Mapping[str, str] | None = None) -> str:
     """Whose error shape a route answers in, by its path: Anthropic's, Ollama's, else OpenAI's. The model
     listings are both OpenAI's and Anthropic's: a request carrying anthropic-version (as Anthropic's clients
     send on every call) is answered in Anthropic's shape there."""
-    if path.startswith("/api/"):
+    if path.startswith(("/api/", "/v1/api/")):  # (the second: an Ollama client given /v1, for a route it lacks)
         return OLLAMA
-    if path.startswith("/v1/messages"):
+    if path.startswith(("/v1/messages", "/v1/v1/messages")):
         return ANTHROPIC
     path = ALIASES.get(path, path)  # llama-server's GET /models is /v1/models: its errors too
     shared = path == "/v1/models" or path.startswith("/v1/models/")

@@ -38,6 +38,7 @@ const state = {
   loadedKnown: false, // whether /models has answered yet (until then the note says nothing)
   vision: null, // whether the picked model takes images (null: unknown, so the page lets you try)
   chats: null, // whether it has a chat template (false: a base model, whose chats the server refuses)
+  capsOf: null, // the model `vision` and `chats` are of
   running: null, // {controller, conv, answer, calls, asking, calling} while an answer streams or runs its tools
   tools: null, // the server's tools (/tools): a list, [] with none, null when it could not say
   toolsError: "", // why /tools could not be read
@@ -202,12 +203,14 @@ async function loadModels() {
  * banner goes once it is back, without a press of Retry. */
 function watchReach() {
   if (reachTimer !== null) return;
+  let asking = false; // one ask at a time: a server that hangs rather than refuses would pile them up
   reachTimer = setInterval(() => {
     if (about !== "reach" || ui.banner.hidden) {
       clearInterval(reachTimer);
       reachTimer = null;
-    } else if (document.visibilityState === "visible" && !state.running) {
-      loadModels();
+    } else if (document.visibilityState === "visible" && !state.running && !asking) {
+      asking = true;
+      loadModels().finally(() => { asking = false; });
     }
   }, REACH_RETRY_MS);
 }
@@ -246,6 +249,10 @@ function windowOf(name) {
 async function modelChanged(chosen) {
   const name = ui.model.value;
   if (!name) return;
+  if (state.capsOf !== name) { // another model's: unknown until /api/show answers for this one
+    state.vision = state.chats = null;
+    state.capsOf = name;
+  }
   if (chosen) {
     state.picked = name; // the pick holds for the page even where the browser cannot keep it (storage full or off)
     writeLocal(MODEL_KEY, name);
@@ -979,8 +986,8 @@ function noteOf(m) {
       size: pictured(m)
         ? " Each message sends the conversation's pictures again: start a new chat to send fewer."
         : " Each message sends the whole conversation again: start a new chat, or send less.",
-      context: firstAnswer(m)
-        ? " Send a shorter message."
+      context: firstAnswer(m) && !(m.rounds && m.rounds.length) && !state.conv.system && !pictured(m)
+        ? " Send a shorter message." // (what else the request carried may be what is long: a tool's result, ...)
         : " Start a new chat, or edit an earlier message to branch off with less.",
       refused: pictured(m) && /reads text only/.test(m.error.message)
         ? " A message of this conversation holds a picture, which each message sends again: edit that message to "
