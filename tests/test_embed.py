@@ -101,7 +101,7 @@ def test_embed_options(cli: CLI, tmp_path: Path) -> None:
     assert cli("embed", long, "--ctx", "256", "--truncate").returncode == 0
     for args, needle in ((["--format", "hex", "x"], "--format takes float or base64"),
                          (["--pooling", "max", "x"], "--pooling takes mean, cls or last"),
-                         (["--dimensions", "9999", "x"], "dimensions must be within 1 to 576"),
+                         (["--dimensions", "9999", "x"], "error: --dimensions must be within 1 to 576"),
                          ([], "nothing to embed")):
         r = cli("embed", *args)
         assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -525,6 +525,8 @@ def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any],
     step: each step's vectors into `done` (so an interrupt leaves what was embedded there), or given `emit`, to it
     and not kept (`emit` saying False, the reader gone, ends it). Without --truncate every text is tokenized
     first: one too long for the window is the error before any is embedded, printed or stored."""
+    from localgen.engine.embed import DimensionsOutOfRange
+
     if not f.truncate:
         embedder = backend.embedder(f.pooling)
         for t in texts:
@@ -539,7 +541,10 @@ def _embed_steps(backend: Any, texts: list[str], f: EmbedArgs, done: list[Any],
         err.flush()
     try:
         for start in range(0, len(texts), STEP):
-            got = backend.embed(texts[start:start + STEP], f.pooling, f.normalize, f.dimensions, f.truncate)
+            try:
+                got = backend.embed(texts[start:start + STEP], f.pooling, f.normalize, f.dimensions, f.truncate)
+            except DimensionsOutOfRange as e:  # the engine's words name the APIs' field: here it is the flag
+                raise UsageError(f"--{e.message}") from None
             made += len(got)
             if emit is None:
                 done += got
