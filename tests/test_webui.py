@@ -2110,9 +2110,9 @@ def test_at_320_px_the_model_picker_and_its_note_are_not_cut(browser: Any, serve
     """docs/webui.md: on a phone the model picker shows the model's whole name, and the note under it wraps."""
     t = Tab(browser, server, NARROW)
     page = t.open()
-    page.select_option("#model", "gemma3:270m")
+    page.select_option("#model", "gemma3:270m")  # its note the longest: a base model's
     page.wait_for_function("() => document.getElementById('model-note').textContent"
-                           " === 'not loaded yet: the first message loads it'")
+                           " === 'a base model, with no chat template: it cannot chat; pick another'")
     shown = page.evaluate("""() => {
         const picker = document.getElementById('model');
         const name = document.createElement('span');  // the name in the picker's font, measured
