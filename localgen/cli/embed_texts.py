@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from localgen.cli.documents import BOM, MAX_INPUT, controls
-from localgen.cli.inputfile import shown_input
+from localgen.cli.inputfile import file_source, shown_input
 from localgen.cli.output import plural
 from localgen.errors import UsageError
 
@@ -46,7 +46,7 @@ def read_texts(texts: list[str] | None, file: Path | None, by_content: bool = Fa
             data = stream.read(MAX_INPUT + 1)  # only one byte past the bound (a huge file, /dev/zero)
         _bounded(len(data), shown, verb)
         lines = decode(data, shown).removeprefix(BOM).split("\n")
-        source = "stdin" if shown == "stdin" else f"--file {file}"
+        source = file_source(file)
     elif sys.stdin is not None and not sys.stdin.isatty():
         text = sys.stdin.read(MAX_INPUT + 1)
         _bounded(len(text), "stdin", verb)

@@ -96,6 +96,12 @@ def shown_input(path: str | Path | None) -> str:
     return "stdin" if path is None or str(path) == STDIN_FILE else str(path)
 
 
+def file_source(path: str | Path | None) -> str:
+    """Where --file's lines came from, in a message: `stdin`, or `--file PATH`."""
+    shown = shown_input(path)
+    return shown if shown == "stdin" else f"--file {shown}"
+
+
 def check_model(flag: str, name: str | None, env: str | None = None) -> None:
     """A usage error, `FLAG PATH: why`, when a model name the user typed is a file's path (models/names.py: ./m.gguf,
     /abs/m.gguf, m.gguf, dir/m.gguf, or a file that is there) that cannot be read; `ENV=PATH: why` when the

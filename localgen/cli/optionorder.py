@@ -35,8 +35,18 @@ def typed_as(ctx: typer.Context, name: str) -> str:
     first long name where it was not typed."""
     param = next(p for p in ctx.command.params if p.name == name)
     spellings = [*param.opts, *param.secondary_opts]
-    args = list(ctx.meta.get(_ARGS, ()))
-    mine = args[:args.index("--")] if "--" in args else args  # (what follows `--` is another program's: launch's)
-    typed = (arg.split("=", 1)[0] for arg in reversed(mine))
-    return next((flag for flag in typed if flag in spellings),
-                next((flag for flag in spellings if flag.startswith("--")), spellings[0]))
+    return last_typed(list(ctx.meta.get(_ARGS, ())), spellings) or next(
+        (flag for flag in spellings if flag.startswith("--")), spellings[0])
+
+
+def last_typed(args: list[str], spellings: list[str], joined: bool = False) -> str | None:
+    """Which of a flag's `spellings` the user gave last (`-ngl`, `--gpu-layers=3`: `--gpu-layers`), in the command's
+    own arguments (those after `--` are another program's: launch's agent's); with `joined`, a short flag joined to
+    its value too (`-c-1`: `-c`), where a message is about that flag's value. None where none was given."""
+    mine = args[:args.index("--")] if "--" in args else args
+    for a in reversed(mine):
+        if a.split("=", 1)[0] in spellings:
+            return a.split("=", 1)[0]
+        if joined and len(a) > 2 and a[:2] in spellings and not a.startswith("--"):
+            return a[:2]
+    return None

@@ -65,18 +65,19 @@ def out_of_range(args: list[str], message: str, param: Any) -> str:
     as it is."""
     import re
 
-    head = r"Invalid value for '[^']*'(?: / '[^']*')*(?: \(env var: '[^']*'\))?: "
-    m = re.fullmatch(head + r"(.+) is not in the range (?:([^<x]+)<=)?x(?:<=([^<]+))?\.", message)
+    head = r"Invalid value for '(?P<name>[^']*)'(?: / '[^']*')*(?: \(env var: '[^']*'\))?: "
+    m = re.fullmatch(head + r"(?P<value>.+) is not in the range (?:(?P<low>[^<x]+)<=)?x(?:<=(?P<high>[^<]+))?\.",
+                     message)
     opts = list(getattr(param, "opts", None) or [])
     if not opts:
         return message
     if m is None:  # an argument (bench compare's RUN_A) is named as Click names it
-        other = re.fullmatch(r"Invalid value for '([^']*)'" + head.removeprefix("Invalid value for '[^']*'") +
-                             r"(.+?)\.?", message, re.S)
-        if other is None or "\n" in other[2]:
+        other = re.fullmatch(head + r"(?P<why>.+?)\.?", message, re.S)
+        if other is None or "\n" in other["why"]:
             return message
-        return f"{_named(args, param, opts) if opts[0].startswith('-') else other[1]}: {other[2]}"
-    value, low, high = (g[:-2] if g is not None and re.fullmatch(r"-?\d+\.0", g) else g for g in m.groups())
+        return f"{_named(args, param, opts) if opts[0].startswith('-') else other['name']}: {other['why']}"
+    value, low, high = (g[:-2] if g is not None and re.fullmatch(r"-?\d+\.0", g) else g
+                        for g in (m["value"], m["low"], m["high"]))
     from localgen.settings import INT32
 
     if high == str(INT32) and low is not None:  # a C int's top is no bound of the setting's own (settings.py)
@@ -90,14 +91,13 @@ def out_of_range(args: list[str], message: str, param: Any) -> str:
 
 
 def _named(args: list[str], param: Any, opts: list[str]) -> str:
-    """The flag of a bad value as the user typed it, else the environment variable it came from, else the flag's
-    longest name."""
-    mine = args[:args.index("--")] if "--" in args else args
-    typed = next((a.split("=", 1)[0] if a.split("=", 1)[0] in opts else a[:2] for a in reversed(mine)  # the last
-                  if a.split("=", 1)[0] in opts or (len(a) > 2 and a[:2] in opts and not a.startswith("--"))),
-                 None)  # given, whose value Click kept; -c-1 too
+    """The flag of a bad value as the user typed it (the last given, whose value Click kept; `-c-1` too), else the
+    environment variable it came from, else the flag's longest name."""
+    from localgen.cli.optionorder import last_typed
+
     envvar = getattr(param, "envvar", None)
-    return typed or (f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
+    return last_typed(args, opts, joined=True) or (
+        f"{envvar}" if isinstance(envvar, str) and envvar in os.environ else max(opts, key=len))
 
 
 def _number(text: str | None) -> float | None:

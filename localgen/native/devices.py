@@ -169,13 +169,10 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
                             hint="start it with `localgen rpc-server` on that machine") from None
     step = "the greeting"
     _peers[endpoint] = tuple(s.getpeername()[:2])
-    try:  # before the greeting: a server an earlier load holds under another name would not answer it
-        _one_each((*sorted(_registered - {endpoint}), endpoint))
-    except BaseException:
-        s.close()
-        raise
     try:
         with s:
+            # before the greeting: a server an earlier load holds under another name would not answer it
+            _one_each((*sorted(_registered - {endpoint}), endpoint))
             s.sendall(bytes([_HELLO]) + struct.pack("<Q", _CAPS) + bytes(_CAPS))
             head = _recv(s, 8)
             size = struct.unpack("<Q", head)[0]

@@ -430,7 +430,7 @@ def _meant(path: str, routes: list[Any]) -> tuple[str, str] | None:
         alt, why = path[3:], "an Ollama client's host has no /v1: http://HOST:PORT"
     elif path.startswith("/v1/v1/"):
         alt, why = path[3:], "the client adds /v1 itself: give its base URL without /v1"
-    elif path.startswith(("/api/v1/", "/api/")):  # an OpenAI client given Ollama's /api (or /api/v1)
+    elif path.startswith("/api/"):  # an OpenAI client given Ollama's /api (or /api/v1)
         alt, why = "/v1" + path.removeprefix("/api").removeprefix("/v1"), "an OpenAI client's base URL ends in /v1"
     elif path.startswith("/v1/"):
         return None

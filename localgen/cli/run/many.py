@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, TextIO
 
 from localgen import settings
 from localgen.backend import Completion, Indexed
+from localgen.cli.inputfile import file_source
 from localgen.cli.output import error_text, for_terminal
 from localgen.errors import UsageError
 from localgen.text import MAX_PROMPT_TEXT, checked, problem, too_long
@@ -252,7 +253,7 @@ def _run(backend: Any, source: TextIO, base: SamplingParams, opts: BatchOptions,
     if stopped:
         raise stopped[0]
     if opts.needs_prompts and not state["given"]:  # a FIFO, which no_prompts() could not read ahead
-        raise UsageError(f"{'stdin' if opts.source_name == 'stdin' else '--file ' + opts.source_name} has no prompts: "
+        raise UsageError(f"{file_source(opts.source_name)} has no prompts: "
                          f"{'it holds only blank lines' if state['next'] > 1 else 'it is empty'}",
                          hint="one prompt a line")
     return 1 if state["failed"] else 0

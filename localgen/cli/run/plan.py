@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from localgen.cli.inputfile import shown_input
+from localgen.cli.inputfile import file_source, shown_input
 from localgen.cli.log.conversation import Thread
 from localgen.cli.options import plan as shared
 from localgen.cli.options import refuse_empty
@@ -100,9 +100,7 @@ def check(f: RunArgs) -> RunPlan:
 
         why = no_prompts(f.many.file)
         if why:
-            shown = shown_input(f.many.file)
-            raise UsageError(f"{'stdin' if shown == 'stdin' else '--file ' + shown} has no prompts: {why}",
-                             hint="one prompt a line")
+            raise UsageError(f"{file_source(f.many.file)} has no prompts: {why}", hint="one prompt a line")
     media = prompt.attachments(f.media, [
         ("--file/--each-line", many), ("--raw", f.raw), ("--beams", bool(d.beams)),
         ("--draft/--lookup", bool(d.draft or d.lookup)), ("--endpoint", bool(f.remote.endpoint)),
