@@ -230,7 +230,9 @@ def test_the_ggml_types_offered_are_the_ones_llama_cpp_quantizes_to(qcli: CLI, s
     """The unknown-type line lists every type a tensor can take, and only those; and each llama-quantize type,
     COPY too."""
     r = qcli("quantize", str(smollm2_f16), "Q4_K_M", "--output-tensor-type", "nope")
-    listed = _one_line(r.stderr).split("quantized to: ", 1)[1].rstrip(")").split(", ")
+    line = _one_line(r.stderr)
+    assert "'nope' is no ggml type a tensor can be quantized to" in line
+    listed = line.split("those types: ", 1)[1].rstrip(")").split(", ")
     assert {"q8_0", "f16", "q4_k", "iq4_nl", "bf16"} <= set(listed)
     assert not {"q8_1", "q8_k", "i8", "i32", "f64", "deprecated"} & set(listed)
     r = qcli("quantize", str(smollm2_f16), "Q9")
@@ -1277,6 +1279,27 @@ def test_ctrl_c_before_the_ladders_first_row_keeps_no_run(qcli: CLI, tiny_f16: P
 
 
 # ---- create -q and /api/create's quantize ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_create_q_stopped_mid_way_writes_neither_model_nor_preset(qcli: CLI, smollm2_f16: Path, tmp_path: Path,
+                                                                  sig: signal.Signals) -> None:
+    """quantize.md: as quantize's, a create -q stopped by Ctrl-C (130) or a SIGTERM (ended by it: a SIGTERM's
+    default left its temporary file and said nothing) writes nothing, says so in one line, and makes no preset."""
+    mf = tmp_path / "Modelfile"
+    mf.write_text(f"FROM {smollm2_f16}\n")
+    p = qcli.popen("create", "mybot", "-f", str(mf), "-q", "Q4_K_M", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for_bytes(p)
+    p.send_signal(sig)
+    rc = p.wait(timeout=60)
+    err = p.stderr.read().decode() if p.stderr else ""
+    said = "interrupted" if sig == signal.SIGINT else "stopped by SIGTERM"
+    assert rc == (130 if sig == signal.SIGINT else -signal.SIGTERM), (rc, err)
+    assert f"localgen: {said}: nothing was written (llama.cpp's call cannot be stopped" in err, err
+    assert "Traceback" not in err
+    assert _made(qcli) == [] and not [f for f in (_home(qcli) / "data" / "quantized").iterdir()]
+    assert not {"mybot", "mybot:q4_k_m"} & {m["name"] for m in json.loads(qcli("list", "--json").stdout)}
+    assert "`create -q` stopped the same way writes neither the model nor the preset" in _flat("quantize.md")
 
 
 def test_create_q_quantizes_the_from_model_then_makes_the_preset(qcli: CLI, smollm2_f16: Path,

@@ -732,6 +732,7 @@ def test_images_go_to_a_model_that_takes_them_and_errors_are_clear(tab: Tab, ser
     sent = chat_requests(page)
     page.set_input_files("#attach-file", files=[{"name": "p.png", "mimeType": "image/png", "buffer": picture}])
     page.locator("#attachments img").wait_for()
+    assert page.is_enabled("#send")  # a picture alone is something to send
     article = ask(page, "What is in the picture?")
     assert article.locator(".note").get_attribute("class") == "note" and article.locator(".stats").inner_text()
     parts = sent[-1]["messages"][-1]["content"]
@@ -1843,6 +1844,30 @@ def _the_new_answer_keeps_the_focus(page: Any, ids: Any, words: str, shown: str)
     assert page.evaluate(THE_NEW_ANSWER)
 
 
+def test_send_is_off_until_there_is_something_to_send(tab: Tab) -> None:
+    """docs/webui.md: Send is off, saying why, while the message box is empty or only blank (Enter then sends
+    nothing); typing turns it on, and it is off again once the message has gone."""
+    page = tab.open()
+    page.evaluate(SCRIPTED_STREAM)
+    assert page.is_disabled("#send")
+    assert page.get_attribute("#send", "title") == "Type a message (or attach an image) first"
+    page.fill("#input", "  \n ")
+    assert page.is_disabled("#send")
+    page.press("#input", "Enter")
+    assert page.locator("article").count() == 0
+    page.fill("#input", "Hello")
+    assert page.is_enabled("#send") and page.get_attribute("#send", "title") == ""
+    page.fill("#input", "")
+    assert page.is_disabled("#send")
+    page.fill("#input", "Hello")
+    page.press("#input", "Enter")
+    feed(page, "Hello there")
+    body_has(page, "Hello there")
+    page.evaluate("window.finish()")
+    page.wait_for_function("() => !document.getElementById('send').hidden")
+    assert page.input_value("#input") == "" and page.is_disabled("#send")
+
+
 def test_the_focus_stays_where_the_keyboard_left_it(tab: Tab) -> None:
     """docs/webui.md: a button pressed from the keyboard keeps the focus where it still is, and where it went, the
     focus goes on: Send to the message box (while the answer comes, in Stop's place), Stop back to it, Regenerate to
@@ -2189,6 +2214,10 @@ def test_the_server_out_of_reach_is_no_longer_said_once_it_answers(tab: Tab) -> 
     answers again: an answer to the next message, or, with nothing done, the page's own ask every 5 s (webui.md;
     it stayed until Retry, a tab switch or a message)."""
     page = tab.open()
+    open_calls: set[Any] = set()  # the page's calls not yet answered
+    page.on("request", lambda r: open_calls.add(r))
+    page.on("requestfinished", lambda r: open_calls.discard(r))
+    page.on("requestfailed", lambda r: open_calls.discard(r))
     settings(page, max_tokens=3)
     for ended_by in ("a message", "the page's ask"):
         page.route("**/models", lambda route: route.abort())
@@ -2199,8 +2228,21 @@ def test_the_server_out_of_reach_is_no_longer_said_once_it_answers(tab: Tab) -> 
             ask(page, "Hi")
         page.wait_for_function("() => document.getElementById('banner').hidden", timeout=30_000)
 
-    asked: list[Any] = []
-    page.route("**/models", lambda route: route.abort() if not asked.append(route) and len(asked) == 1 else None)
+    deadline = time.monotonic() + 30
+    while open_calls and time.monotonic() < deadline:  # the calls of the ask that found the server back (its
+        page.wait_for_timeout(50)  # /api/show, answered after the refusal below, said the server is back again)
+    assert not open_calls, open_calls
+    asked: list[Any] = []  # the page's asks: /v1/models, the first refused, the later ones left hanging
+
+    def ask_once(route: Any) -> None:
+        if not route.request.url.endswith("/v1/models"):
+            route.abort()  # the loaded models' /models, asked beside it at times: an answer would say the server is
+            return  # back (counted, its refusal took the one refusal, which says nothing, and the ask hung)
+        asked.append(route)
+        if len(asked) == 1:
+            route.abort()
+
+    page.route("**/models", ask_once)
     page.evaluate("() => document.dispatchEvent(new Event('visibilitychange'))")
     page.wait_for_function(BANNER_SAYS, arg="Cannot reach the server: is localgen serve still running?")
     page.wait_for_timeout(11_000)  # two of the page's asks were due
