@@ -1618,7 +1618,14 @@ async function attach(files) {
   drawAttachments();
 }
 
+// Send is for something to send: a message or a picture (an empty one did nothing, with nothing saying why)
+function sendable() {
+  ui.send.disabled = !ui.input.value.trim() && !state.attachments.length;
+  ui.send.title = ui.send.disabled ? "Type a message (or attach an image) first" : "";
+}
+
 function drawAttachments() {
+  sendable();
   ui.attachments.replaceChildren(...state.attachments.map((url, k) => {
     const chip = el("div", "chip");
     const img = el("img");
@@ -1898,7 +1905,10 @@ function wireEvents() {
       send();
     }
   });
-  ui.input.addEventListener("input", () => grow(ui.input));
+  ui.input.addEventListener("input", () => {
+    grow(ui.input);
+    sendable();
+  });
   ui.input.addEventListener("paste", (e) => {
     const files = [...(e.clipboardData ? e.clipboardData.files : [])].filter((f) => f.type.startsWith("image/"));
     if (files.length) {
@@ -1992,6 +2002,7 @@ async function start() {
   store.onChange(heard);
   listenForAsks();
   wireEvents();
+  sendable();
   const id = addressedId();
   try {
     await store.recover(tree.merge, tree.damage); // what a reload cut short, before anything is listed or shown
