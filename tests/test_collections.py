@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+import unicodedata
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,26 @@ def _backdate(hcli: CLI) -> None:
     with closing(sqlite3.connect(_db(hcli))) as conn, conn:
         conn.execute("UPDATE embeddings SET updated = 0")
         conn.execute("UPDATE collections SET created = 0, written = 0")
+
+
+def _cells(text: str) -> int:
+    """How many terminal cells `text` takes: a CJK character two, a combining accent none."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def test_the_tables_line_up_as_a_terminal_draws_wide_and_combining_characters(hcli: CLI, bert: str) -> None:
+    """A collection named 笔记 (two cells a character) and ids with CJK or a combining accent: each column starts
+    at the same cell on every line (padding by len() pushed the next column one cell per wide character)."""
+    _store(hcli, bert, "笔记", input="\n".join(json.dumps({"id": i, "text": t}) for i, t in
+                                                (("猫", "a cat"), ("cafe\u0301", "a café"), ("dog", "a dog"))) + "\n")
+    _store(hcli, bert, "notes", "one text")
+    lines = hcli("collections").stdout.splitlines()
+    assert {_cells(line[:line.index(word)]) for line, word in zip(lines, ["MODEL", "tiny", "tiny"], strict=True)} \
+        == {7}, lines  # NAME's column is "notes" wide, and two spaces
+    table = hcli("collections", "show", "笔记").stdout.split("\n\n")[1].splitlines()
+    assert [line.split(None, 1)[0] for line in table] == ["ID", "猫", "cafe\u0301", "dog"]
+    assert {_cells(line[:line.index(text)]) for line, text in zip(table, ["TEXT", "a cat", "a café", "a dog"],
+                                                                   strict=True)} == {6}, table
 
 
 def test_a_database_from_before_removals_counted_gets_its_column_and_reads_as_before(hcli: CLI, bert: str) -> None:
@@ -479,11 +500,12 @@ def test_embed_of_an_empty_file_or_dev_zero_is_one_line_and_keeps_the_collection
 def test_a_json_line_s_id_is_a_string_on_one_line_or_a_whole_number(hcli: CLI, bert: str) -> None:
     """docs/embed.md, "Ids": null, true, an object or a multi-line string are a usage error naming the line,
     never stored as the words None, True or {...}; a number is its digits."""
-    for bad in ("null", "true", '{"a": 1}', '"x\\ny"', '""', '"x\\u0085y"'):
+    for bad, said in (("null", "must be"), ("true", "must be"), ('{"a": 1}', "must be"), ('"x\\ny"', "must be"),
+                      ('"x\\u0085y"', "must be"), ('""', "is empty: give a string on one line, or a whole number")):
         r = hcli("embed", "-m", bert, "--store", "notes", input=f'{{"id": 1, "text": "the cat"}}\n'
                                                             f'{{"id": {bad}, "text": "the dog"}}\n')
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (bad, r.stderr)
-        assert r.stderr.startswith('localgen: error: line 2: bad JSON line: its "id" must be'), r.stderr
+        assert r.stderr.startswith(f'localgen: error: line 2: bad JSON line: its "id" {said}'), r.stderr
     assert not _db(hcli).exists()
     # a text left empty is refused as an empty argument is (it stored the vector of no text under its id)
     for text, said in (('""', 'its "text" is empty'), ('"   "', 'its "text" is empty or only whitespace')):

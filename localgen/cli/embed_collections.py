@@ -44,7 +44,7 @@ def _list(json_out: bool) -> None:
     import json
     import sys
 
-    from localgen.cli.output import ErrWriter, TextWriter
+    from localgen.cli.output import ErrWriter, TextWriter, aligned
     from localgen.embeddings import store
 
     listed = store.listing()
@@ -59,9 +59,8 @@ def _list(json_out: bool) -> None:
     rows = [["NAME", "MODEL", "POOLING", "DIMENSIONS", "ENTRIES", "LAST WRITTEN (UTC)"]]
     rows += [[c.name, c.model, c.pooling, str(c.dimensions), f"{c.entries:,}", _utc(c.last_written).replace("T", " ")]
              for c in listed]
-    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
-    for r in rows:
-        if not out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n"):
+    for line in aligned(rows):
+        if not out.write(line + "\n"):
             return
 
 
@@ -82,7 +81,7 @@ def show(
     import json
     import sys
 
-    from localgen.cli.output import TextWriter
+    from localgen.cli.output import TextWriter, aligned
     from localgen.embeddings import store
     from localgen.text import checked
 
@@ -107,12 +106,11 @@ def show(
             return
     if not c.entries:
         return
-    rows = [(ident, _start(start, chars)) for ident, start, chars in store.entries(name, START_CHARS)]
-    width = max(len("ID"), *(len(ident) for ident, _ in rows))
+    rows = [[ident, _start(start, chars)] for ident, start, chars in store.entries(name, START_CHARS)]
     if not out.write("\n"):
         return
-    for ident, start in [("ID", "TEXT"), *rows]:
-        if not out.write(f"{ident:<{width}}  {start}".rstrip() + "\n"):
+    for line in aligned([["ID", "TEXT"], *rows]):
+        if not out.write(line + "\n"):
             return
 
 

@@ -102,7 +102,9 @@ def _id(value: Any) -> str:
     ValueError otherwise (null, true, an object would be stored as the words None, True, {...})."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if not isinstance(value, str) or not value or controls(value):
+    if value == "":  # "" is a string on one line: the rule below would not say what is wrong with it
+        raise ValueError('its "id" is empty: give a string on one line, or a whole number, or leave "id" out')
+    if not isinstance(value, str) or controls(value):
         raise ValueError('its "id" must be a string on one line, or a whole number')
     from localgen.text import problem
 

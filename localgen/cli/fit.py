@@ -13,7 +13,7 @@ from localgen.cli import options as o
 from localgen.cli.inputfile import check_model, env_source
 from localgen.cli.options import preset
 from localgen.cli.options.knobs import Knobs, named_by_env
-from localgen.cli.output import header_text
+from localgen.cli.output import aligned, header_text
 from localgen.errors import UsageError
 from localgen.types import MAX_CTX, LoadParams
 from localgen.units import format_bytes, parse_bytes
@@ -374,8 +374,6 @@ def _print(doc: dict[str, Any], load: Any, why: str) -> None:
     for d in doc["devices"]:
         rows.append([d["device"], *(format_bytes(d[k]) for k in ("weights", "kv", "compute", "output", "total",
                                                                  "budget"))])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\n".join(aligned(rows)))
     # an encoder (BERT) embeds and scores: run and chat refuse it
     print(f"flags     {doc['flags']}{'  (for embed and serve: an encoder does not generate)' if md['encoder'] else ''}")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from localgen.cli.inputfile import env_source, input_path
+from localgen.cli.output import aligned
 from localgen.errors import LocalgenError, UsageError
 from localgen.types import MAX_CTX, MIN_CTX_FLAG
 
@@ -91,11 +92,9 @@ def launch(
 
 
 def _list(agents: dict[str, Agent]) -> None:
-    rows = [("AGENT", "WHAT", "ON PATH", "INSTALL")]
-    rows += [(a.name, a.title, a.path() or "no", a.install) for a in agents.values()]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    for r in rows:
-        print("  ".join([*(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)), r[3]]).rstrip())
+    rows = [["AGENT", "WHAT", "ON PATH", "INSTALL"]]
+    rows += [[a.name, a.title, a.path() or "no", a.install] for a in agents.values()]
+    print("\n".join(aligned(rows)))
 
 
 def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ctx: int | None,

@@ -213,6 +213,15 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
+def aligned(rows: list[list[str]]) -> list[str]:
+    """A plain table's lines: each column as wide as its widest cell as a terminal draws it (a CJK character is
+    two cells, a combining accent none: len() misaligned such names), two spaces apart, no trailing spaces."""
+    from rich.cells import cell_len
+
+    widths = [max(cell_len(r[k]) for r in rows) for k in range(len(rows[0]))] if rows else []
+    return ["  ".join(c + " " * (w - cell_len(c)) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
 def format_stats(s: Stats) -> str:
     """One human line: tokens, rates, time to first token, load and total time, why it stopped."""
     prompt = f"{s.prompt_tokens} prompt tokens"

@@ -12,6 +12,7 @@ import typer
 
 from localgen.cli import options as o
 from localgen.cli.fit import GpuMemory, Ram, machine_for
+from localgen.cli.output import aligned
 from localgen.errors import LocalgenError, UsageError
 from localgen.units import format_amount, format_bytes
 
@@ -25,9 +26,7 @@ def shown_params(n: int | None) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    for r in [headers, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print("\n".join(aligned([headers, *rows])))
 
 
 # ---- pull ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import typer
 
 from localgen import proxies
 from localgen.cli.inputfile import input_path
+from localgen.cli.output import aligned
 from localgen.errors import LocalgenError, UsageError
 
 # the options by which ps and stop find a server, as serve's: its address, and its key
@@ -127,9 +128,7 @@ def ps(
         rows.append([m["name"], format_bytes(size), where, f"{m.get('context_length', 0):,}",
                      "loading" if m.get("loading") else "unloading" if m.get("unloading") else
                      f"unloading for {', '.join(swap)}" if swap else until_text(left)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print("\n".join(aligned(rows)))
 
 
 def until_text(left: float) -> str:
