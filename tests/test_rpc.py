@@ -365,18 +365,23 @@ def test_rpc_server_prints_llama_cpps_banner_on_stderr_and_nothing_on_stdout(cli
     assert "Client connection closed" in text, text
 
 
-def test_an_rpc_server_that_cannot_listen_is_one_line_and_exit_1(cli: CLI) -> None:
-    """A taken port or an address this machine lacks: one error line before the start line, exit 1 (llama.cpp's
-    own server prints its banner and `Failed to create server socket`, and returns)."""
+def test_an_rpc_server_that_cannot_listen_is_one_line_before_it_starts(cli: CLI) -> None:
+    """A taken port (exit 1) or an address this machine lacks (exit 2, as serve's): one error line with its hint,
+    before the start line (llama.cpp's own server prints its banner and `Failed to create server socket`, and
+    returns)."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         r = cli("rpc-server", "--port", str(port), timeout=60)
     assert (r.returncode, r.stdout) == (1, ""), r.stderr
-    assert r.stderr == f"localgen: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
-    r = cli("rpc-server", "--host", "192.0.2.1", "--port", str(_free_port()), timeout=60)  # TEST-NET-1: no one's
-    assert (r.returncode, r.stdout) == (1, "") and r.stderr.startswith("localgen: error: cannot listen on 192.0.2.1:")
+    assert r.stderr == (f"localgen: error: cannot listen on 127.0.0.1:{port}: Address already in use (pick another "
+                        "--port, or stop what is using it)\n")
+    free = _free_port()
+    r = cli("rpc-server", "--host", "192.0.2.1", "--port", str(free), timeout=60)  # TEST-NET-1: no one's
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith(
+        f"localgen: error: cannot listen on 192.0.2.1:{free}: 192.0.2.1 is not an address of this machine (give one "
+        "of this machine's: 127.0.0.1"), r.stderr
     assert r.stderr.count("\n") == 1, "no warning and no start line for a server that never starts"
     r = cli("rpc-server", "--host", "localhost", timeout=60)
     assert r.returncode == 2 and "--host takes an IPv4 address" in r.stderr and r.stderr.count("\n") == 1

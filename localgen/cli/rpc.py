@@ -57,17 +57,12 @@ def _can_listen(host: str, port: int) -> None:
     address is checked here first, so a busy port or a foreign address is one error line before anything
     starts."""
     import ipaddress
-    import socket
 
     try:
         ipaddress.IPv4Address(host)
     except ValueError:
         raise UsageError(f"--host takes an IPv4 address (llama.cpp's RPC server listens on IPv4 only), not {host!r}",
                          hint="127.0.0.1 for this machine alone, 0.0.0.0 for every interface") from None
-    from localgen.cli.serve.checks import probe_socket
+    from localgen.cli.serve.checks import check_port
 
-    with probe_socket(socket.AF_INET) as s:  # SO_REUSEADDR as llama.cpp's server does (exclusive on Windows)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise LocalgenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    check_port(host, port)  # as serve's: an address elsewhere is exit 2, a port in use exit 1, each with its hint
