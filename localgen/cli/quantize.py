@@ -202,10 +202,8 @@ def prepare(src: Path, type_text: str, base: str, output: str | None, opts: Any)
 def run_job(job: Any, model_name: str | None, made: Path | None = None) -> Any:
     """Run a planned quantization with a progress bar; Ctrl-C removes what it wrote (and the folders made for it,
     `made`) and exits at once. A model of localgen's gets its record of what it was made from."""
-    import signal
-
     from localgen.cli.progress import make_progress
-    from localgen.cli.signals import ended_by_term, term_as_interrupt
+    from localgen.cli.signals import term_as_interrupt
     from localgen.quant import quantize as q
 
     replacing = job.out.exists()
@@ -216,15 +214,24 @@ def run_job(job: Any, model_name: str | None, made: Path | None = None) -> Any:
             q.abandon(job)
             if made is not None:
                 _unmake(job.out.parent, made)
-            kept = (f"the earlier {model_name or job.out.name} is kept as it was" if replacing else
-                    f"{job.out.name} is not there")
-            signum = ended_by_term()
-            exit_now(f"{f'stopped by {signal.Signals(signum).name}' if signum else 'interrupted'}: nothing was "
-                     f"written ({kept}; llama.cpp's call cannot be stopped, so localgen exits at once)",
-                     128 + signum if signum else 130)
+            exit_stopped(f"the earlier {model_name or job.out.name} is kept as it was" if replacing else
+                         f"{job.out.name} is not there")
     if model_name is not None:
         q.remember(done.path, job.made_from)
     return done, model_name
+
+
+def exit_stopped(kept: str | None = None) -> None:
+    """Ctrl-C, or a SIGTERM or SIGHUP inside term_as_interrupt, during a quantization: what was written (nothing)
+    and kept, said in one line, and the exit at once, by the signal (exit_now)."""
+    import signal
+
+    from localgen.cli.signals import ended_by_term
+
+    signum = ended_by_term()
+    exit_now(f"{f'stopped by {signal.Signals(signum).name}' if signum else 'interrupted'}: nothing was written "
+             f"({kept + '; ' if kept else ''}llama.cpp's call cannot be stopped, so localgen exits at once)",
+             128 + signum if signum else 130)
 
 
 def exit_now(message: str, code: int = 130) -> None:

@@ -59,16 +59,18 @@ def create(
     if quantize is not None:
         from localgen import hardware
         from localgen.cli.progress import make_progress
+        from localgen.cli.signals import term_as_interrupt
         from localgen.quant import quantize as q
 
-        try:
-            made, text = q.for_preset(name, text, quantize, _on_disk, where,
-                                      q.Options(threads=hardware.usable_cores()), make_progress(), force, folder,
-                                      known_name)
-        except KeyboardInterrupt:
-            from localgen.cli.quantize import exit_now
+        with term_as_interrupt():  # a SIGTERM or SIGHUP (timeout, a kill, the terminal closed) as Ctrl-C
+            try:
+                made, text = q.for_preset(name, text, quantize, _on_disk, where,
+                                          q.Options(threads=hardware.usable_cores()), make_progress(), force, folder,
+                                          known_name)
+            except KeyboardInterrupt:  # (handled inside: the block's end would end the process by the signal)
+                from localgen.cli.quantize import exit_stopped
 
-            exit_now("interrupted: nothing was written (llama.cpp's call cannot be stopped, so localgen exits at once)")
+                exit_stopped()
         print(f"{made}  quantized to {made.partition(':')[2].upper()}", file=sys.stderr)
     preset = create_preset(name, text, _on_disk, where=where, force=force, folder=folder, known=known_name)
     _done(preset, json_out)
