@@ -278,3 +278,14 @@ def test_no_code_comment_quotes_a_measured_figure() -> None:
         for line, text in comments_and_docstrings(path.read_text(encoding="utf-8")):
             hits += [f"{name}:{line}: {m.group(0).strip()!r}" for m in FIGURE.finditer(text)]
     assert not hits, "measured figures in comments (move them to docs/benchmarks.md):\n" + "\n".join(hits)
+
+
+def test_every_script_with_a_shebang_runs_as_a_command() -> None:
+    """The docs give scripts as commands (`scripts/hostile_serve.py`, serve.md): one with a `#!` line is
+    executable, as a clone checks it out (hostile_serve.py was not: Permission denied)."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    with_shebang = sorted(p for p in (root / "scripts").iterdir() if p.is_file() and p.read_bytes()[:2] == b"#!")
+    assert len(with_shebang) > 10
+    assert [p.name for p in with_shebang if not os.access(p, os.X_OK)] == []
