@@ -80,3 +80,33 @@ def test_an_unknown_model_name_holding_a_byte_not_utf8_is_shown_readably(cli: CL
     assert (r.returncode, r.stdout) == (1, ""), r.stderr
     assert r.stderr.startswith("localgen: error: unknown model 'caf\ufffd' (") and r.stderr.count("\n") == 1, r.stderr
     assert "\\udce8" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("typed, meant", [("models", "list"), ("ls", "list"), ("generate", "run"),
+                                          ("Prompt", "run"), ("server", "serve")])
+def test_a_peer_s_command_name_is_answered_with_localgen_s(cli_in_process: InProcessCLI, typed: str,
+                                                           meant: str) -> None:
+    """troubleshooting.md: `localgen models` (llm's, as `ollama ls`) names localgen's command for it; Click offered
+    only names spelled alike (`ls`: logs or list; `models`: nothing). Under a group, a name is its own."""
+    r = cli_in_process(typed)
+    assert r.returncode == 2 and r.stderr == (f"localgen: error: No such command '{typed}': localgen's is '{meant}'. "
+                                              "(see 'localgen --help')\n"), r.stderr
+    r = cli_in_process("collections", "models")
+    assert r.returncode == 2 and "localgen's is" not in r.stderr, r.stderr
+    assert "A peer's name for a command is answered with localgen's" in " ".join(
+        (Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md").read_text(encoding="utf-8").split())
+
+
+def test_help_command_is_the_help(cli: CLI) -> None:
+    """`localgen help` and `localgen help run` (as `ollama help`, `git help`) print what --help prints."""
+    for args in ([], ["run"]):
+        r = cli("help", *args)
+        assert r.returncode == 0 and r.stdout == cli(*args, "--help").stdout and "Usage: localgen" in r.stdout, r.stderr
+
+
+def test_an_empty_model_is_said_alike_by_launch_run_and_logs(cli_in_process: InProcessCLI) -> None:
+    """launch -m '' said "empty model name" (once it had found a server); run's and logs' words, before anything."""
+    for args in (["launch", "claude", "-m", ""], ["launch", "codex", "--model", " ", "--print-env"],
+                 ["logs", "-m", ""], ["run", "-m", "", "hi"]):
+        r = cli_in_process(*args)
+        assert (r.returncode, r.stderr) == (2, "localgen: error: -m is empty: give a value, or leave it out\n"), args

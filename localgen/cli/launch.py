@@ -79,6 +79,9 @@ def launch(
     a = AGENTS.get(agent)
     if a is None:
         raise UsageError(f"no agent is called {agent!r}: launch knows {', '.join(AGENTS)}")
+    from localgen.cli.options import refuse_empty
+
+    refuse_empty(("-m", model))  # as run's and logs' (it said "empty model name", once the server was found)
     if n_ctx is not None and 0 < n_ctx < MIN_CTX_FLAG:  # as serve says it (LOCALGEN_CTX's named), before anything
         raise UsageError(f"{env_source(ctx, 'n_ctx') or '--ctx'} takes 0 (the model's trained context) or "
                          f"{MIN_CTX_FLAG} tokens or more, not {n_ctx}")
@@ -166,7 +169,7 @@ def _target(ctx: typer.Context, host: str, port: int, api_key_file: Path | None,
 
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"), typed_by_user(ctx, "host"))
     source = "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST"
-    check_host(host, source)
+    check_host(host, source, client=True)
     check_host_name(host, source)
     if print_env and api_key_file is not None and _is_fifo(api_key_file):  # refused unread: one nobody writes to
         _lasting(api_key_file)  # was waited on for ever

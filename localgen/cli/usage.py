@@ -40,7 +40,26 @@ def usage_line(args: list[str], e: Exception) -> str:
     if foreign is not None:
         return f"{foreign[1]} (see '{foreign[0]} --help')"
     message = out_of_range(args, message, getattr(e, "param", None))
+    if ctx is not None and ctx.parent is None:
+        message = peer_command(message)
     return message + (f" (see '{ctx.command_path} --help')" if ctx is not None else "")
+
+
+# A peer's command (Ollama's, llm's, llama.cpp's tools') → localgen's for it: offered when typed (Click offers
+# only names spelled alike: `lst` got list, `models` nothing)
+PEER_COMMANDS = {"models": "list", "ls": "list", "prompt": "run", "generate": "run", "complete": "run",
+                 "cli": "run", "server": "serve", "download": "pull", "info": "show", "remove": "rm",
+                 "delete": "rm", "copy": "cp", "unload": "stop", "embeddings": "embed", "benchmark": "bench",
+                 "rpc": "rpc-server", "log": "logs", "collection": "collections"}
+
+
+def peer_command(message: str) -> str:
+    """Click's "No such command 'models'." with the localgen command a peer's name stands for."""
+    import re
+
+    m = re.fullmatch(r"No such command '(?P<name>[^']*)'\.(?: Did you mean .*)?", message, re.S)
+    meant = PEER_COMMANDS.get(m["name"].lower()) if m else None
+    return f"No such command '{m['name']}': localgen's is '{meant}'." if m and meant else message
 
 
 CLOSE = 0.7  # how alike (difflib's ratio) a flag must be to the one typed to be offered as meant, dashes aside
