@@ -100,3 +100,15 @@ def test_an_ipv6_address_in_brackets_is_that_address(cli_in_process: InProcessCL
     assert "no such host" not in r.stderr and "pick another --port" in r.stderr, r.stderr
     said = one_line(cli_in_process("serve", "--host", "fe80::1", "--port", free_port()))  # link-local, no interface
     assert "fe80::1 is not an address of this machine" in said, said
+
+
+@pytest.mark.parametrize("args", [("ps",), ("stop", "x"), ("launch", "codex", "--print-env")], ids=lambda a: a[0])
+def test_a_client_s_empty_host_is_told_to_name_the_server_not_an_interface(cli_in_process: InProcessCLI,
+                                                                           args: tuple[str, ...]) -> None:
+    """A client's --host (ps's, stop's, launch's) is where to find a server: its hint names the server's address,
+    not serve's 0.0.0.0 for every interface (launch wrote http://0.0.0.0:... into the agent's settings)."""
+    for host, why in (("", "--host is empty"), ("a b", "--host 'a b' is not a host name or address: it has spaces")):
+        said = one_line(cli_in_process(*args, "--host", host))
+        assert said.startswith(f"localgen: error: {why}") and said.endswith(
+            "(give the server's address or host name: 127.0.0.1 for a server on this machine)\n"), said
+    assert one_line(cli_in_process("serve", "--host", "")).endswith(f"(give an address: {HINT})\n")

@@ -115,16 +115,18 @@ def key_file(path: Path, typed: str | None) -> str:
 ASCII_SPACE = " \t\n\r\f\v"  # what the C locale's [:space:] is, and what a key file's line ends and padding are
 
 
-def check_host(host: str, source: str = "--host") -> None:
-    """An empty --host (serve's or ps's) is a usage error: serve would take it for every interface, IPv4 and IPv6;
-    so is one with spaces or control characters, which no host name has. `source` names where the value came
-    from in the error (--host, or LOCALGEN_HOST where it was not typed)."""
+def check_host(host: str, source: str = "--host", client: bool = False) -> None:
+    """An empty --host (serve's, or a client's: ps's, launch's) is a usage error: serve would take it for every
+    interface, IPv4 and IPv6; so is one with spaces or control characters, which no host name has. `source` names
+    where the value came from in the error (--host, or LOCALGEN_HOST where it was not typed); the hint is for a
+    server's address to listen on, or for a `client`'s server to find."""
+    hint = ("give the server's address or host name: 127.0.0.1 for a server on this machine" if client else
+            "give an address: 127.0.0.1 for this machine only, 0.0.0.0 for every interface")
     if not host.strip():
-        raise UsageError(f"{source} is empty", hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for "
-                         "every interface")
+        raise UsageError(f"{source} is empty", hint=hint)
     if not host.isprintable() or any(c.isspace() for c in host):  # no host name has them; bind() says TypeError
         raise UsageError(f"{source} {host[:100]!r} is not a host name or address: it has spaces or control characters",
-                         hint="give an address: 127.0.0.1 for this machine only, 0.0.0.0 for every interface")
+                         hint=hint)
 
 
 def check_host_name(host: str, source: str = "--host") -> None:

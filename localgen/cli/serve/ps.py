@@ -79,7 +79,7 @@ def server_of(ctx: typer.Context, host: str, port: int, api_key: str | None, api
     host, port = host_and_port(host, port, typed_by_user(ctx, "port"),
                             typed_by_user(ctx, "host"))
     source = "--host" if typed_by_user(ctx, "host") else "LOCALGEN_HOST"
-    check_host(host, source)
+    check_host(host, source, client=True)
     check_host_name(host, source)
     if api_key_file is not None:
         api_key = key_file(api_key_file, api_key if typed_by_user(ctx, "api_key") else None)
