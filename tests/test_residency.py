@@ -145,16 +145,23 @@ def test_at_start_a_load_behind_pinned_models_fails_at_once() -> None:
 
 
 def test_serve_with_more_pinned_models_than_room_says_so(cli: CLI) -> None:
-    """serve.md: -m loads each model at start and pins it; two with --max-models 1 is one error line, exit 1,
-    at once (it waited silently for room that never came)."""
+    """serve.md: -m loads each model at start and pins it; two with --max-models 1 is one usage error before any
+    load, two that fit --max-memory apart but not together one error line, exit 1, at once (it waited silently
+    for room that never came)."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     r = cli("serve", "--port", str(port), "-m", "smollm2:135m", "-m", "gemma3:270m", "--max-models", "1",
-            timeout=100)
-    assert r.returncode == 1 and "no room to load gemma3:270m beside smollm2:135m" in r.stderr, r.stderr
+            timeout=100)  # more than --max-models: refused before the first loads (it loaded, then refused)
+    assert (r.returncode, r.stderr) == (2, "localgen: error: -m names 2 models to keep loaded, and --max-models holds "
+                                           "1 model at once (give --max-models 2 or more, or name fewer models with "
+                                           "-m)\n")
+    r = cli("serve", "--port", str(port), "-m", "smollm2:135m", "-m", "gemma3:270m", "--max-memory", "1400M",
+            timeout=100)  # each fits the budget, not both: known only once the first is loaded
+    assert r.returncode == 1 and "no room to load gemma3:270m beside smollm2:135m: -m pins each model it names, " \
+        "and 3 models or 1.4 GiB is the most held at once" in r.stderr, r.stderr
     assert r.stderr.count("localgen: error:") == 1 and "Traceback" not in r.stderr
 
 

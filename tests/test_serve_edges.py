@@ -770,6 +770,10 @@ def test_a_downloaded_files_numbers_are_not_its_access_lines_tokens(child: Serve
     used = embedded.json()["usage"]["prompt_tokens"]
     line = child.access("files-embed")
     assert f" 200 {used}+0 tokens " in line or f" 200 {used} tokens " in line, line
+    counted = httpx.post(f"{child.url}/v1/messages/count_tokens", json={"model": MODEL, "messages": HI},
+                         headers={"X-Request-Id": "files-count"}, timeout=120)  # the prompt counted, none made
+    assert counted.status_code == 200, counted.text
+    assert f" 200 {counted.json()['input_tokens']}+0 tokens " in child.access("files-count")
 
 
 def test_a_model_file_whose_name_is_not_utf8_is_served(cli_env: dict[str, str], smollm2_path: Path,

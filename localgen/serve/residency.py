@@ -112,7 +112,7 @@ class Residency:
                             if yielding is None and not patient:
                                 pinned = ", ".join(w.name for w in self._loaded)
                                 raise NoRoom(f"no room to load {worker.name} beside {pinned}: -m pins each model "
-                                             f"it names, and {self.max_models} model(s) or "
+                                             f"it names, and {self._most} or "
                                              f"{format_bytes(self.budget)} is the most held at once",
                                              hint="raise --max-models or --max-memory, or name fewer models "
                                                   "with -m")
@@ -120,7 +120,7 @@ class Residency:
                         if left <= 0:
                             busy = ", ".join(w.name for w in self._loaded)
                             raise NoRoom(f"no room to load {worker.name}: the models loaded ({busy}) are pinned "
-                                         f"or busy, and {self.max_models} model(s) or {format_bytes(self.budget)} "
+                                         f"or busy, and {self._most} or {format_bytes(self.budget)} "
                                          "is the most held at once")
                         self._cond.wait(min(left, 0.25))
                         continue
@@ -161,6 +161,11 @@ class Residency:
         """Whether a model of `need` bytes would load now without unloading another (none waits before it)."""
         with self._cond:
             return not self._waiting and self._fits(need)
+
+    @property
+    def _most(self) -> str:
+        """The most models held at once, in words ("1 model", "3 models")."""
+        return f"{self.max_models} model{'' if self.max_models == 1 else 's'}"
 
     def _fits(self, need: int) -> bool:
         return len(self._loaded) < self.max_models and sum(self._loaded.values()) + need <= self.budget

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from localgen.cli import options as o
 from localgen.cli.options.knobs import typed_by_user
+from localgen.cli.output import plural
 from localgen.cli.serve.options import ModelSettings, ResidencyOptions, ServeArgs, check_host, key_file, model_settings
 from localgen.errors import LocalgenError, UsageError
 from localgen.units import parse_bytes
@@ -73,8 +74,14 @@ def checked(f: ServeArgs, log: ServeLog) -> Checked:
     models = model_settings(f.knobs, f.batching.parallel)
     # a bad cache flag is a usage error whatever listens on the port
     cache_ram, cache_disk = _cache_ram(f.batching.cache_ram), _cache_disk(f.batching.cache_disk)
+    residency = _residency(f.residency, models.offload, log)
+    if len(named) > residency.max_models:  # -m pins each: refused before the first loads, not once it has
+        given = "--max-models" if f.residency.max_models else "the default --max-models"
+        raise UsageError(f"-m names {len(named)} models to keep loaded, and {given} holds "
+                         f"{plural(residency.max_models, 'model')} at once",
+                         hint=f"give --max-models {len(named)} or more, or name fewer models with -m")
     return Checked(key=key, keep=keep, policy=policy, models=models, cache_ram=cache_ram, cache_disk=cache_disk,
-                    residency=_residency(f.residency, models.offload, log))
+                    residency=residency)
 
 
 def _check_tools(f: ServeArgs, key: str | None) -> None:
