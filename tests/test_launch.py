@@ -807,6 +807,8 @@ def test_usage_errors(home: Path, tmp_path: Path, agents_dir: Path) -> None:
             assert f"--host {host!r} is not a host name or address" in r.stderr, r.stderr
     r = found("launch", "claude", "--print-env", "--host", "[::1]", "--port", str(_free_port()))
     assert r.returncode == 1 and "no localgen serve is running at http://[::1]:" in r.stderr, r.stderr
+    assert r.stderr.endswith("(start one: localgen serve -m MODEL --ctx 32768; or run localgen launch without "
+                             "--print-env, which starts one for the agent)\n"), r.stderr  # no docs/ a pip install lacks
 
 
 def test_print_env_refuses_a_fifo_at_once_never_waiting_for_a_writer(env: dict[str, str], tmp_path: Path) -> None:
@@ -883,7 +885,7 @@ def test_a_model_that_cannot_chat_is_refused_before_the_agent_starts(env: dict[s
         r = _launch(env, "claude", "-m", model, "--ctx", CTX)
         assert r.returncode == 2 and not r.stdout, r.stderr
         assert r.stderr.startswith(f"localgen: error: {said}") and r.stderr.count("\n") == 1, r.stderr
-        assert "(give -m a chat model whose template renders tools (agents.md))" in r.stderr
+        assert "(give -m a chat model whose template renders tools, such as qwen2.5-coder:7b)" in r.stderr
 
 
 def test_print_env_with_no_key_anywhere_gives_the_word_localgen(monkeypatch: pytest.MonkeyPatch,

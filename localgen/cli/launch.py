@@ -87,7 +87,7 @@ def launch(
                          f"{MIN_CTX_FLAG} tokens or more, not {n_ctx}")
     if print_env and own_server:
         raise UsageError("--print-env and --own-server cannot be combined: --print-env starts nothing",
-                         hint="start a server first (docs/agents.md), then give --print-env")
+                         hint="start a server first: localgen serve -m MODEL --ctx 32768; then give --print-env")
     if not print_env and a.path() is None:
         raise UsageError(f"{a.program} is not on PATH", hint=f"install {a.title.split(',')[0]}: {a.install}")
     _run(ctx, a, agent_args or [], model, n_ctx, gpu_layers, offline, host, port, api_key_file, own_server,
@@ -122,8 +122,8 @@ def _run(ctx: typer.Context, a: Agent, extra: list[str], model: str | None, n_ct
     if print_env:
         if not reuse:
             raise LocalgenError(other if found is None else f"no localgen serve is running at {url}",
-                                hint="start one (docs/agents.md), or run localgen launch without --print-env, which "
-                                "starts one for the agent")
+                                hint="start one: localgen serve -m MODEL --ctx 32768; or run localgen launch without "
+                                "--print-env, which starts one for the agent")
         _print_env(a, url, key, api_key_file, model, extra)
         return
     if found is None:
@@ -263,7 +263,7 @@ def _refuse_what_cannot_chat(name: str, agent: str, embeds: bool, template: bool
     agent would start, and every request of it fail with a 400)."""
     from localgen.errors import no_chat_template
 
-    chat_model = "give -m a chat model whose template renders tools (agents.md)"
+    chat_model = "give -m a chat model whose template renders tools, such as qwen2.5-coder:7b"
     if embeds:
         raise UsageError(f"{name} makes embeddings (or rerank scores), not text, which {agent} needs", hint=chat_model)
     if not template:
