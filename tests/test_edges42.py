@@ -226,7 +226,15 @@ def test_logs_query_with_no_match_says_so(hcli: CLI, logged: Path) -> None:
     r = hcli("logs", "-q", "zyzzyva", "--json")
     assert r.returncode == 0 and json.loads(r.stdout) == [] and "no logged exchange matches" in r.stderr
     r = hcli("logs", "-m", "m" * 20_000)  # a long value is cut, as in every error line (it was echoed whole)
-    assert r.returncode == 0 and r.stderr == f"no logged exchange matches -m '{'m' * 80}…'\n", r.stderr[:200]
+    assert r.returncode == 0 and r.stderr == (f"no logged exchange matches -m '{'m' * 80}…' (the log has no model by "
+                                              "that name)\n"), r.stderr[:200]
+    # logs.md: an -m the log has no model by says so, with the names it may have meant (as run's unknown model)
+    for typed in ("smollm2", "smolm2:135m"):
+        r = hcli("logs", "-m", typed)
+        assert r.returncode == 0 and r.stderr == (f"no logged exchange matches -m '{typed}' (the log has no model by "
+                                                  "that name; did you mean smollm2:135m?)\n"), r.stderr
+    r = hcli("logs", "-m", "smollm2:135m", "-q", "zyzzyva")  # a model the log has: only the match is missing
+    assert r.stderr == "no logged exchange matches -q 'zyzzyva' and -m 'smollm2:135m'\n", r.stderr
 
 
 def test_serve_errors_name_the_api_field_not_a_cli_flag() -> None:

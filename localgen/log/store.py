@@ -429,6 +429,17 @@ def last_conversation() -> str | None:
     return str(row[0]) if row else None
 
 
+def models() -> list[str]:
+    """Every model name the log's exchanges were made with (as listed, and each -m as given), sorted: for `logs -m`
+    that matches none, what it might have meant."""
+    try:
+        with _connect(create=False) as conn:
+            rows = conn.execute("SELECT model FROM responses UNION SELECT model_spec FROM responses").fetchall()
+    except _Empty:
+        return []
+    return sorted(str(r[0]) for r in rows if r[0])
+
+
 def count() -> int:
     """How many exchanges the log holds."""
     try:

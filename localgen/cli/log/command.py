@@ -72,7 +72,8 @@ def logs(
     if first is None:
         what = " and ".join(f"{k} {v[:80] + '…' if len(v) > 80 else v!r}"  # a long one cut, as errors are
                             for k, v in (("-q", query), ("-m", model), ("--cid", cid)) if v)
-        ErrWriter().line(f"no logged exchange matches {what}" if what else "the log holds no exchange yet")
+        ErrWriter().line((f"no logged exchange matches {what}" + _other_models(model)) if what else
+                         "the log holds no exchange yet")
         if json_out:
             out.write("[]\n")
         return
@@ -160,3 +161,20 @@ def _say_damage(damage: str | None = None) -> None:
         from localgen.cli.output import ErrWriter
 
         ErrWriter().warn(f"the log at {store.path()} is damaged ({damage}): runs are not logged; {store.MOVE_AWAY}")
+
+
+def _other_models(model: str | None) -> str:
+    """Where -m names no model of the log's: that said, with those it might have meant (`-m smollm2` for
+    smollm2:135m: names it begins, then names spelled alike), as run's unknown model says them."""
+    if model is None:
+        return ""
+    import difflib
+
+    from localgen.log import store
+
+    logged = store.models()
+    if model in logged:
+        return ""
+    meant = [n for n in logged if n.lower().startswith(model.lower())][:3] or \
+        difflib.get_close_matches(model, logged, n=3, cutoff=0.6)
+    return " (the log has no model by that name" + (f"; did you mean {' or '.join(meant)}?)" if meant else ")")
