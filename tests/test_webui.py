@@ -1846,7 +1846,8 @@ def _the_new_answer_keeps_the_focus(page: Any, ids: Any, words: str, shown: str)
 
 def test_send_is_off_until_there_is_something_to_send(tab: Tab) -> None:
     """docs/webui.md: Send is off, saying why, while the message box is empty or only blank (Enter then sends
-    nothing); typing turns it on, and it is off again once the message has gone."""
+    nothing); typing turns it on, and it is off again once the message has gone: pressed from the keyboard, the
+    focus goes to the message box (a browser drops a button's focus as it turns off: it went nowhere)."""
     page = tab.open()
     page.evaluate(SCRIPTED_STREAM)
     assert page.is_disabled("#send")
@@ -1860,9 +1861,12 @@ def test_send_is_off_until_there_is_something_to_send(tab: Tab) -> None:
     page.fill("#input", "")
     assert page.is_disabled("#send")
     page.fill("#input", "Hello")
-    page.press("#input", "Enter")
+    page.focus("#send")
+    page.keyboard.press("Enter")  # Send, from the keyboard: it goes off as the box empties, the focus to the box
+    assert focused(page) == "TEXTAREA:Message"
     feed(page, "Hello there")
     body_has(page, "Hello there")
+    assert focused(page) == "TEXTAREA:Message"
     page.evaluate("window.finish()")
     page.wait_for_function("() => !document.getElementById('send').hidden")
     assert page.input_value("#input") == "" and page.is_disabled("#send")

@@ -29,7 +29,9 @@ def wanted(args: list[str]) -> tuple[list[str], bool]:
     """The arguments with --help-all made --help, and whether it was given; `help [COMMAND]` (as `ollama help`,
     `git help`) is `[COMMAND] --help`."""
     if args[:1] == ["help"]:
-        args = [*args[1:], "--help"]
+        while args[:1] == ["help"]:  # `help help` too, as git's
+            args = args[1:]
+        args = [*args, "--help"]
     if FLAG not in args:
         return args, False
     return ["--help" if a == FLAG else a for a in args], True

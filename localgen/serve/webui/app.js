@@ -1249,14 +1249,17 @@ function roundsWire(rounds) {
   return out;
 }
 
+/** A focused button about to go (hidden, or turned off: a browser then drops its focus, later or at once): from
+ * the keyboard, the focus goes to the message box; from a touch or a click it is let go (the box focused would pop
+ * a phone's keyboard over the answer). */
+function focusOnFrom(button) {
+  if (document.activeElement !== button) return;
+  if (button.matches(":focus-visible")) ui.input.focus();
+  else button.blur();
+}
+
 function setRunning(running) {
-  // the button pressed goes (Send while an answer comes, Stop after it): from the keyboard, the focus goes to the
-  // message box; from a touch or a click it is let go (the box focused would pop a phone's keyboard over the answer)
-  const hiding = running ? ui.send : ui.stop;
-  if (document.activeElement === hiding) {
-    if (hiding.matches(":focus-visible")) ui.input.focus();
-    else hiding.blur();
-  }
+  focusOnFrom(running ? ui.send : ui.stop); // the button pressed goes: Send while an answer comes, Stop after it
   ui.send.hidden = running;
   ui.stop.hidden = !running;
   ui.model.disabled = running;
@@ -1620,7 +1623,9 @@ async function attach(files) {
 
 // Send is for something to send: a message or a picture (an empty one did nothing, with nothing saying why)
 function sendable() {
-  ui.send.disabled = !ui.input.value.trim() && !state.attachments.length;
+  const off = !ui.input.value.trim() && !state.attachments.length;
+  if (off) focusOnFrom(ui.send); // Send pressed from the keyboard: the box it emptied has the focus, as setRunning's
+  ui.send.disabled = off;
   ui.send.title = ui.send.disabled ? "Type a message (or attach an image) first" : "";
 }
 
