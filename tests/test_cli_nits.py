@@ -99,8 +99,9 @@ def test_a_peer_s_command_name_is_answered_with_localgen_s(cli_in_process: InPro
 
 def test_help_command_is_the_help(cli: CLI) -> None:
     """`localgen help` and `localgen help run` (as `ollama help`, `git help`) print what --help prints."""
-    for args in ([], ["run"]):
+    for args in ([], ["run"], ["help"]):
         r = cli("help", *args)
+        args = [a for a in args if a != "help"]
         assert r.returncode == 0 and r.stdout == cli(*args, "--help").stdout and "Usage: localgen" in r.stdout, r.stderr
 
 
@@ -110,3 +111,13 @@ def test_an_empty_model_is_said_alike_by_launch_run_and_logs(cli_in_process: InP
                  ["logs", "-m", ""], ["run", "-m", "", "hi"]):
         r = cli_in_process(*args)
         assert (r.returncode, r.stderr) == (2, "localgen: error: -m is empty: give a value, or leave it out\n"), args
+
+
+def test_plain_tables_pad_by_terminal_cells_and_right_align_figures() -> None:
+    """cli/output.aligned, which every plain table prints through (collections, list, ps, fit, bench's compare,
+    quantize --ladder): a CJK character is two cells, a combining accent none; figures' columns padded on the left."""
+    from localgen.cli.output import aligned
+
+    assert aligned([["NAME", "N"], ["笔记", "7"], ["cafe\u0301", "12"]], right={1}) == [
+        "NAME   N", "笔记   7", "cafe\u0301  12"]
+    assert aligned([["a", "b", ""], ["ccc", "", ""]]) == ["a    b", "ccc"]  # no trailing spaces

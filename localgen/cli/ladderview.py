@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from localgen.cli.output import aligned
 from localgen.cli.signals import term_as_interrupt
 from localgen.errors import LocalgenError
 from localgen.quant import ladder
@@ -161,13 +162,7 @@ def _f(v: float | None, fmt: str) -> str:
 def table(found: list[ladder.Row]) -> str:
     """One row per file: type, size, bits per weight, pp and tg t/s, PPL, mean KLD, KLD p99, top-1, fit."""
     head, cells = _cells(found)
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
-    right = {2, 3, 4, 5, 6, 7, 8, 9}
-    lines = []
-    for line in [head, *cells]:
-        lines.append("  ".join(v.rjust(w) if i in right else v.ljust(w)
-                               for i, (v, w) in enumerate(zip(line, widths, strict=True))).rstrip())
-    return "\n".join(lines)
+    return "\n".join(aligned([head, *cells], right={2, 3, 4, 5, 6, 7, 8, 9}))
 
 
 def verdict(found: list[ladder.Row], pick: ladder.Row | None, kld_bound: float) -> str:
@@ -212,7 +207,4 @@ def compare(a: int, b: int, pairs: list[tuple[dict[str, Any], Any, Any]], json_o
             f"run {b} tg t/s"]
     cells = [[r["model_name"], _f(r["a_kld"], ".6f"), _f(r["b_kld"], ".6f"), _f(r["a_ppl"], ".4f"),
               _f(r["b_ppl"], ".4f"), _f(r["a_tg_ts"], ".1f"), _f(r["b_tg_ts"], ".1f")] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
-    for line in [head, *cells]:
-        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
-                        for i, (v, w) in enumerate(zip(line, widths, strict=True))).rstrip())
+    print("\n".join(aligned([head, *cells], right=range(1, len(head)))))

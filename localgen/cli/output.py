@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import sys
+from collections.abc import Collection
 from typing import Any, TextIO
 
 from localgen.types import SamplingParams, Stats, shown_path
@@ -213,13 +214,19 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
-def aligned(rows: list[list[str]]) -> list[str]:
+def aligned(rows: list[list[str]], right: Collection[int] = ()) -> list[str]:
     """A plain table's lines: each column as wide as its widest cell as a terminal draws it (a CJK character is
-    two cells, a combining accent none: len() misaligned such names), two spaces apart, no trailing spaces."""
+    two cells, a combining accent none: len() misaligned such names), two spaces apart, no trailing spaces; the
+    columns numbered in `right` (figures) padded on the left."""
     from rich.cells import cell_len
 
     widths = [max(cell_len(r[k]) for r in rows) for k in range(len(rows[0]))] if rows else []
-    return ["  ".join(c + " " * (w - cell_len(c)) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+    def cell(k: int, c: str) -> str:
+        pad = " " * (widths[k] - cell_len(c))
+        return pad + c if k in right else c + pad
+
+    return ["  ".join(cell(k, c) for k, c in enumerate(r)).rstrip() for r in rows]
 
 
 def format_stats(s: Stats) -> str:

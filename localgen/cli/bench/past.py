@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from localgen.cli.bench.view import bar_chart, emit
+from localgen.cli.output import aligned
 from localgen.errors import UsageError
 
 
@@ -149,10 +150,7 @@ def compare_cmd(
     cells = [[r["model_name"], r["test"], *["-" if r[k] is None else str(r[k]) for k in settings],  # none: a server's
               *[f"{r[f'{s}_ts']:.2f}{_stopped(r, s)}" if r[f"{s}_ts"] else "" for s in "ab"],
               f"{r['ratio']:.2f}x" if r["ratio"] else ""] for r in rows]  # a missing figure stays empty
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
-    for line in [head, *cells]:
-        print("  ".join(v.rjust(w) if i >= len(head) - 3 else v.ljust(w)
-                        for i, (v, w) in enumerate(zip(line, widths, strict=True))).rstrip())
+    print("\n".join(aligned([head, *cells], right=range(len(head) - 3, len(head)))))
     def bar(r: dict[str, Any], run: int) -> str:  # the settings that differ between rows tell the bars apart
         from localgen.bench import records
 
