@@ -338,8 +338,10 @@ def _lines(line_input: Any, runner: Any, view: ChatView, between: Any) -> None:
         try:
             between.begin()
             going = handle(text, runner, view, press=line_input.give_press)
-        except KeyboardInterrupt:  # a press past the turn's own handler: the chat goes on
-            view.info("(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")
+        except KeyboardInterrupt:  # a press past the turn's own handler (before a /command's began): the chat goes on
+            words = text.split()
+            view.info(f"(Ctrl-C stopped {words[0]} before it finished)" if words and words[0].startswith("/") else
+                      "(Ctrl-C stops an answer; to leave, press Ctrl-D or type /exit)")  # as the command's own says
             going = True
         finally:
             between.end()
