@@ -113,6 +113,22 @@ def test_every_section_the_code_points_at_is_there() -> None:
     assert not missing, missing
 
 
+def test_the_architecture_page_names_every_module() -> None:
+    """docs/ARCHITECTURE.md is the map of the code: each module of localgen/ is named there, by its file name
+    (`fit.py`) or its path (`models/fit`), so a module added without a word on the page is caught (the packages
+    table alone is abridged)."""
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    modules = [p for p in (ROOT / "localgen").rglob("*.py") if p.name != "__init__.py"]
+    assert len(modules) > 100, len(modules)
+
+    def named(module: Path) -> bool:
+        path = module.relative_to(ROOT / "localgen").with_suffix("").as_posix()
+        return re.search(rf"(?<![\w.])({re.escape(module.name)}|{re.escape(path)})\b", page) is not None
+
+    unnamed = sorted(str(p.relative_to(ROOT)) for p in modules if not named(p))
+    assert not unnamed, unnamed
+
+
 def test_benchmarks_is_no_diary() -> None:
     found = [m[0] for m in DIARY.finditer(BENCHMARKS)]
     assert not found, found
