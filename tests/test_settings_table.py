@@ -140,9 +140,9 @@ def test_the_server_routes_take_the_tables_names(cli_env: dict[str, str]) -> Non
         assert server.stop() == 0
 
 
-def _parsers() -> list[tuple[str, Any, dict[str, Any], str | None]]:
+def _parsers(tmp: Path) -> list[tuple[str, Any, dict[str, Any], str | None]]:
     """Each generation route's parser: the spellings it reads (settings.spellings), the parser, a body it takes,
-    and where its sampling fields go (None: the body; Ollama: `options`)."""
+    and where its sampling fields go (None: the body; Ollama: `options`); the Responses store in a test's folder."""
     from localgen.serve import anthropic, ollama, openai, responses
     from localgen.serve.responsestore import ResponseStore
     from localgen.serve.state import ServeState
@@ -150,7 +150,7 @@ def _parsers() -> list[tuple[str, Any, dict[str, Any], str | None]]:
     chat = [{"role": "user", "content": "hi"}]
     return [("openai", openai.CHAT, {"messages": chat}, None), ("openai", openai.COMPLETIONS, {"prompt": "hi"}, None),
             ("anthropic", anthropic.MESSAGES, {"max_tokens": 5, "messages": chat}, None),
-            ("responses", responses.Responses(ResponseStore(Path("/nonexistent/unused.db")), ServeState(workers={})),
+            ("responses", responses.Responses(ResponseStore(tmp / "responses.db"), ServeState(workers={})),
              {"input": "hi"}, None),
             ("ollama", ollama.CHAT, {"messages": chat}, "options"), ("ollama", ollama.GENERATE, {"prompt": "hi"},
                                                                     "options")]
@@ -163,7 +163,7 @@ def _parsed(parser: Any, body: dict[str, Any], where: str | None, fields: dict[s
     return dict(ask.values)
 
 
-def test_every_knob_reaches_every_apis_parser() -> None:
+def test_every_knob_reaches_every_apis_parser(tmp_path: Path) -> None:
     """Every knob, in each of an API's spellings, reaches the knob through that API's parser (OpenAI's chat and
     completions, Anthropic's Messages, the Responses API, Ollama's chat and generate), with the value sent; the
     values read back are the settings sent."""
@@ -173,7 +173,7 @@ def test_every_knob_reaches_every_apis_parser() -> None:
     sent = request_body("m", GenerationRequest(messages=({"role": "user", "content": "hi"},), sampling=s), seed=7)
     json_value = {settings.spellings("openai")[k]: v for k, v in sent.items() if k in settings.spellings("openai")}
     assert set(json_value) == set(KNOBS)
-    for api, parser, body, where in _parsers():
+    for api, parser, body, where in _parsers(tmp_path):
         names = settings.spellings(api)
         assert set(names.values()) == set(KNOBS), api
         for theirs, ours in names.items():
@@ -182,13 +182,13 @@ def test_every_knob_reaches_every_apis_parser() -> None:
         assert settings.apply(SamplingParams(), values) == s, api
 
 
-def test_a_knob_added_to_the_table_reaches_every_api(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_knob_added_to_the_table_reaches_every_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """One entry in settings.KNOBS is all a new sampling field needs to be read by every API's parser, in
     OpenAI's spelling (chat completions, Anthropic, Responses) and Ollama's option."""
     knob = settings._k("warmth", settings.FLOAT, 0.0, 1.0, "A knob made up for this test.", openai=True,
                        ollama="num_warmth")
     monkeypatch.setitem(KNOBS, "warmth", knob)
-    for api, parser, body, where in _parsers():
+    for api, parser, body, where in _parsers(tmp_path):
         name = "num_warmth" if api == "ollama" else "warmth"
         assert _parsed(parser, body, where, {name: 0.25}).get("warmth") == 0.25, api
 
@@ -246,13 +246,13 @@ def test_a_misspelt_setting_is_given_its_likely_name() -> None:
         settings.parse_text("warmth", "1")
 
 
-def test_a_bad_value_is_named_as_the_client_spelled_it() -> None:
+def test_a_bad_value_is_named_as_the_client_spelled_it(tmp_path: Path) -> None:
     """Ollama's num_predict is not called max_tokens, nor Anthropic's stop_sequences stop; the 400 names the field
     (`param`) as each API's parser read it."""
     from localgen.serve.apierror import HTTPError
 
     bad = {"max_tokens": -5, "stop": 7}
-    for api, parser, body, where in _parsers():
+    for api, parser, body, where in _parsers(tmp_path):
         for theirs, ours in settings.spellings(api).items():
             if ours not in bad:
                 continue
