@@ -376,6 +376,19 @@ def test_bar_chart_fits_its_columns_and_draws_no_bar_for_a_missing_figure() -> N
     assert chart[chart.index("x" * 90) + 1].count("█") > 0
 
 
+def test_bar_charts_bars_start_in_one_terminal_column_whatever_the_labels_characters() -> None:
+    """A label of wide (CJK) characters or with a combining accent: its bar starts in the same terminal column as
+    the others' (padded by cells, not by len())."""
+    from rich.cells import cell_len
+
+    from localgen.cli.bench.view import bar_chart
+
+    labels = ["模型の名前.gguf pp8", "cafe\u0301.gguf pp8", "plain.gguf pp8"]
+    chart = bar_chart([(label, 100.0 - k) for k, label in enumerate(labels)], columns=100).splitlines()
+    starts = {cell_len(line[:line.index("█")]) for line in chart}
+    assert len(chart) == 3 and starts == {cell_len(labels[0]) + 2}, chart
+
+
 # ---- count flags: one spelling ----------------------------------------------------------------------------
 
 def test_every_how_many_option_is_spelled_n() -> None:

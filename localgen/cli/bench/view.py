@@ -244,8 +244,10 @@ def bar_chart(items: list[tuple[str, float | None]], width: int = 40, columns: i
     its own above its bar."""
     if not items:
         return ""
+    from rich.cells import cell_len  # a label's width as a terminal draws it (a CJK file name is two cells a character)
+
     top = max((v for _, v in items if v), default=0.0) or 1.0
-    pad = max(len(label) for label, _ in items)
+    pad = max(cell_len(label) for label, _ in items)
     figures = [f"{v:,.1f} t/s" if v is not None else "" for _, v in items]
     room = (columns - 1 - max(len(f) for f in figures)) if columns else pad + 2 + width
     bar = min(width, room - pad - 2)
@@ -255,6 +257,6 @@ def bar_chart(items: list[tuple[str, float | None]], width: int = 40, columns: i
     lines = []
     for (label, v), figure in zip(items, figures, strict=True):
         drawn = f"{'█' * max(1, round(v / top * bar))} {figure}" if v is not None else ""
-        lines += [label, drawn] if apart else [f"{label.ljust(pad)}  {drawn}".rstrip()]
+        lines += [label, drawn] if apart else [f"{label}{' ' * (pad - cell_len(label))}  {drawn}".rstrip()]
     return "\n".join(line for line in lines if line or not apart)
 
