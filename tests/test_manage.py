@@ -438,7 +438,11 @@ def test_show_create_copy_and_delete_a_preset(server: Server, client: Any) -> No
     assert e.value.status_code == 404
     assert client.delete("mgr-bot").status == "success"
     assert "bad preset name" in _error(server, "POST", "/api/copy", {"source": PULLED, "destination": "a b"}, 400)
-    _error(server, "POST", "/api/copy", {"source": "nope", "destination": "x"}, 404)
+    # the names it has, as a generation's 404 says them (not `localgen list`, a command on another machine)
+    said = _error(server, "POST", "/api/copy", {"source": "nope", "destination": "x"}, 404)
+    assert said.startswith("model 'nope' is not served here (served: ") and "smollm2:135m" in said, said
+    assert _error(server, "POST", "/api/show", {"model": "nope"}, 404) == said
+    assert _error(server, "DELETE", "/api/delete", {"model": "nope"}, 404) == said
     assert "catalogue model" in _error(server, "POST", "/api/copy",
                                        {"source": PULLED, "destination": "gemma3:270m"}, 400)
     assert "FROM nope" in _error(server, "POST", "/api/create", {"model": "x", "from": "nope"}, 400)

@@ -965,7 +965,7 @@ def test_serve_lists_past_a_preset_based_on_itself_and_refuses_making_one(cli_en
             assert "ring" not in r.text and '"h3:q8_0"' in r.text, r.text
         assert httpx.request("DELETE", f"{s.url}/api/delete", json={"model": "h3:q8_0"}, timeout=60).is_success
         r = httpx.post(f"{s.url}/api/create", json={"model": "h3:q8_0", "from": "h3", "stream": False}, timeout=60)
-        assert r.status_code == 400 and "is not here" in r.text, r.text  # its base is gone
+        assert r.status_code == 400 and "'h3' is not served here (served: " in r.text, r.text  # its base is gone
         _preset_file(folder, "h3:q8_0", "smollm2:135m")
         r = httpx.post(f"{s.url}/api/create", json={"model": "h3:q8_0", "from": "h3", "force": True,
                                                     "stream": False}, timeout=60)

@@ -203,7 +203,7 @@ def _offered(state: ServeState, name: str) -> None:
 
     if name in state.workers or presets.exists(name) or name in state.names():
         return
-    raise HTTPError(404, f"model {name!r} is not here (localgen list shows what is)", "not_found_error", "model")
+    raise HTTPError(404, state.not_served(name), "not_found_error", "model")
 
 
 def _lookup(state: ServeState, assemble: bool = False) -> Any:
@@ -218,7 +218,7 @@ def _lookup(state: ServeState, assemble: bool = False) -> Any:
         if why is not None:  # /api/show of it, or a preset made FROM it, while its files change
             raise HTTPError(409, f"model {name!r} is being {why}: try again once that ends", param="model")
         if name not in state.workers and name not in state.names():
-            raise ModelNotFoundError(f"model {name!r} is not here (localgen list shows what is)")
+            raise ModelNotFoundError(state.not_served(name))
         return resolve(name, offline=True, pull_missing=False, assemble=assemble)
 
     return lookup

@@ -128,8 +128,11 @@ class ServeState:
             if w is not None:
                 self.workers.setdefault(w.name, w)
                 return self.workers[w.name]
-        offered = ", ".join(self.names()[:20])
-        raise HTTPError(404, f"model {name!r} is not served here (served: {offered})", "not_found_error", "model")
+        raise HTTPError(404, self.not_served(name), "not_found_error", "model")
+
+    def not_served(self, name: object) -> str:
+        """What every route says of a model name this server has no model by: the names it has (20 at most)."""
+        return f"model {name!r} is not served here (served: {', '.join(self.names()[:20])})"
 
     def local(self, name: object) -> ModelWorker | None:
         """The local model a batch's request names (its worker made now, as a client's request would make it), None
