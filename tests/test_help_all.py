@@ -109,6 +109,21 @@ def test_help_reads_as_a_user_writes_the_command_at_80_columns(cli_in_process: I
         "an alias and a negative flag are named in the option's help"
 
 
+def test_every_argument_is_a_word_in_capitals_in_the_usage_line_and_its_error(cli_in_process: InProcessCLI) -> None:
+    """`Usage: localgen show [OPTIONS] {NAME}`, as the pages write the command, and `Missing argument 'NAME'.`:
+    an argument without a metavar was shown and named by its Python name (`{name}`, `'src'`, `'run_id'`)."""
+    arguments = [(path, p) for path, command in _commands() for p in getattr(command, "params", [])
+                 if p.param_type_name == "argument"]
+    assert len(arguments) >= 20, len(arguments)
+    lower = [(" ".join(path), p.name, p.metavar) for path, p in arguments
+             if not p.metavar or not re.fullmatch(r"(-- )?[A-Z][A-Z_-]*", p.metavar)]
+    assert not lower, lower
+    usage = _help(cli_in_process, "cp", "--help")
+    assert "localgen cp [OPTIONS] {SOURCE} {NAME}" in usage, usage
+    r = cli_in_process("similar")
+    assert r.returncode == 2 and "Missing argument 'COLLECTION'." in r.stderr, r.stderr
+
+
 def test_serve_help_names_every_api_it_answers(cli_in_process: InProcessCLI) -> None:
     cli_in_process.env["COLUMNS"] = "200"
     words = " ".join(_help(cli_in_process, "serve", "--help").split())

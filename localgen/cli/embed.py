@@ -43,8 +43,9 @@ def embed(
     ctx: typer.Context,
     texts: Annotated[
         list[str] | None,
-        typer.Argument(show_default=False, help="Texts to embed (default: one per line of stdin, or --file); "
-                                                "with --docs, files and folders."),
+        typer.Argument(metavar="TEXT", show_default=False,
+                       help="Texts to embed (default: one per line of stdin, or --file); with --docs, files and "
+                            "folders."),
     ] = None,
     file: InputFile = None,
     model: o.Model = None,
@@ -114,8 +115,8 @@ def embed(
 
 def similar(
     ctx: typer.Context,
-    collection: Annotated[str, typer.Argument(help="A collection made with `embed --store`.")],
-    query: Annotated[str, typer.Argument(help="The text to find neighbours of.")],
+    collection: Annotated[str, typer.Argument(metavar="COLLECTION", help="A collection made with `embed --store`.")],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help="The text to find neighbours of.")],
     count: Annotated[int, typer.Option("--count", "-n", min=1, help="How many.")] = 10,
     truncate: Annotated[
         bool, typer.Option("--truncate", rich_help_panel=EMBED,
@@ -134,10 +135,11 @@ def similar(
 
 def rerank(
     ctx: typer.Context,
-    query: Annotated[str, typer.Argument(help="What the documents are scored against.")],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help="What the documents are scored against.")],
     documents: Annotated[
         list[str] | None,
-        typer.Argument(show_default=False, help="Documents (default: one per line of stdin, or --file)."),
+        typer.Argument(metavar="DOCUMENT", show_default=False,
+                       help="Documents (default: one per line of stdin, or --file)."),
     ] = None,
     file: InputFile = None,
     model: o.Model = None,

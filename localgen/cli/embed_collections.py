@@ -69,7 +69,7 @@ START_CHARS = 80  # of each text, in `show`
 
 @collections_app.command("show")
 def show(
-    name: Annotated[str, typer.Argument(help="The collection.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The collection.")],
     json_out: Annotated[
         bool, typer.Option("--json", help="One JSON object: the collection as `collections --json` lists it, and "
                                           "`items`, each {id, start, chars} (the text's first 80 characters "
@@ -128,7 +128,7 @@ def _as_json(c: Listed) -> dict[str, object]:
 
 @collections_app.command("rm")
 def rm(
-    names: Annotated[list[str], typer.Argument(show_default=False, help="Collections to remove.")],
+    names: Annotated[list[str], typer.Argument(metavar="NAME", show_default=False, help="Collections to remove.")],
     ids: Annotated[
         list[str] | None,
         typer.Option("--id", show_default=False,

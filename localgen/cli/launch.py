@@ -34,10 +34,11 @@ SI_KERNEL = 0x80  # siginfo's si_code of a signal the kernel sent: a Ctrl-C type
 
 def launch(
     ctx: typer.Context,
-    agent: Annotated[str | None, typer.Argument(show_default=False, help="The agent: claude, codex or opencode "
-                                                "(--list shows them).")] = None,
+    agent: Annotated[str | None, typer.Argument(metavar="AGENT", show_default=False,
+                                                help="The agent: claude, codex or opencode "
+                                                     "(--list shows them).")] = None,
     agent_args: Annotated[list[str] | None, typer.Argument(
-        show_default=False, metavar="[-- AGENT-ARGS...]",
+        show_default=False, metavar="-- AGENT-ARGS",
         help="Passed to the agent as they are (after --: `localgen launch claude -- -p 'hi'`).")] = None,
     model: Annotated[str | None, typer.Option(
         "--model", "-m", envvar="LOCALGEN_MODEL", show_default=False,

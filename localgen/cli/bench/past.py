@@ -15,7 +15,8 @@ from localgen.errors import UsageError
 
 
 def history_cmd(
-    run_id: Annotated[int | None, typer.Argument(help="Show this run; without it, list the runs.")] = None,
+    run_id: Annotated[int | None, typer.Argument(metavar="RUN",
+                                                 help="Show this run; without it, list the runs.")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="md, csv, json or jsonl.")] = None,
 ) -> None:
     """Past benchmark runs (kept in the data dir), newest first; or one run in full."""

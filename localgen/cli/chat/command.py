@@ -17,7 +17,7 @@ def chat(
     ctx_: typer.Context,
     name: Annotated[
         str | None,
-        typer.Argument(show_default=False,
+        typer.Argument(metavar="NAME", show_default=False,
                        help="Conversation name (default: one from the clock). With --resume: the one to go on with."),
     ] = None,
     resume: Annotated[

@@ -34,7 +34,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 
 def pull(
     name: Annotated[
-        str, typer.Argument(help="Catalogue name (qwen2.5:7b@Q8_0), owner/repo[:QUANT], owner/repo/file.gguf, or "
+        str, typer.Argument(metavar="NAME",
+                            help="Catalogue name (qwen2.5:7b@Q8_0), owner/repo[:QUANT], owner/repo/file.gguf, or "
                                  "ollama:NAME[:TAG] from Ollama's library (ollama:HOST/NAMESPACE/NAME[:TAG] from "
                                  "another registry), or oci:[HOST/]REPO[:TAG|@sha256:DIGEST] from an OCI registry "
                                  "as Docker Model Runner packages models (docker.io by default: oci:ai/smollm2).")
@@ -258,7 +259,8 @@ def list_models(
 
 def rm(
     name: Annotated[
-        str, typer.Argument(help="Catalogue name, owner/repo[:QUANT] (every quantization without one), a model "
+        str, typer.Argument(metavar="NAME",
+                            help="Catalogue name, owner/repo[:QUANT] (every quantization without one), a model "
                                  "quantized here (NAME:TYPE), or a preset.")
     ],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,

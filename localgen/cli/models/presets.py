@@ -18,7 +18,7 @@ Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.
 
 
 def create(
-    name: Annotated[str, typer.Argument(help="The preset's name, e.g. mybot or mybot:short.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The preset's name, e.g. mybot or mybot:short.")],
     file: Annotated[
         str, typer.Option("--file", "-f", show_default=False,
                           help="The Modelfile (FROM, PARAMETER, SYSTEM, TEMPLATE, MESSAGE, ADAPTER; 1 MiB at most); - "
@@ -77,8 +77,8 @@ def create(
 
 
 def cp(
-    src: Annotated[str, typer.Argument(help="A preset, or any model name run takes.")],
-    dst: Annotated[str, typer.Argument(help="The new preset's name.")],
+    src: Annotated[str, typer.Argument(metavar="SOURCE", help="A preset, or any model name run takes.")],
+    dst: Annotated[str, typer.Argument(metavar="NAME", help="The new preset's name.")],
     force: Force = False,
     json_out: Json = False,
 ) -> None:

@@ -17,7 +17,7 @@ from localgen.units import format_bytes
 
 
 def show(
-    name: Annotated[str, typer.Argument(help="Model name, owner/repo[:QUANT], path, ollama:NAME, "
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Model name, owner/repo[:QUANT], path, ollama:NAME, "
                                              "lmstudio:PUBLISHER/REPO or oci:REPO[:TAG].")],
     template: Annotated[bool, typer.Option("--template", help="Print the chat template, whole.")] = False,
     sha256: Annotated[
