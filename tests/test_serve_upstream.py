@@ -702,6 +702,7 @@ def test_what_stops_the_start(front_env: dict[str, str], upstream: Upstream) -> 
     assert r.returncode == 1 and "--endpoint: cannot reach 127.0.0.1:" in r.stderr and "Traceback" not in r.stderr
     r = cli("serve", "--port", port, "--endpoint", f"{upstream.url}/nothing-here", timeout=120)
     assert r.returncode == 1 and "lists no models at" in r.stderr and "Traceback" not in r.stderr
+    assert '([NAME] url = "..." models = [...])' in r.stderr and "docs/" not in r.stderr, r.stderr  # pip has no docs/
     # LOCALGEN_ENDPOINT is run's: serve does not take it for --endpoint
     r = CLI({**front_env, "LOCALGEN_ENDPOINT": upstream.url})("serve", "--port", port, "--api-key-env", "UPSTREAM_KEY",
                                                                timeout=120)

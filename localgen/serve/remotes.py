@@ -39,7 +39,8 @@ def discover(endpoint: Endpoint) -> Remote:
     where = endpoint.label
     headers = {"User-Agent": "localgen", **({"Authorization": f"Bearer {endpoint.key}"} if endpoint.key else {})}
     hint = "name its models in endpoints.toml (models = [...]) to start without asking it" if endpoint.name else \
-        "give it a name and its models in endpoints.toml (docs/remote.md) to start without asking it"
+        "give it a name, its url and its models in endpoints.toml ([NAME] url = \"...\" models = [...]) to start " \
+        "without asking it"
     from localgen.remote.stream import bounded  # (here: a serve without --endpoint never imports run's reader)
 
     try:  # the list bounded as run's is (remote/stream.py): in size, and in time as a whole, not only each wait

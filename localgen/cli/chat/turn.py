@@ -46,8 +46,7 @@ def restore_state(runner: Any, view: Any) -> None:
         return
     what = "the last answer" if conv[-1]["role"] == "assistant" else "the rest of the history"
     again = min(EXACT_SLACK, reused)  # a small state is evaluated again whole, never more than it holds
-    view.info(f"{kept}: the next message reads again {what} ({rest:,} tokens) and at most {again:,} tokens before "
-              "it (see docs/caches.md)")
+    view.info(f"{kept}: the next message reads again {what} ({rest:,} tokens) and at most {again:,} tokens before it")
 
 
 def save_state(runner: Any) -> None:
