@@ -289,3 +289,21 @@ def test_every_script_with_a_shebang_runs_as_a_command() -> None:
     with_shebang = sorted(p for p in (root / "scripts").iterdir() if p.is_file() and p.read_bytes()[:2] == b"#!")
     assert len(with_shebang) > 10
     assert [p.name for p in with_shebang if not os.access(p, os.X_OK)] == []
+
+
+def test_no_message_points_at_a_docs_page_a_pip_install_lacks() -> None:
+    """A user's message (any string in localgen/ but a docstring) never names docs/PAGE.md: `pip install localgen`
+    brings no docs/ folder (serve --endpoint's hint and chat's resume notice did). Comments and docstrings may."""
+    root = Path(__file__).resolve().parents[1]
+    page = re.compile(r"docs/[\w-]+\.md")
+    hits = []
+    for path in sorted((root / "localgen").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        hits += [f"{path.relative_to(root)}:{node.lineno}" for node in ast.walk(tree)
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                 and page.search(node.value)]
+    assert not hits, hits
