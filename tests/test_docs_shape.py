@@ -5,6 +5,7 @@ to a file outside the repository, and every option of every command is on its pa
 
 from __future__ import annotations
 
+import collections
 import re
 from pathlib import Path
 from typing import Any
@@ -121,9 +122,20 @@ def test_the_architecture_page_names_every_module() -> None:
     modules = [p for p in (ROOT / "localgen").rglob("*.py") if p.name != "__init__.py"]
     assert len(modules) > 100, len(modules)
 
+    shared = {name for name, count in collections.Counter(p.name for p in modules).items() if count > 1}
+    rows = {line.split(" | ")[0].strip("| `").split("/")[1] or "top": line for line in page.splitlines()
+            if line.startswith("| `localgen/")}  # the packages table: `localgen/cli/`, ..., `localgen/` top
+
     def named(module: Path) -> bool:
-        path = module.relative_to(ROOT / "localgen").with_suffix("").as_posix()
-        return re.search(rf"(?<![\w.])({re.escape(module.name)}|{re.escape(path)})\b", page) is not None
+        """By its path (`models/fit`, `cli/run/plan.py`, or below its package: `run/plan.py`); by its bare file
+        name where no other module has that name, or in its package's row of the table (`command.py`, one of
+        many, names none elsewhere)."""
+        parts = module.relative_to(ROOT / "localgen").with_suffix("").parts
+        spellings = ["/".join(parts[k:]) for k in range(len(parts) - 1)]
+        spellings += [s + ".py" for s in spellings] + ([module.name] if module.name not in shared else [])
+        if re.search(rf"(?<![\w./])({'|'.join(map(re.escape, spellings))})\b", page):
+            return True
+        return f"`{module.name}`" in rows[parts[0] if len(parts) > 1 else "top"]
 
     unnamed = sorted(str(p.relative_to(ROOT)) for p in modules if not named(p))
     assert not unnamed, unnamed

@@ -84,7 +84,7 @@ def readable(command: Any) -> None:
 
 def _readable(param: Any) -> None:
     if param.param_type_name == "argument":
-        param.display_type_rich = lambda ctx: None  # its name (PROMPT, TEXTS) says what it takes
+        param.display_type_rich = lambda ctx: None  # its name (PROMPT, TEXT) says what it takes
         return
     if param.metavar is None:
         param.metavar = _word(param)

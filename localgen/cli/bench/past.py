@@ -15,7 +15,7 @@ from localgen.errors import UsageError
 
 
 def history_cmd(
-    run_id: Annotated[int | None, typer.Argument(metavar="RUN",
+    run_id: Annotated[int | None, typer.Argument(metavar="ID",
                                                  help="Show this run; without it, list the runs.")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="md, csv, json or jsonl.")] = None,
 ) -> None:

@@ -36,8 +36,8 @@ class Gone(LocalgenError):
 
 def stop(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Argument(metavar="MODEL",
-        show_default=False, help="The model to unload, as `localgen ps` names it.")] = None,
+    model: Annotated[str | None, typer.Argument(metavar="MODEL", show_default=False,
+                                                help="The model to unload, as `localgen ps` names it.")] = None,
     every: Annotated[bool, typer.Option("--all", help="Unload every model the server has loaded.")] = False,
     host: HostOption = "127.0.0.1",
     port: PortOption = 11435,
