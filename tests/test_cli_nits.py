@@ -59,6 +59,7 @@ MISSING_MODEL = [
     (["show", "{}"], "no such model file: {}"),
     (["show", "--modelfile", "{}"], "no such model file: {}"),
     (["cp", "{}", "mybot"], "cp: FROM {}: no such model file: {}"),
+    (["pull", "{}"], "no such model file: {}"),  # it said "{} is a local file; there is nothing to pull", exit 1
 ]
 
 

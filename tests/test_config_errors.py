@@ -157,8 +157,8 @@ def test_the_shipped_catalogue_uses_only_the_keys_an_entry_takes() -> None:
 
 def test_the_catalogue_table_in_models_md_is_the_shipped_catalogue() -> None:
     """docs/models.md, The catalogue: its table shows every entry of models.toml (repo, default quantization,
-    context, recommended sampling, description), and the text before it counts four embedding models and two
-    rerankers, as the shipped catalogue holds."""
+    context, recommended sampling, description), and the text before it counts its models, the seven that read
+    images or audio, four embedding models and two rerankers, as the shipped catalogue holds."""
     import tomllib
 
     from localgen.models import catalogue
@@ -178,6 +178,9 @@ def test_the_catalogue_table_in_models_md_is_the_shipped_catalogue() -> None:
     kinds = [e["description"] for e in shipped.values()]
     assert (sum(" embeddings" in d for d in kinds), sum("reranker" in d.lower() for d in kinds)) == (4, 2), kinds
     assert "four embedding models and two rerankers" in " ".join(page.split())
+    media = sum(": images" in d or ": audio" in d for d in kinds)
+    assert (f"{len(shipped)} models: " in page and media == 7
+            and "seven that read images or audio" in " ".join(page.split())), (len(shipped), media)
 
 
 def test_a_bad_override_of_a_shipped_name_is_an_error_not_the_shipped_entry(own: CLI) -> None:
@@ -389,6 +392,7 @@ def test_an_entry_of_a_shipped_name_is_laid_over_the_shipped_entry(own: CLI) -> 
     assert r.returncode == 0 and r.stderr == "", r.stderr
     entry = next(e for e in json.loads(r.stdout) if e["name"] == "smollm2:135m")
     assert (entry["context"], entry["repo"], entry["default_quant"]) == (2048, "(embedded)", "Q4_1"), entry
+    assert entry["sampling"] == {"temperature": 0.5, "top_p": 0.9}, entry  # the sampling it is used with
     r = own("run", "-m", "smollm2:135m", "-p", "hi", "-n", "2", "--json")
     assert r.returncode == 0, r.stderr
     used = json.loads(r.stdout)["sampling"]

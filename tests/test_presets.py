@@ -857,6 +857,21 @@ def test_a_damaged_preset_is_listed_as_a_warning_and_its_error_is_in_words(pcli:
               "JSON list, not a preset's object")
 
 
+def test_a_presets_field_of_the_wrong_type_is_said_in_words(pcli: InProcessCLI, tmp_path: Path) -> None:
+    """A hand-edited preset whose `messages` is a string said Python's "string indices must be integers, not
+    'str'", and one whose base is a number "not a localgen preset of this version": each field's type in words."""
+    folder = tmp_path / "home" / "data" / "presets"
+    assert pcli("create", "shape", "-f", "-", input="FROM smollm2:135m\nSYSTEM hi\n").returncode == 0
+    good = json.loads((folder / "shape.json").read_text(encoding="utf-8"))
+    for field, value, why in [("messages", "x", 'its messages must be a list of {"role": ..., "content": ...} objects'),
+                              ("messages", [{"role": 1, "content": "a"}], "its messages must be a list of"),
+                              ("base", 5, "its base must be a model's name"),
+                              ("parameters", [], "its parameters must be an object"),
+                              ("adapters", "a.gguf", "its adapters must be a list of file paths")]:
+        (folder / "shape.json").write_text(json.dumps({**good, field: value}), encoding="utf-8")
+        one_error(pcli("show", "shape"), f"the preset file {folder / 'shape.json'} is damaged: {why}")
+
+
 def test_create_renders_a_template_as_run_would_and_refuses_one_run_would_refuse(pcli: InProcessCLI) -> None:
     """A TEMPLATE is rendered once with a sample conversation in run's sandbox: one that reaches past it is
     refused by `create` (exit 2, one line), where it was kept and every `run -m NAME` failed "tried something

@@ -263,10 +263,11 @@ def _to_json(p: Preset) -> dict[str, Any]:
 def _from_json(name: str, d: dict[str, Any]) -> Preset:
     """Read back through the Modelfile parser's checks, so a hand-edited file is held to the same rules."""
     kept = d.get("name")
-    if d.get("format") != FORMAT or not isinstance(kept, str) or canonical(kept) != name or (
-            not isinstance(d.get("base"), str)):
+    if d.get("format") != FORMAT or not isinstance(kept, str) or canonical(kept) != name:
         raise ValueError("not a localgen preset of this version")
-    params = {k: tuple(tuple(x) for x in v) if k == "logit_bias" else v for k, v in d["parameters"].items()}
+    _check_shape(d)
+    params = {k: tuple(tuple(x) for x in v) if k == "logit_bias" else v
+              for k, v in (d.get("parameters") or {}).items()}
     spec = modelfile.Modelfile(base=d["base"], parameters=settings.validate(params), context=d.get("context"),
                                system=d.get("system"), template=d.get("template"),
                                messages=tuple({"role": str(m["role"]), "content": str(m["content"])}
@@ -277,6 +278,23 @@ def _from_json(name: str, d: dict[str, Any]) -> Preset:
                                      for k, v in (d.get("load") or {}).items()})
     modelfile.parse(modelfile.write(spec))  # every value as create checks it
     return Preset(name, spec)
+
+
+def _check_shape(d: dict[str, Any]) -> None:
+    """Each field of a hand-edited preset of the type it must have, said in words (a `messages` string leaked
+    Python's "string indices must be integers")."""
+    if not isinstance(d.get("base"), str) or not d["base"]:
+        raise ValueError("its base must be a model's name")
+    for key in ("parameters", "load"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise ValueError(f"its {key} must be an object")
+    messages, adapters = d.get("messages") or [], d.get("adapters") or []
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError('its messages must be a list of {"role": ..., "content": ...} objects')
+    if not isinstance(adapters, list) or not all(isinstance(a, str) for a in adapters):
+        raise ValueError("its adapters must be a list of file paths")
 
 
 def save(p: Preset, replace: bool) -> None:

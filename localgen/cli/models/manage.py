@@ -64,6 +64,10 @@ def pull(
     if model is not None:
         _pull_embedded(name, model, list_quants, json_out)
         return
+    from localgen.cli.inputfile import missing_model_file
+
+    if missing_model_file(name):  # as show says it (it said "is a local file; there is nothing to pull")
+        raise UsageError(f"no such model file: {name.strip()}")
     from localgen.models import names
 
     spec = names.parse(name)
@@ -233,8 +237,9 @@ def list_models(
 
     entries = catalogue.load()
     if show_catalogue:
-        rows: list[dict[str, Any]] = [{"name": e.name, "repo": e.repo or "(embedded)", "default_quant": e.default_quant,
-                 "context": e.context, "description": e.description} for e in entries.values()]
+        rows: list[dict[str, Any]] = [
+            {"name": e.name, "repo": e.repo or "(embedded)", "default_quant": e.default_quant, "context": e.context,
+             "sampling": e.sampling, "description": e.description} for e in entries.values()]
         if json_out:
             print(json.dumps(rows))
         else:
