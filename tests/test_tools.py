@@ -574,7 +574,11 @@ def test_an_mcp_server_that_writes_no_json_rpc_is_one_line(cli: CLI, tmp_path: P
     has the one error line."""
     r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", "echo not-json-rpc", "--yes", "Go.")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
-    assert "the MCP server echo not-json-rpc failed (starting)" in r.stderr and "Traceback" not in r.stderr
+    assert "the MCP server echo not-json-rpc failed (starting): it wrote 'not-json-rpc' on stdout, which is not " \
+           "JSON-RPC, and ended" in r.stderr and "Traceback" not in r.stderr, r.stderr  # not "Connection closed"
+    r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", "true", "--yes", "Go.")  # no server at all
+    assert r.returncode == 1 and r.stderr == "localgen: error: the MCP server true failed (starting): it ended " \
+        "before it answered (an MCP server answers JSON-RPC on its stdin and stdout)\n", r.stderr
     r = cli("run", "-m", str(tmp_path / "missing.gguf"), "--mcp", "'unclosed quote", "--yes", "Go.")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not a command line" in r.stderr, r.stderr
 

@@ -112,9 +112,14 @@ class McpServer:
                 self.gone = True
                 raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}",
                                 hint="it has gone: its tools are no longer offered to the model") from None
+            why = _why(e)
             if _lost(e):
                 self.gone = True
-            raise ToolError(f"the MCP server {self.label} failed ({doing}): {_why(e)}{self._said()}") from None
+                if doing == "starting" and self.target.url is None:  # it ended: `true`, `echo hi`, not a server
+                    why = (f"it wrote {_quoted(self._banner)} on stdout, which is not JSON-RPC, and ended"
+                           if self._banner else "it ended before it answered (an MCP server answers JSON-RPC on "
+                                                "its stdin and stdout)")
+            raise ToolError(f"the MCP server {self.label} failed ({doing}): {why}{self._said()}") from None
 
     async def _unless_broken(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """`coro`'s result; a ToolError as soon as the server sends a line that looks like a message (a JSON
