@@ -26,7 +26,7 @@ R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 def _events(fmt: str | None, text: str, step: int = 3, thinking: tuple[str, str] | None = None,
-            forced: bool = False) -> list[Any]:
+            forced: bool = False, reason: str | None = None) -> list[Any]:
     from localgen.tools.formats import FORMATS
     from localgen.tools.stream import AnswerStream
 
@@ -34,7 +34,7 @@ def _events(fmt: str | None, text: str, step: int = 3, thinking: tuple[str, str]
     out: list[Any] = []
     for i in range(0, len(text), step):
         out += stream.feed(text[i:i + step])
-    return out + stream.finish()
+    return out + stream.finish(reason)
 
 
 def _calls(events: list[Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -95,6 +95,19 @@ def test_a_call_marker_cut_off_after_whole_calls_is_no_text() -> None:
     # where the answer may be prose (tool_choice auto), a marker it writes and never closes is its text, kept
     prose = "<tool_call> is the tag that marks a call."
     assert _text(_events("hermes", prose), "content") == prose
+
+
+def test_an_answer_cut_inside_a_call_marker_leaves_the_marker_out() -> None:
+    """serve with tool_choice required and max_tokens 4 answered `"content": "<tool_call"`, finish_reason length;
+    so did an auto answer cut after two tokens (`<tool`): the marker is the start of the call that was cut (tools.md:
+    the call it cut is left out). An answer that ended by itself keeps such text (it was no call)."""
+    for step in (1, 3, 100):
+        for text, fmt, said in (("<tool_call", "hermes", ""), ("<tool", "hermes", ""),
+                                ("Sure. <tool_ca", "hermes", "Sure. "), ("[TOOL_CA", "mistral", "")):
+            for forced, reason in ((True, "length"), (False, "length"), (False, "context"), (True, "eos")):
+                events = _events(fmt, text, step, forced=forced, reason=reason)
+                assert _calls(events) == [] and _text(events, "content") == said, (text, step, forced, reason)
+        assert _text(_events("hermes", "Say <tool_", step, reason="eos"), "content") == "Say <tool_"
 
 
 # tools.md: the call max_tokens cut is left out and the answer ends as cut; in the generic format (the JSON answer

@@ -154,7 +154,7 @@ async def _handle(state: ServeState, http: Request, api: Api, body: dict[str, An
     if not ask.stream:
         if answer is not None:
             answer.feed(final.text)
-            answer.finish()
+            answer.finish(final.finish_reason)
         doc = await encoder.whole(final, job, answer)
         return doc if isinstance(doc, Response) else JSONResponse(doc)
     return StreamingResponse(_stream(job, first, answer, encoder), media_type=encoder.media_type,
@@ -334,6 +334,7 @@ async def _stream(job: Job, first: Event, answer: AnswerStream | None, encoder: 
             if trace is not None:  # the stream said 200 at its start: its access line says how it ended
                 trace.fail(error)
         else:
-            out = encoder.said(answer.finish() if answer else []) + await encoder.done(event.completion, job)
+            said = answer.finish(event.completion.finish_reason) if answer else []
+            out = encoder.said(said) + await encoder.done(event.completion, job)
         for chunk in out:
             yield chunk

@@ -168,7 +168,7 @@ class _Rounds:
                 watch = stream_for(self.worker, plan, req, ask.split_reasoning) if plan is not None else None
                 _, final = await run_whole(self.worker, req, self.http, ask.keep_alive, watch)
                 answer.feed(final.text)
-                answer.finish()
+                answer.finish(final.finish_reason)
                 for chunk in enc.said([p for p in parts(answer)
                                        if not (isinstance(p, ToolCall) and p.name in offered)]):
                     yield chunk
@@ -236,7 +236,7 @@ class _Rounds:
             elif isinstance(event, Failed):
                 raise http_error(event)
             else:
-                yield list(answer.finish()), event.completion
+                yield list(answer.finish(event.completion.finish_reason)), event.completion
 
     async def _approved(self, extra: list[dict[str, Any]], made: set[tuple[str, str]]) -> AsyncIterator[bytes]:
         """The calls this request's approvals answer: each approved one run (its mcp_call item), each result (or
