@@ -192,6 +192,11 @@ def test_show_template_prints_the_template_alone(cli_in_process: InProcessCLI) -
     (["run", "--cid", "", "-p", "hi"], "--cid is empty"),
     (["run", "--api-key-env", "", "-p", "hi"], "--api-key-env is empty"),
     (["run", "--mcp", "", "--yes", "-p", "hi"], "--mcp is empty"),
+    (["run", "-j", "", "-p", "hi"], "-j/--json-schema is empty"),  # free text, as if no schema had been asked
+    (["chat", "-j", " ", "-n", "1"], "-j/--json-schema is empty"),
+    (["run", "--lora", "", "-p", "hi"], "--lora is empty"),
+    (["run", "--lora-scaled", "", "-p", "hi"], "--lora-scaled is empty"),
+    (["run", "--draft", "", "-p", "hi"], "--draft is empty"),
     (["chat", ""], "the conversation name is empty"),
     (["chat", "--resume", ""], "the conversation name is empty"),
     (["serve", "--cors", ""], "--cors is empty"),

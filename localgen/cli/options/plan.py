@@ -109,7 +109,9 @@ def check(args: ModelArgs, rules: CommandRules) -> ModelPlan:
     if args.system is not None:
         checked(args.system, "--system")
     refuse_empty(("-m", args.model), ("--api-key-env", args.remote.api_key_env),  # not "none given"
-                 *(("--mcp", server) for server in args.tools.mcp or ()), ("--tool-choice", args.tools.tool_choice))
+                 *(("--mcp", server) for server in args.tools.mcp or ()), ("--tool-choice", args.tools.tool_choice),
+                 ("-j/--json-schema", out.json_schema),  # `-j ''` answered in free text, as if left out
+                 ("--lora", args.knobs.get("lora")), ("--lora-scaled", args.knobs.get("lora_scaled")))
     endpoints, model = endpoints_for(args.remote, args.model)
     keep_states = False
     if endpoints:

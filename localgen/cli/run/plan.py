@@ -57,7 +57,7 @@ def check(f: RunArgs) -> RunPlan:
     """Usage errors, all of them before any download or model load; then the plan."""
     from localgen.cli.log import conversation
 
-    refuse_empty(("--cid", f.log.cid))
+    refuse_empty(("--cid", f.log.cid), ("--draft", f.decoding.draft))  # `--draft ''` ran without drafting
     if f.log.cid is not None:
         from localgen.text import checked
 
