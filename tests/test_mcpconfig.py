@@ -60,7 +60,8 @@ def test_a_config_file_names_servers_as_the_desktop_apps_write_them(tmp_path: Pa
     ([1, 2], 'expected {"mcpServers"'),
     ({"mcpServers": {"a": "cmd"}}, "the server 'a' must be an object"),
     ({"mcpServers": {"a": {}}}, 'needs either "command" (with "args") or "url"'),
-    ({"mcpServers": {"a": {"command": "x", "url": "http://h/"}}}, 'needs either "command"'),
+    ({"mcpServers": {"a": {"command": "x", "url": "http://h/"}}}, 'has both "command" and "url": give one'),
+    ({"mcpServers": {"a": {"command": "x", "disabled": "yes"}}}, "its disabled must be true or false"),  # it ran
     ({"mcpServers": {"a": {"command": "x", "args": "one two"}}}, "args must be a list of strings"),
     ({"mcpServers": {"a": {"command": "x", "env": {"K": ["v"]}}}}, "env must map names to strings"),
     # the red team's [1] started `python 1`; numbers, true and a list for a map were taken as strings or nothing

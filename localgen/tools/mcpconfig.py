@@ -144,6 +144,8 @@ def from_file(path: Path) -> list[McpTarget]:
     for name, entry in servers.items():
         if not isinstance(entry, dict):
             raise UsageError(f"{where}: the server {name!r} must be an object")
+        if not isinstance(entry.get("disabled", False), bool):  # "yes" started the server, as if enabled
+            raise UsageError(f"{where}: the server {name!r}: its disabled must be true or false")
         if entry.get("disabled") is True:
             continue
         out.append(_entry(where, str(name), entry))
@@ -158,7 +160,9 @@ def _entry(where: str, name: str, entry: dict[str, Any]) -> McpTarget:
     if kind in ("sse",):
         raise UsageError(f"{where}: the server {name!r} speaks the old SSE transport; localgen speaks stdio and "
                          "streamable HTTP")
-    if (url is None) == (command is None):
+    if url is not None and command is not None:
+        raise UsageError(f'{where}: the server {name!r} has both "command" and "url": give one')
+    if url is None and command is None:
         raise UsageError(f'{where}: the server {name!r} needs either "command" (with "args") or "url"')
     if url is not None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
