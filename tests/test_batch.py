@@ -307,7 +307,7 @@ def test_decode_groups_keep_exact_sequences_on_invariant_kernels() -> None:
 def test_file_lines_jsonl_blank_and_bad_lines(cli: CLI, tmp_path: Path) -> None:
     f = tmp_path / "mixed.txt"
     f.write_text('Say yes.\n\n{"prompt": "Say no.", "id": "b", "temperature": 0, "max_tokens": 3}\n'
-                 '{"prompt": 5}\n{"prompt": "x", "temperature": 9}\nSay maybe.\n')
+                 '{"prompt": 5, "id": 4}\n{"prompt": "x", "temperature": 9, "id": "e"}\nSay maybe.\n')
     r = cli("run", "--file", str(f), "-n", "4", "--parallel", "2", "--json", "--ctx", "512")
     assert r.returncode == 1, "a failed line makes the exit status 1"
     docs = [json.loads(x) for x in r.stdout.splitlines()]
@@ -317,6 +317,7 @@ def test_file_lines_jsonl_blank_and_bad_lines(cli: CLI, tmp_path: Path) -> None:
     assert docs[2]["id"] == "b" and docs[2]["completion_tokens"] <= 3
     assert "needs a \"prompt\" string" in docs[3]["error"]
     assert "temperature must be within 0 to 5" in docs[4]["error"]
+    assert (docs[3]["id"], docs[4]["id"]) == (4, "e"), "a failed line's object has the id it gave (run.md)"
     assert docs[5]["text"]
     plain = cli("run", "--file", str(f), "-n", "4", "--ctx", "512")
     assert plain.returncode == 1

@@ -96,7 +96,11 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
         except RecursionError:  # 5,000 nested brackets: this line fails, the others go on
             yield _Line(number, None, system, base, error="bad JSON line: it nests too deeply")
             continue
+        ident = None  # a failed line's object carries its id where the line gave one and it was read
         try:  # valid JSON from here: what is wrong is said as it is, without "bad JSON"
+            if isinstance(obj, dict) and "id" in obj:  # written back with the answer: a lone surrogate in it
+                checked(_id_json(obj["id"]), '"id"')  # could not be, nor NaN (not JSON)
+                ident = obj["id"]
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise UsageError('a JSON line needs a "prompt" string')
             if "system" in obj and not isinstance(obj["system"], (str, type(None))):
@@ -109,18 +113,16 @@ def parse(source: TextIO, instruction: str | None, system: str | None, base: Sam
                 raise UsageError('"stop" holds an empty string: give the text, or leave it out')
             if obj.get("system") is not None:
                 checked(obj["system"], '"system"')
-            if "id" in obj:  # written back with the answer: a lone surrogate in it could not be, nor NaN (not JSON)
-                checked(_id_json(obj["id"]), '"id"')
             knobs = {k: v for k, v in obj.items() if k not in ("prompt", "system", "id")}
             sampling = settings.apply(base, knobs)
             text = "\n\n".join(p for p in (obj["prompt"], instruction) if p)
             yield _Line(number, text, obj.get("system", system), sampling, obj.get("id"), seeded="seed" in knobs)
         except UsageError as e:
-            yield _Line(number, None, system, base, error=e.message, hint=e.hint)
+            yield _Line(number, None, system, base, ident, error=e.message, hint=e.hint)
         except ValueError as e:
-            yield _Line(number, None, system, base, error=str(e))
+            yield _Line(number, None, system, base, ident, error=str(e))
         except RecursionError:
-            yield _Line(number, None, system, base, error="the JSON line nests too deeply")
+            yield _Line(number, None, system, base, ident, error="the JSON line nests too deeply")
 
 
 def _id_json(ident: Any) -> str:
