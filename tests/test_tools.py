@@ -151,6 +151,11 @@ def test_a_forced_call_cut_by_max_tokens_is_no_answer(cli: CLI) -> None:
     assert r.returncode == 0 and r.stdout == "", r.stdout
     assert "warning: the answer reached its limit of 10 tokens (-n) before a word of it, in a tool call, which is " \
            "left out: give a larger -n" in r.stderr, r.stderr
+    # chat says it too (its answer was empty, with no word on stderr)
+    r = cli("chat", *RUN[1:], "--mcp", MCP, "--yes", "--tool-choice", "add", "-n", "10", input="What is 2 + 3?\n")
+    assert r.returncode == 0 and "<tool_call>" not in r.stdout, (r.stdout, r.stderr)
+    assert "warning: the answer reached its limit of 10 tokens (-n) before a word of it, in a tool call, which is " \
+           "left out: give a larger -n" in r.stderr, r.stderr
 
 
 def test_templates_are_recognised() -> None:

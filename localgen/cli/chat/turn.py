@@ -297,6 +297,11 @@ def _show_footer(s: Any, turn: Any, runner: Any, view: Any) -> None:
         view.err.line(footer)
     if s.finish_reason == "context":
         view.info("(the answer filled the context window)")
+    limit = runner.sampling.max_tokens  # its round cut before a word, in the call it was writing: as run says it
+    if str(s.finish_reason) == "length" and runner.toolbox is not None and not turn.text.strip() \
+            and not (turn.reasoning or "").strip() and isinstance(limit, int) and limit > 0:
+        view.warning(f"the answer reached its limit of {limit:,} tokens (-n) before a word of it, in a tool call, "
+                     "which is left out: give a larger -n")
 
 
 class _Screen:
