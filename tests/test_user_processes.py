@@ -288,8 +288,10 @@ def test_merged_stdout_and_stderr_keep_their_order(user_home: Path) -> None:
     assert got[5:] == [""], got
 
 
-def test_run_answer_comes_before_its_stats_on_a_merged_pipe(user_home: Path) -> None:
-    proc = start(user_home, "run", "-p", "Say hi.", "-n", "8", "--temperature", "0", "--stats",
+@pytest.mark.parametrize("way", [(), ("--beams", "2")], ids=["stream", "beams"])
+def test_run_answer_comes_before_its_stats_on_a_merged_pipe(user_home: Path, way: tuple[str, ...]) -> None:
+    """--beams's stats line came before its answer."""
+    proc = start(user_home, "run", "-p", "Say hi.", "-n", "8", "--temperature", "0", "--stats", *way,
                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, _ = proc.communicate(timeout=SAFETY_NET_S)
     assert proc.returncode == 0, out

@@ -508,8 +508,6 @@ def run_beams(decoding: DecodingOptions, report: ReportOptions, backend: LocalBa
                prefill_tps=result.prompt_tokens / result.prefill_s if result.prefill_s else None,
                decode_tps=result.decoded_tokens / result.decode_s if result.decode_s else None, total_s=total,
                finish_reason=best.finish_reason)  # type: ignore[arg-type]
-    if report.stats:
-        err.stats(st)
     out = TextWriter(sys.stdout)
     if report.json_out:
         info = backend.describe()
@@ -522,6 +520,8 @@ def run_beams(decoding: DecodingOptions, report: ReportOptions, backend: LocalBa
     else:
         out.write(best.text)
         out.end()
+    if report.stats:  # after the answer, as a streamed one's: on a merged 2>&1 it came first
+        err.stats(st)
     return best.text, st, best.finish_reason
 
 
