@@ -124,11 +124,14 @@ def check_model(flag: str, name: str | None, env: str | None = None) -> None:
                              "model file")
 
 
-def missing_model_file(name: str) -> bool:
-    """Whether a model name a command takes as its argument (show NAME, cp SRC) is a file's path (as check_model
-    tells one) with nothing there: the caller's usage error, exit 2 as -m's is, where the resolver's would be 1 (a
-    folder or a FIFO there is the header reader's usage error already)."""
-    return _a_path(name) and input_problem(name.strip()) == "no such file"
+def check_model_file(name: str, lead: str = "") -> None:
+    """A usage error, `[LEAD]no such model file: PATH`, when a model name a command takes as its argument (show
+    NAME, pull NAME, cp SOURCE) is a file's path (as check_model tells one) with nothing there: exit 2 as -m's is,
+    where the resolver's would be 1 (a folder or a FIFO there is the header reader's usage error already)."""
+    from localgen.errors import UsageError
+
+    if _a_path(name) and input_problem(name.strip()) == "no such file":
+        raise UsageError(f"{lead}no such model file: {name.strip()}")
 
 
 def _a_path(name: str | None) -> bool:

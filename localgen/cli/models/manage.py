@@ -64,10 +64,9 @@ def pull(
     if model is not None:
         _pull_embedded(name, model, list_quants, json_out)
         return
-    from localgen.cli.inputfile import missing_model_file
+    from localgen.cli.inputfile import check_model_file
 
-    if missing_model_file(name):  # as show says it (it said "is a local file; there is nothing to pull")
-        raise UsageError(f"no such model file: {name.strip()}")
+    check_model_file(name)  # as show says it (it said "is a local file; there is nothing to pull")
     from localgen.models import names
 
     spec = names.parse(name)

@@ -83,11 +83,10 @@ def cp(
     json_out: Json = False,
 ) -> None:
     """Copy a preset, or give a model a preset name of its own."""
-    from localgen.cli.inputfile import missing_model_file
+    from localgen.cli.inputfile import check_model_file
     from localgen.models.presets import copy
 
-    if missing_model_file(src):  # a usage error, as -m's path to nothing is (the resolver's would exit 1)
-        raise UsageError(f"cp: FROM {src}: no such model file: {src.strip()}")
+    check_model_file(src, f"cp: FROM {src}: ")
     _done(copy(src, dst, _on_disk, force=force), json_out)
 
 

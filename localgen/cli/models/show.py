@@ -36,10 +36,9 @@ def show(
     from localgen.models.resolve import resolve
 
     _one_view(template, as_modelfile, json_out, sha256, mmproj is not None)
-    from localgen.cli.inputfile import missing_model_file
+    from localgen.cli.inputfile import check_model_file
 
-    if missing_model_file(name):  # a usage error, as -m's path to nothing is (the resolver's would exit 1)
-        raise UsageError(f"no such model file: {name.strip()}")
+    check_model_file(name)
     if as_modelfile:  # a preset's own, even when its base is gone; a model's from its catalogue entry
         print(_modelfile(name, offline), end="")
         return
