@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from localgen.cli.echo import EchoOff
+from localgen.cli.options.tools import call_cut_note
 from localgen.cli.signals import sigint_taken_by
 
 EXACT_SLACK = 71  # the most tokens of a reused prompt evaluated again for exactness (engine/tokens.py reusable_prefix)
@@ -297,11 +298,9 @@ def _show_footer(s: Any, turn: Any, runner: Any, view: Any) -> None:
         view.err.line(footer)
     if s.finish_reason == "context":
         view.info("(the answer filled the context window)")
-    limit = runner.sampling.max_tokens  # its round cut before a word, in the call it was writing: as run says it
-    if str(s.finish_reason) == "length" and runner.toolbox is not None and not turn.text.strip() \
-            and not (turn.reasoning or "").strip() and isinstance(limit, int) and limit > 0:
-        view.warning(f"the answer reached its limit of {limit:,} tokens (-n) before a word of it, in a tool call, "
-                     "which is left out: give a larger -n")
+    note = call_cut_note(s.finish_reason, turn, runner.sampling.max_tokens) if runner.toolbox is not None else None
+    if note is not None:
+        view.warning(note)
 
 
 class _Screen:

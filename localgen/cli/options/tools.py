@@ -10,6 +10,17 @@ from localgen.cli.options import ToolOptions
 TOOLS_NAMED = 8  # a refused --tool-choice lists this many of the tools' names
 
 
+def call_cut_note(finish_reason: object, turn: Any, limit: object) -> str | None:
+    """run's and chat's warning for an answer whose round -n cut before a word of it: a call (the one a forced
+    --tool-choice asks for) was being written, and is left out, and nothing on stdout says why (None otherwise; a
+    thinking model that spent -n on its reasoning wrote no call)."""
+    if str(finish_reason) != "length" or turn.text.strip() or (turn.reasoning or "").strip() \
+            or not isinstance(limit, int) or limit <= 0:
+        return None
+    return f"the answer reached its limit of {limit:,} tokens (-n) before a word of it, in a tool call, which is " \
+           "left out: give a larger -n"
+
+
 def open_toolbox(tools: ToolOptions | None) -> Any:
     """The tools of --functions and --mcp, loaded and started (None without them); a --tool-choice that
     names none of them is refused here, before the model loads."""

@@ -14,6 +14,7 @@ import typer
 
 from localgen.cli.echo import EchoOff
 from localgen.cli.options import ToolOptions
+from localgen.cli.options.tools import call_cut_note
 from localgen.cli.output import AnswerWriter, ErrWriter, TextWriter
 from localgen.cli.run.options import ReportOptions
 from localgen.cli.signals import ended_by_term, ignoring_ctrl_c, term_as_interrupt, writable
@@ -76,13 +77,9 @@ def run_with_tools(tools: ToolOptions, report: ReportOptions, backend: Any, requ
         writer.end()
     gen, stats = turn.generations[-1], turn.stats()
     assert stats is not None  # the loop returns once a round has ended
-    # its round cut before a word: a call (the one a forced --tool-choice asks for) was being written, and is left
-    # out; nothing on stdout says why
-    limit = request.sampling.max_tokens
-    if str(gen.finish_reason) == "length" and not turn.text.strip() and not (turn.reasoning or "").strip() \
-            and isinstance(limit, int) and limit > 0:  # (a thinking model that spent -n on its reasoning: no call)
-        err.warn(f"the answer reached its limit of {limit:,} tokens (-n) before a word of it, "
-                 "in a tool call, which is left out: give a larger -n")
+    note = call_cut_note(gen.finish_reason, turn, request.sampling.max_tokens)
+    if note is not None:
+        err.warn(note)
     steps = len(turn.generations)
     if report.stats:
         err.stats(stats, lead=f"{steps} steps · " if steps > 1 else "")
