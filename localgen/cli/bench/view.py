@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from localgen.cli.output import plural
+from localgen.cli.output import aligned, plural
 from localgen.units import format_bytes
 
 LONG_S = 120.0  # in a pipe, a sweep foreseen to take this long says so first and reports each row
@@ -254,9 +254,9 @@ def bar_chart(items: list[tuple[str, float | None]], width: int = 40, columns: i
     apart = bar < min(10, width)
     if apart:
         bar = max(1, min(width, room))
-    lines = []
-    for (label, v), figure in zip(items, figures, strict=True):
-        drawn = f"{'█' * max(1, round(v / top * bar))} {figure}" if v is not None else ""
-        lines += [label, drawn] if apart else [f"{label}{' ' * (pad - cell_len(label))}  {drawn}".rstrip()]
-    return "\n".join(line for line in lines if line or not apart)
+    rows = [[label, f"{'█' * max(1, round(v / top * bar))} {figure}" if v is not None else ""]
+            for (label, v), figure in zip(items, figures, strict=True)]
+    if not apart:
+        return "\n".join(aligned(rows))  # each label padded by the cells a terminal draws
+    return "\n".join(line for row in rows for line in row if line)
 
