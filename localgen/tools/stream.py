@@ -136,7 +136,7 @@ class AnswerStream:
     _said: bool = False  # content has been given out
     _gap: str = ""  # whitespace before a call marker
     _repeated: bool = False  # a repeat seen inside the open block
-    _cut: bool = False  # the answer ended cut (max_tokens, the window): a call marker cut off is no text
+    _cut: bool = False  # the answer ended cut (max_tokens, the window) or had to be a call: a marker held is no text
 
     def __post_init__(self) -> None:
         if self.begun:
@@ -154,7 +154,7 @@ class AnswerStream:
         """The answer has ended (`reason`: its finish reason): give out what was held back, and the calls not yet
         given. Held text that is the start of a call marker, where the answer was cut inside it (`length`,
         `context`) or had to be a call, is the call it cut: left out, never text."""
-        self._cut = reason in ("length", "context")
+        self._cut = self.forced or reason in ("length", "context")
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> list[Event]:
@@ -217,7 +217,7 @@ class AnswerStream:
             if not self._said and any(t.startswith(lead) for t in fmt.triggers):
                 if not final:
                     return
-                if lead and (self._cut or self.forced):  # "[TOOL_CA" cut: the call it cut
+                if lead and self._cut:  # "[TOOL_CA" cut: the call it cut
                     self._buf = ""
                     return
             self._emit(out, "content", self._buf)
@@ -232,7 +232,7 @@ class AnswerStream:
             self._state, self._buf = "call", self._buf[at:]
             return
         keep = _held(self._buf, fmt.triggers)
-        if final and not (keep and (self.calls or self._cut or self.forced)):  # a marker cut off: no text
+        if final and not (keep and (self.calls or self._cut)):  # a marker cut off: no text
             keep = 0
         self._emit(out, "content", self._buf[:len(self._buf) - keep])
         self._buf = "" if final else self._buf[len(self._buf) - keep:]
