@@ -84,6 +84,28 @@ def test_an_abort_check_stays_referenced_while_its_context_holds_it(smollm2_engi
     assert taken[0]() is None, "a cleared abort check is kept for ever"
 
 
+def test_an_engine_the_collector_frees_leaves_a_pending_press_to_the_code_it_ran_inside(smollm2_path: Path) -> None:
+    """A press noted inside llama.cpp's call (its abort check waits for the decode it stops) was raised by an
+    unreferenced engine's __del__ if the collector ran meanwhile (a CI run's gc.collect() between the two): Python
+    drops an exception from a finaliser, and keep_ctrl_c handed the press on at a moment no code chose. The engine
+    is freed all the same, and the press stays for the code that noted it."""
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.native import logs
+    from localgen.types import LoadParams
+
+    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=256))
+    with logs.unbroken(raising=False):
+        assert logs.defer_interrupt(None), "a press inside an unbroken block is noted"
+    try:
+        engine.__del__()  # as the collector calls it: an exception it raised would be lost
+        assert engine.model_ptr is None and engine._ctx is None, "the engine was not freed"
+    finally:
+        with pytest.raises(KeyboardInterrupt):  # the press, still there for its own code
+            logs.raise_deferred()
+        engine.close()
+
+
 def _ours(signum: int, frame: Any) -> None:
     """A SIGINT handler as the CLI's: a press inside an `unbroken` block (native/logs.py) waits for its end."""
     from localgen.native import logs
