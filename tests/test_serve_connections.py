@@ -295,6 +295,50 @@ def test_a_closing_connection_whose_client_reads_nothing_is_cut_off_after_read_t
     assert asyncio.run(main()), "a closing connection that drains nothing was left open"
 
 
+def test_an_answer_that_closes_as_its_client_still_sends_is_read_whole_and_then_the_end() -> None:
+    """An answer with `Connection: close` written before the request's body all came (a 408 of a trickled body):
+    the connection closed with the body's bytes unread, which the kernel answers with a RST, and the client's read
+    failed ("connection reset by peer", a CI run's), or lost the answer where the RST came first. It half-closes and
+    reads on (drops) what comes, and the client reads the answer, then the end of the connection. (uvicorn with
+    serve's protocol, in process, and an app that answers without reading the body.)"""
+    import asyncio
+
+    import uvicorn
+
+    from localgen.serve.connection import with_header_deadline
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.2)  # the client has sent what it sends (it waits in the buffers, not all read)
+        await send({"type": "http.response.start", "status": 408, "headers": [(b"connection", b"close"),
+                                                                              (b"content-length", b"4")]})
+        await send({"type": "http.response.body", "body": b"late"})
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", ws="none", log_level="error",
+                            http=with_header_deadline(5))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.settimeout(SAFETY_NET_S)
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (64 << 20)
+                         + b" " * (512 << 10))
+            out = b""
+            while chunk := sock.recv(65536):  # a reset raises here
+                out += chunk
+    finally:
+        server.should_exit = True
+        thread.join(SAFETY_NET_S)
+    assert out.startswith(b"HTTP/1.1 408") and out.endswith(b"\r\n\r\nlate"), out[:300]
+
+
 def test_a_blank_line_is_found_in_place_across_the_bytes_before() -> None:
     """The end of a head or of a chunked body is found in what is held without copying it (a copy at each blank
     line made a body of blank lines quadratic), and a blank line begun in the bytes before counts."""

@@ -14,7 +14,10 @@ whose answers have waited --read-timeout seconds for its client to read them (th
 high-water mark) is closed, its request in hand as one whose client left: uvicorn has no write timeout. Past `cap`
 connections open at once (serve/descriptors.py), a new one closes the one that has waited longest for a
 request's headers or for its client to read (none: the new one is closed): a flood of idle connections holds
-none of the server's descriptors for long, and never those of a request in hand that its client reads."""
+none of the server's descriptors for long, and never those of a request in hand that its client reads. A
+connection closed while its client may still be sending (an answer before the request's body all came: a 408, a
+413; a 431) lingers (`Lingering`): closed with bytes unread, the kernel answered RST, which could reach the client
+before it had read the answer ("connection reset", the answer lost)."""
 
 from __future__ import annotations
 
@@ -44,6 +47,39 @@ def _blank_line(tail: bytes, held: bytearray, within: int) -> int | None:
         return across.end() - len(tail)
     found = HEAD_END.search(held, 0, within)
     return None if found is None else found.end()
+
+
+LINGER_S = 2.0  # seconds a connection closed as its client still sends reads on (dropping it) before it closes
+
+
+class Lingering:
+    """A connection's transport whose close(), while `unread()` (its client may still be sending), half-closes
+    instead (the answer written, then its end of file) and reads on, dropping what comes, until the client closes
+    its side or LINGER_S pass; then it closes. It is closing meanwhile (is_closing). Where the transport cannot
+    half-close (TLS), it closes at once. Everything else is the transport's."""
+
+    def __init__(self, transport: Any, unread: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._unread = unread
+        self._loop = loop
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or bool(self._transport.is_closing())
+
+    def close(self) -> None:
+        t = self._transport
+        if self.lingering or t.is_closing() or not self._unread() or not t.can_write_eof():
+            t.close()
+            return
+        self.lingering = True
+        t.write_eof()  # after what is written (the answer)
+        if not t.is_reading():
+            t.resume_reading()  # (flow control may have paused it): what the client sends is read, and dropped
+        self._loop.call_later(LINGER_S, t.close)
 
 
 class HeldFlow(FlowControl):
@@ -80,14 +116,16 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
     _full = False  # reading is paused for the bytes held
     _stuck: float | None = None  # since when the answers have waited for the client to read (None: they don't)
     _closing: float | None = None  # since when, closing, it has waited for the client to read what is left
+    _linger: Lingering  # its transport, which lingers as it closes while its client sends
 
     def _unsupported_upgrade_warning(self) -> None:
         pass
 
     def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
+        self._linger = Lingering(transport, self._may_send, self.loop)
+        super().connection_made(self._linger)  # type: ignore[arg-type]  # (a Transport, by delegation)
         self._held = bytearray()
-        self.flow = HeldFlow(transport, lambda: len(self._held) > MAX_HEAD)
+        self.flow = HeldFlow(self.transport, lambda: len(self._held) > MAX_HEAD)
         self._since = time.monotonic()
         self._timer = self.loop.call_later(self.seconds, self._check)
         if self.cap is not None and len(self.connections) > self.cap and \
@@ -120,7 +158,14 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
         return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete
                                        and not self.cycle.more_body)
 
+    def _may_send(self) -> bool:
+        """Whether the client may still be sending the request in hand: its head begun and not whole, or its body
+        not all come, and the client has not closed its side."""
+        return not self._eof and (bool(self._head) or (self.cycle is not None and self.cycle.more_body))
+
     def data_received(self, data: bytes) -> None:
+        if self._linger.lingering:
+            return  # answered and closing: what the client still sends is dropped
         self._held += data
         self._pump()
         if len(self._held) > MAX_HEAD:  # (a body's bytes never wait here: the parser takes them)
@@ -185,7 +230,7 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
         return receiving
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # (asyncio's: True keeps the transport open)
-        if self.cycle is None or (self.cycle.response_complete and not self._held):
+        if self._linger.lingering or self.cycle is None or (self.cycle.response_complete and not self._held):
             return None  # (uvicorn's answer: the transport closes)
         self._eof = True  # the answers to the requests that came are still written, then it closes
         self.cycle.message_event.set()  # a handler waiting on receive() asks again, and hears the client left
