@@ -128,6 +128,12 @@ def test_a_base_url_with_or_without_v1_the_wrong_way_says_which_it_meant(server:
         assert r.status_code == 404 and r.json()["error"]["message"] == (
             f"Invalid URL (POST {path}): did you mean /v1/chat/completions? (an OpenAI client's base URL ends in "
             "/v1)"), r.text
+    # /api/embeddings is Ollama's route too: an OpenAI client's body there (`input`, no `prompt`) is that 404, in
+    # OpenAI's shape (it was Ollama's load, 200 {"embedding": []}: the SDK said "No embedding data received")
+    api = openai.OpenAI(base_url=f"{server.url}/api", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as found4:
+        api.embeddings.create(model="smollm2:135m", input="hello world", encoding_format="float")
+    assert "did you mean /v1/embeddings? (an OpenAI client's base URL ends in /v1)" in str(found4.value), found4.value
     r = httpx.post(f"{server.url}/v1/api/push", headers={"Authorization": f"Bearer {KEY}"}, json={}, timeout=60)
     assert r.status_code == 404 and r.json()["error"] == "Invalid URL (POST /v1/api/push)", r.text  # a route
     # localgen lacks, asked by an Ollama client given /v1: its shape still

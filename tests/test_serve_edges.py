@@ -425,6 +425,22 @@ def test_a_trickled_body_is_a_408_and_closed(child: Server, head: bytes, what: b
     assert b"--read-timeout" in out and b'"error"' in out, out
 
 
+@pytest.mark.parametrize("route", [b"/v1/files", b"/v1/audio/transcriptions"])
+def test_a_client_that_leaves_mid_upload_is_a_499_not_a_traceback(child: Server, route: bytes) -> None:
+    # batch.md: an upload cut short leaves nothing; the server's log had the 499's line, then a traceback of
+    # starlette's ClientDisconnect (a `curl -F file=@big.jsonl` stopped with Ctrl-C)
+    ident = "upleaver" + route.decode().rsplit("/", 1)[-1]
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.sendall(UPLOAD_HEAD.replace(b"/v1/files", route).replace(b"Host: localhost\r\n", b"Host: localhost\r\n"
+                                                                      b"X-Request-Id: " + ident.encode() + b"\r\n"))
+        time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while " 499 " not in child.access(ident) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert " 499 " in child.access(ident), child.log()
+    assert "Traceback" not in child.log() and "ClientDisconnect" not in child.log(), child.log()
+
+
 def test_a_408_names_the_deadline_that_bounded_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     # which deadline a timed-out wait had decides the line, not the clock when the 408 is written: on a loaded
     # machine a trickle's 408 (CI, 2026-12-01) came out as a stall

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -89,6 +90,8 @@ def routes(state: ServeState) -> list[Route]:
     async def ollama_embeddings(request: Request) -> Response:
         """/api/embeddings (Ollama's older route): one `prompt`, one `embedding`."""
         body = await read_json(request)
+        if "input" in body and "prompt" not in body:  # an OpenAI client given Ollama's /api as its base URL: the
+            raise HTTPException(404)  # 404 that names /v1/embeddings, as its other routes get (it loaded the model)
         worker = state.worker(body.get("model"))
         prompt = body.get("prompt")
         if prompt in (None, ""):  # as /api/embed's: loads the model (keep_alive 0 unloads it), embeds nothing

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -456,7 +456,7 @@ async def bounded_body(request: Request, timeout: float, limit: int | None = Non
                        over: HTTPError | None = None) -> AsyncGenerator[bytes, None]:
     """The request's body as it arrives, `over` (a 413) once it passes `limit` (nothing past it is read; by
     default a file of MAX_BYTES and its form), a 408 when a part stalls for `timeout` seconds (serve
-    --read-timeout) or the whole comes too slowly (serve/stalls.py's BodyClock)."""
+    --read-timeout) or the whole comes too slowly (serve/stalls.py's BodyClock), a 499 when the client leaves."""
     bound = MAX_BYTES + FORM_SLACK if limit is None else limit
     clock = BodyClock(timeout)
     chunks = request.stream().__aiter__()
@@ -467,6 +467,8 @@ async def bounded_body(request: Request, timeout: float, limit: int | None = Non
             return
         except TimeoutError:
             raise clock.late("the upload") from None
+        except ClientDisconnect:  # (a 499, one line in the log: it was a traceback)
+            raise HTTPError(499, "the client went away") from None
         clock.took(chunk)
         if clock.got > bound:
             raise over or too_big()
