@@ -431,6 +431,15 @@ def test_the_pages_python_example_runs(server: Server, cli_env: dict[str, str]) 
     lines = r.stdout.splitlines()
     assert lines[0].startswith("completed BatchRequestCounts(completed=2, failed=0, total=2)")
     assert sorted(line.split()[0] for line in lines[1:]) == ["q0", "q1"]
+    # a model not served (a typo, a catalogue model not pulled): the lines' errors, read from the error file (the
+    # example read only the output file, which such a batch has none of: the openai client's ValueError)
+    r = subprocess.run([sys.executable, "-c", code.replace('"smollm2:135m"', '"llama3.1:8b"')], env=cli_env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("completed BatchRequestCounts(completed=0, failed=2, total=2)"), r.stdout
+    assert sorted(line.split()[0] for line in lines[1:]) == ["q0", "q1"], r.stdout
+    assert all("failed: model 'llama3.1:8b' is not served here" in line for line in lines[1:]), r.stdout
 
 
 def test_a_killed_serve_finishes_the_batch_after_a_restart(own_env: dict[str, str]) -> None:
