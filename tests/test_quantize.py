@@ -590,6 +590,53 @@ def test_perplexity_of_damaged_weights_is_an_error_not_a_nan(qcli: CLI, smollm2_
         assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr[-2000:])
         assert r.stderr.endswith("localgen: error: the figures measured with badweights.gguf are not numbers "
                                  "(PPL = nan): its weights are likely damaged\n"), r.stderr[-2000:]
+    # --save-logits: the file a run saved before stays as it was (it was replaced by the damaged model's, which
+    # poisoned every measure against it), and numpy's warning of the NaN rows stays out of the one line
+    logits = tmp_path / "ref.logits"
+    assert qcli("perplexity", "-m", "smollm2:135m", "-c", "128", "--chunks", "2", "-t", "1", "--save-logits",
+                str(logits)).returncode == 0
+    before = logits.read_bytes()
+    r = qcli("perplexity", "-m", str(bad), "-c", "128", "--chunks", "2", "-t", "1", "--save-logits", str(logits))
+    assert r.returncode == 1 and "RuntimeWarning" not in r.stderr, r.stderr[-2000:]
+    assert logits.read_bytes() == before and [p.name for p in tmp_path.iterdir() if "logits" in p.name] == [
+        "ref.logits"]
+    # as the reference, it is the one named (the model measured against it was)
+    r = qcli("perplexity", "-m", "smollm2:135m", "--reference", str(bad), "-c", "128", "--chunks", "2", "-t", "1")
+    assert r.returncode == 1 and r.stderr.endswith(
+        "localgen: error: the figures measured with badweights.gguf are not numbers (PPL = nan): its weights are "
+        "likely damaged\n"), r.stderr[-2000:]
+
+
+def test_a_text_piped_in_with_no_f_is_said_to_be_unread(qcli: CLI) -> None:
+    # `cat notes.txt | localgen perplexity -m M` measured the default text, with no word: a PPL of another text
+    args = ("perplexity", "-m", "smollm2:135m", "-c", "128", "--chunks", "2", "-t", "1", "--json")
+    piped = qcli(*args, input="Notes on the weather, word after word. " * 100)
+    plain = qcli(*args)  # (an empty stdin, as a script's: nothing said)
+    assert piped.returncode == plain.returncode == 0, piped.stderr
+    assert "warning: stdin is not read: give -f - to measure it (the default text is measured)" in piped.stderr
+    assert "stdin" not in plain.stderr, plain.stderr
+    assert json.loads(piped.stdout)["ppl"] == json.loads(plain.stdout)["ppl"]
+
+
+def test_a_reference_whose_figures_are_not_numbers_is_the_one_blamed() -> None:
+    # a logits file with NaN rows said "the figures measured with bad.logits are not numbers (PPL = 276.06...):
+    # its weights are likely damaged": a number, and weights, for a file of logits
+    from types import SimpleNamespace
+
+    from localgen.cli.perplexity import _check_numbers
+    from localgen.errors import LocalgenError
+
+    nan = float("nan")
+    m = SimpleNamespace(ppl=276.06, model="smollm2:135m", divergence=SimpleNamespace(ppl_base=21.2, kld=nan))
+    with pytest.raises(LocalgenError) as e:
+        _check_numbers(m, {"file": "bad.logits"})
+    assert str(e.value) == ("the figures measured with the reference bad.logits are not numbers (KL divergence = "
+                            "nan): the logits file is likely damaged")
+    m.divergence.ppl_base = nan
+    with pytest.raises(LocalgenError) as e:
+        _check_numbers(m, {"model": "f16.gguf", "ppl": nan})
+    assert str(e.value) == ("the figures measured with the reference f16.gguf are not numbers (its PPL = nan): its "
+                            "weights are likely damaged")
 
 
 def test_a_logits_file_that_cannot_be_written_names_its_path(qcli: CLI, test_text: Path, tmp_path: Path) -> None:

@@ -95,6 +95,8 @@ def perplexity(
     # a logits file holds its tokens: a text given with it is checked against them
     text: MeasureText | str | None = None
     if ref_file is None or file is not None:
+        if not file:
+            _stdin_unread()
         text = read_text(file, chunks) if file else default_text()
     view = ChunkView(json_out)
     out: dict[str, Any] = {"text": file or "default", "ctx": ctx}
@@ -141,6 +143,28 @@ def perplexity(
     _show(result, out, json_out)
     if save_logits is not None and not json_out:
         print(f"logits saved to {save_logits}", file=sys.stderr)
+
+
+def _stdin_unread() -> None:
+    """A text piped in (or redirected from a file) with no -f is not read: said, since the figures are then the
+    default text's (a PPL of another text, exit 0, with no word)."""
+    import os
+    import select
+    import stat
+
+    try:
+        fd = sys.stdin.fileno()
+        mode = os.fstat(fd)
+        if stat.S_ISFIFO(mode.st_mode):  # a pipe with text in it now (one empty, or not written yet, says nothing)
+            piped = bool(select.select([fd], [], [], 0)[0]) and os.read(fd, 1) != b""
+        else:
+            piped = stat.S_ISREG(mode.st_mode) and mode.st_size > 0
+    except (AttributeError, OSError, ValueError):  # none, closed, or not a file (a test's)
+        return
+    if piped:
+        from localgen.cli.output import ErrWriter
+
+        ErrWriter().warn("stdin is not read: give -f - to measure it (the default text is measured)")
 
 
 def _logits_options(kl_divergence: bool, kl_base: str | None, save_logits: Path | None,
@@ -221,21 +245,22 @@ def _writing(path: Path | None) -> Iterator[None]:
 
 
 def _check_numbers(m: Any, reference: dict[str, Any] | None) -> None:
-    """A measure whose figures are not numbers (NaN or infinite: damaged weights) is one error line and exit 1,
-    not `PPL = nan` and 0, which a script or a ladder would take for a measurement."""
+    """A measure against a reference whose figures are not numbers (measure.not_numbers): the model's own PPL
+    (its weights), or the reference's figures (its weights, or its logits file, damaged)."""
     import math
 
-    from localgen.errors import LocalgenError
+    from localgen.quant import measure as ms
 
     d = m.divergence
     if not math.isfinite(m.ppl):
-        which = m.model
-    elif d is not None and not (math.isfinite(d.ppl_base) and math.isfinite(d.kld)):
-        which = (reference or {}).get("model") or (reference or {}).get("file") or "the reference"
-    else:
+        raise ms.not_numbers(m.model, f"PPL = {m.ppl}")
+    if d is None or (math.isfinite(d.ppl_base) and math.isfinite(d.kld)):
         return
-    raise LocalgenError(f"the figures measured with {which} are not numbers (PPL = {m.ppl}): its weights are "
-                        "likely damaged")
+    figure = f"its PPL = {d.ppl_base}" if not math.isfinite(d.ppl_base) else f"KL divergence = {d.kld}"
+    if reference and "model" in reference:
+        raise ms.not_numbers(f"the reference {reference['model']}", figure)
+    which = f"the reference {(reference or {}).get('file', '')}".rstrip()
+    raise ms.not_numbers(which, figure, "the logits file is likely damaged")
 
 
 def _show(m: Any, out: dict[str, Any], json_out: bool) -> None:

@@ -110,7 +110,8 @@ def _encode(rows: Any, mx: Any, lse: Any, w: Work) -> Any:
     np.multiply(a, inv[:, None], out=a)
     np.rint(a, out=a)  # float32, rounded half to even as llama's nearest_int
     np.maximum(a, np.float32(0), out=a)  # at or below the minimum: 0
-    out[:, 4:4 + n_vocab] = a
+    with np.errstate(invalid="ignore"):  # NaN logits (damaged weights): the measure says so, in one line
+        out[:, 4:4 + n_vocab] = a
     return out
 
 

@@ -6,6 +6,7 @@ logits file takes is checked before it is written; an interrupt hands back what 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -145,15 +146,23 @@ def perplexity(engine: Any, text: Text | str, s: Settings, save: Path | None = N
     m = ppl.Perplexity(engine, w, s.batch, s.ubatch, _threads(s), save=writer)
     try:
         result = _run(m, engine.model.name, on_chunk)
+        if not math.isfinite(result.ppl):  # its logits kept would poison every measure against them
+            raise not_numbers(engine.model.name, f"PPL = {result.ppl}")
     except BaseException:
         if writer is not None:
-            writer.discard()
+            writer.discard()  # (a logits file written before stays as it was)
         raise
     finally:
         m.close()
     if writer is not None:
         writer.commit()
     return result
+
+
+def not_numbers(which: str, figure: str, cause: str = "its weights are likely damaged") -> LocalgenError:
+    """A measure whose figures are not numbers (NaN or infinite: damaged weights), one error line and exit 1, not
+    `PPL = nan` and 0, which a script or a ladder would take for a measurement."""
+    return LocalgenError(f"the figures measured with {which} are not numbers ({figure}): {cause}")
 
 
 def _starts_with(engine: Any, tokens: Any, mine: list[int], text: Text) -> bool:
