@@ -217,6 +217,10 @@ def test_bad_input_is_refused_before_anything_runs(server: Server, env: dict[str
             client.batches.create(**{"input_file_id": good.id, "endpoint": "/v1/chat/completions",
                                      "completion_window": "24h", **given})
         assert dict(e.value.body)["param"] == param, given  # type: ignore[call-overload]
+    for given, said in ((None, "input_file_id is required"), (123, "input_file_id must be a string (got 123)")):
+        r = httpx.post(f"{server.url}/v1/batches", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                       json={"input_file_id": given, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith(said), r.text  # (123: "required")
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve("file-0123456789abcdef01234567")
     with pytest.raises(openai.NotFoundError):
@@ -1359,3 +1363,64 @@ def test_a_files_content_takes_a_range_as_rfc_9110_has_it(server: Server) -> Non
                        ("bytes=0-1, 999999-", data[:2]), ("bytes=0-1,,1-3", data[:4])):
         r = httpx.get(url, headers={**key, "Range": asked})
         assert r.status_code == 206 and r.content == got, (asked, r.status_code, r.text)
+
+
+def test_a_file_where_the_batches_folder_goes_is_a_507_that_names_it(own_env: dict[str, str]) -> None:
+    """batch.md: a data dir that cannot be written makes the routes that write answer 507, and those that read
+    still answer. A file where its `batches` folder goes (a sync tool's, a hand's) was a bare 500 on every route,
+    two tracebacks each in the log."""
+    data = Path(own_env["LOCALGEN_HOME"]) / "data"
+    data.mkdir(parents=True)
+    (data / "batches").write_text("x\n")
+    s = Server(own_env, *ARGS)
+    try:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        listed = httpx.get(f"{s.url}/v1/files", headers=auth, timeout=60)
+        assert listed.status_code == 200 and listed.json()["data"] == [], listed.text
+        assert httpx.get(f"{s.url}/v1/batches", headers=auth, timeout=60).status_code == 200
+        r = httpx.post(f"{s.url}/v1/files", headers=auth, files={"file": ("in.jsonl", _jsonl([_line("a", _chat(1))]))},
+                       data={"purpose": "batch"}, timeout=60)
+        assert r.status_code == 507, r.text
+        said = r.json()["error"]["message"]
+        assert said.startswith("the server's data folder cannot be written (") and said.endswith(
+            "batches is a file, not a folder): move that file away, then send it again"), r.text
+        assert "Traceback" not in s.log(), s.log()
+        assert (data / "batches").read_text() == "x\n"  # (the user's file, as it was)
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_damaged_object_is_said_in_the_log_and_the_others_still_listed(own_env: dict[str, str]) -> None:
+    """One damaged FileObject (a disk's fault, a hand's edit) made GET /v1/files a 500 for every file; a damaged
+    batch.json hid its batch without a word. Each is said once in the log, left as it is, and the rest served."""
+    import openai
+
+    s = Server(own_env, *ARGS)
+    try:
+        client = _client(s)
+        kept = client.files.create(file=("kept.jsonl", _jsonl([_line("a", _chat(1))])), purpose="batch")
+        hurt = client.files.create(file=("hurt.jsonl", _jsonl([_line("b", _chat(2))])), purpose="batch")
+        batch = client.batches.create(input_file_id=kept.id, endpoint="/v1/chat/completions", completion_window="24h")
+        _finished(client, batch.id)
+    finally:
+        assert s.stop() == 0
+    root = Path(own_env["LOCALGEN_HOME"]) / "data" / "batches"
+    (root / "files" / f"{hurt.id}.json").write_text("garbage\n")
+    (root / "runs" / batch.id / "batch.json").write_text('{"id": "batch_x", "stat')
+    s = Server(own_env, *ARGS)
+    try:
+        client = _client(s)
+        assert kept.id in [f.id for f in client.files.list()]
+        assert hurt.id not in [f.id for f in client.files.list()]
+        assert client.files.retrieve(kept.id).filename == "kept.jsonl"
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(hurt.id)
+        with pytest.raises(openai.NotFoundError):
+            client.batches.retrieve(batch.id)
+        log = s.log()
+        assert log.count(f"{root / 'files' / hurt.id}.json is damaged") == 1, log
+        assert f"{root / 'runs' / batch.id / 'batch.json'} is damaged" in log, log
+        assert "Traceback" not in log, log
+        assert (root / "files" / f"{hurt.id}.json").read_text() == "garbage\n"
+    finally:
+        assert s.stop() == 0

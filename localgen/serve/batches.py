@@ -238,8 +238,18 @@ class Desk:
             for left in folder.glob(".*.tmp") if sweep else []:  # an object a crash left half-written
                 with contextlib.suppress(OSError):
                     left.unlink()
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 doc = json.loads((folder / "batch.json").read_bytes())
+            except FileNotFoundError:  # (a batch whose object was never written: a crash as it was made)
+                continue
+            except (OSError, ValueError) as e:  # damaged: said in the log, not hidden (its answers are there)
+                self.files.damaged(folder / "batch.json", e, "that batch")
+                continue
+            if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or \
+                    not isinstance(doc.get("created_at"), int):
+                self.files.damaged(folder / "batch.json", ValueError("not a Batch object"), "that batch")
+                continue
+            with contextlib.suppress(OSError, ValueError):
                 if doc.get("status") in RUNNING:
                     progress[doc["id"]] = done = Progress.read(folder, repair=sweep)
                     done.shown(doc)
@@ -385,7 +395,8 @@ def routes(desk: Desk) -> list[Route]:
         body = await read_json(request)
         file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window")
         if not isinstance(file_id, str):
-            raise HTTPError(400, "input_file_id is required: the id of a file uploaded with purpose \"batch\"",
+            said = "is required" if file_id is None else f"must be a string (got {json.dumps(file_id)[:60]})"
+            raise HTTPError(400, f"input_file_id {said}: the id of a file uploaded with purpose \"batch\"",
                             param="input_file_id")
         if endpoint not in ENDPOINTS:
             raise HTTPError(400, f"endpoint must be one of {', '.join(ENDPOINTS)} (got {str(endpoint)[:60]!r})",

@@ -130,4 +130,4 @@ def _model_text(model: Any) -> str:
 def input_gone(doc: dict[str, Any]) -> dict[str, Any]:
     """The fault of a batch whose input file is no longer there, as an entry of errors.data."""
     return {"code": "file_not_found", "line": None, "param": "input_file_id",
-            "message": f"The input file {doc['input_file_id']} was deleted before the batch's requests ran."}
+            "message": f"The input file {doc['input_file_id']} was deleted before the batch's requests had all run."}

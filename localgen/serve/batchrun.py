@@ -232,6 +232,7 @@ async def running(desk: Desk, state: ServeState, app: Any, key: str | None, stop
                   log: Callable[[str], None]) -> AsyncIterator[None]:
     """The runner, while the app runs: batches an earlier start left unfinished go on at once (this server then
     holds the data dir's batches); at shutdown it stops, and lets another server hold them."""
+    desk.files.warn = log  # a damaged object, said
     if await asyncio.to_thread(desk.pending):
         try:
             desk.owner()

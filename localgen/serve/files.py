@@ -80,6 +80,8 @@ class FileStore:
     def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
         self.root = root
         self.clock = clock
+        self.warn: Callable[[str], None] = lambda _line: None  # the server's log (batchrun.running sets it)
+        self._said: set[Path] = set()  # the damaged files said in the log
 
     def _folder(self) -> Path:
         return paths.private_dir(self.root)
@@ -94,11 +96,25 @@ class FileStore:
         """A file's FileObject, or None when there is none of that id."""
         if not _ID.fullmatch(ident):
             return None
+        path = self.root / f"{ident}.json"
         try:
-            doc: dict[str, Any] = json.loads((self.root / f"{ident}.json").read_bytes())
+            doc = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
+        except (OSError, ValueError) as e:  # damaged (a disk's fault, a hand's edit): the others still listed
+            self.damaged(path, e)
+            return None
+        if not isinstance(doc, dict) or doc.get("id") != ident or not isinstance(doc.get("created_at"), int):
+            self.damaged(path, ValueError("not a FileObject"))
+            return None
         return doc
+
+    def damaged(self, path: Path, e: Exception, what: str = "that file") -> None:
+        """Said once per file in the server's log; the file is left as it is (the user's to look at)."""
+        if path not in self._said:
+            self._said.add(path)
+            self.warn(f"localgen serve: {path} is damaged ({getattr(e, 'strerror', None) or e}): {what} is not "
+                      "listed or served; move it away to quiet this")
 
     def add(self, source: IO[bytes], filename: str, purpose: str, ident: str | None = None) -> dict[str, Any]:
         """Copy `source` in as a new file (or as `ident`), its bytes first, then its FileObject."""
@@ -419,16 +435,18 @@ async def _upload(request: Request, store: FileStore, read_timeout: float) -> di
     finally:
         await form.close()
 
-DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.ENOTDIR}
 
 
 def disk_fault(e: OSError) -> HTTPError | None:
-    """The 507 of a data folder that cannot be written (full, read-only, not ours), or None for another fault."""
+    """The 507 of a data folder that cannot be written (full, read-only, not ours, a file where a folder of it
+    goes), or None for another fault."""
     if e.errno not in DISK_ERRNOS:
         return None
-    where = f": {e.filename}" if e.filename else ""
-    return HTTPError(507, f"the server's data folder cannot be written ({e.strerror or e}{where}): free some space "
-                          "or fix its rights, then send it again", "server_error")
+    where = f": {e.filename}" if e.filename and e.errno != errno.ENOTDIR else ""  # (paths.make_dirs' names the
+    fix = "move that file away" if e.errno == errno.ENOTDIR else "free some space or fix its rights"  # file in the way)
+    return HTTPError(507, f"the server's data folder cannot be written ({e.strerror or e}{where}): {fix}, then send "
+                          "it again", "server_error")
 
 
 def on_disk(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
