@@ -58,7 +58,7 @@ MISSING_MODEL = [
     (["fit", "-m", "{}"], "-m/--model {}: no such file"),
     (["show", "{}"], "no such model file: {}"),
     (["show", "--modelfile", "{}"], "no such model file: {}"),
-    (["cp", "{}", "mybot"], "cp: FROM {}: no such model file: {}"),
+    (["cp", "{}", "mybot"], "cp: no such model file: {}"),  # (it said "cp: FROM {}: ", a Modelfile's word)
     (["pull", "{}"], "no such model file: {}"),  # it said "{} is a local file; there is nothing to pull", exit 1
 ]
 

@@ -154,6 +154,15 @@ def test_unsafe_names_are_refused(bad: str) -> None:
         names.parse(bad)
 
 
+@pytest.mark.parametrize("bad", ["qwen2.5:7b@", "qwen2.5:7b@ "])
+def test_an_empty_quantization_after_at_is_refused(bad: str) -> None:
+    # `pull qwen2.5:7b@` pulled the entry's default quantization, as though no @ had been typed (a Hub repo's
+    # `owner/repo:` is refused so)
+    with pytest.raises(LocalgenError) as e:
+        names.parse(bad)
+    assert str(e.value).endswith("names no quantization after @: e.g. qwen2.5:7b@Q4_K_M"), e.value
+
+
 def test_quant_tags_and_split_groups() -> None:
     assert quant_tag("Qwen2.5-7B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
     assert quant_tag("qwen2.5-7b-instruct-q8_0-00001-of-00003.gguf") == "Q8_0"

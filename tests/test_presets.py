@@ -272,7 +272,7 @@ def test_cp_copies_a_preset_or_names_a_model(pcli: InProcessCLI, tmp_path: Path)
     one_error(pcli("cp", "terse", "plain"), "a preset named 'plain' exists")
     assert pcli("cp", "terse", "plain", "--force").returncode == 0
     assert "num_predict 3" in pcli("show", "plain", "--modelfile").stdout
-    one_error(pcli("cp", "nosuch:model", "x"), "FROM nosuch:model", "unknown model")
+    one_error(pcli("cp", "nosuch:model", "x"), "cp: unknown model 'nosuch:model'")  # (it said "cp: FROM nosuch:model")
 
 
 def test_name_and_name_latest_are_one_model(pcli: InProcessCLI, tmp_path: Path) -> None:

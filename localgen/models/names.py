@@ -99,7 +99,9 @@ def parse(text: str, local: bool = True) -> Spec:
         if lowered.startswith(prefix):
             return _hub(name[len(prefix):], text)
     if "/" not in name:
-        base, _, quant = name.partition("@")
+        base, at, quant = name.partition("@")
+        if at and not quant.strip():  # `qwen2.5:7b@`: the entry's default was pulled, as though no @ were typed
+            raise UsageError(f"{_short(name)} names no quantization after @: e.g. {base}@Q4_K_M")
         return CatalogueSpec(base, quant or None)
     return _hub(name, text)
 

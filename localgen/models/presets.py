@@ -441,7 +441,7 @@ def copied(src: str, dst: str, lookup: BaseLookup) -> Preset:
     """The preset `cp` makes, checked, not saved yet."""
     _check_new_name(dst, using=src)
     p = meant(src)
-    spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup, name=dst)
+    spec = _on_base(modelfile.Modelfile(base=src), "cp", lookup, name=dst, from_line=False)
     return Preset(canonical(dst), spec if p is None else p.spec)
 
 
@@ -503,11 +503,14 @@ def remove(name: str) -> bool:
 
 
 def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
-             known: Callable[[str], bool] | None = None, name: str | None = None) -> modelfile.Modelfile:
+             known: Callable[[str], bool] | None = None, name: str | None = None,
+             from_line: bool = True) -> modelfile.Modelfile:
     """FROM another preset: that preset's settings under this one's. FROM a model: it must be on this machine
     (checked offline); a path is kept absolute, a name known here (`known`) as its name, whatever file of that
     name the current folder holds. Either way the model at the end of the bases must be here, and the preset
-    `name` must not be among them (a preset based on itself: every use of it would fail)."""
+    `name` must not be among them (a preset based on itself: every use of it would fail). Errors begin with `where`
+    and, `from_line`, the FROM line (cp's has none: its SOURCE is said by the error)."""
+    lead = f"{where}: FROM {spec.base}" if from_line else where
     parent = meant(spec.base)
     if parent is not None:
         up = parent.spec
@@ -518,11 +521,12 @@ def _on_base(spec: modelfile.Modelfile, where: str, lookup: BaseLookup,
             template=spec.template if spec.template is not None else up.template,
             messages=spec.messages or up.messages, adapters=(*up.adapters, *spec.adapters),
             load={**up.load, **spec.load})
-        _found(merged.base, f"{where}: FROM {spec.base} (a preset of {up.base})", lookup, name, spec.base)
+        _found(merged.base, f"{where}: {'FROM ' if from_line else ''}{spec.base} (a preset of {up.base})", lookup,
+               name, spec.base)
         return merged
     from localgen.models import names
 
-    ref = _found(spec.base, f"{where}: FROM {spec.base}", lookup, name)
+    ref = _found(spec.base, lead, lookup, name)
     if ref.summary.chat_template is None and spec.template is None and (spec.system or spec.messages):
         raise UsageError(f"{where}: {spec.base} has no chat template, so SYSTEM and MESSAGE cannot apply; "
                          "give a TEMPLATE")

@@ -86,7 +86,7 @@ def cp(
     from localgen.cli.inputfile import check_model_file
     from localgen.models.presets import copy
 
-    check_model_file(src, f"cp: FROM {src}: ")
+    check_model_file(src, "cp: ")
     _done(copy(src, dst, _on_disk, force=force), json_out)
 
 
