@@ -450,13 +450,13 @@ def test_rm_removes_the_preset_never_its_base(pcli: InProcessCLI, tmp_path: Path
     shutil.copyfile(smollm2_path, model)
     r = pcli("create", "mine", "-f", "-", input=f"FROM {model}\n")
     assert r.returncode == 0, r.stderr
-    one_error(pcli("rm", "mine"), "would remove the preset mine", "--yes")
+    one_error(pcli("rm", "mine:latest"), "would remove the preset mine ", "--yes")  # the name it is listed under
     model.rename(tmp_path / "moved.gguf")  # the base is gone: list says so, the Modelfile is still shown
     assert "preset of " + str(model) + " (missing)" in pcli("list").stdout
     assert pcli("show", "mine", "--modelfile").stdout == f"FROM {model}\n"
     one_error(pcli("run", "-m", "mine", "-p", "hi"), "no such model file")
     (tmp_path / "moved.gguf").rename(model)
-    r = pcli("rm", "mine", "--yes")
+    r = pcli("rm", "mine:LATEST", "--yes")  # (Ollama's tag, in any case: it said "removed the preset mine:LATEST")
     assert (r.returncode, r.stdout) == (0, "removed the preset mine\n"), r.stderr
     assert model.is_file() and model.stat().st_size == smollm2_path.stat().st_size
     assert not any(i["name"] == "mine" for i in json.loads(pcli("list", "--json").stdout))

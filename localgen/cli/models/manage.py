@@ -291,9 +291,10 @@ def rm(
         raise (ollamastore if spec.store == "ollama" else lmstudio).refuse_removal(spec.name)
     if presets.exists(name):
         presets.check_one_file(name)  # kept as two presets by an older localgen: asked before the confirmation
-        _confirm(f"the preset {name} (its base model stays)", 0, yes, size=False)
+        kept = presets.canonical(name)  # the name it is kept and listed under (`mine` of Ollama's `mine:latest`)
+        _confirm(f"the preset {kept} (its base model stays)", 0, yes, size=False)
         presets.remove(name)
-        print(f"removed the preset {name}")
+        print(f"removed the preset {kept}")
         return
     from localgen.models import quantized
 
