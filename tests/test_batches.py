@@ -1378,13 +1378,15 @@ def test_a_file_where_the_batches_folder_goes_is_a_507_that_names_it(own_env: di
         listed = httpx.get(f"{s.url}/v1/files", headers=auth, timeout=60)
         assert listed.status_code == 200 and listed.json()["data"] == [], listed.text
         assert httpx.get(f"{s.url}/v1/batches", headers=auth, timeout=60).status_code == 200
+        one = httpx.get(f"{s.url}/v1/files/file-0123456789abcdef01234567", headers=auth, timeout=60)
+        assert one.status_code == 404, one.text
         r = httpx.post(f"{s.url}/v1/files", headers=auth, files={"file": ("in.jsonl", _jsonl([_line("a", _chat(1))]))},
                        data={"purpose": "batch"}, timeout=60)
         assert r.status_code == 507, r.text
         said = r.json()["error"]["message"]
         assert said.startswith("the server's data folder cannot be written (") and said.endswith(
             "batches is a file, not a folder): move that file away, then send it again"), r.text
-        assert "Traceback" not in s.log(), s.log()
+        assert "Traceback" not in s.log() and "is damaged" not in s.log(), s.log()  # (no file is: none is there)
         assert (data / "batches").read_text() == "x\n"  # (the user's file, as it was)
     finally:
         assert s.stop() == 0
@@ -1407,6 +1409,8 @@ def test_a_damaged_object_is_said_in_the_log_and_the_others_still_listed(own_env
     root = Path(own_env["LOCALGEN_HOME"]) / "data" / "batches"
     (root / "files" / f"{hurt.id}.json").write_text("garbage\n")
     (root / "runs" / batch.id / "batch.json").write_text('{"id": "batch_x", "stat')
+    (root / "runs" / "batch_listed").mkdir()
+    (root / "runs" / "batch_listed" / "batch.json").write_text("[]\n")  # JSON, not an object: serve did not start
     s = Server(own_env, *ARGS)
     try:
         client = _client(s)
@@ -1422,5 +1426,8 @@ def test_a_damaged_object_is_said_in_the_log_and_the_others_still_listed(own_env
         assert f"{root / 'runs' / batch.id / 'batch.json'} is damaged" in log, log
         assert "Traceback" not in log, log
         assert (root / "files" / f"{hurt.id}.json").read_text() == "garbage\n"
+        assert f"{root / 'runs' / 'batch_listed' / 'batch.json'} is damaged" in s.log(), s.log()
+        assert client.files.delete(hurt.id).deleted  # a damaged file is deleted as any (it was a 404)
+        assert not (root / "files" / f"{hurt.id}.json").exists() and not (root / "files" / f"{hurt.id}.jsonl").exists()
     finally:
         assert s.stop() == 0

@@ -106,6 +106,41 @@ def test_an_engine_the_collector_frees_leaves_a_pending_press_to_the_code_it_ran
         engine.close()
 
 
+def test_a_press_while_the_collector_frees_an_engine_is_raised_there(smollm2_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """One that comes while __del__ frees is raised at its end, as before (Python drops it from a finaliser, and
+    keep_ctrl_c hands it on): left pending, it was lost where no later llama.cpp call raised it."""
+    from localgen.engine.llama import Engine
+    from localgen.models.resolve import resolve
+    from localgen.native import logs
+    from localgen.native.lib import lib
+    from localgen.types import LoadParams
+
+    engine = Engine(resolve(str(smollm2_path)), LoadParams(n_ctx=256))
+    freed = _freed_then_pressed(lib(), "llama_model_free", monkeypatch)
+    previous = signal.signal(signal.SIGINT, _ours)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.__del__()  # as the collector calls it
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert freed and engine.model_ptr is None and not logs.pending()
+
+
+def _freed_then_pressed(lc: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """llama.cpp's free NAME, made to be followed by a press (handled at Python's next check); what it freed."""
+    real = getattr(lc, name)
+    freed: list[Any] = []
+
+    def free(ptr: Any) -> None:
+        real(ptr)
+        freed.append(ptr)
+        signal.raise_signal(signal.SIGINT)  # to this thread
+
+    monkeypatch.setattr(lc, name, free)
+    return freed
+
+
 def _ours(signum: int, frame: Any) -> None:
     """A SIGINT handler as the CLI's: a press inside an `unbroken` block (native/logs.py) waits for its end."""
     from localgen.native import logs

@@ -616,6 +616,16 @@ def test_a_text_piped_in_with_no_f_is_said_to_be_unread(qcli: CLI) -> None:
     assert "warning: stdin is not read: give -f - to measure it (the default text is measured)" in piped.stderr
     assert "stdin" not in plain.stderr, plain.stderr
     assert json.loads(piped.stdout)["ppl"] == json.loads(plain.stdout)["ppl"]
+    # and what it did not read is left whole for what reads it next (a first check read one byte of it: in
+    # `... | while read m; do localgen perplexity -m "$m" ...; done` the next name lost its first letter)
+    import shlex
+    import subprocess
+    import sys
+
+    line = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "localgen", *args))
+    after = subprocess.run(["sh", "-c", f"{line} > /dev/null 2>&1; cat"], input="smollm2:135m\nnext\n",
+                           env=qcli.env, capture_output=True, text=True, timeout=300)
+    assert after.stdout == "smollm2:135m\nnext\n", after.stdout
 
 
 def test_a_reference_whose_figures_are_not_numbers_is_the_one_blamed() -> None:

@@ -339,6 +339,65 @@ def test_an_answer_that_closes_as_its_client_still_sends_is_read_whole_and_then_
     assert out.startswith(b"HTTP/1.1 408") and out.endswith(b"\r\n\r\nlate"), out[:300]
 
 
+def test_a_connection_closed_idle_or_evicted_does_not_linger() -> None:
+    """Only a close after an answer lingers: one with a half-sent head, closed by the header deadline or evicted
+    past the cap, closes at once (lingering, a flood of them held twice the cap's descriptors)."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from localgen.serve.connection import with_header_deadline
+
+    class Plain(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.closed = self.half_closed = False
+
+        def write(self, data: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def can_write_eof(self) -> bool:
+            return True
+
+        def write_eof(self) -> None:
+            self.half_closed = True
+
+        def is_reading(self) -> bool:
+            return True
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+    async def main() -> tuple[bool, bool]:
+        config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", ws="none")
+        config.load()
+        protocol = with_header_deadline(5)(
+            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+        transport = Plain()
+        protocol.connection_made(transport)
+        protocol.data_received(b"POST /v1/completions HTTP/1.1\r\nHost: loc")  # a head begun
+        protocol.transport.close()  # as the deadline, or an eviction, closes it
+        return transport.closed, transport.half_closed
+
+    assert asyncio.run(main()) == (True, False), "an idle connection's close lingered"
+
+
 def test_a_blank_line_is_found_in_place_across_the_bytes_before() -> None:
     """The end of a head or of a chunked body is found in what is held without copying it (a copy at each blank
     line made a body of blank lines quadratic), and a blank line begun in the bytes before counts."""

@@ -441,6 +441,26 @@ def test_a_client_that_leaves_mid_upload_is_a_499_not_a_traceback(child: Server,
     assert "Traceback" not in child.log() and "ClientDisconnect" not in child.log(), child.log()
 
 
+def test_a_malformed_chunk_as_its_handler_reads_is_its_400_and_no_traceback(child: Server) -> None:
+    # uvicorn answers a malformed chunk 400 and closes while the route still waits for the body: a close made to
+    # linger (as after a 408) left the route deaf to it, and its own 408, due 2 s later, was written after the
+    # half-close ("Cannot call write() after write_eof()", a traceback; the access line said 408)
+    with socket.create_connection(("127.0.0.1", child.port)) as sock:
+        sock.settimeout(30)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"X-Request-Id: badchunk\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n")
+        time.sleep(1.5)  # (within --read-timeout 2 of the first part; the route's deadline falls 0.5 s on)
+        sock.sendall(b"zz\r\n")  # not a chunk's size
+        out = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                out += chunk
+        assert out.startswith(b"HTTP/1.1 400"), out[:200]
+        time.sleep(2)  # the socket held open past the route's deadline
+    line = child.access("badchunk")
+    assert " 408 " not in line and "Traceback" not in child.log() and "write_eof" not in child.log(), child.log()
+
+
 def test_a_408_names_the_deadline_that_bounded_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     # which deadline a timed-out wait had decides the line, not the clock when the 408 is written: on a loaded
     # machine a trickle's 408 (CI, 2026-12-01) came out as a stall

@@ -149,17 +149,22 @@ def _stdin_unread() -> None:
     """A text piped in (or redirected from a file) with no -f is not read: said, since the figures are then the
     default text's (a PPL of another text, exit 0, with no word)."""
     import os
-    import select
     import stat
 
     try:
         fd = sys.stdin.fileno()
         mode = os.fstat(fd)
-        if stat.S_ISFIFO(mode.st_mode):  # a pipe with text in it now (one empty, or not written yet, says nothing)
-            piped = bool(select.select([fd], [], [], 0)[0]) and os.read(fd, 1) != b""
+        if stat.S_ISFIFO(mode.st_mode):  # a pipe with text in it now (one empty, or not written yet, says nothing),
+            import array  # counted, not read: it is left whole for what reads it next (`while read m; do ...`)
+            import fcntl
+            import termios
+
+            waiting = array.array("i", [0])
+            fcntl.ioctl(fd, termios.FIONREAD, waiting)
+            piped = waiting[0] > 0
         else:
             piped = stat.S_ISREG(mode.st_mode) and mode.st_size > 0
-    except (AttributeError, OSError, ValueError):  # none, closed, or not a file (a test's)
+    except (AttributeError, ImportError, OSError, ValueError):  # none, closed, not a file (a test's), Windows
         return
     if piped:
         from localgen.cli.output import ErrWriter

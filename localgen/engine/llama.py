@@ -302,12 +302,10 @@ class Engine:
 
         return ContextOverflowError(message, hint=overflow_hint(self.n_ctx, self.window_cap(), needed))
 
-    def close(self, raising: bool = True) -> None:
+    def close(self) -> None:
         """Free the context, the model and the batch (idempotent, and whole: a Ctrl-C during it is raised at its end,
-        never between a free and the reference's clearing, which a later close() would free again). Not `raising`
-        (a finaliser): a Ctrl-C pending is left to the code the collector ran inside, for it to raise where it
-        would have."""
-        with logs.unbroken(raising=raising):
+        never between a free and the reference's clearing, which a later close() would free again)."""
+        with logs.unbroken():
             if getattr(self, "kv", None) is not None:
                 self.kv.close()  # idempotent
             if getattr(self, "_ctx", None) is not None:
@@ -319,10 +317,10 @@ class Engine:
 
     def __del__(self) -> None:
         """A press pending as the collector runs (one noted inside llama.cpp's abort check, which waits for the decode
-        it stops) is not raised here: Python drops an exception from a finaliser (keep_ctrl_c hands it on, at a
-        moment no code chose)."""
-        with contextlib.suppress(Exception):
-            self.close(raising=False)
+        it stops) is not raised here (logs.finalising): Python drops an exception from a finaliser, and keep_ctrl_c
+        handed it on at a moment no code chose. One that comes while it frees is, as before."""
+        with contextlib.suppress(Exception), logs.finalising():
+            self.close()
 
 
 def _context_of(engine: Engine) -> Callable[[], Any]:

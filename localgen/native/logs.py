@@ -94,20 +94,23 @@ def defer_interrupt(frame: Any) -> bool:
 
 
 class _Unbroken:
-    def __init__(self, raising: bool) -> None:
+    def __init__(self, raising: bool, only_new: bool = False) -> None:
         self.counted = threading.current_thread() is threading.main_thread()  # where Python runs SIGINT handlers
         self.raising = raising
+        self.only_new = only_new  # raise only a press that came during the block, not one pending before it
+        self.before = False
 
     def __enter__(self) -> None:
         global _unbroken
         if self.counted:
             _unbroken += 1
+            self.before = _deferred
 
     def __exit__(self, *exc: object) -> None:
         global _unbroken
         if self.counted:
             _unbroken -= 1
-            if not _unbroken and self.raising:
+            if not _unbroken and self.raising and not (self.only_new and self.before):
                 raise_deferred()
 
 
@@ -118,6 +121,14 @@ def unbroken(raising: bool = True) -> _Unbroken:
     is raised where the outermost block ends (not `raising`: it stays pending, for the next raise_deferred). Off the
     main thread, which never runs a SIGINT handler, it does nothing."""
     return _Unbroken(raising)
+
+
+def finalising() -> _Unbroken:
+    """`unbroken` for a finaliser (__del__) that frees a native object: a press that came while it freed is raised
+    at its end (Python drops it from a finaliser, and keep_ctrl_c hands it on), but one pending before the collector
+    ran is left to the code it ran inside, which raises it where it would have (one noted inside llama.cpp's abort
+    check waits for the decode it stops)."""
+    return _Unbroken(True, only_new=True)
 
 
 def pending() -> bool:

@@ -310,16 +310,14 @@ class Projector:
         raise MediaError(f"{what}, which take {round(need):,} tokens of context; --ctx-size is {self.n_ctx:,}",
                          hint="lower --video-fps, cut the video shorter, or raise --ctx-size")
 
-    def close(self, raising: bool = True) -> None:
-        """Free the projector (idempotent); not `raising` (a finaliser): a Ctrl-C pending is left to the code the
-        collector ran inside (Engine.close)."""
+    def close(self) -> None:
         with self._lock:
             self._cache.clear()
-        with logs.unbroken(raising=raising):  # a Ctrl-C between the two would have __del__ free it again
+        with logs.unbroken():  # a Ctrl-C between the two would have __del__ free it again
             if getattr(self, "ctx", None):
                 self.mt.mtmd_free(self.ctx)
                 self.ctx = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown
-            self.close(raising=False)
+        with contextlib.suppress(Exception), logs.finalising():  # (Engine.__del__'s); interpreter shutdown
+            self.close()

@@ -285,7 +285,8 @@ class Desk:
             return False
         for path in self.runs.glob("batch_*/batch.json"):
             with contextlib.suppress(OSError, ValueError):
-                if json.loads(path.read_bytes()).get("status") in RUNNING:
+                doc = json.loads(path.read_bytes())
+                if isinstance(doc, dict) and doc.get("status") in RUNNING:  # (a damaged one: _read says so)
                     return True
         return False
 

@@ -15,9 +15,9 @@ high-water mark) is closed, its request in hand as one whose client left: uvicor
 connections open at once (serve/descriptors.py), a new one closes the one that has waited longest for a
 request's headers or for its client to read (none: the new one is closed): a flood of idle connections holds
 none of the server's descriptors for long, and never those of a request in hand that its client reads. A
-connection closed while its client may still be sending (an answer before the request's body all came: a 408, a
-413; a 431) lingers (`Lingering`): closed with bytes unread, the kernel answered RST, which could reach the client
-before it had read the answer ("connection reset", the answer lost)."""
+connection closed after an answer while its client may still be sending (an answer before the request's body all
+came: a 408; a 431) lingers (`Lingering`): closed with bytes unread, the kernel answered RST, which could reach
+the client before it had read the answer ("connection reset", the answer lost)."""
 
 from __future__ import annotations
 
@@ -117,6 +117,7 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
     _stuck: float | None = None  # since when the answers have waited for the client to read (None: they don't)
     _closing: float | None = None  # since when, closing, it has waited for the client to read what is left
     _linger: Lingering  # its transport, which lingers as it closes while its client sends
+    _refused = False  # answered 431 (its head too large), the rest of it perhaps on its way
 
     def _unsupported_upgrade_warning(self) -> None:
         pass
@@ -159,9 +160,13 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
                                        and not self.cycle.more_body)
 
     def _may_send(self) -> bool:
-        """Whether the client may still be sending the request in hand: its head begun and not whole, or its body
-        not all come, and the client has not closed its side."""
-        return not self._eof and (bool(self._head) or (self.cycle is not None and self.cycle.more_body))
+        """Whether a close now comes after an answer written while the client may still be sending: a 431 (its
+        head not whole), or an answer whose request's body has not all come; the client has not closed its side.
+        Not a close of uvicorn's own (a malformed request, its handler still at work: it must hear that its client
+        left), nor one of a connection idle or evicted (a half-sent head: it would hold its descriptor on)."""
+        if self._eof:
+            return False
+        return self._refused or (self.cycle is not None and self.cycle.response_complete and self.cycle.more_body)
 
     def data_received(self, data: bytes) -> None:
         if self._linger.lingering:
@@ -242,6 +247,7 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
         super().on_message_complete()
 
     def _too_large(self) -> None:
+        self._refused = True  # (its close lingers: the rest of the head may be on its way)
         body = (b'{"error":{"message":"the request line and headers are over the limit of %d bytes",'
                 b'"type":"invalid_request_error","param":null,"code":null}}' % MAX_HEAD)
         self.transport.write(TOO_LARGE % (len(body), body))

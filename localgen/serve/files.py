@@ -99,7 +99,7 @@ class FileStore:
         path = self.root / f"{ident}.json"
         try:
             doc = json.loads(path.read_bytes())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a file where the folder goes: disk_fault's 507)
             return None
         except (OSError, ValueError) as e:  # damaged (a disk's fault, a hand's edit): the others still listed
             self.damaged(path, e)
@@ -187,8 +187,8 @@ class FileStore:
                     path.unlink()
 
     def delete(self, ident: str) -> bool:
-        """Forget a file: its FileObject first (it is unlisted at once), then its bytes."""
-        if self.get(ident) is None:
+        """Forget a file: its FileObject first (it is unlisted at once), then its bytes; a damaged one too."""
+        if self.get(ident) is None and not (_ID.fullmatch(ident) and (self.root / f"{ident}.json").is_file()):
             return False
         (self.root / f"{ident}.json").unlink(missing_ok=True)
         self.content(ident).unlink(missing_ok=True)
