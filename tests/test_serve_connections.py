@@ -6,6 +6,7 @@ server's log sees, never how long it took."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -237,54 +238,76 @@ def test_a_gzip_body_of_many_members_is_decoded_in_slices_and_their_number_bound
 
 
 
-def test_a_closing_connection_whose_client_reads_nothing_is_cut_off_after_read_timeout() -> None:
-    """An answer written before the connection closes (HTTP/1.0, `Connection: close`, a 408 or 431) that its client
-    never reads: asyncio's close() waits for it to be read, with no limit, and the deadline stopped looking at a
-    connection once it was closing, so such clients held their descriptors for ever, past the cap too (uvicorn's
-    protocol here over a transport that never drains; a real socket's buffers take too much to fill in a test)."""
-    import asyncio
+class _Transport(asyncio.Transport):
+    """A transport for uvicorn's protocol in process, with no socket: it writes nothing anywhere and says how it
+    was closed."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.closing = self.aborted = self.half_closed = False
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.half_closed = True
+
+    def is_reading(self) -> bool:
+        return True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+
+def _protocol(seconds: float, transport: _Transport) -> Any:
+    """serve's protocol (uvicorn's, its read timeout `seconds`) on `transport`, in the running loop."""
     import uvicorn
     from uvicorn.server import ServerState
 
     from localgen.serve.connection import with_header_deadline
 
-    class Stuck(asyncio.Transport):
-        def __init__(self) -> None:
-            super().__init__()
-            self.closing = self.aborted = False
+    config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", ws="none")
+    config.load()
+    protocol = with_header_deadline(seconds)(
+        config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
+    protocol.connection_made(transport)
+    return protocol
 
-        def write(self, data: Any) -> None:
-            pass
 
-        def close(self) -> None:
-            self.closing = True
+def test_a_closing_connection_whose_client_reads_nothing_is_cut_off_after_read_timeout() -> None:
+    """An answer written before the connection closes (HTTP/1.0, `Connection: close`, a 408 or 431) that its client
+    never reads: asyncio's close() waits for it to be read, with no limit, and the deadline stopped looking at a
+    connection once it was closing, so such clients held their descriptors for ever, past the cap too (uvicorn's
+    protocol here over a transport that never drains; a real socket's buffers take too much to fill in a test)."""
 
-        def abort(self) -> None:
-            self.closing = self.aborted = True
-
-        def is_closing(self) -> bool:
-            return self.closing
-
+    class Stuck(_Transport):
         def get_write_buffer_size(self) -> int:
             return 0 if self.aborted else 80_000  # written, never read
 
-        def pause_reading(self) -> None:
-            pass
-
-        def resume_reading(self) -> None:
-            pass
-
-        def get_extra_info(self, name: str, default: Any = None) -> Any:
-            return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
-
     async def main() -> bool:
-        config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", ws="none")
-        config.load()
-        protocol = with_header_deadline(0.05)(
-            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
         transport = Stuck()
-        protocol.connection_made(transport)
+        _protocol(0.05, transport)
         transport.close()  # an answer sent with Connection: close
         for _ in range(100):
             await asyncio.sleep(0.02)
@@ -301,8 +324,6 @@ def test_an_answer_that_closes_as_its_client_still_sends_is_read_whole_and_then_
     failed ("connection reset by peer", a CI run's), or lost the answer where the RST came first. It half-closes and
     reads on (drops) what comes, and the client reads the answer, then the end of the connection. (uvicorn with
     serve's protocol, in process, and an app that answers without reading the body.)"""
-    import asyncio
-
     import uvicorn
 
     from localgen.serve.connection import with_header_deadline
@@ -342,58 +363,13 @@ def test_an_answer_that_closes_as_its_client_still_sends_is_read_whole_and_then_
 def test_a_connection_closed_idle_or_evicted_does_not_linger() -> None:
     """Only a close after an answer lingers: one with a half-sent head, closed by the header deadline or evicted
     past the cap, closes at once (lingering, a flood of them held twice the cap's descriptors)."""
-    import asyncio
-
-    import uvicorn
-    from uvicorn.server import ServerState
-
-    from localgen.serve.connection import with_header_deadline
-
-    class Plain(asyncio.Transport):
-        def __init__(self) -> None:
-            super().__init__()
-            self.closed = self.half_closed = False
-
-        def write(self, data: Any) -> None:
-            pass
-
-        def close(self) -> None:
-            self.closed = True
-
-        def is_closing(self) -> bool:
-            return self.closed
-
-        def can_write_eof(self) -> bool:
-            return True
-
-        def write_eof(self) -> None:
-            self.half_closed = True
-
-        def is_reading(self) -> bool:
-            return True
-
-        def get_write_buffer_size(self) -> int:
-            return 0
-
-        def pause_reading(self) -> None:
-            pass
-
-        def resume_reading(self) -> None:
-            pass
-
-        def get_extra_info(self, name: str, default: Any = None) -> Any:
-            return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
 
     async def main() -> tuple[bool, bool]:
-        config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", ws="none")
-        config.load()
-        protocol = with_header_deadline(5)(
-            config=config, server_state=ServerState(), app_state={}, _loop=asyncio.get_running_loop())
-        transport = Plain()
-        protocol.connection_made(transport)
+        transport = _Transport()
+        protocol = _protocol(5, transport)
         protocol.data_received(b"POST /v1/completions HTTP/1.1\r\nHost: loc")  # a head begun
         protocol.transport.close()  # as the deadline, or an eviction, closes it
-        return transport.closed, transport.half_closed
+        return transport.closing, transport.half_closed
 
     assert asyncio.run(main()) == (True, False), "an idle connection's close lingered"
 
