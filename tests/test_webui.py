@@ -930,6 +930,30 @@ def test_export_markdown_fences_a_result_of_many_backtick_runs(tab: Tab) -> None
     assert "**Result:**\n\n```\n`x `x " in md and "``y\n```" in md
 
 
+def test_export_markdown_says_how_an_answer_that_is_not_whole_ended(tab: Tab) -> None:
+    """webui.md: Export Markdown is the branch on screen, notes and all: a failed answer was an empty section, and
+    a stopped or cut one read as whole."""
+    page = tab.open()
+    md = page.evaluate("""async () => {
+        const tree = await import('./webui/tree.js');
+        const transcript = await import('./webui/transcript.js');
+        const c = tree.conversation();
+        let at = 'root';
+        for (const a of [{content: '', error: {kind: 'http', message: "model 'x' is not served here"}},
+                         {content: 'Half an', stopped: true}, {content: 'Cut', finish: 'length'},
+                         {content: '', error: {kind: 'interrupted', message: 'The answer was interrupted.'}},
+                         {content: 'Whole.', finish: 'stop'}]) {
+            at = tree.add(c, tree.add(c, at, {role: 'user', content: 'q'}).id, {role: 'assistant', ...a}).id;
+        }
+        return transcript.exportMarkdown(c);
+    }""")
+    answers = [part.split("\n\n", 1)[1].strip() for part in md.split("## Assistant")[1:]]
+    assert answers == ["*Failed: model 'x' is not served here*\n\n## User\n\nq",
+                       "Half an\n\n*Stopped.*\n\n## User\n\nq",
+                       "Cut\n\n*Cut short: the answer reached its length limit.*\n\n## User\n\nq",
+                       "*The answer was interrupted.*\n\n## User\n\nq", "Whole."], md
+
+
 def test_the_content_security_policy_refuses_inline_code_and_other_origins(tab: Tab) -> None:
     """The page's CSP: an inline script or style, and a request to another origin, are refused (and the page
     itself, used in the tests above, never met a refusal: Tab.close checks)."""

@@ -40,9 +40,20 @@ export function exportMarkdown(conv) {
     if (m.reasoning) parts.push(m.reasoning.trim().split("\n").map((l) => `> ${l}`).join("\n"));
     if (m.images && m.images.length) parts.push(`*${m.images.length} image${m.images.length > 1 ? "s" : ""} attached*`);
     parts.push(m.content || "");
+    parts.push(...endMarkdown(m));
     if (m.sources) parts.push(...sourcesMarkdown(m.sources));
   }
   return `${parts.join("\n\n")}\n`;
+}
+
+/** How an answer ended where it is not whole, as its note on the page says it: an error, a stop, a cut (a failed
+ * answer was an empty section, a cut one read as whole). */
+function endMarkdown(m) {
+  if (m.error) return [`*${m.error.kind === "interrupted" ? "" : "Failed: "}${m.error.message}*`];
+  if (m.stopped) return ["*Stopped.*"];
+  if (m.finish === "length") return ["*Cut short: the answer reached its length limit.*"];
+  if (m.finish === "tool_steps") return ["*Still calling tools when the rounds ran out: its last calls were not run.*"];
+  return [];
 }
 
 /** The excerpts of the documents an answer was sent: each with its number, id, collection and score, then its text
