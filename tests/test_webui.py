@@ -326,6 +326,10 @@ def test_the_page_asks_for_the_key_once_and_keeps_it_for_the_tab(browser: Any, s
     other.click("#key-cancel")
     other.wait_for_function("() => !document.getElementById('banner').hidden")
     assert "No API key" in other.inner_text("#banner")
+    other.fill("#input", "Hello")  # typed all the same: the banner still says why nothing can answer (it said
+    other.press("#input", "Enter")  # only "There is no model to answer yet", and the key was forgotten)
+    other.wait_for_function("() => document.getElementById('banner').textContent.includes('no model to answer')")
+    assert "There is no model to answer yet: No API key" in other.inner_text("#banner")
     other.click("#banner-retry")  # Retry asks again
     other.locator("#key-dialog").wait_for(state="visible")
     t.close()

@@ -33,6 +33,7 @@ const ui = {
 const state = {
   conv: tree.conversation(), // the conversation on screen (kept once it has a message)
   models: [], // /v1/models
+  modelsFailed: null, // why /v1/models could not be listed, its last time (null: it was)
   picked: null, // the model picked last on this page (also kept in localStorage, where it can be)
   loaded: new Set(), // the models loaded now, as /models said last
   loadedKnown: false, // whether /models has answered yet (until then the note says nothing)
@@ -174,12 +175,14 @@ async function loadModels() {
     models = await api.models();
   } catch (e) {
     // the server out of reach: said until any call reaches it again (onReached), not only this one
+    state.modelsFailed = e.message; // what a send says then (no model is listed because of it: no key, ...)
     banner(e.message, loadModels, "error", e.kind === "network" ? "reach" : "models");
     ui.note.textContent = "";
     if (e.kind === "network") watchReach();
     return;
   }
   clearBanner("models"); // its own complaint: another (a conversation not found) stays
+  state.modelsFailed = null;
   state.models = models;
   await Promise.all([loadTools(), loadStores()]);
   const offered = new Set(models.map((m) => m.id));
@@ -1270,13 +1273,21 @@ function setRunning(running) {
   }
 }
 
+/** A send with no model picked: why there is none, where the models could not be listed (no API key given, the
+ * server out of reach), not only that there is none. */
+function noModel() {
+  const why = state.modelsFailed;
+  banner(why ? `There is no model to answer yet: ${why}` : "There is no model to answer yet.", loadModels, "error",
+    "models");
+}
+
 async function send() {
   if (state.running) return;
   const text = ui.input.value;
   const images = state.attachments;
   if (!text.trim() && !images.length) return;
   if (!ui.model.value) {
-    banner("There is no model to answer yet.", loadModels, "error", "models");
+    noModel();
     return;
   }
   clearBanner("notice");
@@ -1304,7 +1315,7 @@ async function generate(conv, parent) {
   if (state.running) return;
   const model = ui.model.value;
   if (!model) {
-    banner("There is no model to answer yet.", loadModels, "error", "models");
+    noModel();
     return;
   }
   const settings = Object.fromEntries(Object.entries(conv.settings).filter(([, v]) => v !== null && v !== undefined));
