@@ -219,7 +219,9 @@ export async function* chat(body, signal) {
       if (doc.error) {
         const e = doc.error;
         const message = typeof e === "string" ? e : e.message || "the server stopped the answer";
-        const kind = /context window|slot's window/.test(message) ? "context" : "refused";
+        // a server that stops mid-answer is one going away: its advice is the lost connection's (Regenerate)
+        const kind = /context window|slot's window/.test(message) ? "context"
+          : /shutting down/.test(message) ? "network" : "refused";
         throw new ApiError(message, kind, typeof e.code === "number" ? e.code : 0);
       }
       yield doc;
