@@ -255,7 +255,8 @@ def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in
         "(the model is named with -m: localgen run -m smollm2:135m \"PROMPT\")\n"), r.stderr
     r = cli_in_process("chat", "smollm2:135m", input="hi\n")
     assert r.returncode == 2 and r.stderr.endswith(
-        "(to chat with the model smollm2:135m: localgen chat -m smollm2:135m)\n"), r.stderr
+        "names a model, not a conversation: the model is named with -m (localgen chat -m smollm2:135m; with -m, "
+        "NAME names the conversation)\n"), r.stderr
     r = cli_in_process("run", "hello", "world")
     assert r.returncode == 2 and "-m" not in r.stderr, r.stderr
     r = cli_in_process("run", "llama3.2", "Why is the sky blue?")  # a family's name: its models, in the hint
@@ -273,6 +274,14 @@ def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in
     assert r.returncode == 2 and '-m gemma3:270m "PROMPT" or -m gemma3:1b or -m gemma3:4b or -m gemma3:12b;' in \
         r.stderr and r.stderr.endswith("; -p gemma3 sends the word as the prompt)\n"), r.stderr
     r = cli_in_process("run", "-p", "smollm2", "-n", "2")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    # `chat llama3.2` (a family, a catalogue name with no colon, a preset): it chatted with the default model in a
+    # conversation of that name, as troubleshooting.md says it does not; with -m, the name is the conversation's
+    r = cli_in_process("chat", "llama3.2", "-n", "2", input="hi\n")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr == (
+        "localgen: error: llama3.2 names a model, not a conversation: the model is named with -m (localgen chat -m "
+        "llama3.2:1b or -m llama3.2:3b; with -m, NAME names the conversation)\n"), r.stderr
+    r = cli_in_process("chat", "-m", "smollm2:135m", "smollm2", "-n", "2", input="hi\n")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
 
 

@@ -76,7 +76,7 @@ def test_each_line_the_page_quotes_is_what_localgen_says(cli_env: dict[str, str]
     said.append(_busy_tune(cli))
     said.append(cli("run", "Summarize", "-n", "2", input="word " * 1_000_000).stderr)  # 5 MB piped in
     said.append(cli("run", "smollm2:135m", "Why is the sky blue?", "-n", "4").stderr)  # `ollama run`'s order
-    said.append(cli("chat", "smollm2:135m", input="hi\n").stderr)
+    said.append(cli("chat", "llama3.2", input="hi\n").stderr)  # `ollama run llama3.2`'s chat: no conversation
     said.append(cli("run", "llama3.2").stderr)  # `ollama run MODEL`: a family's name, with no prompt
     lines = {_numbers_aside(line) for text in said for line in text.splitlines()}
     quoted = _quoted()

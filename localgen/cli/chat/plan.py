@@ -45,9 +45,29 @@ class ChatPlan:
 def check(f: ChatArgs) -> ChatPlan:
     """Usage errors before anything loads (the rules chat shares with run), then the plan."""
     refuse_empty(("the conversation name", f.name))
+    _not_a_model(f)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     model = shared.check(f, shared.CommandRules(
         cannot_ask=None if interactive else "a scripted chat (stdin not a terminal)"))
     return ChatPlan(load=model.load, send=model.send, name=f.name, resume=f.resume, interactive=interactive,
                     plain=f.plain or bool(os.environ.get("NO_COLOR")), stats=f.stats, compact=f.compact,
                     no_log=f.no_log)
+
+
+def _not_a_model(f: ChatArgs) -> None:
+    """`localgen chat llama3.2`, typed as `ollama run llama3.2` is, with no -m: a conversation of that name with
+    the default model, its preset's settings unused, and no word said. With -m (or --resume) the name is the
+    conversation's, whatever model it also names."""
+    from localgen.cli.usage import names_a_model
+    from localgen.errors import UsageError
+
+    if f.name is None or f.resume or f.typed("model"):
+        return
+    meant = names_a_model(f.name)
+    if meant:
+        import shlex
+
+        raise UsageError(f"{f.name} names a model, not a conversation: the model is named with -m",
+                         hint=f"localgen chat -m {shlex.quote(meant[0])}" + "".join(
+                             f" or -m {shlex.quote(m)}" for m in meant[1:]) + "; with -m, NAME names the "
+                         "conversation")
