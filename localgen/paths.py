@@ -47,6 +47,24 @@ def no_home(what: str, instead: str = "LOCALGEN_HOME to a folder for localgen's 
                       f"HOME, or {instead})")
 
 
+def home_hint() -> str:
+    """What to do about a folder of localgen's own that cannot be made or written: LOCALGEN_HOME's, where it is
+    set (it names that folder), else the rights of the folders localgen keeps its files in."""
+    value = os.environ.get("LOCALGEN_HOME")
+    if value:
+        return f"LOCALGEN_HOME is {value!r}: give a folder localgen can write, or unset it"
+    return "fix the rights of localgen's folders, or set LOCALGEN_HOME to a folder localgen can write"
+
+
+def within_home(path: str | os.PathLike[str]) -> bool:
+    """Whether a path is LOCALGEN_HOME or inside it (False where it is not set)."""
+    try:
+        home = _home()
+        return home is not None and Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(home)))
+    except (OSError, ValueError, UsageError):
+        return False
+
+
 def _platform(kind: str) -> Path:
     """platformdirs' folder of this `kind` (user_config_dir ...) for localgen; a usage error where it needs the home
     folder and there is none."""

@@ -394,6 +394,22 @@ def test_oserror_messages_name_the_path() -> None:
     assert describe_os_error(OSError(20, "Not a directory", "/x/y")) == "cannot use /x/y: Not a directory"
 
 
+def test_an_oserror_in_localgens_own_folder_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a LOCALGEN_HOME under /sys or /proc said `cannot use /sys/lg: Operation not permitted`, or `cannot read
+    # /proc/lg` of a folder it could not make, and neither named the home nor what to do
+    from localgen.cli.main import describe_os_error
+
+    home = tmp_path / "lg"
+    monkeypatch.setenv("LOCALGEN_HOME", str(home))
+    hint = f" (LOCALGEN_HOME is {str(home)!r}: give a folder localgen can write, or unset it)"
+    assert describe_os_error(OSError(1, "Operation not permitted", str(home / "data"))) == \
+        f"cannot use {home / 'data'}: Operation not permitted{hint}"
+    assert describe_os_error(OSError(2, "No such file or directory", str(home))) == \
+        f"cannot make {home}: No such file or directory{hint}"
+    assert describe_os_error(OSError(2, "No such file or directory", "/x/y")) == \
+        "cannot read /x/y: No such file or directory"  # (not localgen's own: as it was)
+
+
 # ---- the OOM retry --------------------------------------------------------------------------------------
 
 

@@ -78,11 +78,37 @@ def test_each_line_the_page_quotes_is_what_localgen_says(cli_env: dict[str, str]
     said.append(cli("run", "smollm2:135m", "Why is the sky blue?", "-n", "4").stderr)  # `ollama run`'s order
     said.append(cli("chat", "llama3.2", input="hi\n").stderr)  # `ollama run llama3.2`'s chat: no conversation
     said.append(cli("run", "llama3.2").stderr)  # `ollama run MODEL`: a family's name, with no prompt
+    said.append(_unwritable_home(cli_env, tmp_path))
     lines = {_numbers_aside(line) for text in said for line in text.splitlines()}
     quoted = _quoted()
-    assert len(quoted) == 13
+    assert len(quoted) == 14
     for line in quoted:
         assert _numbers_aside(line) in lines, line
+
+
+def _unwritable_home(cli_env: dict[str, str], tmp_path: Path) -> str:
+    """A home whose `data` is a file: Gemma, assembled there on first use, cannot be (a traceback in serve's log and
+    a 500 saying "internal error"; the CLI's line named neither the home nor what to do). What run says, its path
+    as the page's; serve's 500 says the same, in its log too, and SmolLM2 still answers."""
+    home = tmp_path / "blocked"
+    home.mkdir()
+    (home / "data").write_text("x\n")
+    env = {**cli_env, "LOCALGEN_HOME": str(home)}
+    r = CLI(env)("run", "-m", "gemma3:270m", "-p", "The capital of France is", "-n", "2")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    server = Server(env, "-np", "1", "--ctx", "512")
+    try:
+        refused = httpx.post(f"{server.url}/v1/completions", timeout=300,
+                             json={"model": "gemma3:270m", "prompt": "The capital of France is", "max_tokens": 2})
+        assert refused.status_code == 500 and "which cannot be written" in refused.json()["error"]["message"] and \
+            "give a folder localgen can write" in refused.json()["error"]["message"], refused.text
+        done = httpx.post(f"{server.url}/v1/completions", timeout=300,
+                          json={"model": "smollm2:135m", "prompt": "The capital of France is", "max_tokens": 2})
+        assert done.status_code == 200, done.text
+        assert "Traceback" not in server.log() and "cannot be loaded here: gemma3:270m" in server.log(), server.log()
+    finally:
+        assert server.stop() == 0
+    return r.stderr.replace(str(home), "/home/me/lg")
 
 
 def test_what_the_page_says_of_serve(cli_env: dict[str, str], gemma_path: Path) -> None:

