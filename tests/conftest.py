@@ -483,6 +483,7 @@ def bad_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     out["truncated"] = d / "truncated.gguf"
     (d / "header.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**60).to_bytes(8, "little") * 2)
     out["hostile_header"] = d / "header.gguf"
+    out["bad_shape"] = damaged_shape(smollm2_path, d / "shape.gguf")
     edits = {
         "unknown_arch": {"general.architecture": "frobnicator"},
         "broken_template": {"tokenizer.chat_template": "{% for m in messages %}{{ m.content "},
@@ -496,6 +497,22 @@ def bad_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> 
     }
     for name, change in edits.items():
         out[name] = rewrite_strings(smollm2_path, d / f"{name}.gguf", change)
+    return out
+
+
+def damaged_shape(model: Path, out: Path) -> Path:
+    """A copy of `model` whose first tensor's row is 7 elements long, no whole number of its type's blocks: a
+    header that reads, and a load llama.cpp refuses in its tensor info."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    reader = GGUFReader(model)
+    dims = reader.tensors[0].field.parts[3]
+    at = dims.ctypes.data - reader.data.ctypes.data
+    data = bytearray(model.read_bytes())
+    del reader
+    data[at:at + 8] = np.uint64(7).tobytes()
+    out.write_bytes(data)
     return out
 
 

@@ -552,6 +552,9 @@ def test_no_prompt_is_a_usage_error(cli_in_process: InProcessCLI) -> None:
         ("empty", "is empty"),
         ("truncated", "truncated"),
         ("hostile_header", "not a usable GGUF file"),
+        # llama.cpp's reason, and what to do (it said only "failed to load model from ...", its reason under --verbose)
+        ("bad_shape", "has 7 elements per row, not a multiple of block size (32) (the file is likely damaged: "
+                      "download it again"),
         ("unknown_arch", "does not know the architecture 'frobnicator'"),
         ("broken_template", "chat template is broken"),
         ("hostile_template", "unsafe"),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import CLI, ROOT
+from tests.conftest import CLI, ROOT, damaged_shape
 from tests.test_serve import Server
 from tests.test_tune import _hogs
 
@@ -53,7 +53,7 @@ def _busy_tune(cli: CLI) -> str:
 
 
 def test_each_line_the_page_quotes_is_what_localgen_says(cli_env: dict[str, str], tmp_path: Path,
-                                                         gemma_path: Path) -> None:
+                                                         gemma_path: Path, smollm2_path: Path) -> None:
     home = tmp_path / "home"
     (home / "data" / "embedded").mkdir(parents=True)
     os.link(gemma_path, home / "data" / "embedded" / gemma_path.name)  # the session's Gemma, not made again
@@ -79,9 +79,11 @@ def test_each_line_the_page_quotes_is_what_localgen_says(cli_env: dict[str, str]
     said.append(cli("chat", "llama3.2", input="hi\n").stderr)  # `ollama run llama3.2`'s chat: no conversation
     said.append(cli("run", "llama3.2").stderr)  # `ollama run MODEL`: a family's name, with no prompt
     said.append(_unwritable_home(cli_env, tmp_path))
+    damaged_shape(smollm2_path, tmp_path / "model.gguf")
+    said.append(cli("run", "-m", "model.gguf", "-p", "hi", "-n", "2", cwd=tmp_path).stderr)  # a damaged tensor
     lines = {_numbers_aside(line) for text in said for line in text.splitlines()}
     quoted = _quoted()
-    assert len(quoted) == 14
+    assert len(quoted) == 15
     for line in quoted:
         assert _numbers_aside(line) in lines, line
 

@@ -66,4 +66,7 @@ def error(ref: ModelRef, what: str) -> ModelLoadError:
             hint="upgrade llama-cpp-python (scripts/install.sh) or pick a supported model",
             log=logs.lines(),
         )
-    return ModelLoadError(f"llama.cpp could not load {path}: {detail}", log=logs.lines())
+    damaged = "not a multiple of block size" in detail or "tensor info" in detail
+    return ModelLoadError(f"llama.cpp could not load {path}: {detail}", log=logs.lines(),
+                          hint="the file is likely damaged: download it again (localgen pull verifies files); "
+                               "--verbose shows llama.cpp's log" if damaged else None)

@@ -177,8 +177,17 @@ def first_error() -> str | None:
         errors = [line.strip() for lvl, line in _ring if lvl == ERROR and line.strip()]
     for line in errors:  # llama.cpp's first error names the cause; later ones say "failed to load"
         if "error loading model:" in line:
-            return line.split("error loading model:", 1)[1].strip()
+            reason = line.split("error loading model:", 1)[1].strip()
+            if "failed to load model from" in reason and line is not errors[0]:  # the loader's own words only (a
+                return _unprefixed(errors[0])  # damaged tensor info): the line that said why came first
+            return reason
     return errors[0] if errors else None
+
+
+def _unprefixed(line: str) -> str:
+    """A llama.cpp line without the name of the function that logged it (`gguf_init_from_reader: tensor ...`)."""
+    head, sep, rest = line.partition(": ")
+    return rest if sep and head.isidentifier() else line
 
 
 def clear() -> None:
