@@ -59,7 +59,7 @@ def doctor(
     from localgen import tuning
 
     problems = 0
-    for problem in [*found, *filter(None, [tuning.problem()])]:  # the user's files that need fixing
+    for problem in [*found, *filter(None, [tuning.problem(), _files_problem()])]:  # what needs fixing of the user's
         print(f"PROBLEM   {problem}")
         problems += 1
     if unusable:
@@ -74,6 +74,32 @@ def doctor(
         problems += _smoke_test(offload and bool(gpus), servers, *planned)
     if problems:
         raise typer.Exit(1)
+
+
+def _files_problem() -> str | None:
+    """Where localgen keeps its files (chats, the log, presets, the Gemma it assembles on first use), when it cannot
+    make or write them: each of those fails then, and nothing else says so before it does. A file is made and
+    removed in each folder to know."""
+    import os
+    import tempfile
+
+    from localgen import paths
+    from localgen.errors import LocalgenError
+
+    try:
+        folders = [paths.data_dir(), paths.state_dir(), paths.config_dir()]
+    except LocalgenError as e:  # no home folder to find
+        return e.message
+    for folder in folders:
+        try:
+            paths.make_dirs(folder)
+            fd, name = tempfile.mkstemp(dir=folder, prefix=".doctor-")
+            os.close(fd)
+            os.unlink(name)
+        except OSError as e:
+            return (f"localgen cannot write its files in {folder} ({e.strerror or e}): chats, the log, presets and "
+                    f"models assembled on first use fail there ({paths.home_hint()})")
+    return None
 
 
 def _machine() -> tuple[list[Any], bool]:
