@@ -72,6 +72,8 @@ def test_logs_m_finds_a_run_by_the_m_it_was_given(lcli: CLI, smollm2_path: Path)
     assert lcli("run", "-m", str(smollm2_path), "Name a colour.", *N).returncode == 0
     [row] = _logged(lcli, "-m", str(smollm2_path))
     assert row["model"] == smollm2_path.name and _logged(lcli, "-m", smollm2_path.name) == [row]
+    # and by the model's name, which is that file here (it said "the log has no model by that name")
+    assert _logged(lcli, "-m", "smollm2:135m") == [row]
 
 
 def test_the_log_keeps_the_seed_a_run_drew_so_the_answer_can_be_made_again(lcli: CLI) -> None:
@@ -180,7 +182,8 @@ def test_a_data_dir_that_cannot_be_entered_is_said_as_such_to_a_reader_not_as_a_
             r = subprocess.run([*as_nobody, sys.executable, "-m", "localgen", *args], env=env, cwd=ROOT,
                                capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
             assert (r.returncode, r.stdout) == (1, ""), r.stderr
-            assert r.stderr == f"localgen: error: cannot use {path}: Permission denied\n"
+            assert r.stderr == (f"localgen: error: cannot use {path}: Permission denied (LOCALGEN_HOME is "
+                                f"{str(home)!r}: give a folder localgen can write, or unset it)\n"), r.stderr
     finally:
         with suppress(OSError):
             data.chmod(0o700)

@@ -341,6 +341,9 @@ def _resolves_to_loopback(host: str) -> bool:
         return False
 
 
+_RIGHTS_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR}
+
+
 def describe_os_error(e: OSError) -> str:
     """An OSError as one line a user can act on: `cannot write PATH: reason`, `cannot use PATH: reason` where a
     reader could have met it too (a folder it cannot enter)."""
@@ -356,8 +359,8 @@ def describe_os_error(e: OSError) -> str:
         return reason  # folder": paths.make_dirs)
     from localgen import paths
 
-    ours = paths.within_home(path)  # a folder of localgen's own (LOCALGEN_HOME's): what to do about it, too
-    hint = f" ({paths.home_hint()})" if ours else ""
+    ours = paths.within_home(path)  # a folder of localgen's own (LOCALGEN_HOME's): what to do about its rights
+    hint = f" ({paths.home_hint()})" if ours and e.errno in _RIGHTS_ERRNOS else ""  # (a full disk's is plain)
     if e.errno in _WRITE_ERRNOS:
         return f"cannot write {os.fsdecode(path)}: {reason}{hint}"
     if e.errno in _USE_ERRNOS:

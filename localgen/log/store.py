@@ -449,14 +449,16 @@ def count() -> int:
         return 0
 
 
-def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None) -> Iterator[Entry]:
+def recent(n: int = 3, query: str | None = None, model: str | None = None, cid: str | None = None,
+           file_name: str | None = None) -> Iterator[Entry]:
     """The latest `n` exchanges (0: all), oldest first; with `query`, the best full-text matches of prompts
-    and answers (its words, as plain words: fts_query); filtered by model and conversation. Yielded as they are
-    read, the log held open meanwhile: tens of thousands of rows are never in memory at once."""
+    and answers (its words, as plain words: fts_query); filtered by model (or its `file_name`: a run given the
+    file's path is logged by it) and conversation. Yielded as they are read, the log held open meanwhile: tens of
+    thousands of rows are never in memory at once."""
     where, args = [], []
     if model:  # the model's name as listed, or the -m its run was given (a path, as typed)
-        where.append("(r.model = ? OR r.model_spec = ?)")
-        args += [model, model]
+        where.append("(r.model = ? OR r.model_spec = ?" + (" OR r.model = ?)" if file_name else ")"))
+        args += [model, model, *([file_name] if file_name else [])]
     if cid:
         where.append("r.conversation_id = ?")
         args.append(cid)

@@ -78,8 +78,8 @@ def locate(model: EmbeddedModel) -> Path:
                              f"{model.name} (assembled from its package's chunks on first use)")
         _assemble(parts, target, model.sha256)
     except OSError as e:  # a data folder that cannot be made or written (LOCALGEN_HOME read-only): said, not a
-        if e.errno == errno.ENOSPC:  # traceback (serve's was a 500 with one in its log); a full disk: as it was
-            raise
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # traceback (serve's was a 500 with one in its
+            raise  # log); a full disk, a quota, a file size limit: as they were, `cannot write PATH: why`
         raise LocalgenError(f"{model.name} is assembled from its package's chunks on first use, into "
                             f"{target.parent}, which cannot be written: {e.strerror or e}",
                             hint=paths.home_hint()) from None

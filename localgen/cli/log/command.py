@@ -62,11 +62,12 @@ def logs(
         if json_out:  # still a JSON array: a script reads none
             out.write("[]\n")
         return
-    entries = store.recent(count, query=query, model=model, cid=cid)
+    file_name = _file_name(model)
+    entries = store.recent(count, query=query, model=model, cid=cid, file_name=file_name)
     first = next(entries, None)  # (a log that cannot be read at all is the one error line of recent())
     named = chats_log_id(cid) if first is None and cid is not None else None
     if named is not None:  # --cid NAME: a saved chat's (chat --list, /save NAME), by its conversation in the log
-        entries = store.recent(count, query=query, model=model, cid=named)
+        entries = store.recent(count, query=query, model=model, cid=named, file_name=file_name)
         first = next(entries, None)
     _say_damage()
     if first is None:
@@ -161,6 +162,28 @@ def _say_damage(damage: str | None = None) -> None:
         from localgen.cli.output import ErrWriter
 
         ErrWriter().warn(f"the log at {store.path()} is damaged ({damage}): runs are not logged; {store.MOVE_AWAY}")
+
+
+def _file_name(model: str | None) -> str | None:
+    """The file name of the model -m names, here (a run given that file's path is logged by it): `-m smollm2:135m`
+    finds `run -m ~/models/SmolLM2-135M-Instruct.Q4_1.gguf` too. None where it names no file here (offline: the
+    log is read, nothing is fetched)."""
+    if not model:
+        return None
+    from pathlib import Path
+
+    from localgen.errors import LocalgenError
+    from localgen.models import embedded
+    from localgen.models.resolve import resolve
+
+    shipped = embedded.EMBEDDED.get(model)
+    if shipped is not None:  # a model in packages: its file's name, never assembled for a listing of the log
+        return shipped.filename
+    try:
+        path = resolve(model, offline=True).path
+    except (LocalgenError, OSError):
+        return None
+    return Path(path).name if path else None
 
 
 def _other_models(model: str | None) -> str:
