@@ -70,6 +70,9 @@ def test_the_flags_that_take_a_file_or_a_text_say_both(cli_in_process: InProcess
     # a pipe or a device is read as a file, as before: only what is not there, or a folder, is refused
     r = cli_in_process("run", "-m", "/nonexistent.gguf", "-f", "/dev/null")
     assert r.returncode == 2 and "-f /dev/null is only whitespace" in r.stderr, r.stderr
+    r = cli_in_process("run", "-p", "hi", "--grammar", "/dev/null")  # --grammar's too (`--grammar <(cmd)` was "not
+    assert (r.returncode, r.stderr) == (2, "localgen: error: the grammar file /dev/null is empty\n"), r.stderr  # a
+    # file, and the text is not GBNF", where -j <(cmd) was read)
 
 
 # a model flag's name that is a file's path (models/names.py: /abs, ./rel, ~/m, NAME.gguf, or a file that is there),

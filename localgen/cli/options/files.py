@@ -93,8 +93,8 @@ def _gbnf(value: str) -> str:
     if not value.strip():
         raise UsageError("--grammar is empty: give a GBNF file or the grammar itself (root ::= ...)")
     path = Path(value).expanduser()
-    try:
-        named = path.is_file()
+    try:  # a file, or a pipe or device read as one (`--grammar <(make-grammar)`, /dev/stdin), as -j FILE's
+        named = path.is_file() or (path.exists() and not path.is_dir() and "::=" not in value)
     except OSError:  # a grammar longer than a file's name may be ("File name too long"): no file
         named = False
     if named:
