@@ -527,6 +527,14 @@ def test_a_chat_template_file_that_never_reads_messages_is_refused(cli_in_proces
     notes.write_text("# Notes\n\nRivers run to the sea.\n")
     r = cli_in_process("run", "--chat-template-file", str(notes), "-p", "hi")
     assert r.returncode == 2 and "never reads `messages`" in r.stderr and not r.stdout, r.stderr
+    # one that does not compile is the file's fault, said so before the load (it was "the model's chat template is
+    # broken", after it, with --raw as the way out)
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m.content ")
+    r = cli_in_process("run", "--chat-template-file", str(broken), "-p", "hi")
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith(
+        f"localgen: error: the chat template file {broken} is broken: ") and r.stderr.endswith(
+        "(fix the file, or leave --chat-template-file out)\n"), r.stderr
 
 
 def test_conflicting_flags(cli_in_process: InProcessCLI, tmp_path: Path) -> None:

@@ -33,6 +33,14 @@ def with_template(ref: Any, proj: Path | None, path: Path | None) -> Any:
     if "messages" not in text:  # every chat template loops over the conversation; this would drop it
         raise UsageError(f"the chat template file {path} never reads `messages`, so the conversation would not "
                          "reach the model: is it a Jinja chat template?")
+    from localgen.engine.template import ChatTemplate
+    from localgen.errors import TemplateError
+
+    try:  # compiled now: its faults are the file's (they said "the model's chat template is broken", after the load)
+        ChatTemplate(text, "", "")
+    except TemplateError as e:
+        raise UsageError(e.message.replace("the model's chat template", f"the chat template file {path}"),
+                         hint="fix the file, or leave --chat-template-file out") from None
     return dataclasses.replace(ref, summary=dataclasses.replace(ref.summary, chat_template=text))
 
 
