@@ -149,6 +149,14 @@ FA_VALUES = frozenset({"on", "off", "auto", "1", "0", "true", "false", "enabled"
 FA_COMMANDS = frozenset({"run", "chat", "serve", "fit"})
 
 
+def _fa_typo(word: str) -> bool:
+    """Whether a word after a bare -fa is a misspelt on|off|auto (`onn`, `offf`, `atuo`), not a prompt's word."""
+    import difflib
+
+    return word.isalpha() and 2 < len(word) <= 6 and bool(difflib.get_close_matches(word.lower(), ("on", "off", "auto"),
+                                                                                      n=1, cutoff=0.75))
+
+
 def flash_attn_argv(args: list[str]) -> list[str]:
     """`-fa`, `-fa on|off|auto` and `--flash-attn X` as one `--flash-attn=X` word (run, chat, serve, fit: not
     bench, whose -fa takes a list, as llama-bench's)."""
@@ -164,8 +172,8 @@ def flash_attn_argv(args: list[str]) -> list[str]:
             break
         if a in FA_FLAGS:
             nxt = args[i + 1] if i + 1 < len(args) else None
-            if nxt is not None and nxt.lower() in FA_VALUES:
-                out.append(f"--flash-attn={nxt}")
+            if nxt is not None and (nxt.lower() in FA_VALUES or _fa_typo(nxt)):  # a typo: the value's error, not
+                out.append(f"--flash-attn={nxt}")  # a prompt ("give the prompt once", with -p)
                 i += 2
                 continue
             out.append("--flash-attn=on")

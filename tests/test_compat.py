@@ -141,6 +141,12 @@ def test_flash_attn_argv_gives_typer_one_word_it_parses() -> None:
         assert json.loads(done.stdout) == want, argv
     assert _compat.flash_attn_argv(["bench", "-fa", "0,1"]) == ["bench", "-fa", "0,1"]
     assert _compat.flash_attn_argv(["run", "--", "-fa"]) == ["run", "--", "-fa"]
+    # a misspelt value is the value (its error names it), not the prompt ("give the prompt once", with -p); a
+    # prompt's word after a bare -fa stays the prompt
+    assert _compat.flash_attn_argv(["run", "-fa", "onn", "-p", "x"]) == ["run", "--flash-attn=onn", "-p", "x"]
+    assert _compat.flash_attn_argv(["run", "-fa", "atuo"]) == ["run", "--flash-attn=atuo"]
+    assert _compat.flash_attn_argv(["run", "-fa", "of", "mice"]) == ["run", "--flash-attn=on", "of", "mice"]
+    assert _compat.flash_attn_argv(["run", "-fa", "Hello"]) == ["run", "--flash-attn=on", "Hello"]
 
 
 # given() in cli/options/__init__.py: public API only, but it relies on this behaviour ---------------------------------
