@@ -283,6 +283,9 @@ def test_a_model_given_where_ollama_puts_it_gets_a_hint_to_name_it_with_m(cli_in
         "llama3.2:1b or -m llama3.2:3b; with -m, NAME names the conversation)\n"), r.stderr
     r = cli_in_process("chat", "-m", "smollm2:135m", "smollm2", "-n", "2", input="hi\n")
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = cli_in_process("chat", "smollm2", "-n", "2", input="more\n")  # that conversation, saved: the way to go on
+    assert r.returncode == 2 and r.stderr == ("localgen: error: a conversation named 'smollm2' exists (continue it "
+                                              "with --resume smollm2)\n"), r.stderr
 
 
 @pytest.mark.parametrize(("args", "stdin", "what"), [

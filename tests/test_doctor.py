@@ -40,20 +40,29 @@ def test_no_check_prints_the_machine_and_the_build_and_loads_nothing(cli_env: di
     assert r.stderr == "", "nothing loaded, nothing to say: no check, placement or settings line either"
 
 
-def test_a_home_localgen_cannot_write_is_a_problem(cli_env: dict[str, str], tmp_path: Path) -> None:
-    """doctor said all was well (exit 0) where chats, the log, presets and Gemma's first use all fail: a home whose
-    `data` is a file here (a read-only disk, another user's folder, alike)."""
-    home = tmp_path / "home"
+def _doctor_in(cli_env: dict[str, str], home: Path, blocked: str) -> subprocess.CompletedProcess[str]:
+    """`doctor --no-check` in a home whose folder `blocked` is a file (a read-only disk, another user's folder,
+    alike)."""
     home.mkdir()
-    (home / "data").write_text("x\n")
-    r = subprocess.run([sys.executable, "-m", "localgen", "doctor", "--no-check"],
-                       env={**cli_env, "LOCALGEN_HOME": str(home)}, capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
+    (home / blocked).write_text("x\n")
+    return subprocess.run([sys.executable, "-m", "localgen", "doctor", "--no-check"],
+                          env={**cli_env, "LOCALGEN_HOME": str(home)}, capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+def test_a_home_localgen_cannot_write_is_a_problem(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """doctor said all was well (exit 0) where chats, the log, presets and Gemma's first use all fail."""
+    home = tmp_path / "home"
+    r = _doctor_in(cli_env, home, "data")
     assert r.returncode == 1, r.stdout + r.stderr
     assert (f"PROBLEM   localgen cannot write its files in {home / 'data'} ({home / 'data'} is a file, not a folder): "
             f"chats, the log, presets and models assembled on first use fail there (LOCALGEN_HOME is "
             f"{str(home)!r}: give a folder localgen can write, or unset it)") in r.stdout.splitlines(), r.stdout
     assert (home / "data").read_text() == "x\n"
+    # the state folder holds what is kept where it can be (a prompt's history, tuning records): one that cannot be
+    # written is no problem (it was one, exit 1, on a working install; so was a read-only config folder)
+    r = _doctor_in(cli_env, tmp_path / "other", "state")
+    assert r.returncode == 0 and "PROBLEM" not in r.stdout, r.stdout + r.stderr
 
 
 def test_the_settings_line_says_where_each_setting_came_from(cli: CLI, tmp_path: Path, smollm2_path: Path,

@@ -2296,6 +2296,27 @@ def test_the_server_out_of_reach_is_no_longer_said_once_it_answers(tab: Tab) -> 
     page.unroute("**/models")
 
 
+def test_a_message_sent_while_the_server_is_out_of_reach_still_watches_for_it(tab: Tab) -> None:
+    """A message typed on a page opened while the server was out of reach (no model listed) said so, and the page
+    stopped asking every 5 s: once the server was back the banner stayed, the picker empty, until Retry."""
+    page = tab.page
+    says = ("text => !document.getElementById('banner').hidden "
+            "&& document.getElementById('banner-text').textContent === text")  # (BANNER_SAYS, no model listed)
+    page.route("**/models", lambda route: route.abort())
+    page.goto(tab.url)
+    page.wait_for_function(says, arg="Cannot reach the server: is localgen serve still running?")
+    page.fill("#input", "Hello")
+    page.press("#input", "Enter")
+    page.wait_for_function(says, arg="There is no model to answer yet: Cannot reach the server: is localgen serve "
+                                     "still running?")
+    page.unroute("**/models")
+    page.locator("#key-dialog").wait_for(state="visible", timeout=30_000)  # the page's own ask found it: its key
+    page.fill("#key-input", KEY)
+    page.press("#key-input", "Enter")
+    page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    page.wait_for_function("() => document.getElementById('banner').hidden")
+
+
 def test_a_server_that_hangs_is_asked_once_at_a_time(tab: Tab) -> None:
     """While the server is out of reach the page asks every 5 s; one that hangs rather than refuses is asked once
     at a time (an ask every 5 s piled up, each answered at once when it came back)."""

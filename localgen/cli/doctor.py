@@ -87,8 +87,8 @@ def _files_problem() -> str | None:
     from localgen.errors import LocalgenError
 
     try:
-        folders = [paths.data_dir(), paths.state_dir(), paths.config_dir()]
-    except LocalgenError as e:  # no home folder to find
+        folders = [paths.data_dir()]  # (chats, the log, presets, assembled models: the config and state folders
+    except LocalgenError as e:  # no home folder to find  # hold files only read there, or kept where they can be)
         return e.message
     for folder in folders:
         try:

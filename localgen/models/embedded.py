@@ -78,8 +78,12 @@ def locate(model: EmbeddedModel) -> Path:
                              f"{model.name} (assembled from its package's chunks on first use)")
         _assemble(parts, target, model.sha256)
     except OSError as e:  # a data folder that cannot be made or written (LOCALGEN_HOME read-only): said, not a
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # traceback (serve's was a 500 with one in its
-            raise  # log); a full disk, a quota, a file size limit: as they were, `cannot write PATH: why`
+        # traceback (serve's was a 500 with one in its log); a full disk, a quota, a file size limit, or a chunk
+        # of the package that cannot be read: as they were, `cannot write PATH: why`, `cannot use CHUNK: why`
+        where = Path(e.filename) if isinstance(e.filename, str) else None
+        ours = where is None or where in (target.parent, *target.parent.parents) or where.is_relative_to(target.parent)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not ours:
+            raise
         raise LocalgenError(f"{model.name} is assembled from its package's chunks on first use, into "
                             f"{target.parent}, which cannot be written: {e.strerror or e}",
                             hint=paths.home_hint()) from None

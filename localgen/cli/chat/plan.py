@@ -61,8 +61,8 @@ def _not_a_model(f: ChatArgs) -> None:
     from localgen.cli.usage import names_a_model
     from localgen.errors import UsageError
 
-    if f.name is None or f.resume or f.typed("model"):
-        return
+    if f.name is None or f.resume or f.typed("model") or _saved(f.name):  # (a saved one: "continue it with
+        return  # --resume NAME", as before)
     meant = names_a_model(f.name)
     if meant:
         import shlex
@@ -71,3 +71,13 @@ def _not_a_model(f: ChatArgs) -> None:
                          hint=f"localgen chat -m {shlex.quote(meant[0])}" + "".join(
                              f" or -m {shlex.quote(m)}" for m in meant[1:]) + "; with -m, NAME names the "
                          "conversation")
+
+
+def _saved(name: str) -> bool:
+    """Whether a conversation of that name is saved (what chat says of it comes later, with the way to go on)."""
+    from localgen.chat import saved
+
+    try:
+        return (saved.chats_dir() / f"{name}.json").is_file()
+    except (OSError, ValueError):
+        return False

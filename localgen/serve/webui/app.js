@@ -33,7 +33,7 @@ const ui = {
 const state = {
   conv: tree.conversation(), // the conversation on screen (kept once it has a message)
   models: [], // /v1/models
-  modelsFailed: null, // why /v1/models could not be listed, its last time (null: it was)
+  modelsFailed: null, // why /v1/models could not be listed (its ApiError), its last time (null: it was)
   picked: null, // the model picked last on this page (also kept in localStorage, where it can be)
   loaded: new Set(), // the models loaded now, as /models said last
   loadedKnown: false, // whether /models has answered yet (until then the note says nothing)
@@ -175,7 +175,7 @@ async function loadModels() {
     models = await api.models();
   } catch (e) {
     // the server out of reach: said until any call reaches it again (onReached), not only this one
-    state.modelsFailed = e.message; // what a send says then (no model is listed because of it: no key, ...)
+    state.modelsFailed = e; // what a send says then (no model is listed because of it: no key, ...)
     banner(e.message, loadModels, "error", e.kind === "network" ? "reach" : "models");
     ui.note.textContent = "";
     if (e.kind === "network") watchReach();
@@ -1277,8 +1277,10 @@ function setRunning(running) {
  * server out of reach), not only that there is none. */
 function noModel() {
   const why = state.modelsFailed;
-  banner(why ? `There is no model to answer yet: ${why}` : "There is no model to answer yet.", loadModels, "error",
-    "models");
+  const away = !!why && why.kind === "network"; // the server out of reach: still watched for, as its own banner is
+  banner(why ? `There is no model to answer yet: ${why.message}` : "There is no model to answer yet.", loadModels,
+    "error", away ? "reach" : "models");
+  if (away) watchReach();
 }
 
 async function send() {
