@@ -191,6 +191,19 @@ RIVER = ("Rivers carve valleys through stone over long ages and carry silt down 
 # characters in one paragraph (some 200 tokens): 5 rows at 120 columns, 10 at 60
 
 
+def test_a_conversation_saved_before_its_first_exchange_says_it_resumed(cli_env: dict[str, str], home: Path) -> None:
+    """`chat --resume NAME` of one `/save NAME` wrote before any message said nothing of the resume (every other
+    says `resumed NAME: N messages`): it looked like a new chat."""
+    child = spawn(cli_env, "-n", "2")
+    child.sendline("/save emptysaved")
+    child.expect("saved to")
+    child.expect_exact(PROMPT)
+    exits(child)
+    child = spawn(cli_env, "--resume", "emptysaved", "-n", "2")  # (at its prompt: what came after "ready in")
+    assert "resumed emptysaved: 0 messages" in str(child.before), child.before
+    exits(child)
+
+
 def tmux(socket: str, *args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(["tmux", "-L", socket, "-f", "/dev/null", *args], env=env, capture_output=True, text=True,
                           check=True, timeout=60).stdout

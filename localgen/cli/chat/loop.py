@@ -304,7 +304,7 @@ def _repl(runner: Any, view: ChatView, endpoints: list[Any]) -> None:
     # stopping the answer (handle catches it only while the request is prepared; stream, once it streams)
     import localgen.cli.chat.slash
     import localgen.tools.loop  # noqa: F401
-    if runner.session.messages:
+    if runner.session.messages or not runner.session.fresh:  # (one saved before its first exchange: 0 messages)
         view.info(f"resumed {runner.session.name}: {plural(len(runner.session.messages), 'message')}"
                   + summarized(runner.session))
     from localgen.cli.chat.repl import Between
