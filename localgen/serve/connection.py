@@ -118,6 +118,7 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
     _closing: float | None = None  # since when, closing, it has waited for the client to read what is left
     _linger: Lingering  # its transport, which lingers as it closes while its client sends
     _refused = False  # answered 431 (its head too large), the rest of it perhaps on its way
+    _stopping = False  # the server stops (uvicorn's shutdown): no close lingers
 
     def _unsupported_upgrade_warning(self) -> None:
         pass
@@ -164,7 +165,7 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
         head not whole), or an answer whose request's body has not all come; the client has not closed its side.
         Not a close of uvicorn's own (a malformed request, its handler still at work: it must hear that its client
         left), nor one of a connection idle or evicted (a half-sent head: it would hold its descriptor on)."""
-        if self._eof:
+        if self._eof or self._stopping:  # (the server stopping: its exit waits for every connection to close)
             return False
         return self._refused or (self.cycle is not None and self.cycle.response_complete and self.cycle.more_body)
 
@@ -258,6 +259,12 @@ class HeaderDeadline(HttpToolsProtocol):  # type: ignore[misc]
         self._since = time.monotonic()  # the next request's headers are due (unless one was pipelined)
         if self._held or self._eof:
             self.loop.call_soon(self._pump)  # the requests held behind it (after the answer's last send)
+
+    def shutdown(self) -> None:
+        """uvicorn's, as the server stops: a close from now on is at once (one that lingered held up the exit past
+        --drain-timeout: "timeout graceful shutdown exceeded")."""
+        self._stopping = True
+        super().shutdown()
 
     def pause_writing(self) -> None:
         super().pause_writing()  # the answers fill the buffers: the client reads nothing
