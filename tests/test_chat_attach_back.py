@@ -108,6 +108,8 @@ def test_a_picture_that_fails_is_told_from_one_whose_name_holds_its_name(
 
 
 class _Session:
+    fresh = True  # a new conversation (a resumed one says so at the first prompt)
+
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": "earlier"}]
 
