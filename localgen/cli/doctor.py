@@ -79,26 +79,25 @@ def doctor(
 def _files_problem() -> str | None:
     """Where localgen keeps its files (chats, the log, presets, the Gemma it assembles on first use), when it cannot
     make or write them: each of those fails then, and nothing else says so before it does. A file is made and
-    removed in each folder to know."""
+    removed there to know."""
     import os
     import tempfile
 
     from localgen import paths
     from localgen.errors import LocalgenError
 
-    try:
-        folders = [paths.data_dir()]  # (chats, the log, presets, assembled models: the config and state folders
-    except LocalgenError as e:  # no home folder to find  # hold files only read there, or kept where they can be)
+    try:  # (the data folder only: the config and state folders hold files only read, or kept where they can be)
+        folder = paths.data_dir()
+    except LocalgenError as e:  # no home folder to find
         return e.message
-    for folder in folders:
-        try:
-            paths.make_dirs(folder)
-            fd, name = tempfile.mkstemp(dir=folder, prefix=".doctor-")
-            os.close(fd)
-            os.unlink(name)
-        except OSError as e:
-            return (f"localgen cannot write its files in {folder} ({e.strerror or e}): chats, the log, presets and "
-                    f"models assembled on first use fail there ({paths.home_hint()})")
+    try:
+        paths.make_dirs(folder)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".doctor-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        return (f"localgen cannot write its files in {folder} ({e.strerror or e}): chats, the log, presets and "
+                f"models assembled on first use fail there ({paths.home_hint()})")
     return None
 
 

@@ -238,16 +238,8 @@ class Desk:
             for left in folder.glob(".*.tmp") if sweep else []:  # an object a crash left half-written
                 with contextlib.suppress(OSError):
                     left.unlink()
-            try:
-                doc = json.loads((folder / "batch.json").read_bytes())
-            except FileNotFoundError:  # (a batch whose object was never written: a crash as it was made)
-                continue
-            except (OSError, ValueError) as e:  # damaged: said in the log, not hidden (its answers are there)
-                self.files.damaged(folder / "batch.json", e, "that batch")
-                continue
-            if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or \
-                    not isinstance(doc.get("created_at"), int):
-                self.files.damaged(folder / "batch.json", ValueError("not a Batch object"), "that batch")
+            doc = self._batch(folder / "batch.json")
+            if doc is None:  # never written (a crash as it was made), or damaged: said in the log, not hidden
                 continue
             with contextlib.suppress(OSError, ValueError):
                 if doc.get("status") in RUNNING:
@@ -283,12 +275,12 @@ class Desk:
         """Whether a batch is left to run, from an earlier start: this server takes the batches at once then."""
         if not self.runs.is_dir():
             return False
-        for path in self.runs.glob("batch_*/batch.json"):
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads(path.read_bytes())
-                if isinstance(doc, dict) and doc.get("status") in RUNNING:  # (a damaged one: _read says so)
-                    return True
-        return False
+        return any((doc := self._batch(path)) is not None and doc.get("status") in RUNNING
+                   for path in self.runs.glob("batch_*/batch.json"))
+
+    def _batch(self, path: Path) -> dict[str, Any] | None:
+        """A batch's object, as FileStore reads a file's (None: none, or damaged, said once in the log)."""
+        return self.files.read_object(path, "Batch object", "that batch")
 
     def save(self, doc: dict[str, Any], **changes: Any) -> None:
         """A batch's object, written atomically (its counts brought up to date first), with `changes` made to it

@@ -97,17 +97,26 @@ class FileStore:
         if not _ID.fullmatch(ident):
             return None
         path = self.root / f"{ident}.json"
+        doc = self.read_object(path, "FileObject")
+        if doc is not None and doc["id"] != ident:
+            self.damaged(path, ValueError("not a FileObject"))
+            return None
+        return doc
+
+    def read_object(self, path: Path, kind: str, what: str = "that file") -> dict[str, Any] | None:
+        """The object (a `kind`: FileObject, Batch) saved at `path`, or None where there is none, or it is damaged
+        (a disk's fault, a hand's edit: said once in the log, `what` not listed or served, the others still are)."""
         try:
             doc = json.loads(path.read_bytes())
         except (FileNotFoundError, NotADirectoryError):  # (a file where the folder goes: disk_fault's 507)
             return None
-        except (OSError, ValueError) as e:  # damaged (a disk's fault, a hand's edit): the others still listed
-            self.damaged(path, e)
+        except (OSError, ValueError) as e:
+            self.damaged(path, e, what)
             return None
-        if not isinstance(doc, dict) or doc.get("id") != ident or not isinstance(doc.get("created_at"), int):
-            self.damaged(path, ValueError("not a FileObject"))
-            return None
-        return doc
+        if isinstance(doc, dict) and isinstance(doc.get("id"), str) and isinstance(doc.get("created_at"), int):
+            return doc
+        self.damaged(path, ValueError(f"not a {kind}"), what)
+        return None
 
     def damaged(self, path: Path, e: Exception, what: str = "that file") -> None:
         """Said once per file in the server's log; the file is left as it is (the user's to look at)."""
@@ -188,7 +197,7 @@ class FileStore:
 
     def delete(self, ident: str) -> bool:
         """Forget a file: its FileObject first (it is unlisted at once), then its bytes; a damaged one too."""
-        if self.get(ident) is None and not (_ID.fullmatch(ident) and (self.root / f"{ident}.json").is_file()):
+        if not _ID.fullmatch(ident) or not (self.root / f"{ident}.json").is_file():  # (a damaged one too)
             return False
         (self.root / f"{ident}.json").unlink(missing_ok=True)
         self.content(ident).unlink(missing_ok=True)
