@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -595,6 +596,8 @@ def test_a_log_whose_writes_meet_damage_is_called_damaged_by_logs_and_status(lcl
                          [(f"id{i}", f"c{i}", f"p{i} " + "x" * 300, "r" * 300) for i in range(32)])
     with closing(sqlite3.connect(db)) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    good = tmp_path / "backup.db"
+    shutil.copyfile(db, good)
     with db.open("r+b") as f:
         f.seek(8192)
         f.write(bytes(range(256)) * 16)
@@ -609,6 +612,9 @@ def test_a_log_whose_writes_meet_damage_is_called_damaged_by_logs_and_status(lcl
     assert status.stderr == warning, status.stderr
     listed = lcli("logs", "-n", "1")
     assert listed.returncode == 0 and listed.stderr == warning, listed.stderr
+    shutil.copyfile(good, db)  # a backup restored over it (the same inode): no longer the file found damaged
+    status = lcli("logs", "status")
+    assert (status.stdout, status.stderr) == (f"logging is on · {db} · 33 exchanges\n", ""), status
     db.rename(tmp_path / "damaged.db")
     for suffix in ("-wal", "-shm"):
         Path(str(db) + suffix).unlink(missing_ok=True)

@@ -304,9 +304,17 @@ def record(entry: Entry) -> str:
 
 
 def _marker(db: Path) -> Path:
-    """The file in the state dir that says a write found the log damaged (its inode, then SQLite's words):
-    readers can read a damaged log's other pages, so only a writer learns that nothing is being logged."""
+    """The file in the state dir that says a write found the log damaged (which file, as it was then: _version;
+    then SQLite's words): readers can read a damaged log's other pages, so only a writer learns that nothing is
+    being logged."""
     return paths.state_dir() / "log-damaged"
+
+
+def _version(db: Path) -> str:
+    """The log file as it is now: its device, inode and change time. A good copy restored over it (`cp` onto the
+    same inode, or `rm` and `cp` into a reused one) is another version, not the file the damage was found in."""
+    st = os.stat(db)
+    return f"{st.st_dev} {st.st_ino} {st.st_ctime_ns}"
 
 
 def _mark_damaged(db: Path, said: str) -> None:
@@ -314,18 +322,19 @@ def _mark_damaged(db: Path, said: str) -> None:
 
     with contextlib.suppress(OSError):  # a read-only or full disk: nothing more to say than the warning
         paths.private_dir(_marker(db).parent)
-        _marker(db).write_text(f"{os.stat(db).st_ino}\n{said}\n")
+        _marker(db).write_text(f"{_version(db)}\n{said}\n")
 
 
 def damage() -> str | None:
     """SQLite's words for the damage the last write met in the log (`database disk image is malformed`), while
-    that same file is the log and no write has succeeded since; else None. `logs` and `logs status` say it."""
+    the log is that file as it was then and no write has succeeded since; else None. `logs` and `logs status`
+    say it."""
     db = path()
     try:
-        ino, _, said = _marker(db).read_text()[:1000].partition("\n")
-        if int(ino) == os.stat(db).st_ino:
+        version, _, said = _marker(db).read_text()[:1000].partition("\n")
+        if version == _version(db):
             return said.strip() or "damaged"
-    except (OSError, ValueError):
+    except OSError:
         pass
     return None
 
