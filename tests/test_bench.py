@@ -62,6 +62,11 @@ def test_bools_types_pairs_and_plan() -> None:
     assert plan.tests[3].ctx_needed == 4096 + 512
     with pytest.raises(UsageError, match="nothing to measure"):
         sweep.build(["m"], [1], [0], [1], [1], [True], ["f16"], ["f16"], [0], [0], [], [0], 1, e2e=False)
+    with pytest.raises(UsageError, match="nothing to measure"):  # a -pg 0,0 pair too (it divided by zero)
+        sweep.build(["m"], [1], [0], [1], [1], [True], ["f16"], ["f16"], [0], [0], [(0, 0)], [0], 1, e2e=False)
+    zero_pair = sweep.build(["m"], [1], [0], [1], [1], [True], ["f16"], ["f16"], [4], [0], [(0, 0), (0, 2)], [0], 1,
+                            e2e=False)
+    assert [t.label for t in zero_pair.tests] == ["pp4", "pp0+tg2"]  # left out, as llama-bench leaves it
     with pytest.raises(UsageError, match="flash attention"):
         sweep.build(["m"], [1], [0], [1], [1], [False], ["f16"], ["q8_0"], [8], [8], [], [0], 1, e2e=False)
 

@@ -259,6 +259,7 @@ def build(models: list[str], threads: Sequence[int | None], ngl: list[int], batc
                for m, t, n, g in itertools.product(models, threads, ngl, mg or [0])
                for c in itertools.product(batch, ubatch, fa, ctk, ctv, ncmoe or [0])
                for o in ot or [()]]
+    pg = [(p, n) for p, n in pg if p or n]  # 0,0 measures nothing: left out, as llama-bench does
     n_tests = len(depths) * (sum(p > 0 for p in prompts) + sum(n > 0 for n in gens) + len(pg))
     if n_tests > MAX_TESTS:  # -p 1-1000 -n 1-1000 -d 1-1000: two million tests
         raise UsageError(f"the sweep is {n_tests:,} tests (-p and -n sizes, -pg pairs, at each -d depth): at most "
