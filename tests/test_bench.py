@@ -54,6 +54,9 @@ def test_bools_types_pairs_and_plan() -> None:
     assert sweep.pairs("-pg", ["512,128", "64,16"]) == [(512, 128), (64, 16)]
     with pytest.raises(UsageError):
         sweep.pairs("-pg", ["512"])
+    with pytest.raises(UsageError, match="--prompt-gen must be at least 0, not -1"):  # (it said: not two numbers)
+        sweep.build(["m"], [1], [0], [1], [1], [True], ["f16"], ["f16"], [0], [0], sweep.pairs("-pg", ["-1,2"]),
+                    [0], 1, e2e=False)
     plan = sweep.build(["m1", "m2"], [1, 2], [0], [2048], [512], [True], ["f16"], ["f16"], [512], [128],
                        [(512, 128)], [0, 4096], 3, e2e=True)
     assert len(plan.configs) == 4

@@ -123,7 +123,7 @@ def pairs(flag: str, items: list[str] | None) -> list[tuple[int, int]]:
     out = []
     for item in items or []:
         parts = [p.strip() for p in item.split(",")]
-        if len(parts) != 2 or not all(re.fullmatch(r"\d+", p) for p in parts):
+        if len(parts) != 2 or not all(re.fullmatch(r"-?\d+", p) for p in parts):  # a negative: build()'s range
             raise UsageError(f"{flag}: {item!r} must be two numbers, PROMPT,GEN (like 512,128)")
         out.append((int(parts[0]), int(parts[1])))
     return out
