@@ -181,3 +181,62 @@ def test_a_fan_out_whose_reader_goes_away_ends_quietly(cli: CLI, fake: FakeServe
                        text=True, timeout=120)
     assert r.stdout == "Hello world\n", r.stdout
     assert r.returncode == 0 and "Traceback" not in r.stderr and "Exception" not in r.stderr, r.stderr
+
+
+def _silent_endpoint(begins: bool) -> tuple[socket.socket, str]:
+    """A server that, with `begins`, streams three pieces of an answer and then sends nothing more (gone silent
+    mid-answer); without, takes the request and never answers it. The listening socket and its URL."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    held: list[socket.socket] = []  # the connections, open until the listener closes
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                break
+            held.append(conn)
+            conn.recv(65536)  # the request (small enough to come whole)
+            if begins:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + b"".join(
+                    b'data: {"choices": [{"index": 0, "delta": {"content": "tok%d "}}]}\n\n' % i for i in range(3)))
+
+    threading.Thread(target=answer, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+
+
+@pytest.mark.parametrize("begins", [True, False], ids=["silent-mid-answer", "never-answers"])
+def test_one_ctrl_c_stops_a_chat_answer_whose_endpoint_went_silent(cli: CLI, begins: bool) -> None:
+    """chat.md: Ctrl-C during an answer stops it at once. On a terminal, a remote chat's answer whose server went
+    silent mid-stream (or never began) waited for the next piece: the first press did nothing (until the 10-minute
+    silence limit), only a second stopped it. One press now keeps what came (or takes the message back), and the
+    chat goes on."""
+    import sys
+
+    import pexpect
+
+    from tests.test_user_processes import cooked
+
+    listener, url = _silent_endpoint(begins)
+    child = pexpect.spawn(str(Path(sys.executable).parent / "localgen"), ["chat", "--endpoint", url, "-m", "m"],
+                          env=cli.env, encoding="utf-8", timeout=60, dimensions=(40, 120))
+    try:
+        child.expect_exact(">>>")
+        child.sendline("hello")
+        cooked(child)  # Enter taken: Ctrl-C is a signal now
+        if begins:
+            child.expect_exact("tok2")
+        child.sendcontrol("c")
+        child.expect_exact("(stopped; the partial answer is kept)" if begins else
+                           "(stopped before the answer began; the message was taken back)", timeout=20)
+        child.expect_exact(">>>")
+        child.sendcontrol("d")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+        listener.close()
+    assert child.exitstatus == 0, child.before

@@ -158,15 +158,20 @@ def test_a_url_with_a_key_in_its_query_is_refused_without_showing_it(cli: CLI) -
     assert "hunter2" not in r.stderr
 
 
-@pytest.mark.parametrize("bad", ["401", "html", "404"])
+@pytest.mark.parametrize("bad", ["401", "html", "404", "405", "501"])
 def test_a_fan_out_drops_an_endpoint_that_refuses_and_the_healthy_one_answers_every_line(
         cli: CLI, raw: Callable[..., Raw], tmp_path: Path, bad: str) -> None:
-    """docs/remote.md, Fan-out: an endpoint that fails for good (401/403, not an OpenAI stream, 404) is dropped
-    like a dead one; its lines go to the others, so no line fails while one endpoint answers."""
+    """docs/remote.md, Fan-out: an endpoint that fails for good (401/403, not an OpenAI stream, a 404, 405 or 501:
+    a web server that is not the API, as `python -m http.server` answers a POST) is dropped like a dead one; its
+    lines go to the others, so no line fails while one endpoint answers."""
     def refuse(path: str, auth: str, conn: socket.socket) -> None:
         if bad == "html":
             body = b"<html>Welcome to nginx</html>"
             conn.sendall(_head("200 OK", "text/html", len(body)) + body)
+        elif bad in ("405", "501"):
+            body = b"<!DOCTYPE HTML><html><body>Unsupported method ('POST')</body></html>"
+            conn.sendall(_head(f"{bad} {'Method Not Allowed' if bad == '405' else 'Unsupported method'}",
+                               "text/html", len(body)) + body)
         else:
             _json(conn, "401 Unauthorized" if bad == "401" else "404 Not Found", {"error": {"message": "no"}})
 

@@ -10,9 +10,11 @@ when the endpoint itself is gone (run --file then moves its lines to the other e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -156,11 +158,23 @@ class RemoteGeneration:
         self.counted = False  # once it ends: whether the server counted the tokens (a usable usage or timings)
         self.arrivals: list[float] = []
         self._response: Any = None
+        self._done = False  # the stream ended (or never came: the request failed)
         self._stop = threading.Event()
 
     def cancel(self) -> None:
-        """Stop at the next piece; closing the stream tells the server to stop generating."""
+        """Stop at the next piece, or now where the stream is waiting for one (a server gone silent mid-answer:
+        the read is ended); closing the stream tells the server to stop generating."""
         self._stop.set()
+        stream = self._response.extensions.get("network_stream") if self._response is not None else None
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):  # a read waiting on it (this thread's, under a signal handler,
+                sock.shutdown(socket.SHUT_RD)  # or another's) sees the stream end; the socket stays open
+
+    @property
+    def opening(self) -> bool:
+        """Whether it is still waiting for an endpoint to start answering (no stream yet to end: see cancel)."""
+        return self._response is None and not self._done
 
     @property
     def stopped(self) -> bool:
@@ -224,9 +238,10 @@ class RemoteGeneration:
                 if self._stop.is_set():
                     self.finish_reason = "cancelled"
                     break
-            else:  # it ended (with [DONE]) without a finish reason: finished all the same
-                self.finish_reason = self.finish_reason or "stop"
+            else:  # it ended (with [DONE]) without a finish reason: finished all the same, unless cancel() ended it
+                self.finish_reason = self.finish_reason or ("cancelled" if self._stop.is_set() else "stop")
         finally:
+            self._done = True
             if self._response is not None:
                 self._response.close()
             self._finish()
@@ -421,6 +436,8 @@ def _status_error(endpoint: Endpoint, r: Any, body: str, model: str) -> RemoteEr
         return RemoteError(f"{where} has no model {model!r} or no such route (404): {message}",
                            hint=f"see its models with: curl {endpoint.url}/models"
                                 + (" and its key in an Authorization header" if endpoint.key else ""), down=True)
+    if status in (405, 501):  # a web server that is not the API (a static one answers a POST so): for good, as a 404
+        return RemoteError(f"{where} does not take this request ({status}): {message}", hint=URL_HINT, down=True)
     if status in (429, 503):
         return RemoteError(f"{where} is busy ({status}) after {RETRIES + 1} tries: {message}", down=status == 503)
     if status >= 500:

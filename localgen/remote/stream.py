@@ -44,6 +44,8 @@ def events(response: Any, where: str, gen: RemoteGeneration) -> Iterator[tuple[s
         try:
             text = bounded(response, f"the answer from {where}").decode("utf-8", "replace")
         except httpx.HTTPError as e:
+            if gen.stopped:
+                return
             raise RemoteError(f"the answer from {where} broke ({said(e)})", down=True) from None
         yield from _whole(_json(text, where, gen), where, gen)
         return
@@ -87,6 +89,8 @@ def events(response: Any, where: str, gen: RemoteGeneration) -> Iterator[tuple[s
                 data.append(value)
             # id:, retry: and unknown fields are ignored, as the SSE spec says
     except httpx.HTTPError as e:
+        if gen.stopped:  # cancel() ended a read that waited (gen.cancel), or close() the stream: no fault of its
+            return
         raise RemoteError(f"the stream from {where} broke after {pieces(gen.n)} ({said(e)})"
                           + ("; the answer is partial" if gen.n else ""), down=True, partial=gen.n > 0) from None
     if not finished and not gen.stopped:

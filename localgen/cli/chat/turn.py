@@ -414,10 +414,11 @@ def _remote_failed(e: Any, turn: Any, runner: Any, view: Any, restore: list[Any]
 
 
 class _Presses:
-    """Ctrl-C during one answer: the first cancels it between two tokens (the screen stays whole); a second raises,
-    to stop even inside a long prompt evaluation, until settle(): once the answer is over, while its turn is recorded
-    and saved and its footer printed, a press only stops what is left of the turn. Each drops the keys typed before
-    it (`drop_typed`)."""
+    """Ctrl-C during one answer: the first cancels it between two tokens (the screen stays whole; an endpoint's
+    stream waiting for its next piece ends then too); a second raises, to stop even inside a long prompt evaluation,
+    until settle(): once the answer is over, while its turn is recorded and saved and its footer printed, a press
+    only stops what is left of the turn. A first press raises too while an endpoint has not begun to answer (nothing
+    on screen yet, and no stream to end). Each drops the keys typed before it (`drop_typed`)."""
 
     def __init__(self, runner: Any, drop_typed: Callable[[], None]) -> None:
         self.runner = runner
@@ -432,7 +433,7 @@ class _Presses:
         self.count += 1
         self.drop_typed()
         self.runner.stop()
-        if self.count > 1 and not self.settled:
+        if (self.count > 1 or getattr(self.runner.gen, "opening", False)) and not self.settled:
             logs = sys.modules.get("localgen.native.logs")
             if logs is not None and logs.defer_interrupt(frame):
                 return  # raised once llama.cpp returns (native/logs.py)
