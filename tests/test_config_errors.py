@@ -101,6 +101,17 @@ def test_a_bad_models_toml_entry_is_one_line_naming_file_entry_and_field(own: CL
         assert "True" not in lines[0], "a TOML value as TOML writes it (a red team's: `not True`)"
 
 
+def test_the_default_models_bad_entry_is_its_error_alone(own: CLI) -> None:
+    """configuration.md: a command that uses a name whose entry is wrong says the entry's line as its error, alone.
+    `run PROMPT` with no -m, the default model's entry wrong, said it twice: as a warning first (the look at
+    whether the prompt names a model read the file), then as the error."""
+    path = _models(own, b'[models."smollm2:135m"]\ncontext = "big"\n')
+    r = own("run", "-n", "1", "hi")
+    assert r.returncode == 2 and _lines(r) == [
+        f'localgen: error: {path}: [models."smollm2:135m"] context must be a whole number of tokens, not \'big\''], \
+        r.stderr
+
+
 def test_a_bad_entry_warns_and_leaves_the_rest_working(own: CLI) -> None:
     path = _models(own, b'[models.broken]\nrepo = 5\n\n[models.fine]\nrepo = "someone/Fine-GGUF"\ncontext = 4096\n')
     r = own("list", "--catalogue")

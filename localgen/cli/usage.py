@@ -221,7 +221,7 @@ def names_a_model(word: str) -> list[str]:
     if not re.fullmatch(MODEL_WORD, word):
         return []
     try:
-        entries = catalogue.load()
+        entries = catalogue.read(quiet=True).entries  # a look: the model used says what of the file is wrong
         if word in entries or presets.find(word) is not None:
             return [word]
         return sorted((name for name in entries if name.partition(":")[0] == word), key=_size_of_tag)

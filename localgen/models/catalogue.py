@@ -186,10 +186,12 @@ def _over(shipped: Any, mine: Any) -> Any:
     return merged
 
 
-def read(using: str | None = None) -> Catalogue:
+def read(using: str | None = None, quiet: bool = False) -> Catalogue:
     """The shipped catalogue with the user's file on top (a user's entry of a shipped name laid over it: _over).
     What of the user's file cannot be used is said through warn_with()'s warning, once, and left out: the rest
-    works. `using`: the name the caller is about to use, whose fault is its error rather than a warning."""
+    works. `using`: the name the caller is about to use, whose fault is its error rather than a warning. `quiet`:
+    nothing said (a look that uses no model: what is then used says it)."""
+    say = (lambda text: None) if quiet else _say
     shipped = _read(SHIPPED, required=True)
     entries = {name: _entry(name, raw, SHIPPED) for name, raw in shipped.items()}
     path = user_file()
@@ -198,10 +200,10 @@ def read(using: str | None = None) -> Catalogue:
     except Utf16File as e:  # an error where it declares the name about to be used (read as UTF-16), else a warning
         if using is not None and _declares(e.text, using):
             raise
-        _say(f"{e.message} (save it as UTF-8): its models are not used")
+        say(f"{e.message} (save it as UTF-8): its models are not used")
         return Catalogue(entries, unreadable=e)
     except UsageError as e:
-        _say(f"{e.message}: its models are not used")
+        say(f"{e.message}: its models are not used")
         return Catalogue(entries, unreadable=e)
     broken: dict[str, UsageError] = {}
     for name, raw in mine.items():
@@ -214,7 +216,7 @@ def read(using: str | None = None) -> Catalogue:
             entries.pop(name, None)
             broken[name] = e
             if name != using:
-                _say(f"{e.message} ({name} cannot be used until this is fixed)")
+                say(f"{e.message} ({name} cannot be used until this is fixed)")
     return Catalogue(entries, broken)
 
 
