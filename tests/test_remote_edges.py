@@ -215,7 +215,9 @@ def test_one_ctrl_c_stops_a_chat_answer_whose_endpoint_went_silent(cli: CLI, beg
     silent mid-stream (or never began) waited for the next piece: the first press did nothing (until the 10-minute
     silence limit), only a second stopped it. One press now keeps what came (or takes the message back), and the
     chat goes on."""
+    import signal
     import sys
+    import time
 
     import pexpect
 
@@ -230,6 +232,19 @@ def test_one_ctrl_c_stops_a_chat_answer_whose_endpoint_went_silent(cli: CLI, beg
         cooked(child)  # Enter taken: Ctrl-C is a signal now
         if begins:
             child.expect_exact("tok2")
+        else:  # a SIGTERM too (chat.md: as Ctrl-C, then the chat ends by it): it waited out the 10 minutes
+            term = pexpect.spawn(str(Path(sys.executable).parent / "localgen"), ["chat", "--endpoint", url, "-m",
+                                 "m"], env=cli.env, encoding="utf-8", timeout=60, dimensions=(40, 120))
+            try:
+                term.expect_exact(">>>")
+                term.sendline("hello")
+                cooked(term)
+                time.sleep(1)  # the request sent, no answer begun
+                term.kill(signal.SIGTERM)
+                term.expect(pexpect.EOF, timeout=20)
+            finally:
+                term.close(force=True)
+            assert term.signalstatus == signal.SIGTERM or term.exitstatus == 143, (term.signalstatus, term.exitstatus)
         child.sendcontrol("c")
         child.expect_exact("(stopped; the partial answer is kept)" if begins else
                            "(stopped before the answer began; the message was taken back)", timeout=20)

@@ -218,8 +218,8 @@ class Hangup:
         self.signum = signum
         if self.answering:
             self.runner.stop()  # the answer ends at its next token; handle() then ends the chat
-            if self.asking:  # a tool call's question: declined as at Ctrl-C there (_approve)
-                raise KeyboardInterrupt
+            if self.asking or getattr(self.runner.gen, "opening", False):  # a tool call's question: declined as at
+                raise KeyboardInterrupt  # Ctrl-C there (_approve); an endpoint not begun: taken back, as at Ctrl-C
             return
         logs = sys.modules.get("localgen.native.logs")
         if logs is not None and logs.defer_interrupt(frame):  # inside llama.cpp (a /model loading): stopped as at
