@@ -38,5 +38,6 @@ DAMAGED = ("file is not a database", "database disk image is malformed")  # SQLi
 
 def damaged(said: str) -> bool:
     """Whether SQLite's words `said` tell of a damaged file: DAMAGED's, or a virtual table that cannot be opened
-    (a damaged page of an FTS5 index's tables: `vtable constructor failed: NAME`)."""
-    return said in DAMAGED or said.startswith("vtable constructor failed")
+    (a damaged page of an FTS5 index's tables: `vtable constructor failed: NAME`; its format record: `invalid fts5
+    file format (found 99, expected 4) - run 'rebuild'`)."""
+    return said in DAMAGED or said.startswith(("vtable constructor failed", "invalid fts5 file format"))

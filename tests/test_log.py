@@ -657,6 +657,22 @@ def test_a_damaged_search_index_or_a_log_that_cannot_be_counted_is_called_damage
     assert lcli("logs", "-n", "1").returncode == 1  # listing it is still the error logs.md says
 
 
+def test_a_search_index_whose_format_record_is_damaged_is_called_damaged(lcli: CLI) -> None:
+    """A newcomer's trial: the full-text index's format record damaged (SQLite: `invalid fts5 file format (found 99,
+    expected 4) - run 'rebuild'`) was not taken for damage: each run's warning gave SQLite's advice alone, and
+    `logs status` said `logging is on` while no run was logged."""
+    assert lcli("run", "-m", "smollm2:135m", "A first question.", *N).returncode == 0
+    db = _db(lcli)
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE responses_fts_config SET v = 99 WHERE k = 'version'")
+    r = lcli("run", "-m", "smollm2:135m", "Another question.", *N)
+    assert r.returncode == 0 and "invalid fts5 file format" in r.stderr and "move it away" in r.stderr, r.stderr
+    status = lcli("logs", "status")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"logging is on but failing · {db} · 1 exchange · damaged: invalid fts5 file "
+                                    "format"), status.stdout
+
+
 def test_a_log_that_is_a_folder_or_a_newer_localgens_says_what_to_do(lcli: CLI) -> None:
     """A newcomer's trial: a folder where the log should be was "cannot be opened: unable to open database file",
     a newer localgen's log said so and no more, and `logs status` failed (exit 1) on both, so a user could not see
