@@ -153,6 +153,41 @@ def test_a_stdio_mcp_server_killed_leaves_the_list_before_any_call_finds_it_gone
         assert s.stop() == 0
 
 
+SLOW = '''import time
+
+
+def slow(seconds: float) -> str:
+    """Say so, then sleep `seconds`."""
+    print("begun", flush=True)
+    time.sleep(seconds)
+    return f"slept {seconds:g}"
+'''
+
+
+def test_a_call_past_the_8_running_waits_its_turn(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """docs/tools.md: at most 8 calls at once; more wait. With 8 calls running within their timeout, a 9th (to
+    the same tool) waits for a slot and answers; it was a 503 (`8 tool calls are still running`), as if they
+    were stuck past it."""
+    import concurrent.futures
+    import time
+
+    fns = tmp_path / "slow.py"
+    fns.write_text(SLOW)
+    s = Server(cli_env, "-np", "1", "--ctx", "512", "--functions", str(fns), "--tool-timeout", "600")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(9) as pool:
+            running = [pool.submit(_call, s, "slow", {"seconds": 8}) for _ in range(8)]
+            deadline = time.monotonic() + 120  # a safety net: each call says when it runs
+            while s.log().count("begun") < 8 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert s.log().count("begun") == 8
+            ninth = _call(s, "slow", {"seconds": 0})
+            assert ninth["content"] == "slept 0" and not ninth["is_error"], ninth
+            assert all(f.result()["content"] == "slept 8" for f in running)
+    finally:
+        assert s.stop() == 0
+
+
 def test_calls_stuck_past_their_timeout_hold_no_more_threads(server: Server) -> None:
     """Last but one: it leaves 8 of the `stall` tool's threads sleeping past --tool-timeout 2 (a thread cannot be
     stopped). While they run, a call is a 503, and the server's other routes still answer at once."""

@@ -216,8 +216,19 @@ class RestoreOnTerm:
             previous(signum, frame)
             return
         signal.signal(signum, signal.SIG_DFL)
+        mcp_servers_stopped()
         os.kill(os.getpid(), signum)  # ends the process as the signal did before: its status says which
         os._exit(128 + signum)  # (not reached where the signal's default action ends it)
+
+
+def mcp_servers_stopped() -> None:
+    """The stdio MCP servers still running stopped (tools/mcp.py's stop_now) before a SIGTERM or SIGHUP ends the
+    process by its default action, which runs no close: a server busy in a call would run on, its parent gone."""
+    mcp = sys.modules.get("localgen.tools.mcp")  # not loaded: no server was started
+    stop = getattr(mcp, "stop_now", None)
+    if stop is not None:
+        with contextlib.suppress(Exception):
+            stop()
 
 
 @contextlib.contextmanager
@@ -331,5 +342,6 @@ def term_as_interrupt() -> Any:
                 with contextlib.suppress(Exception):  # a closed terminal, a reader gone
                     if writable(stream):  # a stalled reader: what is left cannot hold the exit up
                         stream.flush()
+            mcp_servers_stopped()
             os.kill(os.getpid(), signum)  # its default action again: the status says which signal ended it
             os._exit(128 + signum)  # (not reached where the signal's default action ends it)

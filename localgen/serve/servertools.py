@@ -111,8 +111,9 @@ async def _stop(task: asyncio.Future[Any]) -> None:
 
 def routes(toolbox: Any, timeout: float, threads: ToolThreads | None = None) -> list[Route]:
     """`GET /tools` and `POST /tools/call` over a Toolbox (tools/loop.py), or over none: an empty list, and
-    every call a 404. Calls run in threads of their own (ToolThreads); while MAX_CALLS Python tools are still
-    running, some past their timeout (a thread cannot be stopped), a call is a 503."""
+    every call a 404. Calls run in threads of their own (ToolThreads), more than MAX_CALLS waiting for a slot;
+    while MAX_CALLS Python tools' calls are still running past their timeout (a thread cannot be stopped), a
+    call is a 503."""
     threads = threads or ToolThreads()
 
     async def listing(request: Request) -> Response:
@@ -133,9 +134,11 @@ def routes(toolbox: Any, timeout: float, threads: ToolThreads | None = None) -> 
                                  f"({'tools: ' + offered if offered else 'serve was started with no tools'})",
                             param="name")
         tool_call = ToolCall(name, _arguments(body.get("arguments")))
-        stuck = len(toolbox.running)
+        from localgen.tools.functions import abandoned
+
+        stuck = abandoned(toolbox.running)  # (calls within their timeout hold slots: a call past the 8th waits for one)
         if stuck >= MAX_CALLS:
-            raise HTTPError(503, f"{stuck} tool calls are still running, some past --tool-timeout: try again later",
+            raise HTTPError(503, f"{stuck} tool calls are still running past --tool-timeout: try again later",
                             "server_error")
         if all(spec.name != name for spec in toolbox.specs):  # a tool of an MCP server that has gone
             server = (toolbox.source(name) or "").removeprefix("mcp: ")

@@ -14,7 +14,7 @@ import threading
 import types
 import typing
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -136,6 +136,11 @@ def abandon(worker: threading.Thread) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(ToolStopped))
     with _redirect:
         _route_streams()
+
+
+def abandoned(threads: Iterable[threading.Thread]) -> int:
+    """How many of `threads` are tool calls left running past their timeout (abandon)."""
+    return sum(1 for thread in list(threads) if thread in _abandoned)
 
 
 @contextlib.contextmanager

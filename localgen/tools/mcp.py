@@ -32,6 +32,9 @@ MAX_PAGES = 1000  # pages of a listing (its nextCursor followed until there is n
 MAX_CURSOR = 4096  # characters of a listing's cursor (sent back to the server for the next page)
 MAX_LINE = 16 * 1024 * 1024  # bytes of one line a stdio server writes (one message): past it, the server is gone
 BANNER_S = 5.0  # how long a stdio server whose first line is not JSON-RPC (a banner) has to send a message after it
+STOP_NOW_S = 2.0  # how long a stdio server told to stop by stop_now (SIGTERM) has, before it is killed
+
+_running: set[int] = set()  # the process groups of the stdio servers started and not yet stopped (stop_now's)
 
 
 class _Unreadable(Exception):
@@ -369,6 +372,7 @@ async def _bounded_stdio(params: Any, errlog: Any, label: str, refused: list[str
     process = await sdk._create_platform_compatible_process(
         command=command, args=params.args, env=sdk.get_default_environment() | (params.env or {}), errlog=errlog,
         cwd=params.cwd)
+    _running.add(process.pid)  # its group's id (a session of its own: the SDK starts it so)
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     writer_done = anyio.Event()
@@ -423,10 +427,47 @@ async def _bounded_stdio(params: Any, errlog: Any, label: str, refused: list[str
                 with anyio.move_on_after(sdk._WRITER_FLUSH_TIMEOUT):
                     await writer_done.wait()
                 await sdk._stop_server_process(process)
+                _running.discard(process.pid)
                 await sdk._aclose_all(read_stream, write_stream, read_writer, write_reader)
                 await anyio.lowlevel.checkpoint()
             tg.cancel_scope.cancel()
     await anyio.lowlevel.cancel_shielded_checkpoint()
+
+
+def stop_now() -> None:
+    """Every stdio server still running stopped before a SIGTERM or SIGHUP ends this process (cli/signals.py): its
+    process group told to stop (SIGTERM), and killed after STOP_NOW_S. The signal leaves no time for a session's
+    own close, and a server busy in a call may never see its input end, so it would run on, its parent gone."""
+    import os
+    import signal
+
+    if not hasattr(os, "killpg"):  # Windows: the SDK's job object ends the server with this process
+        return
+    groups = set(_running)
+    for pgid in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_NOW_S
+    while groups and time.monotonic() < deadline:
+        time.sleep(0.02)
+        groups = {g for g in groups if _group_alive(g)}
+    for pgid in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+    _running.clear()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process group has a process left (one that ended is reaped by the loop's child watcher)."""
+    import os
+
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (EPERM: one it may not signal, still there)
+        return True
+    return True
 
 
 def _tail(fd: int, size: int) -> bytes:
