@@ -1206,6 +1206,39 @@ def test_ps_takes_a_key_file_and_the_address_from_the_environment(server: Server
     assert r.returncode == 2 and "LOCALGEN_PORT" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("status", [404, 200])
+def test_ps_at_a_port_where_another_web_server_listens_says_so_in_one_line(cli_in_process: InProcessCLI,
+                                                                         status: int) -> None:
+    """ps (and stop --all, which reads the same list) at a port where some other web server answers /api/ps with
+    an HTML page: one line saying a web page came, not localgen serve's answer. Its 404 printed the page's HTML over
+    ten lines; its 200, a JSONDecodeError's traceback."""
+    import http.server
+
+    page = b"<!DOCTYPE HTML>\n<html lang=\"en\">\n<head><title>Error response</title></head>\n<body></body>\n</html>\n"
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page) as web:
+        threading.Thread(target=web.serve_forever, daemon=True).start()
+        try:
+            said = [cli_in_process(*args, "--port", str(web.server_address[1])) for args in (["ps"], ["stop", "--all"])]
+        finally:
+            web.shutdown()
+    for r in said:
+        assert r.returncode == 1 and r.stdout == "", r
+        assert r.stderr == f"localgen: error: http://127.0.0.1:{web.server_address[1]}/api/ps answered {status}: a " \
+                           "web page, not localgen serve's answer\n", r.stderr
+
+
 def test_run_and_chat_without_m_name_the_missing_key(server: Server, cli: CLI) -> None:
     """--endpoint without -m asks the server's /models for the model: a keyed server's 401 is said as a request's
     refusal naming --api-key-env (it was "did not list its models (name the model with -m)"), with or without -m."""

@@ -106,10 +106,7 @@ def ps(
 
     server = server_of(ctx, host, port, api_key, api_key_file)
     url = server.url
-    r = server.ask("/api/ps")
-    if r.status_code != 200:
-        raise LocalgenError(f"{url}/api/ps answered {r.status_code}: {said(r)}")
-    models = r.json().get("models", [])
+    models = loaded(server)
     if json_out:
         print(json.dumps(models))
         return
@@ -143,11 +140,25 @@ def until_text(left: float) -> str:
     return f"{n} {unit}{'' if n == 1 else 's'} from now"
 
 
-def said(r: Any) -> str:
-    """What an error answer says: its `error` (Ollama's shape, or OpenAI's error.message), else its text, short."""
+def loaded(server: Any) -> list[Any]:
+    """The server's /api/ps models; a LocalgenError in one line where it answers anything else (an error, or
+    another kind of server's web page: its JSON read was a traceback)."""
+    r = server.ask("/api/ps")
     try:
-        error = r.json().get("error")
+        body = r.json()
     except ValueError:
-        error = None
-    text = error.get("message") if isinstance(error, dict) else error
-    return str(text if isinstance(text, str) else r.text)[:200]
+        body = None
+    models = body.get("models", []) if isinstance(body, dict) else None
+    if r.status_code != 200 or not isinstance(models, list):
+        raise LocalgenError(f"{server.url}/api/ps answered {r.status_code}: {said(r)}")
+    return models
+
+
+def said(r: Any) -> str:
+    """What an error answer says, in one line: its `error` (Ollama's shape, or OpenAI's error.message), else its
+    text's first line, short; a web page (another kind of server's) is said to be one, its HTML not quoted."""
+    from localgen.remote.errortext import error_text
+
+    if r.text.lstrip()[:20].lower().startswith(("<!doctype html", "<html")):
+        return "a web page, not localgen serve's answer"
+    return error_text(r.text)[:200]

@@ -15,6 +15,7 @@ from localgen.cli.serve.ps import (
     NoAnswer,
     PortOption,
     Server,
+    loaded,
     said,
     server_of,
 )
@@ -57,11 +58,8 @@ def stop(
     if model is not None:
         _unload(server, model)
         return
-    r = server.ask("/api/ps")
-    if r.status_code != 200:
-        raise LocalgenError(f"{server.url}/api/ps answered {r.status_code}: {said(r)}")
     # one already unloading (a preset changed on disk: its old worker) frees its memory once its requests end
-    names = dict.fromkeys(m["name"] for m in r.json().get("models", []) if not m.get("unloading"))
+    names = dict.fromkeys(m["name"] for m in loaded(server) if not m.get("unloading"))
     failed: list[LocalgenError] = []
     for name in names:  # each in turn: one that fails leaves the others to be unloaded all the same
         try:
