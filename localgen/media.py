@@ -214,9 +214,11 @@ def sniff(data: bytes, source: str) -> Media:
         return _audio("MP3", data, source, mp3_seconds(data, source))
     if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
         size = webp_size(data)
-        if not size or ffmpeg_dir() is None:  # libmtmd decodes WebP through ffmpeg
+        if ffmpeg_dir() is None:  # libmtmd decodes WebP through ffmpeg
             raise MediaError(f"{source} is WebP{size}, which localgen cannot read",
                              hint=f"images: {', '.join(IMAGE_FORMATS)}; audio: {', '.join(AUDIO_FORMATS)}")
+        if not size:  # no VP8, VP8L or VP8X header whole: damaged, not a WebP that ffmpeg cannot read
+            raise MediaError(f"{source} is a truncated or corrupt WebP")
         w, h = (int(v) for v in size.strip(" ()").split()[0].split("×"))
         return _image("WebP", data, source, w, h)
     video = _video_format(head)

@@ -62,7 +62,6 @@ BAD = {
     "enormous PNG": (_png_header(100_000, 100_000), "100000×100000 pixels"),
     "zero-size PNG": (_png_header(0, 10), "size of 0×10"),
     "JPEG with no frame": (b"\xff\xd8\xff\xe0\x00\x10JFIF\0" + b"\0" * 20, "truncated or corrupt JPEG"),
-    "WebP": (b"RIFF\x10\0\0\0WEBPVP8 " + b"\0" * 16, "is WebP"),
     "TIFF": (b"II*\x00" + b"\0" * 16, "is TIFF"),
     "text": (b"hello, this is not a picture", "not an image, audio or video file"),
     "HEIF picture": (b"\0\0\0\x18ftypheic" + b"\0" * 20, "is HEIF, which localgen cannot read"),
@@ -81,6 +80,29 @@ def test_bad_media_is_one_clear_error(name: str) -> None:
     with pytest.raises(media.MediaError) as e:
         media.sniff(data, "x")
     assert words in e.value.message
+
+
+@pytest.mark.parametrize("data", [
+    b"RIFF\x10\0\0\0WEBPVP8 " + b"\0" * 16,  # a VP8 chunk without its frame's start code
+    b"RIFF\x0c\0\0\0WEBPVP8 \0\0\0\0",  # an empty VP8 chunk
+    b"RIFF\x1a\0\0\0WEBPVP8L\x0e\0\0\0\x2f\x05\x40\0",  # cut at 24 bytes, inside its VP8L header
+], ids=["no start code", "empty VP8 chunk", "truncated VP8L"])
+def test_a_damaged_webp_is_said_to_be_damaged_and_one_without_ffmpeg_unreadable(
+        monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    """With ffmpeg at hand a WebP is read, so a damaged one is said to be damaged, as a PNG or JPEG is (it was
+    "is WebP, which localgen cannot read", its hint leaving WebP out); without ffmpeg, WebP is not read at all.
+    ffmpeg_dir stands in for the folder: a header this short never reaches ffmpeg."""
+    from localgen import media
+
+    monkeypatch.setattr(media, "ffmpeg_dir", lambda: "/ffmpeg")
+    with pytest.raises(media.MediaError) as e:
+        media.sniff(data, "x.webp")
+    assert (e.value.message, e.value.hint) == ("x.webp is a truncated or corrupt WebP", None)
+    monkeypatch.setattr(media, "ffmpeg_dir", lambda: None)
+    with pytest.raises(media.MediaError) as e:
+        media.sniff(data, "x.webp")
+    assert e.value.message == "x.webp is WebP, which localgen cannot read"
+    assert str(e.value.hint).startswith("images: PNG, JPEG, GIF, BMP; audio: ")
 
 
 def test_media_sources_and_parts(tmp_path: Path) -> None:
