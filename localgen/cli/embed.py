@@ -21,6 +21,7 @@ from localgen.cli.output import plural
 from localgen.errors import UsageError
 
 if TYPE_CHECKING:
+    from localgen.cli.output import ErrWriter
     from localgen.embeddings.store import Collection
 
 EMBED = "Embeddings"
@@ -334,10 +335,8 @@ def run_embed(f: EmbedArgs) -> None:
             _embed_items(f, items, docs)
         except KeyboardInterrupt:
             if f.store and f.replace:  # said, not a bare "interrupted" (a plain run says what it stored)
-                from localgen.cli.output import ErrWriter
-
-                ErrWriter().line(f"{f.store}: nothing was stored or removed: an interrupted --replace run leaves the "
-                                 "collection as it was")
+                _kept_line(f"{f.store}: nothing was stored or removed: an interrupted --replace run leaves the "
+                           "collection as it was")
             raise
 
 
@@ -381,10 +380,8 @@ def _embed_items(f: EmbedArgs, items: list[tuple[str, str]], docs: list[tuple[st
             _embed_steps(backend, [t for _, t in todo], f, vectors, emit)
         except KeyboardInterrupt:
             if f.store and not vectors and not f.replace:  # before a step was whole: said, not a bare "interrupted"
-                from localgen.cli.output import ErrWriter
-
-                ErrWriter().line(f"{f.store}: 0 of {len(todo):,} embedded before the first step ended: nothing was "
-                                 "stored (the collection is as it was)")
+                _kept_line(f"{f.store}: 0 of {len(todo):,} embedded before the first step ended: nothing was "
+                           "stored (the collection is as it was)")
             if not (f.store and vectors) or f.replace:  # --replace: the collection as it was, or as asked
                 raise
             interrupted = True  # what was embedded is stored below, then the interrupt goes on
@@ -579,8 +576,21 @@ def _store_part(f: EmbedArgs, made: Collection, todo: list[tuple[str, str]], vec
     from localgen.cli.signals import ended_by_term
 
     why = signal.Signals(ended_by_term()).name if ended_by_term() else "Ctrl-C"
-    err.line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before {why}; the same command "
-             "again embeds the rest")
+    _kept_line(f"{f.store}: {len(vectors):,} of {len(todo):,} embedded and stored before {why}; the same command "
+               "again embeds the rest", err)
+
+
+def _kept_line(text: str, err: ErrWriter | None = None) -> None:
+    """What an interrupted --store run kept, said in one line: after Ctrl-C it is the "interrupted" line (the exit
+    adds no second one); after a SIGTERM or SIGHUP, which the exit says nothing of, a plain line."""
+    from localgen.cli.output import ErrWriter
+    from localgen.cli.signals import ended_by_term
+
+    err = err or ErrWriter()
+    if ended_by_term():
+        err.line(text)
+    else:
+        err.interrupted(text)
 
 
 def run_similar(f: SimilarArgs) -> None:
