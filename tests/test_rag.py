@@ -201,6 +201,41 @@ def test_chat_on_a_terminal_shows_the_sources_after_each_answer(hcli: CLI) -> No
     assert child.exitstatus == 0
 
 
+def test_a_collection_removed_during_a_chat_is_said_once_not_as_none_fitting(hcli: CLI, tmp_path: Path) -> None:
+    """The collection removed by another process mid-chat: the next question says so, once, and goes without
+    excerpts; its sources line says "none". It said `sources: none (none fit)`, as if they had not fitted."""
+    import pexpect
+
+    from tests import terminal
+    from tests.tiny_bert import build
+
+    bert = str(build(tmp_path / "tiny-bert.gguf"))
+    assert hcli("embed", "-m", bert, "--store", "brief", ENTRIES[2][1]).returncode == 0
+    env = dict(hcli.env)
+    env.pop("NO_COLOR", None)
+    env.update(TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+    child = terminal.spawn(env, ["chat", "--rag", "brief", *QUICK], timeout=60)
+    child.expect_exact(">>>")
+    child.sendline("Where do llamas live?")
+    child.expect(r"sources: \S+ \(")
+    child.expect_exact(">>>")
+    r = hcli("collections", "rm", "brief", "--yes")
+    assert r.returncode == 0, r.stderr
+    said = []
+    for question in ("Where do llamas live?", "And the cat?"):
+        child.sendline(question)
+        child.expect_exact("sources: none")
+        said.append(" ".join(str(child.before).split()))
+        child.expect_exact(">>>")
+        assert "none fit" not in str(child.before), child.before
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "rag: the collection 'brief' was removed: the question goes without excerpts" in said[0], said[0]
+    assert "removed" not in said[1], said[1]
+
+
 def test_a_template_without_a_system_role_gets_the_excerpts_in_the_user_turn(hcli: CLI, tmp_path: Path) -> None:
     """Gemma 3's way (no system role: a template that refuses one) works, as the excerpts are in the user's turn."""
     template = tmp_path / "nosystem.jinja"

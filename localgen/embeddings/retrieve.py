@@ -125,6 +125,13 @@ class Retriever:
                                 hint="start again to search it with its new model")
         self.rows = store.vectors(self.name)
 
+    def why_empty(self) -> str:
+        """Why a search finds nothing: the collection removed or emptied since it was opened ("" while it has
+        entries; one empty at the start is refused, require_entries)."""
+        if self.rows:
+            return ""
+        return f"the collection {self.name!r} {'was removed' if self.written is None else 'is empty now'}"
+
     def search(self, query: str, k: int, truncate: bool = False) -> list[Hit]:
         """The k entries nearest to the query, best first, as the collection is now (refresh())."""
         vector = self.embed_query(query, truncate)
@@ -202,5 +209,6 @@ def dropped_line(dropped: Sequence[Hit], kept: int) -> str:
 
 
 def sources_line(hits: Sequence[Hit]) -> str:
-    """The short line after an answer: each excerpt's id and score."""
-    return "sources: " + (", ".join(f"{h.id} ({h.score:.3f})" for h in hits) if hits else "none (none fit)")
+    """The short line after an answer: each excerpt's id and score; "none" where a line before the answer said
+    why (dropped_line: none fit; Rag: the collection removed or emptied)."""
+    return "sources: " + (", ".join(f"{h.id} ({h.score:.3f})" for h in hits) if hits else "none")

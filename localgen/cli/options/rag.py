@@ -52,6 +52,7 @@ class Rag:
         self.retriever = Retriever(plan.collection, embedding_loader(load, warn))
         self.retriever.require_entries()
         self.last: list[Hit] = []  # sent with the last question (after fitting)
+        self.said_empty = ""  # why the collection has no entries, as last said (once, not at each question)
 
     def search(self, question: str) -> list[Hit]:
         """The question's --rag-top excerpts, best first (a question longer than the embeddings window is
@@ -59,7 +60,12 @@ class Rag:
         return self.retriever.search(question, self.plan.top, truncate=True)
 
     def message(self, question: str, hits: list[Hit], fits: Callable[[str], bool], say: Callable[[str], None]) -> str:
-        """fitted() for the question, its excerpts remembered as `last` (chat's /sources)."""
+        """fitted() for the question, its excerpts remembered as `last` (chat's /sources); a collection removed or
+        emptied meanwhile is said once (its sources line says only "none")."""
+        why = self.retriever.why_empty()
+        if why and why != self.said_empty:
+            say(f"rag: {why}: the question goes without excerpts")
+        self.said_empty = why
         message, self.last = fitted(question, hits, fits, say)
         return message
 
