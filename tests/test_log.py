@@ -615,6 +615,11 @@ def test_a_log_whose_writes_meet_damage_is_called_damaged_by_logs_and_status(lcl
     shutil.copyfile(good, db)  # a backup restored over it (the same inode): no longer the file found damaged
     status = lcli("logs", "status")
     assert (status.stdout, status.stderr) == (f"logging is on · {db} · 33 exchanges\n", ""), status
+    marker = Path(lcli.env["LOCALGEN_HOME"]) / "state" / "log-damaged"
+    assert marker.is_file()
+    marker.write_bytes(b"\xff\xfe garbage\n")  # the note damaged itself: no word of damage (it was a traceback)
+    status = lcli("logs", "status")
+    assert (status.stdout, status.stderr) == (f"logging is on · {db} · 33 exchanges\n", ""), status
     db.rename(tmp_path / "damaged.db")
     for suffix in ("-wal", "-shm"):
         Path(str(db) + suffix).unlink(missing_ok=True)

@@ -50,8 +50,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the server's state in /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_a_kill_during_an_mcp_call_takes_its_server_too(cli: CLI, tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(("sig", "times"), [(signal.SIGTERM, 1), (signal.SIGHUP, 1), (signal.SIGTERM, 2)],
+                         ids=["SIGTERM", "SIGHUP", "SIGTERM-twice"])
+def test_a_kill_during_an_mcp_call_takes_its_server_too(cli: CLI, tmp_path: Path, sig: signal.Signals,
+                                                        times: int) -> None:
     """A SIGTERM or SIGHUP while an MCP call runs ended `run` by the signal and left the server running (its
     parent gone) until its call returned: one that never returns stayed for good. It is stopped (SIGTERM, then
     SIGKILL after a short grace) before `run` ends, still by the signal."""
@@ -69,6 +71,9 @@ def test_a_kill_during_an_mcp_call_takes_its_server_too(cli: CLI, tmp_path: Path
         assert pidfile.exists(), p.stderr.read().decode() if p.poll() is not None else "the call never began"
         pid = int(pidfile.read_text())
         p.send_signal(sig)
+        if times == 2:  # a second one while the server is given its 2 s (a repeated kill): it ended localgen first
+            time.sleep(0.5)
+            p.send_signal(sig)
         rc = p.wait(timeout=60)
         err = p.stderr.read().decode()
         assert rc == -sig, (rc, err)

@@ -226,9 +226,21 @@ def mcp_servers_stopped() -> None:
     process by its default action, which runs no close: a server busy in a call would run on, its parent gone."""
     mcp = sys.modules.get("localgen.tools.mcp")  # not loaded: no server was started
     stop = getattr(mcp, "stop_now", None)
-    if stop is not None:
+    if stop is None:
+        return
+    import signal
+
+    held: dict[int, Any] = {}  # a second SIGTERM or SIGHUP meanwhile (a repeated kill) must not end the process first
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            with contextlib.suppress(ValueError, OSError):  # (not the main thread: as they are)
+                held[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
         with contextlib.suppress(Exception):
             stop()
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -313,8 +313,8 @@ def _marker(db: Path) -> Path:
 def _version(db: Path) -> str:
     """The log file as it is now: its device, inode and change time. A good copy restored over it (`cp` onto the
     same inode, or `rm` and `cp` into a reused one) is another version, not the file the damage was found in."""
-    st = os.stat(db)
-    return f"{st.st_dev} {st.st_ino} {st.st_ctime_ns}"
+    st = os.stat(db)  # (mtime too: Windows' ctime is the creation time, which a copy onto the file keeps)
+    return f"{st.st_dev} {st.st_ino} {st.st_ctime_ns} {st.st_mtime_ns}"
 
 
 def _mark_damaged(db: Path, said: str) -> None:
@@ -334,7 +334,7 @@ def damage() -> str | None:
         version, _, said = _marker(db).read_text()[:1000].partition("\n")
         if version == _version(db):
             return said.strip() or "damaged"
-    except OSError:
+    except (OSError, ValueError):  # (a note that is not text: damaged itself, so no word of the log's damage)
         pass
     return None
 

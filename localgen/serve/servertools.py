@@ -38,8 +38,11 @@ class ToolThreads:
         self._slots: asyncio.Semaphore | None = None
         self._stopped = False
 
-    async def run(self, name: str, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) in a thread of its own, its result; a 503 HTTPError once the server stops."""
+    async def run(self, name: str, fn: Callable[..., T], *args: Any,
+                  refused: Callable[[], HTTPError | None] | None = None) -> T:
+        """fn(*args) in a thread of its own, its result; a 503 HTTPError once the server stops. `refused`: asked
+        again once a slot is free (while the call waited, the calls before it may have been left past their
+        timeout), its error raised instead of the call."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
         if self._stopped:
@@ -53,6 +56,10 @@ class ToolThreads:
                 slots.release()
             if done.done():
                 return done.result()  # type: ignore[no-any-return]  # (raises the 503)
+            refusal = refused() if refused is not None else None
+            if refusal is not None:
+                slots.release()
+                raise refusal
 
             def settle(result: Any, error: BaseException | None) -> None:
                 slots.release()
@@ -134,18 +141,24 @@ def routes(toolbox: Any, timeout: float, threads: ToolThreads | None = None) -> 
                                  f"({'tools: ' + offered if offered else 'serve was started with no tools'})",
                             param="name")
         tool_call = ToolCall(name, _arguments(body.get("arguments")))
-        from localgen.tools.functions import abandoned
 
-        stuck = abandoned(toolbox.running)  # (calls within their timeout hold slots: a call past the 8th waits for one)
-        if stuck >= MAX_CALLS:
-            raise HTTPError(503, f"{stuck} tool calls are still running past --tool-timeout: try again later",
-                            "server_error")
+        def past_timeout() -> HTTPError | None:
+            """The 503 while MAX_CALLS calls run on past their timeout (calls within it hold slots: one past the 8th
+            waits for a slot, and is asked again then, as those before it may have run past theirs meanwhile)."""
+            from localgen.tools.functions import abandoned
+
+            stuck = abandoned(toolbox.running)
+            return HTTPError(503, f"{stuck} tool calls are still running past --tool-timeout: try again later",
+                             "server_error") if stuck >= MAX_CALLS else None
+
+        if (refusal := past_timeout()) is not None:
+            raise refusal
         if all(spec.name != name for spec in toolbox.specs):  # a tool of an MCP server that has gone
             server = (toolbox.source(name) or "").removeprefix("mcp: ")
             return JSONResponse({"object": "tool.result", "name": name, "is_error": True, "content":
                                  f"the MCP server {server} has gone: its tools are no longer offered"})
         try:
-            text, failed = await threads.run(name, toolbox.call, tool_call, timeout), False
+            text, failed = await threads.run(name, toolbox.call, tool_call, timeout, refused=past_timeout), False
         except ToolError as e:
             text, failed = e.message, True
         return JSONResponse({"object": "tool.result", "name": name, "content": text, "is_error": failed})
