@@ -10,7 +10,7 @@ import sys
 
 TYPE_CHECKING = False  # typing is not imported before main() can catch a Ctrl-C: its import is the widest gap
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 
 def keep_ctrl_c() -> None:
@@ -206,7 +206,6 @@ class RestoreOnTerm:
                 signal.signal(sig, handler)
 
     def _on_term(self, signum: int, frame: Any) -> None:
-        import os
         import signal
 
         previous = self._previous.get(signum, signal.SIG_DFL)  # before restore(), which may uninstall this
@@ -216,9 +215,17 @@ class RestoreOnTerm:
             previous(signum, frame)
             return
         signal.signal(signum, signal.SIG_DFL)
-        mcp_servers_stopped()
-        os.kill(os.getpid(), signum)  # ends the process as the signal did before: its status says which
-        os._exit(128 + signum)  # (not reached where the signal's default action ends it)
+        _end_by(signum)
+
+
+def _end_by(signum: int) -> NoReturn:
+    """The process ended by the signal's default action (its handler is that again): its status says which signal
+    ended it. The stdio MCP servers still running are stopped first: that action runs no close."""
+    import os
+
+    mcp_servers_stopped()
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # (not reached where the signal's default action ends it)
 
 
 def mcp_servers_stopped() -> None:
@@ -320,7 +327,6 @@ def term_as_interrupt() -> Any:
     default action would have (exit 143 or 129), after the contexts inside (the terminal's echo) have put back what
     they set. The signals of a burst after the first are ignored, so they cannot cut that short. A signal ignored
     (`nohup`), taken by another handler, or outside the main thread is left as it is."""
-    import os
     import signal
 
     _ended_by["signal"] = 0
@@ -354,6 +360,4 @@ def term_as_interrupt() -> Any:
                 with contextlib.suppress(Exception):  # a closed terminal, a reader gone
                     if writable(stream):  # a stalled reader: what is left cannot hold the exit up
                         stream.flush()
-            mcp_servers_stopped()
-            os.kill(os.getpid(), signum)  # its default action again: the status says which signal ended it
-            os._exit(128 + signum)  # (not reached where the signal's default action ends it)
+            _end_by(signum)

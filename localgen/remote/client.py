@@ -158,7 +158,6 @@ class RemoteGeneration:
         self.counted = False  # once it ends: whether the server counted the tokens (a usable usage or timings)
         self.arrivals: list[float] = []
         self._response: Any = None
-        self._done = False  # the stream ended (or never came: the request failed)
         self._stop = threading.Event()
 
     def cancel(self) -> None:
@@ -174,7 +173,7 @@ class RemoteGeneration:
     @property
     def opening(self) -> bool:
         """Whether it is still waiting for an endpoint to start answering (no stream yet to end: see cancel)."""
-        return self._response is None and not self._done
+        return self._response is None and self.stats is None  # (stats: set as it ends, or as its request fails)
 
     @property
     def stopped(self) -> bool:
@@ -241,7 +240,6 @@ class RemoteGeneration:
             else:  # it ended (with [DONE]) without a finish reason: finished all the same, unless cancel() ended it
                 self.finish_reason = self.finish_reason or ("cancelled" if self._stop.is_set() else "stop")
         finally:
-            self._done = True
             if self._response is not None:
                 self._response.close()
             self._finish()
